@@ -1,0 +1,387 @@
+//! The per-rank cache folder on local SSD.
+//!
+//! ```text
+//! CACHE/LOCK            flock held for the daemon's life; holds its pid for error messages
+//! CACHE/state.json      settings + current epoch, replaced atomically (tmp, fsync, rename)
+//! CACHE/manifest.bin    the dataset manifest, so a remount need not rescan the source
+//! CACHE/samples/<id>    one file per cached sample, named by manifest id
+//! CACHE/tmp/            files being written; emptied at startup
+//! ```
+//! Samples are named by id, never by the dataset's names, so nothing a peer or the source
+//! says can make us write outside `samples/`. A file appears under `samples/` only by
+//! `rename` from `tmp/` after its full length was written, so a crash leaves either nothing
+//! or a complete file; at startup any file whose length disagrees with the manifest is
+//! dropped. Which samples are present is tracked in memory by a bitmap built at startup.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+
+use crate::manifest::Manifest;
+use crate::plan::SampleId;
+use crate::source::SampleSource;
+
+/// Bump when the layout or the plan's output changes: old caches are then refused.
+pub const FORMAT_VERSION: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    #[error(
+        "cache folder {path} is in use by another shufflefs daemon{holder}; unmount it first or pick another --cache"
+    )]
+    InUse { path: PathBuf, holder: String },
+    #[error(
+        "cache folder {path} is not usable: {source}. Pick a writable --cache folder on local disk"
+    )]
+    NotWritable { path: PathBuf, source: io::Error },
+    #[error("cache folder {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error(
+        "cache folder {path} holds {what} that cannot be read ({detail}); remove the folder or pass --reset-cache"
+    )]
+    Corrupt {
+        path: PathBuf,
+        what: &'static str,
+        detail: String,
+    },
+}
+
+/// What a cache was built for; a remount must match it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CacheState {
+    pub format: u32,
+    pub source: String,
+    pub seed: u64,
+    pub fraction: f64,
+    pub world_size: u32,
+    pub rank: u32,
+    pub manifest_fingerprint: u32,
+    pub epoch: u64,
+}
+
+impl CacheState {
+    /// Human-readable list of the settings that differ (epoch excluded).
+    pub fn differences(&self, other: &CacheState) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut check = |name: &str, a: String, b: String| {
+            if a != b {
+                out.push(format!("{name}: cache has {a}, now {b}"));
+            }
+        };
+        check(
+            "format version",
+            self.format.to_string(),
+            other.format.to_string(),
+        );
+        check("--source", self.source.clone(), other.source.clone());
+        check("--seed", self.seed.to_string(), other.seed.to_string());
+        check(
+            "--fraction",
+            self.fraction.to_string(),
+            other.fraction.to_string(),
+        );
+        check(
+            "world size",
+            self.world_size.to_string(),
+            other.world_size.to_string(),
+        );
+        check("rank", self.rank.to_string(), other.rank.to_string());
+        check(
+            "manifest",
+            format!("{:08x}", self.manifest_fingerprint),
+            format!("{:08x}", other.manifest_fingerprint),
+        );
+        out
+    }
+}
+
+/// The locked cache folder: layout, state and manifest files.
+pub struct CacheDir {
+    root: PathBuf,
+    _lock: File,
+}
+
+impl CacheDir {
+    /// Creates (if needed) and locks `root`. Fails if another daemon holds it.
+    pub fn open(root: &Path) -> Result<CacheDir, CacheError> {
+        let not_writable = |source| CacheError::NotWritable {
+            path: root.to_path_buf(),
+            source,
+        };
+        fs::create_dir_all(root).map_err(not_writable)?;
+        let lock_path = root.join("LOCK");
+        let mut lock = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock_path)
+            .map_err(not_writable)?;
+        if lock.try_lock().is_err() {
+            let holder = fs::read_to_string(&lock_path)
+                .ok()
+                .map(|p| format!(" (pid {})", p.trim()))
+                .unwrap_or_default();
+            return Err(CacheError::InUse {
+                path: root.to_path_buf(),
+                holder,
+            });
+        }
+        lock.set_len(0).map_err(not_writable)?;
+        write!(lock, "{}", std::process::id()).map_err(not_writable)?;
+        for sub in ["samples", "tmp"] {
+            fs::create_dir_all(root.join(sub)).map_err(not_writable)?;
+        }
+        // Leftovers of a crash mid-write.
+        for entry in fs::read_dir(root.join("tmp")).map_err(not_writable)? {
+            let _ = fs::remove_file(entry.map_err(not_writable)?.path());
+        }
+        Ok(CacheDir {
+            root: root.to_path_buf(),
+            _lock: lock,
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn io_err(&self) -> impl Fn(io::Error) -> CacheError + '_ {
+        |source| CacheError::Io {
+            path: self.root.clone(),
+            source,
+        }
+    }
+
+    pub fn load_state(&self) -> Result<Option<CacheState>, CacheError> {
+        match fs::read(self.root.join("state.json")) {
+            Ok(bytes) => {
+                serde_json::from_slice(&bytes)
+                    .map(Some)
+                    .map_err(|e| CacheError::Corrupt {
+                        path: self.root.clone(),
+                        what: "a state file",
+                        detail: e.to_string(),
+                    })
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(self.io_err()(e)),
+        }
+    }
+
+    pub fn save_state(&self, state: &CacheState) -> Result<(), CacheError> {
+        let bytes = serde_json::to_vec_pretty(state).expect("state serializes");
+        write_atomic(&self.root, "state.json", &bytes).map_err(self.io_err())
+    }
+
+    pub fn load_manifest(&self) -> Result<Option<Manifest>, CacheError> {
+        match fs::read(self.root.join("manifest.bin")) {
+            Ok(bytes) => Manifest::decode(&bytes)
+                .map(Some)
+                .map_err(|e| CacheError::Corrupt {
+                    path: self.root.clone(),
+                    what: "a manifest",
+                    detail: e.to_string(),
+                }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(self.io_err()(e)),
+        }
+    }
+
+    pub fn save_manifest(&self, encoded: &[u8]) -> Result<(), CacheError> {
+        write_atomic(&self.root, "manifest.bin", encoded).map_err(self.io_err())
+    }
+
+    /// Drops every cached sample and the state (used when the manifest changes).
+    pub fn clear(&self) -> Result<(), CacheError> {
+        let samples = self.root.join("samples");
+        fs::remove_dir_all(&samples).map_err(self.io_err())?;
+        fs::create_dir_all(&samples).map_err(self.io_err())?;
+        let _ = fs::remove_file(self.root.join("state.json"));
+        Ok(())
+    }
+}
+
+/// Writes `name` under `dir` so that a crash leaves the old or the new content, never a mix.
+pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let mut file = File::create(&tmp)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    fs::rename(&tmp, dir.join(name))?;
+    File::open(dir)?.sync_all()
+}
+
+/// A fixed-size set of sample ids, safe to update from many threads.
+pub struct Bitset(Vec<AtomicU64>);
+
+impl Bitset {
+    pub fn new(len: u32) -> Bitset {
+        Bitset((0..len.div_ceil(64)).map(|_| AtomicU64::new(0)).collect())
+    }
+    pub fn get(&self, i: u32) -> bool {
+        self.0[(i / 64) as usize].load(Ordering::Acquire) & (1 << (i % 64)) != 0
+    }
+    /// Sets bit `i`; returns whether it was already set.
+    pub fn set(&self, i: u32) -> bool {
+        self.0[(i / 64) as usize].fetch_or(1 << (i % 64), Ordering::AcqRel) & (1 << (i % 64)) != 0
+    }
+    /// Clears bit `i`; returns whether it was set.
+    pub fn clear(&self, i: u32) -> bool {
+        self.0[(i / 64) as usize].fetch_and(!(1 << (i % 64)), Ordering::AcqRel) & (1 << (i % 64))
+            != 0
+    }
+}
+
+/// Counters shown in the status.
+#[derive(Default)]
+pub struct StoreStats {
+    pub files: AtomicU64,
+    pub bytes: AtomicU64,
+    pub fetched_from_source: AtomicU64,
+    pub source_errors: AtomicU64,
+}
+
+/// The cached samples of one rank, filled from the source on demand.
+pub struct SampleStore {
+    dir: CacheDir,
+    manifest: Arc<Manifest>,
+    source: Arc<dyn SampleSource>,
+    present: Bitset,
+    /// Serializes fetches of the same sample (striped by id) so two readers never copy it twice.
+    stripes: Vec<Mutex<()>>,
+    pub stats: StoreStats,
+}
+
+impl SampleStore {
+    /// Indexes what `dir` already holds, dropping files that are not complete samples.
+    pub fn new(
+        dir: CacheDir,
+        manifest: Arc<Manifest>,
+        source: Arc<dyn SampleSource>,
+    ) -> Result<SampleStore, CacheError> {
+        let store = SampleStore {
+            present: Bitset::new(manifest.len()),
+            stripes: (0..256).map(|_| Mutex::new(())).collect(),
+            stats: StoreStats::default(),
+            dir,
+            manifest,
+            source,
+        };
+        let samples = store.dir.root.join("samples");
+        for entry in fs::read_dir(&samples).map_err(store.dir.io_err())? {
+            let entry = entry.map_err(store.dir.io_err())?;
+            let id = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<SampleId>().ok());
+            let len = entry.metadata().map(|m| m.len()).ok();
+            match (id, len) {
+                (Some(id), Some(len))
+                    if id < store.manifest.len() && len == store.manifest.size(id) =>
+                {
+                    store.mark_present(id);
+                }
+                _ => {
+                    let _ = fs::remove_file(entry.path());
+                }
+            }
+        }
+        Ok(store)
+    }
+
+    pub fn dir(&self) -> &CacheDir {
+        &self.dir
+    }
+
+    pub fn manifest(&self) -> &Arc<Manifest> {
+        &self.manifest
+    }
+
+    pub fn contains(&self, id: SampleId) -> bool {
+        self.present.get(id)
+    }
+
+    pub fn path(&self, id: SampleId) -> PathBuf {
+        self.dir.root.join("samples").join(id.to_string())
+    }
+
+    fn mark_present(&self, id: SampleId) {
+        if !self.present.set(id) {
+            self.stats.files.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .bytes
+                .fetch_add(self.manifest.size(id), Ordering::Relaxed);
+        }
+    }
+
+    /// Makes sure sample `id` is cached, copying it from the source if needed.
+    pub fn ensure(&self, id: SampleId) -> io::Result<()> {
+        if self.contains(id) {
+            return Ok(());
+        }
+        let _guard = self.stripes[id as usize % self.stripes.len()]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if self.contains(id) {
+            return Ok(());
+        }
+        let result = self.insert_with(id, |file| self.source.copy_to(id, file));
+        match &result {
+            Ok(()) => self
+                .stats
+                .fetched_from_source
+                .fetch_add(1, Ordering::Relaxed),
+            Err(_) => self.stats.source_errors.fetch_add(1, Ordering::Relaxed),
+        };
+        result.map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", self.source.describe(id))))
+    }
+
+    /// Writes sample `id` through `fill` into `tmp/`, checks its length, then renames it in.
+    pub fn insert_with(
+        &self,
+        id: SampleId,
+        fill: impl FnOnce(&mut File) -> io::Result<u64>,
+    ) -> io::Result<()> {
+        let tmp = self
+            .dir
+            .root
+            .join("tmp")
+            .join(format!("{id}.{}", std::process::id()));
+        let mut file = File::create(&tmp)?;
+        let written = fill(&mut file).and_then(|n| {
+            let want = self.manifest.size(id);
+            if n == want {
+                Ok(n)
+            } else {
+                Err(io::Error::other(format!(
+                    "sample is {n} bytes, the manifest says {want}; it changed after the scan"
+                )))
+            }
+        });
+        if let Err(e) = written {
+            let _ = fs::remove_file(&tmp);
+            return Err(e);
+        }
+        drop(file);
+        fs::rename(&tmp, self.path(id))?;
+        self.mark_present(id);
+        Ok(())
+    }
+
+    /// Drops sample `id` from the cache. Open file descriptors keep working.
+    pub fn remove(&self, id: SampleId) -> io::Result<()> {
+        if self.present.clear(id) {
+            self.stats.files.fetch_sub(1, Ordering::Relaxed);
+            self.stats
+                .bytes
+                .fetch_sub(self.manifest.size(id), Ordering::Relaxed);
+            fs::remove_file(self.path(id))?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,120 @@
+//! Checks made before anything is mounted, each failing with a message that names the
+//! thing and says what to do.
+
+use std::fs;
+use std::path::Path;
+
+/// The mount point must exist, be a folder, be empty and not already be a mount.
+pub fn mountpoint(path: &Path) -> Result<(), String> {
+    let meta = fs::metadata(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => format!(
+            "mount point {} does not exist; create it with `mkdir -p {}`",
+            path.display(),
+            path.display()
+        ),
+        _ => format!("mount point {}: {e}", path.display()),
+    })?;
+    if !meta.is_dir() {
+        return Err(format!("mount point {} is not a folder", path.display()));
+    }
+    if is_mounted(path) {
+        return Err(format!(
+            "mount point {} is busy: something is already mounted there; unmount it first (`shufflefs unmount {}`)",
+            path.display(),
+            path.display()
+        ));
+    }
+    let mut entries =
+        fs::read_dir(path).map_err(|e| format!("mount point {}: {e}", path.display()))?;
+    if entries.next().is_some() {
+        return Err(format!(
+            "mount point {} is not empty; mount on an empty folder so nothing is hidden",
+            path.display()
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `path` is the target of a mount, from `/proc/self/mountinfo`.
+pub fn is_mounted(path: &Path) -> bool {
+    let Ok(canonical) = fs::canonicalize(path) else {
+        return false;
+    };
+    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    info.lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .any(|target| Path::new(&unescape_mountinfo(target)) == canonical)
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape_mountinfo(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && bytes[i + 1..i + 4]
+                .iter()
+                .all(|b| (b'0'..=b'7').contains(b))
+        {
+            let v = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The source must be a readable folder (checked on rank 0 only: other ranks make no
+/// metadata calls on the source).
+pub fn source(path: &Path) -> Result<(), String> {
+    match fs::read_dir(path) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(format!(
+            "source {} does not exist; pass the dataset folder with --source",
+            path.display()
+        )),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => Err(format!(
+            "source {} is not a folder; --source must be a folder of class folders",
+            path.display()
+        )),
+        Err(e) => Err(format!("source {} is not readable: {e}", path.display())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_escapes() {
+        assert_eq!(unescape_mountinfo(r"/mnt/a\040b"), "/mnt/a b");
+        assert_eq!(unescape_mountinfo(r"/x\134y"), r"/x\y");
+        assert_eq!(unescape_mountinfo(r"/x\0"), r"/x\0");
+    }
+
+    #[test]
+    fn mountpoint_checks() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(mountpoint(dir.path()).is_ok());
+        assert!(
+            mountpoint(&dir.path().join("missing"))
+                .unwrap_err()
+                .contains("does not exist")
+        );
+        fs::write(dir.path().join("f"), b"x").unwrap();
+        assert!(mountpoint(dir.path()).unwrap_err().contains("not empty"));
+        assert!(
+            mountpoint(&dir.path().join("f"))
+                .unwrap_err()
+                .contains("not a folder")
+        );
+        assert!(is_mounted(Path::new("/proc")));
+    }
+}

@@ -1,0 +1,89 @@
+//! Talking to the other ranks.
+//!
+//! `Comm` is everything the daemon asks of MPI: collectives at setup (agree on settings,
+//! ship the manifest) and, for the exchange, point-to-point messages with known lengths.
+//! `LocalComm` runs M ranks as threads of one process over channels, so tests exercise the
+//! same code paths as `mpirun` without it; `MpiComm` is the real thing.
+//!
+//! Exactly one thread owns a `Comm` (the daemon's main thread, see `daemon.rs`): MPI is
+//! initialised with `Threading::Funneled` and every other thread reaches it through channels.
+
+mod local;
+mod mpi_comm;
+
+pub use local::LocalComm;
+pub use mpi_comm::{MpiComm, launched_by_mpi};
+
+use crate::plan::Rank;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CommError {
+    #[error("MPI: {0}")]
+    Mpi(String),
+    #[error("peer rank {0} went away")]
+    PeerGone(Rank),
+}
+
+pub trait Comm {
+    fn rank(&self) -> Rank;
+    fn size(&self) -> u32;
+    /// Every rank contributes `data`; every rank gets all contributions in rank order.
+    fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, CommError>;
+    /// `root`'s `data` (ignored elsewhere) reaches every rank.
+    fn broadcast(&mut self, root: Rank, data: Vec<u8>) -> Result<Vec<u8>, CommError>;
+    /// Sends `data` to `to` with `tag`. Messages between one pair with one tag stay in order.
+    fn send(&mut self, to: Rank, tag: u16, data: &[u8]) -> Result<(), CommError>;
+    /// Receives exactly `buf.len()` bytes sent by `from` with `tag`.
+    fn recv_into(&mut self, from: Rank, tag: u16, buf: &mut [u8]) -> Result<(), CommError>;
+}
+
+/// The world of one, for a daemon started without a launcher.
+pub fn single() -> LocalComm {
+    LocalComm::world(1).pop().expect("one rank")
+}
+
+/// Every rank proposes a value; rank 0's answer, or its error, is what everybody gets.
+/// Used so that a failure seen by rank 0 (say, an empty source) stops all ranks cleanly.
+pub fn decide<T, E>(
+    comm: &mut dyn Comm,
+    at_root: impl FnOnce() -> Result<T, E>,
+) -> Result<Result<Vec<u8>, String>, CommError>
+where
+    T: AsRef<[u8]>,
+    E: std::fmt::Display,
+{
+    let msg = if comm.rank() == 0 {
+        match at_root() {
+            Ok(v) => [&[0u8][..], v.as_ref()].concat(),
+            Err(e) => [&[1u8][..], e.to_string().as_bytes()].concat(),
+        }
+    } else {
+        Vec::new()
+    };
+    let got = comm.broadcast(0, msg)?;
+    Ok(match got.split_first() {
+        Some((0, rest)) => Ok(rest.to_vec()),
+        Some((_, rest)) => Err(String::from_utf8_lossy(rest).into_owned()),
+        None => Err("rank 0 sent nothing".into()),
+    })
+}
+
+/// Every rank reports `Ok` or its own error; all ranks learn whether everybody is fine.
+/// Returns the list of `(rank, message)` failures, the same on every rank.
+pub fn agree(
+    comm: &mut dyn Comm,
+    mine: Result<(), String>,
+) -> Result<Vec<(Rank, String)>, CommError> {
+    let payload = match &mine {
+        Ok(()) => Vec::new(),
+        Err(e) if e.is_empty() => b"failed".to_vec(),
+        Err(e) => e.as_bytes().to_vec(),
+    };
+    let all = comm.all_gather(&payload)?;
+    Ok(all
+        .into_iter()
+        .enumerate()
+        .filter(|(_, m)| !m.is_empty())
+        .map(|(r, m)| (r as Rank, String::from_utf8_lossy(&m).into_owned()))
+        .collect())
+}

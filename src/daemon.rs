@@ -1,0 +1,397 @@
+//! Wiring: build every part from the settings, mount, serve until unmounted.
+//!
+//! Startup runs in phases, and after each one all ranks agree (a collective) on whether
+//! every rank succeeded. A failure on any rank — a busy mount point, a locked cache, an
+//! empty source seen by rank 0, settings that differ — therefore stops *all* ranks with the
+//! same message instead of leaving some blocked in a collective. The mount itself is the
+//! last phase: if any rank failed to mount, the ranks that did unmount again before exiting,
+//! so a refused start leaves no mount behind.
+//!
+//! The calling thread owns the `Comm` (and so MPI) for the daemon's whole life.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc::channel;
+use std::thread;
+
+use fuser::{Config, MountOption, SessionACL};
+
+use crate::cache::{CacheDir, CacheState, FORMAT_VERSION, SampleStore};
+use crate::cli::{MountArgs, for_rank};
+use crate::comm::{Comm, agree, decide};
+use crate::epochs::Epochs;
+use crate::fs::ShuffleFs;
+use crate::fuse::FuseAdapter;
+use crate::manifest::{self, Manifest};
+use crate::plan::{Plan, PlanParams};
+use crate::source::DirSource;
+use crate::staging::{Staging, StagingCmd};
+use crate::status::DaemonStatus;
+use crate::{checks, view};
+
+/// Fails every rank if any rank failed, naming the ranks and their reasons.
+fn everyone_ok(comm: &mut dyn Comm, mine: Result<(), String>) -> Result<(), String> {
+    let failures = agree(comm, mine).map_err(|e| e.to_string())?;
+    if failures.is_empty() {
+        return Ok(());
+    }
+    let world = comm.size();
+    Err(failures
+        .iter()
+        .map(|(r, m)| {
+            if world == 1 {
+                m.clone()
+            } else {
+                format!("rank {r}: {m}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n"))
+}
+
+/// The settings every rank must share, as `(name, value)`.
+fn shared_settings(args: &MountArgs) -> Vec<(&'static str, String)> {
+    vec![
+        ("--source", args.source.display().to_string()),
+        ("--fraction", args.fraction.to_string()),
+        (
+            "--seed",
+            args.seed.map_or("(default)".into(), |s| s.to_string()),
+        ),
+        ("--reset-cache", args.reset_cache.to_string()),
+    ]
+}
+
+fn check_same_settings(comm: &mut dyn Comm, args: &MountArgs) -> Result<(), String> {
+    let mine = serde_json::to_vec(&shared_settings(args)).expect("settings serialize");
+    let all = comm.all_gather(&mine).map_err(|e| e.to_string())?;
+    let root: Vec<(String, String)> = serde_json::from_slice(&all[0]).map_err(|e| e.to_string())?;
+    let mut diffs = Vec::new();
+    for (rank, bytes) in all.iter().enumerate().skip(1) {
+        let theirs: Vec<(String, String)> =
+            serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+        for ((name, a), (_, b)) in root.iter().zip(&theirs) {
+            if a != b {
+                diffs.push(format!(
+                    "rank {rank} was started with {name} {b}, rank 0 with {a}"
+                ));
+            }
+        }
+    }
+    if diffs.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ranks disagree on settings; start every rank with the same options:\n{}",
+            diffs.join("\n")
+        ))
+    }
+}
+
+fn random_seed() -> u64 {
+    let mut buf = [0u8; 8];
+    match std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut buf)) {
+        Ok(()) => u64::from_le_bytes(buf),
+        Err(_) => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64),
+    }
+}
+
+/// Rank 0's reuse of its cache: same source and no reset asked.
+fn reusable<'a>(args: &MountArgs, state: Option<&'a CacheState>) -> Option<&'a CacheState> {
+    state.filter(|s| {
+        !args.reset_cache
+            && s.source == args.source.display().to_string()
+            && s.format == FORMAT_VERSION
+    })
+}
+
+/// Everything needed to serve, once the startup phases passed.
+struct Prepared {
+    store: Arc<SampleStore>,
+    plan: Plan,
+    epoch: u64,
+    mountpoint: PathBuf,
+}
+
+fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, String> {
+    let rank = comm.rank();
+    let world = comm.size();
+    let cache_path = for_rank(&args.cache, rank);
+    let mountpoint = for_rank(&args.mountpoint, rank);
+
+    // Phase 1: local checks on every rank.
+    let mut dir = None;
+    let local = checks::mountpoint(&mountpoint)
+        .and_then(|()| {
+            if rank == 0 {
+                checks::source(&args.source)
+            } else {
+                Ok(())
+            }
+        })
+        .and_then(|()| {
+            CacheDir::open(&cache_path)
+                .map(|d| dir = Some(d))
+                .map_err(|e| e.to_string())
+        });
+    everyone_ok(comm, local)?;
+    let dir = dir.expect("checked above");
+
+    // Phase 2: the same settings everywhere.
+    check_same_settings(comm, args)?;
+
+    // Phase 3: seed and manifest, decided by rank 0.
+    let state = dir.load_state();
+    let state_ok = state.as_ref().map(|_| ()).map_err(|e| e.to_string());
+    everyone_ok(comm, state_ok)?;
+    let state = state.expect("checked above");
+    let seed_bytes = decide(comm, || {
+        let seed = args
+            .seed
+            .or(reusable(args, state.as_ref()).map(|s| s.seed))
+            .unwrap_or_else(random_seed);
+        Ok::<_, String>(seed.to_le_bytes())
+    })
+    .map_err(|e| e.to_string())??;
+    let seed = u64::from_le_bytes(
+        seed_bytes
+            .try_into()
+            .map_err(|_| "bad seed from rank 0".to_string())?,
+    );
+    let manifest_bytes = decide(comm, || -> Result<Vec<u8>, String> {
+        if reusable(args, state.as_ref()).is_some()
+            && let Ok(Some(m)) = dir.load_manifest()
+        {
+            tracing::info!(
+                samples = m.len(),
+                "manifest loaded from the cache; source not rescanned"
+            );
+            return Ok(m.encode());
+        }
+        let started = std::time::Instant::now();
+        let m = manifest::scan(&args.source).map_err(|e| e.to_string())?;
+        tracing::info!(
+            classes = m.class_count(),
+            samples = m.len(),
+            skipped = m.skipped.len(),
+            secs = started.elapsed().as_secs_f64(),
+            "source scanned"
+        );
+        for s in &m.skipped {
+            tracing::warn!(path = %s.path, reason = %s.reason, "sample skipped");
+        }
+        Ok(m.encode())
+    })
+    .map_err(|e| e.to_string())??;
+    let manifest = Arc::new(Manifest::decode(&manifest_bytes).map_err(|e| e.to_string())?);
+
+    // Phase 4: does this cache belong to these settings? Resume its epoch if so.
+    let expected = CacheState {
+        format: FORMAT_VERSION,
+        source: args.source.display().to_string(),
+        seed,
+        fraction: args.fraction,
+        world_size: world,
+        rank,
+        manifest_fingerprint: crc32c::crc32c(&manifest_bytes),
+        epoch: 0,
+    };
+    let local_epoch = match &state {
+        Some(s) if s.differences(&expected).is_empty() => Ok(s.epoch),
+        Some(s) if !args.reset_cache => Err(format!(
+            "cache folder {} was built with other settings; pass --reset-cache to rebuild it, or use the old settings:\n  {}",
+            cache_path.display(),
+            s.differences(&expected).join("\n  ")
+        )),
+        _ => dir.clear().map(|()| 0).map_err(|e| e.to_string()),
+    };
+    let local_epoch = local_epoch.and_then(|e| {
+        let saved = dir.load_manifest().ok().flatten().map(|m| m.encode());
+        if saved.as_deref() != Some(&manifest_bytes[..]) {
+            dir.save_manifest(&manifest_bytes)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(e)
+    });
+    let epoch_ok = local_epoch.as_ref().map(|_| ()).map_err(Clone::clone);
+    everyone_ok(comm, epoch_ok)?;
+    let local_epoch = local_epoch.expect("checked above");
+    // After a crash ranks may be one epoch apart; training had reached the furthest one.
+    let epochs = comm
+        .all_gather(&local_epoch.to_le_bytes())
+        .map_err(|e| e.to_string())?;
+    let epoch = epochs
+        .iter()
+        .filter_map(|b| b.as_slice().try_into().ok().map(u64::from_le_bytes))
+        .max()
+        .unwrap_or(0);
+    dir.save_state(&CacheState { epoch, ..expected })
+        .map_err(|e| e.to_string())?;
+
+    let plan = Plan::new(PlanParams {
+        samples: manifest.len(),
+        world,
+        fraction: args.fraction,
+        seed,
+    })
+    .map_err(|e| e.to_string())?;
+    let source = Arc::new(DirSource::new(args.source.clone(), manifest.clone()));
+    let store = Arc::new(SampleStore::new(dir, manifest, source).map_err(|e| e.to_string())?);
+    Ok(Prepared {
+        store,
+        plan,
+        epoch,
+        mountpoint,
+    })
+}
+
+/// Runs one rank's daemon: prepares, mounts, reports readiness through `on_ready`, then
+/// serves until the folder is unmounted or a signal arrives.
+pub fn run(
+    args: &MountArgs,
+    comm: &mut dyn Comm,
+    on_ready: &mut dyn FnMut(&str),
+) -> Result<(), String> {
+    let Prepared {
+        store,
+        plan,
+        epoch,
+        mountpoint,
+    } = prepare(args, comm)?;
+    let rank = comm.rank();
+
+    let persist_store = store.clone();
+    let epochs = Arc::new(Epochs::new(
+        plan,
+        rank,
+        epoch,
+        Box::new(|_| Ok(())),
+        Box::new(move |step| {
+            let dir = persist_store.dir();
+            let mut state = dir
+                .load_state()
+                .map_err(|e| e.to_string())?
+                .ok_or("state file vanished")?;
+            state.epoch = step.next.epoch;
+            dir.save_state(&state).map_err(|e| e.to_string())
+        }),
+    ));
+    let staging = Staging::start(store.clone(), rank, usize::from(args.staging_threads));
+    let status = Arc::new(DaemonStatus {
+        source: args.source.display().to_string(),
+        mountpoint: mountpoint.display().to_string(),
+        store: store.clone(),
+        epochs: epochs.clone(),
+        staging: staging.progress.clone(),
+    });
+    let fs = Arc::new(ShuffleFs::new(store.clone(), epochs.clone(), status));
+    let adapter = FuseAdapter::new(fs, !args.no_passthrough);
+
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::FSName("shufflefs".into()),
+        MountOption::Subtype("shufflefs".into()),
+        MountOption::NoDev,
+        MountOption::NoSuid,
+        MountOption::NoAtime,
+    ];
+    config.acl = if args.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    config.n_threads = Some(usize::from(args.fuse_threads));
+    config.clone_fd = true;
+
+    // Phase 5: mount everywhere, or nowhere.
+    let session = fuser::Session::new(adapter, &mountpoint, &config);
+    let mounted = session
+        .as_ref()
+        .map(|_| ())
+        .map_err(|e| format!("mounting {} failed: {e}", mountpoint.display()));
+    let mut session = match everyone_ok(comm, mounted) {
+        Ok(()) => session.expect("checked above"),
+        Err(e) => {
+            drop(session); // unmounts where the mount succeeded
+            return Err(e);
+        }
+    };
+
+    // Kernel cache invalidation runs on its own thread: the kernel takes the parent folder's
+    // lock for it, which a lookup of `epoch-(N+1)` (the request that advanced) still holds.
+    let notifier = session.notifier();
+    let (inval_tx, inval_rx) = channel::<u64>();
+    thread::Builder::new()
+        .name("invalidate".into())
+        .spawn(move || {
+            for old in inval_rx {
+                let root = fuser::INodeNo(view::ROOT);
+                let _ =
+                    notifier.inval_entry(root, std::ffi::OsStr::new(&view::epoch_dir_name(old)));
+                let _ = notifier.inval_entry(root, std::ffi::OsStr::new(view::CURRENT_NAME));
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    let staging = Arc::new(staging);
+    let staging_listener = staging.clone();
+    epochs.subscribe(Box::new(move |change| {
+        let _ = inval_tx.send(change.previous.epoch);
+        staging_listener.send(StagingCmd::Epoch {
+            previous: Some(change.previous.clone()),
+            current: change.current.clone(),
+        });
+    }));
+    staging.send(StagingCmd::Epoch {
+        previous: None,
+        current: epochs.current(),
+    });
+
+    let mut unmounter = session.unmount_callable();
+    let mut signals =
+        signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGHUP])
+            .map_err(|e| e.to_string())?;
+    let signal_handle = signals.handle();
+    thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                tracing::info!(signal = sig, "signal received; unmounting");
+                if let Err(e) = unmounter.unmount() {
+                    tracing::warn!(error = %e, "unmount on signal failed");
+                }
+            }
+        })
+        .map_err(|e| e.to_string())?;
+
+    let share = epochs.current().share(rank).len();
+    on_ready(&format!(
+        "shufflefs: rank {rank} of {} mounted {} (epoch {epoch}, {share} samples of {})",
+        comm.size(),
+        mountpoint.display(),
+        store.manifest().len()
+    ));
+    let served = thread::Builder::new()
+        .name("fuse".into())
+        .spawn(move || session.run())
+        .map_err(|e| e.to_string())?;
+    let result = served
+        .join()
+        .map_err(|_| "FUSE session thread panicked".to_string())?;
+    signal_handle.close();
+    tracing::info!(mountpoint = %mountpoint.display(), "unmounted; daemon exiting");
+    result.map_err(|e| format!("FUSE session ended with an error: {e}"))
+}
+
+/// The log file of a detached daemon: in its cache folder.
+pub fn log_path(args: &MountArgs) -> PathBuf {
+    for_rank(&args.cache, 0).join("shufflefs.log")
+}
+
+pub fn ensure_parent(path: &Path) {
+    if let Some(p) = path.parent() {
+        let _ = std::fs::create_dir_all(p);
+    }
+}

@@ -1,0 +1,268 @@
+//! The filesystem's behaviour as plain Rust: names in, nodes and bytes out.
+//!
+//! Not tied to fuser: `fuse.rs` translates kernel requests into these calls and their
+//! `FsError`s into errnos, so everything here is testable without a mount.
+//!
+//! Only the current epoch exists. Looking up `epoch-(N+1)` advances to it (as writing N+1
+//! to `.shufflefs/epoch` does) and `epoch-N` is gone afterwards. Every `epoch-N/` lists all
+//! classes, even those this rank holds no sample of, so class indices agree everywhere.
+
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::sync::Arc;
+
+use crate::cache::SampleStore;
+use crate::epochs::{Epochs, share_in_range};
+use crate::error::FsError;
+use crate::status::StatusReport;
+use crate::view::{self, CTL_DIR_NAME, CURRENT_NAME, EPOCH_CTL_NAME, Node, STATUS_NAME};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Dir,
+    File,
+    Symlink,
+}
+
+/// What `getattr`/`lookup` know about a node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub node: Node,
+    pub kind: Kind,
+    pub size: u64,
+    pub perm: u16,
+    /// Whether the kernel may cache it for long: true for published views.
+    pub immutable: bool,
+}
+
+/// What an `open` hands back.
+pub enum Opened {
+    /// A cached sample file, to pass through or to read from.
+    Sample(File),
+    /// Bytes frozen at open time (status, current epoch), so chunked reads agree.
+    Snapshot(Vec<u8>),
+    /// The epoch control file opened for writing.
+    EpochControl,
+}
+
+pub struct ShuffleFs {
+    store: Arc<SampleStore>,
+    epochs: Arc<Epochs>,
+    status: Arc<dyn StatusReport>,
+}
+
+impl ShuffleFs {
+    pub fn new(
+        store: Arc<SampleStore>,
+        epochs: Arc<Epochs>,
+        status: Arc<dyn StatusReport>,
+    ) -> ShuffleFs {
+        ShuffleFs {
+            store,
+            epochs,
+            status,
+        }
+    }
+
+    fn entry(&self, node: Node) -> Result<Entry, FsError> {
+        let dir = |immutable| Entry {
+            node,
+            kind: Kind::Dir,
+            size: 0,
+            perm: 0o555,
+            immutable,
+        };
+        let current = self.epochs.epoch();
+        let manifest = self.store.manifest();
+        Ok(match node {
+            Node::Root | Node::CtlDir => dir(false),
+            Node::Status => Entry {
+                node,
+                kind: Kind::File,
+                size: 0,
+                perm: 0o444,
+                immutable: false,
+            },
+            Node::EpochCtl => Entry {
+                node,
+                kind: Kind::File,
+                size: 0,
+                perm: 0o644,
+                immutable: false,
+            },
+            Node::Current => Entry {
+                node,
+                kind: Kind::Symlink,
+                size: view::epoch_dir_name(current).len() as u64,
+                perm: 0o777,
+                immutable: false,
+            },
+            Node::EpochDir(e) if e == current => dir(true),
+            Node::ClassDir(e, c) if e == current && c < manifest.class_count() => dir(true),
+            Node::Sample(e, id) if e == current && self.holds(id) => Entry {
+                node,
+                kind: Kind::File,
+                size: manifest.size(id),
+                perm: 0o444,
+                immutable: true,
+            },
+            _ => return Err(FsError::NotFound),
+        })
+    }
+
+    fn holds(&self, id: u32) -> bool {
+        let cur = self.epochs.current();
+        cur.share(self.epochs.rank()).binary_search(&id).is_ok()
+    }
+
+    pub fn getattr(&self, ino: u64) -> Result<Entry, FsError> {
+        self.entry(Node::from_ino(ino).ok_or(FsError::NotFound)?)
+    }
+
+    pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<Entry, FsError> {
+        let parent = Node::from_ino(parent).ok_or(FsError::NotFound)?;
+        let current = self.epochs.epoch();
+        let node = match parent {
+            Node::Root if name == CTL_DIR_NAME => Node::CtlDir,
+            Node::Root if name == CURRENT_NAME => Node::Current,
+            Node::Root => {
+                let e = view::parse_epoch_dir(name).ok_or(FsError::NotFound)?;
+                if e == current + 1 {
+                    // Looking at the next epoch is how a loader says it is done with this one.
+                    self.epochs.advance_to(e)?;
+                } else if e != current {
+                    return Err(FsError::NotFound);
+                }
+                Node::EpochDir(e)
+            }
+            Node::CtlDir if name == STATUS_NAME => Node::Status,
+            Node::CtlDir if name == EPOCH_CTL_NAME => Node::EpochCtl,
+            Node::EpochDir(e) => Node::ClassDir(
+                e,
+                self.store
+                    .manifest()
+                    .class_by_name(name)
+                    .ok_or(FsError::NotFound)?,
+            ),
+            Node::ClassDir(e, c) => Node::Sample(
+                e,
+                self.store
+                    .manifest()
+                    .find(c, name)
+                    .ok_or(FsError::NotFound)?,
+            ),
+            n if !n.is_dir() => return Err(FsError::NotDir),
+            _ => return Err(FsError::NotFound),
+        };
+        self.entry(node)
+    }
+
+    /// Lists `ino` from position `offset` on; `add(entry, name, next_offset)` returns true
+    /// when the reply buffer is full. `.` and `..` are the adapter's business.
+    pub fn readdir(
+        &self,
+        ino: u64,
+        offset: u64,
+        mut add: impl FnMut(Entry, &OsStr, u64) -> bool,
+    ) -> Result<(), FsError> {
+        let node = Node::from_ino(ino).ok_or(FsError::NotFound)?;
+        let parent_entry = self.entry(node)?;
+        if parent_entry.kind != Kind::Dir {
+            return Err(FsError::NotDir);
+        }
+        let manifest = self.store.manifest();
+        let names: Box<dyn Iterator<Item = (Node, OsString)>> = match node {
+            Node::Root => {
+                let e = self.epochs.epoch();
+                Box::new(
+                    [
+                        (Node::CtlDir, OsString::from(CTL_DIR_NAME)),
+                        (Node::Current, OsString::from(CURRENT_NAME)),
+                        (Node::EpochDir(e), OsString::from(view::epoch_dir_name(e))),
+                    ]
+                    .into_iter(),
+                )
+            }
+            Node::CtlDir => Box::new(
+                [
+                    (Node::Status, OsString::from(STATUS_NAME)),
+                    (Node::EpochCtl, OsString::from(EPOCH_CTL_NAME)),
+                ]
+                .into_iter(),
+            ),
+            Node::EpochDir(e) => Box::new(
+                (0..manifest.class_count())
+                    .map(move |c| (Node::ClassDir(e, c), manifest.class_name(c).to_owned())),
+            ),
+            Node::ClassDir(e, c) => {
+                let cur = self.epochs.current();
+                let ids =
+                    share_in_range(cur.share(self.epochs.rank()), manifest.class_range(c)).to_vec();
+                Box::new(
+                    ids.into_iter()
+                        .map(move |id| (Node::Sample(e, id), manifest.name(id).to_owned())),
+                )
+            }
+            _ => return Err(FsError::NotDir),
+        };
+        for (i, (child, name)) in names.enumerate().skip(offset as usize) {
+            if add(self.entry(child)?, &name, i as u64 + 1) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>, FsError> {
+        match Node::from_ino(ino) {
+            Some(Node::Current) => Ok(view::epoch_dir_name(self.epochs.epoch()).into_bytes()),
+            Some(_) => Err(FsError::Invalid("not a symlink".into())),
+            None => Err(FsError::NotFound),
+        }
+    }
+
+    pub fn open(&self, ino: u64, write: bool) -> Result<Opened, FsError> {
+        let entry = self.getattr(ino)?;
+        match entry.node {
+            Node::EpochCtl if write => Ok(Opened::EpochControl),
+            Node::EpochCtl => Ok(Opened::Snapshot(
+                format!("{}\n", self.epochs.epoch()).into_bytes(),
+            )),
+            _ if write => Err(FsError::ReadOnly),
+            Node::Status => Ok(Opened::Snapshot(self.status.render())),
+            Node::Sample(_, id) => {
+                self.store.ensure(id)?;
+                Ok(Opened::Sample(File::open(self.store.path(id))?))
+            }
+            _ if entry.kind == Kind::Dir => Err(FsError::IsDir),
+            _ => Err(FsError::Invalid("cannot open this node".into())),
+        }
+    }
+
+    /// A write to `.shufflefs/epoch`: the number to advance to.
+    pub fn write_epoch(&self, data: &[u8]) -> Result<usize, FsError> {
+        let target = view::parse_epoch_value(data).ok_or_else(|| {
+            FsError::Invalid(format!("{:?} is not an epoch number; write the next epoch, e.g. `echo N+1 > .shufflefs/epoch`", String::from_utf8_lossy(data)))
+        })?;
+        self.epochs.advance_to(target)?;
+        Ok(data.len())
+    }
+
+    /// `setattr`: only truncating the control file (as `echo N > epoch` does) is allowed.
+    pub fn setattr(&self, ino: u64, size_only: bool) -> Result<Entry, FsError> {
+        let entry = self.getattr(ino)?;
+        match entry.node {
+            Node::EpochCtl if size_only => Ok(entry),
+            _ => Err(FsError::ReadOnly),
+        }
+    }
+
+    /// `access(2)`: anything but writing is allowed to the mounting user.
+    pub fn access(&self, ino: u64, write: bool) -> Result<(), FsError> {
+        let entry = self.getattr(ino)?;
+        if write && entry.node != Node::EpochCtl {
+            return Err(FsError::ReadOnly);
+        }
+        Ok(())
+    }
+}

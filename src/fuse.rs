@@ -1,0 +1,504 @@
+//! The fuser binding: translate kernel requests into `ShuffleFs` calls and reply.
+//!
+//! No logic lives here beyond the handle table and the choice of read path. Errors are
+//! answered in one place, `fail`, which logs at a level fitting the error and maps it to an
+//! errno via `FsError::errno`.
+//!
+//! Read path: a cached sample is opened with kernel FUSE passthrough when the kernel offers
+//! it (Linux 6.9+), so reads go straight to the cache file and never enter the daemon. One
+//! `BackingId` is shared by all opens of an inode, as the kernel requires. Without
+//! passthrough, reads are served from the cache file here and `FOPEN_KEEP_CACHE` keeps the
+//! page cache across opens, which is safe because views never change.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    AccessFlags, BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
+    ReplyOpen, ReplyWrite, Request, TimeOrNow, WriteFlags,
+};
+
+use crate::error::FsError;
+use crate::fs::{Entry, Kind, Opened, ShuffleFs};
+
+/// Published views never change: let the kernel keep them for a day.
+const VIEW_TTL: Duration = Duration::from_secs(24 * 3600);
+
+enum Handle {
+    Sample {
+        file: Arc<File>,
+        _backing: Option<Arc<BackingId>>,
+    },
+    Snapshot(Vec<u8>),
+    EpochControl,
+}
+
+pub struct FuseAdapter {
+    fs: Arc<ShuffleFs>,
+    handles: Mutex<HashMap<u64, Handle>>,
+    backing_by_ino: Mutex<HashMap<u64, Weak<BackingId>>>,
+    next_fh: AtomicU64,
+    passthrough: AtomicBool,
+    want_passthrough: bool,
+    uid: u32,
+    gid: u32,
+    time: SystemTime,
+}
+
+impl FuseAdapter {
+    pub fn new(fs: Arc<ShuffleFs>, want_passthrough: bool) -> FuseAdapter {
+        FuseAdapter {
+            fs,
+            handles: Mutex::default(),
+            backing_by_ino: Mutex::default(),
+            next_fh: AtomicU64::new(1),
+            passthrough: AtomicBool::new(false),
+            want_passthrough,
+            uid: nix::unistd::getuid().as_raw(),
+            gid: nix::unistd::getgid().as_raw(),
+            time: SystemTime::now(),
+        }
+    }
+
+    fn attr(&self, e: &Entry) -> FileAttr {
+        let (kind, nlink) = match e.kind {
+            Kind::Dir => (FileType::Directory, 2),
+            Kind::File => (FileType::RegularFile, 1),
+            Kind::Symlink => (FileType::Symlink, 1),
+        };
+        FileAttr {
+            ino: INodeNo(e.node.ino()),
+            size: e.size,
+            blocks: e.size.div_ceil(512),
+            atime: self.time,
+            mtime: self.time,
+            ctime: self.time,
+            crtime: self.time,
+            kind,
+            perm: e.perm,
+            nlink,
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            flags: 0,
+            blksize: 4096,
+        }
+    }
+
+    fn ttl(e: &Entry) -> Duration {
+        if e.immutable {
+            VIEW_TTL
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    fn add_handle(&self, h: Handle) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.handles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(fh, h);
+        fh
+    }
+
+    /// Shares one `BackingId` among all opens of an inode.
+    fn backing(&self, ino: u64, file: &File, reply: &ReplyOpen) -> std::io::Result<Arc<BackingId>> {
+        let mut map = self
+            .backing_by_ino
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(id) = map.get(&ino).and_then(Weak::upgrade) {
+            return Ok(id);
+        }
+        map.retain(|_, w| w.strong_count() > 0);
+        let id = Arc::new(reply.open_backing(file)?);
+        map.insert(ino, Arc::downgrade(&id));
+        Ok(id)
+    }
+}
+
+/// The one place errors become errnos.
+fn fail(op: &str, ino: u64, err: &FsError) -> Errno {
+    if err.is_routine() {
+        tracing::debug!(op, ino, error = %err);
+    } else {
+        tracing::warn!(op, ino, error = %err);
+    }
+    Errno::from_i32(err.errno())
+}
+
+impl Filesystem for FuseAdapter {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config
+            .add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_PARALLEL_DIROPS);
+        if self.want_passthrough && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok() {
+            // The cache may itself sit on an overlay (containers): allow one level below us.
+            let ok = config.set_max_stack_depth(2).is_ok();
+            self.passthrough.store(ok, Ordering::Relaxed);
+        }
+        tracing::info!(
+            passthrough = self.passthrough.load(Ordering::Relaxed),
+            "FUSE session initialised"
+        );
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.fs.lookup(parent.0, name) {
+            Ok(e) => reply.entry(&Self::ttl(&e), &self.attr(&e), Generation(0)),
+            Err(err) => reply.error(fail("lookup", parent.0, &err)),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.fs.getattr(ino.0) {
+            Ok(e) => reply.attr(&Self::ttl(&e), &self.attr(&e)),
+            Err(err) => reply.error(fail("getattr", ino.0, &err)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let size_only = size.is_some()
+            && mode.is_none()
+            && uid.is_none()
+            && gid.is_none()
+            && atime.is_none()
+            && mtime.is_none();
+        match self.fs.setattr(ino.0, size_only) {
+            Ok(e) => reply.attr(&Duration::ZERO, &self.attr(&e)),
+            Err(err) => reply.error(fail("setattr", ino.0, &err)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.fs.readlink(ino.0) {
+            Ok(target) => reply.data(&target),
+            Err(err) => reply.error(fail("readlink", ino.0, &err)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(fail("mknod", parent.0, &FsError::ReadOnly));
+    }
+
+    fn mkdir(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(fail("mkdir", parent.0, &FsError::ReadOnly));
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(fail("unlink", parent.0, &FsError::ReadOnly));
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(fail("rmdir", parent.0, &FsError::ReadOnly));
+    }
+
+    fn symlink(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        _name: &OsStr,
+        _target: &Path,
+        reply: ReplyEntry,
+    ) {
+        reply.error(fail("symlink", parent.0, &FsError::ReadOnly));
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        _name: &OsStr,
+        _np: INodeNo,
+        _nn: &OsStr,
+        _f: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(fail("rename", parent.0, &FsError::ReadOnly));
+    }
+
+    fn link(&self, _req: &Request, ino: INodeNo, _np: INodeNo, _nn: &OsStr, reply: ReplyEntry) {
+        reply.error(fail("link", ino.0, &FsError::ReadOnly));
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        reply.error(fail("create", parent.0, &FsError::ReadOnly));
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let write = !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY);
+        let opened = match self.fs.open(ino.0, write) {
+            Ok(o) => o,
+            Err(err) => return reply.error(fail("open", ino.0, &err)),
+        };
+        match opened {
+            Opened::Sample(file) => {
+                let backing = if self.passthrough.load(Ordering::Relaxed) {
+                    match self.backing(ino.0, &file, &reply) {
+                        Ok(id) => Some(id),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "passthrough refused; serving reads from the daemon");
+                            None
+                        }
+                    }
+                } else {
+                    None
+                };
+                let fh = self.add_handle(Handle::Sample {
+                    file: Arc::new(file),
+                    _backing: backing.clone(),
+                });
+                match backing {
+                    Some(id) => reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id),
+                    None => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
+                }
+            }
+            Opened::Snapshot(bytes) => {
+                let fh = self.add_handle(Handle::Snapshot(bytes));
+                reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
+            }
+            Opened::EpochControl => {
+                let fh = self.add_handle(Handle::EpochControl);
+                reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
+            }
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let handles = self.handles.lock().unwrap_or_else(|e| e.into_inner());
+        match handles.get(&fh.0) {
+            Some(Handle::Snapshot(bytes)) => {
+                let start = (offset as usize).min(bytes.len());
+                let end = (start + size as usize).min(bytes.len());
+                reply.data(&bytes[start..end]);
+            }
+            Some(Handle::Sample { file, .. }) => {
+                let file = file.clone();
+                drop(handles);
+                let mut buf = vec![0u8; size as usize];
+                let mut filled = 0;
+                while filled < buf.len() {
+                    match file.read_at(&mut buf[filled..], offset + filled as u64) {
+                        Ok(0) => break,
+                        Ok(n) => filled += n,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => return reply.error(fail("read", ino.0, &FsError::Io(e))),
+                    }
+                }
+                reply.data(&buf[..filled]);
+            }
+            Some(Handle::EpochControl) => reply.error(Errno::EBADF),
+            None => reply.error(Errno::EBADF),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _offset: u64,
+        data: &[u8],
+        _wf: WriteFlags,
+        _flags: OpenFlags,
+        _lock: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let is_control = matches!(
+            self.handles
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&fh.0),
+            Some(Handle::EpochControl)
+        );
+        if !is_control {
+            return reply.error(fail("write", ino.0, &FsError::ReadOnly));
+        }
+        match self.fs.write_epoch(data) {
+            Ok(n) => reply.written(n as u32),
+            Err(err) => reply.error(fail("write", ino.0, &err)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.handles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&fh.0);
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.getattr(ino.0) {
+            Ok(e) if e.kind == Kind::Dir => reply.opened(
+                FileHandle(0),
+                if e.immutable {
+                    FopenFlags::FOPEN_CACHE_DIR
+                } else {
+                    FopenFlags::empty()
+                },
+            ),
+            Ok(_) => reply.error(fail("opendir", ino.0, &FsError::NotDir)),
+            Err(err) => reply.error(fail("opendir", ino.0, &err)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        // Positions 0 and 1 are `.` and `..`; the logic's entries follow.
+        let dots = [(ino.0, "."), (ino.0, "..")];
+        for (i, (dino, name)) in dots.iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(*dino), i as u64 + 1, FileType::Directory, name) {
+                return reply.ok();
+            }
+        }
+        let result = self
+            .fs
+            .readdir(ino.0, offset.saturating_sub(2), |e, name, next| {
+                let kind = self.attr(&e).kind;
+                reply.add(INodeNo(e.node.ino()), next + 2, kind, name)
+            });
+        match result {
+            Ok(()) => reply.ok(),
+            Err(err) => reply.error(fail("readdir", ino.0, &err)),
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        // `.` and `..` carry no attributes the kernel uses; list them with the dir's own.
+        let me = match self.fs.getattr(ino.0) {
+            Ok(e) => e,
+            Err(err) => return reply.error(fail("readdirplus", ino.0, &err)),
+        };
+        for (i, name) in [".", ".."].iter().enumerate().skip(offset as usize) {
+            if reply.add(
+                ino,
+                i as u64 + 1,
+                name,
+                &Duration::ZERO,
+                &self.attr(&me),
+                Generation(0),
+            ) {
+                return reply.ok();
+            }
+        }
+        let result = self
+            .fs
+            .readdir(ino.0, offset.saturating_sub(2), |e, name, next| {
+                reply.add(
+                    INodeNo(e.node.ino()),
+                    next + 2,
+                    name,
+                    &Self::ttl(&e),
+                    &self.attr(&e),
+                    Generation(0),
+                )
+            });
+        match result {
+            Ok(()) => reply.ok(),
+            Err(err) => reply.error(fail("readdirplus", ino.0, &err)),
+        }
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        match self.fs.access(ino.0, mask.contains(AccessFlags::W_OK)) {
+            Ok(()) => reply.ok(),
+            Err(err) => reply.error(fail("access", ino.0, &err)),
+        }
+    }
+}

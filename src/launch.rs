@@ -1,0 +1,215 @@
+//! Process-level concerns: detaching into the background, logging, MPI or not, unmounting.
+//!
+//! Without `--foreground` (and outside mpirun/srun) the command forks before any thread or
+//! MPI exists; the parent waits on a pipe until the child reports "mounted" or the reason it
+//! could not, and exits 0 or 1 accordingly. Under an MPI launcher the daemon always stays in
+//! the foreground: the launcher must keep its ranks alive for the exchange.
+
+use std::fs::{File, OpenOptions};
+use std::io::{IsTerminal, Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use tracing_subscriber::EnvFilter;
+
+use crate::cli::{MountArgs, UnmountArgs};
+use crate::comm::{self, Comm, MpiComm, launched_by_mpi};
+use crate::daemon;
+
+fn init_logging() {
+    let filter =
+        EnvFilter::try_from_env("SHUFFLEFS_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .try_init();
+}
+
+pub fn mount(args: MountArgs) -> ExitCode {
+    let under_mpi = launched_by_mpi();
+    if under_mpi || args.foreground {
+        init_logging();
+        let mut comm: Box<dyn Comm> = if under_mpi {
+            match MpiComm::init() {
+                Ok(c) => Box::new(c),
+                Err(e) => {
+                    eprintln!("shufflefs: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        } else {
+            Box::new(comm::single())
+        };
+        let result = daemon::run(&args, comm.as_mut(), &mut |msg| {
+            println!("{msg}");
+            let _ = std::io::stdout().flush();
+        });
+        return report(result);
+    }
+    detached(&args)
+}
+
+fn report(result: Result<(), String>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("shufflefs: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn detached(args: &MountArgs) -> ExitCode {
+    let (read_end, write_end) = match nix::unistd::pipe() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("shufflefs: cannot create a pipe: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let log = daemon::log_path(args);
+    // SAFETY: no other thread exists yet (nothing has been spawned and MPI is not initialised),
+    // so the child may keep running arbitrary code after fork.
+    match unsafe { nix::unistd::fork() } {
+        Err(e) => {
+            eprintln!("shufflefs: cannot fork: {e}");
+            ExitCode::FAILURE
+        }
+        Ok(nix::unistd::ForkResult::Parent { .. }) => {
+            drop(write_end);
+            wait_for_child(read_end, &log)
+        }
+        Ok(nix::unistd::ForkResult::Child) => {
+            drop(read_end);
+            let _ = nix::unistd::setsid();
+            redirect_stdio(&log);
+            init_logging();
+            let mut pipe = File::from(write_end);
+            let mut comm = comm::single();
+            let result = daemon::run(args, &mut comm, &mut |msg| {
+                tracing::info!("{msg}");
+                // The parent returns as soon as it reads this line.
+                let _ = pipe.write_all(format!("ok {msg}").as_bytes());
+            });
+            if let Err(e) = &result {
+                let _ = pipe.write_all(format!("err {e}").as_bytes());
+            }
+            drop(pipe);
+            report(result)
+        }
+    }
+}
+
+fn wait_for_child(read_end: OwnedFd, log: &std::path::Path) -> ExitCode {
+    let mut msg = String::new();
+    let mut pipe = File::from(read_end);
+    // The child writes one message; reading up to "ok ..." is enough (it keeps the pipe open).
+    let mut buf = [0u8; 4096];
+    loop {
+        match pipe.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                msg.push_str(&String::from_utf8_lossy(&buf[..n]));
+                if msg.starts_with("ok ") {
+                    break;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    if let Some(ok) = msg.strip_prefix("ok ") {
+        println!("{ok}");
+        println!("shufflefs: log in {}", log.display());
+        ExitCode::SUCCESS
+    } else if let Some(err) = msg.strip_prefix("err ") {
+        eprintln!("shufflefs: {err}");
+        ExitCode::FAILURE
+    } else {
+        eprintln!(
+            "shufflefs: the daemon exited during startup; see {}",
+            log.display()
+        );
+        ExitCode::FAILURE
+    }
+}
+
+fn redirect_stdio(log: &std::path::Path) {
+    daemon::ensure_parent(log);
+    let out = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .or_else(|_| OpenOptions::new().write(true).open("/dev/null"));
+    if let Ok(out) = out {
+        // SAFETY: dup2 on valid descriptors we own; only replaces this process's stdout/stderr.
+        unsafe {
+            libc::dup2(out.as_raw_fd(), 1);
+            libc::dup2(out.as_raw_fd(), 2);
+        }
+    }
+    if let Ok(null) = File::open("/dev/null") {
+        // SAFETY: as above, for stdin.
+        unsafe {
+            libc::dup2(null.as_raw_fd(), 0);
+        }
+    }
+}
+
+/// `shufflefs unmount MOUNT`: unmount, then wait for the daemon to exit.
+pub fn unmount(args: &UnmountArgs) -> ExitCode {
+    let status_path = args.mountpoint.join(".shufflefs/status");
+    let pid = std::fs::read(&status_path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v.get("pid").and_then(serde_json::Value::as_u64));
+    if pid.is_none() && !crate::checks::is_mounted(&args.mountpoint) {
+        eprintln!("shufflefs: {} is not mounted", args.mountpoint.display());
+        return ExitCode::FAILURE;
+    }
+    let out = std::process::Command::new("fusermount3")
+        .arg("-u")
+        .arg(&args.mountpoint)
+        .output();
+    let unmounted = match out {
+        Ok(o) if o.status.success() => true,
+        Ok(o) => {
+            // fusermount3 refuses some mounts made by root; umount(2) is the fallback.
+            let msg = String::from_utf8_lossy(&o.stderr).trim().to_string();
+            match nix::mount::umount(&args.mountpoint) {
+                Ok(()) => true,
+                Err(e) => {
+                    eprintln!(
+                        "shufflefs: cannot unmount {}: {msg} ({e}). If files are open there, close them first",
+                        args.mountpoint.display()
+                    );
+                    false
+                }
+            }
+        }
+        Err(_) => nix::mount::umount(&args.mountpoint).is_ok(),
+    };
+    if !unmounted {
+        return ExitCode::FAILURE;
+    }
+    if let Some(pid) = pid {
+        let pid = nix::unistd::Pid::from_raw(pid as i32);
+        let deadline = Instant::now() + Duration::from_secs(args.timeout);
+        while nix::sys::signal::kill(pid, None).is_ok() {
+            if Instant::now() > deadline {
+                eprintln!(
+                    "shufflefs: unmounted, but daemon pid {pid} is still running after {}s",
+                    args.timeout
+                );
+                return ExitCode::FAILURE;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    println!("shufflefs: unmounted {}", args.mountpoint.display());
+    ExitCode::SUCCESS
+}

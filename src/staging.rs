@@ -1,0 +1,217 @@
+//! Background staging: copy this rank's share from the source into the cache, and drop
+//! samples that left the share when a new epoch is published.
+//!
+//! One coordinator thread owns the work and is fed epochs through a channel; a new epoch
+//! arriving mid-way abandons the old list (its samples may no longer be ours) and starts on
+//! the new one. Copies run on a few threads because parallel filesystems reward concurrency.
+//! A sample a reader opens before staging reaches it is fetched by that reader
+//! (`SampleStore::ensure` makes sure it is copied once).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::cache::SampleStore;
+use crate::plan::{EpochShares, Rank, SampleId};
+
+#[derive(Default)]
+pub struct StagingProgress {
+    pub epoch: AtomicU64,
+    pub files_total: AtomicU64,
+    pub files_done: AtomicU64,
+    pub bytes_total: AtomicU64,
+    pub bytes_done: AtomicU64,
+    pub errors: AtomicU64,
+    pub busy: AtomicBool,
+    pub last_error: Mutex<Option<String>>,
+}
+
+#[derive(Serialize)]
+pub struct StagingSnapshot {
+    pub state: &'static str,
+    pub epoch: u64,
+    pub files_done: u64,
+    pub files_total: u64,
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+    pub errors: u64,
+    pub last_error: Option<String>,
+}
+
+impl StagingProgress {
+    pub fn snapshot(&self) -> StagingSnapshot {
+        let files_done = self.files_done.load(Ordering::Relaxed);
+        let files_total = self.files_total.load(Ordering::Relaxed);
+        StagingSnapshot {
+            state: if self.busy.load(Ordering::Relaxed) {
+                "staging"
+            } else if files_done == files_total {
+                "done"
+            } else {
+                "incomplete"
+            },
+            epoch: self.epoch.load(Ordering::Relaxed),
+            files_done,
+            files_total,
+            bytes_done: self.bytes_done.load(Ordering::Relaxed),
+            bytes_total: self.bytes_total.load(Ordering::Relaxed),
+            errors: self.errors.load(Ordering::Relaxed),
+            last_error: self
+                .last_error
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+        }
+    }
+}
+
+pub enum StagingCmd {
+    /// Stage `current`'s share; drop what `previous` had that `current` has not.
+    Epoch {
+        previous: Option<Arc<EpochShares>>,
+        current: Arc<EpochShares>,
+    },
+}
+
+pub struct Staging {
+    tx: Sender<StagingCmd>,
+    pub progress: Arc<StagingProgress>,
+}
+
+impl Staging {
+    pub fn start(store: Arc<SampleStore>, rank: Rank, threads: usize) -> Staging {
+        let (tx, rx) = channel();
+        let progress = Arc::new(StagingProgress::default());
+        let p = progress.clone();
+        thread::Builder::new()
+            .name("staging".into())
+            .spawn(move || run(&store, rank, threads.max(1), &rx, &p))
+            .expect("spawn staging thread");
+        Staging { tx, progress }
+    }
+
+    pub fn send(&self, cmd: StagingCmd) {
+        let _ = self.tx.send(cmd);
+    }
+}
+
+fn run(
+    store: &SampleStore,
+    rank: Rank,
+    threads: usize,
+    rx: &Receiver<StagingCmd>,
+    progress: &StagingProgress,
+) {
+    let mut pending = rx.recv().ok();
+    while let Some(StagingCmd::Epoch { previous, current }) = pending.take() {
+        let mine = current.share(rank);
+        if let Some(prev) = previous {
+            for &id in prev
+                .share(rank)
+                .iter()
+                .filter(|id| mine.binary_search(id).is_err())
+            {
+                if let Err(e) = store.remove(id) {
+                    tracing::warn!(sample = id, error = %e, "could not drop a sample that left the share");
+                }
+            }
+        }
+        progress.epoch.store(current.epoch, Ordering::Relaxed);
+        progress
+            .files_total
+            .store(mine.len() as u64, Ordering::Relaxed);
+        progress.bytes_total.store(
+            mine.iter().map(|&i| store.manifest().size(i)).sum(),
+            Ordering::Relaxed,
+        );
+        let missing: Vec<SampleId> = mine
+            .iter()
+            .copied()
+            .filter(|&i| !store.contains(i))
+            .collect();
+        let present = (mine.len() - missing.len()) as u64;
+        progress.files_done.store(present, Ordering::Relaxed);
+        let present_bytes = mine
+            .iter()
+            .filter(|&&i| store.contains(i))
+            .map(|&i| store.manifest().size(i))
+            .sum();
+        progress.bytes_done.store(present_bytes, Ordering::Relaxed);
+        progress.busy.store(!missing.is_empty(), Ordering::Relaxed);
+        let started = std::time::Instant::now();
+        pending = stage(store, &missing, threads, rx, progress);
+        progress.busy.store(false, Ordering::Relaxed);
+        if pending.is_none() && !missing.is_empty() {
+            tracing::info!(
+                epoch = current.epoch,
+                files = missing.len(),
+                secs = started.elapsed().as_secs_f64(),
+                "staging finished"
+            );
+        }
+        if pending.is_none() {
+            pending = rx.recv().ok();
+        }
+    }
+}
+
+/// Copies `missing` into the cache; returns early with the next command if one arrives.
+fn stage(
+    store: &SampleStore,
+    missing: &[SampleId],
+    threads: usize,
+    rx: &Receiver<StagingCmd>,
+    progress: &StagingProgress,
+) -> Option<StagingCmd> {
+    let next_index = AtomicU64::new(0);
+    let stop = AtomicBool::new(false);
+    let running = AtomicU64::new(threads as u64);
+    thread::scope(|scope| {
+        for _ in 0..threads {
+            let (next_index, stop, running) = (&next_index, &stop, &running);
+            scope.spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let i = next_index.fetch_add(1, Ordering::Relaxed) as usize;
+                    let Some(&id) = missing.get(i) else { break };
+                    match store.ensure(id) {
+                        Ok(()) => {
+                            progress.files_done.fetch_add(1, Ordering::Relaxed);
+                            progress
+                                .bytes_done
+                                .fetch_add(store.manifest().size(id), Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            // A bad sample is reported, not fatal: readers get EIO for it alone.
+                            tracing::warn!(sample = id, error = %e, "staging failed for a sample");
+                            progress.errors.fetch_add(1, Ordering::Relaxed);
+                            *progress
+                                .last_error
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+                        }
+                    }
+                }
+                running.fetch_sub(1, Ordering::Release);
+            });
+        }
+        // This thread owns the channel: it watches for a newer epoch while the copies run.
+        while running.load(Ordering::Acquire) > 0 {
+            match rx.recv_timeout(Duration::from_millis(20)) {
+                Ok(cmd) => {
+                    stop.store(true, Ordering::Relaxed);
+                    return Some(cmd);
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    stop.store(true, Ordering::Relaxed);
+                    return None;
+                }
+            }
+        }
+        None
+    })
+}

@@ -1,0 +1,104 @@
+//! `.shufflefs/status`: one JSON document describing this rank's daemon.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use serde::Serialize;
+
+use crate::cache::SampleStore;
+use crate::epochs::Epochs;
+use crate::manifest::Skipped;
+use crate::staging::{StagingProgress, StagingSnapshot};
+
+pub trait StatusReport: Send + Sync {
+    fn render(&self) -> Vec<u8>;
+}
+
+#[derive(Serialize)]
+struct CacheSnapshot {
+    dir: PathBuf,
+    files: u64,
+    bytes: u64,
+    fetched_from_source: u64,
+    source_errors: u64,
+}
+
+#[derive(Serialize)]
+struct ExchangeSnapshot {
+    state: &'static str,
+    note: &'static str,
+}
+
+#[derive(Serialize)]
+struct Status<'a> {
+    version: &'static str,
+    pid: u32,
+    rank: u32,
+    world_size: u32,
+    epoch: u64,
+    ready_epochs: Vec<u64>,
+    fraction: f64,
+    seed: u64,
+    source: &'a str,
+    mountpoint: &'a str,
+    classes: u32,
+    samples: u32,
+    share_samples: usize,
+    share_bytes: u64,
+    staging: StagingSnapshot,
+    exchange: ExchangeSnapshot,
+    cache: CacheSnapshot,
+    skipped: &'a [Skipped],
+}
+
+pub struct DaemonStatus {
+    pub source: String,
+    pub mountpoint: String,
+    pub store: Arc<SampleStore>,
+    pub epochs: Arc<Epochs>,
+    pub staging: Arc<StagingProgress>,
+}
+
+impl StatusReport for DaemonStatus {
+    fn render(&self) -> Vec<u8> {
+        let cur = self.epochs.current();
+        let rank = self.epochs.rank();
+        let params = self.epochs.plan().params();
+        let manifest = self.store.manifest();
+        let share = cur.share(rank);
+        let stats = &self.store.stats;
+        let status = Status {
+            version: env!("CARGO_PKG_VERSION"),
+            pid: std::process::id(),
+            rank,
+            world_size: params.world,
+            epoch: cur.epoch,
+            ready_epochs: vec![cur.epoch],
+            fraction: params.fraction,
+            seed: params.seed,
+            source: &self.source,
+            mountpoint: &self.mountpoint,
+            classes: manifest.class_count(),
+            samples: manifest.len(),
+            share_samples: share.len(),
+            share_bytes: share.iter().map(|&i| manifest.size(i)).sum(),
+            staging: self.staging.snapshot(),
+            exchange: ExchangeSnapshot {
+                state: "source",
+                note: "samples new to this rank are fetched from the source",
+            },
+            cache: CacheSnapshot {
+                dir: self.store.dir().root().to_path_buf(),
+                files: stats.files.load(Ordering::Relaxed),
+                bytes: stats.bytes.load(Ordering::Relaxed),
+                fetched_from_source: stats.fetched_from_source.load(Ordering::Relaxed),
+                source_errors: stats.source_errors.load(Ordering::Relaxed),
+            },
+            skipped: &manifest.skipped,
+        };
+        let mut out = serde_json::to_vec_pretty(&status).expect("status serializes");
+        out.push(b'\n');
+        out
+    }
+}

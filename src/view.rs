@@ -1,0 +1,163 @@
+//! The inode scheme and names of the mounted tree.
+//!
+//! ```text
+//! /                              ino 1
+//! /.shufflefs/                   ino 2
+//! /.shufflefs/status             ino 3   JSON, regenerated at each open
+//! /.shufflefs/epoch              ino 4   read: current epoch; write N+1: advance
+//! /current -> epoch-N            ino 5
+//! /epoch-N/                      kind 1: (1 << 62) | N
+//! /epoch-N/<class>/              kind 2: (2 << 62) | N << 32 | class
+//! /epoch-N/<class>/<sample>      kind 3: (3 << 62) | N << 32 | sample id
+//! ```
+//! Every inode number *is* its node: nothing is allocated on lookup, so `forget` has nothing
+//! to free and the daemon's memory does not grow with the number of files the kernel caches.
+//! A sample's inode differs per epoch: views never change once published, so the kernel may
+//! cache entries and attributes for as long as it likes.
+
+use std::ffi::OsStr;
+
+use crate::plan::SampleId;
+
+pub const ROOT: u64 = 1;
+pub const CTL_DIR_NAME: &str = ".shufflefs";
+pub const CURRENT_NAME: &str = "current";
+pub const STATUS_NAME: &str = "status";
+pub const EPOCH_CTL_NAME: &str = "epoch";
+/// Epochs are limited to 30 bits by the inode layout (a billion epochs).
+pub const MAX_EPOCH: u64 = (1 << 30) - 1;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Node {
+    Root,
+    CtlDir,
+    Status,
+    EpochCtl,
+    Current,
+    EpochDir(u64),
+    ClassDir(u64, u32),
+    Sample(u64, SampleId),
+}
+
+impl Node {
+    pub fn ino(self) -> u64 {
+        match self {
+            Node::Root => ROOT,
+            Node::CtlDir => 2,
+            Node::Status => 3,
+            Node::EpochCtl => 4,
+            Node::Current => 5,
+            Node::EpochDir(e) => 1 << 62 | e,
+            Node::ClassDir(e, c) => 2 << 62 | e << 32 | u64::from(c),
+            Node::Sample(e, s) => 3 << 62 | e << 32 | u64::from(s),
+        }
+    }
+
+    pub fn from_ino(ino: u64) -> Option<Node> {
+        let low = ino & ((1 << 62) - 1);
+        let (epoch, index) = (low >> 32, (low & 0xFFFF_FFFF) as u32);
+        Some(match ino >> 62 {
+            0 => match ino {
+                1 => Node::Root,
+                2 => Node::CtlDir,
+                3 => Node::Status,
+                4 => Node::EpochCtl,
+                5 => Node::Current,
+                _ => return None,
+            },
+            1 if low <= MAX_EPOCH => Node::EpochDir(low),
+            2 => Node::ClassDir(epoch, index),
+            3 => Node::Sample(epoch, index),
+            _ => return None,
+        })
+    }
+
+    pub fn is_dir(self) -> bool {
+        matches!(
+            self,
+            Node::Root | Node::CtlDir | Node::EpochDir(_) | Node::ClassDir(..)
+        )
+    }
+
+    /// The epoch a view node belongs to, if any.
+    pub fn epoch(self) -> Option<u64> {
+        match self {
+            Node::EpochDir(e) | Node::ClassDir(e, _) | Node::Sample(e, _) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+pub fn epoch_dir_name(epoch: u64) -> String {
+    format!("epoch-{epoch}")
+}
+
+/// Parses `epoch-N` in canonical form only (`epoch-01` is not `epoch-1`).
+pub fn parse_epoch_dir(name: &OsStr) -> Option<u64> {
+    let digits = name.to_str()?.strip_prefix("epoch-")?;
+    let n: u64 = digits.parse().ok()?;
+    (n.to_string() == digits && n <= MAX_EPOCH).then_some(n)
+}
+
+/// Parses what a user writes to `.shufflefs/epoch`: a decimal number, surrounding space allowed.
+pub fn parse_epoch_value(data: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(data).ok()?.trim();
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok().filter(|&n| n <= MAX_EPOCH)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inode_roundtrip() {
+        for node in [
+            Node::Root,
+            Node::CtlDir,
+            Node::Status,
+            Node::EpochCtl,
+            Node::Current,
+            Node::EpochDir(0),
+            Node::EpochDir(MAX_EPOCH),
+            Node::ClassDir(7, 0),
+            Node::ClassDir(MAX_EPOCH, u32::MAX),
+            Node::Sample(0, 0),
+            Node::Sample(3, u32::MAX),
+        ] {
+            assert_eq!(Node::from_ino(node.ino()), Some(node), "{node:?}");
+        }
+        assert_eq!(Node::from_ino(0), None);
+        assert_eq!(Node::from_ino(6), None);
+    }
+
+    #[test]
+    fn names_parse_strictly() {
+        assert_eq!(parse_epoch_dir(OsStr::new("epoch-12")), Some(12));
+        for bad in [
+            "epoch-01",
+            "epoch-",
+            "epoch--1",
+            "epoch-1x",
+            "epoch-99999999999",
+            "Epoch-1",
+        ] {
+            assert_eq!(parse_epoch_dir(OsStr::new(bad)), None, "{bad}");
+        }
+        assert_eq!(parse_epoch_value(b"3\n"), Some(3));
+        assert_eq!(parse_epoch_value(b" 4 "), Some(4));
+        for bad in [
+            &b"-1"[..],
+            b"",
+            b"abc",
+            b"1.5",
+            b"+2",
+            b"\xff",
+            b"99999999999999999999",
+        ] {
+            assert_eq!(parse_epoch_value(bad), None, "{bad:?}");
+        }
+    }
+}
