@@ -150,6 +150,20 @@ impl CacheDir {
         &self.root
     }
 
+    /// Releases the folder lock early: a rank that is done serving but waits for its peers
+    /// in MPI finalize lets `shufflefs unmount` (and a new daemon) see that it is finished.
+    pub fn unlock(&self) {
+        let _ = self._lock.unlock();
+    }
+
+    /// Whether a daemon holds the lock of the cache folder at `root`.
+    pub fn is_locked(root: &Path) -> bool {
+        match File::open(root.join("LOCK")) {
+            Ok(f) => f.try_lock_shared().is_err(),
+            Err(_) => false,
+        }
+    }
+
     fn io_err(&self) -> impl Fn(io::Error) -> CacheError + '_ {
         |source| CacheError::Io {
             path: self.root.clone(),

@@ -61,6 +61,11 @@ pub struct MountArgs {
     #[arg(long, help_heading = "Data")]
     pub reset_cache: bool,
 
+    /// Cap on the bytes per second this rank sends during the background exchange, so
+    /// training I/O keeps priority (e.g. 200000000 for 200 MB/s). Default: uncapped.
+    #[arg(long, value_name = "BYTES_PER_S", help_heading = "Shuffling")]
+    pub exchange_rate: Option<u64>,
+
     /// Threads copying samples from the source into the cache.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256), help_heading = "Tuning")]
     pub staging_threads: u16,

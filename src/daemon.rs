@@ -12,6 +12,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::channel;
 use std::thread;
 
@@ -21,10 +22,11 @@ use crate::cache::{CacheDir, CacheState, FORMAT_VERSION, SampleStore};
 use crate::cli::{MountArgs, for_rank};
 use crate::comm::{Comm, agree, decide};
 use crate::epochs::Epochs;
+use crate::exchange::{self, ExchangeConfig, ExchangeTracker, MpiCmd};
 use crate::fs::ShuffleFs;
 use crate::fuse::FuseAdapter;
 use crate::manifest::{self, Manifest};
-use crate::plan::{Plan, PlanParams};
+use crate::plan::{Plan, PlanParams, Step};
 use crate::source::DirSource;
 use crate::staging::{Staging, StagingCmd};
 use crate::status::DaemonStatus;
@@ -248,8 +250,42 @@ fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, String> {
     })
 }
 
+/// Waits for the exchange into `step.next.epoch`, then makes sure every sample of the new
+/// share is cached; anything the exchange could not deliver comes from the source.
+fn prepare_epoch(
+    store: &SampleStore,
+    tracker: &ExchangeTracker,
+    rank: u32,
+    step: &Step,
+) -> Result<(), String> {
+    let target = step.next.epoch;
+    let report = tracker.wait(target);
+    if report.state != "done" {
+        tracing::warn!(target_epoch = target, error = ?report.error, "exchange incomplete; fetching the rest from the source");
+    }
+    let missing: Vec<_> = step
+        .next
+        .share(rank)
+        .iter()
+        .copied()
+        .filter(|&id| !store.contains(id))
+        .collect();
+    if !missing.is_empty() {
+        tracing::warn!(
+            target_epoch = target,
+            samples = missing.len(),
+            "samples not delivered by the exchange; fetching from the source"
+        );
+    }
+    for id in missing {
+        store.ensure(id).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
 /// Runs one rank's daemon: prepares, mounts, reports readiness through `on_ready`, then
-/// serves until the folder is unmounted or a signal arrives.
+/// serves until the folder is unmounted or a signal arrives. The calling thread runs the
+/// exchanges (it owns `comm`); the FUSE session runs on its own threads.
 pub fn run(
     args: &MountArgs,
     comm: &mut dyn Comm,
@@ -263,12 +299,14 @@ pub fn run(
     } = prepare(args, comm)?;
     let rank = comm.rank();
 
+    let tracker = Arc::new(ExchangeTracker::default());
+    let (prep_store, prep_tracker) = (store.clone(), tracker.clone());
     let persist_store = store.clone();
     let epochs = Arc::new(Epochs::new(
         plan,
         rank,
         epoch,
-        Box::new(|_| Ok(())),
+        Box::new(move |step| prepare_epoch(&prep_store, &prep_tracker, rank, step)),
         Box::new(move |step| {
             let dir = persist_store.dir();
             let mut state = dir
@@ -279,13 +317,18 @@ pub fn run(
             dir.save_state(&state).map_err(|e| e.to_string())
         }),
     ));
-    let staging = Staging::start(store.clone(), rank, usize::from(args.staging_threads));
+    let staging = Arc::new(Staging::start(
+        store.clone(),
+        rank,
+        usize::from(args.staging_threads),
+    ));
     let status = Arc::new(DaemonStatus {
         source: args.source.display().to_string(),
         mountpoint: mountpoint.display().to_string(),
         store: store.clone(),
         epochs: epochs.clone(),
         staging: staging.progress.clone(),
+        exchange: tracker.clone(),
     });
     let fs = Arc::new(ShuffleFs::new(store.clone(), epochs.clone(), status));
     let adapter = FuseAdapter::new(fs, !args.no_passthrough);
@@ -335,18 +378,37 @@ pub fn run(
             }
         })
         .map_err(|e| e.to_string())?;
-    let staging = Arc::new(staging);
+
+    // Each published epoch: drop what left, start the next exchange, stage the new share.
+    let (mpi_tx, mpi_rx) = channel::<MpiCmd>();
+    let (listener_tx, listener_epochs, listener_tracker) =
+        (mpi_tx.clone(), epochs.clone(), tracker.clone());
     let staging_listener = staging.clone();
     epochs.subscribe(Box::new(move |change| {
         let _ = inval_tx.send(change.previous.epoch);
+        let mine = change.current.share(rank);
+        let evict = change
+            .previous
+            .share(rank)
+            .iter()
+            .copied()
+            .filter(|id| mine.binary_search(id).is_err())
+            .collect();
+        let step = listener_epochs.next_step();
+        listener_tracker.announce(step.next.epoch);
+        let _ = listener_tx.send(MpiCmd::Exchange { evict, step });
         staging_listener.send(StagingCmd::Epoch {
-            previous: Some(change.previous.clone()),
             current: change.current.clone(),
         });
     }));
     staging.send(StagingCmd::Epoch {
-        previous: None,
         current: epochs.current(),
+    });
+    let first = epochs.next_step();
+    tracker.announce(first.next.epoch);
+    let _ = mpi_tx.send(MpiCmd::Exchange {
+        evict: Vec::new(),
+        step: first,
     });
 
     let mut unmounter = session.unmount_callable();
@@ -373,14 +435,42 @@ pub fn run(
         mountpoint.display(),
         store.manifest().len()
     ));
+    let abort = Arc::new(AtomicBool::new(false));
+    let (session_abort, session_tx) = (abort.clone(), mpi_tx);
     let served = thread::Builder::new()
         .name("fuse".into())
-        .spawn(move || session.run())
+        .spawn(move || {
+            let result = session.run();
+            session_abort.store(true, Ordering::Relaxed);
+            let _ = session_tx.send(MpiCmd::Shutdown);
+            result
+        })
         .map_err(|e| e.to_string())?;
+
+    let cfg = ExchangeConfig {
+        rate: args.exchange_rate,
+        ..ExchangeConfig::default()
+    };
+    for cmd in mpi_rx {
+        match cmd {
+            MpiCmd::Exchange { evict, step } => {
+                for id in evict {
+                    if let Err(e) = store.remove(id) {
+                        tracing::warn!(sample = id, error = %e, "could not drop a sample that left the share");
+                    }
+                }
+                if let Err(e) = exchange::run(comm, &store, &step, cfg, &tracker, &abort) {
+                    tracing::error!("{e}");
+                }
+            }
+            MpiCmd::Shutdown => break,
+        }
+    }
     let result = served
         .join()
         .map_err(|_| "FUSE session thread panicked".to_string())?;
     signal_handle.close();
+    store.dir().unlock();
     tracing::info!(mountpoint = %mountpoint.display(), "unmounted; daemon exiting");
     result.map_err(|e| format!("FUSE session ended with an error: {e}"))
 }

@@ -25,6 +25,8 @@ pub struct Epochs {
     plan: Plan,
     rank: Rank,
     current: RwLock<Arc<EpochShares>>,
+    /// The step out of the current epoch, computed once and shared with the exchange.
+    next: Mutex<Option<Arc<Step>>>,
     advancing: Mutex<()>,
     prepare: Hook,
     persist: Hook,
@@ -39,6 +41,7 @@ impl Epochs {
             plan,
             rank,
             current: RwLock::new(current),
+            next: Mutex::default(),
             advancing: Mutex::new(()),
             prepare,
             persist,
@@ -63,6 +66,20 @@ impl Epochs {
 
     pub fn epoch(&self) -> u64 {
         self.current().epoch
+    }
+
+    /// The plan's step from the current epoch to the next (cached).
+    pub fn next_step(&self) -> Arc<Step> {
+        let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
+        let cur = self.current();
+        match &*next {
+            Some(step) if step.next.epoch == cur.epoch + 1 => step.clone(),
+            _ => {
+                let step = Arc::new(self.plan.step(&cur));
+                *next = Some(step.clone());
+                step
+            }
+        }
     }
 
     pub fn subscribe(&self, listener: Listener) {
@@ -91,7 +108,7 @@ impl Epochs {
                 "epochs advance one at a time: current is {cur}, asked for {target}"
             )));
         }
-        let step = self.plan.step(&previous);
+        let step = self.next_step();
         (self.prepare)(&step).map_err(|e| {
             FsError::Io(std::io::Error::other(format!(
                 "preparing epoch {target}: {e}"
@@ -100,7 +117,7 @@ impl Epochs {
         (self.persist)(&step).map_err(|e| {
             FsError::Io(std::io::Error::other(format!("saving epoch {target}: {e}")))
         })?;
-        let current = Arc::new(step.next);
+        let current = Arc::new(step.next.clone());
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = current.clone();
         tracing::info!(
             epoch = target,

@@ -163,10 +163,16 @@ fn redirect_stdio(log: &std::path::Path) {
 /// `shufflefs unmount MOUNT`: unmount, then wait for the daemon to exit.
 pub fn unmount(args: &UnmountArgs) -> ExitCode {
     let status_path = args.mountpoint.join(".shufflefs/status");
-    let pid = std::fs::read(&status_path)
+    let status = std::fs::read(&status_path)
         .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .and_then(|v| v.get("pid").and_then(serde_json::Value::as_u64));
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+    let field = |name: &str| status.as_ref().and_then(|v| v.get(name).cloned());
+    let pid = field("pid").and_then(|v| v.as_u64());
+    let world = field("world_size").and_then(|v| v.as_u64()).unwrap_or(1);
+    let cache = field("cache").and_then(|c| {
+        c.get("dir")
+            .and_then(|d| d.as_str().map(std::path::PathBuf::from))
+    });
     if pid.is_none() && !crate::checks::is_mounted(&args.mountpoint) {
         eprintln!("shufflefs: {} is not mounted", args.mountpoint.display());
         return ExitCode::FAILURE;
@@ -200,6 +206,19 @@ pub fn unmount(args: &UnmountArgs) -> ExitCode {
         let pid = nix::unistd::Pid::from_raw(pid as i32);
         let deadline = Instant::now() + Duration::from_secs(args.timeout);
         while nix::sys::signal::kill(pid, None).is_ok() {
+            // An MPI rank done serving waits in MPI finalize for the other ranks to unmount;
+            // it has released its cache by then.
+            if world > 1
+                && cache
+                    .as_deref()
+                    .is_some_and(|c| !crate::cache::CacheDir::is_locked(c))
+            {
+                println!(
+                    "shufflefs: unmounted {}; daemon pid {pid} exits once every rank has unmounted",
+                    args.mountpoint.display()
+                );
+                return ExitCode::SUCCESS;
+            }
             if Instant::now() > deadline {
                 eprintln!(
                     "shufflefs: unmounted, but daemon pid {pid} is still running after {}s",

@@ -18,6 +18,7 @@ pub mod comm;
 pub mod daemon;
 pub mod epochs;
 pub mod error;
+pub mod exchange;
 pub mod fs;
 pub mod fuse;
 pub mod launch;

@@ -143,9 +143,7 @@ impl Manifest {
     }
 
     /// Builds a manifest from `(class name, [(sample name, size)])`, sorting both levels.
-    pub fn from_parts(
-        mut classes: Vec<ClassListing>,
-    ) -> Result<Manifest, ManifestError> {
+    pub fn from_parts(mut classes: Vec<ClassListing>) -> Result<Manifest, ManifestError> {
         classes.sort_by(|a, b| a.0.cmp(&b.0));
         let mut m = Manifest {
             class_start: vec![0],

@@ -1,5 +1,4 @@
-//! Background staging: copy this rank's share from the source into the cache, and drop
-//! samples that left the share when a new epoch is published.
+//! Background staging: copy this rank's share from the source into the cache.
 //!
 //! One coordinator thread owns the work and is fed epochs through a channel; a new epoch
 //! arriving mid-way abandons the old list (its samples may no longer be ours) and starts on
@@ -70,11 +69,9 @@ impl StagingProgress {
 }
 
 pub enum StagingCmd {
-    /// Stage `current`'s share; drop what `previous` had that `current` has not.
-    Epoch {
-        previous: Option<Arc<EpochShares>>,
-        current: Arc<EpochShares>,
-    },
+    /// Stage `current`'s share (dropping samples that left is the exchange thread's job,
+    /// ordered before the next exchange can bring any of them back).
+    Epoch { current: Arc<EpochShares> },
 }
 
 pub struct Staging {
@@ -107,19 +104,8 @@ fn run(
     progress: &StagingProgress,
 ) {
     let mut pending = rx.recv().ok();
-    while let Some(StagingCmd::Epoch { previous, current }) = pending.take() {
+    while let Some(StagingCmd::Epoch { current }) = pending.take() {
         let mine = current.share(rank);
-        if let Some(prev) = previous {
-            for &id in prev
-                .share(rank)
-                .iter()
-                .filter(|id| mine.binary_search(id).is_err())
-            {
-                if let Err(e) = store.remove(id) {
-                    tracing::warn!(sample = id, error = %e, "could not drop a sample that left the share");
-                }
-            }
-        }
         progress.epoch.store(current.epoch, Ordering::Relaxed);
         progress
             .files_total

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::cache::SampleStore;
 use crate::epochs::Epochs;
+use crate::exchange::{ExchangeReport, ExchangeTracker};
 use crate::manifest::Skipped;
 use crate::staging::{StagingProgress, StagingSnapshot};
 
@@ -22,12 +23,6 @@ struct CacheSnapshot {
     bytes: u64,
     fetched_from_source: u64,
     source_errors: u64,
-}
-
-#[derive(Serialize)]
-struct ExchangeSnapshot {
-    state: &'static str,
-    note: &'static str,
 }
 
 #[derive(Serialize)]
@@ -47,7 +42,8 @@ struct Status<'a> {
     share_samples: usize,
     share_bytes: u64,
     staging: StagingSnapshot,
-    exchange: ExchangeSnapshot,
+    /// Recent exchanges, oldest first; the last one is into `epoch + 1`.
+    exchange: Vec<ExchangeReport>,
     cache: CacheSnapshot,
     skipped: &'a [Skipped],
 }
@@ -58,6 +54,7 @@ pub struct DaemonStatus {
     pub store: Arc<SampleStore>,
     pub epochs: Arc<Epochs>,
     pub staging: Arc<StagingProgress>,
+    pub exchange: Arc<ExchangeTracker>,
 }
 
 impl StatusReport for DaemonStatus {
@@ -74,7 +71,11 @@ impl StatusReport for DaemonStatus {
             rank,
             world_size: params.world,
             epoch: cur.epoch,
-            ready_epochs: vec![cur.epoch],
+            ready_epochs: if self.exchange.is_done(cur.epoch + 1) {
+                vec![cur.epoch, cur.epoch + 1]
+            } else {
+                vec![cur.epoch]
+            },
             fraction: params.fraction,
             seed: params.seed,
             source: &self.source,
@@ -84,10 +85,7 @@ impl StatusReport for DaemonStatus {
             share_samples: share.len(),
             share_bytes: share.iter().map(|&i| manifest.size(i)).sum(),
             staging: self.staging.snapshot(),
-            exchange: ExchangeSnapshot {
-                state: "source",
-                note: "samples new to this rank are fetched from the source",
-            },
+            exchange: self.exchange.snapshot(),
             cache: CacheSnapshot {
                 dir: self.store.dir().root().to_path_buf(),
                 files: stats.files.load(Ordering::Relaxed),

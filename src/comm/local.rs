@@ -6,6 +6,7 @@
 //! are parked per (peer, tag) until asked for, so interleaved tags work as under MPI.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::{Receiver, Sender, channel};
 
 use super::{Comm, CommError};
@@ -105,21 +106,29 @@ impl Comm for LocalComm {
         }
     }
 
-    fn send(&mut self, to: Rank, tag: u16, data: &[u8]) -> Result<(), CommError> {
+    fn sendrecv(
+        &mut self,
+        tag: u16,
+        send: Option<(Rank, &[u8])>,
+        recv: Option<(Rank, &mut [u8])>,
+        _abort: &AtomicBool,
+    ) -> Result<(), CommError> {
         assert_ne!(tag, COLLECTIVE, "tag {COLLECTIVE} is reserved");
-        self.raw_send(to, tag, data.to_vec())
-    }
-
-    fn recv_into(&mut self, from: Rank, tag: u16, buf: &mut [u8]) -> Result<(), CommError> {
-        let msg = self.raw_recv(from, tag)?;
-        if msg.len() != buf.len() {
-            return Err(CommError::Mpi(format!(
-                "expected {} bytes from rank {from}, got {}",
-                buf.len(),
-                msg.len()
-            )));
+        // Channels never block the sender, so sending first cannot deadlock here.
+        if let Some((to, data)) = send {
+            self.raw_send(to, tag, data.to_vec())?;
         }
-        buf.copy_from_slice(&msg);
+        if let Some((from, buf)) = recv {
+            let msg = self.raw_recv(from, tag)?;
+            if msg.len() != buf.len() {
+                return Err(CommError::Mpi(format!(
+                    "expected {} bytes from rank {from}, got {}",
+                    buf.len(),
+                    msg.len()
+                )));
+            }
+            buf.copy_from_slice(&msg);
+        }
         Ok(())
     }
 }
@@ -152,16 +161,18 @@ mod tests {
                     )
                     .unwrap();
                     assert_eq!(failures, vec![(3, "bad mount".to_string())]);
-                    // Tags are matched independently.
-                    let peer = (me + 1) % 4;
-                    c.send(peer, 1, b"one").unwrap();
-                    c.send(peer, 2, b"two").unwrap();
-                    let prev = (me + 3) % 4;
-                    let mut two = [0u8; 3];
-                    c.recv_into(prev, 2, &mut two).unwrap();
-                    let mut one = [0u8; 3];
-                    c.recv_into(prev, 1, &mut one).unwrap();
-                    assert_eq!((&one, &two), (b"one", b"two"));
+                    // A shift: send to the next rank, receive from the previous one.
+                    let (next, prev) = ((me + 1) % 4, (me + 3) % 4);
+                    let abort = AtomicBool::new(false);
+                    let mut got = [0u8; 2];
+                    c.sendrecv(
+                        1,
+                        Some((next, &[me as u8, 7])),
+                        Some((prev, &mut got)),
+                        &abort,
+                    )
+                    .unwrap();
+                    assert_eq!(got, [prev as u8, 7]);
                 })
             })
             .collect();

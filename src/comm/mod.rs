@@ -14,6 +14,8 @@ mod mpi_comm;
 pub use local::LocalComm;
 pub use mpi_comm::{MpiComm, launched_by_mpi};
 
+use std::sync::atomic::AtomicBool;
+
 use crate::plan::Rank;
 
 #[derive(Debug, thiserror::Error)]
@@ -22,6 +24,8 @@ pub enum CommError {
     Mpi(String),
     #[error("peer rank {0} went away")]
     PeerGone(Rank),
+    #[error("abandoned: the daemon is shutting down")]
+    Aborted,
 }
 
 pub trait Comm {
@@ -31,10 +35,18 @@ pub trait Comm {
     fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, CommError>;
     /// `root`'s `data` (ignored elsewhere) reaches every rank.
     fn broadcast(&mut self, root: Rank, data: Vec<u8>) -> Result<Vec<u8>, CommError>;
-    /// Sends `data` to `to` with `tag`. Messages between one pair with one tag stay in order.
-    fn send(&mut self, to: Rank, tag: u16, data: &[u8]) -> Result<(), CommError>;
-    /// Receives exactly `buf.len()` bytes sent by `from` with `tag`.
-    fn recv_into(&mut self, from: Rank, tag: u16, buf: &mut [u8]) -> Result<(), CommError>;
+    /// Sends `send` to one rank while receiving exactly `recv.len()` bytes from another
+    /// (either side may be absent), like `MPI_Sendrecv`: the receive is posted before the
+    /// send, so ranks pairing up in a shift (`to = r+d`, `from = r-d`) cannot deadlock.
+    /// Messages of one pair and tag arrive in order. Each message is at most 1 GiB.
+    /// Gives up with `CommError::Aborted` once `abort` is set.
+    fn sendrecv(
+        &mut self,
+        tag: u16,
+        send: Option<(Rank, &[u8])>,
+        recv: Option<(Rank, &mut [u8])>,
+        abort: &AtomicBool,
+    ) -> Result<(), CommError>;
 }
 
 /// The world of one, for a daemon started without a launcher.

@@ -4,6 +4,8 @@
 //! both sides know the total length in advance (from the plan and the manifest), so the
 //! receiver can post matching chunked receives without any size handshake.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use mpi::Threading;
 use mpi::environment::Universe;
 use mpi::topology::SimpleCommunicator;
@@ -89,25 +91,52 @@ impl Comm for MpiComm {
         Ok(buf)
     }
 
-    fn send(&mut self, to: Rank, tag: u16, data: &[u8]) -> Result<(), CommError> {
-        let peer = self.world.process_at_rank(to as i32);
-        for chunk in data.chunks(CHUNK) {
-            peer.send_with_tag(chunk, i32::from(tag));
-        }
-        if data.is_empty() {
-            peer.send_with_tag(data, i32::from(tag));
-        }
-        Ok(())
-    }
-
-    fn recv_into(&mut self, from: Rank, tag: u16, buf: &mut [u8]) -> Result<(), CommError> {
-        let peer = self.world.process_at_rank(from as i32);
-        if buf.is_empty() {
-            peer.receive_into_with_tag(buf, i32::from(tag));
-        }
-        for chunk in buf.chunks_mut(CHUNK) {
-            peer.receive_into_with_tag(chunk, i32::from(tag));
-        }
+    fn sendrecv(
+        &mut self,
+        tag: u16,
+        send: Option<(Rank, &[u8])>,
+        recv: Option<(Rank, &mut [u8])>,
+        abort: &AtomicBool,
+    ) -> Result<(), CommError> {
+        let tag = i32::from(tag);
+        let world = &self.world;
+        mpi::request::scope(|scope| {
+            let mut rreq = recv.map(|(from, buf)| {
+                world
+                    .process_at_rank(from as i32)
+                    .immediate_receive_into_with_tag(scope, buf, tag)
+            });
+            let mut sreq = send.map(|(to, data)| {
+                world
+                    .process_at_rank(to as i32)
+                    .immediate_send_with_tag(scope, data, tag)
+            });
+            // Poll rather than block, so a shutdown can interrupt a peer that never answers.
+            let mut idle = 0u32;
+            while rreq.is_some() || sreq.is_some() {
+                let before = (rreq.is_some(), sreq.is_some());
+                rreq = rreq.and_then(|r| r.test().err());
+                sreq = sreq.and_then(|r| r.test().err());
+                if (rreq.is_some(), sreq.is_some()) != before {
+                    idle = 0;
+                    continue;
+                }
+                if abort.load(Ordering::Relaxed) {
+                    // MPI cannot withdraw a half-done transfer: leave without finalizing, which
+                    // makes the launcher end the job (the other ranks unmount on its SIGTERM).
+                    tracing::error!(
+                        "exchange abandoned while a peer still expects data; ending the MPI job"
+                    );
+                    std::process::exit(3);
+                }
+                idle = idle.saturating_add(1);
+                if idle > 1000 {
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+        });
         Ok(())
     }
 }

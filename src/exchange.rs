@@ -1,0 +1,492 @@
+//! The background exchange of partial-local shuffling: move the samples the plan assigns
+//! to other ranks for the next epoch, as raw bytes, while training reads the current one.
+//!
+//! # Protocol
+//! Every rank derives the same transfer list from the plan, so nothing is negotiated: no
+//! any-source receive, no handshake, no per-sample message. For each ordered pair the bytes
+//! of the samples it moves, in id order, form one stream whose length both sides know from
+//! the manifest. The stream is cut into frames of `FRAME` bytes (the last one shorter): many
+//! small samples share a frame, and a sample larger than 2 GiB simply spans many frames.
+//!
+//! Rounds `d = 1..M` pair every rank `r` with `r+d` (send) and `r-d` (receive), each frame
+//! moved by one `sendrecv`, so all links are busy and no cycle of blocking sends can form.
+//! A reader thread fills outgoing frames from the cache (or the source, for samples not
+//! staged yet) and a writer thread turns incoming frames into cache files (temp name, then
+//! rename), so disk and network overlap.
+//!
+//! After the data, each side sends the ids it could not read (a bad sample is reported, not
+//! fatal); the receiver drops those, and they are fetched from the source if read later.
+//! Received bytes land only under `samples/<id>`: peers never send names, so nothing a peer
+//! says can make us write outside the cache folder.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::cache::SampleStore;
+use crate::comm::Comm;
+use crate::plan::{Rank, SampleId, Step};
+
+/// Bytes per message: large enough to amortise per-message cost, small enough to pipeline.
+pub const FRAME: usize = 8 << 20;
+/// Frames buffered between the disk threads and the MPI thread, each way.
+const DEPTH: usize = 4;
+
+/// One exchange as the status shows it.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ExchangeReport {
+    pub target_epoch: u64,
+    pub state: &'static str,
+    pub samples_to_send: u64,
+    pub samples_to_receive: u64,
+    pub bytes_to_send: u64,
+    pub bytes_to_receive: u64,
+    pub samples_sent: u64,
+    pub samples_received: u64,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub failed_samples: u64,
+    pub seconds: f64,
+    pub error: Option<String>,
+}
+
+/// Reports of recent exchanges, and a way to wait for one to finish.
+#[derive(Default)]
+pub struct ExchangeTracker {
+    reports: Mutex<Vec<ExchangeReport>>,
+    changed: Condvar,
+}
+
+impl ExchangeTracker {
+    fn update(&self, target: u64, f: impl FnOnce(&mut ExchangeReport)) {
+        let mut reports = self.reports.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = reports.iter_mut().find(|r| r.target_epoch == target) {
+            f(r);
+        } else {
+            let mut r = ExchangeReport {
+                target_epoch: target,
+                state: "pending",
+                ..Default::default()
+            };
+            f(&mut r);
+            reports.push(r);
+            // Keep the last few only.
+            let excess = reports.len().saturating_sub(4);
+            reports.drain(..excess);
+        }
+        self.changed.notify_all();
+    }
+
+    pub fn snapshot(&self) -> Vec<ExchangeReport> {
+        self.reports
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn is_done(&self, target: u64) -> bool {
+        self.snapshot()
+            .iter()
+            .any(|r| r.target_epoch == target && r.state == "done")
+    }
+
+    /// Blocks until the exchange into `target` ended; returns its report.
+    pub fn wait(&self, target: u64) -> ExchangeReport {
+        let mut reports = self.reports.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(r) = reports
+                .iter()
+                .find(|r| r.target_epoch == target && matches!(r.state, "done" | "failed"))
+            {
+                return r.clone();
+            }
+            reports = self
+                .changed
+                .wait(reports)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Records an exchange that will run, so waiters know it is coming.
+    pub fn announce(&self, target: u64) {
+        self.update(target, |_| {});
+    }
+}
+
+/// Settings of the exchange.
+#[derive(Clone, Copy, Debug)]
+pub struct ExchangeConfig {
+    /// Cap on bytes sent per second by this rank; `None` is uncapped.
+    pub rate: Option<u64>,
+    pub frame: usize,
+}
+
+impl Default for ExchangeConfig {
+    fn default() -> Self {
+        ExchangeConfig {
+            rate: None,
+            frame: FRAME,
+        }
+    }
+}
+
+/// Runs this rank's part of the exchange into `step.next.epoch`. Must be called by every
+/// rank for the same step, on the thread that owns `comm`.
+pub fn run(
+    comm: &mut dyn Comm,
+    store: &SampleStore,
+    step: &Step,
+    cfg: ExchangeConfig,
+    tracker: &ExchangeTracker,
+    abort: &AtomicBool,
+) -> Result<(), String> {
+    let me = comm.rank();
+    let world = comm.size();
+    let target = step.next.epoch;
+    let manifest = store.manifest().clone();
+    let mut sends: BTreeMap<Rank, Vec<SampleId>> = BTreeMap::new();
+    let mut recvs: BTreeMap<Rank, Vec<SampleId>> = BTreeMap::new();
+    for t in &step.transfers {
+        if t.from == me {
+            sends.entry(t.to).or_default().push(t.sample);
+        } else if t.to == me {
+            recvs.entry(t.from).or_default().push(t.sample);
+        }
+    }
+    recvs.values_mut().for_each(|v| v.sort_unstable());
+    let bytes = |ids: &[SampleId]| ids.iter().map(|&i| manifest.size(i)).sum::<u64>();
+    let started = Instant::now();
+    tracker.update(target, |r| {
+        r.state = "running";
+        r.samples_to_send = sends.values().map(|v| v.len() as u64).sum();
+        r.samples_to_receive = recvs.values().map(|v| v.len() as u64).sum();
+        r.bytes_to_send = sends.values().map(|v| bytes(v)).sum();
+        r.bytes_to_receive = recvs.values().map(|v| bytes(v)).sum();
+    });
+    let tag = (target & 0x7FFF) as u16;
+    let mut pacer = Pacer::new(cfg.rate);
+    let mut result = Ok(());
+    for d in 1..world {
+        let to = (me + d) % world;
+        let from = (me + world - d) % world;
+        let out = sends.get(&to).map_or(&[][..], Vec::as_slice);
+        let inc = recvs.get(&from).map_or(&[][..], Vec::as_slice);
+        if let Err(e) = pair(
+            comm,
+            store,
+            tag,
+            (to, out),
+            (from, inc),
+            cfg.frame,
+            tracker,
+            target,
+            &mut pacer,
+            abort,
+        ) {
+            result = Err(format!(
+                "exchange with ranks {to}/{from} for epoch {target}: {e}"
+            ));
+            break;
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    tracker.update(target, |r| {
+        r.seconds = seconds;
+        r.state = if result.is_ok() { "done" } else { "failed" };
+        r.error = result.as_ref().err().cloned();
+    });
+    if let Some(r) = tracker
+        .snapshot()
+        .into_iter()
+        .find(|r| r.target_epoch == target)
+    {
+        tracing::info!(
+            target_epoch = target,
+            state = r.state,
+            samples_sent = r.samples_sent,
+            samples_received = r.samples_received,
+            bytes_sent = r.bytes_sent,
+            bytes_received = r.bytes_received,
+            failed = r.failed_samples,
+            seconds = format!("{seconds:.3}"),
+            "exchange finished"
+        );
+    }
+    result
+}
+
+/// One round: stream `out` to `to` while streaming `inc` in from `from`.
+#[allow(clippy::too_many_arguments)]
+fn pair(
+    comm: &mut dyn Comm,
+    store: &SampleStore,
+    tag: u16,
+    (to, out): (Rank, &[SampleId]),
+    (from, inc): (Rank, &[SampleId]),
+    frame: usize,
+    tracker: &ExchangeTracker,
+    target: u64,
+    pacer: &mut Pacer,
+    abort: &AtomicBool,
+) -> Result<(), String> {
+    let manifest = store.manifest();
+    let out_len: u64 = out.iter().map(|&i| manifest.size(i)).sum();
+    let in_len: u64 = inc.iter().map(|&i| manifest.size(i)).sum();
+    let frames = |len: u64| len.div_ceil(frame as u64) as usize;
+    let (n_out, n_in) = (frames(out_len), frames(in_len));
+    let (out_tx, out_rx) = sync_channel::<Vec<u8>>(DEPTH);
+    let (in_tx, in_rx) = sync_channel::<Vec<u8>>(DEPTH);
+    thread::scope(|scope| {
+        let reader = scope.spawn(move || read_stream(store, out, frame, out_tx, tracker, target));
+        let writer = scope.spawn(move || write_stream(store, inc, in_rx, tracker, target));
+        // Never leave a peer waiting mid-stream: a local failure still sends zeros and
+        // drains what arrives, and is reported once the stream is complete.
+        let mut local_error: Option<String> = None;
+        let mut writer_alive = true;
+        for i in 0..n_out.max(n_in) {
+            let out_frame_len =
+                |i: usize| (out_len - (i * frame) as u64).min(frame as u64) as usize;
+            let send_buf = (i < n_out).then(|| {
+                out_rx.recv().unwrap_or_else(|_| {
+                    local_error.get_or_insert_with(|| "reading samples to send failed".into());
+                    vec![0u8; out_frame_len(i)]
+                })
+            });
+            let recv_len = if i < n_in {
+                (in_len - (i * frame) as u64).min(frame as u64) as usize
+            } else {
+                0
+            };
+            let mut recv_buf = vec![0u8; recv_len];
+            let send = send_buf.as_deref().map(|b| (to, b));
+            let recv = (i < n_in).then_some((from, &mut recv_buf[..]));
+            comm.sendrecv(tag, send, recv, abort)
+                .map_err(|e| e.to_string())?;
+            if let Some(b) = &send_buf {
+                tracker.update(target, |r| r.bytes_sent += b.len() as u64);
+                pacer.pace(b.len());
+            }
+            if i < n_in {
+                tracker.update(target, |r| r.bytes_received += recv_len as u64);
+                if writer_alive && in_tx.send(recv_buf).is_err() {
+                    writer_alive = false;
+                }
+            }
+        }
+        drop(in_tx);
+        drop(out_rx);
+        let unreadable = reader
+            .join()
+            .unwrap_or_else(|_| Err("reader panicked".into()));
+        let written = writer
+            .join()
+            .unwrap_or_else(|_| Err("writer panicked".into()));
+        let unreadable = unreadable.unwrap_or_default();
+        let written = written.map_err(|e| {
+            local_error
+                .take()
+                .map_or(e.clone(), |l| format!("{l}; {e}"))
+        });
+        // Trailer: which samples the sender could not read. Counts first, then the ids.
+        let mut their_count = [0u8; 8];
+        comm.sendrecv(
+            tag,
+            Some((to, &(unreadable.len() as u64).to_le_bytes())),
+            Some((from, &mut their_count)),
+            abort,
+        )
+        .map_err(|e| e.to_string())?;
+        let mine: Vec<u8> = unreadable.iter().flat_map(|id| id.to_le_bytes()).collect();
+        let mut theirs = vec![0u8; u64::from_le_bytes(their_count) as usize * 4];
+        comm.sendrecv(tag, Some((to, &mine)), Some((from, &mut theirs)), abort)
+            .map_err(|e| e.to_string())?;
+        for id in theirs
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+        {
+            tracing::warn!(
+                sample = id,
+                from,
+                "peer could not read this sample; it will be fetched from the source"
+            );
+            let _ = store.remove(id);
+            tracker.update(target, |r| r.failed_samples += 1);
+        }
+        written?;
+        local_error.map_or(Ok(()), Err)
+    })
+}
+
+/// Fills frames with the bytes of `ids` in order. A sample that cannot be read is sent as
+/// zeros (the length is fixed) and named in the returned list.
+fn read_stream(
+    store: &SampleStore,
+    ids: &[SampleId],
+    frame: usize,
+    tx: SyncSender<Vec<u8>>,
+    tracker: &ExchangeTracker,
+    target: u64,
+) -> Result<Vec<SampleId>, String> {
+    let mut out = FrameWriter {
+        buf: Vec::with_capacity(frame),
+        frame,
+        tx,
+    };
+    let mut unreadable = Vec::new();
+    for &id in ids {
+        let size = store.manifest().size(id);
+        let copied = store
+            .ensure(id)
+            .and_then(|()| File::open(store.path(id)))
+            .and_then(|f| io::copy(&mut f.take(size), &mut out));
+        match copied {
+            Ok(n) if n == size => tracker.update(target, |r| r.samples_sent += 1),
+            Ok(n) => {
+                tracing::warn!(
+                    sample = id,
+                    got = n,
+                    want = size,
+                    "cached sample is short; sending zeros, receiver will refetch"
+                );
+                io::copy(&mut io::repeat(0).take(size - n), &mut out).map_err(|e| e.to_string())?;
+                unreadable.push(id);
+            }
+            Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {
+                return Err("exchange stopped".into());
+            }
+            Err(e) => {
+                tracing::warn!(sample = id, error = %e, "cannot read a sample to send; receiver will refetch");
+                io::copy(&mut io::repeat(0).take(size), &mut out).map_err(|e| e.to_string())?;
+                unreadable.push(id);
+            }
+        }
+    }
+    out.finish().map_err(|e| e.to_string())?;
+    Ok(unreadable)
+}
+
+/// Turns incoming frames back into one cache file per sample.
+fn write_stream(
+    store: &SampleStore,
+    ids: &[SampleId],
+    rx: Receiver<Vec<u8>>,
+    tracker: &ExchangeTracker,
+    target: u64,
+) -> Result<(), String> {
+    let mut input = FrameReader {
+        rx,
+        buf: Vec::new(),
+        pos: 0,
+    };
+    for &id in ids {
+        let size = store.manifest().size(id);
+        store
+            .insert_with(id, |file| io::copy(&mut (&mut input).take(size), file))
+            .map_err(|e| format!("storing received sample {id} in the cache: {e}"))?;
+        tracker.update(target, |r| r.samples_received += 1);
+    }
+    Ok(())
+}
+
+struct FrameWriter {
+    buf: Vec<u8>,
+    frame: usize,
+    tx: SyncSender<Vec<u8>>,
+}
+
+impl FrameWriter {
+    fn finish(mut self) -> io::Result<()> {
+        if !self.buf.is_empty() {
+            let last = std::mem::take(&mut self.buf);
+            self.tx
+                .send(last)
+                .map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))?;
+        }
+        Ok(())
+    }
+}
+
+impl Write for FrameWriter {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let n = data.len().min(self.frame - self.buf.len());
+        self.buf.extend_from_slice(&data[..n]);
+        if self.buf.len() == self.frame {
+            let full = std::mem::replace(&mut self.buf, Vec::with_capacity(self.frame));
+            self.tx
+                .send(full)
+                .map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+struct FrameReader {
+    rx: Receiver<Vec<u8>>,
+    buf: Vec<u8>,
+    pos: usize,
+}
+
+impl Read for FrameReader {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        if self.pos == self.buf.len() {
+            match self.rx.recv() {
+                Ok(next) => (self.buf, self.pos) = (next, 0),
+                Err(_) => return Ok(0),
+            }
+        }
+        let n = out.len().min(self.buf.len() - self.pos);
+        out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+/// Keeps the average send rate under a cap by sleeping between frames.
+struct Pacer {
+    rate: Option<u64>,
+    start: Instant,
+    sent: u64,
+}
+
+impl Pacer {
+    fn new(rate: Option<u64>) -> Pacer {
+        Pacer {
+            rate,
+            start: Instant::now(),
+            sent: 0,
+        }
+    }
+
+    fn pace(&mut self, bytes: usize) {
+        let Some(rate) = self.rate.filter(|&r| r > 0) else {
+            return;
+        };
+        self.sent += bytes as u64;
+        let due = Duration::from_secs_f64(self.sent as f64 / rate as f64);
+        if let Some(wait) = due.checked_sub(self.start.elapsed()) {
+            thread::sleep(wait);
+        }
+    }
+}
+
+/// Commands for the thread that owns MPI.
+pub enum MpiCmd {
+    /// Drop the samples that left, then run the exchange for `step`.
+    Exchange {
+        evict: Vec<SampleId>,
+        step: Arc<Step>,
+    },
+    /// The FUSE session ended.
+    Shutdown,
+}
