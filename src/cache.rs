@@ -394,7 +394,10 @@ impl SampleStore {
             self.stats
                 .bytes
                 .fetch_sub(self.manifest.size(id), Ordering::Relaxed);
-            fs::remove_file(self.path(id))?;
+            match fs::remove_file(self.path(id)) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
         }
         Ok(())
     }
