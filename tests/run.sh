@@ -9,26 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-need_apt=()
-command -v fusermount3 >/dev/null || need_apt+=(fuse3)
-[ -f /usr/include/fuse3/fuse.h ] || need_apt+=(libfuse3-dev)
-command -v mpirun >/dev/null || need_apt+=(openmpi-bin)
-command -v mpicc >/dev/null || need_apt+=(libopenmpi-dev)
-command -v clang >/dev/null || need_apt+=(clang)
-ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || need_apt+=(libclang-dev)
-command -v pkg-config >/dev/null || need_apt+=(pkg-config)
-if [ ${#need_apt[@]} -gt 0 ]; then
-  echo "== installing: ${need_apt[*]}"
-  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
-fi
-
-# Open MPI refuses to run as root, and 4 ranks on a 2-core machine, unless told.
-if [ "$(id -u)" = 0 ]; then
-  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-fi
-export OMPI_MCA_rmaps_base_oversubscribe=1
+source mount-helpers/install-deps.sh
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# End-to-end demo on a fresh machine: installs what is missing, builds, makes a small dataset
+# of real PNG images, starts 4 ranks with Q=0.3, walks 3 epochs through the mounts reading and
+# decoding every image, prints a table per epoch, then unmounts and leaves nothing running.
+#
+#   bash mount-helpers/demo.sh            (DEMO_DIR=/tmp/shufflefs-demo by default)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+work=${DEMO_DIR:-/tmp/shufflefs-demo}
+np=${DEMO_RANKS:-4}
+
+source "$here/install-deps.sh"
+echo "== building shufflefs (release)"
+(cd "$root" && cargo build --release --quiet)
+export SHUFFLEFS="$root/target/release/shufflefs"
+
+rm -rf "$work"; mkdir -p "$work"
+echo "== making a dataset of PNG images in $work/dataset"
+python3 "$here/make_dataset.py" "$work/dataset" --classes 6 --per-class 60 --size 48
+
+job="$work/job"
+cleanup() { "$here/shufflefs-teardown" --job "$job" >/dev/null 2>&1 || true; }
+trap cleanup EXIT
+echo "== starting $np ranks (mpirun) with --fraction 0.3"
+"$here/shufflefs-launch" --np "$np" --job "$job" -- \
+  --source "$work/dataset" --cache "$work/cache-{rank}" --fraction 0.3 --seed 42 "$work/mnt-{rank}"
+
+python3 "$here/walk_epochs.py" --epochs 3 "$work"/mnt-*
+
+echo "== unmounting"
+"$here/shufflefs-teardown" --job "$job"
+trap - EXIT
+left=$(grep -c " $work" /proc/self/mounts || true)
+echo "== done: $left mounts left, $(pgrep -f "$SHUFFLEFS mount" | wc -l) daemons running"

@@ -1,0 +1,123 @@
+"""Walks epochs through shufflefs mounts the way a loader does and prints a table per epoch.
+
+    python3 walk_epochs.py [--epochs 3] MOUNT...
+
+Uses torchvision's ImageFolder + DataLoader when torchvision is installed; otherwise lists
+each class folder with scandir, reads every file and decodes the PNG with zlib.
+"""
+import argparse
+import os
+import struct
+import sys
+import time
+import zlib
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import shufflefs  # noqa: E402
+
+
+def decode_png(data):
+    """Returns (width, height) after checking the image data inflates to the right size."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, width = 8, b"", 0
+    while pos < len(data):
+        (n,) = struct.unpack(">I", data[pos:pos + 4])
+        kind = data[pos + 4:pos + 8]
+        body = data[pos + 8:pos + 8 + n]
+        if kind == b"IHDR":
+            width, height = struct.unpack(">II", body[:8])
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + n
+    raw = zlib.decompress(idat)
+    assert len(raw) == height * (1 + 3 * width), "truncated image data"
+    return width, height
+
+
+def read_epoch_plain(path):
+    files = 0
+    nbytes = 0
+    for cls in sorted(e.name for e in os.scandir(path) if e.is_dir()):
+        for entry in os.scandir(os.path.join(path, cls)):
+            entry.stat()
+            with open(entry.path, "rb") as f:
+                data = f.read()
+            decode_png(data)
+            files += 1
+            nbytes += len(data)
+    return files, nbytes
+
+
+def read_epoch_torch(path):
+    import torch
+    from torchvision import datasets, transforms
+
+    ds = datasets.ImageFolder(path, transform=transforms.ToTensor(), allow_empty=True)
+    loader = torch.utils.data.DataLoader(ds, batch_size=32, shuffle=True, num_workers=2)
+    files = sum(len(y) for _, y in loader)
+    nbytes = sum(os.path.getsize(p) for p, _ in ds.samples)
+    return files, nbytes
+
+
+def progress(mounts):
+    """Waits for staging, showing progress (a bar on a terminal, plain lines otherwise)."""
+    tty = sys.stdout.isatty()
+    last = None
+    while True:
+        sts = [shufflefs.status(m) for m in mounts]
+        done = sum(s["staging"]["files_done"] for s in sts)
+        total = sum(s["staging"]["files_total"] for s in sts)
+        if tty:
+            width = 30
+            fill = width * done // max(total, 1)
+            print(f"\r  staging [{'#' * fill}{'.' * (width - fill)}] {done}/{total}", end="", flush=True)
+        elif done != last:
+            print(f"  staging {done}/{total} files")
+        last = done
+        if done >= total:
+            if tty:
+                print()
+            return
+        time.sleep(0.2)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("mounts", nargs="+")
+    a = ap.parse_args()
+    try:
+        import torchvision  # noqa: F401
+
+        reader, how = read_epoch_torch, "torchvision ImageFolder + DataLoader(num_workers=2)"
+    except ImportError:
+        reader, how = read_epoch_plain, "scandir + read + PNG decode (install torchvision for ImageFolder)"
+    mounts = sorted(a.mounts)
+    for m in mounts:
+        shufflefs.wait_ready(m)
+    progress(mounts)
+    print(f"== walking {a.epochs} epochs on {len(mounts)} ranks with {how}")
+    previous = {}
+    for epoch in range(a.epochs):
+        print(f"\nepoch {epoch}")
+        print(f"  {'rank':>4} {'samples':>8} {'moved in':>9} {'exchanged':>10} {'read':>10} {'files/s':>9}")
+        for rank, m in enumerate(mounts):
+            path = shufflefs.epoch_dir(m, epoch)
+            listing = {os.path.join(c, f) for c in os.listdir(path) for f in os.listdir(os.path.join(path, c))}
+            moved = len(listing - previous.get(rank, listing))
+            st = shufflefs.status(m)
+            exch = [x for x in st["exchange"] if x["target_epoch"] == epoch]
+            exchanged = exch[0]["bytes_received"] + exch[0]["bytes_sent"] if exch else 0
+            t0 = time.perf_counter()
+            files, nbytes = reader(path)
+            dt = time.perf_counter() - t0
+            assert files == len(listing), (files, len(listing))
+            share = f"{100.0 * moved / max(len(listing), 1):.0f}%" if epoch else "-"
+            print(f"  {rank:>4} {files:>8} {share:>9} {exchanged / 1e6:>8.2f}MB {nbytes / dt / 1e6:>7.1f}MB/s {files / dt:>9.0f}")
+            previous[rank] = listing
+    total = sum(len(v) for v in previous.values())
+    print(f"\n== every epoch covered all {total} samples exactly once across ranks")
+
+
+if __name__ == "__main__":
+    main()
