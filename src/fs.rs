@@ -231,7 +231,10 @@ impl ShuffleFs {
             _ if write => Err(FsError::ReadOnly),
             Node::Status => Ok(Opened::Snapshot(self.status.render())),
             Node::Sample(_, id) => {
-                self.store.ensure(id)?;
+                // A listed sample that cannot be fetched is an I/O error (EIO), never ENOENT.
+                self.store
+                    .ensure(id)
+                    .map_err(|e| FsError::Io(std::io::Error::other(e)))?;
                 Ok(Opened::Sample(File::open(self.store.path(id))?))
             }
             _ if entry.kind == Kind::Dir => Err(FsError::IsDir),
