@@ -133,7 +133,7 @@ impl Comm for MpiComm {
                 if idle > 1000 {
                     std::thread::sleep(std::time::Duration::from_micros(200));
                 } else {
-                    std::hint::spin_loop();
+                    std::thread::yield_now();
                 }
             }
         });
