@@ -53,18 +53,24 @@ struct Job {
 
 impl Job {
     fn start(fraction: f64, source_files: &[(&str, usize, usize)]) -> Job {
+        Job::start_with(fraction, 5, |source| {
+            for &(class, count, size) in source_files {
+                std::fs::create_dir_all(source.join(class)).unwrap();
+                for i in 0..count {
+                    let len = (size * (i % 7 + 1)) / 4;
+                    let bytes: Vec<u8> = (0..len)
+                        .map(|o| (o as u64 * 31 + i as u64 * 7 + class.len() as u64) as u8)
+                        .collect();
+                    std::fs::write(source.join(class).join(format!("{i:04}.png")), bytes).unwrap();
+                }
+            }
+        })
+    }
+
+    fn start_with(fraction: f64, seed: u64, build: impl FnOnce(&Path)) -> Job {
         let dir = tempfile::tempdir().unwrap();
         let source = dir.path().join("src");
-        for &(class, count, size) in source_files {
-            std::fs::create_dir_all(source.join(class)).unwrap();
-            for i in 0..count {
-                let len = (size * (i % 7 + 1)) / 4;
-                let bytes: Vec<u8> = (0..len)
-                    .map(|o| (o as u64 * 31 + i as u64 * 7 + class.len() as u64) as u8)
-                    .collect();
-                std::fs::write(source.join(class).join(format!("{i:04}.png")), bytes).unwrap();
-            }
-        }
+        build(&source);
         let mounts: Vec<PathBuf> = (0..RANKS)
             .map(|r| dir.path().join(format!("mnt{r}")))
             .collect();
@@ -76,7 +82,7 @@ impl Job {
                 env!("CARGO_BIN_EXE_shufflefs"),
                 "mount",
                 "--seed",
-                "5",
+                &seed.to_string(),
             ])
             .arg("--fraction")
             .arg(fraction.to_string())
@@ -95,7 +101,7 @@ impl Job {
             _dir: dir,
             source,
         };
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = Instant::now() + Duration::from_secs(180);
         while !job
             .mounts
             .iter()
@@ -307,4 +313,88 @@ fn rank_with_other_seed_is_refused_everywhere() {
     for m in &mounts {
         assert!(!is_mounted(m), "{} left mounted", m.display());
     }
+}
+
+/// A sample over 2 GiB (MPI counts are 32-bit) moves between ranks bit-exact.
+#[test]
+fn sample_over_two_gib_moves_between_ranks() {
+    use shufflefs::plan::{Plan, PlanParams};
+    use std::os::unix::fs::FileExt;
+    if !require_mpi() {
+        return;
+    }
+    const BIG: u64 = (2 << 30) + 12_345;
+    // Ids follow (class, name) order: class "big" comes first, so the big sample is id 0.
+    let seed = (0..1000u64)
+        .find(|&seed| {
+            let plan = Plan::new(PlanParams {
+                samples: 8,
+                world: RANKS,
+                fraction: 1.0,
+                seed,
+            })
+            .unwrap();
+            let owner = |e: u64| {
+                (0..RANKS)
+                    .find(|&r| plan.shares_at(e).share(r).contains(&0))
+                    .unwrap()
+            };
+            owner(0) != owner(1)
+        })
+        .unwrap();
+    let job = Job::start_with(1.0, seed, |source| {
+        std::fs::create_dir_all(source.join("big")).unwrap();
+        std::fs::create_dir_all(source.join("small")).unwrap();
+        let f = std::fs::File::create(source.join("big/huge.bin")).unwrap();
+        f.set_len(BIG).unwrap();
+        // Sparse, with markers around the 2 GiB boundary and at both ends.
+        for (off, mark) in [
+            (0u64, &b"start"[..]),
+            ((2 << 30) - 3, b"across"),
+            (BIG - 3, b"end"),
+        ] {
+            f.write_all_at(mark, off).unwrap();
+        }
+        for i in 0..7 {
+            std::fs::write(source.join(format!("small/{i}.bin")), vec![i as u8; 1000]).unwrap();
+        }
+    });
+    job.advance(1);
+    let holder = job
+        .mounts
+        .iter()
+        .find(|m| m.join("epoch-1/big/huge.bin").exists())
+        .expect("someone holds the big sample");
+    let (mut a, mut b) = (
+        std::fs::File::open(holder.join("epoch-1/big/huge.bin")).unwrap(),
+        std::fs::File::open(job.source.join("big/huge.bin")).unwrap(),
+    );
+    assert_eq!(a.metadata().unwrap().len(), BIG);
+    let (mut x, mut y) = (vec![0u8; 8 << 20], vec![0u8; 8 << 20]);
+    loop {
+        let n = std::io::Read::read(&mut a, &mut x).unwrap();
+        std::io::Read::read_exact(&mut b, &mut y[..n]).unwrap();
+        assert!(x[..n] == y[..n], "big sample differs");
+        if n == 0 {
+            break;
+        }
+    }
+    let received: u64 = job
+        .mounts
+        .iter()
+        .enumerate()
+        .map(|(r, _)| {
+            job.status(r)["exchange"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|x| x["target_epoch"] == 1)
+                .map(|x| x["bytes_received"].as_u64().unwrap())
+                .sum::<u64>()
+        })
+        .sum();
+    assert!(
+        received >= BIG,
+        "the big sample travelled through the exchange ({received} bytes received)"
+    );
 }
