@@ -129,9 +129,12 @@ impl Comm for MpiComm {
                     );
                     std::process::exit(3);
                 }
+                // Back off quickly: waiting ranks must not take the CPU from training's
+                // readers (or from the peer they wait for) on a busy node.
                 idle = idle.saturating_add(1);
-                if idle > 1000 {
-                    std::thread::sleep(std::time::Duration::from_micros(200));
+                if idle > 64 {
+                    let micros = 20u64 << ((idle - 64) / 16).min(6);
+                    std::thread::sleep(std::time::Duration::from_micros(micros.min(1000)));
                 } else {
                     std::thread::yield_now();
                 }
