@@ -146,7 +146,10 @@ fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, String> {
     check_same_settings(comm, args)?;
 
     // Phase 3: seed and manifest, decided by rank 0.
-    let state = dir.load_state();
+    // An unreadable state file is refused, unless the user asked to rebuild the cache.
+    let state = dir
+        .load_state()
+        .or_else(|e| if args.reset_cache { Ok(None) } else { Err(e) });
     let state_ok = state.as_ref().map(|_| ()).map_err(|e| e.to_string());
     everyone_ok(comm, state_ok)?;
     let state = state.expect("checked above");

@@ -28,6 +28,7 @@ use fuser::{
 
 use crate::error::FsError;
 use crate::fs::{Entry, Kind, Opened, ShuffleFs};
+use crate::view::Node;
 
 /// Published views never change: let the kernel keep them for a day.
 const VIEW_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -93,6 +94,18 @@ impl FuseAdapter {
         }
     }
 
+    /// How long the kernel may trust a name. `epoch-N` at the root is re-checked on every path
+    /// walk: after an advance through a lookup of `epoch-(N+1)`, the invalidation of `epoch-N`
+    /// must run on another thread (the lookup holds the root's lock), and until it lands a
+    /// cached `epoch-N` would still resolve. Everything below it keeps the long TTL.
+    fn entry_ttl(e: &Entry) -> Duration {
+        if matches!(e.node, Node::EpochDir(_)) {
+            Duration::ZERO
+        } else {
+            Self::ttl(e)
+        }
+    }
+
     fn ttl(e: &Entry) -> Duration {
         if e.immutable {
             VIEW_TTL
@@ -154,7 +167,12 @@ impl Filesystem for FuseAdapter {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.fs.lookup(parent.0, name) {
-            Ok(e) => reply.entry(&Self::ttl(&e), &self.attr(&e), Generation(0)),
+            Ok(e) => reply.entry_with_ttls(
+                &Self::ttl(&e),
+                &Self::entry_ttl(&e),
+                &self.attr(&e),
+                Generation(0),
+            ),
             Err(err) => reply.error(fail("lookup", parent.0, &err)),
         }
     }
@@ -484,7 +502,7 @@ impl Filesystem for FuseAdapter {
                     INodeNo(e.node.ino()),
                     next + 2,
                     name,
-                    &Self::ttl(&e),
+                    &Self::entry_ttl(&e),
                     &self.attr(&e),
                     Generation(0),
                 )

@@ -205,7 +205,7 @@ pub fn unmount(args: &UnmountArgs) -> ExitCode {
     if let Some(pid) = pid {
         let pid = nix::unistd::Pid::from_raw(pid as i32);
         let deadline = Instant::now() + Duration::from_secs(args.timeout);
-        while nix::sys::signal::kill(pid, None).is_ok() {
+        while nix::sys::signal::kill(pid, None).is_ok() && !is_zombie(pid.as_raw()) {
             // An MPI rank done serving waits in MPI finalize for the other ranks to unmount;
             // it has released its cache by then.
             if world > 1
@@ -231,4 +231,15 @@ pub fn unmount(args: &UnmountArgs) -> ExitCode {
     }
     println!("shufflefs: unmounted {}", args.mountpoint.display());
     ExitCode::SUCCESS
+}
+
+/// An exited process its parent has not collected yet still answers `kill(pid, 0)`.
+fn is_zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
 }

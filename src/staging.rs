@@ -26,6 +26,8 @@ pub struct StagingProgress {
     pub bytes_done: AtomicU64,
     pub errors: AtomicU64,
     pub busy: AtomicBool,
+    /// Set once the first share has been looked at; before that nothing is known.
+    pub started: AtomicBool,
     pub last_error: Mutex<Option<String>>,
 }
 
@@ -46,7 +48,9 @@ impl StagingProgress {
         let files_done = self.files_done.load(Ordering::Relaxed);
         let files_total = self.files_total.load(Ordering::Relaxed);
         StagingSnapshot {
-            state: if self.busy.load(Ordering::Relaxed) {
+            state: if !self.started.load(Ordering::Relaxed) {
+                "starting"
+            } else if self.busy.load(Ordering::Relaxed) {
                 "staging"
             } else if files_done == files_total {
                 "done"
@@ -128,6 +132,7 @@ fn run(
             .sum();
         progress.bytes_done.store(present_bytes, Ordering::Relaxed);
         progress.busy.store(!missing.is_empty(), Ordering::Relaxed);
+        progress.started.store(true, Ordering::Relaxed);
         let started = std::time::Instant::now();
         pending = stage(store, &missing, threads, rx, progress);
         progress.busy.store(false, Ordering::Relaxed);

@@ -1,0 +1,452 @@
+//! Bad input: every refusal exits non-zero, names the offending thing on stderr and leaves
+//! no mount behind; problems that are not fatal (a dangling link) are reported instead.
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+
+/// A mount of `source` that must be refused (foreground and detached alike).
+#[track_caller]
+fn refused(data: &Dataset, source: &Path, mnt: &Path, extra: &[&str]) -> Vec<Refusal> {
+    let args = mount_args(source, &data.path("cache"), mnt, extra);
+    vec![
+        mount_refused(mnt, &args, true),
+        mount_refused(mnt, &args, false),
+    ]
+}
+
+#[track_caller]
+fn all_mention(refusals: &[Refusal], needles: &[&str]) {
+    for r in refusals {
+        for n in needles {
+            r.assert_mentions(n);
+        }
+        assert!(
+            r.stderr.contains("shufflefs: "),
+            "errors start with \"shufflefs: \":\n{}",
+            r.stderr
+        );
+    }
+}
+
+#[test]
+fn missing_source() {
+    if !require_fuse() {
+        return;
+    }
+    let data = standard_dataset();
+    let src = data.path("no such dataset");
+    let r = refused(&data, &src, &data.dir("mnt"), &[]);
+    all_mention(&r, &[src.to_str().unwrap(), "does not exist", "--source"]);
+}
+
+#[test]
+fn source_that_is_a_file() {
+    if !require_fuse() {
+        return;
+    }
+    let data = standard_dataset();
+    let src = data.path("dataset.tar");
+    fs::write(&src, b"not a folder").unwrap();
+    let r = refused(&data, &src, &data.dir("mnt"), &[]);
+    all_mention(&r, &[src.to_str().unwrap(), "not a folder"]);
+}
+
+#[test]
+fn source_without_class_folders() {
+    if !require_fuse() {
+        return;
+    }
+    let data = standard_dataset();
+    let empty = data.dir("empty-src");
+    let r = refused(&data, &empty, &data.dir("mnt"), &[]);
+    all_mention(&r, &[empty.to_str().unwrap(), "no class folders"]);
+
+    // Loose files at the top are not classes either.
+    let flat = data.dir("flat-src");
+    fs::write(flat.join("a.jpg"), b"x").unwrap();
+    fs::write(flat.join("b.jpg"), b"y").unwrap();
+    let r = refused(&data, &flat, &data.dir("mnt"), &[]);
+    all_mention(&r, &[flat.to_str().unwrap(), "no class folders"]);
+}
+
+#[test]
+fn source_with_classes_but_no_samples() {
+    if !require_fuse() {
+        return;
+    }
+    let data = DatasetBuilder::new()
+        .empty_class("cat")
+        .empty_class("dog")
+        .dangling_link("dog", "gone.jpg")
+        .nested_folder("cat", "deeper")
+        .build();
+    let r = refused(&data, &data.root, &data.dir("mnt"), &[]);
+    all_mention(&r, &[data.root.to_str().unwrap(), "no sample files"]);
+}
+
+#[test]
+fn fraction_outside_zero_to_one() {
+    if !require_fuse() {
+        return;
+    }
+    let data = standard_dataset();
+    let mnt = data.dir("mnt");
+    for q in ["1.5", "-0.1", "2", "nan", "inf", "abc", ""] {
+        let arg = format!("--fraction={q}");
+        let r = mount_refused(
+            &mnt,
+            &mount_args(&data.root, &data.path("cache"), &mnt, &[&arg]),
+            true,
+        );
+        r.assert_mentions("--fraction");
+        assert_eq!(
+            r.status.code(),
+            Some(2),
+            "{arg}: a usage error\n{}",
+            r.stderr
+        );
+        assert!(
+            !data.path("cache").exists(),
+            "{arg}: refused before touching the cache"
+        );
+    }
+    // The ends of the range are fine.
+    for q in ["0", "1"] {
+        let d = Daemon::mount(
+            &data.root,
+            &data.path(&format!("cache-{q}")),
+            &mnt,
+            &["--fraction", q],
+        );
+        assert_eq!(read_status(&mnt)["fraction"], q.parse::<f64>().unwrap());
+        d.unmount().assert_clean();
+    }
+}
+
+#[test]
+fn missing_mountpoint() {
+    if !require_fuse() {
+        return;
+    }
+    let data = standard_dataset();
+    let mnt = data.path("no such mount point");
+    let r = refused(&data, &data.root, &mnt, &[]);
+    all_mention(&r, &[mnt.to_str().unwrap(), "does not exist"]);
+    assert!(!mnt.exists(), "the mount point was created");
+}
+
+#[test]
+fn mountpoint_that_is_a_file() {
+    if !require_fuse() {
+        return;
+    }
+    let data = standard_dataset();
+    let mnt = data.path("a file");
+    fs::write(&mnt, b"x").unwrap();
+    let r = refused(&data, &data.root, &mnt, &[]);
+    all_mention(&r, &[mnt.to_str().unwrap(), "not a folder"]);
+}
+
+#[test]
+fn non_empty_mountpoint() {
+    if !require_fuse() {
+        return;
+    }
+    let data = standard_dataset();
+    let mnt = data.dir("mnt");
+    fs::write(mnt.join("precious.txt"), b"keep me").unwrap();
+    let r = refused(&data, &data.root, &mnt, &[]);
+    all_mention(&r, &[mnt.to_str().unwrap(), "not empty"]);
+    assert_eq!(fs::read(mnt.join("precious.txt")).unwrap(), b"keep me");
+}
+
+#[test]
+fn busy_mountpoint_is_refused_and_the_first_mount_keeps_serving() {
+    if !require_fuse() {
+        return;
+    }
+    let data = standard_dataset();
+    let mnt = data.dir("busy mount ü");
+    let first = Daemon::mount(&data.root, &data.path("cache-1"), &mnt, &["--seed", "1"]);
+    assert_eq!(mount_count(&mnt), 1);
+    for foreground in [true, false] {
+        let args = mount_args(&data.root, &data.path("cache-2"), &mnt, &["--seed", "1"]);
+        let r = mount_refused(&mnt, &args, foreground);
+        r.assert_mentions("busy");
+        r.assert_mentions(mnt.to_str().unwrap());
+        assert_eq!(mount_count(&mnt), 1, "foreground={foreground}");
+    }
+    // The first daemon still answers, and it is still the first daemon.
+    assert_eq!(read_status(&mnt)["pid"], first.pid());
+    assert_eq!(listing(&mnt.join("epoch-0")), data.expected_listing());
+    let a = data.sample("cat", "a.jpg");
+    assert!(fs::read(mnt.join("current").join(a.rel())).unwrap() == a.bytes());
+    first.unmount().assert_clean();
+    assert!(!is_mounted(&mnt));
+}
+
+#[test]
+fn cache_in_use_is_refused_and_the_first_mount_keeps_serving() {
+    if !require_fuse() {
+        return;
+    }
+    let data = standard_dataset();
+    let cache = data.path("shared cache");
+    let mnt1 = data.dir("mnt-1");
+    let mnt2 = data.dir("mnt-2");
+    let first = Daemon::mount(&data.root, &cache, &mnt1, &["--seed", "1"]);
+    wait_staging_done(&mnt1);
+    for foreground in [true, false] {
+        let args = mount_args(&data.root, &cache, &mnt2, &["--seed", "1"]);
+        let r = mount_refused(&mnt2, &args, foreground);
+        r.assert_mentions("in use");
+        r.assert_mentions(cache.to_str().unwrap());
+        r.assert_mentions(&format!("pid {}", first.pid()));
+        assert!(!is_mounted(&mnt2));
+    }
+    // Same refusal with other settings: the lock is checked before anything is compared.
+    let args = mount_args(&data.root, &cache, &mnt2, &["--seed", "2", "--reset-cache"]);
+    mount_refused(&mnt2, &args, true).assert_mentions("in use");
+
+    // The first daemon is untouched: same process, same epoch, all bytes, cache intact.
+    let s = read_status(&mnt1);
+    assert_eq!(s["pid"], first.pid());
+    assert_eq!(s["seed"], 1);
+    assert_eq!(s["cache"]["files"], data.samples.len());
+    assert_eq!(listing(&mnt1.join("epoch-0")), data.expected_listing());
+    for smp in &data.samples {
+        let got = fs::read(mnt1.join("epoch-0").join(smp.rel())).unwrap();
+        assert!(got == smp.bytes(), "{} differs", smp.rel().display());
+    }
+    write_epoch(&mnt1, "1").unwrap();
+    assert_eq!(read_epoch(&mnt1), 1);
+    first.unmount().assert_clean();
+
+    // Once the first is gone the cache is free again.
+    let second = Daemon::mount(&data.root, &cache, &mnt2, &["--seed", "1"]);
+    assert_eq!(second.ready_epoch(), 1);
+    second.unmount().assert_clean();
+}
+
+#[test]
+fn cache_folder_that_cannot_be_created() {
+    if !require_fuse() {
+        return;
+    }
+    let data = standard_dataset();
+    let blocker = data.path("a file");
+    fs::write(&blocker, b"x").unwrap();
+    let cache = blocker.join("cache");
+    let mnt = data.dir("mnt");
+    for foreground in [true, false] {
+        let r = mount_refused(&mnt, &mount_args(&data.root, &cache, &mnt, &[]), foreground);
+        r.assert_mentions("cache folder");
+        r.assert_mentions(cache.to_str().unwrap());
+    }
+}
+
+#[test]
+fn dangling_link_and_nested_folder_are_reported_not_fatal() {
+    if !require_fuse() {
+        return;
+    }
+    let data = DatasetBuilder::new()
+        .class("cat", &[("a.jpg", 100), ("b.jpg", 200)])
+        .class("dog", &[("c.jpg", 300)])
+        .dangling_link("cat", "gone.jpg")
+        .nested_folder("dog", "puppies")
+        .build();
+    let mnt = data.dir("mnt");
+    let d = Daemon::mount(&data.root, &data.path("cache"), &mnt, &[]);
+    assert!(d.ready_line.contains("3 samples of 3"), "{}", d.ready_line);
+    assert_eq!(listing(&mnt.join("epoch-0")), data.expected_listing());
+    assert_not_found(
+        fs::metadata(mnt.join("epoch-0/cat/gone.jpg")),
+        "dangling link",
+    );
+    assert_not_found(
+        fs::metadata(mnt.join("epoch-0/dog/puppies")),
+        "nested folder",
+    );
+    let s = wait_staging_done(&mnt);
+    assert_eq!(s["staging"]["errors"], 0);
+    let skipped = s["skipped"].as_array().expect("skipped is a list");
+    let find = |p: &Path| {
+        skipped
+            .iter()
+            .find(|e| e["path"] == p.to_str().unwrap())
+            .unwrap_or_else(|| panic!("{} not in skipped:\n{s:#}", p.display()))["reason"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert!(find(&data.dangling[0]).contains("dangling"));
+    assert!(find(&data.nested[0]).contains("nested folder"));
+    assert_eq!(skipped.len(), 2, "{s:#}");
+    let stopped = d.unmount();
+    stopped.assert_clean();
+    assert!(
+        stopped.stderr.contains("dangling symlink"),
+        "the log names the skipped link:\n{}",
+        stopped.stderr
+    );
+}
+
+#[test]
+fn remount_with_other_fraction_or_source_is_refused() {
+    if !require_fuse() {
+        return;
+    }
+    let data = standard_dataset();
+    let other = DatasetBuilder::new().class("cat", &[("z.jpg", 10)]).build();
+    let cache = data.path("cache");
+    let mnt = data.dir("mnt");
+    let d = Daemon::mount(
+        &data.root,
+        &cache,
+        &mnt,
+        &["--seed", "1", "--fraction", "0.3"],
+    );
+    write_epoch(&mnt, "1").unwrap();
+    d.unmount().assert_clean();
+
+    let r = mount_refused(
+        &mnt,
+        &mount_args(
+            &data.root,
+            &cache,
+            &mnt,
+            &["--seed", "1", "--fraction", "0.5"],
+        ),
+        true,
+    );
+    r.assert_mentions("--fraction");
+    r.assert_mentions("--reset-cache");
+    let r = mount_refused(
+        &mnt,
+        &mount_args(
+            &other.root,
+            &cache,
+            &mnt,
+            &["--seed", "1", "--fraction", "0.3"],
+        ),
+        true,
+    );
+    r.assert_mentions("--source");
+    r.assert_mentions(other.root.to_str().unwrap());
+
+    // The refusals did not spoil the cache: the old settings resume.
+    let d = Daemon::mount(
+        &data.root,
+        &cache,
+        &mnt,
+        &["--seed", "1", "--fraction", "0.3"],
+    );
+    assert_eq!(d.ready_epoch(), 1);
+    d.unmount().assert_clean();
+
+    // --reset-cache takes the new source.
+    let d = Daemon::mount(
+        &other.root,
+        &cache,
+        &mnt,
+        &["--seed", "1", "--fraction", "0.3", "--reset-cache"],
+    );
+    assert_eq!(d.ready_epoch(), 0);
+    assert_eq!(listing(&mnt.join("epoch-0")), other.expected_listing());
+    let z = other.sample("cat", "z.jpg");
+    assert!(fs::read(mnt.join("epoch-0").join(z.rel())).unwrap() == z.bytes());
+    d.unmount().assert_clean();
+}
+
+#[test]
+fn unreadable_cache_state_is_refused_clearly() {
+    if !require_fuse() {
+        return;
+    }
+    let data = standard_dataset();
+    let cache = data.path("cache");
+    let mnt = data.dir("mnt");
+    let d = Daemon::mount(&data.root, &cache, &mnt, &["--seed", "1"]);
+    d.unmount().assert_clean();
+    fs::write(cache.join("state.json"), b"{ not json").unwrap();
+    let r = mount_refused(
+        &mnt,
+        &mount_args(&data.root, &cache, &mnt, &["--seed", "1"]),
+        true,
+    );
+    r.assert_mentions(cache.to_str().unwrap());
+    r.assert_mentions("state");
+}
+
+#[test]
+fn reset_cache_recovers_an_unreadable_state() {
+    if !require_fuse() {
+        return;
+    }
+    let data = standard_dataset();
+    let cache = data.path("cache");
+    let mnt = data.dir("mnt");
+    let d = Daemon::mount(&data.root, &cache, &mnt, &["--seed", "1"]);
+    d.unmount().assert_clean();
+    fs::write(cache.join("state.json"), b"{ not json").unwrap();
+    let r = mount_refused(
+        &mnt,
+        &mount_args(&data.root, &cache, &mnt, &["--seed", "1"]),
+        true,
+    );
+    r.assert_mentions("--reset-cache");
+    let d = Daemon::mount(&data.root, &cache, &mnt, &["--seed", "1", "--reset-cache"]);
+    assert_eq!(d.ready_epoch(), 0);
+    assert_eq!(listing(&mnt.join("epoch-0")), data.expected_listing());
+    d.unmount().assert_clean();
+}
+
+#[test]
+fn unmount_of_a_folder_that_is_not_mounted() {
+    if !require_fuse() {
+        return;
+    }
+    let data = standard_dataset();
+    let dir = data.dir("plain");
+    let out = run_with_timeout(
+        shufflefs().arg("unmount").arg(&dir),
+        Duration::from_secs(30),
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not mounted"), "{err}");
+    assert!(err.contains(dir.to_str().unwrap()), "{err}");
+}
+
+#[test]
+fn unmount_with_an_open_file_fails_and_the_view_keeps_working() {
+    if !require_fuse() {
+        return;
+    }
+    let data = standard_dataset();
+    let mnt = data.dir("mnt");
+    let d = Daemon::mount(&data.root, &data.path("cache"), &mnt, &[]);
+    let held = fs::File::open(mnt.join("epoch-0/cat/a.jpg")).unwrap();
+    let out = run_with_timeout(
+        shufflefs()
+            .arg("unmount")
+            .arg("--timeout")
+            .arg("5")
+            .arg(&mnt),
+        Duration::from_secs(30),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "unmount with a file open succeeded");
+    assert!(err.contains("close"), "the error says what to do:\n{err}");
+    assert!(is_mounted(&mnt));
+    assert_eq!(read_status(&mnt)["pid"], d.pid());
+    drop(held);
+    assert_eq!(listing(&mnt.join("epoch-0")), data.expected_listing());
+    d.unmount().assert_clean();
+}
