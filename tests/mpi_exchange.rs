@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use shufflefs::checks::is_mounted;
+
 const RANKS: u32 = 4;
 
 fn require_mpi() -> bool {
@@ -31,16 +33,6 @@ fn mpirun() -> Command {
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .args(["--oversubscribe"]);
     cmd
-}
-
-fn is_mounted(path: &Path) -> bool {
-    let Ok(canonical) = std::fs::canonicalize(path) else {
-        return false;
-    };
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .any(|l| l.split(' ').nth(4) == canonical.to_str())
 }
 
 /// A 4-rank job; unmounts every rank and reaps mpirun on drop.
