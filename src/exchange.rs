@@ -243,9 +243,13 @@ fn pair(
     let (n_out, n_in) = (frames(out_len), frames(in_len));
     let (out_tx, out_rx) = sync_channel::<Vec<u8>>(DEPTH);
     let (in_tx, in_rx) = sync_channel::<Vec<u8>>(DEPTH);
+    let (send_pool, recv_pool) = (Pool::new(frame), Pool::new(frame));
+    let (send_pool, recv_pool) = (&send_pool, &recv_pool);
     thread::scope(|scope| {
-        let reader = scope.spawn(move || read_stream(store, out, frame, out_tx, tracker, target));
-        let writer = scope.spawn(move || write_stream(store, inc, in_rx, tracker, target));
+        let reader =
+            scope.spawn(move || read_stream(store, out, send_pool, out_tx, tracker, target));
+        let writer =
+            scope.spawn(move || write_stream(store, inc, in_rx, recv_pool, tracker, target));
         // Never leave a peer waiting mid-stream: a local failure still sends zeros and
         // drains what arrives, and is reported once the stream is complete.
         let mut local_error: Option<String> = None;
@@ -264,7 +268,7 @@ fn pair(
             } else {
                 0
             };
-            let mut recv_buf = vec![0u8; recv_len];
+            let mut recv_buf = recv_pool.get(recv_len);
             let send = send_buf.as_deref().map(|b| (to, b));
             let recv = (i < n_in).then_some((from, &mut recv_buf[..]));
             comm.sendrecv(tag, send, recv, abort)
@@ -278,6 +282,9 @@ fn pair(
                 if writer_alive && in_tx.send(recv_buf).is_err() {
                     writer_alive = false;
                 }
+            }
+            if let Some(b) = send_buf {
+                send_pool.put(b);
             }
         }
         drop(in_tx);
@@ -329,14 +336,14 @@ fn pair(
 fn read_stream(
     store: &SampleStore,
     ids: &[SampleId],
-    frame: usize,
+    pool: &Pool,
     tx: SyncSender<Vec<u8>>,
     tracker: &ExchangeTracker,
     target: u64,
 ) -> Result<Vec<SampleId>, String> {
     let mut out = FrameWriter {
-        buf: Vec::with_capacity(frame),
-        frame,
+        buf: pool.get(0),
+        pool,
         tx,
     };
     let mut unreadable = Vec::new();
@@ -377,11 +384,13 @@ fn write_stream(
     store: &SampleStore,
     ids: &[SampleId],
     rx: Receiver<Vec<u8>>,
+    pool: &Pool,
     tracker: &ExchangeTracker,
     target: u64,
 ) -> Result<(), String> {
     let mut input = FrameReader {
         rx,
+        pool,
         buf: Vec::new(),
         pos: 0,
     };
@@ -395,13 +404,48 @@ fn write_stream(
     Ok(())
 }
 
-struct FrameWriter {
-    buf: Vec<u8>,
+/// Frame buffers handed back and forth between the MPI thread and a disk thread, so a long
+/// exchange does not fault in a fresh 8 MiB buffer for every frame.
+struct Pool {
     frame: usize,
+    free: Mutex<Vec<Vec<u8>>>,
+}
+
+impl Pool {
+    fn new(frame: usize) -> Pool {
+        Pool {
+            frame,
+            free: Mutex::default(),
+        }
+    }
+
+    /// A buffer of `len` bytes (contents unspecified) with room for a whole frame.
+    fn get(&self, len: usize) -> Vec<u8> {
+        let mut buf = self
+            .free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(self.frame));
+        buf.resize(len, 0);
+        buf
+    }
+
+    fn put(&self, buf: Vec<u8>) {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        if buf.capacity() >= self.frame && free.len() < 2 * DEPTH + 2 {
+            free.push(buf);
+        }
+    }
+}
+
+struct FrameWriter<'a> {
+    buf: Vec<u8>,
+    pool: &'a Pool,
     tx: SyncSender<Vec<u8>>,
 }
 
-impl FrameWriter {
+impl FrameWriter<'_> {
     fn finish(mut self) -> io::Result<()> {
         if !self.buf.is_empty() {
             let last = std::mem::take(&mut self.buf);
@@ -413,12 +457,13 @@ impl FrameWriter {
     }
 }
 
-impl Write for FrameWriter {
+impl Write for FrameWriter<'_> {
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        let n = data.len().min(self.frame - self.buf.len());
+        let frame = self.pool.frame;
+        let n = data.len().min(frame - self.buf.len());
         self.buf.extend_from_slice(&data[..n]);
-        if self.buf.len() == self.frame {
-            let full = std::mem::replace(&mut self.buf, Vec::with_capacity(self.frame));
+        if self.buf.len() == frame {
+            let full = std::mem::replace(&mut self.buf, self.pool.get(0));
             self.tx
                 .send(full)
                 .map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))?;
@@ -431,17 +476,22 @@ impl Write for FrameWriter {
     }
 }
 
-struct FrameReader {
+struct FrameReader<'a> {
     rx: Receiver<Vec<u8>>,
+    pool: &'a Pool,
     buf: Vec<u8>,
     pos: usize,
 }
 
-impl Read for FrameReader {
+impl Read for FrameReader<'_> {
     fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
         if self.pos == self.buf.len() {
             match self.rx.recv() {
-                Ok(next) => (self.buf, self.pos) = (next, 0),
+                Ok(next) => {
+                    let used = std::mem::replace(&mut self.buf, next);
+                    self.pool.put(used);
+                    self.pos = 0;
+                }
                 Err(_) => return Ok(0),
             }
         }
