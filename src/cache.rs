@@ -206,7 +206,11 @@ impl CacheDir {
         }
     }
 
+    /// Saves the encoded manifest, unless the file already holds exactly these bytes.
     pub fn save_manifest(&self, encoded: &[u8]) -> Result<(), CacheError> {
+        if fs::read(self.root.join("manifest.bin")).is_ok_and(|saved| saved == encoded) {
+            return Ok(());
+        }
         write_atomic(&self.root, "manifest.bin", encoded).map_err(self.io_err())
     }
 

@@ -214,11 +214,8 @@ fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, String> {
         _ => dir.clear().map(|()| 0).map_err(|e| e.to_string()),
     };
     let local_epoch = local_epoch.and_then(|e| {
-        let saved = dir.load_manifest().ok().flatten().map(|m| m.encode());
-        if saved.as_deref() != Some(&manifest_bytes[..]) {
-            dir.save_manifest(&manifest_bytes)
-                .map_err(|e| e.to_string())?;
-        }
+        dir.save_manifest(&manifest_bytes)
+            .map_err(|e| e.to_string())?;
         Ok(e)
     });
     let epoch_ok = local_epoch.as_ref().map(|_| ()).map_err(Clone::clone);
