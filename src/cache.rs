@@ -12,6 +12,12 @@
 //! `rename` from `tmp/` after its full length was written, so a crash leaves either nothing
 //! or a complete file; at startup any file whose length disagrees with the manifest is
 //! dropped. Which samples are present is tracked in memory by a bitmap built at startup.
+//!
+//! Each sample file carries the CRC-32C of its bytes, taken as it was written, in the
+//! extended attribute `user.shufflefs.crc32c` (set before the rename, so it is as atomic as
+//! the file). The exchange checks it whenever a sample leaves this rank and checks received
+//! bytes against the sender's value before they enter `samples/`. On a filesystem without
+//! user xattrs the value is not kept, and only the transfer itself is checked.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -20,10 +26,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
+use xattr::FileExt as _;
 
 use crate::manifest::Manifest;
 use crate::plan::SampleId;
 use crate::source::SampleSource;
+
+/// Extended attribute holding a cached sample's CRC-32C (4 bytes, little-endian).
+const CRC_XATTR: &str = "user.shufflefs.crc32c";
 
 /// Bump when the layout or the plan's output changes: old caches are then refused.
 pub const FORMAT_VERSION: u32 = 1;
@@ -262,6 +272,8 @@ pub struct StoreStats {
     pub bytes: AtomicU64,
     pub fetched_from_source: AtomicU64,
     pub source_errors: AtomicU64,
+    /// Cached or received samples whose bytes did not match their checksum.
+    pub checksum_failures: AtomicU64,
 }
 
 /// The cached samples of one rank, filled from the source on demand.
@@ -348,7 +360,9 @@ impl SampleStore {
         if self.contains(id) {
             return Ok(());
         }
-        let result = self.insert_with(id, |file| self.source.copy_to(id, file));
+        let result = self
+            .insert_with(id, |out| self.source.copy_to(id, out).map(|_| None))
+            .map(|_| ());
         match &result {
             Ok(()) => self
                 .stats
@@ -359,36 +373,90 @@ impl SampleStore {
         result.map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", self.source.describe(id))))
     }
 
-    /// Writes sample `id` through `fill` into `tmp/`, checks its length, then renames it in.
+    /// Writes sample `id` through `fill` into `tmp/`, checks its length (and its checksum,
+    /// if `fill` returns the one the bytes must have), records the checksum, then renames it
+    /// in. Returns the checksum. A mismatch is an `InvalidData` error and is counted.
     pub fn insert_with(
         &self,
         id: SampleId,
-        fill: impl FnOnce(&mut File) -> io::Result<u64>,
-    ) -> io::Result<()> {
+        fill: impl FnOnce(&mut dyn Write) -> io::Result<Option<u32>>,
+    ) -> io::Result<u32> {
         let tmp = self
             .dir
             .root
             .join("tmp")
             .join(format!("{id}.{}", std::process::id()));
         let mut file = File::create(&tmp)?;
-        let written = fill(&mut file).and_then(|n| {
+        let mut out = CrcWriter {
+            file: &mut file,
+            crc: 0,
+            len: 0,
+        };
+        let checked = fill(&mut out).and_then(|expected| {
+            let (n, crc) = (out.len, out.crc);
             let want = self.manifest.size(id);
-            if n == want {
-                Ok(n)
-            } else {
-                Err(io::Error::other(format!(
+            if n != want {
+                return Err(io::Error::other(format!(
                     "sample is {n} bytes, the manifest says {want}; it changed after the scan"
-                )))
+                )));
             }
+            if let Some(expected) = expected.filter(|&e| e != crc) {
+                self.stats.checksum_failures.fetch_add(1, Ordering::Relaxed);
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "checksum mismatch: bytes have {crc:08x}, sender recorded {expected:08x}"
+                    ),
+                ));
+            }
+            set_crc(&file, crc)?;
+            Ok(crc)
         });
-        if let Err(e) = written {
-            let _ = fs::remove_file(&tmp);
-            return Err(e);
-        }
+        let crc = match checked {
+            Ok(crc) => crc,
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                return Err(e);
+            }
+        };
         drop(file);
         fs::rename(&tmp, self.path(id))?;
         self.mark_present(id);
-        Ok(())
+        Ok(crc)
+    }
+
+    /// Opens sample `id` for reading (fetching it first if needed), with the checksum
+    /// recorded when it was cached, if the filesystem kept one.
+    pub fn open_checked(&self, id: SampleId) -> io::Result<(File, Option<u32>)> {
+        self.ensure(id)?;
+        let file = File::open(self.path(id))?;
+        let crc = file
+            .get_xattr(CRC_XATTR)
+            .ok()
+            .flatten()
+            .and_then(|v| <[u8; 4]>::try_from(v).ok())
+            .map(u32::from_le_bytes);
+        Ok((file, crc))
+    }
+
+    /// Drops a cached sample whose bytes no longer match their checksum; it is fetched
+    /// again from the source when next needed.
+    pub fn discard_corrupt(&self, id: SampleId, found: u32, recorded: u32) {
+        tracing::warn!(
+            sample = id,
+            found = format!("{found:08x}"),
+            recorded = format!("{recorded:08x}"),
+            "cached sample failed its checksum; dropped, it will be fetched again from the source"
+        );
+        self.stats.checksum_failures.fetch_add(1, Ordering::Relaxed);
+        let _ = self.remove(id);
+    }
+
+    /// Makes everything written to the cache so far durable (one `syncfs`, not one fsync
+    /// per file): the exchange calls it before telling a sender it may drop what it sent.
+    pub fn sync(&self) -> io::Result<()> {
+        let dir = File::open(&self.dir.root)?;
+        nix::unistd::syncfs(&dir).map_err(io::Error::from)
     }
 
     /// Drops sample `id` from the cache. Open file descriptors keep working.
@@ -404,5 +472,33 @@ impl SampleStore {
             }
         }
         Ok(())
+    }
+}
+
+/// Records `crc` on a cache file; a filesystem without user xattrs just does not keep it.
+fn set_crc(file: &File, crc: u32) -> io::Result<()> {
+    match file.set_xattr(CRC_XATTR, &crc.to_le_bytes()) {
+        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(()),
+        other => other,
+    }
+}
+
+/// Passes writes to a file, keeping the CRC-32C and length of what went through.
+struct CrcWriter<'a> {
+    file: &'a mut File,
+    crc: u32,
+    len: u64,
+}
+
+impl Write for CrcWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.file.write(buf)?;
+        self.crc = crc32c::crc32c_append(self.crc, &buf[..n]);
+        self.len += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.file.flush()
     }
 }

@@ -14,6 +14,13 @@
 //! staged yet) and a writer thread turns incoming frames into cache files (temp name, then
 //! rename), so disk and network overlap.
 //!
+//! Each sample in the stream is followed by the CRC-32C its sender recorded when the sample
+//! entered its cache (so `stream_len` is the sizes plus 4 bytes per sample). The sender
+//! checks its own copy as it reads it (a corrupt copy is dropped and refetched from the
+//! source later); the receiver checks the bytes before renaming them into its cache, so a
+//! sample damaged on either side never enters a view. Before the trailer, the receiver
+//! `syncfs`es its cache: a sender only drops samples once the receiver holds them durably.
+//!
 //! After the data, each side sends the ids it could not read (a bad sample is reported, not
 //! fatal); the receiver drops those, and they are fetched from the source if read later.
 //! Received bytes land only under `samples/<id>`: peers never send names, so nothing a peer
@@ -32,6 +39,7 @@ use serde::Serialize;
 
 use crate::cache::SampleStore;
 use crate::comm::Comm;
+use crate::manifest::Manifest;
 use crate::plan::{Rank, SampleId, Step};
 
 /// Bytes per message: large enough to amortise per-message cost, small enough to pipeline.
@@ -161,7 +169,8 @@ pub fn run(
         }
     }
     recvs.values_mut().for_each(|v| v.sort_unstable());
-    let bytes = |ids: &[SampleId]| ids.iter().map(|&i| manifest.size(i)).sum::<u64>();
+    // Bytes on the wire: samples plus their checksums.
+    let bytes = |ids: &[SampleId]| stream_len(&manifest, ids);
     let started = Instant::now();
     tracker.update(target, |r| {
         r.state = "running";
@@ -237,8 +246,7 @@ fn pair(
     abort: &AtomicBool,
 ) -> Result<(), String> {
     let manifest = store.manifest();
-    let out_len: u64 = out.iter().map(|&i| manifest.size(i)).sum();
-    let in_len: u64 = inc.iter().map(|&i| manifest.size(i)).sum();
+    let (out_len, in_len) = (stream_len(manifest, out), stream_len(manifest, inc));
     let frames = |len: u64| len.div_ceil(frame as u64) as usize;
     let (n_out, n_in) = (frames(out_len), frames(in_len));
     let (out_tx, out_rx) = sync_channel::<Vec<u8>>(DEPTH);
@@ -331,8 +339,13 @@ fn pair(
     })
 }
 
-/// Fills frames with the bytes of `ids` in order. A sample that cannot be read is sent as
-/// zeros (the length is fixed) and named in the returned list.
+/// Bytes of the stream that carries `ids`: each sample followed by its 4-byte checksum.
+pub fn stream_len(manifest: &Manifest, ids: &[SampleId]) -> u64 {
+    ids.iter().map(|&i| manifest.size(i) + 4).sum()
+}
+
+/// Fills frames with the bytes of `ids` in order, each followed by its checksum. A sample
+/// that cannot be read is sent as zeros (the length is fixed) and named in the returned list.
 fn read_stream(
     store: &SampleStore,
     ids: &[SampleId],
@@ -341,6 +354,7 @@ fn read_stream(
     tracker: &ExchangeTracker,
     target: u64,
 ) -> Result<Vec<SampleId>, String> {
+    let stopped = |_| "exchange stopped".to_string();
     let mut out = FrameWriter {
         buf: pool.get(0),
         pool,
@@ -349,37 +363,38 @@ fn read_stream(
     let mut unreadable = Vec::new();
     for &id in ids {
         let size = store.manifest().size(id);
-        let copied = store
-            .ensure(id)
-            .and_then(|()| File::open(store.path(id)))
-            .and_then(|f| io::copy(&mut f.take(size), &mut out));
-        match copied {
-            Ok(n) if n == size => tracker.update(target, |r| r.samples_sent += 1),
-            Ok(n) => {
-                tracing::warn!(
-                    sample = id,
-                    got = n,
-                    want = size,
-                    "cached sample is short; sending zeros, receiver will refetch"
-                );
-                io::copy(&mut io::repeat(0).take(size - n), &mut out).map_err(|e| e.to_string())?;
-                unreadable.push(id);
+        let mut crc = 0;
+        let (sent, recorded, error) = match store.open_checked(id) {
+            Ok((mut file, recorded)) => {
+                let (n, error) = out.fill_from(&mut file, size, &mut crc).map_err(stopped)?;
+                (n, recorded, error)
             }
-            Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {
-                return Err("exchange stopped".into());
-            }
-            Err(e) => {
-                tracing::warn!(sample = id, error = %e, "cannot read a sample to send; receiver will refetch");
-                io::copy(&mut io::repeat(0).take(size), &mut out).map_err(|e| e.to_string())?;
-                unreadable.push(id);
-            }
+            Err(e) => (0, None, Some(e)),
+        };
+        if sent < size {
+            let error = error.map_or_else(|| "file is short".to_string(), |e| e.to_string());
+            tracing::warn!(
+                sample = id,
+                error,
+                "cannot read a sample to send; receiver will refetch"
+            );
+            out.fill_zeros(size - sent, &mut crc).map_err(stopped)?;
+            unreadable.push(id);
+        } else if let Some(recorded) = recorded.filter(|&r| r != crc) {
+            // Sending the recorded value makes the receiver reject these bytes too.
+            store.discard_corrupt(id, crc, recorded);
+            crc = recorded;
+        } else {
+            tracker.update(target, |r| r.samples_sent += 1);
         }
+        out.write_all(&crc.to_le_bytes()).map_err(stopped)?;
     }
-    out.finish().map_err(|e| e.to_string())?;
+    out.finish().map_err(stopped)?;
     Ok(unreadable)
 }
 
-/// Turns incoming frames back into one cache file per sample.
+/// Turns incoming frames back into one cache file per sample, checking each against the
+/// checksum that follows it, then makes them durable.
 fn write_stream(
     store: &SampleStore,
     ids: &[SampleId],
@@ -396,12 +411,24 @@ fn write_stream(
     };
     for &id in ids {
         let size = store.manifest().size(id);
-        store
-            .insert_with(id, |file| io::copy(&mut (&mut input).take(size), file))
-            .map_err(|e| format!("storing received sample {id} in the cache: {e}"))?;
-        tracker.update(target, |r| r.samples_received += 1);
+        let stored = store.insert_with(id, |file| {
+            input.copy_to(size, file)?;
+            let mut crc = [0u8; 4];
+            input.read_exact(&mut crc)?;
+            Ok(Some(u32::from_le_bytes(crc)))
+        });
+        match stored {
+            Ok(_) => tracker.update(target, |r| r.samples_received += 1),
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                tracing::warn!(sample = id, error = %e, "received sample failed its checksum; it will be fetched from the source");
+                tracker.update(target, |r| r.failed_samples += 1);
+            }
+            Err(e) => return Err(format!("storing received sample {id} in the cache: {e}")),
+        }
     }
-    Ok(())
+    store
+        .sync()
+        .map_err(|e| format!("making received samples durable: {e}"))
 }
 
 /// Frame buffers handed back and forth between the MPI thread and a disk thread, so a long
@@ -446,6 +473,61 @@ struct FrameWriter<'a> {
 }
 
 impl FrameWriter<'_> {
+    /// Reads up to `len` bytes of `file` straight into frames. A read error ends the copy
+    /// early and is returned beside the count; `Err` only if the MPI side stopped.
+    fn fill_from(
+        &mut self,
+        file: &mut File,
+        len: u64,
+        crc: &mut u32,
+    ) -> io::Result<(u64, Option<io::Error>)> {
+        let mut done = 0u64;
+        while done < len {
+            let start = self.buf.len();
+            let want = (self.pool.frame - start).min((len - done) as usize);
+            self.buf.resize(start + want, 0);
+            let got = match file.read(&mut self.buf[start..]) {
+                Ok(0) => {
+                    self.buf.truncate(start);
+                    return Ok((done, None));
+                }
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
+                Err(e) => {
+                    self.buf.truncate(start);
+                    return Ok((done, Some(e)));
+                }
+            };
+            self.buf.truncate(start + got);
+            *crc = crc32c::crc32c_append(*crc, &self.buf[start..]);
+            done += got as u64;
+            self.ship_if_full()?;
+        }
+        Ok((done, None))
+    }
+
+    fn fill_zeros(&mut self, len: u64, crc: &mut u32) -> io::Result<()> {
+        let zeros = [0u8; 64 << 10];
+        let mut left = len;
+        while left > 0 {
+            let n = left.min(zeros.len() as u64) as usize;
+            *crc = crc32c::crc32c_append(*crc, &zeros[..n]);
+            self.write_all(&zeros[..n])?;
+            left -= n as u64;
+        }
+        Ok(())
+    }
+
+    fn ship_if_full(&mut self) -> io::Result<()> {
+        if self.buf.len() == self.pool.frame {
+            let full = std::mem::replace(&mut self.buf, self.pool.get(0));
+            self.tx
+                .send(full)
+                .map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))?;
+        }
+        Ok(())
+    }
+
     fn finish(mut self) -> io::Result<()> {
         if !self.buf.is_empty() {
             let last = std::mem::take(&mut self.buf);
@@ -462,12 +544,7 @@ impl Write for FrameWriter<'_> {
         let frame = self.pool.frame;
         let n = data.len().min(frame - self.buf.len());
         self.buf.extend_from_slice(&data[..n]);
-        if self.buf.len() == frame {
-            let full = std::mem::replace(&mut self.buf, self.pool.get(0));
-            self.tx
-                .send(full)
-                .map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))?;
-        }
+        self.ship_if_full()?;
         Ok(n)
     }
 
@@ -483,20 +560,42 @@ struct FrameReader<'a> {
     pos: usize,
 }
 
+impl FrameReader<'_> {
+    /// The unread part of the current frame, fetching the next one when it is used up;
+    /// empty once the stream ended.
+    fn chunk(&mut self) -> &[u8] {
+        if self.pos == self.buf.len()
+            && let Ok(next) = self.rx.recv()
+        {
+            let used = std::mem::replace(&mut self.buf, next);
+            self.pool.put(used);
+            self.pos = 0;
+        }
+        &self.buf[self.pos..]
+    }
+
+    /// Writes the next `len` bytes of the stream to `out`, straight from the frames.
+    fn copy_to(&mut self, len: u64, out: &mut dyn Write) -> io::Result<()> {
+        let mut left = len;
+        while left > 0 {
+            let chunk = self.chunk();
+            if chunk.is_empty() {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            let n = chunk.len().min(left as usize);
+            out.write_all(&chunk[..n])?;
+            self.pos += n;
+            left -= n as u64;
+        }
+        Ok(())
+    }
+}
+
 impl Read for FrameReader<'_> {
     fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
-        if self.pos == self.buf.len() {
-            match self.rx.recv() {
-                Ok(next) => {
-                    let used = std::mem::replace(&mut self.buf, next);
-                    self.pool.put(used);
-                    self.pos = 0;
-                }
-                Err(_) => return Ok(0),
-            }
-        }
-        let n = out.len().min(self.buf.len() - self.pos);
-        out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
+        let chunk = self.chunk();
+        let n = out.len().min(chunk.len());
+        out[..n].copy_from_slice(&chunk[..n]);
         self.pos += n;
         Ok(n)
     }

@@ -23,6 +23,7 @@ struct CacheSnapshot {
     bytes: u64,
     fetched_from_source: u64,
     source_errors: u64,
+    checksum_failures: u64,
 }
 
 #[derive(Serialize)]
@@ -92,6 +93,7 @@ impl StatusReport for DaemonStatus {
                 bytes: stats.bytes.load(Ordering::Relaxed),
                 fetched_from_source: stats.fetched_from_source.load(Ordering::Relaxed),
                 source_errors: stats.source_errors.load(Ordering::Relaxed),
+                checksum_failures: stats.checksum_failures.load(Ordering::Relaxed),
             },
             skipped: &manifest.skipped,
         };

@@ -1,7 +1,8 @@
 //! Four ranks in one process exchange over `LocalComm` for several epochs and values of Q:
 //! listings partition the dataset, bytes match the source, caches stay within (1+Q) x share.
 //! A fault-injecting transport (random delays that reorder arrivals across peers) and an
-//! unreadable cached sample show the exchange still completes correctly.
+//! unreadable cached sample show the exchange still completes correctly; a cached sample
+//! whose bytes changed on disk is caught by its checksum and never reaches the receiver.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Barrier};
@@ -49,6 +50,18 @@ impl<C: Comm> Comm for Delaying<C> {
     }
 }
 
+/// A rank that panics would leave the others waiting at the barrier forever: end the test
+/// process instead (the panic message is printed first).
+struct AbortOnPanic;
+
+impl Drop for AbortOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            std::process::abort();
+        }
+    }
+}
+
 fn manifest(samples: u32) -> Arc<Manifest> {
     // Sizes cycle through 0 bytes, tiny, and larger than the test frame, so samples both
     // share frames and span several.
@@ -86,8 +99,18 @@ fn check_sample(store: &SampleStore, id: u32) {
     );
 }
 
-/// Runs `epochs` exchanges on 4 ranks; `corrupt` deletes one cached sample on rank 0 first.
-fn run_world(fraction: f64, epochs: u64, delays: bool, corrupt: bool) {
+/// What goes wrong with rank 0's first outgoing sample before the first exchange.
+#[derive(Clone, Copy, PartialEq)]
+enum Fault {
+    None,
+    /// The file vanishes from the cache (disk trouble).
+    Vanish,
+    /// One byte of the file changes, length unchanged (silent corruption).
+    Flip,
+}
+
+/// Runs `epochs` exchanges on 4 ranks, with `fault` injected on rank 0 first.
+fn run_world(fraction: f64, epochs: u64, delays: bool, fault: Fault) {
     let world = 4u32;
     let manifest = manifest(300);
     let plan = Plan::new(PlanParams {
@@ -103,6 +126,7 @@ fn run_world(fraction: f64, epochs: u64, delays: bool, corrupt: bool) {
         .map(|comm| {
             let (manifest, plan, barrier) = (manifest.clone(), plan.clone(), barrier.clone());
             std::thread::spawn(move || {
+                let _guard = AbortOnPanic;
                 let me = comm.rank();
                 let mut comm: Box<dyn Comm> = if delays {
                     Box::new(Delaying {
@@ -137,14 +161,22 @@ fn run_world(fraction: f64, epochs: u64, delays: bool, corrupt: bool) {
                 let mut listings = Vec::new();
                 for _ in 0..epochs {
                     let step = plan.step(&cur);
-                    if corrupt && me == 0 && cur.epoch == 0 {
-                        // Rank 0's first outgoing sample vanishes from its cache (disk trouble).
-                        if let Some(t) = step
+                    if fault != Fault::None && me == 0 && cur.epoch == 0 {
+                        let t = step
                             .transfers
                             .iter()
                             .find(|t| t.from == 0 && manifest.size(t.sample) > 0)
-                        {
-                            std::fs::remove_file(store.path(t.sample)).unwrap();
+                            .expect("rank 0 sends a non-empty sample");
+                        let path = store.path(t.sample);
+                        if fault == Fault::Vanish {
+                            std::fs::remove_file(path).unwrap();
+                        } else {
+                            let mut bytes = std::fs::read(&path).unwrap();
+                            bytes[0] ^= 0xFF;
+                            // Rewrite in place: the recorded checksum stays as it was.
+                            let mut f =
+                                std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+                            std::io::Write::write_all(&mut f, &bytes).unwrap();
                         }
                     }
                     exchange::run(comm.as_mut(), &store, &step, cfg, &tracker, &abort).unwrap();
@@ -173,13 +205,22 @@ fn run_world(fraction: f64, epochs: u64, delays: bool, corrupt: bool) {
                     );
                     let report = tracker.snapshot().into_iter().last().unwrap();
                     assert_eq!(report.state, "done");
-                    assert_eq!(report.samples_received, report.samples_to_receive);
+                    // A sample that failed arrives as bytes but is not counted as received.
+                    assert!(report.samples_received <= report.samples_to_receive);
+                    assert!(
+                        report.samples_received + report.failed_samples
+                            >= report.samples_to_receive
+                    );
                     assert_eq!(report.bytes_received, report.bytes_to_receive);
                     listings.push(step.next.share(me).to_vec());
                     cur = step.next;
                     barrier.wait();
                 }
-                (me, listings, tracker.snapshot())
+                let checksum_failures = store
+                    .stats
+                    .checksum_failures
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                (me, listings, tracker.snapshot(), checksum_failures)
             })
         })
         .collect();
@@ -195,31 +236,49 @@ fn run_world(fraction: f64, epochs: u64, delays: bool, corrupt: bool) {
             e + 1
         );
     }
-    if corrupt {
-        let failed: u64 = results
-            .iter()
-            .flat_map(|r| r.2.iter().map(|x| x.failed_samples))
-            .sum();
+    let failed: u64 = results
+        .iter()
+        .flat_map(|r| r.2.iter().map(|x| x.failed_samples))
+        .sum();
+    let expected = if fault == Fault::None { 0 } else { 1 };
+    assert_eq!(
+        failed, expected,
+        "a sample that cannot be sent is reported once, by its receiver"
+    );
+    let checksum_failures: Vec<u64> = results.iter().map(|r| r.3).collect();
+    if fault == Fault::Flip {
         assert_eq!(
-            failed, 1,
-            "the unreadable sample is reported once, by its receiver"
+            checksum_failures[0], 1,
+            "the sender catches its corrupt copy"
         );
+        assert_eq!(
+            checksum_failures.iter().sum::<u64>(),
+            2,
+            "and the receiver rejects the bytes: {checksum_failures:?}"
+        );
+    } else {
+        assert_eq!(checksum_failures, [0, 0, 0, 0]);
     }
 }
 
 #[test]
 fn exchange_partitions_and_moves_bytes_exactly() {
     for q in [0.0, 0.3, 1.0] {
-        run_world(q, 3, false, false);
+        run_world(q, 3, false, Fault::None);
     }
 }
 
 #[test]
 fn exchange_survives_delays_and_reordering() {
-    run_world(0.5, 3, true, false);
+    run_world(0.5, 3, true, Fault::None);
 }
 
 #[test]
 fn unreadable_sample_is_reported_and_refetched() {
-    run_world(0.5, 2, false, true);
+    run_world(0.5, 2, false, Fault::Vanish);
+}
+
+#[test]
+fn corrupt_cached_sample_is_caught_by_its_checksum() {
+    run_world(0.5, 2, false, Fault::Flip);
 }
