@@ -24,7 +24,7 @@ use crate::comm::{Comm, agree, decide};
 use crate::epochs::Epochs;
 use crate::exchange::{self, ExchangeConfig, ExchangeTracker, MpiCmd};
 use crate::fs::ShuffleFs;
-use crate::fuse::FuseAdapter;
+use crate::fuse::{FuseAdapter, Invalidated};
 use crate::manifest::{self, Manifest};
 use crate::plan::{Plan, PlanParams, Step};
 use crate::source::DirSource;
@@ -331,7 +331,8 @@ pub fn run(
         exchange: tracker.clone(),
     });
     let fs = Arc::new(ShuffleFs::new(store.clone(), epochs.clone(), status));
-    let adapter = FuseAdapter::new(fs, !args.no_passthrough);
+    let invalidated = Arc::new(Invalidated::new(epochs.epoch()));
+    let adapter = FuseAdapter::new(fs, !args.no_passthrough, invalidated.clone());
 
     let mut config = Config::default();
     config.mount_options = vec![
@@ -363,8 +364,7 @@ pub fn run(
         }
     };
 
-    // Kernel cache invalidation runs on its own thread: the kernel takes the parent folder's
-    // lock for it, which a lookup of `epoch-(N+1)` (the request that advanced) still holds.
+    // Kernel cache invalidation runs on its own thread (see `fuse::Invalidated`).
     let notifier = session.notifier();
     let (inval_tx, inval_rx) = channel::<u64>();
     thread::Builder::new()
@@ -375,6 +375,7 @@ pub fn run(
                 let _ =
                     notifier.inval_entry(root, std::ffi::OsStr::new(&view::epoch_dir_name(old)));
                 let _ = notifier.inval_entry(root, std::ffi::OsStr::new(view::CURRENT_NAME));
+                invalidated.done(old);
             }
         })
         .map_err(|e| e.to_string())?;

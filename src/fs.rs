@@ -163,7 +163,7 @@ impl ShuffleFs {
         &self,
         ino: u64,
         offset: u64,
-        mut add: impl FnMut(Entry, &OsStr, u64) -> bool,
+        add: impl FnMut(Entry, &OsStr, u64) -> bool,
     ) -> Result<(), FsError> {
         let node = Node::from_ino(ino).ok_or(FsError::NotFound)?;
         let parent_entry = self.entry(node)?;
@@ -171,46 +171,60 @@ impl ShuffleFs {
             return Err(FsError::NotDir);
         }
         let manifest = self.store.manifest();
-        let names: Box<dyn Iterator<Item = (Node, OsString)>> = match node {
+        // Children as nodes only: skipping to `offset` costs no allocation per entry.
+        let children: Box<dyn Iterator<Item = Node>> = match node {
             Node::Root => {
                 let e = self.epochs.epoch();
-                Box::new(
-                    [
-                        (Node::CtlDir, OsString::from(CTL_DIR_NAME)),
-                        (Node::Current, OsString::from(CURRENT_NAME)),
-                        (Node::EpochDir(e), OsString::from(view::epoch_dir_name(e))),
-                    ]
-                    .into_iter(),
-                )
+                Box::new([Node::CtlDir, Node::Current, Node::EpochDir(e)].into_iter())
             }
-            Node::CtlDir => Box::new(
-                [
-                    (Node::Status, OsString::from(STATUS_NAME)),
-                    (Node::EpochCtl, OsString::from(EPOCH_CTL_NAME)),
-                ]
-                .into_iter(),
-            ),
-            Node::EpochDir(e) => Box::new(
-                (0..manifest.class_count())
-                    .map(move |c| (Node::ClassDir(e, c), manifest.class_name(c).to_owned())),
-            ),
+            Node::CtlDir => Box::new([Node::Status, Node::EpochCtl].into_iter()),
+            Node::EpochDir(e) => {
+                Box::new((0..manifest.class_count()).map(move |c| Node::ClassDir(e, c)))
+            }
             Node::ClassDir(e, c) => {
                 let cur = self.epochs.current();
-                let ids =
-                    share_in_range(cur.share(self.epochs.rank()), manifest.class_range(c)).to_vec();
-                Box::new(
-                    ids.into_iter()
-                        .map(move |id| (Node::Sample(e, id), manifest.name(id).to_owned())),
-                )
+                let ids = share_in_range(cur.share(self.epochs.rank()), manifest.class_range(c));
+                let rest = ids.get(offset as usize..).unwrap_or_default().to_vec();
+                return self.add_entries(
+                    rest.into_iter().map(|id| Node::Sample(e, id)),
+                    offset,
+                    add,
+                );
             }
             _ => return Err(FsError::NotDir),
         };
-        for (i, (child, name)) in names.enumerate().skip(offset as usize) {
-            if add(self.entry(child)?, &name, i as u64 + 1) {
+        self.add_entries(children.skip(offset as usize), offset, add)
+    }
+
+    /// Hands `children` (the folder's entries from `offset` on) to `add` until it is full.
+    fn add_entries(
+        &self,
+        children: impl Iterator<Item = Node>,
+        offset: u64,
+        mut add: impl FnMut(Entry, &OsStr, u64) -> bool,
+    ) -> Result<(), FsError> {
+        let manifest = self.store.manifest();
+        for (i, child) in (offset..).zip(children) {
+            let name: OsString = match child {
+                Node::CtlDir => CTL_DIR_NAME.into(),
+                Node::Current => CURRENT_NAME.into(),
+                Node::EpochDir(e) => view::epoch_dir_name(e).into(),
+                Node::Status => STATUS_NAME.into(),
+                Node::EpochCtl => EPOCH_CTL_NAME.into(),
+                Node::ClassDir(_, c) => manifest.class_name(c).to_owned(),
+                Node::Sample(_, id) => manifest.name(id).to_owned(),
+                Node::Root => continue,
+            };
+            if add(self.entry(child)?, &name, i + 1) {
                 break;
             }
         }
         Ok(())
+    }
+
+    /// The current epoch.
+    pub fn epoch(&self) -> u64 {
+        self.epochs.epoch()
     }
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>, FsError> {

@@ -16,7 +16,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -28,7 +28,6 @@ use fuser::{
 
 use crate::error::FsError;
 use crate::fs::{Entry, Kind, Opened, ShuffleFs};
-use crate::view::Node;
 
 /// Published views never change: let the kernel keep them for a day.
 const VIEW_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -52,12 +51,55 @@ pub struct FuseAdapter {
     uid: u32,
     gid: u32,
     time: SystemTime,
+    invalidated: Arc<Invalidated>,
+}
+
+/// How far the kernel's cache has been told to forget old epochs.
+///
+/// `epoch-N` keeps a long entry TTL like the rest of a view (a TTL of zero would cost a
+/// LOOKUP on every path walk), so an advance must invalidate the kernel's entry. That runs on
+/// its own thread: the kernel takes the root's lock for it, which a lookup of `epoch-(N+1)`
+/// (the request that advanced) still holds. An advance by writing the control file holds no
+/// such lock, so the write waits here until the old epoch is gone from the kernel's cache.
+pub struct Invalidated {
+    /// Every epoch below this one has been invalidated.
+    below: Mutex<u64>,
+    changed: Condvar,
+}
+
+impl Invalidated {
+    pub fn new(current: u64) -> Invalidated {
+        Invalidated {
+            below: Mutex::new(current),
+            changed: Condvar::new(),
+        }
+    }
+
+    /// Records that the kernel forgot epoch `old`.
+    pub fn done(&self, old: u64) {
+        let mut below = self.below.lock().unwrap_or_else(|e| e.into_inner());
+        *below = (*below).max(old + 1);
+        self.changed.notify_all();
+    }
+
+    /// Waits (a bounded while) until every epoch below `epoch` was invalidated.
+    fn wait(&self, epoch: u64) {
+        let below = self.below.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = self
+            .changed
+            .wait_timeout_while(below, Duration::from_secs(5), |b| *b < epoch);
+    }
 }
 
 impl FuseAdapter {
-    pub fn new(fs: Arc<ShuffleFs>, want_passthrough: bool) -> FuseAdapter {
+    pub fn new(
+        fs: Arc<ShuffleFs>,
+        want_passthrough: bool,
+        invalidated: Arc<Invalidated>,
+    ) -> FuseAdapter {
         FuseAdapter {
             fs,
+            invalidated,
             handles: Mutex::default(),
             backing_by_ino: Mutex::default(),
             next_fh: AtomicU64::new(1),
@@ -91,18 +133,6 @@ impl FuseAdapter {
             rdev: 0,
             flags: 0,
             blksize: 4096,
-        }
-    }
-
-    /// How long the kernel may trust a name. `epoch-N` at the root is re-checked on every path
-    /// walk: after an advance through a lookup of `epoch-(N+1)`, the invalidation of `epoch-N`
-    /// must run on another thread (the lookup holds the root's lock), and until it lands a
-    /// cached `epoch-N` would still resolve. Everything below it keeps the long TTL.
-    fn entry_ttl(e: &Entry) -> Duration {
-        if matches!(e.node, Node::EpochDir(_)) {
-            Duration::ZERO
-        } else {
-            Self::ttl(e)
         }
     }
 
@@ -169,7 +199,7 @@ impl Filesystem for FuseAdapter {
         match self.fs.lookup(parent.0, name) {
             Ok(e) => reply.entry_with_ttls(
                 &Self::ttl(&e),
-                &Self::entry_ttl(&e),
+                &Self::ttl(&e),
                 &self.attr(&e),
                 Generation(0),
             ),
@@ -395,11 +425,17 @@ impl Filesystem for FuseAdapter {
             return reply.error(fail("write", ino.0, &FsError::ReadOnly));
         }
         match self.fs.write_epoch(data) {
-            Ok(n) => reply.written(n as u32),
+            Ok(n) => {
+                // The write returns once the kernel forgot the old epoch's names.
+                self.invalidated.wait(self.fs.epoch());
+                reply.written(n as u32)
+            }
             Err(err) => reply.error(fail("write", ino.0, &err)),
         }
     }
 
+    /// Nothing to flush in a read-only view. ENOSYS tells the kernel to stop sending FLUSH,
+    /// which would otherwise cost a round trip on every close().
     fn flush(
         &self,
         _req: &Request,
@@ -408,7 +444,7 @@ impl Filesystem for FuseAdapter {
         _lock: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        reply.error(Errno::ENOSYS);
     }
 
     fn release(
@@ -432,8 +468,9 @@ impl Filesystem for FuseAdapter {
         match self.fs.getattr(ino.0) {
             Ok(e) if e.kind == Kind::Dir => reply.opened(
                 FileHandle(0),
+                // An immutable folder's listing, once cached, serves every later opendir.
                 if e.immutable {
-                    FopenFlags::FOPEN_CACHE_DIR
+                    FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE
                 } else {
                     FopenFlags::empty()
                 },
@@ -502,7 +539,7 @@ impl Filesystem for FuseAdapter {
                     INodeNo(e.node.ino()),
                     next + 2,
                     name,
-                    &Self::entry_ttl(&e),
+                    &Self::ttl(&e),
                     &self.attr(&e),
                     Generation(0),
                 )
