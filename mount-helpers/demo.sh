@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end demo on a fresh machine: installs what is missing, builds, makes a small dataset
-# of real PNG images, starts 4 ranks with Q=0.3, walks 3 epochs through the mounts reading and
-# decoding every image, prints a table per epoch, then unmounts and leaves nothing running.
+# of real PNG images, starts 4 ranks with Q=0.3, walks 3 epochs through the mounts with
+# torchvision's ImageFolder + DataLoader (decoding every image), prints a table per epoch, then
+# unmounts and leaves nothing running. Staging and each exchange show progress.
 #
 #   bash mount-helpers/demo.sh            (DEMO_DIR=/tmp/shufflefs-demo by default)
 set -euo pipefail
@@ -11,6 +12,8 @@ work=${DEMO_DIR:-/tmp/shufflefs-demo}
 np=${DEMO_RANKS:-4}
 
 source "$here/install-deps.sh"
+source "$here/install-python.sh"
+py=${SHUFFLEFS_PYTHON:-python3}
 echo "== building shufflefs (release)"
 (cd "$root" && cargo build --release --quiet)
 export SHUFFLEFS="$root/target/release/shufflefs"
@@ -26,7 +29,7 @@ echo "== starting $np ranks (mpirun) with --fraction 0.3"
 "$here/shufflefs-launch" --np "$np" --job "$job" -- \
   --source "$work/dataset" --cache "$work/cache-{rank}" --fraction 0.3 --seed 42 "$work/mnt-{rank}"
 
-python3 "$here/walk_epochs.py" --epochs 3 "$work"/mnt-*
+"$py" "$here/walk_epochs.py" --epochs 3 "$work"/mnt-*
 
 echo "== unmounting"
 "$here/shufflefs-teardown" --job "$job"

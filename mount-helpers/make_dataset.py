@@ -1,9 +1,10 @@
 """Makes a small ImageFolder dataset of real PNG images (standard library only).
 
-    python3 make_dataset.py OUT [--classes 6] [--per-class 60] [--size 48] [--seed 0]
+    python3 make_dataset.py OUT [--classes 6] [--per-class 60] [--size 48] [--seed 0] [--small-class N]
 
 Each class has its own base colour and stripe direction plus noise, so images decode with any
-PNG reader and a small model can learn the classes.
+PNG reader and a small model can learn the classes. --small-class N adds one more class with
+only N images, so with more ranks than N some rank holds no sample of it.
 """
 import argparse
 import os
@@ -34,13 +35,15 @@ def main():
     ap.add_argument("--per-class", type=int, default=60)
     ap.add_argument("--size", type=int, default=48)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--small-class", type=int, default=0, metavar="N")
     a = ap.parse_args()
     rng = random.Random(a.seed)
-    for c in range(a.classes):
+    counts = [a.per_class] * a.classes + ([a.small_class] if a.small_class else [])
+    for c, count in enumerate(counts):
         d = os.path.join(a.out, f"class_{c:02d}")
         os.makedirs(d, exist_ok=True)
         base = [(c * 97) % 256, (c * 53 + 80) % 256, (c * 31 + 160) % 256]
-        for i in range(a.per_class):
+        for i in range(count):
             noise = [rng.randrange(256) for _ in range(64)]
 
             def pixel(x, y, base=base, noise=noise):
@@ -50,7 +53,7 @@ def main():
 
             with open(os.path.join(d, f"img_{i:04d}.png"), "wb") as f:
                 f.write(png_bytes(a.size, a.size, pixel))
-    print(f"made {a.classes * a.per_class} PNG images in {a.classes} classes under {a.out}")
+    print(f"made {sum(counts)} PNG images in {len(counts)} classes under {a.out}")
 
 
 if __name__ == "__main__":

@@ -36,10 +36,22 @@ def wait_ready(mount, timeout=600.0, staged=False):
         time.sleep(0.2)
 
 
+def current_epoch(mount):
+    """The epoch the mount is in: where a (resumed) training loop starts."""
+    return status(mount)["epoch"]
+
+
 def epoch_dir(mount, epoch):
     """Path of this rank's view for `epoch`; looking it up advances the mount to it."""
     path = os.path.join(mount, f"epoch-{epoch}")
-    os.stat(path)  # advance now, so the caller's first listing sees the new epoch
+    try:
+        os.stat(path)  # advance now, so the caller's first listing sees the new epoch
+    except FileNotFoundError:
+        now = current_epoch(mount)
+        raise FileNotFoundError(
+            f"{path}: the mount is at epoch {now}; only epoch {now} and {now + 1} (which advances) "
+            f"can be opened. Start the loop at shufflefs.current_epoch(mount)."
+        ) from None
     return path
 
 

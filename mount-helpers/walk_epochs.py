@@ -59,26 +59,51 @@ def read_epoch_torch(path):
     return files, nbytes
 
 
-def progress(mounts):
-    """Waits for staging, showing progress (a bar on a terminal, plain lines otherwise)."""
+def show_progress(label, measure, unit=""):
+    """Polls measure() -> (done, total) until done, as a bar on a terminal, plain lines otherwise."""
     tty = sys.stdout.isatty()
     last = None
     while True:
-        sts = [shufflefs.status(m) for m in mounts]
-        done = sum(s["staging"]["files_done"] for s in sts)
-        total = sum(s["staging"]["files_total"] for s in sts)
+        done, total = measure()
         if tty:
             width = 30
             fill = width * done // max(total, 1)
-            print(f"\r  staging [{'#' * fill}{'.' * (width - fill)}] {done}/{total}", end="", flush=True)
+            print(f"\r  {label} [{'#' * fill}{'.' * (width - fill)}] {done}/{total}{unit}", end="", flush=True)
         elif done != last:
-            print(f"  staging {done}/{total} files")
+            print(f"  {label} {done}/{total}{unit}", flush=True)
         last = done
         if done >= total:
             if tty:
                 print()
             return
         time.sleep(0.2)
+
+
+def staging_progress(mounts):
+    def measure():
+        sts = [shufflefs.status(m)["staging"] for m in mounts]
+        return sum(s["files_done"] for s in sts), sum(s["files_total"] for s in sts)
+
+    show_progress("staging", measure, " files")
+
+
+def exchange_progress(mounts, epoch):
+    """Waits for every rank's exchange into `epoch` (running while the previous epoch was read)."""
+
+    def measure():
+        done = total = 0
+        for m in mounts:
+            x = [x for x in shufflefs.status(m)["exchange"] if x["target_epoch"] == epoch]
+            if not x:
+                return 0, 1
+            if x[0]["state"] == "failed":
+                raise SystemExit(f"{m}: exchange into epoch {epoch} failed: {x[0]['error']}")
+            finished = x[0]["state"] == "done"
+            done += x[0]["bytes_to_receive"] if finished else x[0]["bytes_received"]
+            total += x[0]["bytes_to_receive"]
+        return done // 1000, total // 1000
+
+    show_progress(f"exchange into epoch {epoch}", measure, " kB")
 
 
 def main():
@@ -95,10 +120,12 @@ def main():
     mounts = sorted(a.mounts)
     for m in mounts:
         shufflefs.wait_ready(m)
-    progress(mounts)
+    staging_progress(mounts)
     print(f"== walking {a.epochs} epochs on {len(mounts)} ranks with {how}")
     previous = {}
     for epoch in range(a.epochs):
+        if epoch:
+            exchange_progress(mounts, epoch)
         print(f"\nepoch {epoch}")
         print(f"  {'rank':>4} {'samples':>8} {'moved in':>9} {'exchanged':>10} {'read':>10} {'files/s':>9}")
         for rank, m in enumerate(mounts):

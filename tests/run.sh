@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Runs every test: installs what is missing (fuse3, Open MPI, clang for rsmpi), then format,
-# lint, unit/property tests, real FUSE mounts and real mpirun runs.
+# Runs every test: installs what is missing (fuse3, Open MPI, clang for rsmpi; a Python venv
+# with torch, torchvision, tensorflow-cpu and pillow, about 5 GB the first time), then format,
+# lint, unit/property tests, real FUSE mounts, real mpirun runs and the real loaders.
 #
 #   bash tests/run.sh
 #
-# Tests that need /dev/fuse or mpirun skip on machines without them, unless
-# SHUFFLEFS_REQUIRE_FUSE=1 / SHUFFLEFS_REQUIRE_MPI=1 (set by .ci/run) turn a skip into a failure.
+# Tests that need /dev/fuse, mpirun or the loaders skip on machines without them, unless
+# SHUFFLEFS_REQUIRE_FUSE=1 / SHUFFLEFS_REQUIRE_MPI=1 / SHUFFLEFS_REQUIRE_LOADERS=1 (set by
+# .ci/run) turn a skip into a failure. SHUFFLEFS_NO_LOADERS=1 skips the venv install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 source mount-helpers/install-deps.sh
+source mount-helpers/install-python.sh
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

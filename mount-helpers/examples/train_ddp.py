@@ -1,0 +1,90 @@
+"""A standard PyTorch DDP training loop reading a shufflefs mount (one process per rank).
+
+    mpirun -np 4 python train_ddp.py --mount /mnt/sfs-{rank} --epochs 3
+
+The change from the usual DDP script is the dataset path: each epoch reads
+`shufflefs.epoch_dir(mount, epoch)` (that is, MOUNT/epoch-N). There is also no
+DistributedSampler: this rank's mount already holds its own share, and shufflefs reshuffles a
+fraction of it across ranks before every epoch. Everything else is the stock loop.
+
+Rank and world size come from mpirun/srun (or RANK/WORLD_SIZE); MASTER_ADDR/MASTER_PORT
+default to 127.0.0.1:29500. Uses the gloo backend, so it runs on CPU.
+"""
+import argparse
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torchvision import datasets, transforms
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import shufflefs  # noqa: E402
+
+
+def env_int(*names, default=None):
+    for n in names:
+        if n in os.environ:
+            return int(os.environ[n])
+    if default is None:
+        raise SystemExit(f"train_ddp.py: none of {names} is set; run me under mpirun or srun")
+    return default
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mount", required=True, help="this rank's mount point; {rank} is replaced")
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--lr", type=float, default=0.05)
+    a = ap.parse_args()
+    rank = env_int("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+    world = env_int("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+
+    mount = a.mount.replace("{rank}", str(rank))
+    shufflefs.wait_ready(mount)
+    start = shufflefs.current_epoch(mount)  # 0 on a new mount; where it left off on a remount
+    classes = datasets.ImageFolder(shufflefs.epoch_dir(mount, start), allow_empty=True).classes
+    model = DDP(
+        nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(), nn.Linear(32, len(classes)),
+        )
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    first = last = None
+    for epoch in range(start, start + a.epochs):
+        # The one-line change: this epoch's view of this rank's share.
+        ds = datasets.ImageFolder(shufflefs.epoch_dir(mount, epoch), transforms.ToTensor(), allow_empty=True)
+        loader = torch.utils.data.DataLoader(ds, batch_size=a.batch_size, shuffle=True, num_workers=2)
+        total = torch.zeros(2)
+        # Shares differ by at most one sample, so ranks may run one batch more or less.
+        with model.join():
+            for images, labels in loader:
+                opt.zero_grad()
+                loss = loss_fn(model(images), labels)
+                loss.backward()
+                opt.step()
+                total += torch.tensor([loss.item() * len(labels), len(labels)])
+        dist.all_reduce(total)
+        mean = (total[0] / total[1]).item()
+        first = mean if first is None else first
+        last = mean
+        if rank == 0:
+            print(f"epoch {epoch}: {int(total[1])} samples on {world} ranks, mean loss {mean:.4f}", flush=True)
+    if rank == 0:
+        print(f"first_loss={first:.4f} last_loss={last:.4f}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

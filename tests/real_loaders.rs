@@ -1,0 +1,301 @@
+//! The real loaders, the way users run them: 4 ranks started with `mount-helpers/shufflefs-launch`
+//! under real mpirun, a dataset of real PNG images (one class with a single image, so some rank
+//! holds none of it), then, under mpirun again, one Python process per rank:
+//! - `tests/loaders/check_loaders.py`: torchvision `ImageFolder` + `DataLoader(num_workers=2,
+//!   shuffle=True)` and `tf.keras.utils.image_dataset_from_directory` read 3 epochs; classes,
+//!   labels and pixels match the source on every rank; here the ranks' lists must partition
+//!   the dataset every epoch;
+//! - `mount-helpers/examples/train_ddp.py`: a DDP (gloo) training run whose loss goes down;
+//! - `mount-helpers/examples/train_tf.py`: Keras on `epoch-N` paths, then on `MOUNT/current`.
+//!
+//! Needs the venv of `mount-helpers/install-python.sh` (torch, torchvision, tensorflow-cpu,
+//! pillow): skipped without it unless SHUFFLEFS_REQUIRE_LOADERS=1 (set by `.ci/run`).
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use common::*;
+use shufflefs::checks::is_mounted;
+
+const RANKS: usize = 4;
+const EPOCHS: usize = 3;
+const LOADER_TIMEOUT: Duration = Duration::from_secs(600);
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The venv's python, or `None` (skip) when the loaders are not installed.
+fn require_loaders() -> Option<PathBuf> {
+    if !require_fuse() || !require_mpi() {
+        return None;
+    }
+    let python = std::env::var_os("SHUFFLEFS_PYTHON")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .map(|h| PathBuf::from(h).join(".cache/shufflefs/venv/bin/python"))
+        })
+        .filter(|p| p.exists());
+    let usable = python.as_ref().is_some_and(|p| {
+        Command::new(p)
+            .args(["-c", "import torch, torchvision, tensorflow, PIL"])
+            .env("TF_CPP_MIN_LOG_LEVEL", "3")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    if usable {
+        return python;
+    }
+    let why = "no Python venv with torch, torchvision, tensorflow and pillow; run `source mount-helpers/install-python.sh`";
+    assert!(
+        std::env::var("SHUFFLEFS_REQUIRE_LOADERS").as_deref() != Ok("1"),
+        "SHUFFLEFS_REQUIRE_LOADERS=1 but {why}"
+    );
+    eprintln!("SKIPPED: {why}; set SHUFFLEFS_REQUIRE_LOADERS=1 to fail instead");
+    None
+}
+
+fn mpirun() -> Command {
+    let mut cmd = Command::new("mpirun");
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("TF_CPP_MIN_LOG_LEVEL", "2")
+        .args(["--oversubscribe", "-np", &RANKS.to_string()]);
+    cmd
+}
+
+/// Panics with both streams unless `out` succeeded.
+fn check(what: &str, out: &Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{what} failed ({})\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// A 4-rank job started and torn down with the mount helpers, as the README shows.
+struct Job {
+    dir: tempfile::TempDir,
+    python: PathBuf,
+}
+
+impl Job {
+    fn start(python: PathBuf) -> Job {
+        let dir = tempfile::tempdir().unwrap();
+        let job = Job { dir, python };
+        check(
+            "make_dataset.py",
+            &run_with_timeout(
+                Command::new(&job.python)
+                    .arg(repo().join("mount-helpers/make_dataset.py"))
+                    .arg(job.source())
+                    .args(["--classes", "4", "--per-class", "30", "--size", "32"])
+                    .args(["--small-class", "1"]),
+                Duration::from_secs(120),
+            ),
+        );
+        let d = job.dir.path();
+        check(
+            "shufflefs-launch",
+            &run_with_timeout(
+                Command::new(repo().join("mount-helpers/shufflefs-launch"))
+                    .env("SHUFFLEFS", BIN)
+                    .args(["--np", &RANKS.to_string(), "--job"])
+                    .arg(d.join("job"))
+                    .args(["--", "--seed", "5", "--fraction", "0.3", "--source"])
+                    .arg(job.source())
+                    .arg("--cache")
+                    .arg(d.join("cache-{rank}"))
+                    .arg(d.join("mnt-{rank}")),
+                Duration::from_secs(180),
+            ),
+        );
+        job
+    }
+
+    fn source(&self) -> PathBuf {
+        self.dir.path().join("src")
+    }
+
+    fn mount_template(&self) -> PathBuf {
+        self.dir.path().join("mnt-{rank}")
+    }
+
+    /// Runs `script` with `args` as one Python process per rank.
+    fn python(&self, script: &str, args: &[&str], env: &[(&str, String)]) -> String {
+        let mut cmd = mpirun();
+        for (k, v) in env {
+            cmd.env(k, v).args(["-x", k]);
+        }
+        cmd.arg(&self.python)
+            .arg(repo().join(script))
+            .arg("--mount")
+            .arg(self.mount_template())
+            .args(args);
+        check(script, &run_with_timeout(&mut cmd, LOADER_TIMEOUT))
+    }
+
+    /// Every source sample as `class/name`.
+    fn source_samples(&self) -> BTreeSet<String> {
+        let mut all = BTreeSet::new();
+        for class in std::fs::read_dir(self.source()).unwrap() {
+            let class = class.unwrap();
+            for f in std::fs::read_dir(class.path()).unwrap() {
+                all.insert(format!(
+                    "{}/{}",
+                    class.file_name().to_string_lossy(),
+                    f.unwrap().file_name().to_string_lossy()
+                ));
+            }
+        }
+        all
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        let out = Command::new(repo().join("mount-helpers/shufflefs-teardown"))
+            .env("SHUFFLEFS", BIN)
+            .arg("--job")
+            .arg(self.dir.path().join("job"))
+            .output();
+        for r in 0..RANKS {
+            let m = self.dir.path().join(format!("mnt-{r}"));
+            if is_mounted(&m) {
+                force_unmount(&m);
+                if !std::thread::panicking() {
+                    panic!("teardown left {} mounted: {out:?}", m.display());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn torch_and_tf_loaders_read_every_sample_on_every_rank() {
+    let Some(python) = require_loaders() else {
+        return;
+    };
+    let job = Job::start(python);
+    let out = job.dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let source = job.source();
+    job.python(
+        "tests/loaders/check_loaders.py",
+        &[
+            "--source",
+            source.to_str().unwrap(),
+            "--epochs",
+            &EPOCHS.to_string(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let all = job.source_samples();
+    let mut rank_without_small_class = false;
+    for epoch in 0..EPOCHS {
+        let mut seen = Vec::new();
+        for rank in 0..RANKS {
+            let path = out.join(format!("rank{rank}-epoch{epoch}.json"));
+            let v: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+            let list = |k: &str| -> Vec<String> {
+                v[k].as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|s| s.as_str().unwrap().to_string())
+                    .collect()
+            };
+            let listing = list("listing");
+            assert_eq!(list("torch"), listing, "rank {rank} epoch {epoch}: torch");
+            assert_eq!(list("tf"), listing, "rank {rank} epoch {epoch}: tf");
+            rank_without_small_class |= !listing.iter().any(|s| s.starts_with("class_04/"));
+            seen.extend(listing);
+        }
+        let unique: BTreeSet<String> = seen.iter().cloned().collect();
+        assert_eq!(
+            seen.len(),
+            unique.len(),
+            "epoch {epoch}: a sample on two ranks"
+        );
+        assert_eq!(
+            unique, all,
+            "epoch {epoch}: the ranks' lists are not the dataset"
+        );
+    }
+    assert!(
+        rank_without_small_class,
+        "some rank should hold no sample of the one-image class"
+    );
+}
+
+#[test]
+fn ddp_training_loss_goes_down() {
+    let Some(python) = require_loaders() else {
+        return;
+    };
+    let job = Job::start(python);
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let stdout = job.python(
+        "mount-helpers/examples/train_ddp.py",
+        &["--epochs", &EPOCHS.to_string()],
+        &[("MASTER_PORT", port.to_string())],
+    );
+    let field = |name: &str| -> f64 {
+        let at = stdout
+            .find(&format!("{name}="))
+            .unwrap_or_else(|| panic!("no {name} in:\n{stdout}"));
+        stdout[at + name.len() + 1..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let (first, last) = (field("first_loss"), field("last_loss"));
+    assert!(
+        last < first,
+        "loss did not go down: {first} -> {last}\n{stdout}"
+    );
+    assert_eq!(
+        stdout.matches("samples on 4 ranks").count(),
+        EPOCHS,
+        "{stdout}"
+    );
+}
+
+#[test]
+fn tf_example_trains_on_epoch_paths_and_on_current() {
+    let Some(python) = require_loaders() else {
+        return;
+    };
+    let job = Job::start(python);
+    let stdout = job.python(
+        "mount-helpers/examples/train_tf.py",
+        &["--epochs", "2"],
+        &[],
+    );
+    assert_eq!(stdout.matches("first_loss=").count(), RANKS, "{stdout}");
+    // The mount is now at epoch 1; the `current` variant continues from there.
+    let stdout = job.python(
+        "mount-helpers/examples/train_tf.py",
+        &["--epochs", "2", "--current"],
+        &[],
+    );
+    assert_eq!(stdout.matches("epoch 2: loss").count(), RANKS, "{stdout}");
+    assert_eq!(stdout.matches("first_loss=").count(), RANKS, "{stdout}");
+}
