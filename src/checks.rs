@@ -4,8 +4,12 @@
 use std::fs;
 use std::path::Path;
 
-/// The mount point must exist, be a folder, be empty and not already be a mount.
+/// The mount point must exist, be a folder, be empty and not already be a mount. A dead
+/// shufflefs mount left by a daemon that was killed is cleaned up first.
 pub fn mountpoint(path: &Path) -> Result<(), String> {
+    if fs::metadata(path).is_err_and(|e| e.raw_os_error() == Some(libc::ENOTCONN)) {
+        clean_dead_mount(path)?;
+    }
     let meta = fs::metadata(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => format!(
             "mount point {} does not exist; create it with `mkdir -p {}`",
@@ -32,6 +36,59 @@ pub fn mountpoint(path: &Path) -> Result<(), String> {
             path.display()
         ));
     }
+    Ok(())
+}
+
+/// `path` answers "transport endpoint is not connected": a FUSE mount whose daemon died. If
+/// it is a shufflefs mount nothing can be lost by detaching it, so do that.
+fn clean_dead_mount(path: &Path) -> Result<(), String> {
+    let absolute = path
+        .parent()
+        .and_then(|p| {
+            fs::canonicalize(if p.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                p
+            })
+            .ok()
+        })
+        .zip(path.file_name())
+        .map(|(dir, name)| dir.join(name));
+    let is_ours = absolute.is_some_and(|abs| {
+        fs::read_to_string("/proc/self/mountinfo").is_ok_and(|info| {
+            info.lines().any(|line| {
+                let target = line.split(' ').nth(4).map(unescape_mountinfo);
+                // After " - ": fstype and source; "fuse shufflefs" when root mounts directly,
+                // "fuse.shufflefs ..." through fusermount3.
+                let mut fields = line.split(" - ").nth(1).unwrap_or("").split(' ');
+                let (fstype, source) = (fields.next(), fields.next());
+                let ours = fstype == Some("fuse.shufflefs")
+                    || (fstype == Some("fuse") && source == Some("shufflefs"));
+                target.is_some_and(|t| Path::new(&t) == abs) && ours
+            })
+        })
+    });
+    let stale = || {
+        format!(
+            "mount point {} is a dead mount left by a daemon that exited; unmount it with `shufflefs unmount {}` (or `fusermount3 -u`)",
+            path.display(),
+            path.display()
+        )
+    };
+    if !is_ours {
+        return Err(stale());
+    }
+    // Root can detach it directly; others go through fusermount3.
+    let detached = nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH).is_ok()
+        || std::process::Command::new("fusermount3")
+            .arg("-uz")
+            .arg(path)
+            .output()
+            .is_ok_and(|o| o.status.success());
+    if !detached {
+        return Err(stale());
+    }
+    tracing::warn!(mountpoint = %path.display(), "removed a dead shufflefs mount left by a daemon that was killed");
     Ok(())
 }
 

@@ -30,7 +30,7 @@ use crate::plan::{Plan, PlanParams, Step};
 use crate::source::DirSource;
 use crate::staging::{Staging, StagingCmd};
 use crate::status::DaemonStatus;
-use crate::{checks, view};
+use crate::{checks, resume, view};
 
 /// Fails every rank if any rank failed, naming the ranks and their reasons.
 fn everyone_ok(comm: &mut dyn Comm, mine: Result<(), String>) -> Result<(), String> {
@@ -242,6 +242,8 @@ fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, String> {
     .map_err(|e| e.to_string())?;
     let source = Arc::new(DirSource::new(args.source.clone(), manifest.clone()));
     let store = Arc::new(SampleStore::new(dir, manifest, source).map_err(|e| e.to_string())?);
+    // Phase 5: finish whatever a crash interrupted (see `resume`).
+    resume::resume(comm, &store, &plan, epoch)?;
     Ok(Prepared {
         store,
         plan,
@@ -350,7 +352,7 @@ pub fn run(
     config.n_threads = Some(usize::from(args.fuse_threads));
     config.clone_fd = true;
 
-    // Phase 5: mount everywhere, or nowhere.
+    // Phase 6: mount everywhere, or nowhere.
     let session = fuser::Session::new(adapter, &mountpoint, &config);
     let mounted = session
         .as_ref()

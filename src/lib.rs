@@ -24,6 +24,7 @@ pub mod fuse;
 pub mod launch;
 pub mod manifest;
 pub mod plan;
+pub mod resume;
 pub mod source;
 pub mod staging;
 pub mod status;

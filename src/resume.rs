@@ -1,0 +1,100 @@
+//! Picking up a cache after a crash, so the epochs that follow are those of a run that was
+//! never interrupted and nothing already cached is fetched from the source again.
+//!
+//! The ranks may have died anywhere: some already in epoch E (their exchange into E done),
+//! others still in E-1 with that exchange half done. Everyone resumes at E, the furthest epoch
+//! reached (the daemon takes the maximum of the saved epochs). What each rank lacks of its E
+//! share is then sent again by the ranks the plan moved it from. They still hold it: a sender
+//! drops a sample only after advancing past the exchange, which ends with the receiver's
+//! `syncfs`, so a sample was dropped only if its receiver holds it durably. Anything still
+//! missing (a lost cache file) comes from the source when read, as always.
+//!
+//! Finally the cache is trimmed to the E and E+1 shares, keeping it within about (1+Q) of
+//! the share whatever moment the crash hit.
+
+use std::collections::HashSet;
+use std::sync::atomic::AtomicBool;
+
+use crate::cache::SampleStore;
+use crate::comm::Comm;
+use crate::exchange::{self, ExchangeConfig, ExchangeTracker};
+use crate::plan::{Plan, SampleId, Step};
+
+/// Completes the exchange into `epoch` for the samples some rank still lacks, then drops
+/// what belongs to neither `epoch` nor `epoch + 1`. Every rank must call it.
+pub fn resume(
+    comm: &mut dyn Comm,
+    store: &SampleStore,
+    plan: &Plan,
+    epoch: u64,
+) -> Result<(), String> {
+    let rank = comm.rank();
+    if epoch > 0 {
+        let step = plan.step(&plan.shares_at(epoch - 1));
+        let missing: Vec<u8> = step
+            .next
+            .share(rank)
+            .iter()
+            .filter(|&&id| !store.contains(id))
+            .flat_map(|id| id.to_le_bytes())
+            .collect();
+        let lacking: Vec<HashSet<SampleId>> = comm
+            .all_gather(&missing)
+            .map_err(|e| e.to_string())?
+            .iter()
+            .map(|b| {
+                b.chunks_exact(4)
+                    .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+                    .collect()
+            })
+            .collect();
+        let transfers: Vec<_> = step
+            .transfers
+            .iter()
+            .filter(|t| lacking[t.to as usize].contains(&t.sample))
+            .copied()
+            .collect();
+        if !transfers.is_empty() {
+            tracing::info!(
+                epoch,
+                samples = transfers.len(),
+                "resuming an interrupted exchange"
+            );
+            let redo = Step {
+                next: step.next,
+                transfers,
+            };
+            let tracker = ExchangeTracker::default();
+            if let Err(e) = exchange::run(
+                comm,
+                store,
+                &redo,
+                ExchangeConfig::default(),
+                &tracker,
+                &AtomicBool::new(false),
+            ) {
+                tracing::warn!(error = %e, "resumed exchange incomplete; the rest comes from the source");
+            }
+        }
+    }
+    let current = plan.shares_at(epoch);
+    let next = plan.step(&current).next;
+    let keep = |id: &SampleId| {
+        current.share(rank).binary_search(id).is_ok() || next.share(rank).binary_search(id).is_ok()
+    };
+    let mut dropped = 0u64;
+    for id in (0..store.manifest().len()).filter(|&id| store.contains(id) && !keep(&id)) {
+        // Not fatal: the other ranks are already on their way to mounting.
+        match store.remove(id) {
+            Ok(()) => dropped += 1,
+            Err(e) => tracing::warn!(sample = id, error = %e, "cannot drop a stale cached sample"),
+        }
+    }
+    if dropped > 0 {
+        tracing::info!(
+            samples = dropped,
+            "dropped cached samples that belong to no current or next share"
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,128 @@
+//! Resume after a crash, four ranks in one process: the caches are left as SIGKILL can leave
+//! them in the middle of the exchange into epoch E (ranks 0 and 1 already advanced and dropped
+//! what they sent; the others hold a random part of what was coming to them), then every rank
+//! runs `resume`. Each must end with exactly its epoch-E share plus at most the part of its
+//! E+1 share already received, every byte right, and nothing fetched from the source.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use shufflefs::cache::{CacheDir, SampleStore};
+use shufflefs::comm::{Comm, LocalComm};
+use shufflefs::manifest::Manifest;
+use shufflefs::plan::{Plan, PlanParams};
+use shufflefs::resume::resume;
+use shufflefs::source::{SyntheticSource, synthetic_byte};
+
+const WORLD: u32 = 4;
+const EPOCH: u64 = 3;
+
+fn manifest() -> Arc<Manifest> {
+    let classes = (0..4)
+        .map(|c| {
+            let names = (0..60)
+                .map(|i| {
+                    (
+                        format!("f{i:03}").into_bytes(),
+                        100 + (i * 37 + c * 11) % 900,
+                    )
+                })
+                .collect();
+            (format!("c{c}").into_bytes(), names)
+        })
+        .collect();
+    Arc::new(Manifest::from_parts(classes).unwrap())
+}
+
+#[test]
+fn resume_completes_an_interrupted_exchange_without_the_source() {
+    let manifest = manifest();
+    let plan = Plan::new(PlanParams {
+        samples: manifest.len(),
+        world: WORLD,
+        fraction: 0.5,
+        seed: 77,
+    })
+    .unwrap();
+    let prev = plan.shares_at(EPOCH - 1);
+    let step = plan.step(&prev);
+    let advanced = |r: u32| r < 2;
+    // A sample moving from a rank that advanced is durable at its receiver; any other one
+    // arrived or not (pseudo-randomly).
+    let received =
+        |sample: u32, from: u32| advanced(from) || sample.wrapping_mul(2654435761) >> 31 == 1;
+    let dirs: Vec<_> = (0..WORLD).map(|_| tempfile::tempdir().unwrap()).collect();
+    for r in 0..WORLD {
+        let store = SampleStore::new(
+            CacheDir::open(dirs[r as usize].path()).unwrap(),
+            manifest.clone(),
+            Arc::new(SyntheticSource {
+                manifest: manifest.clone(),
+            }),
+        )
+        .unwrap();
+        for &id in prev.share(r) {
+            let sent_away = step.transfers.iter().any(|t| t.from == r && t.sample == id);
+            if !(advanced(r) && sent_away) {
+                store.ensure(id).unwrap();
+            }
+        }
+        for t in step.transfers.iter().filter(|t| t.to == r) {
+            if received(t.sample, t.from) {
+                store.ensure(t.sample).unwrap();
+            }
+        }
+    }
+    let handles: Vec<_> = LocalComm::world(WORLD)
+        .into_iter()
+        .zip(dirs.iter().map(|d| d.path().to_path_buf()))
+        .map(|(mut comm, dir)| {
+            let (manifest, plan) = (manifest.clone(), plan.clone());
+            std::thread::spawn(move || {
+                let store = SampleStore::new(
+                    CacheDir::open(&dir).unwrap(),
+                    manifest.clone(),
+                    Arc::new(SyntheticSource { manifest }),
+                )
+                .unwrap();
+                resume(&mut comm, &store, &plan, EPOCH).unwrap();
+                (comm.rank(), store)
+            })
+        })
+        .collect();
+    let current = plan.shares_at(EPOCH);
+    let next = plan.step(&current).next;
+    for h in handles {
+        let (r, store) = h.join().unwrap();
+        assert_eq!(
+            store.stats.fetched_from_source.load(Ordering::Relaxed),
+            0,
+            "rank {r} fetched from the source"
+        );
+        let held: BTreeSet<u32> = (0..manifest.len()).filter(|&i| store.contains(i)).collect();
+        for &id in current.share(r) {
+            assert!(
+                held.contains(&id),
+                "rank {r} lacks sample {id} of its share"
+            );
+            let bytes = std::fs::read(store.path(id)).unwrap();
+            assert_eq!(bytes.len() as u64, manifest.size(id));
+            assert!(
+                bytes
+                    .iter()
+                    .enumerate()
+                    .all(|(o, &b)| b == synthetic_byte(id, o as u64)),
+                "rank {r} sample {id} bytes"
+            );
+        }
+        for id in &held {
+            assert!(
+                current.share(r).binary_search(id).is_ok()
+                    || next.share(r).binary_search(id).is_ok(),
+                "rank {r} kept sample {id}, which is in neither its epoch {EPOCH} nor {} share",
+                EPOCH + 1
+            );
+        }
+    }
+}

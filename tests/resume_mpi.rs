@@ -1,0 +1,275 @@
+//! SIGKILL and resume under real `mpirun -np 4` with real mounts. Every daemon and the
+//! launcher are killed with SIGKILL, (1) in the middle of the exchange into epoch 1 and
+//! (2) after only ranks 0 and 1 moved on to epoch 2. Each time the job is started again with
+//! the same command and caches (the dead mounts are cleaned up by the new daemons): every rank
+//! resumes at the furthest epoch reached, its listings (every byte checked) are exactly the
+//! plan's for an uninterrupted run, including the epochs that follow, and nothing that was
+//! cached is fetched from the source again.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+use shufflefs::checks::is_mounted;
+use shufflefs::manifest;
+use shufflefs::plan::{Plan, PlanParams};
+
+const RANKS: u32 = 4;
+const SEED: u64 = 9;
+const FRACTION: f64 = 0.5;
+
+struct Job {
+    child: Child,
+    mounts: Vec<PathBuf>,
+}
+
+impl Job {
+    fn start(dir: &Path, extra: &[&str]) -> Job {
+        let mounts: Vec<PathBuf> = (0..RANKS).map(|r| dir.join(format!("mnt{r}"))).collect();
+        let child = Command::new("mpirun")
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .args(["--oversubscribe", "-np", &RANKS.to_string(), BIN, "mount"])
+            .args([
+                "--seed",
+                &SEED.to_string(),
+                "--fraction",
+                &FRACTION.to_string(),
+            ])
+            .arg("--source")
+            .arg(dir.join("src"))
+            .arg("--cache")
+            .arg(dir.join("cache{rank}"))
+            .args(extra)
+            .arg(dir.join("mnt{rank}"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("job.log")).unwrap())
+            .spawn()
+            .unwrap();
+        let mut job = Job { child, mounts };
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !job
+            .mounts
+            .iter()
+            .all(|m| m.join(".shufflefs/status").exists())
+        {
+            if let Ok(Some(status)) = job.child.try_wait() {
+                let log = std::fs::read_to_string(dir.join("job.log")).unwrap_or_default();
+                panic!("the job exited before mounting: {status}\n{log}");
+            }
+            assert!(Instant::now() < deadline, "ranks did not mount in time");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        job
+    }
+
+    fn status(&self, rank: usize) -> Value {
+        read_status(&self.mounts[rank])
+    }
+
+    /// SIGKILL to every daemon and to mpirun: nothing gets to clean up.
+    fn kill(mut self) {
+        for r in 0..RANKS as usize {
+            let pid = self.status(r)["pid"].as_i64().unwrap() as i32;
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.mounts.clear();
+    }
+
+    fn unmount(mut self) {
+        for m in std::mem::take(&mut self.mounts) {
+            let _ = shufflefs().arg("unmount").arg(&m).output();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        for m in &self.mounts {
+            if is_mounted(m) {
+                force_unmount(m);
+            }
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What an uninterrupted run lists on `rank` in `epoch`, from the library's own plan.
+fn expected(dir: &Path, epoch: u64, rank: u32) -> BTreeSet<String> {
+    let m = manifest::scan(&dir.join("src")).unwrap();
+    let plan = Plan::new(PlanParams {
+        samples: m.len(),
+        world: RANKS,
+        fraction: FRACTION,
+        seed: SEED,
+    })
+    .unwrap();
+    plan.shares_at(epoch)
+        .share(rank)
+        .iter()
+        .map(|&id| m.relative_path(id).to_string_lossy().into_owned())
+        .collect()
+}
+
+/// `class/name` of every file of `epoch` on `mnt` (looking it up advances to it), each read
+/// and compared with the source.
+fn listing(dir: &Path, mnt: &Path, epoch: u64) -> BTreeSet<String> {
+    let view = mnt.join(format!("epoch-{epoch}"));
+    let mut out = BTreeSet::new();
+    for class in std::fs::read_dir(&view).unwrap() {
+        let class = class.unwrap();
+        for f in std::fs::read_dir(class.path()).unwrap() {
+            let f = f.unwrap();
+            let rel = format!(
+                "{}/{}",
+                class.file_name().to_string_lossy(),
+                f.file_name().to_string_lossy()
+            );
+            let got = std::fs::read(f.path()).unwrap();
+            assert!(
+                got == std::fs::read(dir.join("src").join(&rel)).unwrap(),
+                "{rel} on {} differs from the source",
+                mnt.display()
+            );
+            out.insert(rel);
+        }
+    }
+    out
+}
+
+fn check_epoch(dir: &Path, job: &Job, epoch: u64) {
+    for r in 0..RANKS {
+        assert_eq!(
+            listing(dir, &job.mounts[r as usize], epoch),
+            expected(dir, epoch, r),
+            "rank {r} epoch {epoch} differs from an uninterrupted run"
+        );
+    }
+}
+
+fn fetched_from_source(job: &Job) -> Vec<u64> {
+    (0..RANKS as usize)
+        .map(|r| {
+            job.status(r)["cache"]["fetched_from_source"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect()
+}
+
+fn wait_all(job: &Job, what: &str, pred: impl Fn(&Value) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !(0..RANKS as usize).all(|r| pred(&job.status(r))) {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn exchange(st: &Value, target: u64) -> Option<&Value> {
+    st["exchange"]
+        .as_array()?
+        .iter()
+        .find(|x| x["target_epoch"] == target)
+}
+
+#[test]
+fn sigkill_at_any_moment_then_resume_like_an_uninterrupted_run() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    for c in 0..4 {
+        let class = dir.join(format!("src/class {c}"));
+        std::fs::create_dir_all(&class).unwrap();
+        for i in 0..40u32 {
+            let len = 20_000 + i as usize * 97;
+            let bytes: Vec<u8> = (0..len).map(|o| (o as u32 ^ (i * 31 + c)) as u8).collect();
+            std::fs::write(class.join(format!("img {i:03}.png")), bytes).unwrap();
+        }
+    }
+    for r in 0..RANKS {
+        std::fs::create_dir(dir.join(format!("mnt{r}"))).unwrap();
+    }
+
+    // 1. Killed in the middle of the exchange into epoch 1 (slowed down so it is running).
+    let job = Job::start(dir, &["--exchange-rate", "50000"]);
+    wait_all(&job, "staging", |st| {
+        st["staging"]["files_done"] == st["staging"]["files_total"]
+    });
+    wait_all(&job, "the exchange into epoch 1 to start", |st| {
+        exchange(st, 1).is_some_and(|x| x["state"] == "running")
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !(0..RANKS as usize).any(|r| {
+        exchange(&job.status(r), 1).is_some_and(|x| x["bytes_received"].as_u64() > Some(0))
+    }) {
+        assert!(Instant::now() < deadline, "exchange never received bytes");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        (0..RANKS as usize).all(|r| exchange(&job.status(r), 1).unwrap()["state"] == "running"),
+        "the exchange should still be running when killed"
+    );
+    job.kill();
+
+    // 2. Same command again: epoch 0, nothing fetched again; epochs 0 and 1 as planned.
+    let job = Job::start(dir, &[]);
+    for r in 0..RANKS as usize {
+        assert_eq!(
+            job.status(r)["epoch"],
+            0,
+            "rank {r} resumed at the wrong epoch"
+        );
+    }
+    check_epoch(dir, &job, 0);
+    check_epoch(dir, &job, 1);
+    assert_eq!(fetched_from_source(&job), [0; RANKS as usize]);
+
+    // 3. Only ranks 0 and 1 move on to epoch 2, then everything is killed.
+    for r in 0..2 {
+        assert!(job.mounts[r].join("epoch-2").is_dir());
+    }
+    wait_all(&job, "the exchange into epoch 3 to start", |st| {
+        st["epoch"] == 1 || exchange(st, 3).is_some()
+    });
+    job.kill();
+
+    // 4. Everyone resumes at epoch 2, the furthest reached; 2, 3, 4 as planned.
+    let job = Job::start(dir, &[]);
+    for r in 0..RANKS as usize {
+        assert_eq!(
+            job.status(r)["epoch"],
+            2,
+            "rank {r} resumed at the wrong epoch"
+        );
+    }
+    for epoch in 2..=4 {
+        check_epoch(dir, &job, epoch);
+    }
+    assert_eq!(fetched_from_source(&job), [0; RANKS as usize]);
+    for r in 0..RANKS as usize {
+        let files = job.status(r)["cache"]["files"].as_u64().unwrap();
+        let share = job.status(r)["share_samples"].as_u64().unwrap();
+        assert!(
+            files as f64 <= share as f64 * (1.0 + FRACTION) + 2.0,
+            "rank {r}: {files} cached files for a share of {share}"
+        );
+    }
+    job.unmount();
+    for r in 0..RANKS {
+        assert!(!is_mounted(&dir.join(format!("mnt{r}"))));
+    }
+}
