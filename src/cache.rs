@@ -274,6 +274,25 @@ pub struct StoreStats {
     pub source_errors: AtomicU64,
     /// Cached or received samples whose bytes did not match their checksum.
     pub checksum_failures: AtomicU64,
+    /// The latest problems (source errors, checksum failures), newest last, for the status.
+    problems: Mutex<std::collections::VecDeque<String>>,
+}
+
+impl StoreStats {
+    const KEEP_PROBLEMS: usize = 16;
+
+    pub fn report_problem(&self, what: String) {
+        let mut p = self.problems.lock().unwrap_or_else(|e| e.into_inner());
+        if p.len() == Self::KEEP_PROBLEMS {
+            p.pop_front();
+        }
+        p.push_back(what);
+    }
+
+    pub fn problems(&self) -> Vec<String> {
+        let p = self.problems.lock().unwrap_or_else(|e| e.into_inner());
+        p.iter().cloned().collect()
+    }
 }
 
 /// The cached samples of one rank, filled from the source on demand.
@@ -370,7 +389,11 @@ impl SampleStore {
                 .fetch_add(1, Ordering::Relaxed),
             Err(_) => self.stats.source_errors.fetch_add(1, Ordering::Relaxed),
         };
-        result.map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", self.source.describe(id))))
+        result.map_err(|e| {
+            let e = io::Error::new(e.kind(), format!("{}: {e}", self.source.describe(id)));
+            self.stats.report_problem(e.to_string());
+            e
+        })
     }
 
     /// Writes sample `id` through `fill` into `tmp/`, checks its length (and its checksum,
@@ -402,6 +425,10 @@ impl SampleStore {
             }
             if let Some(expected) = expected.filter(|&e| e != crc) {
                 self.stats.checksum_failures.fetch_add(1, Ordering::Relaxed);
+                self.stats.report_problem(format!(
+                    "received copy of {} failed its checksum; it will be fetched from the source",
+                    self.source.describe(id)
+                ));
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
                     format!(
@@ -449,6 +476,10 @@ impl SampleStore {
             "cached sample failed its checksum; dropped, it will be fetched again from the source"
         );
         self.stats.checksum_failures.fetch_add(1, Ordering::Relaxed);
+        self.stats.report_problem(format!(
+            "cached copy of {} failed its checksum (found {found:08x}, recorded {recorded:08x}); dropped",
+            self.source.describe(id)
+        ));
         let _ = self.remove(id);
     }
 

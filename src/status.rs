@@ -24,6 +24,7 @@ struct CacheSnapshot {
     fetched_from_source: u64,
     source_errors: u64,
     checksum_failures: u64,
+    problems: Vec<String>,
 }
 
 #[derive(Serialize)]
@@ -94,6 +95,7 @@ impl StatusReport for DaemonStatus {
                 fetched_from_source: stats.fetched_from_source.load(Ordering::Relaxed),
                 source_errors: stats.source_errors.load(Ordering::Relaxed),
                 checksum_failures: stats.checksum_failures.load(Ordering::Relaxed),
+                problems: stats.problems(),
             },
             skipped: &manifest.skipped,
         };

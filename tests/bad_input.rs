@@ -450,3 +450,51 @@ fn unmount_with_an_open_file_fails_and_the_view_keeps_working() {
     assert_eq!(listing(&mnt.join("epoch-0")), data.expected_listing());
     d.unmount().assert_clean();
 }
+
+/// A source file that changed size or vanished after the scan: staging reports both (count,
+/// message naming the file), reads of those two fail with EIO, everything else is served.
+#[test]
+fn source_file_changed_or_vanished_after_the_scan_is_reported() {
+    if !require_fuse() {
+        return;
+    }
+    let data = standard_dataset();
+    let cache = data.path("cache");
+    let mnt = data.dir("mnt");
+    let d = Daemon::mount(&data.root, &cache, &mnt, &["--seed", "3"]);
+    wait_staging_done(&mnt);
+    d.unmount().assert_clean();
+    // The remount reuses the saved manifest (no rescan); with the cache files gone it must
+    // copy everything again, and meets the changes.
+    for f in fs::read_dir(cache.join("samples")).unwrap() {
+        fs::remove_file(f.unwrap().path()).unwrap();
+    }
+    fs::write(data.root.join("cat/a.jpg"), b"now a different size").unwrap();
+    fs::remove_file(data.root.join("cat/b.jpg")).unwrap();
+    let d = Daemon::mount(&data.root, &cache, &mnt, &["--seed", "3"]);
+    let s = wait_for_status(&mnt, "staging to finish", |s| {
+        s["staging"]["files_done"].as_u64().unwrap() + s["staging"]["errors"].as_u64().unwrap()
+            == s["staging"]["files_total"].as_u64().unwrap()
+    });
+    assert_eq!(s["staging"]["errors"], 2, "{s:#}");
+    let problems = s["cache"]["problems"].to_string();
+    assert!(
+        problems.contains("a.jpg") && problems.contains("changed after the scan"),
+        "{s:#}"
+    );
+    assert!(problems.contains("b.jpg"), "{s:#}");
+    let e0 = mnt.join("epoch-0");
+    for s in &data.samples {
+        let path = e0.join(s.rel());
+        if s.name == "a.jpg" || s.name == "b.jpg" {
+            assert_errno(fs::read(&path), libc::EIO, &s.name);
+        } else if fs::metadata(&path).is_ok() {
+            assert!(
+                fs::read(&path).unwrap() == s.bytes(),
+                "{}",
+                s.rel().display()
+            );
+        }
+    }
+    d.unmount().assert_clean();
+}

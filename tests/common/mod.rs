@@ -296,6 +296,13 @@ impl Dataset {
 
 /// The dataset most mount tests use: odd names, an empty class, an empty file, a file larger
 /// than one FUSE read, a class that needs several readdir replies, and a dangling link.
+/// A file name of 255 bytes, the longest Linux allows.
+pub const LONG_NAME: &str = concat!(
+    "llllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllll",
+    "llllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllllll",
+    "lllllllllllllllllllllllllllllllllllllllllllllllllll.bin"
+);
+
 pub fn standard_dataset() -> Dataset {
     DatasetBuilder::new()
         .class(
@@ -314,6 +321,8 @@ pub fn standard_dataset() -> Dataset {
                 ("spaced name.png", 777),
                 ("ünïcødé.jpg", 2048),
                 ("日本語.bin", 333),
+                ("line\nbreak.jpg", 12),
+                (LONG_NAME, 55),
             ],
         )
         .class("ñandú", &[("x", 10)])

@@ -1,0 +1,172 @@
+//! The cache's disk fills up during an exchange (real mpirun, 2 ranks, each cache on a small
+//! tmpfs that holds the share but not what comes in): the exchange fails with a clear error in
+//! the status, the current view keeps serving every byte, advancing fails without taking the
+//! mount down, and the job unmounts cleanly. Needs root for the tmpfs mounts.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+use shufflefs::checks::is_mounted;
+
+const RANKS: usize = 2;
+
+struct Setup {
+    _tmp: tempfile::TempDir,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        for r in 0..RANKS {
+            let m = self.dir.join(format!("mnt{r}"));
+            if is_mounted(&m) {
+                force_unmount(&m);
+            }
+        }
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for r in 0..RANKS {
+            let _ = nix::mount::umount2(
+                &self.dir.join(format!("cache{r}")),
+                nix::mount::MntFlags::MNT_DETACH,
+            );
+        }
+    }
+}
+
+fn status(mnt: &Path) -> Value {
+    read_status(mnt)
+}
+
+#[test]
+fn disk_full_during_exchange_keeps_the_current_view_serving() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    if !nix::unistd::geteuid().is_root() {
+        let why = "needs root to mount a small tmpfs as the cache";
+        assert!(
+            std::env::var("SHUFFLEFS_REQUIRE_FUSE").as_deref() != Ok("1"),
+            "SHUFFLEFS_REQUIRE_FUSE=1 but this test {why}"
+        );
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
+    let mut setup = Setup {
+        _tmp: tmp,
+        dir: dir.clone(),
+        child: None,
+    };
+    // 80 samples of 50 kB: 2 MB per rank's share.
+    let sample = |c: usize, i: usize| -> Vec<u8> {
+        (0..50_000).map(|o| (o * 7 + i * 13 + c) as u8).collect()
+    };
+    for c in 0..2 {
+        std::fs::create_dir_all(dir.join(format!("src/c{c}"))).unwrap();
+        for i in 0..40 {
+            std::fs::write(dir.join(format!("src/c{c}/{i:03}.bin")), sample(c, i)).unwrap();
+        }
+    }
+    for r in 0..RANKS {
+        let cache = dir.join(format!("cache{r}"));
+        std::fs::create_dir(&cache).unwrap();
+        std::fs::create_dir(dir.join(format!("mnt{r}"))).unwrap();
+        nix::mount::mount(
+            Some("tmpfs"),
+            &cache,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some("size=2300k"),
+        )
+        .unwrap();
+    }
+    setup.child = Some(
+        Command::new("mpirun")
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .args(["--oversubscribe", "-np", &RANKS.to_string(), BIN, "mount"])
+            .args(["--seed", "2", "--fraction", "1"])
+            .arg("--source")
+            .arg(dir.join("src"))
+            .arg("--cache")
+            .arg(dir.join("cache{rank}"))
+            .arg(dir.join("mnt{rank}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mounts: Vec<PathBuf> = (0..RANKS).map(|r| dir.join(format!("mnt{r}"))).collect();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let failed = |m: &Path| -> Option<Value> {
+        let st = status(m);
+        st["exchange"]
+            .as_array()?
+            .iter()
+            .find(|x| x["target_epoch"] == 1 && x["state"] == "failed")
+            .cloned()
+    };
+    while !mounts
+        .iter()
+        .any(|m| m.join(".shufflefs/status").exists() && failed(m).is_some())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no exchange failed: {:#}",
+            status(&mounts[0])
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let full = mounts.iter().find(|m| failed(m).is_some()).unwrap();
+    let report = failed(full).unwrap();
+    let error = report["error"].as_str().unwrap();
+    assert!(
+        error.contains("No space left") && error.contains("storing received sample"),
+        "{report:#}"
+    );
+    // The current view still serves every byte, on every rank.
+    for (r, m) in mounts.iter().enumerate() {
+        let mut n = 0;
+        for c in 0..2 {
+            for f in std::fs::read_dir(m.join(format!("epoch-0/c{c}"))).unwrap() {
+                let f = f.unwrap();
+                let i: usize = f.file_name().to_str().unwrap()[..3].parse().unwrap();
+                assert!(
+                    std::fs::read(f.path()).unwrap() == sample(c, i),
+                    "rank {r}: {:?}",
+                    f.path()
+                );
+                n += 1;
+            }
+        }
+        assert_eq!(n, 40, "rank {r} share");
+    }
+    // Advancing cannot complete on the full rank; the mount stays and keeps serving epoch 0.
+    let advance = std::fs::metadata(full.join("epoch-1"));
+    assert!(advance.is_err(), "advance into a full disk succeeded");
+    assert_eq!(status(full)["epoch"], 0);
+    assert!(std::fs::read_dir(full.join("epoch-0/c0")).unwrap().count() > 0);
+    for m in &mounts {
+        let out = shufflefs().arg("unmount").arg(m).output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+    }
+    let mut child = setup.child.take().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "daemons did not exit after unmount"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
