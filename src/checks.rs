@@ -78,18 +78,23 @@ fn clean_dead_mount(path: &Path) -> Result<(), String> {
     if !is_ours {
         return Err(stale());
     }
-    // Root can detach it directly; others go through fusermount3.
-    let detached = nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH).is_ok()
-        || std::process::Command::new("fusermount3")
-            .arg("-uz")
-            .arg(path)
-            .output()
-            .is_ok_and(|o| o.status.success());
-    if !detached {
+    if !detach(path) {
         return Err(stale());
     }
     tracing::warn!(mountpoint = %path.display(), "removed a dead shufflefs mount left by a daemon that was killed");
     Ok(())
+}
+
+/// Lazily unmounts `path`: it leaves the namespace at once, files already open keep working,
+/// and the daemon's session ends when the last one is closed. Root detaches directly, others
+/// go through fusermount3.
+pub fn detach(path: &Path) -> bool {
+    nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH).is_ok()
+        || std::process::Command::new("fusermount3")
+            .arg("-uz")
+            .arg(path)
+            .output()
+            .is_ok_and(|o| o.status.success())
 }
 
 /// Whether `path` is the target of a mount, from `/proc/self/mountinfo`.

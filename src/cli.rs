@@ -89,6 +89,10 @@ pub struct UnmountArgs {
     /// Seconds to wait for the daemon to exit after unmounting.
     #[arg(long, default_value_t = 60)]
     pub timeout: u64,
+    /// Unmount even while files are open: the view disappears at once, open files keep
+    /// reading, and the daemon exits when the last of them is closed.
+    #[arg(long)]
+    pub lazy: bool,
 }
 
 fn parse_fraction(s: &str) -> Result<f64, String> {

@@ -415,6 +415,7 @@ pub fn run(
     });
 
     let mut unmounter = session.unmount_callable();
+    let signal_mountpoint = mountpoint.clone();
     let mut signals =
         signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGHUP])
             .map_err(|e| e.to_string())?;
@@ -424,8 +425,11 @@ pub fn run(
         .spawn(move || {
             if let Some(sig) = signals.forever().next() {
                 tracing::info!(signal = sig, "signal received; unmounting");
+                // Files still open (readers that have not stopped): detach instead, so the
+                // daemon exits once they close rather than never.
                 if let Err(e) = unmounter.unmount() {
-                    tracing::warn!(error = %e, "unmount on signal failed");
+                    let detached = checks::detach(&signal_mountpoint);
+                    tracing::warn!(error = %e, detached, "unmount on signal failed; detached the mount instead");
                 }
             }
         })

@@ -177,27 +177,13 @@ pub fn unmount(args: &UnmountArgs) -> ExitCode {
         eprintln!("shufflefs: {} is not mounted", args.mountpoint.display());
         return ExitCode::FAILURE;
     }
-    let out = std::process::Command::new("fusermount3")
-        .arg("-u")
-        .arg(&args.mountpoint)
-        .output();
-    let unmounted = match out {
-        Ok(o) if o.status.success() => true,
-        Ok(o) => {
-            // fusermount3 refuses some mounts made by root; umount(2) is the fallback.
-            let msg = String::from_utf8_lossy(&o.stderr).trim().to_string();
-            match nix::mount::umount(&args.mountpoint) {
-                Ok(()) => true,
-                Err(e) => {
-                    eprintln!(
-                        "shufflefs: cannot unmount {}: {msg} ({e}). If files are open there, close them first",
-                        args.mountpoint.display()
-                    );
-                    false
-                }
-            }
+    let unmounted = if args.lazy {
+        crate::checks::detach(&args.mountpoint) || {
+            eprintln!("shufflefs: cannot detach {}", args.mountpoint.display());
+            false
         }
-        Err(_) => nix::mount::umount(&args.mountpoint).is_ok(),
+    } else {
+        unmount_now(&args.mountpoint)
     };
     if !unmounted {
         return ExitCode::FAILURE;
@@ -231,6 +217,32 @@ pub fn unmount(args: &UnmountArgs) -> ExitCode {
     }
     println!("shufflefs: unmounted {}", args.mountpoint.display());
     ExitCode::SUCCESS
+}
+
+/// A plain unmount, which the kernel refuses while files are open.
+fn unmount_now(mountpoint: &std::path::Path) -> bool {
+    let out = std::process::Command::new("fusermount3")
+        .arg("-u")
+        .arg(mountpoint)
+        .output();
+    match out {
+        Ok(o) if o.status.success() => true,
+        Ok(o) => {
+            // fusermount3 refuses some mounts made by root; umount(2) is the fallback.
+            let msg = String::from_utf8_lossy(&o.stderr).trim().to_string();
+            match nix::mount::umount(mountpoint) {
+                Ok(()) => true,
+                Err(e) => {
+                    eprintln!(
+                        "shufflefs: cannot unmount {}: {msg} ({e}). If files are open there, close them first, or pass --lazy to detach now and let the daemon exit when they close",
+                        mountpoint.display()
+                    );
+                    false
+                }
+            }
+        }
+        Err(_) => nix::mount::umount(mountpoint).is_ok(),
+    }
 }
 
 /// An exited process its parent has not collected yet still answers `kill(pid, 0)`.

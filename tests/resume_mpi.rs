@@ -9,10 +9,10 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::mpi_job::MpiJob;
 use common::*;
 use serde_json::Value;
 use shufflefs::checks::is_mounted;
@@ -22,89 +22,6 @@ use shufflefs::plan::{Plan, PlanParams};
 const RANKS: u32 = 4;
 const SEED: u64 = 9;
 const FRACTION: f64 = 0.5;
-
-struct Job {
-    child: Child,
-    mounts: Vec<PathBuf>,
-}
-
-impl Job {
-    fn start(dir: &Path, extra: &[&str]) -> Job {
-        let mounts: Vec<PathBuf> = (0..RANKS).map(|r| dir.join(format!("mnt{r}"))).collect();
-        let child = Command::new("mpirun")
-            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-            .args(["--oversubscribe", "-np", &RANKS.to_string(), BIN, "mount"])
-            .args([
-                "--seed",
-                &SEED.to_string(),
-                "--fraction",
-                &FRACTION.to_string(),
-            ])
-            .arg("--source")
-            .arg(dir.join("src"))
-            .arg("--cache")
-            .arg(dir.join("cache{rank}"))
-            .args(extra)
-            .arg(dir.join("mnt{rank}"))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("job.log")).unwrap())
-            .spawn()
-            .unwrap();
-        let mut job = Job { child, mounts };
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while !job
-            .mounts
-            .iter()
-            .all(|m| m.join(".shufflefs/status").exists())
-        {
-            if let Ok(Some(status)) = job.child.try_wait() {
-                let log = std::fs::read_to_string(dir.join("job.log")).unwrap_or_default();
-                panic!("the job exited before mounting: {status}\n{log}");
-            }
-            assert!(Instant::now() < deadline, "ranks did not mount in time");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        job
-    }
-
-    fn status(&self, rank: usize) -> Value {
-        read_status(&self.mounts[rank])
-    }
-
-    /// SIGKILL to every daemon and to mpirun: nothing gets to clean up.
-    fn kill(mut self) {
-        for r in 0..RANKS as usize {
-            let pid = self.status(r)["pid"].as_i64().unwrap() as i32;
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        self.mounts.clear();
-    }
-
-    fn unmount(mut self) {
-        for m in std::mem::take(&mut self.mounts) {
-            let _ = shufflefs().arg("unmount").arg(&m).output();
-        }
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Job {
-    fn drop(&mut self) {
-        for m in &self.mounts {
-            if is_mounted(m) {
-                force_unmount(m);
-            }
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// What an uninterrupted run lists on `rank` in `epoch`, from the library's own plan.
 fn expected(dir: &Path, epoch: u64, rank: u32) -> BTreeSet<String> {
@@ -149,7 +66,7 @@ fn listing(dir: &Path, mnt: &Path, epoch: u64) -> BTreeSet<String> {
     out
 }
 
-fn check_epoch(dir: &Path, job: &Job, epoch: u64) {
+fn check_epoch(dir: &Path, job: &MpiJob, epoch: u64) {
     for r in 0..RANKS {
         assert_eq!(
             listing(dir, &job.mounts[r as usize], epoch),
@@ -159,7 +76,7 @@ fn check_epoch(dir: &Path, job: &Job, epoch: u64) {
     }
 }
 
-fn fetched_from_source(job: &Job) -> Vec<u64> {
+fn fetched_from_source(job: &MpiJob) -> Vec<u64> {
     (0..RANKS as usize)
         .map(|r| {
             job.status(r)["cache"]["fetched_from_source"]
@@ -169,7 +86,7 @@ fn fetched_from_source(job: &Job) -> Vec<u64> {
         .collect()
 }
 
-fn wait_all(job: &Job, what: &str, pred: impl Fn(&Value) -> bool) {
+fn wait_all(job: &MpiJob, what: &str, pred: impl Fn(&Value) -> bool) {
     let deadline = Instant::now() + Duration::from_secs(120);
     while !(0..RANKS as usize).all(|r| pred(&job.status(r))) {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
@@ -205,7 +122,7 @@ fn sigkill_at_any_moment_then_resume_like_an_uninterrupted_run() {
     }
 
     // 1. Killed in the middle of the exchange into epoch 1 (slowed down so it is running).
-    let job = Job::start(dir, &["--exchange-rate", "50000"]);
+    let job = MpiJob::start(dir, RANKS, SEED, FRACTION, &["--exchange-rate", "50000"]);
     wait_all(&job, "staging", |st| {
         st["staging"]["files_done"] == st["staging"]["files_total"]
     });
@@ -226,7 +143,7 @@ fn sigkill_at_any_moment_then_resume_like_an_uninterrupted_run() {
     job.kill();
 
     // 2. Same command again: epoch 0, nothing fetched again; epochs 0 and 1 as planned.
-    let job = Job::start(dir, &[]);
+    let job = MpiJob::start(dir, RANKS, SEED, FRACTION, &[]);
     for r in 0..RANKS as usize {
         assert_eq!(
             job.status(r)["epoch"],
@@ -248,7 +165,7 @@ fn sigkill_at_any_moment_then_resume_like_an_uninterrupted_run() {
     job.kill();
 
     // 4. Everyone resumes at epoch 2, the furthest reached; 2, 3, 4 as planned.
-    let job = Job::start(dir, &[]);
+    let job = MpiJob::start(dir, RANKS, SEED, FRACTION, &[]);
     for r in 0..RANKS as usize {
         assert_eq!(
             job.status(r)["epoch"],

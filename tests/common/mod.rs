@@ -10,6 +10,8 @@
 //! Each test binary uses a different subset of these, hence the `dead_code` allowance.
 #![allow(dead_code)]
 
+pub mod mpi_job;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
 use std::fmt::Debug;

@@ -1,0 +1,98 @@
+//! A real `mpirun` job of shufflefs daemons for the multi-rank tests.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use shufflefs::checks::is_mounted;
+
+use super::{BIN, force_unmount, read_status, shufflefs};
+
+/// An `mpirun -np N shufflefs mount` job over `DIR/src`, caches `DIR/cache{rank}` and mounts
+/// `DIR/mnt{rank}` (created if missing); stderr goes to `DIR/job.log`. Drop unmounts.
+pub struct MpiJob {
+    pub child: Child,
+    pub mounts: Vec<PathBuf>,
+}
+
+impl MpiJob {
+    pub fn start(dir: &Path, ranks: u32, seed: u64, fraction: f64, extra: &[&str]) -> MpiJob {
+        let mounts: Vec<PathBuf> = (0..ranks).map(|r| dir.join(format!("mnt{r}"))).collect();
+        for m in &mounts {
+            let _ = std::fs::create_dir(m);
+        }
+        let child = Command::new("mpirun")
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .args(["--oversubscribe", "-np", &ranks.to_string(), BIN, "mount"])
+            .args([
+                "--seed",
+                &seed.to_string(),
+                "--fraction",
+                &fraction.to_string(),
+            ])
+            .arg("--source")
+            .arg(dir.join("src"))
+            .arg("--cache")
+            .arg(dir.join("cache{rank}"))
+            .args(extra)
+            .arg(dir.join("mnt{rank}"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("job.log")).unwrap())
+            .spawn()
+            .unwrap();
+        let mut job = MpiJob { child, mounts };
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !job
+            .mounts
+            .iter()
+            .all(|m| m.join(".shufflefs/status").exists())
+        {
+            if let Ok(Some(status)) = job.child.try_wait() {
+                let log = std::fs::read_to_string(dir.join("job.log")).unwrap_or_default();
+                panic!("the job exited before mounting: {status}\n{log}");
+            }
+            assert!(Instant::now() < deadline, "ranks did not mount in time");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        job
+    }
+
+    pub fn status(&self, rank: usize) -> Value {
+        read_status(&self.mounts[rank])
+    }
+
+    /// SIGKILL to every daemon and to mpirun: nothing gets to clean up.
+    pub fn kill(mut self) {
+        for r in 0..self.mounts.len() {
+            let pid = self.status(r)["pid"].as_i64().unwrap() as i32;
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.mounts.clear();
+    }
+
+    pub fn unmount(mut self) {
+        for m in std::mem::take(&mut self.mounts) {
+            let _ = shufflefs().arg("unmount").arg(&m).output();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for MpiJob {
+    fn drop(&mut self) {
+        for m in &self.mounts {
+            if is_mounted(m) {
+                force_unmount(m);
+            }
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
