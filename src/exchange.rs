@@ -254,10 +254,14 @@ fn pair(
     let (send_pool, recv_pool) = (Pool::new(frame), Pool::new(frame));
     let (send_pool, recv_pool) = (&send_pool, &recv_pool);
     thread::scope(|scope| {
-        let reader =
-            scope.spawn(move || read_stream(store, out, send_pool, out_tx, tracker, target));
-        let writer =
-            scope.spawn(move || write_stream(store, inc, in_rx, recv_pool, tracker, target));
+        let reader = scope.spawn(move || {
+            idle_io_priority();
+            read_stream(store, out, send_pool, out_tx, tracker, target)
+        });
+        let writer = scope.spawn(move || {
+            idle_io_priority();
+            write_stream(store, inc, in_rx, recv_pool, tracker, target)
+        });
         // Never leave a peer waiting mid-stream: a local failure still sends zeros and
         // drains what arrives, and is reported once the stream is complete.
         let mut local_error: Option<String> = None;
@@ -337,6 +341,17 @@ fn pair(
         written?;
         local_error.map_or(Ok(()), Err)
     })
+}
+
+/// Puts the calling thread's disk I/O in the idle class, so training's reads of the current
+/// epoch go first on a scheduler that honours it (mq-deadline, bfq). Best effort.
+fn idle_io_priority() {
+    const IOPRIO_WHO_PROCESS: libc::c_long = 1;
+    const IOPRIO_CLASS_IDLE: libc::c_long = 3;
+    // SAFETY: ioprio_set takes plain integers; `who = 0` is the calling thread.
+    unsafe {
+        libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0, IOPRIO_CLASS_IDLE << 13);
+    }
 }
 
 /// Bytes of the stream that carries `ids`: each sample followed by its 4-byte checksum.
