@@ -498,3 +498,35 @@ fn source_file_changed_or_vanished_after_the_scan_is_reported() {
     }
     d.unmount().assert_clean();
 }
+
+/// A cache written by another format version is refused, saying so, until `--reset-cache`.
+#[test]
+fn cache_of_another_format_version_is_refused_unless_reset() {
+    if !require_fuse() {
+        return;
+    }
+    let data = standard_dataset();
+    let cache = data.path("cache");
+    let mnt = data.dir("mnt");
+    let d = Daemon::mount(&data.root, &cache, &mnt, &["--seed", "1"]);
+    d.unmount().assert_clean();
+    let state = fs::read_to_string(cache.join("state.json")).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&state).unwrap();
+    v["format"] = 999.into();
+    fs::write(cache.join("state.json"), v.to_string()).unwrap();
+    let r = mount_refused(
+        &mnt,
+        &mount_args(&data.root, &cache, &mnt, &["--seed", "1"]),
+        true,
+    );
+    r.assert_mentions("format version");
+    r.assert_mentions("--reset-cache");
+    assert_eq!(
+        fs::read_to_string(cache.join("state.json")).unwrap(),
+        v.to_string(),
+        "a refused mount changed the cache"
+    );
+    let d = Daemon::mount(&data.root, &cache, &mnt, &["--seed", "1", "--reset-cache"]);
+    assert_eq!(read_status(&mnt)["epoch"], 0);
+    d.unmount().assert_clean();
+}
