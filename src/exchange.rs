@@ -350,7 +350,12 @@ fn idle_io_priority() {
     const IOPRIO_CLASS_IDLE: libc::c_long = 3;
     // SAFETY: ioprio_set takes plain integers; `who = 0` is the calling thread.
     unsafe {
-        libc::syscall(libc::SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0, IOPRIO_CLASS_IDLE << 13);
+        libc::syscall(
+            libc::SYS_ioprio_set,
+            IOPRIO_WHO_PROCESS,
+            0,
+            IOPRIO_CLASS_IDLE << 13,
+        );
     }
 }
 
