@@ -424,8 +424,7 @@ impl SampleStore {
                 )));
             }
             if let Some(expected) = expected.filter(|&e| e != crc) {
-                self.stats.checksum_failures.fetch_add(1, Ordering::Relaxed);
-                self.stats.report_problem(format!(
+                self.checksum_failed(format!(
                     "received copy of {} failed its checksum; it will be fetched from the source",
                     self.source.describe(id)
                 ));
@@ -475,12 +474,16 @@ impl SampleStore {
             recorded = format!("{recorded:08x}"),
             "cached sample failed its checksum; dropped, it will be fetched again from the source"
         );
-        self.stats.checksum_failures.fetch_add(1, Ordering::Relaxed);
-        self.stats.report_problem(format!(
+        self.checksum_failed(format!(
             "cached copy of {} failed its checksum (found {found:08x}, recorded {recorded:08x}); dropped",
             self.source.describe(id)
         ));
         let _ = self.remove(id);
+    }
+
+    fn checksum_failed(&self, what: String) {
+        self.stats.checksum_failures.fetch_add(1, Ordering::Relaxed);
+        self.stats.report_problem(what);
     }
 
     /// Makes everything written to the cache so far durable (one `syncfs`, not one fsync

@@ -7,10 +7,15 @@ use std::path::Path;
 /// The mount point must exist, be a folder, be empty and not already be a mount. A dead
 /// shufflefs mount left by a daemon that was killed is cleaned up first.
 pub fn mountpoint(path: &Path) -> Result<(), String> {
-    if fs::metadata(path).is_err_and(|e| e.raw_os_error() == Some(libc::ENOTCONN)) {
+    let mut meta = fs::metadata(path);
+    if meta
+        .as_ref()
+        .is_err_and(|e| e.raw_os_error() == Some(libc::ENOTCONN))
+    {
         clean_dead_mount(path)?;
+        meta = fs::metadata(path);
     }
-    let meta = fs::metadata(path).map_err(|e| match e.kind() {
+    let meta = meta.map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => format!(
             "mount point {} does not exist; create it with `mkdir -p {}`",
             path.display(),
@@ -54,18 +59,11 @@ fn clean_dead_mount(path: &Path) -> Result<(), String> {
         })
         .zip(path.file_name())
         .map(|(dir, name)| dir.join(name));
+    // "fuse shufflefs" when root mounts directly, "fuse.shufflefs ..." through fusermount3.
     let is_ours = absolute.is_some_and(|abs| {
-        fs::read_to_string("/proc/self/mountinfo").is_ok_and(|info| {
-            info.lines().any(|line| {
-                let target = line.split(' ').nth(4).map(unescape_mountinfo);
-                // After " - ": fstype and source; "fuse shufflefs" when root mounts directly,
-                // "fuse.shufflefs ..." through fusermount3.
-                let mut fields = line.split(" - ").nth(1).unwrap_or("").split(' ');
-                let (fstype, source) = (fields.next(), fields.next());
-                let ours = fstype == Some("fuse.shufflefs")
-                    || (fstype == Some("fuse") && source == Some("shufflefs"));
-                target.is_some_and(|t| Path::new(&t) == abs) && ours
-            })
+        mounts().any(|m| {
+            Path::new(&m.target) == abs
+                && (m.fstype == "fuse.shufflefs" || (m.fstype == "fuse" && m.source == "shufflefs"))
         })
     });
     let stale = || {
@@ -102,12 +100,34 @@ pub fn is_mounted(path: &Path) -> bool {
     let Ok(canonical) = fs::canonicalize(path) else {
         return false;
     };
-    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    info.lines()
-        .filter_map(|line| line.split(' ').nth(4))
-        .any(|target| Path::new(&unescape_mountinfo(target)) == canonical)
+    mounts().any(|m| Path::new(&m.target) == canonical)
+}
+
+/// One line of `/proc/self/mountinfo`: where, what type, from what.
+struct MountEntry {
+    target: String,
+    fstype: String,
+    source: String,
+}
+
+/// This process's mount table (empty if it cannot be read).
+fn mounts() -> impl Iterator<Item = MountEntry> {
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let entries: Vec<MountEntry> = info
+        .lines()
+        .filter_map(|line| {
+            let target = unescape_mountinfo(line.split(' ').nth(4)?);
+            // After " - ": fstype, source, super options.
+            let mut rest = line.split(" - ").nth(1)?.split(' ');
+            let (fstype, source) = (rest.next()?.to_string(), rest.next()?.to_string());
+            Some(MountEntry {
+                target,
+                fstype,
+                source,
+            })
+        })
+        .collect();
+    entries.into_iter()
 }
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo`.

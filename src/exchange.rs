@@ -322,14 +322,11 @@ fn pair(
             abort,
         )
         .map_err(|e| e.to_string())?;
-        let mine: Vec<u8> = unreadable.iter().flat_map(|id| id.to_le_bytes()).collect();
+        let mine = encode_ids(&unreadable);
         let mut theirs = vec![0u8; u64::from_le_bytes(their_count) as usize * 4];
         comm.sendrecv(tag, Some((to, &mine)), Some((from, &mut theirs)), abort)
             .map_err(|e| e.to_string())?;
-        for id in theirs
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
-        {
+        for id in decode_ids(&theirs) {
             tracing::warn!(
                 sample = id,
                 from,
@@ -357,6 +354,18 @@ fn idle_io_priority() {
             IOPRIO_CLASS_IDLE << 13,
         );
     }
+}
+
+/// Sample ids as little-endian bytes, for lists sent between ranks.
+pub fn encode_ids(ids: &[SampleId]) -> Vec<u8> {
+    ids.iter().flat_map(|id| id.to_le_bytes()).collect()
+}
+
+/// The inverse of [`encode_ids`] (a trailing partial id is ignored).
+pub fn decode_ids(bytes: &[u8]) -> impl Iterator<Item = SampleId> + '_ {
+    bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
 }
 
 /// Bytes of the stream that carries `ids`: each sample followed by its 4-byte checksum.

@@ -7,6 +7,7 @@
 //! to `.shufflefs/epoch` does) and `epoch-N` is gone afterwards. Every `epoch-N/` lists all
 //! classes, even those this rank holds no sample of, so class indices agree everywhere.
 
+use std::borrow::Cow;
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::sync::Arc;
@@ -184,12 +185,8 @@ impl ShuffleFs {
             Node::ClassDir(e, c) => {
                 let cur = self.epochs.current();
                 let ids = share_in_range(cur.share(self.epochs.rank()), manifest.class_range(c));
-                let rest = ids.get(offset as usize..).unwrap_or_default().to_vec();
-                return self.add_entries(
-                    rest.into_iter().map(|id| Node::Sample(e, id)),
-                    offset,
-                    add,
-                );
+                let rest = ids.get(offset as usize..).unwrap_or_default();
+                return self.add_entries(rest.iter().map(|&id| Node::Sample(e, id)), offset, add);
             }
             _ => return Err(FsError::NotDir),
         };
@@ -205,14 +202,14 @@ impl ShuffleFs {
     ) -> Result<(), FsError> {
         let manifest = self.store.manifest();
         for (i, child) in (offset..).zip(children) {
-            let name: OsString = match child {
-                Node::CtlDir => CTL_DIR_NAME.into(),
-                Node::Current => CURRENT_NAME.into(),
-                Node::EpochDir(e) => view::epoch_dir_name(e).into(),
-                Node::Status => STATUS_NAME.into(),
-                Node::EpochCtl => EPOCH_CTL_NAME.into(),
-                Node::ClassDir(_, c) => manifest.class_name(c).to_owned(),
-                Node::Sample(_, id) => manifest.name(id).to_owned(),
+            let name: Cow<OsStr> = match child {
+                Node::CtlDir => OsStr::new(CTL_DIR_NAME).into(),
+                Node::Current => OsStr::new(CURRENT_NAME).into(),
+                Node::EpochDir(e) => OsString::from(view::epoch_dir_name(e)).into(),
+                Node::Status => OsStr::new(STATUS_NAME).into(),
+                Node::EpochCtl => OsStr::new(EPOCH_CTL_NAME).into(),
+                Node::ClassDir(_, c) => manifest.class_name(c).into(),
+                Node::Sample(_, id) => manifest.name(id).into(),
                 Node::Root => continue,
             };
             if add(self.entry(child)?, &name, i + 1) {

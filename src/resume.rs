@@ -29,55 +29,14 @@ pub fn resume(
     epoch: u64,
 ) -> Result<(), String> {
     let rank = comm.rank();
-    if epoch > 0 {
+    // The plan is walked once: into `epoch` (what may need redoing), then one step on.
+    let current = if epoch == 0 {
+        plan.initial()
+    } else {
         let step = plan.step(&plan.shares_at(epoch - 1));
-        let missing: Vec<u8> = step
-            .next
-            .share(rank)
-            .iter()
-            .filter(|&&id| !store.contains(id))
-            .flat_map(|id| id.to_le_bytes())
-            .collect();
-        let lacking: Vec<HashSet<SampleId>> = comm
-            .all_gather(&missing)
-            .map_err(|e| e.to_string())?
-            .iter()
-            .map(|b| {
-                b.chunks_exact(4)
-                    .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
-                    .collect()
-            })
-            .collect();
-        let transfers: Vec<_> = step
-            .transfers
-            .iter()
-            .filter(|t| lacking[t.to as usize].contains(&t.sample))
-            .copied()
-            .collect();
-        if !transfers.is_empty() {
-            tracing::info!(
-                epoch,
-                samples = transfers.len(),
-                "resuming an interrupted exchange"
-            );
-            let redo = Step {
-                next: step.next,
-                transfers,
-            };
-            let tracker = ExchangeTracker::default();
-            if let Err(e) = exchange::run(
-                comm,
-                store,
-                &redo,
-                ExchangeConfig::default(),
-                &tracker,
-                &AtomicBool::new(false),
-            ) {
-                tracing::warn!(error = %e, "resumed exchange incomplete; the rest comes from the source");
-            }
-        }
-    }
-    let current = plan.shares_at(epoch);
+        redo_missing(comm, store, &step)?;
+        step.next
+    };
     let next = plan.step(&current).next;
     let keep = |id: &SampleId| {
         current.share(rank).binary_search(id).is_ok() || next.share(rank).binary_search(id).is_ok()
@@ -95,6 +54,52 @@ pub fn resume(
             samples = dropped,
             "dropped cached samples that belong to no current or next share"
         );
+    }
+    Ok(())
+}
+
+/// Sends again, per `step`, the samples some rank still lacks of its share after `step`.
+fn redo_missing(comm: &mut dyn Comm, store: &SampleStore, step: &Step) -> Result<(), String> {
+    let missing: Vec<SampleId> = step
+        .next
+        .share(comm.rank())
+        .iter()
+        .copied()
+        .filter(|&id| !store.contains(id))
+        .collect();
+    let lacking: Vec<HashSet<SampleId>> = comm
+        .all_gather(&exchange::encode_ids(&missing))
+        .map_err(|e| e.to_string())?
+        .iter()
+        .map(|b| exchange::decode_ids(b).collect())
+        .collect();
+    let transfers: Vec<_> = step
+        .transfers
+        .iter()
+        .filter(|t| lacking[t.to as usize].contains(&t.sample))
+        .copied()
+        .collect();
+    if transfers.is_empty() {
+        return Ok(());
+    }
+    tracing::info!(
+        epoch = step.next.epoch,
+        samples = transfers.len(),
+        "resuming an interrupted exchange"
+    );
+    let redo = Step {
+        next: step.next.clone(),
+        transfers,
+    };
+    if let Err(e) = exchange::run(
+        comm,
+        store,
+        &redo,
+        ExchangeConfig::default(),
+        &ExchangeTracker::default(),
+        &AtomicBool::new(false),
+    ) {
+        tracing::warn!(error = %e, "resumed exchange incomplete; the rest comes from the source");
     }
     Ok(())
 }
