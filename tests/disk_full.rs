@@ -6,9 +6,10 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
+use common::mpi_job::mpirun;
 use common::*;
 use serde_json::Value;
 use shufflefs::checks::is_mounted;
@@ -91,10 +92,8 @@ fn disk_full_during_exchange_keeps_the_current_view_serving() {
         .unwrap();
     }
     setup.child = Some(
-        Command::new("mpirun")
-            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-            .args(["--oversubscribe", "-np", &RANKS.to_string(), BIN, "mount"])
+        mpirun(RANKS as u32)
+            .args([BIN, "mount"])
             .args(["--seed", "2", "--fraction", "1"])
             .arg("--source")
             .arg(dir.join("src"))

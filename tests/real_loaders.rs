@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use common::mpi_job::mpirun;
 use common::*;
 use shufflefs::checks::is_mounted;
 
@@ -59,15 +60,6 @@ fn require_loaders() -> Option<PathBuf> {
     );
     eprintln!("SKIPPED: {why}; set SHUFFLEFS_REQUIRE_LOADERS=1 to fail instead");
     None
-}
-
-fn mpirun() -> Command {
-    let mut cmd = Command::new("mpirun");
-    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("TF_CPP_MIN_LOG_LEVEL", "2")
-        .args(["--oversubscribe", "-np", &RANKS.to_string()]);
-    cmd
 }
 
 /// Panics with both streams unless `out` succeeded.
@@ -132,7 +124,8 @@ impl Job {
 
     /// Runs `script` with `args` as one Python process per rank.
     fn python(&self, script: &str, args: &[&str], env: &[(&str, String)]) -> String {
-        let mut cmd = mpirun();
+        let mut cmd = mpirun(RANKS as u32);
+        cmd.env("TF_CPP_MIN_LOG_LEVEL", "2");
         for (k, v) in env {
             cmd.env(k, v).args(["-x", k]);
         }

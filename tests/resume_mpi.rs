@@ -76,6 +76,16 @@ fn check_epoch(dir: &Path, job: &MpiJob, epoch: u64) {
     }
 }
 
+fn assert_all_resumed_at(job: &MpiJob, epoch: u64) {
+    for r in 0..RANKS as usize {
+        assert_eq!(
+            job.status(r)["epoch"],
+            epoch,
+            "rank {r} resumed at the wrong epoch"
+        );
+    }
+}
+
 fn fetched_from_source(job: &MpiJob) -> Vec<u64> {
     (0..RANKS as usize)
         .map(|r| {
@@ -144,13 +154,7 @@ fn sigkill_at_any_moment_then_resume_like_an_uninterrupted_run() {
 
     // 2. Same command again: epoch 0, nothing fetched again; epochs 0 and 1 as planned.
     let job = MpiJob::start(dir, RANKS, SEED, FRACTION, &[]);
-    for r in 0..RANKS as usize {
-        assert_eq!(
-            job.status(r)["epoch"],
-            0,
-            "rank {r} resumed at the wrong epoch"
-        );
-    }
+    assert_all_resumed_at(&job, 0);
     check_epoch(dir, &job, 0);
     check_epoch(dir, &job, 1);
     assert_eq!(fetched_from_source(&job), [0; RANKS as usize]);
@@ -166,13 +170,7 @@ fn sigkill_at_any_moment_then_resume_like_an_uninterrupted_run() {
 
     // 4. Everyone resumes at epoch 2, the furthest reached; 2, 3, 4 as planned.
     let job = MpiJob::start(dir, RANKS, SEED, FRACTION, &[]);
-    for r in 0..RANKS as usize {
-        assert_eq!(
-            job.status(r)["epoch"],
-            2,
-            "rank {r} resumed at the wrong epoch"
-        );
-    }
+    assert_all_resumed_at(&job, 2);
     for epoch in 2..=4 {
         check_epoch(dir, &job, epoch);
     }

@@ -9,6 +9,15 @@ use shufflefs::checks::is_mounted;
 
 use super::{BIN, force_unmount, read_status, shufflefs};
 
+/// `mpirun -np N --oversubscribe`, allowed to run as root (CI does): 4 ranks on 2 cores.
+pub fn mpirun(ranks: u32) -> Command {
+    let mut cmd = Command::new("mpirun");
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .args(["--oversubscribe", "-np", &ranks.to_string()]);
+    cmd
+}
+
 /// An `mpirun -np N shufflefs mount` job over `DIR/src`, caches `DIR/cache{rank}` and mounts
 /// `DIR/mnt{rank}` (created if missing); stderr goes to `DIR/job.log`. Drop unmounts.
 pub struct MpiJob {
@@ -22,10 +31,8 @@ impl MpiJob {
         for m in &mounts {
             let _ = std::fs::create_dir(m);
         }
-        let child = Command::new("mpirun")
-            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-            .args(["--oversubscribe", "-np", &ranks.to_string(), BIN, "mount"])
+        let child = mpirun(ranks)
+            .args([BIN, "mount"])
             .args([
                 "--seed",
                 &seed.to_string(),
@@ -65,8 +72,12 @@ impl MpiJob {
 
     /// SIGKILL to every daemon and to mpirun: nothing gets to clean up.
     pub fn kill(mut self) {
-        for r in 0..self.mounts.len() {
-            let pid = self.status(r)["pid"].as_i64().unwrap() as i32;
+        // Every pid first: once one rank dies, mpirun takes the others down, and their status
+        // files stop answering.
+        let pids: Vec<i32> = (0..self.mounts.len())
+            .map(|r| self.status(r)["pid"].as_i64().unwrap() as i32)
+            .collect();
+        for pid in pids {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid),
                 nix::sys::signal::Signal::SIGKILL,
