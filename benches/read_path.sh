@@ -19,7 +19,8 @@
 # Cold runs drop the page, dentry and inode caches first (needs root); every measurement runs
 # REPS=3 times, alternating which side goes first, and the median is shown.
 #
-# Knobs: SHUFFLEFS (binary; default: cargo build --release of this repo), BENCH_DIR
+# Knobs: READ_PATHS (--read-path modes for small and stream; default "passthrough page-cache"),
+# SHUFFLEFS (binary; default: cargo build --release of this repo), BENCH_DIR
 # (/tmp/shufflefs-read-bench), REPS, SMALL_FILES, SMALL_CLASSES, STREAM_BYTES, SCAN_FILES,
 # SCAN_CLASSES, READY_FILES, READY_CLASSES, READY_STAGE (1: also time staging of the 1M files),
 # READY_STAGE_TIMEOUT (s), KEEP_DATA=1 (keep the generated datasets for the next run).

@@ -334,7 +334,7 @@ pub fn run(
     });
     let fs = Arc::new(ShuffleFs::new(store.clone(), epochs.clone(), status));
     let invalidated = Arc::new(Invalidated::new(epochs.epoch()));
-    let adapter = FuseAdapter::new(fs, !args.no_passthrough, invalidated.clone());
+    let adapter = FuseAdapter::new(fs, args.read_path, invalidated.clone());
 
     let mut config = Config::default();
     config.mount_options = vec![

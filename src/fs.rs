@@ -10,7 +10,9 @@
 use std::borrow::Cow;
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::cache::SampleStore;
 use crate::epochs::{Epochs, share_in_range};
@@ -50,7 +52,11 @@ pub struct ShuffleFs {
     store: Arc<SampleStore>,
     epochs: Arc<Epochs>,
     status: Arc<dyn StatusReport>,
+    renders: AtomicU64,
 }
+
+/// Where `status_file` publishes the status document, under the cache folder.
+pub const STATUS_FILE: &str = "status.json";
 
 impl ShuffleFs {
     pub fn new(
@@ -62,7 +68,32 @@ impl ShuffleFs {
             store,
             epochs,
             status,
+            renders: AtomicU64::new(0),
         }
+    }
+
+    pub fn status_file_path(&self) -> PathBuf {
+        self.store.dir().root().join(STATUS_FILE)
+    }
+
+    /// Writes the status document to `CACHE/status.json` (a new file renamed over the old,
+    /// so a reader always opens one whole document) and returns its path. Page-cache mode
+    /// shows `.shufflefs/status` as a link to it: without opens the kernel could mix pages
+    /// of two renderings in its cache.
+    pub fn status_file(&self) -> Result<PathBuf, FsError> {
+        let n = self.renders.fetch_add(1, Ordering::Relaxed);
+        let tmp = self
+            .store
+            .dir()
+            .root()
+            .join(format!(".{STATUS_FILE}.{n}.tmp"));
+        let path = self.status_file_path();
+        std::fs::write(&tmp, self.status.render())?;
+        std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o444))?;
+        std::fs::rename(&tmp, &path).inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })?;
+        Ok(path)
     }
 
     fn entry(&self, node: Node) -> Result<Entry, FsError> {
@@ -100,7 +131,7 @@ impl ShuffleFs {
             },
             Node::EpochDir(e) if e == current => dir(true),
             Node::ClassDir(e, c) if e == current && c < manifest.class_count() => dir(true),
-            Node::Sample(e, id) if e == current && self.holds(id) => Entry {
+            Node::Sample(id) if self.holds(id) => Entry {
                 node,
                 kind: Kind::File,
                 size: manifest.size(id),
@@ -145,8 +176,7 @@ impl ShuffleFs {
                     .class_by_name(name)
                     .ok_or(FsError::NotFound)?,
             ),
-            Node::ClassDir(e, c) => Node::Sample(
-                e,
+            Node::ClassDir(_, c) => Node::Sample(
                 self.store
                     .manifest()
                     .find(c, name)
@@ -182,11 +212,11 @@ impl ShuffleFs {
             Node::EpochDir(e) => {
                 Box::new((0..manifest.class_count()).map(move |c| Node::ClassDir(e, c)))
             }
-            Node::ClassDir(e, c) => {
+            Node::ClassDir(_, c) => {
                 let cur = self.epochs.current();
                 let ids = share_in_range(cur.share(self.epochs.rank()), manifest.class_range(c));
                 let rest = ids.get(offset as usize..).unwrap_or_default();
-                return self.add_entries(rest.iter().map(|&id| Node::Sample(e, id)), offset, add);
+                return self.add_entries(rest.iter().map(|&id| Node::Sample(id)), offset, add);
             }
             _ => return Err(FsError::NotDir),
         };
@@ -209,7 +239,7 @@ impl ShuffleFs {
                 Node::Status => OsStr::new(STATUS_NAME).into(),
                 Node::EpochCtl => OsStr::new(EPOCH_CTL_NAME).into(),
                 Node::ClassDir(_, c) => manifest.class_name(c).into(),
-                Node::Sample(_, id) => manifest.name(id).into(),
+                Node::Sample(id) => manifest.name(id).into(),
                 Node::Root => continue,
             };
             if add(self.entry(child)?, &name, i + 1) {
@@ -241,7 +271,7 @@ impl ShuffleFs {
             )),
             _ if write => Err(FsError::ReadOnly),
             Node::Status => Ok(Opened::Snapshot(self.status.render())),
-            Node::Sample(_, id) => {
+            Node::Sample(id) => {
                 // A listed sample that cannot be fetched is an I/O error (EIO), never ENOENT.
                 self.store
                     .ensure(id)

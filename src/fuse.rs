@@ -4,15 +4,27 @@
 //! answered in one place, `fail`, which logs at a level fitting the error and maps it to an
 //! errno via `FsError::errno`.
 //!
-//! Read path: a cached sample is opened with kernel FUSE passthrough when the kernel offers
-//! it (Linux 6.9+), so reads go straight to the cache file and never enter the daemon. One
-//! `BackingId` is shared by all opens of an inode, as the kernel requires. Without
-//! passthrough, reads are served from the cache file here and `FOPEN_KEEP_CACHE` keeps the
-//! page cache across opens, which is safe because views never change.
+//! Read path (`ReadPath`, chosen at mount):
+//! - passthrough: a cached sample is opened with kernel FUSE passthrough when the kernel
+//!   offers it (Linux 6.9+), so reads go straight to the cache file and never enter the
+//!   daemon. One `BackingId` is shared by all opens of an inode, as the kernel requires.
+//!   Every open and close still costs a round trip to the daemon.
+//! - page-cache: the first OPEN is answered ENOSYS, after which the kernel opens files
+//!   without asking and keeps their pages (`FOPEN_KEEP_CACHE` is its default then). The
+//!   first read of a page comes here; the daemon reads the cache file and tells the kernel
+//!   to drop the cache file's copy of those pages, so the data sits in memory once. Safe
+//!   because views never change. Control files then work without handles: the epoch file
+//!   is rendered when the kernel asks for its attributes (TTL zero, `FUSE_AUTO_INVAL_DATA`,
+//!   a new mtime each time so stale pages are dropped), and `.shufflefs/status` becomes a
+//!   link to a whole document written into the cache folder (`ShuffleFs::status_file`), since
+//!   pages of two renderings of a multi-page file could otherwise mix in the kernel's cache.
+//! - daemon (and passthrough where the kernel lacks it): opens come here and reads are
+//!   served from the cache file, with `FOPEN_KEEP_CACHE`.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
+use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -26,8 +38,10 @@ use fuser::{
     ReplyOpen, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 
+use crate::cli::ReadPath;
 use crate::error::FsError;
 use crate::fs::{Entry, Kind, Opened, ShuffleFs};
+use crate::view::Node;
 
 /// Published views never change: let the kernel keep them for a day.
 const VIEW_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -47,7 +61,9 @@ pub struct FuseAdapter {
     backing_by_ino: Mutex<HashMap<u64, Weak<BackingId>>>,
     next_fh: AtomicU64,
     passthrough: AtomicBool,
-    want_passthrough: bool,
+    read_path: ReadPath,
+    /// Page-cache mode: bumped at every rendering of the epoch file, reported as its mtime.
+    renders: AtomicU64,
     uid: u32,
     gid: u32,
     time: SystemTime,
@@ -94,7 +110,7 @@ impl Invalidated {
 impl FuseAdapter {
     pub fn new(
         fs: Arc<ShuffleFs>,
-        want_passthrough: bool,
+        read_path: ReadPath,
         invalidated: Arc<Invalidated>,
     ) -> FuseAdapter {
         FuseAdapter {
@@ -104,7 +120,8 @@ impl FuseAdapter {
             backing_by_ino: Mutex::default(),
             next_fh: AtomicU64::new(1),
             passthrough: AtomicBool::new(false),
-            want_passthrough,
+            read_path,
+            renders: AtomicU64::new(0),
             uid: nix::unistd::getuid().as_raw(),
             gid: nix::unistd::getgid().as_raw(),
             time: SystemTime::now(),
@@ -114,25 +131,89 @@ impl FuseAdapter {
     fn attr(&self, e: &Entry) -> FileAttr {
         let (kind, nlink) = match e.kind {
             Kind::Dir => (FileType::Directory, 2),
+            _ if self.status_is_link(e) => (FileType::Symlink, 1),
             Kind::File => (FileType::RegularFile, 1),
             Kind::Symlink => (FileType::Symlink, 1),
         };
+        let (size, perm) = if self.status_is_link(e) {
+            let target = self.fs.status_file_path();
+            (target.as_os_str().len() as u64, 0o777)
+        } else {
+            (e.size, e.perm)
+        };
         FileAttr {
             ino: INodeNo(e.node.ino()),
-            size: e.size,
-            blocks: e.size.div_ceil(512),
+            size,
+            blocks: size.div_ceil(512),
             atime: self.time,
             mtime: self.time,
             ctime: self.time,
             crtime: self.time,
             kind,
-            perm: e.perm,
+            perm,
             nlink,
             uid: self.uid,
             gid: self.gid,
             rdev: 0,
             flags: 0,
             blksize: 4096,
+        }
+    }
+
+    /// In page-cache mode `.shufflefs/status` is a link (see the module docs).
+    fn status_is_link(&self, e: &Entry) -> bool {
+        self.read_path == ReadPath::PageCache && e.node == Node::Status
+    }
+
+    /// `attr`, except that in page-cache mode the epoch file's size is that of its current
+    /// content, with a new mtime so the kernel drops what it cached before.
+    fn attr_for(&self, e: &Entry) -> FileAttr {
+        let mut attr = self.attr(e);
+        if self.read_path == ReadPath::PageCache
+            && e.node == Node::EpochCtl
+            && let Ok(Opened::Snapshot(bytes)) = self.fs.open(e.node.ino(), false)
+        {
+            attr.size = bytes.len() as u64;
+            let generation = self.renders.fetch_add(1, Ordering::Relaxed) + 1;
+            attr.mtime = SystemTime::UNIX_EPOCH + Duration::from_nanos(generation);
+            attr.ctime = attr.mtime;
+        }
+        attr
+    }
+
+    /// A read without an open (page-cache mode): served by inode.
+    fn read_unopened(&self, ino: u64, offset: u64, size: u32, reply: ReplyData) {
+        match Node::from_ino(ino) {
+            Some(Node::EpochCtl) => {
+                let bytes = match self.fs.open(ino, false) {
+                    Ok(Opened::Snapshot(bytes)) => bytes,
+                    _ => Vec::new(),
+                };
+                let start = (offset as usize).min(bytes.len());
+                let end = (start + size as usize).min(bytes.len());
+                reply.data(&bytes[start..end]);
+            }
+            Some(Node::Sample(_)) => match self.fs.open(ino, false) {
+                Ok(Opened::Sample(file)) => {
+                    let result = read_full(&file, offset, size);
+                    if let Ok(data) = &result {
+                        // The kernel keeps these pages now; don't hold them twice.
+                        let _ = nix::fcntl::posix_fadvise(
+                            file.as_fd(),
+                            offset as i64,
+                            data.len() as i64,
+                            nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+                        );
+                    }
+                    match result {
+                        Ok(data) => reply.data(&data),
+                        Err(e) => reply.error(fail("read", ino, &FsError::Io(e))),
+                    }
+                }
+                Ok(_) => reply.error(Errno::EBADF),
+                Err(err) => reply.error(fail("read", ino, &err)),
+            },
+            _ => reply.error(Errno::EBADF),
         }
     }
 
@@ -169,6 +250,22 @@ impl FuseAdapter {
     }
 }
 
+/// Reads up to `size` bytes at `offset`, short only at the end of the file.
+fn read_full(file: &File, offset: u64, size: u32) -> std::io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; size as usize];
+    let mut filled = 0;
+    while filled < buf.len() {
+        match file.read_at(&mut buf[filled..], offset + filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(filled);
+    Ok(buf)
+}
+
 /// The one place errors become errnos.
 fn fail(op: &str, ino: u64, err: &FsError) -> Errno {
     if err.is_routine() {
@@ -183,13 +280,20 @@ impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config
             .add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_PARALLEL_DIROPS);
-        if self.want_passthrough && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok() {
+        if self.read_path == ReadPath::PageCache {
+            // Control files change: the kernel must ask for their attributes on every read.
+            let _ = config.add_capabilities(InitFlags::FUSE_AUTO_INVAL_DATA);
+        }
+        if self.read_path == ReadPath::Passthrough
+            && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+        {
             // The cache may itself sit on an overlay (containers): allow one level below us.
             let ok = config.set_max_stack_depth(2).is_ok();
             self.passthrough.store(ok, Ordering::Relaxed);
         }
         tracing::info!(
             passthrough = self.passthrough.load(Ordering::Relaxed),
+            read_path = ?self.read_path,
             "FUSE session initialised"
         );
         Ok(())
@@ -200,7 +304,7 @@ impl Filesystem for FuseAdapter {
             Ok(e) => reply.entry_with_ttls(
                 &Self::ttl(&e),
                 &Self::ttl(&e),
-                &self.attr(&e),
+                &self.attr_for(&e),
                 Generation(0),
             ),
             Err(err) => reply.error(fail("lookup", parent.0, &err)),
@@ -209,7 +313,7 @@ impl Filesystem for FuseAdapter {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.fs.getattr(ino.0) {
-            Ok(e) => reply.attr(&Self::ttl(&e), &self.attr(&e)),
+            Ok(e) => reply.attr(&Self::ttl(&e), &self.attr_for(&e)),
             Err(err) => reply.error(fail("getattr", ino.0, &err)),
         }
     }
@@ -245,7 +349,16 @@ impl Filesystem for FuseAdapter {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.fs.readlink(ino.0) {
+        let link = if self.read_path == ReadPath::PageCache
+            && Node::from_ino(ino.0) == Some(Node::Status)
+        {
+            self.fs
+                .status_file()
+                .map(|p| p.into_os_string().into_encoded_bytes())
+        } else {
+            self.fs.readlink(ino.0)
+        };
+        match link {
             Ok(target) => reply.data(&target),
             Err(err) => reply.error(fail("readlink", ino.0, &err)),
         }
@@ -327,6 +440,14 @@ impl Filesystem for FuseAdapter {
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let write = !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY);
+        if self.read_path == ReadPath::PageCache {
+            // ENOSYS switches opens off for the whole mount (see the module docs). Until then
+            // a refused open is still answered as such.
+            return match self.fs.open(ino.0, write) {
+                Err(err) if write => reply.error(fail("open", ino.0, &err)),
+                _ => reply.error(Errno::ENOSYS),
+            };
+        }
         let opened = match self.fs.open(ino.0, write) {
             Ok(o) => o,
             Err(err) => return reply.error(fail("open", ino.0, &err)),
@@ -385,19 +506,16 @@ impl Filesystem for FuseAdapter {
             Some(Handle::Sample { file, .. }) => {
                 let file = file.clone();
                 drop(handles);
-                let mut buf = vec![0u8; size as usize];
-                let mut filled = 0;
-                while filled < buf.len() {
-                    match file.read_at(&mut buf[filled..], offset + filled as u64) {
-                        Ok(0) => break,
-                        Ok(n) => filled += n,
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                        Err(e) => return reply.error(fail("read", ino.0, &FsError::Io(e))),
-                    }
+                match read_full(&file, offset, size) {
+                    Ok(data) => reply.data(&data),
+                    Err(e) => reply.error(fail("read", ino.0, &FsError::Io(e))),
                 }
-                reply.data(&buf[..filled]);
             }
             Some(Handle::EpochControl) => reply.error(Errno::EBADF),
+            None if self.read_path == ReadPath::PageCache => {
+                drop(handles);
+                self.read_unopened(ino.0, offset, size, reply)
+            }
             None => reply.error(Errno::EBADF),
         }
     }
@@ -414,13 +532,19 @@ impl Filesystem for FuseAdapter {
         _lock: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let is_control = matches!(
-            self.handles
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(&fh.0),
-            Some(Handle::EpochControl)
-        );
+        let is_control = match self
+            .handles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&fh.0)
+        {
+            Some(h) => matches!(h, Handle::EpochControl),
+            // Page-cache mode: no handles; the kernel checked write access at open.
+            None => {
+                self.read_path == ReadPath::PageCache
+                    && Node::from_ino(ino.0) == Some(Node::EpochCtl)
+            }
+        };
         if !is_control {
             return reply.error(fail("write", ino.0, &FsError::ReadOnly));
         }

@@ -8,12 +8,15 @@
 //! /current -> epoch-N            ino 5
 //! /epoch-N/                      kind 1: (1 << 62) | N
 //! /epoch-N/<class>/              kind 2: (2 << 62) | N << 32 | class
-//! /epoch-N/<class>/<sample>      kind 3: (3 << 62) | N << 32 | sample id
+//! /epoch-N/<class>/<sample>      kind 3: (3 << 62) | sample id
 //! ```
 //! Every inode number *is* its node: nothing is allocated on lookup, so `forget` has nothing
 //! to free and the daemon's memory does not grow with the number of files the kernel caches.
-//! A sample's inode differs per epoch: views never change once published, so the kernel may
-//! cache entries and attributes for as long as it likes.
+//! Views never change once published, so the kernel may cache entries and attributes for as
+//! long as it likes. A sample keeps one inode in every epoch that lists it (its bytes never
+//! change): a sample this rank keeps from epoch N to N+1 is the same kernel inode, and
+//! whatever the kernel cached for it (attributes, and in page-cache mode its pages) carries
+//! over instead of being fetched again.
 
 use std::ffi::OsStr;
 
@@ -36,7 +39,7 @@ pub enum Node {
     Current,
     EpochDir(u64),
     ClassDir(u64, u32),
-    Sample(u64, SampleId),
+    Sample(SampleId),
 }
 
 impl Node {
@@ -49,7 +52,7 @@ impl Node {
             Node::Current => 5,
             Node::EpochDir(e) => 1 << 62 | e,
             Node::ClassDir(e, c) => 2 << 62 | e << 32 | u64::from(c),
-            Node::Sample(e, s) => 3 << 62 | e << 32 | u64::from(s),
+            Node::Sample(s) => 3 << 62 | u64::from(s),
         }
     }
 
@@ -67,7 +70,7 @@ impl Node {
             },
             1 if low <= MAX_EPOCH => Node::EpochDir(low),
             2 => Node::ClassDir(epoch, index),
-            3 => Node::Sample(epoch, index),
+            3 if epoch == 0 => Node::Sample(index),
             _ => return None,
         })
     }
@@ -82,7 +85,7 @@ impl Node {
     /// The epoch a view node belongs to, if any.
     pub fn epoch(self) -> Option<u64> {
         match self {
-            Node::EpochDir(e) | Node::ClassDir(e, _) | Node::Sample(e, _) => Some(e),
+            Node::EpochDir(e) | Node::ClassDir(e, _) => Some(e),
             _ => None,
         }
     }
@@ -124,12 +127,13 @@ mod tests {
             Node::EpochDir(MAX_EPOCH),
             Node::ClassDir(7, 0),
             Node::ClassDir(MAX_EPOCH, u32::MAX),
-            Node::Sample(0, 0),
-            Node::Sample(3, u32::MAX),
+            Node::Sample(0),
+            Node::Sample(u32::MAX),
         ] {
             assert_eq!(Node::from_ino(node.ino()), Some(node), "{node:?}");
         }
         assert_eq!(Node::from_ino(0), None);
+        assert_eq!(Node::from_ino(3 << 62 | 1 << 32), None);
         assert_eq!(Node::from_ino(6), None);
     }
 

@@ -273,7 +273,7 @@ fn reads_match_the_source_without_passthrough() {
         return;
     }
     let data = standard_dataset();
-    let d = mount_std(&data, &["--seed", "3", "--no-passthrough"]);
+    let d = mount_std(&data, &["--seed", "3", "--read-path", "daemon"]);
     check_all_bytes(&d.mnt.join("epoch-0"), &data);
     check_all_bytes(&d.mnt.join("current"), &data);
     d.unmount().assert_clean();

@@ -147,7 +147,7 @@ fn open_fetches_from_the_source_and_bytes_match() {
     let share = w.epochs.current().share(0).to_vec();
     for id in share {
         assert!(!w.store.contains(id));
-        let Opened::Sample(file) = w.fs.open(Node::Sample(0, id).ino(), false).unwrap() else {
+        let Opened::Sample(file) = w.fs.open(Node::Sample(id).ino(), false).unwrap() else {
             panic!("not a sample")
         };
         let bytes = std::io::Read::bytes(file)
@@ -169,7 +169,7 @@ fn other_ranks_samples_and_other_epochs_are_not_found() {
     let w = world(0, 0.5);
     let other = w.epochs.current().share(1)[0];
     assert!(matches!(
-        w.fs.getattr(Node::Sample(0, other).ino()),
+        w.fs.getattr(Node::Sample(other).ino()),
         Err(FsError::NotFound)
     ));
     assert!(matches!(
@@ -235,7 +235,7 @@ fn views_are_read_only() {
         Node::Root,
         Node::EpochDir(0),
         Node::ClassDir(0, 0),
-        Node::Sample(0, id),
+        Node::Sample(id),
         Node::Status,
     ] {
         assert_eq!(
@@ -251,7 +251,7 @@ fn views_are_read_only() {
         w.fs.access(node.ino(), false).unwrap();
     }
     assert_eq!(
-        w.fs.open(Node::Sample(0, id).ino(), true)
+        w.fs.open(Node::Sample(id).ino(), true)
             .err()
             .unwrap()
             .errno(),
