@@ -305,6 +305,7 @@ fn scan_class(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     fn sample_manifest() -> Manifest {
         Manifest::from_parts(vec![
@@ -346,5 +347,109 @@ mod tests {
             Err(ManifestError::UnsafeName(_))
         ));
         assert!(Manifest::decode(b"junk").is_err());
+    }
+    /// A tree with every kind of entry `scan` must judge; the expected result was recorded
+    /// with the first, one-thread `read_dir` scan, so a faster scan must give exactly this.
+    #[test]
+    fn scan_judges_every_kind_of_entry() {
+        use std::os::unix::fs::symlink;
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("src");
+        let outside = tmp.path().join("outside");
+        fs::create_dir_all(&outside).unwrap();
+        fs::write(outside.join("real.bin"), b"12345").unwrap();
+        fs::create_dir_all(outside.join("linked-class")).unwrap();
+        fs::write(outside.join("linked-class/x"), b"xx").unwrap();
+        for class in ["b", "a", "empty"] {
+            fs::create_dir_all(root.join(class)).unwrap();
+        }
+        fs::write(root.join("a/2.png"), b"22").unwrap();
+        fs::write(root.join("a/10.png"), b"1").unwrap();
+        fs::write(root.join("a/ä.png"), b"").unwrap();
+        fs::write(root.join("a").join(OsStr::from_bytes(b"\xff raw")), b"333").unwrap();
+        symlink(outside.join("real.bin"), root.join("a/link.png")).unwrap();
+        symlink(tmp.path().join("gone"), root.join("a/dangling.png")).unwrap();
+        symlink(&outside, root.join("a/link-to-dir")).unwrap();
+        fs::create_dir(root.join("b/nested")).unwrap();
+        fs::write(root.join("b/nested/deep.png"), b"deep").unwrap();
+        fs::write(root.join("b/only.png"), b"0123456789").unwrap();
+        nix::unistd::mkfifo(&root.join("b/fifo"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        symlink(outside.join("linked-class"), root.join("c-link")).unwrap();
+        symlink(tmp.path().join("nowhere"), root.join("d-dangling")).unwrap();
+        fs::write(root.join("README"), b"not a class").unwrap();
+
+        let m = scan(&root).unwrap();
+        let classes: Vec<_> = (0..m.class_count()).map(|c| m.class_name(c)).collect();
+        assert_eq!(classes, ["a", "b", "c-link", "empty"]);
+        let samples: Vec<_> = (0..m.len())
+            .map(|id| (m.relative_path(id), m.size(id)))
+            .collect();
+        let expected: Vec<(PathBuf, u64)> = [
+            (&b"a/10.png"[..], 1),
+            (b"a/2.png", 2),
+            (b"a/link.png", 5),
+            ("a/ä.png".as_bytes(), 0),
+            (b"a/\xff raw", 3),
+            (b"b/only.png", 10),
+            (b"c-link/x", 2),
+        ]
+        .iter()
+        .map(|(p, s)| (PathBuf::from(OsStr::from_bytes(p)), *s))
+        .collect();
+        assert_eq!(samples, expected);
+        assert_eq!(m.class_range(3), 7..7);
+        let r = root.display();
+        let skipped: Vec<_> = m
+            .skipped
+            .iter()
+            .map(|s| (s.path.clone(), s.reason.clone()))
+            .collect();
+        assert_eq!(
+            skipped,
+            [
+                (
+                    format!("{r}/a/dangling.png"),
+                    "dangling symlink".to_string()
+                ),
+                (
+                    format!("{r}/a/link-to-dir"),
+                    "symlink to something other than a regular file".into()
+                ),
+                (format!("{r}/b/fifo"), "not a regular file".into()),
+                (
+                    format!("{r}/b/nested"),
+                    "nested folder (not supported; flatten the class folder)".into()
+                ),
+            ]
+        );
+        assert_eq!(Manifest::decode(&m.encode()).unwrap(), m);
+    }
+
+    #[test]
+    fn scan_refuses_what_is_not_a_dataset() {
+        let tmp = tempfile::tempdir().unwrap();
+        let missing = tmp.path().join("missing");
+        assert!(matches!(scan(&missing), Err(ManifestError::Io { path, .. }) if path == missing));
+        let file = tmp.path().join("file");
+        fs::write(&file, b"x").unwrap();
+        assert!(matches!(scan(&file), Err(ManifestError::NotADir(_))));
+        let root = tmp.path().join("root");
+        fs::create_dir(&root).unwrap();
+        fs::write(root.join("loose.png"), b"x").unwrap();
+        assert!(matches!(scan(&root), Err(ManifestError::NoClasses(_))));
+        fs::create_dir(root.join("cls")).unwrap();
+        fs::create_dir(root.join("cls/sub")).unwrap();
+        assert!(matches!(scan(&root), Err(ManifestError::NoSamples(_))));
+        // A class folder that cannot be listed stops the scan, naming the folder.
+        fs::write(root.join("cls/ok.png"), b"x").unwrap();
+        let locked = root.join("locked");
+        fs::create_dir(&locked).unwrap();
+        fs::set_permissions(&locked, fs::Permissions::from_mode(0o000)).unwrap();
+        if nix::unistd::geteuid().is_root() {
+            // root reads it anyway: an empty class.
+            assert_eq!(scan(&root).unwrap().class_count(), 2);
+        } else {
+            assert!(matches!(scan(&root), Err(ManifestError::Io { path, .. }) if path == locked));
+        }
     }
 }
