@@ -10,7 +10,6 @@
 //! Python strings; for UTF-8 names byte order equals code-point order.
 
 use std::ffi::{OsStr, OsString};
-use std::fs;
 use std::io;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
@@ -18,6 +17,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::plan::SampleId;
+pub use crate::scan::scan;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
@@ -142,29 +142,63 @@ impl Manifest {
         Path::new(self.class_name(self.class_of(id))).join(self.name(id))
     }
 
+    /// A manifest without classes, to [`push_class`](Self::push_class) into.
+    pub(crate) fn empty() -> Manifest {
+        Manifest {
+            class_start: vec![0],
+            ..Manifest::default()
+        }
+    }
+
     /// Builds a manifest from `(class name, [(sample name, size)])`, sorting both levels.
     pub fn from_parts(mut classes: Vec<ClassListing>) -> Result<Manifest, ManifestError> {
         classes.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut m = Manifest {
-            class_start: vec![0],
-            ..Manifest::default()
-        };
+        let mut m = Manifest::empty();
         for (class, mut samples) in classes {
             samples.sort_by(|a, b| a.0.cmp(&b.0));
-            m.classes.push(class);
-            for (name, size) in samples {
-                m.names.extend_from_slice(&name);
-                m.name_end.push(
-                    u32::try_from(m.names.len())
-                        .map_err(|_| ManifestError::TooMany(m.sizes.len()))?,
-                );
-                m.sizes.push(size);
+            let (mut names, mut ends) = (Vec::new(), Vec::new());
+            for (name, _) in &samples {
+                names.extend_from_slice(name);
+                ends.push(names.len() as u32);
             }
-            let count =
-                u32::try_from(m.sizes.len()).map_err(|_| ManifestError::TooMany(m.sizes.len()))?;
-            m.class_start.push(count);
+            let sizes: Vec<u64> = samples.iter().map(|s| s.1).collect();
+            m.push_class(class, &names, &ends, &sizes)?;
         }
         Ok(m)
+    }
+
+    /// Appends the class after the last one, its samples already sorted by name: `names` holds
+    /// them back to back and `ends[i]` is where name `i` ends in `names`.
+    pub(crate) fn push_class(
+        &mut self,
+        class: Vec<u8>,
+        names: &[u8],
+        ends: &[u32],
+        sizes: &[u64],
+    ) -> Result<(), ManifestError> {
+        let too_many = || ManifestError::TooMany(self.sizes.len() + sizes.len());
+        let base = u32::try_from(self.names.len()).map_err(|_| too_many())?;
+        u32::try_from(self.names.len() + names.len()).map_err(|_| too_many())?;
+        let count = u32::try_from(self.sizes.len() + sizes.len()).map_err(|_| too_many())?;
+        self.classes.push(class);
+        self.names.extend_from_slice(names);
+        self.name_end.extend(ends.iter().map(|&e| base + e));
+        self.sizes.extend_from_slice(sizes);
+        self.class_start.push(count);
+        Ok(())
+    }
+
+    pub(crate) fn class_count_usize(&self) -> usize {
+        self.classes.len()
+    }
+
+    /// Gives back the spare capacity left by growing while scanning.
+    pub(crate) fn shrink_to_fit(&mut self) {
+        self.classes.shrink_to_fit();
+        self.class_start.shrink_to_fit();
+        self.names.shrink_to_fit();
+        self.name_end.shrink_to_fit();
+        self.sizes.shrink_to_fit();
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -216,96 +250,9 @@ impl Manifest {
     }
 }
 
-/// Scans `root` the way ImageFolder sees it: sub-folders are classes (empty ones included);
-/// regular files in them (or symlinks to regular files) are samples. Dangling links and
-/// anything else are skipped and listed in `Manifest::skipped`.
-pub fn scan(root: &Path) -> Result<Manifest, ManifestError> {
-    let io_err = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| ManifestError::Io { path, source }
-    };
-    let meta = fs::metadata(root).map_err(io_err(root))?;
-    if !meta.is_dir() {
-        return Err(ManifestError::NotADir(root.to_path_buf()));
-    }
-    let mut classes = Vec::new();
-    let mut skipped = Vec::new();
-    for entry in fs::read_dir(root).map_err(io_err(root))? {
-        let entry = entry.map_err(io_err(root))?;
-        let path = entry.path();
-        // ImageFolder follows links to class folders too.
-        if fs::metadata(&path).map(|m| m.is_dir()).unwrap_or(false) {
-            classes.push((
-                entry.file_name().into_vec(),
-                scan_class(&path, &mut skipped)?,
-            ));
-        }
-    }
-    if classes.is_empty() {
-        return Err(ManifestError::NoClasses(root.to_path_buf()));
-    }
-    let mut manifest = Manifest::from_parts(classes)?;
-    if manifest.is_empty() {
-        return Err(ManifestError::NoSamples(root.to_path_buf()));
-    }
-    skipped.sort_by(|a: &Skipped, b| a.path.cmp(&b.path));
-    manifest.skipped = skipped;
-    Ok(manifest)
-}
-
-fn scan_class(
-    dir: &Path,
-    skipped: &mut Vec<Skipped>,
-) -> Result<Vec<(Vec<u8>, u64)>, ManifestError> {
-    let io_err = |source| ManifestError::Io {
-        path: dir.to_path_buf(),
-        source,
-    };
-    let mut samples = Vec::new();
-    for entry in fs::read_dir(dir).map_err(io_err)? {
-        let entry = entry.map_err(io_err)?;
-        let kind = entry.file_type().map_err(io_err)?;
-        let mut skip = |reason: &str| {
-            skipped.push(Skipped {
-                path: entry.path().display().to_string(),
-                reason: reason.into(),
-            })
-        };
-        let meta = if kind.is_symlink() {
-            match fs::metadata(entry.path()) {
-                Ok(m) => m,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    skip("dangling symlink");
-                    continue;
-                }
-                Err(e) => {
-                    skip(&format!("cannot follow symlink: {e}"));
-                    continue;
-                }
-            }
-        } else if kind.is_file() {
-            entry.metadata().map_err(io_err)?
-        } else {
-            skip(if kind.is_dir() {
-                "nested folder (not supported; flatten the class folder)"
-            } else {
-                "not a regular file"
-            });
-            continue;
-        };
-        if meta.is_file() {
-            samples.push((entry.file_name().into_vec(), meta.len()));
-        } else {
-            skip("symlink to something other than a regular file");
-        }
-    }
-    Ok(samples)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
 
     fn sample_manifest() -> Manifest {
         Manifest::from_parts(vec![
@@ -347,109 +294,5 @@ mod tests {
             Err(ManifestError::UnsafeName(_))
         ));
         assert!(Manifest::decode(b"junk").is_err());
-    }
-    /// A tree with every kind of entry `scan` must judge; the expected result was recorded
-    /// with the first, one-thread `read_dir` scan, so a faster scan must give exactly this.
-    #[test]
-    fn scan_judges_every_kind_of_entry() {
-        use std::os::unix::fs::symlink;
-        let tmp = tempfile::tempdir().unwrap();
-        let root = tmp.path().join("src");
-        let outside = tmp.path().join("outside");
-        fs::create_dir_all(&outside).unwrap();
-        fs::write(outside.join("real.bin"), b"12345").unwrap();
-        fs::create_dir_all(outside.join("linked-class")).unwrap();
-        fs::write(outside.join("linked-class/x"), b"xx").unwrap();
-        for class in ["b", "a", "empty"] {
-            fs::create_dir_all(root.join(class)).unwrap();
-        }
-        fs::write(root.join("a/2.png"), b"22").unwrap();
-        fs::write(root.join("a/10.png"), b"1").unwrap();
-        fs::write(root.join("a/ä.png"), b"").unwrap();
-        fs::write(root.join("a").join(OsStr::from_bytes(b"\xff raw")), b"333").unwrap();
-        symlink(outside.join("real.bin"), root.join("a/link.png")).unwrap();
-        symlink(tmp.path().join("gone"), root.join("a/dangling.png")).unwrap();
-        symlink(&outside, root.join("a/link-to-dir")).unwrap();
-        fs::create_dir(root.join("b/nested")).unwrap();
-        fs::write(root.join("b/nested/deep.png"), b"deep").unwrap();
-        fs::write(root.join("b/only.png"), b"0123456789").unwrap();
-        nix::unistd::mkfifo(&root.join("b/fifo"), nix::sys::stat::Mode::S_IRWXU).unwrap();
-        symlink(outside.join("linked-class"), root.join("c-link")).unwrap();
-        symlink(tmp.path().join("nowhere"), root.join("d-dangling")).unwrap();
-        fs::write(root.join("README"), b"not a class").unwrap();
-
-        let m = scan(&root).unwrap();
-        let classes: Vec<_> = (0..m.class_count()).map(|c| m.class_name(c)).collect();
-        assert_eq!(classes, ["a", "b", "c-link", "empty"]);
-        let samples: Vec<_> = (0..m.len())
-            .map(|id| (m.relative_path(id), m.size(id)))
-            .collect();
-        let expected: Vec<(PathBuf, u64)> = [
-            (&b"a/10.png"[..], 1),
-            (b"a/2.png", 2),
-            (b"a/link.png", 5),
-            ("a/ä.png".as_bytes(), 0),
-            (b"a/\xff raw", 3),
-            (b"b/only.png", 10),
-            (b"c-link/x", 2),
-        ]
-        .iter()
-        .map(|(p, s)| (PathBuf::from(OsStr::from_bytes(p)), *s))
-        .collect();
-        assert_eq!(samples, expected);
-        assert_eq!(m.class_range(3), 7..7);
-        let r = root.display();
-        let skipped: Vec<_> = m
-            .skipped
-            .iter()
-            .map(|s| (s.path.clone(), s.reason.clone()))
-            .collect();
-        assert_eq!(
-            skipped,
-            [
-                (
-                    format!("{r}/a/dangling.png"),
-                    "dangling symlink".to_string()
-                ),
-                (
-                    format!("{r}/a/link-to-dir"),
-                    "symlink to something other than a regular file".into()
-                ),
-                (format!("{r}/b/fifo"), "not a regular file".into()),
-                (
-                    format!("{r}/b/nested"),
-                    "nested folder (not supported; flatten the class folder)".into()
-                ),
-            ]
-        );
-        assert_eq!(Manifest::decode(&m.encode()).unwrap(), m);
-    }
-
-    #[test]
-    fn scan_refuses_what_is_not_a_dataset() {
-        let tmp = tempfile::tempdir().unwrap();
-        let missing = tmp.path().join("missing");
-        assert!(matches!(scan(&missing), Err(ManifestError::Io { path, .. }) if path == missing));
-        let file = tmp.path().join("file");
-        fs::write(&file, b"x").unwrap();
-        assert!(matches!(scan(&file), Err(ManifestError::NotADir(_))));
-        let root = tmp.path().join("root");
-        fs::create_dir(&root).unwrap();
-        fs::write(root.join("loose.png"), b"x").unwrap();
-        assert!(matches!(scan(&root), Err(ManifestError::NoClasses(_))));
-        fs::create_dir(root.join("cls")).unwrap();
-        fs::create_dir(root.join("cls/sub")).unwrap();
-        assert!(matches!(scan(&root), Err(ManifestError::NoSamples(_))));
-        // A class folder that cannot be listed stops the scan, naming the folder.
-        fs::write(root.join("cls/ok.png"), b"x").unwrap();
-        let locked = root.join("locked");
-        fs::create_dir(&locked).unwrap();
-        fs::set_permissions(&locked, fs::Permissions::from_mode(0o000)).unwrap();
-        if nix::unistd::geteuid().is_root() {
-            // root reads it anyway: an empty class.
-            assert_eq!(scan(&root).unwrap().class_count(), 2);
-        } else {
-            assert!(matches!(scan(&root), Err(ManifestError::Io { path, .. }) if path == locked));
-        }
     }
 }
