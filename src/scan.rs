@@ -1,5 +1,5 @@
-//! Rank 0's scan of the source into a [`Manifest`], fast enough that a daemon on a 1M-file
-//! source is ready about as soon as `find SRC -type f` would have listed it.
+//! Rank 0's scan of the source into a [`Manifest`], as close to the cost of `find SRC -type f`
+//! as knowing every sample's size allows (1M files: about 1.8x find, warm or cold).
 //!
 //! The names alone cost what `find` costs (one `getdents64` per few hundred entries); the
 //! sizes need one `fstatat` per sample, which is most of the time: about 1 µs each with the
@@ -8,8 +8,9 @@
 //!   unscanned class, so the stats of two classes run on two cores, and cold inode-table reads
 //!   overlap instead of queueing one behind the other;
 //! - each sample is stat'ed by name relative to its open class folder (no full path is built)
-//!   and in inode-number order, so the inode table is read front to back and the kernel's
-//!   inode-table readahead serves most of the class;
+//!   and in inode-number order, so a cold inode table is read front to back, which suits the
+//!   kernel's inode-table readahead (on a freshly made tree the gain was within the noise, as
+//!   names and inodes come in nearly the same order there; sorting 1000 entries is cheap);
 //! - the entry type from `getdents64` decides what needs a stat at all: a nested folder or a
 //!   fifo is skipped without one; a symlink is followed; only when the filesystem does not
 //!   report types (`DT_UNKNOWN`) is the entry `lstat`ed first, as `std::fs` would;
