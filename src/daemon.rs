@@ -166,32 +166,48 @@ fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, String> {
             .try_into()
             .map_err(|_| "bad seed from rank 0".to_string())?,
     );
+    // Rank 0 keeps the manifest it scanned (or loaded) and ships its encoding; only the other
+    // ranks decode. So no rank holds more than one manifest and one encoding, and those bytes
+    // go once they are saved in the cache. Rank 0's names need no check: the scan's come from
+    // the kernel (no '/', NUL, '.', '..' or over 255 bytes), the cache's were checked on load.
+    let mut scanned = None;
     let manifest_bytes = decide(comm, || -> Result<Vec<u8>, String> {
-        if reusable(args, state.as_ref()).is_some()
-            && let Ok(Some(m)) = dir.load_manifest()
-        {
-            tracing::info!(
-                samples = m.len(),
-                "manifest loaded from the cache; source not rescanned"
-            );
-            return Ok(m.encode());
-        }
-        let started = std::time::Instant::now();
-        let m = manifest::scan(&args.source).map_err(|e| e.to_string())?;
-        tracing::info!(
-            classes = m.class_count(),
-            samples = m.len(),
-            skipped = m.skipped.len(),
-            secs = started.elapsed().as_secs_f64(),
-            "source scanned"
-        );
-        for s in &m.skipped {
-            tracing::warn!(path = %s.path, reason = %s.reason, "sample skipped");
-        }
-        Ok(m.encode())
+        let cached =
+            reusable(args, state.as_ref()).and_then(|_| dir.load_manifest().ok().flatten());
+        let m = match cached {
+            Some(m) => {
+                tracing::info!(
+                    samples = m.len(),
+                    "manifest loaded from the cache; source not rescanned"
+                );
+                m
+            }
+            None => {
+                let started = std::time::Instant::now();
+                let m = manifest::scan(&args.source).map_err(|e| e.to_string())?;
+                tracing::info!(
+                    classes = m.class_count(),
+                    samples = m.len(),
+                    skipped = m.skipped.len(),
+                    secs = started.elapsed().as_secs_f64(),
+                    "source scanned"
+                );
+                for s in &m.skipped {
+                    tracing::warn!(path = %s.path, reason = %s.reason, "sample skipped");
+                }
+                m
+            }
+        };
+        let bytes = m.encode();
+        scanned = Some(m);
+        Ok(bytes)
     })
     .map_err(|e| e.to_string())??;
-    let manifest = Arc::new(Manifest::decode(&manifest_bytes).map_err(|e| e.to_string())?);
+    let manifest = match scanned {
+        Some(m) => m,
+        None => Manifest::decode(&manifest_bytes).map_err(|e| e.to_string())?,
+    };
+    let manifest = Arc::new(manifest);
 
     // Phase 4: does this cache belong to these settings? Resume its epoch if so.
     let expected = CacheState {
@@ -221,6 +237,7 @@ fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, String> {
     let epoch_ok = local_epoch.as_ref().map(|_| ()).map_err(Clone::clone);
     everyone_ok(comm, epoch_ok)?;
     let local_epoch = local_epoch.expect("checked above");
+    drop(manifest_bytes); // saved; the manifest itself is all that is needed from here
     // After a crash ranks may be one epoch apart; training had reached the furthest one.
     let epochs = comm
         .all_gather(&local_epoch.to_le_bytes())

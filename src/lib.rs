@@ -3,7 +3,8 @@
 //!
 //! Layers, from pure to outside-facing:
 //! - [`plan`]: who owns which sample in every epoch (pure, deterministic).
-//! - [`manifest`], [`view`]: the dataset's names and the mounted tree's inode scheme.
+//! - [`manifest`], [`scan`], [`view`]: the dataset's names, how rank 0 reads them from the
+//!   source, and the mounted tree's inode scheme.
 //! - [`cache`], [`source`], [`staging`]: bytes on local disk, where they come from, and the
 //!   background worker that fills the cache.
 //! - [`epochs`], [`fs`]: epoch advance and the filesystem's behaviour as plain Rust.
@@ -25,6 +26,7 @@ pub mod launch;
 pub mod manifest;
 pub mod plan;
 pub mod resume;
+pub mod scan;
 pub mod source;
 pub mod staging;
 pub mod status;

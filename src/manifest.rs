@@ -10,7 +10,6 @@
 //! Python strings; for UTF-8 names byte order equals code-point order.
 
 use std::ffi::{OsStr, OsString};
-use std::fs;
 use std::io;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
@@ -18,6 +17,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::plan::SampleId;
+pub use crate::scan::scan;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
@@ -142,29 +142,63 @@ impl Manifest {
         Path::new(self.class_name(self.class_of(id))).join(self.name(id))
     }
 
+    /// A manifest without classes, to [`push_class`](Self::push_class) into.
+    pub(crate) fn empty() -> Manifest {
+        Manifest {
+            class_start: vec![0],
+            ..Manifest::default()
+        }
+    }
+
     /// Builds a manifest from `(class name, [(sample name, size)])`, sorting both levels.
     pub fn from_parts(mut classes: Vec<ClassListing>) -> Result<Manifest, ManifestError> {
         classes.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut m = Manifest {
-            class_start: vec![0],
-            ..Manifest::default()
-        };
+        let mut m = Manifest::empty();
         for (class, mut samples) in classes {
             samples.sort_by(|a, b| a.0.cmp(&b.0));
-            m.classes.push(class);
-            for (name, size) in samples {
-                m.names.extend_from_slice(&name);
-                m.name_end.push(
-                    u32::try_from(m.names.len())
-                        .map_err(|_| ManifestError::TooMany(m.sizes.len()))?,
-                );
-                m.sizes.push(size);
+            let (mut names, mut ends) = (Vec::new(), Vec::new());
+            for (name, _) in &samples {
+                names.extend_from_slice(name);
+                ends.push(names.len() as u32);
             }
-            let count =
-                u32::try_from(m.sizes.len()).map_err(|_| ManifestError::TooMany(m.sizes.len()))?;
-            m.class_start.push(count);
+            let sizes: Vec<u64> = samples.iter().map(|s| s.1).collect();
+            m.push_class(class, &names, &ends, &sizes)?;
         }
         Ok(m)
+    }
+
+    /// Appends the class after the last one, its samples already sorted by name: `names` holds
+    /// them back to back and `ends[i]` is where name `i` ends in `names`.
+    pub(crate) fn push_class(
+        &mut self,
+        class: Vec<u8>,
+        names: &[u8],
+        ends: &[u32],
+        sizes: &[u64],
+    ) -> Result<(), ManifestError> {
+        let too_many = || ManifestError::TooMany(self.sizes.len() + sizes.len());
+        let base = u32::try_from(self.names.len()).map_err(|_| too_many())?;
+        u32::try_from(self.names.len() + names.len()).map_err(|_| too_many())?;
+        let count = u32::try_from(self.sizes.len() + sizes.len()).map_err(|_| too_many())?;
+        self.classes.push(class);
+        self.names.extend_from_slice(names);
+        self.name_end.extend(ends.iter().map(|&e| base + e));
+        self.sizes.extend_from_slice(sizes);
+        self.class_start.push(count);
+        Ok(())
+    }
+
+    pub(crate) fn class_count_usize(&self) -> usize {
+        self.classes.len()
+    }
+
+    /// Gives back the spare capacity left by growing while scanning.
+    pub(crate) fn shrink_to_fit(&mut self) {
+        self.classes.shrink_to_fit();
+        self.class_start.shrink_to_fit();
+        self.names.shrink_to_fit();
+        self.name_end.shrink_to_fit();
+        self.sizes.shrink_to_fit();
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -214,92 +248,6 @@ impl Manifest {
     pub fn fingerprint(&self) -> u32 {
         crc32c::crc32c(&self.encode())
     }
-}
-
-/// Scans `root` the way ImageFolder sees it: sub-folders are classes (empty ones included);
-/// regular files in them (or symlinks to regular files) are samples. Dangling links and
-/// anything else are skipped and listed in `Manifest::skipped`.
-pub fn scan(root: &Path) -> Result<Manifest, ManifestError> {
-    let io_err = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| ManifestError::Io { path, source }
-    };
-    let meta = fs::metadata(root).map_err(io_err(root))?;
-    if !meta.is_dir() {
-        return Err(ManifestError::NotADir(root.to_path_buf()));
-    }
-    let mut classes = Vec::new();
-    let mut skipped = Vec::new();
-    for entry in fs::read_dir(root).map_err(io_err(root))? {
-        let entry = entry.map_err(io_err(root))?;
-        let path = entry.path();
-        // ImageFolder follows links to class folders too.
-        if fs::metadata(&path).map(|m| m.is_dir()).unwrap_or(false) {
-            classes.push((
-                entry.file_name().into_vec(),
-                scan_class(&path, &mut skipped)?,
-            ));
-        }
-    }
-    if classes.is_empty() {
-        return Err(ManifestError::NoClasses(root.to_path_buf()));
-    }
-    let mut manifest = Manifest::from_parts(classes)?;
-    if manifest.is_empty() {
-        return Err(ManifestError::NoSamples(root.to_path_buf()));
-    }
-    skipped.sort_by(|a: &Skipped, b| a.path.cmp(&b.path));
-    manifest.skipped = skipped;
-    Ok(manifest)
-}
-
-fn scan_class(
-    dir: &Path,
-    skipped: &mut Vec<Skipped>,
-) -> Result<Vec<(Vec<u8>, u64)>, ManifestError> {
-    let io_err = |source| ManifestError::Io {
-        path: dir.to_path_buf(),
-        source,
-    };
-    let mut samples = Vec::new();
-    for entry in fs::read_dir(dir).map_err(io_err)? {
-        let entry = entry.map_err(io_err)?;
-        let kind = entry.file_type().map_err(io_err)?;
-        let mut skip = |reason: &str| {
-            skipped.push(Skipped {
-                path: entry.path().display().to_string(),
-                reason: reason.into(),
-            })
-        };
-        let meta = if kind.is_symlink() {
-            match fs::metadata(entry.path()) {
-                Ok(m) => m,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    skip("dangling symlink");
-                    continue;
-                }
-                Err(e) => {
-                    skip(&format!("cannot follow symlink: {e}"));
-                    continue;
-                }
-            }
-        } else if kind.is_file() {
-            entry.metadata().map_err(io_err)?
-        } else {
-            skip(if kind.is_dir() {
-                "nested folder (not supported; flatten the class folder)"
-            } else {
-                "not a regular file"
-            });
-            continue;
-        };
-        if meta.is_file() {
-            samples.push((entry.file_name().into_vec(), meta.len()));
-        } else {
-            skip("symlink to something other than a regular file");
-        }
-    }
-    Ok(samples)
 }
 
 #[cfg(test)]

@@ -56,26 +56,31 @@ pub fn single() -> LocalComm {
 
 /// Every rank proposes a value; rank 0's answer, or its error, is what everybody gets.
 /// Used so that a failure seen by rank 0 (say, an empty source) stops all ranks cleanly.
+///
+/// The outcome travels as a trailing byte (0: the value, 1: an error message), so the value,
+/// up to a whole manifest, is moved through the broadcast and never copied.
 pub fn decide<T, E>(
     comm: &mut dyn Comm,
     at_root: impl FnOnce() -> Result<T, E>,
 ) -> Result<Result<Vec<u8>, String>, CommError>
 where
-    T: AsRef<[u8]>,
+    T: Into<Vec<u8>>,
     E: std::fmt::Display,
 {
     let msg = if comm.rank() == 0 {
-        match at_root() {
-            Ok(v) => [&[0u8][..], v.as_ref()].concat(),
-            Err(e) => [&[1u8][..], e.to_string().as_bytes()].concat(),
-        }
+        let (mut msg, outcome) = match at_root() {
+            Ok(v) => (v.into(), 0u8),
+            Err(e) => (e.to_string().into_bytes(), 1u8),
+        };
+        msg.push(outcome);
+        msg
     } else {
         Vec::new()
     };
-    let got = comm.broadcast(0, msg)?;
-    Ok(match got.split_first() {
-        Some((0, rest)) => Ok(rest.to_vec()),
-        Some((_, rest)) => Err(String::from_utf8_lossy(rest).into_owned()),
+    let mut got = comm.broadcast(0, msg)?;
+    Ok(match got.pop() {
+        Some(0) => Ok(got),
+        Some(_) => Err(String::from_utf8_lossy(&got).into_owned()),
         None => Err("rank 0 sent nothing".into()),
     })
 }
