@@ -19,7 +19,7 @@ use std::thread;
 use fuser::{Config, MountOption, SessionACL};
 
 use crate::cache::{CacheDir, CacheState, FORMAT_VERSION, SampleStore};
-use crate::cli::{MountArgs, for_rank};
+use crate::cli::{MountArgs, ReadPath, for_rank};
 use crate::comm::{Comm, agree, decide};
 use crate::epochs::Epochs;
 use crate::exchange::{self, ExchangeConfig, ExchangeTracker, MpiCmd};
@@ -349,7 +349,12 @@ pub fn run(
         staging: staging.progress.clone(),
         exchange: tracker.clone(),
     });
-    let fs = Arc::new(ShuffleFs::new(store.clone(), epochs.clone(), status));
+    let fs = ShuffleFs::new(store.clone(), epochs.clone(), status);
+    // Without opens (page-cache mode) the status is read through a link; see `fuse`.
+    let fs = Arc::new(match args.read_path {
+        ReadPath::PageCache => fs.with_status_link(),
+        _ => fs,
+    });
     let invalidated = Arc::new(Invalidated::new(epochs.epoch()));
     let adapter = FuseAdapter::new(fs, args.read_path, invalidated.clone());
 

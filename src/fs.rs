@@ -52,6 +52,8 @@ pub struct ShuffleFs {
     store: Arc<SampleStore>,
     epochs: Arc<Epochs>,
     status: Arc<dyn StatusReport>,
+    /// Page-cache mode: `.shufflefs/status` is a link to `status_file` (see there).
+    status_link: bool,
     renders: AtomicU64,
 }
 
@@ -68,11 +70,18 @@ impl ShuffleFs {
             store,
             epochs,
             status,
+            status_link: false,
             renders: AtomicU64::new(0),
         }
     }
 
-    pub fn status_file_path(&self) -> PathBuf {
+    /// Shows `.shufflefs/status` as a link to `status_file` instead of a file.
+    pub fn with_status_link(mut self) -> ShuffleFs {
+        self.status_link = true;
+        self
+    }
+
+    fn status_file_path(&self) -> PathBuf {
         self.store.dir().root().join(STATUS_FILE)
     }
 
@@ -80,7 +89,7 @@ impl ShuffleFs {
     /// so a reader always opens one whole document) and returns its path. Page-cache mode
     /// shows `.shufflefs/status` as a link to it: without opens the kernel could mix pages
     /// of two renderings in its cache.
-    pub fn status_file(&self) -> Result<PathBuf, FsError> {
+    fn status_file(&self) -> Result<PathBuf, FsError> {
         let n = self.renders.fetch_add(1, Ordering::Relaxed);
         let tmp = self
             .store
@@ -108,6 +117,13 @@ impl ShuffleFs {
         let manifest = self.store.manifest();
         Ok(match node {
             Node::Root | Node::CtlDir => dir(false),
+            Node::Status if self.status_link => Entry {
+                node,
+                kind: Kind::Symlink,
+                size: self.status_file_path().as_os_str().len() as u64,
+                perm: 0o777,
+                immutable: false,
+            },
             Node::Status => Entry {
                 node,
                 kind: Kind::File,
@@ -257,6 +273,9 @@ impl ShuffleFs {
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>, FsError> {
         match Node::from_ino(ino) {
             Some(Node::Current) => Ok(view::epoch_dir_name(self.epochs.epoch()).into_bytes()),
+            Some(Node::Status) if self.status_link => {
+                Ok(self.status_file()?.into_os_string().into_encoded_bytes())
+            }
             Some(_) => Err(FsError::Invalid("not a symlink".into())),
             None => Err(FsError::NotFound),
         }

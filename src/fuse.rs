@@ -131,26 +131,19 @@ impl FuseAdapter {
     fn attr(&self, e: &Entry) -> FileAttr {
         let (kind, nlink) = match e.kind {
             Kind::Dir => (FileType::Directory, 2),
-            _ if self.status_is_link(e) => (FileType::Symlink, 1),
             Kind::File => (FileType::RegularFile, 1),
             Kind::Symlink => (FileType::Symlink, 1),
         };
-        let (size, perm) = if self.status_is_link(e) {
-            let target = self.fs.status_file_path();
-            (target.as_os_str().len() as u64, 0o777)
-        } else {
-            (e.size, e.perm)
-        };
         FileAttr {
             ino: INodeNo(e.node.ino()),
-            size,
-            blocks: size.div_ceil(512),
+            size: e.size,
+            blocks: e.size.div_ceil(512),
             atime: self.time,
             mtime: self.time,
             ctime: self.time,
             crtime: self.time,
             kind,
-            perm,
+            perm: e.perm,
             nlink,
             uid: self.uid,
             gid: self.gid,
@@ -158,11 +151,6 @@ impl FuseAdapter {
             flags: 0,
             blksize: 4096,
         }
-    }
-
-    /// In page-cache mode `.shufflefs/status` is a link (see the module docs).
-    fn status_is_link(&self, e: &Entry) -> bool {
-        self.read_path == ReadPath::PageCache && e.node == Node::Status
     }
 
     /// `attr`, except that in page-cache mode the epoch file's size is that of its current
@@ -189,9 +177,7 @@ impl FuseAdapter {
                     Ok(Opened::Snapshot(bytes)) => bytes,
                     _ => Vec::new(),
                 };
-                let start = (offset as usize).min(bytes.len());
-                let end = (start + size as usize).min(bytes.len());
-                reply.data(&bytes[start..end]);
+                reply.data(window(&bytes, offset, size));
             }
             Some(Node::Sample(_)) => match self.fs.open(ino, false) {
                 Ok(Opened::Sample(file)) => {
@@ -248,6 +234,13 @@ impl FuseAdapter {
         map.insert(ino, Arc::downgrade(&id));
         Ok(id)
     }
+}
+
+/// The part of `bytes` a read of `size` bytes at `offset` gets.
+fn window(bytes: &[u8], offset: u64, size: u32) -> &[u8] {
+    let start = (offset as usize).min(bytes.len());
+    let end = start.saturating_add(size as usize).min(bytes.len());
+    &bytes[start..end]
 }
 
 /// Reads up to `size` bytes at `offset`, short only at the end of the file.
@@ -349,16 +342,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        let link = if self.read_path == ReadPath::PageCache
-            && Node::from_ino(ino.0) == Some(Node::Status)
-        {
-            self.fs
-                .status_file()
-                .map(|p| p.into_os_string().into_encoded_bytes())
-        } else {
-            self.fs.readlink(ino.0)
-        };
-        match link {
+        match self.fs.readlink(ino.0) {
             Ok(target) => reply.data(&target),
             Err(err) => reply.error(fail("readlink", ino.0, &err)),
         }
@@ -498,11 +482,7 @@ impl Filesystem for FuseAdapter {
     ) {
         let handles = self.handles.lock().unwrap_or_else(|e| e.into_inner());
         match handles.get(&fh.0) {
-            Some(Handle::Snapshot(bytes)) => {
-                let start = (offset as usize).min(bytes.len());
-                let end = (start + size as usize).min(bytes.len());
-                reply.data(&bytes[start..end]);
-            }
+            Some(Handle::Snapshot(bytes)) => reply.data(window(bytes, offset, size)),
             Some(Handle::Sample { file, .. }) => {
                 let file = file.clone();
                 drop(handles);

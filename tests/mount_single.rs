@@ -13,7 +13,6 @@ use std::io::{self, Read, Seek, SeekFrom};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, SystemTime};
 
 use common::*;
@@ -503,23 +502,10 @@ fn epoch_control_file() {
     // Surrounding space is fine, and so is the shell's `echo N >`.
     write_epoch(&mnt, " 2 \n").expect("advance to 2 with spaces");
     assert_eq!(read_epoch(&mnt), 2);
-    let ctl = mnt.join(".shufflefs/epoch");
-    let status = Command::new("sh")
-        .arg("-c")
-        .arg("echo 3 > \"$1\"")
-        .arg("sh")
-        .arg(&ctl)
-        .status()
-        .unwrap();
+    let status = shell_echo_epoch(&mnt, "3");
     assert!(status.success(), "echo 3 > epoch: {status:?}");
     assert_eq!(read_epoch(&mnt), 3);
-    let status = Command::new("sh")
-        .arg("-c")
-        .arg("echo 5 > \"$1\"")
-        .arg("sh")
-        .arg(&ctl)
-        .status()
-        .unwrap();
+    let status = shell_echo_epoch(&mnt, "5");
     assert!(!status.success(), "echo 5 > epoch (a jump) should fail");
     assert_eq!(read_epoch(&mnt), 3);
     assert_eq!(listing(&mnt.join("epoch-3")), expected);

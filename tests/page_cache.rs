@@ -10,7 +10,6 @@ mod common;
 use std::fs::{self, File};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::MetadataExt;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 
@@ -63,19 +62,9 @@ fn samples_status_and_epochs_work_without_opens() {
     check_bytes(&data, &mnt, 1);
 
     // The shell's way, then by looking up the next epoch.
-    let ctl = mnt.join(".shufflefs/epoch");
-    let sh = |cmd: &str| {
-        Command::new("sh")
-            .arg("-c")
-            .arg(cmd)
-            .arg("sh")
-            .arg(&ctl)
-            .status()
-            .unwrap()
-    };
-    assert!(sh("echo 2 > \"$1\"").success());
+    assert!(shell_echo_epoch(&mnt, "2").success());
     assert_eq!(read_epoch(&mnt), 2);
-    assert!(!sh("echo 9 > \"$1\"").success(), "a jump must fail");
+    assert!(!shell_echo_epoch(&mnt, "9").success(), "a jump must fail");
     assert_eq!(read_epoch(&mnt), 2);
     assert_errno(write_epoch(&mnt, "x"), libc::EINVAL, "writing junk");
     assert_eq!(listing(&mnt.join("epoch-3")), data.expected_listing());

@@ -978,6 +978,18 @@ pub fn read_epoch(mnt: &Path) -> u64 {
         .unwrap_or_else(|_| panic!("epoch file holds {s:?}"))
 }
 
+/// Runs the shell's `echo VALUE > MNT/.shufflefs/epoch`, the way users advance by hand.
+pub fn shell_echo_epoch(mnt: &Path, value: &str) -> ExitStatus {
+    Command::new("sh")
+        .arg("-c")
+        .arg("echo \"$1\" > \"$2\"")
+        .arg("sh")
+        .arg(value)
+        .arg(mnt.join(".shufflefs/epoch"))
+        .status()
+        .expect("run sh")
+}
+
 /// Writes `value` to `MNT/.shufflefs/epoch` (open with truncation, as `echo N >` does).
 pub fn write_epoch(mnt: &Path, value: impl AsRef<[u8]>) -> io::Result<()> {
     fs::write(mnt.join(".shufflefs/epoch"), value)
