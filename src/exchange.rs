@@ -18,8 +18,14 @@
 //! entered its cache (so `stream_len` is the sizes plus 4 bytes per sample). The sender
 //! checks its own copy as it reads it (a corrupt copy is dropped and refetched from the
 //! source later); the receiver checks the bytes before renaming them into its cache, so a
-//! sample damaged on either side never enters a view. Before the trailer, the receiver
-//! `syncfs`es its cache: a sender only drops samples once the receiver holds them durably.
+//! sample damaged on either side never enters a view.
+//!
+//! Durability: after the last round every rank `syncfs`es its cache once (not once per round:
+//! on a node shared by several ranks each `syncfs` writes back everybody's dirty pages), then
+//! all ranks meet in one all-gather. `run` returns only after it, and a rank drops the samples
+//! it sent only after `run` returned, so a sample leaves its sender only once its receiver
+//! holds it durably. A rank whose disk failed still takes part in every round (draining what
+//! arrives) and in the final all-gather, so a local failure never leaves a peer waiting.
 //!
 //! After the data, each side sends the ids it could not read (a bad sample is reported, not
 //! fatal); the receiver drops those, and they are fetched from the source if read later.
@@ -181,13 +187,15 @@ pub fn run(
     });
     let tag = (target & 0x7FFF) as u16;
     let mut pacer = Pacer::new(cfg.rate);
+    // `Err`: a local failure (this rank's disk); the rounds still run so peers are served.
     let mut result = Ok(());
+    let mut comm_failed = false;
     for d in 1..world {
         let to = (me + d) % world;
         let from = (me + world - d) % world;
         let out = sends.get(&to).map_or(&[][..], Vec::as_slice);
         let inc = recvs.get(&from).map_or(&[][..], Vec::as_slice);
-        if let Err(e) = pair(
+        let outcome = pair(
             comm,
             store,
             tag,
@@ -198,11 +206,47 @@ pub fn run(
             target,
             &mut pacer,
             abort,
-        ) {
-            result = Err(format!(
-                "exchange with ranks {to}/{from} for epoch {target}: {e}"
-            ));
-            break;
+        );
+        let context =
+            |e: String| format!("exchange with ranks {to}/{from} for epoch {target}: {e}");
+        match outcome {
+            Ok(None) => {}
+            Ok(Some(local)) => {
+                if result.is_ok() {
+                    result = Err(context(local));
+                }
+            }
+            Err(e) => {
+                // The transport itself failed: no later message can be trusted to arrive.
+                result = Err(context(e));
+                comm_failed = true;
+                break;
+            }
+        }
+    }
+    if !comm_failed {
+        if result.is_ok()
+            && let Err(e) = store.sync()
+        {
+            result = Err(format!("making received samples durable: {e}"));
+        }
+        match comm.all_gather(&[u8::from(result.is_ok())]) {
+            Ok(all) => {
+                for (rank, ok) in all.iter().enumerate() {
+                    if ok.first() != Some(&1) && rank as Rank != me {
+                        tracing::warn!(
+                            rank,
+                            target_epoch = target,
+                            "a peer could not store what it received; it fetches those samples from the source"
+                        );
+                    }
+                }
+            }
+            Err(e) => {
+                if result.is_ok() {
+                    result = Err(format!("confirming the exchange for epoch {target}: {e}"));
+                }
+            }
         }
     }
     let seconds = started.elapsed().as_secs_f64();
@@ -231,7 +275,8 @@ pub fn run(
     result
 }
 
-/// One round: stream `out` to `to` while streaming `inc` in from `from`.
+/// One round: stream `out` to `to` while streaming `inc` in from `from`. `Err` if the
+/// transport failed; `Ok(Some(_))` if this rank failed locally but completed the round.
 #[allow(clippy::too_many_arguments)]
 fn pair(
     comm: &mut dyn Comm,
@@ -244,7 +289,7 @@ fn pair(
     target: u64,
     pacer: &mut Pacer,
     abort: &AtomicBool,
-) -> Result<(), String> {
+) -> Result<Option<String>, String> {
     let manifest = store.manifest();
     let (out_len, in_len) = (stream_len(manifest, out), stream_len(manifest, inc));
     let frames = |len: u64| len.div_ceil(frame as u64) as usize;
@@ -335,8 +380,7 @@ fn pair(
             let _ = store.remove(id);
             tracker.update(target, |r| r.failed_samples += 1);
         }
-        written?;
-        local_error.map_or(Ok(()), Err)
+        Ok(written.err().or(local_error))
     })
 }
 
@@ -423,7 +467,7 @@ fn read_stream(
 }
 
 /// Turns incoming frames back into one cache file per sample, checking each against the
-/// checksum that follows it, then makes them durable.
+/// checksum that follows it (`run` makes them durable after the last round).
 fn write_stream(
     store: &SampleStore,
     ids: &[SampleId],
@@ -455,9 +499,7 @@ fn write_stream(
             Err(e) => return Err(format!("storing received sample {id} in the cache: {e}")),
         }
     }
-    store
-        .sync()
-        .map_err(|e| format!("making received samples durable: {e}"))
+    Ok(())
 }
 
 /// Frame buffers handed back and forth between the MPI thread and a disk thread, so a long

@@ -282,3 +282,78 @@ fn unreadable_sample_is_reported_and_refetched() {
 fn corrupt_cached_sample_is_caught_by_its_checksum() {
     run_world(0.5, 2, false, Fault::Flip);
 }
+
+/// Rank 2 cannot write its cache (its temp folder is gone) during a 4-rank exchange: it
+/// still serves every round and the final confirmation, so the others finish with every
+/// sample byte-exact, and only rank 2 reports the failure, naming what went wrong.
+#[test]
+fn a_rank_whose_disk_fails_does_not_stall_the_others() {
+    let world = 4u32;
+    let manifest = manifest(200);
+    let plan = Plan::new(PlanParams {
+        samples: manifest.len(),
+        world,
+        fraction: 1.0,
+        seed: 7,
+    })
+    .unwrap();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    for mut comm in LocalComm::world(world) {
+        let (manifest, plan, done_tx) = (manifest.clone(), plan.clone(), done_tx.clone());
+        std::thread::spawn(move || {
+            let _guard = AbortOnPanic;
+            let me = comm.rank();
+            let dir = tempfile::tempdir().unwrap();
+            let source = Arc::new(SyntheticSource {
+                manifest: manifest.clone(),
+            });
+            let store =
+                SampleStore::new(CacheDir::open(dir.path()).unwrap(), manifest, source).unwrap();
+            let cur = plan.initial();
+            for &id in cur.share(me) {
+                store.ensure(id).unwrap();
+            }
+            if me == 2 {
+                std::fs::remove_dir_all(dir.path().join("tmp")).unwrap();
+            }
+            let step = plan.step(&cur);
+            let cfg = ExchangeConfig {
+                rate: None,
+                frame: 4096,
+            };
+            let tracker = ExchangeTracker::default();
+            let result = exchange::run(
+                &mut comm,
+                &store,
+                &step,
+                cfg,
+                &tracker,
+                &AtomicBool::new(false),
+            );
+            if me != 2 {
+                for t in step.transfers.iter().filter(|t| t.to == me) {
+                    assert!(store.contains(t.sample), "rank {me} lacks {}", t.sample);
+                    check_sample(&store, t.sample);
+                }
+            }
+            done_tx.send((me, result)).unwrap();
+        });
+    }
+    drop(done_tx);
+    let mut results: Vec<_> = (0..world)
+        .map(|_| {
+            done_rx
+                .recv_timeout(std::time::Duration::from_secs(60))
+                .expect("every rank finishes the exchange (none is left waiting)")
+        })
+        .collect();
+    results.sort_by_key(|r| r.0);
+    for (rank, result) in results {
+        if rank == 2 {
+            let e = result.expect_err("rank 2 cannot store what it receives");
+            assert!(e.contains("storing received sample"), "{e}");
+        } else {
+            result.unwrap();
+        }
+    }
+}
