@@ -396,6 +396,29 @@ impl SampleStore {
         })
     }
 
+    /// Sample `id` read straight from the source into memory, bypassing the cache: what a
+    /// reader gets when the cache cannot take the sample (its disk is full, say). Refused
+    /// for samples over `max` bytes, which would cost too much memory.
+    pub fn read_uncached(&self, id: SampleId, max: u64) -> io::Result<Vec<u8>> {
+        let want = self.manifest.size(id);
+        if want > max {
+            return Err(io::Error::other(format!(
+                "{}: {want} bytes is too large to serve without the cache (limit {max})",
+                self.source.describe(id)
+            )));
+        }
+        let mut bytes = Vec::with_capacity(want as usize);
+        self.source.copy_to(id, &mut bytes)?;
+        if bytes.len() as u64 != want {
+            return Err(io::Error::other(format!(
+                "{}: sample is {} bytes, the manifest says {want}; it changed after the scan",
+                self.source.describe(id),
+                bytes.len()
+            )));
+        }
+        Ok(bytes)
+    }
+
     /// Writes sample `id` through `fill` into `tmp/`, checks its length (and its checksum,
     /// if `fill` returns the one the bytes must have), records the checksum, then renames it
     /// in. Returns the checksum. A mismatch is an `InvalidData` error and is counted.

@@ -20,6 +20,10 @@ use crate::error::FsError;
 use crate::status::StatusReport;
 use crate::view::{self, CTL_DIR_NAME, CURRENT_NAME, EPOCH_CTL_NAME, Node, STATUS_NAME};
 
+/// Largest sample served straight from the source when the cache cannot hold it. In the
+/// page-cache read path every read request re-reads the whole sample, so this stays small.
+pub const UNCACHED_MAX: u64 = 16 << 20;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     Dir,
@@ -290,13 +294,20 @@ impl ShuffleFs {
             )),
             _ if write => Err(FsError::ReadOnly),
             Node::Status => Ok(Opened::Snapshot(self.status.render())),
-            Node::Sample(id) => {
-                // A listed sample that cannot be fetched is an I/O error (EIO), never ENOENT.
-                self.store
-                    .ensure(id)
-                    .map_err(|e| FsError::Io(std::io::Error::other(e)))?;
-                Ok(Opened::Sample(File::open(self.store.path(id))?))
-            }
+            Node::Sample(id) => match self.store.ensure(id) {
+                Ok(()) => Ok(Opened::Sample(File::open(self.store.path(id))?)),
+                // The cache could not take it (full disk, say): serve it from the source
+                // through memory rather than fail a read of the current epoch.
+                Err(cache_err) => match self.store.read_uncached(id, UNCACHED_MAX) {
+                    Ok(bytes) => {
+                        tracing::warn!(sample = id, error = %cache_err, "serving a sample from the source without caching it");
+                        Ok(Opened::Snapshot(bytes))
+                    }
+                    // A listed sample that cannot be fetched is an I/O error (EIO), never
+                    // ENOENT; the cache's error says what went wrong first.
+                    Err(_) => Err(FsError::Io(std::io::Error::other(cache_err))),
+                },
+            },
             _ if entry.kind == Kind::Dir => Err(FsError::IsDir),
             _ => Err(FsError::Invalid("cannot open this node".into())),
         }

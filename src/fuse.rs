@@ -196,7 +196,8 @@ impl FuseAdapter {
                         Err(e) => reply.error(fail("read", ino, &FsError::Io(e))),
                     }
                 }
-                Ok(_) => reply.error(Errno::EBADF),
+                Ok(Opened::Snapshot(bytes)) => reply.data(window(&bytes, offset, size)),
+                Ok(Opened::EpochControl) => reply.error(Errno::EBADF),
                 Err(err) => reply.error(fail("read", ino, &err)),
             },
             _ => reply.error(Errno::EBADF),

@@ -1,7 +1,8 @@
 //! The cache's disk fills up during an exchange (real mpirun, 2 ranks, each cache on a small
 //! tmpfs that holds the share but not what comes in): the exchange fails with a clear error in
 //! the status, the current view keeps serving every byte, advancing fails without taking the
-//! mount down, and the job unmounts cleanly. Needs root for the tmpfs mounts.
+//! mount down, and the job unmounts cleanly. And a single rank whose cache cannot even hold its
+//! share still serves every byte of it, from the source. Needs root for the tmpfs mounts.
 
 mod common;
 
@@ -167,5 +168,59 @@ fn disk_full_during_exchange_keeps_the_current_view_serving() {
             "daemons did not exit after unmount"
         );
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A cache on a 1 MB tmpfs under a 3 MB share: samples that do not fit are read from the
+/// source through memory, in both read paths, and the status says why.
+#[test]
+fn a_cache_smaller_than_the_share_still_serves_every_byte() {
+    if !require_fuse() {
+        return;
+    }
+    if !nix::unistd::geteuid().is_root() {
+        assert!(
+            std::env::var("SHUFFLEFS_REQUIRE_FUSE").as_deref() != Ok("1"),
+            "SHUFFLEFS_REQUIRE_FUSE=1 but this test needs root to mount a small tmpfs"
+        );
+        eprintln!("SKIPPED: needs root to mount a small tmpfs as the cache");
+        return;
+    }
+    let data = DatasetBuilder::new()
+        .numbered_class("a", 30, |i| 50_000 + i as u64)
+        .numbered_class("b", 30, |i| 60_000 - i as u64)
+        .build();
+    for read_path in ["passthrough", "page-cache"] {
+        let cache = data.dir(&format!("cache-{read_path}"));
+        nix::mount::mount(
+            Some("tmpfs"),
+            &cache,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some("size=1m"),
+        )
+        .unwrap();
+        let d = Daemon::mount(
+            &data.root,
+            &cache,
+            &data.dir(&format!("mnt-{read_path}")),
+            &["--read-path", read_path],
+        );
+        for s in &data.samples {
+            let p = d.mnt.join("epoch-0").join(s.rel());
+            let got = std::fs::read(&p).unwrap_or_else(|e| panic!("{read_path}: {p:?}: {e}"));
+            assert!(
+                got == s.bytes(),
+                "{read_path}: {p:?} differs from the source"
+            );
+        }
+        let problems = read_status(&d.mnt)["cache"]["problems"].to_string();
+        assert!(
+            problems.contains("No space left"),
+            "{read_path}: {problems}"
+        );
+        let stopped = d.unmount();
+        assert!(stopped.status.is_some_and(|s| s.success()), "{stopped:?}");
+        nix::mount::umount2(&cache, nix::mount::MntFlags::MNT_DETACH).unwrap();
     }
 }
