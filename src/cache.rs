@@ -202,8 +202,11 @@ impl CacheDir {
         write_atomic(&self.root, "state.json", &bytes).map_err(self.io_err())
     }
 
-    pub fn load_manifest(&self) -> Result<Option<Manifest>, CacheError> {
+    /// The saved manifest, if there is one whose encoding has `fingerprint` (the one the
+    /// state file names); a missing or stale one is `None`, and the source is scanned.
+    pub fn load_manifest(&self, fingerprint: u32) -> Result<Option<Manifest>, CacheError> {
         match fs::read(self.root.join("manifest.bin")) {
+            Ok(bytes) if crc32c::crc32c(&bytes) != fingerprint => Ok(None),
             Ok(bytes) => Manifest::decode(&bytes)
                 .map(Some)
                 .map_err(|e| CacheError::Corrupt {
@@ -217,11 +220,18 @@ impl CacheDir {
     }
 
     /// Saves the encoded manifest, unless the file already holds exactly these bytes.
+    ///
+    /// No fsync: the state file names the manifest by fingerprint and `load_manifest` uses
+    /// only a file that matches it, so a save torn or lost by a crash costs the next start a
+    /// rescan, nothing else. (With the fsync, saving took ~0.05 s of start-up at 1 M samples.)
     pub fn save_manifest(&self, encoded: &[u8]) -> Result<(), CacheError> {
         if fs::read(self.root.join("manifest.bin")).is_ok_and(|saved| saved == encoded) {
             return Ok(());
         }
-        write_atomic(&self.root, "manifest.bin", encoded).map_err(self.io_err())
+        let tmp = self.root.join(".manifest.bin.tmp");
+        fs::write(&tmp, encoded)
+            .and_then(|()| fs::rename(&tmp, self.root.join("manifest.bin")))
+            .map_err(self.io_err())
     }
 
     /// Drops every cached sample and the state (used when the manifest changes).

@@ -114,7 +114,7 @@ fn reusable<'a>(args: &MountArgs, state: Option<&'a CacheState>) -> Option<&'a C
 struct Prepared {
     store: Arc<SampleStore>,
     plan: Plan,
-    epoch: u64,
+    resumed: resume::Resumed,
     mountpoint: PathBuf,
 }
 
@@ -172,8 +172,8 @@ fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, String> {
     // the kernel (no '/', NUL, '.', '..' or over 255 bytes), the cache's were checked on load.
     let mut scanned = None;
     let manifest_bytes = decide(comm, || -> Result<Vec<u8>, String> {
-        let cached =
-            reusable(args, state.as_ref()).and_then(|_| dir.load_manifest().ok().flatten());
+        let cached = reusable(args, state.as_ref())
+            .and_then(|s| dir.load_manifest(s.manifest_fingerprint).ok().flatten());
         let m = match cached {
             Some(m) => {
                 tracing::info!(
@@ -229,14 +229,13 @@ fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, String> {
         )),
         _ => dir.clear().map(|()| 0).map_err(|e| e.to_string()),
     };
-    let local_epoch = local_epoch.and_then(|e| {
-        dir.save_manifest(&manifest_bytes)
-            .map_err(|e| e.to_string())?;
-        Ok(e)
-    });
     let epoch_ok = local_epoch.as_ref().map(|_| ()).map_err(Clone::clone);
     everyone_ok(comm, epoch_ok)?;
     let local_epoch = local_epoch.expect("checked above");
+    // Only a shortcut for the next start, so a failure is a warning (see `save_manifest`).
+    if let Err(e) = dir.save_manifest(&manifest_bytes) {
+        tracing::warn!(error = %e, "could not save the manifest; the next start rescans the source");
+    }
     drop(manifest_bytes); // saved; the manifest itself is all that is needed from here
     // After a crash ranks may be one epoch apart; training had reached the furthest one.
     let epochs = comm
@@ -260,11 +259,11 @@ fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, String> {
     let source = Arc::new(DirSource::new(args.source.clone(), manifest.clone()));
     let store = Arc::new(SampleStore::new(dir, manifest, source).map_err(|e| e.to_string())?);
     // Phase 5: finish whatever a crash interrupted (see `resume`).
-    resume::resume(comm, &store, &plan, epoch)?;
+    let resumed = resume::resume(comm, &store, &plan, epoch)?;
     Ok(Prepared {
         store,
         plan,
-        epoch,
+        resumed,
         mountpoint,
     })
 }
@@ -313,7 +312,7 @@ pub fn run(
     let Prepared {
         store,
         plan,
-        epoch,
+        resumed,
         mountpoint,
     } = prepare(args, comm)?;
     let rank = comm.rank();
@@ -321,10 +320,11 @@ pub fn run(
     let tracker = Arc::new(ExchangeTracker::default());
     let (prep_store, prep_tracker) = (store.clone(), tracker.clone());
     let persist_store = store.clone();
-    let epochs = Arc::new(Epochs::new(
+    let epochs = Arc::new(Epochs::starting_at(
         plan,
         rank,
-        epoch,
+        resumed.current,
+        Some(resumed.next),
         Box::new(move |step| prepare_epoch(&prep_store, &prep_tracker, rank, step)),
         Box::new(move |step| {
             let dir = persist_store.dir();
@@ -457,7 +457,8 @@ pub fn run(
         })
         .map_err(|e| e.to_string())?;
 
-    let share = epochs.current().share(rank).len();
+    let current = epochs.current();
+    let (epoch, share) = (current.epoch, current.share(rank).len());
     on_ready(&format!(
         "shufflefs: rank {rank} of {} mounted {} (epoch {epoch}, {share} samples of {})",
         comm.size(),

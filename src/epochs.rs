@@ -36,12 +36,26 @@ pub struct Epochs {
 impl Epochs {
     /// Starts at `epoch` (0 for a fresh cache, the saved one on resume).
     pub fn new(plan: Plan, rank: Rank, epoch: u64, prepare: Hook, persist: Hook) -> Epochs {
-        let current = Arc::new(plan.shares_at(epoch));
+        let current = plan.shares_at(epoch);
+        Epochs::starting_at(plan, rank, current, None, prepare, persist)
+    }
+
+    /// Starts at `current`, with the plan's step out of it if the caller already has it
+    /// (the daemon does: resuming walked the plan there).
+    pub fn starting_at(
+        plan: Plan,
+        rank: Rank,
+        current: EpochShares,
+        next: Option<Step>,
+        prepare: Hook,
+        persist: Hook,
+    ) -> Epochs {
+        let next = next.filter(|s| s.next.epoch == current.epoch + 1);
         Epochs {
             plan,
             rank,
-            current: RwLock::new(current),
-            next: Mutex::default(),
+            current: RwLock::new(Arc::new(current)),
+            next: Mutex::new(next.map(Arc::new)),
             advancing: Mutex::new(()),
             prepare,
             persist,

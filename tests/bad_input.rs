@@ -530,3 +530,35 @@ fn cache_of_another_format_version_is_refused_unless_reset() {
     assert_eq!(read_status(&mnt)["epoch"], 0);
     d.unmount().assert_clean();
 }
+
+/// The saved manifest is a shortcut, written without fsync: one lost to a crash may leave an
+/// older, valid manifest behind. A start must notice that it does not match the state file
+/// (by fingerprint) and rescan the source, not refuse the cache as "built with other settings".
+#[test]
+fn a_stale_saved_manifest_is_ignored_and_the_source_rescanned() {
+    if !require_fuse() {
+        return;
+    }
+    let data = standard_dataset();
+    let cache = data.path("cache");
+    let mnt = data.dir("mnt");
+    Daemon::mount(&data.root, &cache, &mnt, &["--seed", "3"])
+        .unmount()
+        .assert_clean();
+    let old = fs::read(cache.join("manifest.bin")).unwrap();
+    // The source gains a sample; the cache is rebuilt for it, then its manifest is "lost".
+    fs::write(data.root.join("cat/new.jpg"), b"a new sample").unwrap();
+    let args = ["--seed", "3", "--reset-cache"];
+    Daemon::mount(&data.root, &cache, &mnt, &args)
+        .unmount()
+        .assert_clean();
+    fs::write(cache.join("manifest.bin"), &old).unwrap();
+    let d = Daemon::mount(&data.root, &cache, &mnt, &["--seed", "3"]);
+    let cat = names(&mnt.join("epoch-0/cat"));
+    assert!(cat.contains("new.jpg"), "{cat:?}");
+    assert_eq!(
+        fs::read(mnt.join("epoch-0/cat/new.jpg")).unwrap(),
+        b"a new sample"
+    );
+    d.unmount().assert_clean();
+}
