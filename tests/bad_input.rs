@@ -472,9 +472,12 @@ fn source_file_changed_or_vanished_after_the_scan_is_reported() {
     fs::write(data.root.join("cat/a.jpg"), b"now a different size").unwrap();
     fs::remove_file(data.root.join("cat/b.jpg")).unwrap();
     let d = Daemon::mount(&data.root, &cache, &mnt, &["--seed", "3"]);
+    // Not `files_done + errors == files_total` alone: that holds at 0 == 0 before staging starts.
     let s = wait_for_status(&mnt, "staging to finish", |s| {
-        s["staging"]["files_done"].as_u64().unwrap() + s["staging"]["errors"].as_u64().unwrap()
-            == s["staging"]["files_total"].as_u64().unwrap()
+        let st = &s["staging"];
+        matches!(st["state"].as_str(), Some("done" | "incomplete"))
+            && st["files_done"].as_u64().unwrap() + st["errors"].as_u64().unwrap()
+                == st["files_total"].as_u64().unwrap()
     });
     assert_eq!(s["staging"]["errors"], 2, "{s:#}");
     let problems = s["cache"]["problems"].to_string();

@@ -134,7 +134,8 @@ fn sigkill_at_any_moment_then_resume_like_an_uninterrupted_run() {
     // 1. Killed in the middle of the exchange into epoch 1 (slowed down so it is running).
     let job = MpiJob::start(dir, RANKS, SEED, FRACTION, &["--exchange-rate", "50000"]);
     wait_all(&job, "staging", |st| {
-        st["staging"]["files_done"] == st["staging"]["files_total"]
+        st["staging"]["state"] == "done"
+            && st["staging"]["files_done"] == st["staging"]["files_total"]
     });
     wait_all(&job, "the exchange into epoch 1 to start", |st| {
         exchange(st, 1).is_some_and(|x| x["state"] == "running")
