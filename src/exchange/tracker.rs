@@ -1,0 +1,86 @@
+//! What the status shows of recent exchanges, and how an advance waits for one to end.
+
+use std::sync::{Condvar, Mutex};
+
+use serde::Serialize;
+
+/// One exchange as the status shows it.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ExchangeReport {
+    pub target_epoch: u64,
+    pub state: &'static str,
+    pub samples_to_send: u64,
+    pub samples_to_receive: u64,
+    pub bytes_to_send: u64,
+    pub bytes_to_receive: u64,
+    pub samples_sent: u64,
+    pub samples_received: u64,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub failed_samples: u64,
+    pub seconds: f64,
+    pub error: Option<String>,
+}
+
+/// Reports of recent exchanges, and a way to wait for one to finish.
+#[derive(Default)]
+pub struct ExchangeTracker {
+    reports: Mutex<Vec<ExchangeReport>>,
+    changed: Condvar,
+}
+
+impl ExchangeTracker {
+    pub(super) fn update(&self, target: u64, f: impl FnOnce(&mut ExchangeReport)) {
+        let mut reports = self.reports.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = reports.iter_mut().find(|r| r.target_epoch == target) {
+            f(r);
+        } else {
+            let mut r = ExchangeReport {
+                target_epoch: target,
+                state: "pending",
+                ..Default::default()
+            };
+            f(&mut r);
+            reports.push(r);
+            // Keep the last few only.
+            let excess = reports.len().saturating_sub(4);
+            reports.drain(..excess);
+        }
+        self.changed.notify_all();
+    }
+
+    pub fn snapshot(&self) -> Vec<ExchangeReport> {
+        self.reports
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn is_done(&self, target: u64) -> bool {
+        self.snapshot()
+            .iter()
+            .any(|r| r.target_epoch == target && r.state == "done")
+    }
+
+    /// Blocks until the exchange into `target` ended; returns its report.
+    pub fn wait(&self, target: u64) -> ExchangeReport {
+        let mut reports = self.reports.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(r) = reports
+                .iter()
+                .find(|r| r.target_epoch == target && matches!(r.state, "done" | "failed"))
+            {
+                return r.clone();
+            }
+            reports = self
+                .changed
+                .wait(reports)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Records an exchange that will run, so waiters know it is coming.
+    pub fn announce(&self, target: u64) {
+        self.update(target, |_| {});
+    }
+}
