@@ -39,7 +39,7 @@ fn baseline(comm: &mut dyn Comm, manifest: &Manifest, step: &Step) -> f64 {
         step.transfers
             .iter()
             .filter(|t| t.from == from && t.to == to)
-            .map(|t| manifest.size(t.sample) + 4)
+            .map(|t| manifest.size(t.sample).unwrap_or(0) + 4)
             .sum::<u64>()
     };
     let send_buf = vec![7u8; FRAME];
@@ -84,14 +84,14 @@ fn disk_floor(
         3u8;
         incoming
             .iter()
-            .map(|&i| manifest.size(i))
+            .map(|&i| manifest.size(i).unwrap_or(0))
             .max()
             .unwrap_or(0) as usize
     ];
     barrier(comm);
     let t0 = Instant::now();
     for id in incoming {
-        let len = manifest.size(id) as usize;
+        let len = manifest.size(id).unwrap_or(0) as usize;
         store
             .insert_with(id, |f| f.write_all(&buf[..len]).map(|()| None))
             .unwrap();
@@ -139,7 +139,11 @@ fn scenario(
         store.ensure(id).unwrap();
     }
     let step = plan.step(&cur);
-    let bytes: u64 = step.transfers.iter().map(|t| manifest.size(t.sample)).sum();
+    let bytes: u64 = step
+        .transfers
+        .iter()
+        .filter_map(|t| manifest.size(t.sample))
+        .sum();
     let moved = step.transfers.len() as f64;
     let base = baseline(comm, &manifest, &step);
     let floor_dir = tmp.join(format!("{name}-floor-rank{}", comm.rank()));

@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 use xattr::FileExt as _;
 
-use crate::manifest::Manifest;
+use crate::manifest::{Manifest, UNKNOWN_SIZE};
 use crate::plan::SampleId;
 use crate::source::SampleSource;
 
@@ -36,7 +36,7 @@ use crate::source::SampleSource;
 const CRC_XATTR: &str = "user.shufflefs.crc32c";
 
 /// Bump when the layout or the plan's output changes: old caches are then refused.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
@@ -311,6 +311,10 @@ pub struct SampleStore {
     manifest: Arc<Manifest>,
     source: Arc<dyn SampleSource>,
     present: Bitset,
+    /// Each sample's size once known ([`UNKNOWN_SIZE`] before): from the manifest where it
+    /// has one, else learned when the sample is first written into the cache (fetched,
+    /// received, or found there at start-up). A sample never changes size once known.
+    sizes: Vec<AtomicU64>,
     /// Serializes fetches of the same sample (striped by id) so two readers never copy it twice.
     stripes: Vec<Mutex<()>>,
     pub stats: StoreStats,
@@ -325,6 +329,9 @@ impl SampleStore {
     ) -> Result<SampleStore, CacheError> {
         let store = SampleStore {
             present: Bitset::new(manifest.len()),
+            sizes: (0..manifest.len())
+                .map(|id| AtomicU64::new(manifest.size(id).unwrap_or(UNKNOWN_SIZE)))
+                .collect(),
             stripes: (0..256).map(|_| Mutex::new(())).collect(),
             stats: StoreStats::default(),
             dir,
@@ -341,8 +348,10 @@ impl SampleStore {
             let len = entry.metadata().map(|m| m.len()).ok();
             match (id, len) {
                 (Some(id), Some(len))
-                    if id < store.manifest.len() && len == store.manifest.size(id) =>
+                    if id < store.manifest.len()
+                        && store.size(id).is_none_or(|size| size == len) =>
                 {
+                    store.learn_size(id, len);
                     store.mark_present(id);
                 }
                 _ => {
@@ -369,12 +378,33 @@ impl SampleStore {
         self.dir.root.join("samples").join(id.to_string())
     }
 
+    /// The size of sample `id`, if known yet (see `sizes`).
+    pub fn size(&self, id: SampleId) -> Option<u64> {
+        let size = self.sizes[id as usize].load(Ordering::Relaxed);
+        (size != UNKNOWN_SIZE).then_some(size)
+    }
+
+    fn learn_size(&self, id: SampleId, len: u64) {
+        self.sizes[id as usize].store(len, Ordering::Relaxed);
+    }
+
+    /// Sample `id`'s size, fetching the sample from the source first if it is not known.
+    pub fn resolve_size(&self, id: SampleId) -> io::Result<u64> {
+        if let Some(size) = self.size(id) {
+            return Ok(size);
+        }
+        self.ensure(id)?;
+        self.size(id)
+            .ok_or_else(|| io::Error::other("sample size unknown after fetching it"))
+    }
+
+    /// Call after `learn_size`.
     fn mark_present(&self, id: SampleId) {
         if !self.present.set(id) {
             self.stats.files.fetch_add(1, Ordering::Relaxed);
             self.stats
                 .bytes
-                .fetch_add(self.manifest.size(id), Ordering::Relaxed);
+                .fetch_add(self.size(id).unwrap_or(0), Ordering::Relaxed);
         }
     }
 
@@ -410,23 +440,37 @@ impl SampleStore {
     /// reader gets when the cache cannot take the sample (its disk is full, say). Refused
     /// for samples over `max` bytes, which would cost too much memory.
     pub fn read_uncached(&self, id: SampleId, max: u64) -> io::Result<Vec<u8>> {
-        let want = self.manifest.size(id);
-        if want > max {
-            return Err(io::Error::other(format!(
-                "{}: {want} bytes is too large to serve without the cache (limit {max})",
+        let too_large = || {
+            io::Error::other(format!(
+                "{}: too large to serve without the cache (limit {max} bytes)",
                 self.source.describe(id)
-            )));
+            ))
+        };
+        let want = self.size(id);
+        if want.is_some_and(|w| w > max) {
+            return Err(too_large());
         }
-        let mut bytes = Vec::with_capacity(want as usize);
-        self.source.copy_to(id, &mut bytes)?;
-        if bytes.len() as u64 != want {
+        let mut out = Capped {
+            bytes: Vec::with_capacity(want.unwrap_or(0) as usize),
+            max: max as usize,
+        };
+        self.source.copy_to(id, &mut out).map_err(|e| {
+            if e.kind() == io::ErrorKind::FileTooLarge {
+                too_large()
+            } else {
+                e
+            }
+        })?;
+        let got = out.bytes.len() as u64;
+        if want.is_some_and(|w| w != got) {
             return Err(io::Error::other(format!(
-                "{}: sample is {} bytes, the manifest says {want}; it changed after the scan",
+                "{}: sample is {got} bytes, it was {} when first read; it changed since",
                 self.source.describe(id),
-                bytes.len()
+                want.unwrap_or(0)
             )));
         }
-        Ok(bytes)
+        self.learn_size(id, got);
+        Ok(out.bytes)
     }
 
     /// Writes sample `id` through `fill` into `tmp/`, checks its length (and its checksum,
@@ -450,10 +494,9 @@ impl SampleStore {
         };
         let checked = fill(&mut out).and_then(|expected| {
             let (n, crc) = (out.len, out.crc);
-            let want = self.manifest.size(id);
-            if n != want {
+            if let Some(want) = self.size(id).filter(|&w| w != n) {
                 return Err(io::Error::other(format!(
-                    "sample is {n} bytes, the manifest says {want}; it changed after the scan"
+                    "sample is {n} bytes, it was {want} when first listed or read; it changed since"
                 )));
             }
             if let Some(expected) = expected.filter(|&e| e != crc) {
@@ -469,10 +512,10 @@ impl SampleStore {
                 ));
             }
             set_crc(&file, crc)?;
-            Ok(crc)
+            Ok((crc, n))
         });
-        let crc = match checked {
-            Ok(crc) => crc,
+        let (crc, len) = match checked {
+            Ok(checked) => checked,
             Err(e) => {
                 let _ = fs::remove_file(&tmp);
                 return Err(e);
@@ -480,6 +523,7 @@ impl SampleStore {
         };
         drop(file);
         fs::rename(&tmp, self.path(id))?;
+        self.learn_size(id, len);
         self.mark_present(id);
         Ok(crc)
     }
@@ -532,7 +576,7 @@ impl SampleStore {
             self.stats.files.fetch_sub(1, Ordering::Relaxed);
             self.stats
                 .bytes
-                .fetch_sub(self.manifest.size(id), Ordering::Relaxed);
+                .fetch_sub(self.size(id).unwrap_or(0), Ordering::Relaxed);
             match fs::remove_file(self.path(id)) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
                 _ => {}
@@ -547,6 +591,26 @@ fn set_crc(file: &File, crc: u32) -> io::Result<()> {
     match file.set_xattr(CRC_XATTR, &crc.to_le_bytes()) {
         Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(()),
         other => other,
+    }
+}
+
+/// Collects bytes in memory, refusing (`FileTooLarge`) to hold more than `max`.
+struct Capped {
+    bytes: Vec<u8>,
+    max: usize,
+}
+
+impl Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if self.bytes.len() + buf.len() > self.max {
+            return Err(io::ErrorKind::FileTooLarge.into());
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
     }
 }
 

@@ -38,7 +38,8 @@ pub struct Entry {
     pub kind: Kind,
     pub size: u64,
     pub perm: u16,
-    /// Whether the kernel may cache it for long: true for published views.
+    /// Whether the kernel may cache it for long: true for published views, except samples
+    /// whose size is not known yet (listed with size 0; see `ShuffleFs::resolved`).
     pub immutable: bool,
 }
 
@@ -151,12 +152,14 @@ impl ShuffleFs {
             },
             Node::EpochDir(e) if e == current => dir(true),
             Node::ClassDir(e, c) if e == current && c < manifest.class_count() => dir(true),
+            // A size not known yet is listed as 0 and not cacheable, so the kernel asks
+            // again (LOOKUP or GETATTR, which resolve it) before anything uses it.
             Node::Sample(id) if self.holds(id) => Entry {
                 node,
                 kind: Kind::File,
-                size: manifest.size(id),
+                size: self.store.size(id).unwrap_or(0),
                 perm: 0o444,
-                immutable: true,
+                immutable: self.store.size(id).is_some(),
             },
             _ => return Err(FsError::NotFound),
         })
@@ -168,7 +171,30 @@ impl ShuffleFs {
     }
 
     pub fn getattr(&self, ino: u64) -> Result<Entry, FsError> {
-        self.entry(Node::from_ino(ino).ok_or(FsError::NotFound)?)
+        self.resolved(self.entry(Node::from_ino(ino).ok_or(FsError::NotFound)?)?)
+    }
+
+    /// `e` with its size known: a sample nobody has read yet is fetched first (what opening
+    /// it would do anyway), or, if the cache cannot take it, read from the source into
+    /// memory. Listings skip this (see `entry`), so listing a folder never reads a sample.
+    fn resolved(&self, e: Entry) -> Result<Entry, FsError> {
+        let Node::Sample(id) = e.node else {
+            return Ok(e);
+        };
+        if e.immutable {
+            return Ok(e);
+        }
+        let size = self.store.resolve_size(id).or_else(|cache_err| {
+            self.store
+                .read_uncached(id, UNCACHED_MAX)
+                .map(|bytes| bytes.len() as u64)
+                .map_err(|_| FsError::Io(std::io::Error::other(cache_err)))
+        })?;
+        Ok(Entry {
+            size,
+            immutable: true,
+            ..e
+        })
     }
 
     pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<Entry, FsError> {
@@ -205,7 +231,7 @@ impl ShuffleFs {
             n if !n.is_dir() => return Err(FsError::NotDir),
             _ => return Err(FsError::NotFound),
         };
-        self.entry(node)
+        self.resolved(self.entry(node)?)
     }
 
     /// Lists `ino` from position `offset` on; `add(entry, name, next_offset)` returns true

@@ -1,5 +1,11 @@
-//! The dataset manifest: classes, sample names, sizes. Built once by rank 0, shipped to the
-//! other ranks as bytes, kept in each cache so a remount need not rescan.
+//! The dataset manifest: classes, sample names and, where known, sizes. Built once by rank 0,
+//! shipped to the other ranks as bytes, kept in each cache so a remount need not rescan.
+//!
+//! Rank 0's scan lists names only, as `find` does: a size needs a `stat` of every file, which
+//! on a cold cache means reading every inode table (on a parallel filesystem, a metadata
+//! round trip per file) and cost 2-3x the whole listing. So a scanned sample's size is
+//! unknown until the sample is first read (see `SampleStore::size`). Manifests built with
+//! sizes (tests, synthetic sources) keep them.
 //!
 //! Samples are sorted by (class, name) and a sample's id is its index, so a class is a
 //! contiguous id range and a share sorted by id is already grouped in listing order. Names
@@ -46,8 +52,12 @@ pub struct Skipped {
     pub reason: String,
 }
 
-/// A class folder's name and its `(sample name, size)` entries, as scanned.
+/// A class folder's name and its `(sample name, size)` entries; [`UNKNOWN_SIZE`] for a size
+/// not known yet.
 pub type ClassListing = (Vec<u8>, Vec<(Vec<u8>, u64)>);
+
+/// The size of a sample nobody has read yet.
+pub const UNKNOWN_SIZE: u64 = u64::MAX;
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Manifest {
@@ -57,7 +67,8 @@ pub struct Manifest {
     names: Vec<u8>,
     /// End offset of each sample's name in `names`.
     name_end: Vec<u32>,
-    sizes: Vec<u64>,
+    /// Each sample's size plus one; 0 if unknown (one byte each when encoded).
+    size_plus_one: Vec<u64>,
     pub skipped: Vec<Skipped>,
 }
 
@@ -73,11 +84,11 @@ pub fn is_safe_name(name: &[u8]) -> bool {
 
 impl Manifest {
     pub fn len(&self) -> u32 {
-        self.sizes.len() as u32
+        self.size_plus_one.len() as u32
     }
 
     pub fn is_empty(&self) -> bool {
-        self.sizes.is_empty()
+        self.size_plus_one.is_empty()
     }
 
     pub fn class_count(&self) -> u32 {
@@ -114,12 +125,9 @@ impl Manifest {
         OsStr::from_bytes(&self.names[start..end])
     }
 
-    pub fn size(&self, id: SampleId) -> u64 {
-        self.sizes[id as usize]
-    }
-
-    pub fn total_bytes(&self) -> u64 {
-        self.sizes.iter().sum()
+    /// The size recorded for `id`, if the manifest was built knowing it.
+    pub fn size(&self, id: SampleId) -> Option<u64> {
+        self.size_plus_one[id as usize].checked_sub(1)
     }
 
     /// The sample called `name` in `class`.
@@ -176,14 +184,16 @@ impl Manifest {
         ends: &[u32],
         sizes: &[u64],
     ) -> Result<(), ManifestError> {
-        let too_many = || ManifestError::TooMany(self.sizes.len() + sizes.len());
+        let too_many = || ManifestError::TooMany(self.size_plus_one.len() + sizes.len());
         let base = u32::try_from(self.names.len()).map_err(|_| too_many())?;
         u32::try_from(self.names.len() + names.len()).map_err(|_| too_many())?;
-        let count = u32::try_from(self.sizes.len() + sizes.len()).map_err(|_| too_many())?;
+        let count =
+            u32::try_from(self.size_plus_one.len() + sizes.len()).map_err(|_| too_many())?;
         self.classes.push(class);
         self.names.extend_from_slice(names);
         self.name_end.extend(ends.iter().map(|&e| base + e));
-        self.sizes.extend_from_slice(sizes);
+        self.size_plus_one
+            .extend(sizes.iter().map(|&s| s.wrapping_add(1)));
         self.class_start.push(count);
         Ok(())
     }
@@ -198,7 +208,7 @@ impl Manifest {
         self.class_start.shrink_to_fit();
         self.names.shrink_to_fit();
         self.name_end.shrink_to_fit();
-        self.sizes.shrink_to_fit();
+        self.size_plus_one.shrink_to_fit();
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -217,12 +227,12 @@ impl Manifest {
         let bad = |what: &str| Err(ManifestError::Decode(what.to_string()));
         if self.class_start.len() != self.classes.len() + 1
             || self.class_start.first() != Some(&0)
-            || self.class_start.last().copied() != Some(self.sizes.len() as u32)
+            || self.class_start.last().copied() != Some(self.size_plus_one.len() as u32)
             || self.class_start.windows(2).any(|w| w[0] > w[1])
         {
             return bad("class ranges are inconsistent");
         }
-        if self.name_end.len() != self.sizes.len()
+        if self.name_end.len() != self.size_plus_one.len()
             || self.name_end.windows(2).any(|w| w[0] > w[1])
             || self
                 .name_end
@@ -273,7 +283,12 @@ mod tests {
         assert_eq!(m.class_name(1), "dog");
         assert_eq!(m.class_range(2), 3..3);
         assert_eq!(m.name(1), "a.png");
-        assert_eq!(m.size(1), 5);
+        assert_eq!(m.size(1), Some(5));
+        let unknown =
+            Manifest::from_parts(vec![(b"c".to_vec(), vec![(b"x".to_vec(), UNKNOWN_SIZE)])])
+                .unwrap();
+        assert_eq!(unknown.size(0), None);
+        assert_eq!(Manifest::decode(&unknown.encode()).unwrap().size(0), None);
         assert_eq!(m.class_of(2), 1);
         assert_eq!(m.find(1, OsStr::new("b.png")), Some(2));
         assert_eq!(m.find(1, OsStr::new("c.png")), None);

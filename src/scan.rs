@@ -1,19 +1,15 @@
-//! Rank 0's scan of the source into a [`Manifest`], as close to the cost of `find SRC -type f`
-//! as knowing every sample's size allows (1M files: about 1.8x find, warm or cold).
+//! Rank 0's scan of the source into a [`Manifest`], at the cost of `find SRC -type f`.
 //!
-//! The names alone cost what `find` costs (one `getdents64` per few hundred entries); the
-//! sizes need one `fstatat` per sample, which is most of the time: about 1 µs each with the
-//! inodes cached, and a read of the inode table from disk otherwise. So:
+//! The names cost one `getdents64` per few hundred entries, and the entry type it reports
+//! says which entries are regular files: those are taken without a `stat`, their sizes left
+//! unknown until first read (see `manifest`). Stat'ing every sample for its size used to be
+//! most of the scan: about 1 µs each warm, and a read of every inode table cold (1M files:
+//! 1.8x `find` warm, 2-3x cold on this project's VM). Only entries the type does not settle
+//! are stat'ed: a symlink is followed (a dangling one is skipped), and a filesystem that
+//! reports no types (`DT_UNKNOWN`) gets an `lstat` per entry, as `std::fs` would.
 //! - class folders are scanned by a few threads at once ([`THREADS`]), each taking the next
-//!   unscanned class, so the stats of two classes run on two cores, and cold inode-table reads
-//!   overlap instead of queueing one behind the other;
-//! - each sample is stat'ed by name relative to its open class folder (no full path is built)
-//!   and in inode-number order, so a cold inode table is read front to back, which suits the
-//!   kernel's inode-table readahead (on a freshly made tree the gain was within the noise, as
-//!   names and inodes come in nearly the same order there; sorting 1000 entries is cheap);
-//! - the entry type from `getdents64` decides what needs a stat at all: a nested folder or a
-//!   fifo is skipped without one; a symlink is followed; only when the filesystem does not
-//!   report types (`DT_UNKNOWN`) is the entry `lstat`ed first, as `std::fs` would;
+//!   unscanned class, so two cores list, and cold folder reads overlap;
+//! - the stats that remain run relative to the open class folder, in inode-number order;
 //! - names go into one arena per class, sorted through an index, and each finished class is
 //!   appended to the manifest as soon as every class before it is in. At no point does the
 //!   scan hold more than the manifest plus the classes in flight: no per-name allocation and
@@ -37,12 +33,10 @@ use nix::dir::{Dir, Type};
 use nix::fcntl::{AtFlags, OFlag};
 use nix::sys::stat::{FileStat, Mode, SFlag, fstatat};
 
-use crate::manifest::{Manifest, ManifestError, Skipped};
+use crate::manifest::{Manifest, ManifestError, Skipped, UNKNOWN_SIZE};
 
-/// Threads stat'ing class folders. With the inodes cached the stats are CPU work and two
-/// threads fill two cores (1M files: 1 thread 1.1 s, 2: 0.56 s, 4: 0.62 s); with a cold cache
-/// they wait on inode-table reads, and more threads keep more reads in flight (1M files on
-/// this project's 2-core VM: 2 threads 3.6 s, 4: 2.8-3.4 s, 8: 2.4-2.7 s; noisy machine).
+/// Threads listing class folders. Measured when every sample was stat'ed (1M files, 2-core
+/// VM): warm, two threads filled two cores; cold, 8 kept more reads in flight than 2 or 4.
 const THREADS: usize = 8;
 
 /// Scans `root` the way ImageFolder sees it: sub-folders are classes (empty ones included);
@@ -213,6 +207,12 @@ fn scan_class(root_dir: &fs::File, root: &Path, class: &[u8]) -> Result<ClassSca
             None => type_of(&stat(AtFlags::AT_SYMLINK_NOFOLLOW).map_err(io_err)?),
         };
         let meta = match kind {
+            // The common case: a regular file by its entry type alone. Its size is left
+            // unknown (learned when the sample is first read): no stat at all.
+            Type::File if e.kind.is_some() => {
+                e.size = Some(UNKNOWN_SIZE);
+                continue;
+            }
             Type::Symlink => match stat(AtFlags::empty()) {
                 Ok(m) => m,
                 Err(nix::Error::ENOENT) => {
@@ -310,14 +310,15 @@ mod tests {
         let samples: Vec<_> = (0..m.len())
             .map(|id| (m.relative_path(id), m.size(id)))
             .collect();
-        let expected: Vec<(PathBuf, u64)> = [
-            (&b"a/10.png"[..], 1),
-            (b"a/2.png", 2),
-            (b"a/link.png", 5),
-            ("a/ä.png".as_bytes(), 0),
-            (b"a/\xff raw", 3),
-            (b"b/only.png", 10),
-            (b"c-link/x", 2),
+        // Regular files are not stat'ed (sizes unknown); links are followed, so theirs is known.
+        let expected: Vec<(PathBuf, Option<u64>)> = [
+            (&b"a/10.png"[..], None),
+            (b"a/2.png", None),
+            (b"a/link.png", Some(5)),
+            ("a/ä.png".as_bytes(), None),
+            (b"a/\xff raw", None),
+            (b"b/only.png", None),
+            (b"c-link/x", None),
         ]
         .iter()
         .map(|(p, s)| (PathBuf::from(OsStr::from_bytes(p)), *s))

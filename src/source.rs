@@ -75,7 +75,9 @@ pub struct SyntheticSource {
 
 impl SampleSource for SyntheticSource {
     fn copy_to(&self, id: SampleId, out: &mut dyn Write) -> io::Result<u64> {
-        let size = self.manifest.size(id);
+        let size = self.manifest.size(id).ok_or_else(|| {
+            io::Error::other(format!("synthetic sample {id} has no size in its manifest"))
+        })?;
         let bytes: Vec<u8> = (0..size).map(|o| synthetic_byte(id, o)).collect();
         out.write_all(&bytes)?;
         Ok(size)

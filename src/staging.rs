@@ -114,8 +114,9 @@ fn run(
         progress
             .files_total
             .store(mine.len() as u64, Ordering::Relaxed);
+        // Sizes not known yet (never read) count once staging learns them.
         progress.bytes_total.store(
-            mine.iter().map(|&i| store.manifest().size(i)).sum(),
+            mine.iter().filter_map(|&i| store.size(i)).sum(),
             Ordering::Relaxed,
         );
         let missing: Vec<SampleId> = mine
@@ -128,7 +129,7 @@ fn run(
         let present_bytes = mine
             .iter()
             .filter(|&&i| store.contains(i))
-            .map(|&i| store.manifest().size(i))
+            .filter_map(|&i| store.size(i))
             .sum();
         progress.bytes_done.store(present_bytes, Ordering::Relaxed);
         progress.busy.store(!missing.is_empty(), Ordering::Relaxed);
@@ -168,12 +169,15 @@ fn stage(
                 while !stop.load(Ordering::Relaxed) {
                     let i = next_index.fetch_add(1, Ordering::Relaxed) as usize;
                     let Some(&id) = missing.get(i) else { break };
+                    let size_was_known = store.size(id).is_some();
                     match store.ensure(id) {
                         Ok(()) => {
+                            let size = store.size(id).unwrap_or(0);
                             progress.files_done.fetch_add(1, Ordering::Relaxed);
-                            progress
-                                .bytes_done
-                                .fetch_add(store.manifest().size(id), Ordering::Relaxed);
+                            progress.bytes_done.fetch_add(size, Ordering::Relaxed);
+                            if !size_was_known {
+                                progress.bytes_total.fetch_add(size, Ordering::Relaxed);
+                            }
                         }
                         Err(e) => {
                             // A bad sample is reported, not fatal: readers get EIO for it alone.

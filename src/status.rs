@@ -85,7 +85,7 @@ impl StatusReport for DaemonStatus {
             classes: manifest.class_count(),
             samples: manifest.len(),
             share_samples: share.len(),
-            share_bytes: share.iter().map(|&i| manifest.size(i)).sum(),
+            share_bytes: share.iter().filter_map(|&i| self.store.size(i)).sum(),
             staging: self.staging.snapshot(),
             exchange: self.exchange.snapshot(),
             cache: CacheSnapshot {

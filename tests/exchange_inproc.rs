@@ -86,7 +86,7 @@ fn check_sample(store: &SampleStore, id: u32) {
     let bytes = std::fs::read(store.path(id))
         .unwrap_or_else(|e| panic!("sample {id} missing from cache: {e}"));
     assert_eq!(
-        bytes.len() as u64,
+        Some(bytes.len() as u64),
         store.manifest().size(id),
         "sample {id} length"
     );
@@ -165,7 +165,7 @@ fn run_world(fraction: f64, epochs: u64, delays: bool, fault: Fault) {
                         let t = step
                             .transfers
                             .iter()
-                            .find(|t| t.from == 0 && manifest.size(t.sample) > 0)
+                            .find(|t| t.from == 0 && manifest.size(t.sample) > Some(0))
                             .expect("rank 0 sends a non-empty sample");
                         let path = store.path(t.sample);
                         if fault == Fault::Vanish {
@@ -356,4 +356,103 @@ fn a_rank_whose_disk_fails_does_not_stall_the_others() {
             result.unwrap();
         }
     }
+}
+
+/// A real source folder scanned the way rank 0 does it, so no size is known up front: each
+/// sender learns the sizes of what it sends (fetching the samples it has not staged), the
+/// receivers learn them from the size exchange, and the bytes arrive exact. One sample's
+/// source file is gone before anyone read it: its sender cannot send it, says so, and it
+/// is the only one missing on its receiver.
+#[test]
+fn sizes_unknown_until_read_still_move_exactly() {
+    use shufflefs::source::DirSource;
+    let src = tempfile::tempdir().unwrap();
+    for c in 0..3 {
+        let class = src.path().join(format!("class{c}"));
+        std::fs::create_dir(&class).unwrap();
+        for i in 0..40u32 {
+            let bytes: Vec<u8> = (0..(i * 37 + c * 5) as usize)
+                .map(|o| (o as u32 ^ i ^ c) as u8)
+                .collect();
+            std::fs::write(class.join(format!("{i:03}.bin")), bytes).unwrap();
+        }
+    }
+    let manifest = Arc::new(shufflefs::manifest::scan(src.path()).unwrap());
+    assert!((0..manifest.len()).all(|id| manifest.size(id).is_none()));
+    let world = 4u32;
+    let plan = Plan::new(PlanParams {
+        samples: manifest.len(),
+        world,
+        fraction: 1.0,
+        seed: 5,
+    })
+    .unwrap();
+    let step = plan.step(&plan.initial());
+    // A sample rank 0 sends, whose file goes away before anyone reads it.
+    let lost = step
+        .transfers
+        .iter()
+        .find(|t| t.from == 0)
+        .unwrap()
+        .to_owned();
+    std::fs::remove_file(src.path().join(manifest.relative_path(lost.sample))).unwrap();
+    let handles: Vec<_> = LocalComm::world(world)
+        .into_iter()
+        .map(|mut comm| {
+            let (manifest, plan, step) = (manifest.clone(), plan.clone(), step.clone());
+            let root = src.path().to_path_buf();
+            std::thread::spawn(move || {
+                let _guard = AbortOnPanic;
+                let me = comm.rank();
+                let dir = tempfile::tempdir().unwrap();
+                let source = Arc::new(DirSource::new(root.clone(), manifest.clone()));
+                let store = SampleStore::new(
+                    CacheDir::open(dir.path()).unwrap(),
+                    manifest.clone(),
+                    source,
+                )
+                .unwrap();
+                // Only every other sample staged: the rest are fetched by the exchange.
+                for &id in plan.initial().share(me).iter().step_by(2) {
+                    let _ = store.ensure(id);
+                }
+                let tracker = ExchangeTracker::default();
+                let cfg = ExchangeConfig {
+                    rate: None,
+                    frame: 1000,
+                };
+                exchange::run(
+                    &mut comm,
+                    &store,
+                    &step,
+                    cfg,
+                    &tracker,
+                    &AtomicBool::new(false),
+                )
+                .unwrap();
+                for t in step.transfers.iter().filter(|t| t.to == me) {
+                    let want = std::fs::read(root.join(manifest.relative_path(t.sample)));
+                    if t.sample == lost.sample {
+                        assert!(!store.contains(t.sample) && want.is_err());
+                        continue;
+                    }
+                    let got = std::fs::read(store.path(t.sample)).unwrap();
+                    assert!(
+                        got == want.unwrap(),
+                        "rank {me}: sample {} differs",
+                        t.sample
+                    );
+                    assert_eq!(store.size(t.sample), Some(got.len() as u64));
+                }
+                tracker.snapshot().last().unwrap().failed_samples
+            })
+        })
+        .collect();
+    let failed: Vec<u64> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(
+        failed.iter().sum::<u64>(),
+        1,
+        "only the lost sample fails, once: {failed:?}"
+    );
+    assert_eq!(failed[lost.to as usize], 1);
 }

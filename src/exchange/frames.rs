@@ -7,7 +7,7 @@ use std::io::{self, Read, Write};
 use std::sync::Mutex;
 use std::sync::mpsc::{Receiver, SyncSender};
 
-use super::{DEPTH, ExchangeTracker};
+use super::{DEPTH, ExchangeTracker, Sized};
 use crate::cache::SampleStore;
 use crate::plan::SampleId;
 
@@ -15,7 +15,7 @@ use crate::plan::SampleId;
 /// that cannot be read is sent as zeros (the length is fixed) and named in the returned list.
 pub(super) fn read_stream(
     store: &SampleStore,
-    ids: &[SampleId],
+    ids: &[Sized],
     pool: &Pool,
     tx: SyncSender<Vec<u8>>,
     tracker: &ExchangeTracker,
@@ -28,8 +28,7 @@ pub(super) fn read_stream(
         tx,
     };
     let mut unreadable = Vec::new();
-    for &id in ids {
-        let size = store.manifest().size(id);
+    for &(id, size) in ids {
         let mut crc = 0;
         let (sent, recorded, error) = match store.open_checked(id) {
             Ok((mut file, recorded)) => {
@@ -64,7 +63,7 @@ pub(super) fn read_stream(
 /// checksum that follows it (`run` makes them durable after the last round).
 pub(super) fn write_stream(
     store: &SampleStore,
-    ids: &[SampleId],
+    ids: &[Sized],
     rx: Receiver<Vec<u8>>,
     pool: &Pool,
     tracker: &ExchangeTracker,
@@ -76,8 +75,7 @@ pub(super) fn write_stream(
         buf: Vec::new(),
         pos: 0,
     };
-    for &id in ids {
-        let size = store.manifest().size(id);
+    for &(id, size) in ids {
         let stored = store.insert_with(id, |file| {
             input.copy_to(size, file)?;
             let mut crc = [0u8; 4];

@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use crate::cache::SampleStore;
 use crate::comm::Comm;
-use crate::manifest::Manifest;
+use crate::manifest::UNKNOWN_SIZE;
 use crate::plan::{Rank, SampleId, Step};
 
 mod frames;
@@ -85,20 +85,20 @@ pub fn run(
     let me = comm.rank();
     let world = comm.size();
     let target = step.next.epoch;
-    let manifest = store.manifest().clone();
-    let mut sends: BTreeMap<Rank, Vec<SampleId>> = BTreeMap::new();
-    let mut recvs: BTreeMap<Rank, Vec<SampleId>> = BTreeMap::new();
-    for t in &step.transfers {
-        if t.from == me {
-            sends.entry(t.to).or_default().push(t.sample);
-        } else if t.to == me {
-            recvs.entry(t.from).or_default().push(t.sample);
-        }
-    }
-    recvs.values_mut().for_each(|v| v.sort_unstable());
-    // Bytes on the wire: samples plus their checksums.
-    let bytes = |ids: &[SampleId]| stream_len(&manifest, ids);
     let started = Instant::now();
+    let (sends, recvs, unsendable) = match sizes(comm, store, step) {
+        Ok(lists) => lists,
+        Err(e) => {
+            let e = format!("exchanging sample sizes for epoch {target}: {e}");
+            tracker.update(target, |r| {
+                r.state = "failed";
+                r.error = Some(e.clone());
+            });
+            return Err(e);
+        }
+    };
+    // Bytes on the wire: samples plus their checksums.
+    let bytes = |ids: &[Sized]| stream_len(ids);
     tracker.update(target, |r| {
         r.state = "running";
         r.samples_to_send = sends.values().map(|v| v.len() as u64).sum();
@@ -116,11 +116,12 @@ pub fn run(
         let from = (me + world - d) % world;
         let out = sends.get(&to).map_or(&[][..], Vec::as_slice);
         let inc = recvs.get(&from).map_or(&[][..], Vec::as_slice);
+        let unsent = unsendable.get(&to).map_or(&[][..], Vec::as_slice);
         let outcome = pair(
             comm,
             store,
             tag,
-            (to, out),
+            (to, out, unsent),
             (from, inc),
             cfg.frame,
             tracker,
@@ -203,16 +204,15 @@ fn pair(
     comm: &mut dyn Comm,
     store: &SampleStore,
     tag: u16,
-    (to, out): (Rank, &[SampleId]),
-    (from, inc): (Rank, &[SampleId]),
+    (to, out, unsent): (Rank, &[Sized], &[SampleId]),
+    (from, inc): (Rank, &[Sized]),
     frame: usize,
     tracker: &ExchangeTracker,
     target: u64,
     pacer: &mut Pacer,
     abort: &AtomicBool,
 ) -> Result<Option<String>, String> {
-    let manifest = store.manifest();
-    let (out_len, in_len) = (stream_len(manifest, out), stream_len(manifest, inc));
+    let (out_len, in_len) = (stream_len(out), stream_len(inc));
     let frames = |len: u64| len.div_ceil(frame as u64) as usize;
     let (n_out, n_in) = (frames(out_len), frames(in_len));
     let (out_tx, out_rx) = sync_channel::<Vec<u8>>(DEPTH);
@@ -273,7 +273,8 @@ fn pair(
         let written = writer
             .join()
             .unwrap_or_else(|_| Err("writer panicked".into()));
-        let unreadable = unreadable.unwrap_or_default();
+        let mut unreadable = unreadable.unwrap_or_default();
+        unreadable.extend_from_slice(unsent);
         let written = written.map_err(|e| {
             local_error
                 .take()
@@ -333,9 +334,63 @@ pub fn decode_ids(bytes: &[u8]) -> impl Iterator<Item = SampleId> + '_ {
         .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
 }
 
-/// Bytes of the stream that carries `ids`: each sample followed by its 4-byte checksum.
-pub fn stream_len(manifest: &Manifest, ids: &[SampleId]) -> u64 {
-    ids.iter().map(|&i| manifest.size(i) + 4).sum()
+/// A sample in a stream, with its size.
+pub(crate) type Sized = (SampleId, u64);
+
+/// Bytes of the stream that carries `samples`: each followed by its 4-byte checksum.
+pub(crate) fn stream_len(samples: &[Sized]) -> u64 {
+    samples.iter().map(|&(_, size)| size + 4).sum()
+}
+
+/// Per peer: what this rank sends and receives, with sizes, and what it cannot send.
+type Lists = (
+    BTreeMap<Rank, Vec<Sized>>,
+    BTreeMap<Rank, Vec<Sized>>,
+    BTreeMap<Rank, Vec<SampleId>>,
+);
+
+/// Settles every stream's length before any byte moves. A receiver may not know the size
+/// of a sample it never read (the scan does not stat; see `manifest`), so each sender looks
+/// up (fetching if need be) the size of every sample it sends, and one all-gather gives
+/// every rank the sizes of what it receives, in the plan's transfer order. A sample its
+/// sender cannot read is marked [`UNKNOWN_SIZE`]: it is left out of both sides' streams
+/// and named in the trailer, so the receiver fetches it from the source later.
+fn sizes(comm: &mut dyn Comm, store: &SampleStore, step: &Step) -> Result<Lists, String> {
+    let me = comm.rank();
+    let mine: Vec<u8> = step
+        .transfers
+        .iter()
+        .filter(|t| t.from == me)
+        .flat_map(|t| {
+            let size = store.resolve_size(t.sample).unwrap_or_else(|e| {
+                tracing::warn!(sample = t.sample, error = %e, "cannot read a sample to send; receiver will refetch");
+                UNKNOWN_SIZE
+            });
+            size.to_le_bytes()
+        })
+        .collect();
+    let all = comm.all_gather(&mine).map_err(|e| e.to_string())?;
+    let (mut sends, mut recvs, mut unsendable) = Lists::default();
+    let mut next = vec![0usize; all.len()];
+    for t in &step.transfers {
+        let k = next[t.from as usize];
+        next[t.from as usize] += 1;
+        if t.from != me && t.to != me {
+            continue;
+        }
+        let size = all[t.from as usize]
+            .get(k * 8..k * 8 + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+            .ok_or_else(|| format!("rank {} sent a short size list", t.from))?;
+        match (t.from == me, size) {
+            (true, UNKNOWN_SIZE) => unsendable.entry(t.to).or_default().push(t.sample),
+            (true, size) => sends.entry(t.to).or_default().push((t.sample, size)),
+            (false, UNKNOWN_SIZE) => {}
+            (false, size) => recvs.entry(t.from).or_default().push((t.sample, size)),
+        }
+    }
+    recvs.values_mut().for_each(|v| v.sort_unstable());
+    Ok((sends, recvs, unsendable))
 }
 
 /// Keeps the average send rate under a cap by sleeping between frames.
