@@ -34,7 +34,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::sync_channel;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -342,6 +342,37 @@ pub(crate) fn stream_len(samples: &[Sized]) -> u64 {
     samples.iter().map(|&(_, size)| size + 4).sum()
 }
 
+/// The sizes of `ids` ([`UNKNOWN_SIZE`] for one that cannot be read), fetching the samples
+/// whose size is not known yet on a few threads: at the first exchange, part of what a rank
+/// sends may not be staged yet, and one copy at a time from a parallel filesystem is slow.
+fn resolve_sizes(store: &SampleStore, ids: &[SampleId]) -> Vec<u64> {
+    const THREADS: usize = 4;
+    let resolve = |id: SampleId| {
+        store.resolve_size(id).unwrap_or_else(|e| {
+            tracing::warn!(sample = id, error = %e, "cannot read a sample to send; receiver will refetch");
+            UNKNOWN_SIZE
+        })
+    };
+    if ids.iter().all(|&id| store.size(id).is_some()) {
+        return ids.iter().map(|&id| resolve(id)).collect();
+    }
+    let sizes: Vec<AtomicU64> = ids.iter().map(|_| AtomicU64::new(UNKNOWN_SIZE)).collect();
+    let next = AtomicUsize::new(0);
+    thread::scope(|scope| {
+        for _ in 0..THREADS.min(ids.len()) {
+            scope.spawn(|| {
+                idle_io_priority();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(&id) = ids.get(i) else { break };
+                    sizes[i].store(resolve(id), Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    sizes.into_iter().map(AtomicU64::into_inner).collect()
+}
+
 /// Per peer: what this rank sends and receives, with sizes, and what it cannot send.
 type Lists = (
     BTreeMap<Rank, Vec<Sized>>,
@@ -357,17 +388,15 @@ type Lists = (
 /// and named in the trailer, so the receiver fetches it from the source later.
 fn sizes(comm: &mut dyn Comm, store: &SampleStore, step: &Step) -> Result<Lists, String> {
     let me = comm.rank();
-    let mine: Vec<u8> = step
+    let outgoing: Vec<SampleId> = step
         .transfers
         .iter()
         .filter(|t| t.from == me)
-        .flat_map(|t| {
-            let size = store.resolve_size(t.sample).unwrap_or_else(|e| {
-                tracing::warn!(sample = t.sample, error = %e, "cannot read a sample to send; receiver will refetch");
-                UNKNOWN_SIZE
-            });
-            size.to_le_bytes()
-        })
+        .map(|t| t.sample)
+        .collect();
+    let mine: Vec<u8> = resolve_sizes(store, &outgoing)
+        .into_iter()
+        .flat_map(u64::to_le_bytes)
         .collect();
     let all = comm.all_gather(&mine).map_err(|e| e.to_string())?;
     let (mut sends, mut recvs, mut unsendable) = Lists::default();
