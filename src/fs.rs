@@ -154,13 +154,18 @@ impl ShuffleFs {
             Node::ClassDir(e, c) if e == current && c < manifest.class_count() => dir(true),
             // A size not known yet is listed as 0 and not cacheable, so the kernel asks
             // again (LOOKUP or GETATTR, which resolve it) before anything uses it.
-            Node::Sample(id) if self.holds(id) => Entry {
-                node,
-                kind: Kind::File,
-                size: self.store.size(id).unwrap_or(0),
-                perm: 0o444,
-                immutable: self.store.size(id).is_some(),
-            },
+            // One read of the size: staging may learn it meanwhile, and a size-0 entry
+            // marked cacheable would hide the sample for a whole TTL.
+            Node::Sample(id) if self.holds(id) => {
+                let size = self.store.size(id);
+                Entry {
+                    node,
+                    kind: Kind::File,
+                    size: size.unwrap_or(0),
+                    perm: 0o444,
+                    immutable: size.is_some(),
+                }
+            }
             _ => return Err(FsError::NotFound),
         })
     }

@@ -144,8 +144,15 @@ impl SampleStore {
         (size != UNKNOWN_SIZE).then_some(size)
     }
 
+    /// Records a size only if none is known: a known size never changes behind a caller's
+    /// back (the callers check a new length against a known one first).
     fn learn_size(&self, id: SampleId, len: u64) {
-        self.sizes[id as usize].store(len, Ordering::Relaxed);
+        let _ = self.sizes[id as usize].compare_exchange(
+            UNKNOWN_SIZE,
+            len,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
     }
 
     /// Sample `id`'s size, fetching the sample from the source first if it is not known.
@@ -316,6 +323,11 @@ impl SampleStore {
             self.source.describe(id)
         ));
         let _ = self.remove(id);
+        // The size may have been learned from this very copy (a cache file torn by a crash):
+        // forget it, so the refetch from the source is not refused as "changed since".
+        if self.manifest.size(id).is_none() {
+            self.sizes[id as usize].store(UNKNOWN_SIZE, Ordering::Relaxed);
+        }
     }
 
     fn checksum_failed(&self, what: String) {

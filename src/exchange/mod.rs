@@ -147,8 +147,9 @@ pub fn run(
         }
     }
     if !comm_failed {
-        if result.is_ok()
-            && let Err(e) = store.sync()
+        // Even after a local failure: what was stored must be durable before senders drop it.
+        if let Err(e) = store.sync()
+            && result.is_ok()
         {
             result = Err(format!("making received samples durable: {e}"));
         }
