@@ -189,17 +189,35 @@ impl ShuffleFs {
         if e.immutable {
             return Ok(e);
         }
-        let size = self.store.resolve_size(id).or_else(|cache_err| {
-            self.store
-                .read_uncached(id, UNCACHED_MAX)
-                .map(|bytes| bytes.len() as u64)
-                .map_err(|_| FsError::Io(std::io::Error::other(cache_err)))
-        })?;
+        let size = match self.store.size(id) {
+            Some(size) => size,
+            None => match self.fetch(id)? {
+                Some(bytes) => bytes.len() as u64,
+                None => self.store.resolve_size(id)?,
+            },
+        };
         Ok(Entry {
             size,
             immutable: true,
             ..e
         })
+    }
+
+    /// Makes sample `id` readable: cached (`None`), or, if the cache could not take it (full
+    /// disk, say), its bytes read from the source into memory, rather than failing a read of
+    /// the current epoch. A listed sample that cannot be fetched is an I/O error (EIO), never
+    /// ENOENT; the cache's error says what went wrong first.
+    fn fetch(&self, id: u32) -> Result<Option<Vec<u8>>, FsError> {
+        let Err(cache_err) = self.store.ensure(id) else {
+            return Ok(None);
+        };
+        match self.store.read_uncached(id, UNCACHED_MAX) {
+            Ok(bytes) => {
+                tracing::warn!(sample = id, error = %cache_err, "serving a sample from the source without caching it");
+                Ok(Some(bytes))
+            }
+            Err(_) => Err(FsError::Io(std::io::Error::other(cache_err))),
+        }
     }
 
     pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<Entry, FsError> {
@@ -325,19 +343,9 @@ impl ShuffleFs {
             )),
             _ if write => Err(FsError::ReadOnly),
             Node::Status => Ok(Opened::Snapshot(self.status.render())),
-            Node::Sample(id) => match self.store.ensure(id) {
-                Ok(()) => Ok(Opened::Sample(File::open(self.store.path(id))?)),
-                // The cache could not take it (full disk, say): serve it from the source
-                // through memory rather than fail a read of the current epoch.
-                Err(cache_err) => match self.store.read_uncached(id, UNCACHED_MAX) {
-                    Ok(bytes) => {
-                        tracing::warn!(sample = id, error = %cache_err, "serving a sample from the source without caching it");
-                        Ok(Opened::Snapshot(bytes))
-                    }
-                    // A listed sample that cannot be fetched is an I/O error (EIO), never
-                    // ENOENT; the cache's error says what went wrong first.
-                    Err(_) => Err(FsError::Io(std::io::Error::other(cache_err))),
-                },
+            Node::Sample(id) => match self.fetch(id)? {
+                None => Ok(Opened::Sample(File::open(self.store.path(id))?)),
+                Some(bytes) => Ok(Opened::Snapshot(bytes)),
             },
             _ if entry.kind == Kind::Dir => Err(FsError::IsDir),
             _ => Err(FsError::Invalid("cannot open this node".into())),

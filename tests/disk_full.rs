@@ -44,6 +44,19 @@ impl Drop for Setup {
     }
 }
 
+/// A small tmpfs at `dir` (which must exist), so the cache on it fills up.
+fn mount_tmpfs(dir: &Path, size: &str) {
+    let options = format!("size={size}");
+    nix::mount::mount(
+        Some("tmpfs"),
+        dir,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some(options.as_str()),
+    )
+    .unwrap();
+}
+
 fn status(mnt: &Path) -> Value {
     read_status(mnt)
 }
@@ -83,14 +96,7 @@ fn disk_full_during_exchange_keeps_the_current_view_serving() {
         let cache = dir.join(format!("cache{r}"));
         std::fs::create_dir(&cache).unwrap();
         std::fs::create_dir(dir.join(format!("mnt{r}"))).unwrap();
-        nix::mount::mount(
-            Some("tmpfs"),
-            &cache,
-            Some("tmpfs"),
-            nix::mount::MsFlags::empty(),
-            Some("size=2300k"),
-        )
-        .unwrap();
+        mount_tmpfs(&cache, "2300k");
     }
     setup.child = Some(
         mpirun(RANKS as u32)
@@ -192,14 +198,7 @@ fn a_cache_smaller_than_the_share_still_serves_every_byte() {
         .build();
     for read_path in ["passthrough", "page-cache"] {
         let cache = data.dir(&format!("cache-{read_path}"));
-        nix::mount::mount(
-            Some("tmpfs"),
-            &cache,
-            Some("tmpfs"),
-            nix::mount::MsFlags::empty(),
-            Some("size=1m"),
-        )
-        .unwrap();
+        mount_tmpfs(&cache, "1m");
         let d = Daemon::mount(
             &data.root,
             &cache,

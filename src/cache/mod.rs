@@ -228,10 +228,7 @@ impl CacheDir {
         if fs::read(self.root.join("manifest.bin")).is_ok_and(|saved| saved == encoded) {
             return Ok(());
         }
-        let tmp = self.root.join(".manifest.bin.tmp");
-        fs::write(&tmp, encoded)
-            .and_then(|()| fs::rename(&tmp, self.root.join("manifest.bin")))
-            .map_err(self.io_err())
+        replace(&self.root, "manifest.bin", encoded, false).map_err(self.io_err())
     }
 
     /// Drops every cached sample and the state (used when the manifest changes).
@@ -246,10 +243,22 @@ impl CacheDir {
 
 /// Writes `name` under `dir` so that a crash leaves the old or the new content, never a mix.
 pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+    replace(dir, name, bytes, true)
+}
+
+/// Writes `name` under a temporary name, then renames it over the old one; `durable` adds
+/// the fsyncs that make the new content survive a crash (without them a crash may leave the
+/// old content, the new, or an empty file).
+fn replace(dir: &Path, name: &str, bytes: &[u8], durable: bool) -> io::Result<()> {
     let tmp = dir.join(format!(".{name}.tmp"));
     let mut file = File::create(&tmp)?;
     file.write_all(bytes)?;
-    file.sync_all()?;
+    if durable {
+        file.sync_all()?;
+    }
     fs::rename(&tmp, dir.join(name))?;
-    File::open(dir)?.sync_all()
+    if durable {
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
