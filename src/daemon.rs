@@ -295,8 +295,18 @@ fn prepare_epoch(
             "samples not delivered by the exchange; fetching from the source"
         );
     }
-    for id in missing {
-        store.ensure(id).map_err(|e| e.to_string())?;
+    // A bad sample is reported, not fatal: `ensure` names it in the status, and readers get
+    // EIO for it alone (or its bytes, if its source file comes back).
+    let failed = missing
+        .iter()
+        .filter(|&&id| store.ensure(id).is_err())
+        .count();
+    if failed > 0 {
+        tracing::warn!(
+            target_epoch = target,
+            samples = failed,
+            "samples could not be fetched from the source; reads of them fail until they can be (see the status's problems)"
+        );
     }
     Ok(())
 }

@@ -119,10 +119,12 @@ fn run(
             mine.iter().filter_map(|&i| store.size(i)).sum(),
             Ordering::Relaxed,
         );
-        let missing: Vec<SampleId> = mine
+        // With each sample, whether its size is in `bytes_total` already: one a reader
+        // fetches meanwhile must still be added when staging gets to it.
+        let missing: Vec<(SampleId, bool)> = mine
             .iter()
-            .copied()
-            .filter(|&i| !store.contains(i))
+            .filter(|&&i| !store.contains(i))
+            .map(|&i| (i, store.size(i).is_some()))
             .collect();
         let present = (mine.len() - missing.len()) as u64;
         progress.files_done.store(present, Ordering::Relaxed);
@@ -154,7 +156,7 @@ fn run(
 /// Copies `missing` into the cache; returns early with the next command if one arrives.
 fn stage(
     store: &SampleStore,
-    missing: &[SampleId],
+    missing: &[(SampleId, bool)],
     threads: usize,
     rx: &Receiver<StagingCmd>,
     progress: &StagingProgress,
@@ -168,14 +170,15 @@ fn stage(
             scope.spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
                     let i = next_index.fetch_add(1, Ordering::Relaxed) as usize;
-                    let Some(&id) = missing.get(i) else { break };
-                    let size_was_known = store.size(id).is_some();
+                    let Some(&(id, counted)) = missing.get(i) else {
+                        break;
+                    };
                     match store.ensure(id) {
                         Ok(()) => {
                             let size = store.size(id).unwrap_or(0);
                             progress.files_done.fetch_add(1, Ordering::Relaxed);
                             progress.bytes_done.fetch_add(size, Ordering::Relaxed);
-                            if !size_was_known {
+                            if !counted {
                                 progress.bytes_total.fetch_add(size, Ordering::Relaxed);
                             }
                         }
@@ -209,4 +212,35 @@ fn stage(
         }
         None
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::CacheDir;
+    use crate::source::DirSource;
+
+    /// A sample whose size was unknown when the totals were taken, and which a reader
+    /// fetched before staging got to it, still counts once in each total.
+    #[test]
+    fn a_sample_fetched_by_a_reader_first_counts_once_in_both_totals() {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src");
+        std::fs::create_dir_all(src.join("c")).unwrap();
+        for (i, len) in [300usize, 700].into_iter().enumerate() {
+            std::fs::write(src.join(format!("c/{i}")), vec![7u8; len]).unwrap();
+        }
+        let manifest = Arc::new(crate::manifest::scan(&src).unwrap());
+        let source = Arc::new(DirSource::new(src, manifest.clone()));
+        let dir = CacheDir::open(&tmp.path().join("cache")).unwrap();
+        let store = SampleStore::new(dir, manifest, source).unwrap();
+        // What `run` saw: both missing, neither size known (so `bytes_total` is 0).
+        let missing = [(0, false), (1, false)];
+        store.ensure(1).unwrap(); // a reader was quicker
+        let progress = StagingProgress::default();
+        let (_tx, rx) = channel();
+        assert!(stage(&store, &missing, 2, &rx, &progress).is_none());
+        let s = progress.snapshot();
+        assert_eq!((s.bytes_done, s.bytes_total), (1000, 1000));
+    }
 }

@@ -454,7 +454,7 @@ fn unmount_with_an_open_file_fails_and_the_view_keeps_working() {
 /// Source files that changed or vanished after the scan. The scan records no sizes, so a
 /// file changed before its first read is simply served as it now is; one that vanished is
 /// reported by staging (count, message naming the file) and its reads fail with EIO, while
-/// everything else is served.
+/// everything else is served, in this epoch and the next.
 #[test]
 fn source_file_changed_or_vanished_after_the_scan_is_reported() {
     if !require_fuse() {
@@ -501,6 +501,25 @@ fn source_file_changed_or_vanished_after_the_scan_is_reported() {
                 s.rel().display()
             );
         }
+    }
+    // The next epoch still holds the vanished sample: the advance reports it and goes on.
+    fs::write(mnt.join(".shufflefs/epoch"), "1").expect("advance despite one missing sample");
+    let e1 = mnt.join("epoch-1");
+    assert_errno(
+        fs::read(e1.join("cat/b.jpg")),
+        libc::EIO,
+        "b.jpg in epoch-1",
+    );
+    for s in data
+        .samples
+        .iter()
+        .filter(|s| !["a.jpg", "b.jpg"].contains(&&*s.name))
+    {
+        assert!(
+            fs::read(e1.join(s.rel())).unwrap() == s.bytes(),
+            "{}",
+            s.rel().display()
+        );
     }
     d.unmount().assert_clean();
 }

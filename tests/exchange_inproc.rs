@@ -456,3 +456,56 @@ fn sizes_unknown_until_read_still_move_exactly() {
     );
     assert_eq!(failed[lost.to as usize], 1);
 }
+
+/// A peer that stops taking part (its daemon unmounted and left MPI) must not keep this
+/// rank's exchange waiting once this daemon shuts down too: every wait of the exchange,
+/// including the size lists before the data, gives up when the abort flag is set.
+#[test]
+fn a_shutdown_interrupts_an_exchange_whose_peer_went_silent() {
+    let manifest = manifest(60);
+    let plan = Plan::new(PlanParams {
+        samples: manifest.len(),
+        world: 2,
+        fraction: 1.0,
+        seed: 3,
+    })
+    .unwrap();
+    let mut comms = LocalComm::world(2);
+    // Rank 1 stays connected but never answers, as a finalized MPI peer does.
+    let _silent = comms.pop().unwrap();
+    let mut comm = comms.pop().unwrap();
+    let abort = Arc::new(AtomicBool::new(false));
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let flag = abort.clone();
+    std::thread::spawn(move || {
+        let dir = tempfile::tempdir().unwrap();
+        let source = Arc::new(SyntheticSource {
+            manifest: manifest.clone(),
+        });
+        let store =
+            SampleStore::new(CacheDir::open(dir.path()).unwrap(), manifest, source).unwrap();
+        let step = plan.step(&plan.initial());
+        let tracker = ExchangeTracker::default();
+        let result = exchange::run(
+            &mut comm,
+            &store,
+            &step,
+            ExchangeConfig::default(),
+            &tracker,
+            &flag,
+        );
+        let _ = done_tx.send((result, tracker.snapshot()));
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        done_rx.try_recv().is_err(),
+        "the exchange waits for its silent peer"
+    );
+    abort.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (result, reports) = done_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the exchange gives up once the daemon shuts down");
+    let e = result.expect_err("an abandoned exchange is an error");
+    assert!(e.contains("shutting down"), "{e}");
+    assert_eq!(reports.last().unwrap().state, "failed");
+}

@@ -32,7 +32,8 @@ mod store;
 
 pub use store::{Bitset, SampleStore, StoreStats};
 
-/// Extended attribute holding a cached sample's CRC-32C (4 bytes, little-endian).
+/// Extended attribute holding a cached sample's CRC-32C (4 bytes, little-endian) and, since
+/// it was added, its length (8 more bytes), checked at start-up.
 const CRC_XATTR: &str = "user.shufflefs.crc32c";
 
 /// Bump when the layout or the plan's output changes: old caches are then refused.

@@ -106,10 +106,17 @@ impl SampleStore {
                 .to_str()
                 .and_then(|s| s.parse::<SampleId>().ok());
             let len = entry.metadata().map(|m| m.len()).ok();
+            // A file renamed in before a crash may have lost data the rename did not wait
+            // for; the length recorded beside its checksum catches it coming back short.
+            let recorded = xattr::get(entry.path(), CRC_XATTR)
+                .ok()
+                .flatten()
+                .and_then(|v| Recorded::decode(&v));
             match (id, len) {
                 (Some(id), Some(len))
                     if id < store.manifest.len()
-                        && store.size(id).is_none_or(|size| size == len) =>
+                        && store.size(id).is_none_or(|size| size == len)
+                        && recorded.is_none_or(|r| r.len.is_none_or(|l| l == len)) =>
                 {
                     store.learn_size(id, len);
                     store.mark_present(id);
@@ -278,7 +285,7 @@ impl SampleStore {
                     ),
                 ));
             }
-            set_crc(&file, crc)?;
+            set_crc(&file, crc, n)?;
             Ok((crc, n))
         });
         let (crc, len) = match checked {
@@ -304,8 +311,8 @@ impl SampleStore {
             .get_xattr(CRC_XATTR)
             .ok()
             .flatten()
-            .and_then(|v| <[u8; 4]>::try_from(v).ok())
-            .map(u32::from_le_bytes);
+            .and_then(|v| Recorded::decode(&v))
+            .map(|r| r.crc);
         Ok((file, crc))
     }
 
@@ -358,9 +365,43 @@ impl SampleStore {
     }
 }
 
-/// Records `crc` on a cache file; a filesystem without user xattrs just does not keep it.
-fn set_crc(file: &File, crc: u32) -> io::Result<()> {
-    match file.set_xattr(CRC_XATTR, &crc.to_le_bytes()) {
+/// What a cache file's xattr records: the CRC-32C of its bytes and their length (caches
+/// written before the length was added hold the CRC alone).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Recorded {
+    crc: u32,
+    len: Option<u64>,
+}
+
+impl Recorded {
+    fn encode(self) -> Vec<u8> {
+        let mut v = self.crc.to_le_bytes().to_vec();
+        if let Some(len) = self.len {
+            v.extend_from_slice(&len.to_le_bytes());
+        }
+        v
+    }
+
+    fn decode(v: &[u8]) -> Option<Recorded> {
+        let crc = u32::from_le_bytes(v.get(..4)?.try_into().ok()?);
+        let len = match v.len() {
+            4 => None,
+            12 => Some(u64::from_le_bytes(v[4..].try_into().ok()?)),
+            _ => return None,
+        };
+        Some(Recorded { crc, len })
+    }
+}
+
+/// Records `crc` and `len` on a cache file; a filesystem without user xattrs just does not
+/// keep them.
+fn set_crc(file: &File, crc: u32, len: u64) -> io::Result<()> {
+    let value = Recorded {
+        crc,
+        len: Some(len),
+    }
+    .encode();
+    match file.set_xattr(CRC_XATTR, &value) {
         Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(()),
         other => other,
     }

@@ -6,14 +6,17 @@
 //! are parked per (peer, tag) until asked for, so interleaved tags work as under MPI.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::AtomicBool;
-use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+use std::time::Duration;
 
 use super::{Comm, CommError};
 use crate::plan::Rank;
 
 /// Tag reserved for collectives.
 const COLLECTIVE: u16 = u16::MAX;
+/// How often a waiting `sendrecv` looks at its abort flag.
+const POLL: Duration = Duration::from_millis(20);
 
 pub struct LocalComm {
     rank: Rank,
@@ -57,7 +60,13 @@ impl LocalComm {
             .map_err(|_| CommError::PeerGone(to))
     }
 
-    fn raw_recv(&mut self, from: Rank, tag: u16) -> Result<Vec<u8>, CommError> {
+    /// The next message from `from` with `tag`; gives up once `abort` (if any) is set.
+    fn raw_recv(
+        &mut self,
+        from: Rank,
+        tag: u16,
+        abort: Option<&AtomicBool>,
+    ) -> Result<Vec<u8>, CommError> {
         if let Some(msg) = self
             .parked
             .get_mut(&(from, tag))
@@ -66,9 +75,19 @@ impl LocalComm {
             return Ok(msg);
         }
         loop {
-            let (t, msg) = self.from[from as usize]
-                .recv()
-                .map_err(|_| CommError::PeerGone(from))?;
+            let (t, msg) = match abort {
+                None => self.from[from as usize]
+                    .recv()
+                    .map_err(|_| CommError::PeerGone(from))?,
+                Some(abort) => match self.from[from as usize].recv_timeout(POLL) {
+                    Ok(m) => m,
+                    Err(RecvTimeoutError::Timeout) if abort.load(Ordering::Relaxed) => {
+                        return Err(CommError::Aborted);
+                    }
+                    Err(RecvTimeoutError::Timeout) => continue,
+                    Err(RecvTimeoutError::Disconnected) => return Err(CommError::PeerGone(from)),
+                },
+            };
             if t == tag {
                 return Ok(msg);
             }
@@ -91,7 +110,7 @@ impl Comm for LocalComm {
             self.raw_send(peer, COLLECTIVE, data.to_vec())?;
         }
         (0..self.size())
-            .map(|peer| self.raw_recv(peer, COLLECTIVE))
+            .map(|peer| self.raw_recv(peer, COLLECTIVE, None))
             .collect()
     }
 
@@ -102,7 +121,7 @@ impl Comm for LocalComm {
             }
             Ok(data)
         } else {
-            self.raw_recv(root, COLLECTIVE)
+            self.raw_recv(root, COLLECTIVE, None)
         }
     }
 
@@ -111,7 +130,7 @@ impl Comm for LocalComm {
         tag: u16,
         send: Option<(Rank, &[u8])>,
         recv: Option<(Rank, &mut [u8])>,
-        _abort: &AtomicBool,
+        abort: &AtomicBool,
     ) -> Result<(), CommError> {
         assert_ne!(tag, COLLECTIVE, "tag {COLLECTIVE} is reserved");
         // Channels never block the sender, so sending first cannot deadlock here.
@@ -119,7 +138,7 @@ impl Comm for LocalComm {
             self.raw_send(to, tag, data.to_vec())?;
         }
         if let Some((from, buf)) = recv {
-            let msg = self.raw_recv(from, tag)?;
+            let msg = self.raw_recv(from, tag, Some(abort))?;
             if msg.len() != buf.len() {
                 return Err(CommError::Mpi(format!(
                     "expected {} bytes from rank {from}, got {}",

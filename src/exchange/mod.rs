@@ -3,9 +3,9 @@
 //!
 //! # Protocol
 //! Every rank derives the same transfer list from the plan, so nothing is negotiated: no
-//! any-source receive, no handshake, no per-sample message. For each ordered pair the bytes
-//! of the samples it moves, in id order, form one stream whose length both sides know from
-//! the manifest. The stream is cut into frames of `FRAME` bytes (the last one shorter): many
+//! any-source receive, no per-sample message. For each ordered pair the bytes of the
+//! samples it moves, in id order, form one stream whose length both sides know before it
+//! starts (the sender sends the sizes first). The stream is cut into frames of `FRAME` bytes (the last one shorter): many
 //! small samples share a frame, and a sample larger than 2 GiB simply spans many frames.
 //!
 //! Rounds `d = 1..M` pair every rank `r` with `r+d` (send) and `r-d` (receive), each frame
@@ -20,12 +20,17 @@
 //! source later); the receiver checks the bytes before renaming them into its cache, so a
 //! sample damaged on either side never enters a view.
 //!
+//! Before any data, each sender tells each receiver the sizes of what it sends (see
+//! `sizes`). Every wait is a `sendrecv`, never a collective, so a shutdown can interrupt
+//! an exchange whose peer went away.
+//!
 //! Durability: after the last round every rank `syncfs`es its cache once (not once per round:
 //! on a node shared by several ranks each `syncfs` writes back everybody's dirty pages), then
-//! all ranks meet in one all-gather. `run` returns only after it, and a rank drops the samples
+//! tells each rank it received from that it holds the samples durably (`confirm`). `run`
+//! returns only after hearing that from each of its receivers, and a rank drops the samples
 //! it sent only after `run` returned, so a sample leaves its sender only once its receiver
 //! holds it durably. A rank whose disk failed still takes part in every round (draining what
-//! arrives) and in the final all-gather, so a local failure never leaves a peer waiting.
+//! arrives) and in the confirmation, so a local failure never leaves a peer waiting.
 //!
 //! After the data, each side sends the ids it could not read (a bad sample is reported, not
 //! fatal); the receiver drops those, and they are fetched from the source if read later.
@@ -86,7 +91,8 @@ pub fn run(
     let world = comm.size();
     let target = step.next.epoch;
     let started = Instant::now();
-    let (sends, recvs, unsendable) = match sizes(comm, store, step) {
+    let tag = (target & 0x7FFF) as u16;
+    let (sends, recvs, unsendable) = match sizes(comm, store, step, tag, abort) {
         Ok(lists) => lists,
         Err(e) => {
             let e = format!("exchanging sample sizes for epoch {target}: {e}");
@@ -106,7 +112,6 @@ pub fn run(
         r.bytes_to_send = sends.values().map(|v| bytes(v)).sum();
         r.bytes_to_receive = recvs.values().map(|v| bytes(v)).sum();
     });
-    let tag = (target & 0x7FFF) as u16;
     let mut pacer = Pacer::new(cfg.rate);
     // `Err`: a local failure (this rank's disk); the rounds still run so peers are served.
     let mut result = Ok(());
@@ -153,16 +158,14 @@ pub fn run(
         {
             result = Err(format!("making received samples durable: {e}"));
         }
-        match comm.all_gather(&[u8::from(result.is_ok())]) {
-            Ok(all) => {
-                for (rank, ok) in all.iter().enumerate() {
-                    if ok.first() != Some(&1) && rank as Rank != me {
-                        tracing::warn!(
-                            rank,
-                            target_epoch = target,
-                            "a peer could not store what it received; it fetches those samples from the source"
-                        );
-                    }
+        match confirm(comm, result.is_ok(), tag, abort) {
+            Ok(failed) => {
+                for rank in failed {
+                    tracing::warn!(
+                        rank,
+                        target_epoch = target,
+                        "a peer could not store what it received; it fetches those samples from the source"
+                    );
                 }
             }
             Err(e) => {
@@ -383,44 +386,89 @@ type Lists = (
 
 /// Settles every stream's length before any byte moves. A receiver may not know the size
 /// of a sample it never read (the scan does not stat; see `manifest`), so each sender looks
-/// up (fetching if need be) the size of every sample it sends, and one all-gather gives
-/// every rank the sizes of what it receives, in the plan's transfer order. A sample its
-/// sender cannot read is marked [`UNKNOWN_SIZE`]: it is left out of both sides' streams
-/// and named in the trailer, so the receiver fetches it from the source later.
-fn sizes(comm: &mut dyn Comm, store: &SampleStore, step: &Step) -> Result<Lists, String> {
-    let me = comm.rank();
-    let outgoing: Vec<SampleId> = step
-        .transfers
-        .iter()
-        .filter(|t| t.from == me)
-        .map(|t| t.sample)
-        .collect();
-    let mine: Vec<u8> = resolve_sizes(store, &outgoing)
-        .into_iter()
-        .flat_map(u64::to_le_bytes)
-        .collect();
-    let all = comm.all_gather(&mine).map_err(|e| e.to_string())?;
-    let (mut sends, mut recvs, mut unsendable) = Lists::default();
-    let mut next = vec![0usize; all.len()];
+/// up (fetching if need be) the size of every sample it sends and tells each receiver the
+/// sizes of its samples, in the plan's transfer order, one `sendrecv` per round: both sides
+/// know the message's length from the plan, and a shutdown can interrupt the wait (a
+/// collective could not be). A sample its sender cannot read is marked [`UNKNOWN_SIZE`]:
+/// it is left out of both sides' streams and named in the trailer, so the receiver fetches
+/// it from the source later.
+fn sizes(
+    comm: &mut dyn Comm,
+    store: &SampleStore,
+    step: &Step,
+    tag: u16,
+    abort: &AtomicBool,
+) -> Result<Lists, String> {
+    let (me, world) = (comm.rank(), comm.size());
+    let mut out_ids: BTreeMap<Rank, Vec<SampleId>> = BTreeMap::new();
+    let mut in_ids: BTreeMap<Rank, Vec<SampleId>> = BTreeMap::new();
     for t in &step.transfers {
-        let k = next[t.from as usize];
-        next[t.from as usize] += 1;
-        if t.from != me && t.to != me {
-            continue;
-        }
-        let size = all[t.from as usize]
-            .get(k * 8..k * 8 + 8)
-            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
-            .ok_or_else(|| format!("rank {} sent a short size list", t.from))?;
-        match (t.from == me, size) {
-            (true, UNKNOWN_SIZE) => unsendable.entry(t.to).or_default().push(t.sample),
-            (true, size) => sends.entry(t.to).or_default().push((t.sample, size)),
-            (false, UNKNOWN_SIZE) => {}
-            (false, size) => recvs.entry(t.from).or_default().push((t.sample, size)),
+        if t.from == me {
+            out_ids.entry(t.to).or_default().push(t.sample);
+        } else if t.to == me {
+            in_ids.entry(t.from).or_default().push(t.sample);
         }
     }
+    let outgoing: Vec<SampleId> = out_ids.values().flatten().copied().collect();
+    let known = resolve_sizes(store, &outgoing);
+    let size_of: BTreeMap<SampleId, u64> = outgoing.into_iter().zip(known).collect();
+    let (mut sends, mut recvs, mut unsendable) = Lists::default();
+    for d in 1..world {
+        let (to, from) = ((me + d) % world, (me + world - d) % world);
+        let out = out_ids.get(&to).map_or(&[][..], Vec::as_slice);
+        let inc = in_ids.get(&from).map_or(&[][..], Vec::as_slice);
+        let mine: Vec<u8> = out
+            .iter()
+            .flat_map(|id| size_of[id].to_le_bytes())
+            .collect();
+        let mut theirs = vec![0u8; inc.len() * 8];
+        comm.sendrecv(tag, Some((to, &mine)), Some((from, &mut theirs)), abort)
+            .map_err(|e| format!("with ranks {to}/{from}: {e}"))?;
+        for &id in out {
+            match size_of[&id] {
+                UNKNOWN_SIZE => unsendable.entry(to).or_default().push(id),
+                size => sends.entry(to).or_default().push((id, size)),
+            }
+        }
+        for (&id, size) in inc.iter().zip(theirs.chunks_exact(8)) {
+            match u64::from_le_bytes(size.try_into().expect("8 bytes")) {
+                UNKNOWN_SIZE => {}
+                size => recvs.entry(from).or_default().push((id, size)),
+            }
+        }
+    }
+    // Streams run in id order on both sides.
+    sends.values_mut().for_each(|v| v.sort_unstable());
     recvs.values_mut().for_each(|v| v.sort_unstable());
     Ok((sends, recvs, unsendable))
+}
+
+/// Tells each rank this one received from whether what it sent is stored durably (`ok`),
+/// and hears the same from each rank this one sent to; returns the receivers that failed.
+/// One `sendrecv` per round, so a shutdown can interrupt it.
+fn confirm(
+    comm: &mut dyn Comm,
+    ok: bool,
+    tag: u16,
+    abort: &AtomicBool,
+) -> Result<Vec<Rank>, String> {
+    let (me, world) = (comm.rank(), comm.size());
+    let mut failed = Vec::new();
+    for d in 1..world {
+        let (to, from) = ((me + d) % world, (me + world - d) % world);
+        let mut theirs = [0u8; 1];
+        comm.sendrecv(
+            tag,
+            Some((from, &[u8::from(ok)])),
+            Some((to, &mut theirs)),
+            abort,
+        )
+        .map_err(|e| format!("with ranks {from}/{to}: {e}"))?;
+        if theirs[0] != 1 {
+            failed.push(to);
+        }
+    }
+    Ok(failed)
 }
 
 /// Keeps the average send rate under a cap by sleeping between frames.
