@@ -86,9 +86,11 @@ pub struct MountArgs {
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256), help_heading = "Tuning")]
     pub staging_threads: u16,
 
-    /// Threads answering kernel requests (DataLoader worker pools read in parallel).
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256), help_heading = "Tuning")]
-    pub fuse_threads: u16,
+    /// Threads answering kernel requests [default: one per CPU core, 2 to 8]. Requests that
+    /// wait (a sample not cached yet, an epoch advance) run on other threads, so these only
+    /// need to keep up with the cores; more idle ones make every request cost a wake-up.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256), help_heading = "Tuning")]
+    pub fuse_threads: Option<u16>,
 
     /// How reads of samples reach the cache files (see README, "Read path").
     #[arg(long, value_enum, default_value_t = ReadPath::Passthrough, help_heading = "Tuning")]
@@ -127,4 +129,14 @@ fn parse_fraction(s: &str) -> Result<f64, String> {
 /// Replaces `{rank}` in a path template.
 pub fn for_rank(template: &str, rank: u32) -> PathBuf {
     PathBuf::from(template.replace("{rank}", &rank.to_string()))
+}
+
+impl MountArgs {
+    /// `--fuse-threads`, or its default for this machine.
+    pub fn fuse_threads(&self) -> usize {
+        self.fuse_threads.map_or_else(
+            || std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8)),
+            usize::from,
+        )
+    }
 }

@@ -366,7 +366,8 @@ pub fn run(
         _ => fs,
     });
     let invalidated = Arc::new(Invalidated::new(epochs.epoch()));
-    let adapter = FuseAdapter::new(fs, args.read_path, invalidated.clone());
+    let adapter = FuseAdapter::new(fs, args.read_path, invalidated.clone())
+        .map_err(|e| format!("starting the threads that answer the kernel: {e}"));
 
     let mut config = Config::default();
     config.mount_options = vec![
@@ -381,15 +382,15 @@ pub fn run(
     } else {
         SessionACL::Owner
     };
-    config.n_threads = Some(usize::from(args.fuse_threads));
+    config.n_threads = Some(args.fuse_threads());
     config.clone_fd = true;
 
     // Phase 6: mount everywhere, or nowhere.
-    let session = fuser::Session::new(adapter, &mountpoint, &config);
-    let mounted = session
-        .as_ref()
-        .map(|_| ())
-        .map_err(|e| format!("mounting {} failed: {e}", mountpoint.display()));
+    let session = adapter.and_then(|adapter| {
+        fuser::Session::new(adapter, &mountpoint, &config)
+            .map_err(|e| format!("mounting {} failed: {e}", mountpoint.display()))
+    });
+    let mounted = session.as_ref().map(|_| ()).map_err(Clone::clone);
     let mut session = match everyone_ok(comm, mounted) {
         Ok(()) => session.expect("checked above"),
         Err(e) => {

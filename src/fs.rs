@@ -175,6 +175,34 @@ impl ShuffleFs {
         cur.share(self.epochs.rank()).binary_search(&id).is_ok()
     }
 
+    /// Whether answering for sample `id` may have to copy it from the source first (it is
+    /// not cached, or its size not known yet).
+    fn sample_may_wait(&self, id: u32) -> bool {
+        !self.store.contains(id) || self.store.size(id).is_none()
+    }
+
+    /// Whether `getattr`, `open` or a read of `ino` may wait on the source. The adapter
+    /// answers such requests off its request threads (see `fuse.rs`).
+    pub fn may_wait(&self, ino: u64) -> bool {
+        matches!(Node::from_ino(ino), Some(Node::Sample(id)) if self.sample_may_wait(id))
+    }
+
+    /// Whether `lookup(parent, name)` may wait: on the source, as `may_wait`, or on the
+    /// exchange, for the next epoch's folder (looking it up advances).
+    pub fn lookup_may_wait(&self, parent: u64, name: &OsStr) -> bool {
+        match Node::from_ino(parent) {
+            Some(Node::Root) => {
+                view::parse_epoch_dir(name).is_some_and(|e| e != self.epochs.epoch())
+            }
+            Some(Node::ClassDir(_, c)) => self
+                .store
+                .manifest()
+                .find(c, name)
+                .is_some_and(|id| self.sample_may_wait(id)),
+            _ => false,
+        }
+    }
+
     pub fn getattr(&self, ino: u64) -> Result<Entry, FsError> {
         self.resolved(self.entry(Node::from_ino(ino).ok_or(FsError::NotFound)?)?)
     }
