@@ -30,7 +30,7 @@ use crate::plan::{Plan, PlanParams, Step};
 use crate::source::DirSource;
 use crate::staging::{Staging, StagingCmd};
 use crate::status::DaemonStatus;
-use crate::{checks, resume, view};
+use crate::{checks, readahead, resume, view};
 
 /// Fails every rank if any rank failed, naming the ranks and their reasons.
 fn everyone_ok(comm: &mut dyn Comm, mine: Result<(), String>) -> Result<(), String> {
@@ -486,6 +486,18 @@ pub fn run(
             let _ = session_tx.send(MpiCmd::Shutdown);
             result
         })
+        .map_err(|e| e.to_string())?;
+    let ra_mountpoint = mountpoint.clone();
+    thread::Builder::new()
+        .name("readahead".into())
+        .spawn(
+            move || match readahead::raise(&ra_mountpoint, readahead::WINDOW_KB) {
+                Ok(kb) => tracing::debug!(kb, "readahead window of the mount"),
+                Err(e) => {
+                    tracing::info!(error = %e, "could not raise the mount's readahead window (needs root); large samples stream in 128 KiB requests without passthrough")
+                }
+            },
+        )
         .map_err(|e| e.to_string())?;
 
     let cfg = ExchangeConfig {

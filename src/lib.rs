@@ -8,7 +8,8 @@
 //! - [`cache`], [`source`], [`staging`]: bytes on local disk, where they come from, and the
 //!   background worker that fills the cache.
 //! - [`epochs`], [`fs`]: epoch advance and the filesystem's behaviour as plain Rust.
-//! - [`fuse`]: the thin fuser binding; [`comm`]: MPI or in-process ranks.
+//! - [`fuse`]: the thin fuser binding ([`readahead`]: the mount's window); [`comm`]: MPI or
+//!   in-process ranks.
 //! - [`daemon`], [`launch`], [`cli`]: wiring and the command line.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
@@ -25,6 +26,7 @@ pub mod fuse;
 pub mod launch;
 pub mod manifest;
 pub mod plan;
+pub mod readahead;
 pub mod resume;
 pub mod scan;
 pub mod source;

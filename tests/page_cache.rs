@@ -192,3 +192,39 @@ fn a_kept_sample_is_the_same_inode_in_the_next_epoch() {
         d.unmount().assert_clean();
     }
 }
+
+/// Without passthrough the kernel asks for a file's bytes in requests as large as the
+/// mount's readahead window: the daemon raises it to FUSE's 1 MiB limit (root only), so a
+/// large sample streams in 1 MiB requests instead of 128 KiB ones, and its bytes are right.
+#[test]
+fn the_readahead_window_is_raised_for_streaming() {
+    if !require_fuse() {
+        return;
+    }
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: raising a mount's readahead window needs root");
+        return;
+    }
+    let data = DatasetBuilder::new()
+        .class("big", &[("video.bin", 5 << 20)])
+        .build();
+    let d = mount(&data, &[]);
+    let dev = fs::metadata(&d.mnt).unwrap().dev();
+    let sysfs = std::path::PathBuf::from(format!(
+        "/sys/class/bdi/{}:{}/read_ahead_kb",
+        nix::sys::stat::major(dev),
+        nix::sys::stat::minor(dev)
+    ));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while fs::read_to_string(&sysfs).unwrap().trim() != "1024" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} stayed at {}",
+            sysfs.display(),
+            fs::read_to_string(&sysfs).unwrap().trim()
+        );
+        thread::sleep(std::time::Duration::from_millis(20));
+    }
+    check_bytes(&data, &d.mnt, 0);
+    d.unmount().assert_clean();
+}
