@@ -330,6 +330,14 @@ impl Adapter {
                 let backing = if self.passthrough.load(Ordering::Relaxed) {
                     match self.backing(ino.0, &file, &reply) {
                         Ok(id) => Some(id),
+                        Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                            // The kernel lets only CAP_SYS_ADMIN register backing files: say
+                            // so once and stop asking.
+                            if self.passthrough.swap(false, Ordering::Relaxed) {
+                                tracing::warn!(error = %e, "passthrough needs CAP_SYS_ADMIN (root); serving reads from the daemon");
+                            }
+                            None
+                        }
                         Err(e) => {
                             tracing::warn!(error = %e, "passthrough refused; serving reads from the daemon");
                             None
