@@ -86,11 +86,11 @@ pub struct MountArgs {
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256), help_heading = "Tuning")]
     pub staging_threads: u16,
 
-    /// Threads answering kernel requests [default: passthrough: one per CPU core, 2 to 8;
-    /// page-cache: 8]. Passthrough sends every open and close here, and each idle thread
+    /// Threads answering kernel requests [default: with passthrough: one per CPU core, 2 to
+    /// 8; otherwise 8]. Passthrough sends every open and close here, and each idle thread
     /// makes a request cost a wake-up; requests that wait (a sample not cached yet, an epoch
-    /// advance) run on other threads. Page-cache sends only reads of uncached pages, each
-    /// waiting on the disk, so there threads are the disk reads in flight.
+    /// advance) run on other threads. Without passthrough (page-cache or daemon mode, or no
+    /// CAP_SYS_ADMIN) reads come here and wait on the disk, so threads are reads in flight.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256), help_heading = "Tuning")]
     pub fuse_threads: Option<u16>,
 
@@ -134,11 +134,12 @@ pub fn for_rank(template: &str, rank: u32) -> PathBuf {
 }
 
 impl MountArgs {
-    /// `--fuse-threads`, or its default for this machine.
-    pub fn fuse_threads(&self) -> usize {
-        let default = || match self.read_path {
-            ReadPath::PageCache => 8,
-            _ => std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8)),
+    /// `--fuse-threads`, or its default for this machine and whether reads will pass
+    /// through (see `fuse::may_pass_through`).
+    pub fn fuse_threads(&self, passes_through: bool) -> usize {
+        let default = || match passes_through {
+            true => std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8)),
+            false => 8,
         };
         self.fuse_threads.map_or_else(default, usize::from)
     }

@@ -382,7 +382,7 @@ pub fn run(
     } else {
         SessionACL::Owner
     };
-    config.n_threads = Some(args.fuse_threads());
+    config.n_threads = Some(args.fuse_threads(crate::fuse::may_pass_through(args.read_path)));
     config.clone_fd = true;
 
     // Phase 6: mount everywhere, or nowhere.

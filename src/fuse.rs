@@ -394,6 +394,21 @@ impl Adapter {
     }
 }
 
+/// Whether reads can pass through with `read_path`: the kernel registers backing files
+/// only for a daemon with CAP_SYS_ADMIN (Linux 6.9 to at least 6.18). A kernel without
+/// passthrough is only known at the handshake; reads then go through the daemon too.
+pub fn may_pass_through(read_path: ReadPath) -> bool {
+    const CAP_SYS_ADMIN: u32 = 21;
+    let effective = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|l| l.starts_with("CapEff:"))?;
+            u64::from_str_radix(line["CapEff:".len()..].trim(), 16).ok()
+        })
+        .unwrap_or(0);
+    read_path == ReadPath::Passthrough && effective & (1 << CAP_SYS_ADMIN) != 0
+}
+
 /// The part of `bytes` a read of `size` bytes at `offset` gets.
 fn window(bytes: &[u8], offset: u64, size: u32) -> &[u8] {
     let start = (offset as usize).min(bytes.len());
@@ -435,7 +450,9 @@ impl Filesystem for FuseAdapter {
             // Control files change: the kernel must ask for their attributes on every read.
             let _ = config.add_capabilities(InitFlags::FUSE_AUTO_INVAL_DATA);
         }
-        if self.read_path == ReadPath::Passthrough
+        if self.read_path == ReadPath::Passthrough && !may_pass_through(self.read_path) {
+            tracing::warn!("passthrough needs CAP_SYS_ADMIN (root); serving reads from the daemon");
+        } else if self.read_path == ReadPath::Passthrough
             && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
         {
             // The cache may itself sit on an overlay (containers): allow one level below us.
