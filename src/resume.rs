@@ -5,8 +5,9 @@
 //! others still in E-1 with that exchange half done. Everyone resumes at E, the furthest epoch
 //! reached (the daemon takes the maximum of the saved epochs). What each rank lacks of its E
 //! share is then sent again by the ranks the plan moved it from. They still hold it: a sender
-//! drops a sample only after advancing past the exchange, which ends with every rank's
-//! `syncfs` and an all-gather, so a sample was dropped only if its receiver holds it durably.
+//! drops a sample only after advancing past the exchange, which ends with each receiver's
+//! `syncfs` and its confirmation to the sender, so a sample was dropped only if its receiver
+//! holds it durably.
 //! Anything still missing (a lost cache file) comes from the source when read, as always.
 //!
 //! Finally the cache is trimmed to the E and E+1 shares, keeping it within about (1+Q) of
