@@ -137,9 +137,12 @@ impl MountArgs {
     /// `--fuse-threads`, or its default for this machine and whether reads will pass
     /// through (see `fuse::may_pass_through`).
     pub fn fuse_threads(&self, passes_through: bool) -> usize {
-        let default = || match passes_through {
-            true => std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8)),
-            false => 8,
+        let default = || {
+            if passes_through {
+                std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8))
+            } else {
+                8
+            }
         };
         self.fuse_threads.map_or_else(default, usize::from)
     }

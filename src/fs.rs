@@ -175,30 +175,13 @@ impl ShuffleFs {
         cur.share(self.epochs.rank()).binary_search(&id).is_ok()
     }
 
-    /// Whether answering for sample `id` may have to copy it from the source first (it is
-    /// not cached, or its size not known yet).
-    fn sample_may_wait(&self, id: u32) -> bool {
-        !self.store.contains(id) || self.store.size(id).is_none()
-    }
-
-    /// Whether `getattr`, `open` or a read of `ino` may wait on the source. The adapter
-    /// answers such requests off its request threads (see `fuse.rs`).
-    pub fn may_wait(&self, ino: u64) -> bool {
-        matches!(Node::from_ino(ino), Some(Node::Sample(id)) if self.sample_may_wait(id))
-    }
-
-    /// Whether `lookup(parent, name)` may wait: on the source, as `may_wait`, or on the
-    /// exchange, for the next epoch's folder (looking it up advances).
-    pub fn lookup_may_wait(&self, parent: u64, name: &OsStr) -> bool {
-        match Node::from_ino(parent) {
-            Some(Node::Root) => {
-                view::parse_epoch_dir(name).is_some_and(|e| e != self.epochs.epoch())
-            }
-            Some(Node::ClassDir(_, c)) => self
-                .store
-                .manifest()
-                .find(c, name)
-                .is_some_and(|id| self.sample_may_wait(id)),
+    /// Whether answering a request about `node` may wait: on the source, for a sample not
+    /// cached or of unknown size, or on the exchange, for the next epoch's folder (looking
+    /// it up advances). The adapter answers such requests off its request threads.
+    pub fn may_wait(&self, node: Node) -> bool {
+        match node {
+            Node::Sample(id) => !self.store.contains(id) || self.store.size(id).is_none(),
+            Node::EpochDir(e) => e > self.epochs.epoch(),
             _ => false,
         }
     }
@@ -249,6 +232,12 @@ impl ShuffleFs {
     }
 
     pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<Entry, FsError> {
+        self.lookup_node(self.child(parent, name)?)
+    }
+
+    /// The node `name` names in `parent`, with no side effect: the next epoch's folder is
+    /// named too, and `lookup_node` advances to it.
+    pub fn child(&self, parent: u64, name: &OsStr) -> Result<Node, FsError> {
         let parent = Node::from_ino(parent).ok_or(FsError::NotFound)?;
         let current = self.epochs.epoch();
         let node = match parent {
@@ -256,10 +245,7 @@ impl ShuffleFs {
             Node::Root if name == CURRENT_NAME => Node::Current,
             Node::Root => {
                 let e = view::parse_epoch_dir(name).ok_or(FsError::NotFound)?;
-                if e == current + 1 {
-                    // Looking at the next epoch is how a loader says it is done with this one.
-                    self.epochs.advance_to(e)?;
-                } else if e != current {
+                if e != current && e != current + 1 {
                     return Err(FsError::NotFound);
                 }
                 Node::EpochDir(e)
@@ -282,6 +268,18 @@ impl ShuffleFs {
             n if !n.is_dir() => return Err(FsError::NotDir),
             _ => return Err(FsError::NotFound),
         };
+        Ok(node)
+    }
+
+    /// Finishes looking up `node` (from `child`): the next epoch's folder advances to it,
+    /// and a sample of unknown size is fetched to learn it.
+    pub fn lookup_node(&self, node: Node) -> Result<Entry, FsError> {
+        if let Node::EpochDir(e) = node
+            && e > self.epochs.epoch()
+        {
+            // Looking at the next epoch is how a loader says it is done with this one.
+            self.epochs.advance_to(e)?;
+        }
         self.resolved(self.entry(node)?)
     }
 

@@ -292,8 +292,13 @@ impl Adapter {
         Ok(id)
     }
 
-    fn answer_lookup(&self, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.fs.lookup(parent.0, name) {
+    /// Whether a request about `ino` may wait (see `ShuffleFs::may_wait`).
+    fn waits(&self, ino: INodeNo) -> bool {
+        Node::from_ino(ino.0).is_some_and(|n| self.fs.may_wait(n))
+    }
+
+    fn answer_lookup(&self, parent: INodeNo, node: Node, reply: ReplyEntry) {
+        match self.fs.lookup_node(node) {
             Ok(e) => reply.entry_with_ttls(
                 &Self::ttl(&e),
                 &Self::ttl(&e),
@@ -468,16 +473,17 @@ impl Filesystem for FuseAdapter {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        if self.fs.lookup_may_wait(parent.0, name) {
-            let name = name.to_owned();
-            self.defer(move |a| a.answer_lookup(parent, &name, reply));
-        } else {
-            self.inner.answer_lookup(parent, name, reply);
+        match self.fs.child(parent.0, name) {
+            Err(err) => reply.error(fail("lookup", parent.0, &err)),
+            Ok(node) if self.fs.may_wait(node) => {
+                self.defer(move |a| a.answer_lookup(parent, node, reply));
+            }
+            Ok(node) => self.inner.answer_lookup(parent, node, reply),
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        if self.fs.may_wait(ino.0) {
+        if self.waits(ino) {
             self.defer(move |a| a.answer_getattr(ino, reply));
         } else {
             self.inner.answer_getattr(ino, reply);
@@ -596,7 +602,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        if self.fs.may_wait(ino.0) {
+        if self.waits(ino) {
             self.defer(move |a| a.answer_open(ino, flags, reply));
         } else {
             self.inner.answer_open(ino, flags, reply);
@@ -628,7 +634,7 @@ impl Filesystem for FuseAdapter {
             Some(Handle::EpochControl) => reply.error(Errno::EBADF),
             None if self.read_path == ReadPath::PageCache => {
                 drop(handles);
-                if self.fs.may_wait(ino.0) {
+                if self.waits(ino) {
                     self.defer(move |a| a.read_unopened(ino.0, offset, size, reply));
                 } else {
                     self.read_unopened(ino.0, offset, size, reply);

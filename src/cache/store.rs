@@ -365,23 +365,14 @@ impl SampleStore {
     }
 }
 
-/// What a cache file's xattr records: the CRC-32C of its bytes and their length (caches
-/// written before the length was added hold the CRC alone).
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// What a cache file's xattr records: the CRC-32C of its bytes (4 bytes, little-endian)
+/// and their length (8 more; caches written before the length was added hold the CRC alone).
 struct Recorded {
     crc: u32,
     len: Option<u64>,
 }
 
 impl Recorded {
-    fn encode(self) -> Vec<u8> {
-        let mut v = self.crc.to_le_bytes().to_vec();
-        if let Some(len) = self.len {
-            v.extend_from_slice(&len.to_le_bytes());
-        }
-        v
-    }
-
     fn decode(v: &[u8]) -> Option<Recorded> {
         let crc = u32::from_le_bytes(v.get(..4)?.try_into().ok()?);
         let len = match v.len() {
@@ -396,11 +387,8 @@ impl Recorded {
 /// Records `crc` and `len` on a cache file; a filesystem without user xattrs just does not
 /// keep them.
 fn set_crc(file: &File, crc: u32, len: u64) -> io::Result<()> {
-    let value = Recorded {
-        crc,
-        len: Some(len),
-    }
-    .encode();
+    let mut value = crc.to_le_bytes().to_vec();
+    value.extend_from_slice(&len.to_le_bytes());
     match file.set_xattr(CRC_XATTR, &value) {
         Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(()),
         other => other,

@@ -75,18 +75,13 @@ impl LocalComm {
             return Ok(msg);
         }
         loop {
-            let (t, msg) = match abort {
-                None => self.from[from as usize]
-                    .recv()
-                    .map_err(|_| CommError::PeerGone(from))?,
-                Some(abort) => match self.from[from as usize].recv_timeout(POLL) {
-                    Ok(m) => m,
-                    Err(RecvTimeoutError::Timeout) if abort.load(Ordering::Relaxed) => {
-                        return Err(CommError::Aborted);
-                    }
-                    Err(RecvTimeoutError::Timeout) => continue,
-                    Err(RecvTimeoutError::Disconnected) => return Err(CommError::PeerGone(from)),
+            let (t, msg) = match self.from[from as usize].recv_timeout(POLL) {
+                Ok(m) => m,
+                Err(RecvTimeoutError::Timeout) => match abort {
+                    Some(a) if a.load(Ordering::Relaxed) => return Err(CommError::Aborted),
+                    _ => continue,
                 },
+                Err(RecvTimeoutError::Disconnected) => return Err(CommError::PeerGone(from)),
             };
             if t == tag {
                 return Ok(msg);
