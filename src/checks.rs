@@ -103,8 +103,23 @@ pub fn is_mounted(path: &Path) -> bool {
     mounts().any(|m| Path::new(&m.target) == canonical)
 }
 
-/// One line of `/proc/self/mountinfo`: where, what type, from what.
+/// The device (`MAJ:MIN`) of the newest FUSE mount at `path`, from `/proc/self/mountinfo`,
+/// without touching the mount itself (its daemon may not be answering).
+pub fn fuse_device(path: &Path) -> Option<String> {
+    let target = match (path.parent(), path.file_name()) {
+        (Some(p), Some(name)) if !p.as_os_str().is_empty() => fs::canonicalize(p).ok()?.join(name),
+        (Some(_), Some(name)) => std::env::current_dir().ok()?.join(name),
+        _ => path.to_path_buf(),
+    };
+    mounts()
+        .filter(|m| Path::new(&m.target) == target && m.fstype.starts_with("fuse"))
+        .last()
+        .map(|m| m.device)
+}
+
+/// One line of `/proc/self/mountinfo`: where, what type, from what, on which device.
 struct MountEntry {
+    device: String,
     target: String,
     fstype: String,
     source: String,
@@ -116,11 +131,13 @@ fn mounts() -> impl Iterator<Item = MountEntry> {
     let entries: Vec<MountEntry> = info
         .lines()
         .filter_map(|line| {
+            let device = line.split(' ').nth(2)?.to_string();
             let target = unescape_mountinfo(line.split(' ').nth(4)?);
             // After " - ": fstype, source, super options.
             let mut rest = line.split(" - ").nth(1)?.split(' ');
             let (fstype, source) = (rest.next()?.to_string(), rest.next()?.to_string());
             Some(MountEntry {
+                device,
                 target,
                 fstype,
                 source,

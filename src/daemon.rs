@@ -399,6 +399,13 @@ pub fn run(
         }
     };
 
+    match readahead::raise(&mountpoint, readahead::WINDOW_KB) {
+        Ok(kb) => tracing::debug!(kb, "readahead window of the mount"),
+        Err(e) => {
+            tracing::info!(error = %e, "could not raise the mount's readahead window (needs root); large samples stream in 128 KiB requests without passthrough")
+        }
+    }
+
     // Kernel cache invalidation runs on its own thread (see `fuse::Invalidated`).
     let notifier = session.notifier();
     let (inval_tx, inval_rx) = channel::<u64>();
@@ -487,19 +494,6 @@ pub fn run(
             result
         })
         .map_err(|e| e.to_string())?;
-    let ra_mountpoint = mountpoint.clone();
-    thread::Builder::new()
-        .name("readahead".into())
-        .spawn(
-            move || match readahead::raise(&ra_mountpoint, readahead::WINDOW_KB) {
-                Ok(kb) => tracing::debug!(kb, "readahead window of the mount"),
-                Err(e) => {
-                    tracing::info!(error = %e, "could not raise the mount's readahead window (needs root); large samples stream in 128 KiB requests without passthrough")
-                }
-            },
-        )
-        .map_err(|e| e.to_string())?;
-
     let cfg = ExchangeConfig {
         rate: args.exchange_rate,
         ..ExchangeConfig::default()

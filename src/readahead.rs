@@ -4,38 +4,30 @@
 //! kernel asks the daemon for a file's bytes in requests as large as the mount's readahead
 //! window, 128 KiB by default: a 1 GiB sample costs 8192 round trips, and streaming ran at
 //! half the disk's speed. The window belongs to the mount's backing device info
-//! (`/sys/class/bdi/MAJ:MIN/read_ahead_kb`), which only root may change. It must be raised
-//! after the FUSE handshake: the kernel lowers it to what the daemon's INIT reply offers,
-//! and that reply may offer no more than the kernel's current window. FUSE caps a request
+//! (`/sys/class/bdi/MAJ:MIN/read_ahead_kb`, MAJ:MIN from the mount table), which only root
+//! may change. It must be raised after the FUSE handshake: the kernel lowers it to what
+//! the daemon's INIT reply offers, and that reply may offer no more than the kernel's
+//! current window. FUSE caps a request
 //! at 1 MiB (256 pages), so 1 MiB is what we ask for. Passthrough reads are unaffected:
 //! they use the cache file's own readahead.
 
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+
+use crate::checks;
 
 /// The window to raise to, in KiB: FUSE's largest read request.
 pub const WINDOW_KB: u64 = 1024;
 
-/// Where the window of the filesystem with device number `dev` is set.
-pub fn sysfs_path(dev: u64) -> PathBuf {
-    let (major, minor) = (nix::sys::stat::major(dev), nix::sys::stat::minor(dev));
-    PathBuf::from(format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb"))
-}
-
-/// Raises the readahead window of the filesystem mounted at `mountpoint` to at least
-/// `kb` KiB, once the mount answers. Returns the window now in effect. Best effort: the
-/// caller logs a failure (not root, sysfs read-only in a container) and carries on.
+/// Raises the readahead window of the FUSE filesystem mounted at `mountpoint` to at least
+/// `kb` KiB; call it once the handshake is done (fuser's `Session::new` does it). Returns
+/// the window now in effect. Touches only the mount table and sysfs, never the mount, so
+/// it needs no request thread. Best effort: the caller logs a failure (not root, sysfs
+/// read-only in a container) and carries on.
 pub fn raise(mountpoint: &Path, kb: u64) -> std::io::Result<u64> {
-    // The mount answers only after the handshake, which is what we need. One open folder
-    // for both questions, so an unmount in between cannot make us tune the disk below.
-    let root = std::fs::File::open(mountpoint)?;
-    if nix::sys::statfs::fstatfs(&root)?.filesystem_type() != nix::sys::statfs::FUSE_SUPER_MAGIC {
-        return Err(std::io::Error::other(format!(
-            "{} is no longer a FUSE mount",
-            mountpoint.display()
-        )));
-    }
-    let path = sysfs_path(root.metadata()?.dev());
+    let device = checks::fuse_device(mountpoint).ok_or_else(|| {
+        std::io::Error::other(format!("no FUSE mount at {}", mountpoint.display()))
+    })?;
+    let path = PathBuf::from(format!("/sys/class/bdi/{device}/read_ahead_kb"));
     let current: u64 = std::fs::read_to_string(&path)?
         .trim()
         .parse()
@@ -45,23 +37,4 @@ pub fn raise(mountpoint: &Path, kb: u64) -> std::io::Result<u64> {
     }
     std::fs::write(&path, format!("{kb}\n"))?;
     Ok(kb)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_the_device_as_sysfs_does() {
-        let dev = nix::sys::stat::makedev(0, 40);
-        assert_eq!(
-            sysfs_path(dev),
-            Path::new("/sys/class/bdi/0:40/read_ahead_kb")
-        );
-        let dev = nix::sys::stat::makedev(259, 1 << 12);
-        assert_eq!(
-            sysfs_path(dev),
-            Path::new("/sys/class/bdi/259:4096/read_ahead_kb")
-        );
-    }
 }
