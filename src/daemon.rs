@@ -454,8 +454,11 @@ pub fn run(
         step: first,
     });
 
+    // Set when the daemon is going away: an exchange in progress gives up (its peers may
+    // be gone already), and whatever waits on it falls back to the source and finishes.
+    let abort = Arc::new(AtomicBool::new(false));
     let mut unmounter = session.unmount_callable();
-    let signal_mountpoint = mountpoint.clone();
+    let (signal_mountpoint, signal_abort) = (mountpoint.clone(), abort.clone());
     let mut signals =
         signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGHUP])
             .map_err(|e| e.to_string())?;
@@ -466,10 +469,14 @@ pub fn run(
             if let Some(sig) = signals.forever().next() {
                 tracing::info!(signal = sig, "signal received; unmounting");
                 // Files still open (readers that have not stopped): detach instead, so the
-                // daemon exits once they close rather than never.
+                // daemon exits once they close rather than never. A reader may be waiting on
+                // an advance whose exchange waits on a peer that already left: give up the
+                // exchange too (after detaching, so a daemon that exits for it leaves no
+                // mount behind), or that reader, and with it this daemon, would wait forever.
                 if let Err(e) = unmounter.unmount() {
                     let detached = checks::detach(&signal_mountpoint);
                     tracing::warn!(error = %e, detached, "unmount on signal failed; detached the mount instead");
+                    signal_abort.store(true, Ordering::Relaxed);
                 }
             }
         })
@@ -483,7 +490,6 @@ pub fn run(
         mountpoint.display(),
         store.manifest().len()
     ));
-    let abort = Arc::new(AtomicBool::new(false));
     let (session_abort, session_tx) = (abort.clone(), mpi_tx);
     let served = thread::Builder::new()
         .name("fuse".into())

@@ -180,7 +180,11 @@ impl ShuffleFs {
     /// it up advances). The adapter answers such requests off its request threads.
     pub fn may_wait(&self, node: Node) -> bool {
         match node {
-            Node::Sample(id) => !self.store.contains(id) || self.store.size(id).is_none(),
+            // `holds` first: it also bounds `id` (an inode number the kernel never got from us
+            // answers ENOENT without waiting).
+            Node::Sample(id) => {
+                self.holds(id) && (!self.store.contains(id) || self.store.size(id).is_none())
+            }
             Node::EpochDir(e) => e > self.epochs.epoch(),
             _ => false,
         }

@@ -157,14 +157,33 @@ impl FuseAdapter {
         })
     }
 
-    /// Runs `job` on a waiting thread.
-    fn defer(&self, job: impl FnOnce(&Adapter) + Send + 'static) {
+    /// Runs `job` off the request threads, on `lane`.
+    fn defer(&self, lane: Lane, job: impl FnOnce(&Adapter) + Send + 'static) {
         let inner = self.inner.clone();
-        match &self.waiting {
-            Some(rt) => drop(rt.spawn_blocking(move || job(&inner))),
-            None => job(&inner),
+        match (lane, &self.waiting) {
+            (Lane::Source, Some(rt)) => drop(rt.spawn_blocking(move || job(&inner))),
+            (Lane::Advance, _) => {
+                // A failed spawn drops the reply, which fuser answers with EIO.
+                if let Err(e) = std::thread::Builder::new()
+                    .name("shufflefs-advance".into())
+                    .spawn(move || job(&inner))
+                {
+                    tracing::error!(error = %e, "no thread for a request that advances the epoch");
+                }
+            }
+            (Lane::Source, None) => job(&inner),
         }
     }
+}
+
+/// Where a request that may wait is answered. Fetches share a bounded pool; a request that
+/// advances the epoch (waiting on the exchange) gets a thread of its own, so a slow or hung
+/// source holding every pooled thread cannot keep training from reaching the next epoch.
+/// Advances are few (one per reader that reaches the next epoch) and run one at a time.
+#[derive(Clone, Copy)]
+enum Lane {
+    Source,
+    Advance,
 }
 
 impl Adapter {
@@ -292,9 +311,18 @@ impl Adapter {
         Ok(id)
     }
 
-    /// Whether a request about `ino` may wait (see `ShuffleFs::may_wait`).
-    fn waits(&self, ino: INodeNo) -> bool {
-        Node::from_ino(ino.0).is_some_and(|n| self.fs.may_wait(n))
+    /// Where a request about `node` is answered if it may wait (see `ShuffleFs::may_wait`);
+    /// `None`: on the request thread.
+    fn lane(&self, node: Node) -> Option<Lane> {
+        match node {
+            _ if !self.fs.may_wait(node) => None,
+            Node::EpochDir(_) => Some(Lane::Advance),
+            _ => Some(Lane::Source),
+        }
+    }
+
+    fn lane_of(&self, ino: INodeNo) -> Option<Lane> {
+        Node::from_ino(ino.0).and_then(|n| self.lane(n))
     }
 
     fn answer_lookup(&self, parent: INodeNo, node: Node, reply: ReplyEntry) {
@@ -399,9 +427,10 @@ impl Adapter {
     }
 }
 
-/// Whether reads can pass through with `read_path`: the kernel registers backing files
-/// only for a daemon with CAP_SYS_ADMIN (Linux 6.9 to at least 6.18). A kernel without
-/// passthrough is only known at the handshake; reads then go through the daemon too.
+/// Whether reads can pass through with `read_path`: the kernel has FUSE passthrough from
+/// Linux 6.9, and registers backing files only for a daemon with CAP_SYS_ADMIN (6.9 to at
+/// least 6.18). Checked before mounting because the request thread count depends on it; the
+/// handshake has the last word (a kernel built without passthrough says so there).
 pub fn may_pass_through(read_path: ReadPath) -> bool {
     const CAP_SYS_ADMIN: u32 = 21;
     let effective = std::fs::read_to_string("/proc/self/status")
@@ -411,7 +440,20 @@ pub fn may_pass_through(read_path: ReadPath) -> bool {
             u64::from_str_radix(line["CapEff:".len()..].trim(), 16).ok()
         })
         .unwrap_or(0);
-    read_path == ReadPath::Passthrough && effective & (1 << CAP_SYS_ADMIN) != 0
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    read_path == ReadPath::Passthrough
+        && effective & (1 << CAP_SYS_ADMIN) != 0
+        && kernel_at_least(&release, (6, 9))
+}
+
+/// Whether a kernel release string such as `6.18.0-1-amd64` is `min` or later.
+fn kernel_at_least(release: &str, min: (u32, u32)) -> bool {
+    let mut parts = release.trim().split(['.', '-']);
+    let mut number = || parts.next().and_then(|p| p.parse::<u32>().ok());
+    match (number(), number()) {
+        (Some(major), Some(minor)) => (major, minor) >= min,
+        _ => false,
+    }
 }
 
 /// The part of `bytes` a read of `size` bytes at `offset` gets.
@@ -456,7 +498,9 @@ impl Filesystem for FuseAdapter {
             let _ = config.add_capabilities(InitFlags::FUSE_AUTO_INVAL_DATA);
         }
         if self.read_path == ReadPath::Passthrough && !may_pass_through(self.read_path) {
-            tracing::warn!("passthrough needs CAP_SYS_ADMIN (root); serving reads from the daemon");
+            tracing::warn!(
+                "passthrough needs Linux 6.9 or later and CAP_SYS_ADMIN (root); serving reads from the daemon"
+            );
         } else if self.read_path == ReadPath::Passthrough
             && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
         {
@@ -475,18 +519,17 @@ impl Filesystem for FuseAdapter {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.fs.child(parent.0, name) {
             Err(err) => reply.error(fail("lookup", parent.0, &err)),
-            Ok(node) if self.fs.may_wait(node) => {
-                self.defer(move |a| a.answer_lookup(parent, node, reply));
-            }
-            Ok(node) => self.inner.answer_lookup(parent, node, reply),
+            Ok(node) => match self.lane(node) {
+                Some(lane) => self.defer(lane, move |a| a.answer_lookup(parent, node, reply)),
+                None => self.inner.answer_lookup(parent, node, reply),
+            },
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        if self.waits(ino) {
-            self.defer(move |a| a.answer_getattr(ino, reply));
-        } else {
-            self.inner.answer_getattr(ino, reply);
+        match self.lane_of(ino) {
+            Some(lane) => self.defer(lane, move |a| a.answer_getattr(ino, reply)),
+            None => self.inner.answer_getattr(ino, reply),
         }
     }
 
@@ -602,10 +645,9 @@ impl Filesystem for FuseAdapter {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        if self.waits(ino) {
-            self.defer(move |a| a.answer_open(ino, flags, reply));
-        } else {
-            self.inner.answer_open(ino, flags, reply);
+        match self.lane_of(ino) {
+            Some(lane) => self.defer(lane, move |a| a.answer_open(ino, flags, reply)),
+            None => self.inner.answer_open(ino, flags, reply),
         }
     }
 
@@ -634,10 +676,11 @@ impl Filesystem for FuseAdapter {
             Some(Handle::EpochControl) => reply.error(Errno::EBADF),
             None if self.read_path == ReadPath::PageCache => {
                 drop(handles);
-                if self.waits(ino) {
-                    self.defer(move |a| a.read_unopened(ino.0, offset, size, reply));
-                } else {
-                    self.read_unopened(ino.0, offset, size, reply);
+                match self.lane_of(ino) {
+                    Some(lane) => {
+                        self.defer(lane, move |a| a.read_unopened(ino.0, offset, size, reply))
+                    }
+                    None => self.read_unopened(ino.0, offset, size, reply),
                 }
             }
             None => reply.error(Errno::EBADF),
@@ -658,7 +701,9 @@ impl Filesystem for FuseAdapter {
     ) {
         // Only the epoch control file takes writes, and a write there advances: it waits.
         let data = data.to_vec();
-        self.defer(move |a| a.answer_write(ino, fh, &data, reply));
+        self.defer(Lane::Advance, move |a| {
+            a.answer_write(ino, fh, &data, reply)
+        });
     }
 
     /// Nothing to flush in a read-only view. ENOSYS tells the kernel to stop sending FLUSH,
@@ -782,5 +827,21 @@ impl Filesystem for FuseAdapter {
             Ok(()) => reply.ok(),
             Err(err) => reply.error(fail("access", ino.0, &err)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kernel_at_least;
+
+    #[test]
+    fn kernel_release_comparison() {
+        assert!(kernel_at_least("6.18.0-1-amd64\n", (6, 9)));
+        assert!(kernel_at_least("6.9", (6, 9)));
+        assert!(kernel_at_least("7.0.1", (6, 9)));
+        assert!(!kernel_at_least("6.8.12-generic", (6, 9)));
+        assert!(!kernel_at_least("5.15.0", (6, 9)));
+        assert!(!kernel_at_least("", (6, 9)));
+        assert!(!kernel_at_least("garbage", (6, 9)));
     }
 }

@@ -172,6 +172,14 @@ fn other_ranks_samples_and_other_epochs_are_not_found() {
         w.fs.getattr(Node::Sample(other).ino()),
         Err(FsError::NotFound)
     ));
+    // Not this rank's, and an id past the dataset: answered at once, never fetched.
+    for id in [other, u32::MAX] {
+        assert!(!w.fs.may_wait(Node::Sample(id)), "sample {id}");
+        assert!(matches!(
+            w.fs.getattr(Node::Sample(id).ino()),
+            Err(FsError::NotFound)
+        ));
+    }
     assert!(matches!(
         w.fs.lookup(ROOT, OsStr::new("epoch-2")),
         Err(FsError::NotFound)
