@@ -176,10 +176,12 @@ impl FuseAdapter {
     }
 }
 
-/// Where a request that may wait is answered. Fetches share a bounded pool; a request that
-/// advances the epoch (waiting on the exchange) gets a thread of its own, so a slow or hung
-/// source holding every pooled thread cannot keep training from reaching the next epoch.
-/// Advances are few (one per reader that reaches the next epoch) and run one at a time.
+/// Where a request that may wait is answered. Fetches share a bounded pool, where a
+/// DataLoader opening hundreds of samples not staged yet queues hundreds of them; a request
+/// that advances the epoch (waiting on the exchange) gets a thread of its own instead of
+/// waiting its turn behind them. It still waits for the samples the next share needs (an
+/// advance makes sure this rank holds all of them). Advances are few (one per reader that
+/// reaches the next epoch) and run one at a time.
 #[derive(Clone, Copy)]
 enum Lane {
     Source,
