@@ -15,10 +15,10 @@ use std::time::Instant;
 
 use shufflefs::cache::{CacheDir, SampleStore};
 use shufflefs::comm::{Comm, MpiComm, launched_by_mpi};
+use shufflefs::dataset::manifest::Manifest;
+use shufflefs::dataset::source::SyntheticSource;
 use shufflefs::exchange::{self, ExchangeConfig, ExchangeTracker, FRAME};
-use shufflefs::manifest::Manifest;
 use shufflefs::plan::{Plan, PlanParams, Step};
-use shufflefs::source::SyntheticSource;
 
 fn barrier(comm: &mut dyn Comm) {
     comm.all_gather(&[]).unwrap();

@@ -173,12 +173,12 @@ pub fn unmount(args: &UnmountArgs) -> ExitCode {
         c.get("dir")
             .and_then(|d| d.as_str().map(std::path::PathBuf::from))
     });
-    if pid.is_none() && !crate::checks::is_mounted(&args.mountpoint) {
+    if pid.is_none() && !crate::sys::mounts::is_mounted(&args.mountpoint) {
         eprintln!("shufflefs: {} is not mounted", args.mountpoint.display());
         return ExitCode::FAILURE;
     }
     let unmounted = if args.lazy {
-        crate::checks::detach(&args.mountpoint) || {
+        crate::sys::mounts::detach(&args.mountpoint) || {
             eprintln!("shufflefs: cannot detach {}", args.mountpoint.display());
             false
         }

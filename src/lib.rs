@@ -1,35 +1,31 @@
-//! shufflefs: per-rank FUSE views of an ImageFolder dataset, with partial-local shuffling
-//! (Nguyen et al., "Why globally re-shuffle?") done in the background between epochs.
+//! shufflefs: per-rank FUSE views of a dataset for distributed training, with partial-local
+//! shuffling (Nguyen et al., "Why globally re-shuffle?") done in the background between epochs.
 //!
-//! Layers, from pure to outside-facing:
-//! - [`plan`]: who owns which sample in every epoch (pure, deterministic).
-//! - [`manifest`], [`scan`], [`view`]: the dataset's names, how rank 0 reads them from the
-//!   source, and the mounted tree's inode scheme.
-//! - [`cache`], [`source`], [`staging`]: bytes on local disk, where they come from, and the
-//!   background worker that fills the cache.
-//! - [`epochs`], [`fs`]: epoch advance and the filesystem's behaviour as plain Rust.
-//! - [`fuse`]: the thin fuser binding ([`readahead`]: the mount's window); [`comm`]: MPI or
-//!   in-process ranks.
-//! - [`daemon`], [`launch`], [`cli`]: wiring and the command line.
+//! The folders are the layers, from pure to outside-facing (README "Architecture" has the
+//! tree and the path a sample's bytes take):
+//! - [`plan`]: who owns which sample in every epoch (pure, deterministic, no I/O).
+//! - [`dataset`]: what a source is (its index, how a sample's bytes are read); ImageFolder
+//!   trees today, packed-record files later.
+//! - [`cache`]: this rank's local copy of its share, behind the `CacheBackend` trait.
+//! - [`comm`]: the other ranks (MPI, or in-process ranks and fault-injecting doubles for tests).
+//! - [`exchange`]: moving samples between ranks: a schedule (strategy) and its executor.
+//! - [`node`]: one rank's moving parts without the kernel: the epoch coordinator, staging,
+//!   status, resume after a crash.
+//! - [`vfs`]: the filesystem's behaviour as plain Rust (names, nodes, bytes, errors).
+//! - [`fuse`]: the thin fuser binding over [`vfs`].
+//! - [`sys`]: the host: mount table, kernel probes, the mount's readahead window.
+//! - [`daemon`], [`launch`], [`cli`]: wiring, process life and the command line.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod cache;
-pub mod checks;
 pub mod cli;
 pub mod comm;
 pub mod daemon;
-pub mod epochs;
-pub mod error;
+pub mod dataset;
 pub mod exchange;
-pub mod fs;
 pub mod fuse;
 pub mod launch;
-pub mod manifest;
+pub mod node;
 pub mod plan;
-pub mod readahead;
-pub mod resume;
-pub mod scan;
-pub mod source;
-pub mod staging;
-pub mod status;
-pub mod view;
+pub mod sys;
+pub mod vfs;

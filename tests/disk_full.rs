@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use common::mpi_job::mpirun;
 use common::*;
 use serde_json::Value;
-use shufflefs::checks::is_mounted;
+use shufflefs::sys::mounts::is_mounted;
 
 const RANKS: usize = 2;
 

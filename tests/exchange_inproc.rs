@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use shufflefs::cache::{CacheDir, SampleStore};
 use shufflefs::comm::{Comm, CommError, LocalComm};
+use shufflefs::dataset::manifest::Manifest;
+use shufflefs::dataset::source::{SyntheticSource, synthetic_byte};
 use shufflefs::exchange::{self, ExchangeConfig, ExchangeTracker};
-use shufflefs::manifest::Manifest;
 use shufflefs::plan::{Plan, PlanParams, Rank};
-use shufflefs::source::{SyntheticSource, synthetic_byte};
 
 /// Wraps a transport and sleeps a pseudo-random while before each operation.
 struct Delaying<C> {
@@ -365,7 +365,7 @@ fn a_rank_whose_disk_fails_does_not_stall_the_others() {
 /// is the only one missing on its receiver.
 #[test]
 fn sizes_unknown_until_read_still_move_exactly() {
-    use shufflefs::source::DirSource;
+    use shufflefs::dataset::source::DirSource;
     let src = tempfile::tempdir().unwrap();
     for c in 0..3 {
         let class = src.path().join(format!("class{c}"));
@@ -377,7 +377,7 @@ fn sizes_unknown_until_read_still_move_exactly() {
             std::fs::write(class.join(format!("{i:03}.bin")), bytes).unwrap();
         }
     }
-    let manifest = Arc::new(shufflefs::manifest::scan(src.path()).unwrap());
+    let manifest = Arc::new(shufflefs::dataset::manifest::scan(src.path()).unwrap());
     assert!((0..manifest.len()).all(|id| manifest.size(id).is_none()));
     let world = 4u32;
     let plan = Plan::new(PlanParams {

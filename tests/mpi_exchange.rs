@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use shufflefs::checks::is_mounted;
+use shufflefs::sys::mounts::is_mounted;
 
 const RANKS: u32 = 4;
 

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use common::mpi_job::mpirun;
 use common::*;
-use shufflefs::checks::is_mounted;
+use shufflefs::sys::mounts::is_mounted;
 
 const RANKS: usize = 4;
 const EPOCHS: usize = 3;

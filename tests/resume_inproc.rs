@@ -10,10 +10,10 @@ use std::sync::atomic::Ordering;
 
 use shufflefs::cache::{CacheDir, SampleStore};
 use shufflefs::comm::{Comm, LocalComm};
-use shufflefs::manifest::Manifest;
+use shufflefs::dataset::manifest::Manifest;
+use shufflefs::dataset::source::{SyntheticSource, synthetic_byte};
+use shufflefs::node::resume::resume;
 use shufflefs::plan::{Plan, PlanParams};
-use shufflefs::resume::resume;
-use shufflefs::source::{SyntheticSource, synthetic_byte};
 
 const WORLD: u32 = 4;
 const EPOCH: u64 = 3;
@@ -133,14 +133,14 @@ fn resume_completes_an_interrupted_exchange_without_the_source() {
 /// again, while whole files, including ones recorded before the length was (CRC only), stay.
 #[test]
 fn a_cache_file_torn_by_a_crash_is_dropped_at_start_up() {
-    use shufflefs::source::DirSource;
+    use shufflefs::dataset::source::DirSource;
     let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let (src, cache) = (tmp.path().join("src"), tmp.path().join("cache"));
     std::fs::create_dir_all(src.join("c")).unwrap();
     for i in 0..3u8 {
         std::fs::write(src.join(format!("c/{i}.bin")), vec![i + 1; 5000]).unwrap();
     }
-    let manifest = Arc::new(shufflefs::manifest::scan(&src).unwrap());
+    let manifest = Arc::new(shufflefs::dataset::manifest::scan(&src).unwrap());
     let open = || {
         let source = Arc::new(DirSource::new(src.clone(), manifest.clone()));
         SampleStore::new(CacheDir::open(&cache).unwrap(), manifest.clone(), source).unwrap()

@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use common::mpi_job::MpiJob;
 use common::*;
 use serde_json::Value;
-use shufflefs::checks::is_mounted;
-use shufflefs::manifest;
+use shufflefs::dataset::manifest;
 use shufflefs::plan::{Plan, PlanParams};
+use shufflefs::sys::mounts::is_mounted;
 
 const RANKS: u32 = 4;
 const SEED: u64 = 9;

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::mpi_job::MpiJob;
 use common::*;
-use shufflefs::checks::is_mounted;
+use shufflefs::sys::mounts::is_mounted;
 
 #[test]
 fn sigterm_ends_a_reader_waiting_on_a_peer_that_never_answers() {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::mpi_job::MpiJob;
 use common::*;
-use shufflefs::checks::is_mounted;
+use shufflefs::sys::mounts::is_mounted;
 
 const RANKS: u32 = 4;
 const READERS: usize = 8;

@@ -4,14 +4,14 @@ use std::ffi::OsStr;
 use std::sync::Arc;
 
 use shufflefs::cache::{CacheDir, SampleStore};
-use shufflefs::epochs::Epochs;
-use shufflefs::error::FsError;
-use shufflefs::fs::{Kind, Opened, ShuffleFs};
-use shufflefs::manifest::Manifest;
+use shufflefs::dataset::manifest::Manifest;
+use shufflefs::dataset::source::{SyntheticSource, synthetic_byte};
+use shufflefs::node::epochs::Epochs;
+use shufflefs::node::status::StatusReport;
 use shufflefs::plan::{Plan, PlanParams};
-use shufflefs::source::{SyntheticSource, synthetic_byte};
-use shufflefs::status::StatusReport;
-use shufflefs::view::{Node, ROOT};
+use shufflefs::vfs::error::FsError;
+use shufflefs::vfs::inodes::{Node, ROOT};
+use shufflefs::vfs::{Kind, Opened, ShuffleFs};
 
 struct FixedStatus;
 impl StatusReport for FixedStatus {

@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::manifest::Manifest;
+use crate::dataset::manifest::Manifest;
 
 mod store;
 

@@ -10,9 +10,9 @@ use std::sync::{Arc, Mutex};
 use xattr::FileExt as _;
 
 use super::{CRC_XATTR, CacheDir, CacheError};
-use crate::manifest::{Manifest, UNKNOWN_SIZE};
+use crate::dataset::manifest::{Manifest, UNKNOWN_SIZE};
+use crate::dataset::source::SampleSource;
 use crate::plan::SampleId;
-use crate::source::SampleSource;
 
 /// A fixed-size set of sample ids, safe to update from many threads.
 pub struct Bitset(Vec<AtomicU64>);

@@ -9,10 +9,10 @@
 //! initialised with `Threading::Funneled` and every other thread reaches it through channels.
 
 mod local;
-mod mpi_comm;
+mod mpi;
 
 pub use local::LocalComm;
-pub use mpi_comm::{MpiComm, launched_by_mpi};
+pub use mpi::{MpiComm, launched_by_mpi};
 
 use std::sync::atomic::AtomicBool;
 

@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 
 use crate::cache::SampleStore;
 use crate::comm::Comm;
-use crate::manifest::UNKNOWN_SIZE;
+use crate::dataset::manifest::UNKNOWN_SIZE;
 use crate::plan::{Rank, SampleId, Step};
 
 mod frames;

@@ -5,7 +5,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use shufflefs::checks::is_mounted;
+use shufflefs::sys::mounts::is_mounted;
 
 use super::{BIN, force_unmount, read_status, shufflefs};
 

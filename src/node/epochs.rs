@@ -8,9 +8,9 @@
 
 use std::sync::{Arc, Mutex, RwLock};
 
-use crate::error::FsError;
 use crate::plan::{EpochShares, Plan, Rank, SampleId, Step};
-use crate::view::MAX_EPOCH;
+use crate::vfs::error::FsError;
+use crate::vfs::inodes::MAX_EPOCH;
 
 /// What changed when an epoch was published.
 pub struct EpochChange {

@@ -218,7 +218,7 @@ fn stage(
 mod tests {
     use super::*;
     use crate::cache::CacheDir;
-    use crate::source::DirSource;
+    use crate::dataset::source::DirSource;
 
     /// A sample whose size was unknown when the totals were taken, and which a reader
     /// fetched before staging got to it, still counts once in each total.
@@ -230,7 +230,7 @@ mod tests {
         for (i, len) in [300usize, 700].into_iter().enumerate() {
             std::fs::write(src.join(format!("c/{i}")), vec![7u8; len]).unwrap();
         }
-        let manifest = Arc::new(crate::manifest::scan(&src).unwrap());
+        let manifest = Arc::new(crate::dataset::manifest::scan(&src).unwrap());
         let source = Arc::new(DirSource::new(src, manifest.clone()));
         let dir = CacheDir::open(&tmp.path().join("cache")).unwrap();
         let store = SampleStore::new(dir, manifest, source).unwrap();

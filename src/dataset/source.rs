@@ -9,7 +9,7 @@ use std::io::{self, Read, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::manifest::Manifest;
+use crate::dataset::manifest::Manifest;
 use crate::plan::SampleId;
 
 pub trait SampleSource: Send + Sync {

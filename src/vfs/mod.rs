@@ -15,10 +15,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::cache::SampleStore;
-use crate::epochs::{Epochs, share_in_range};
-use crate::error::FsError;
-use crate::status::StatusReport;
-use crate::view::{self, CTL_DIR_NAME, CURRENT_NAME, EPOCH_CTL_NAME, Node, STATUS_NAME};
+use crate::node::epochs::{Epochs, share_in_range};
+use crate::node::status::StatusReport;
+use crate::vfs::error::FsError;
+use crate::vfs::inodes::{CTL_DIR_NAME, CURRENT_NAME, EPOCH_CTL_NAME, Node, STATUS_NAME};
+
+pub mod error;
+pub mod inodes;
 
 /// Largest sample served straight from the source when the cache cannot hold it. In the
 /// page-cache read path every read request re-reads the whole sample, so this stays small.
@@ -146,7 +149,7 @@ impl ShuffleFs {
             Node::Current => Entry {
                 node,
                 kind: Kind::Symlink,
-                size: view::epoch_dir_name(current).len() as u64,
+                size: inodes::epoch_dir_name(current).len() as u64,
                 perm: 0o777,
                 immutable: false,
             },
@@ -248,7 +251,7 @@ impl ShuffleFs {
             Node::Root if name == CTL_DIR_NAME => Node::CtlDir,
             Node::Root if name == CURRENT_NAME => Node::Current,
             Node::Root => {
-                let e = view::parse_epoch_dir(name).ok_or(FsError::NotFound)?;
+                let e = inodes::parse_epoch_dir(name).ok_or(FsError::NotFound)?;
                 if e != current && e != current + 1 {
                     return Err(FsError::NotFound);
                 }
@@ -334,7 +337,7 @@ impl ShuffleFs {
             let name: Cow<OsStr> = match child {
                 Node::CtlDir => OsStr::new(CTL_DIR_NAME).into(),
                 Node::Current => OsStr::new(CURRENT_NAME).into(),
-                Node::EpochDir(e) => OsString::from(view::epoch_dir_name(e)).into(),
+                Node::EpochDir(e) => OsString::from(inodes::epoch_dir_name(e)).into(),
                 Node::Status => OsStr::new(STATUS_NAME).into(),
                 Node::EpochCtl => OsStr::new(EPOCH_CTL_NAME).into(),
                 Node::ClassDir(_, c) => manifest.class_name(c).into(),
@@ -355,7 +358,7 @@ impl ShuffleFs {
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>, FsError> {
         match Node::from_ino(ino) {
-            Some(Node::Current) => Ok(view::epoch_dir_name(self.epochs.epoch()).into_bytes()),
+            Some(Node::Current) => Ok(inodes::epoch_dir_name(self.epochs.epoch()).into_bytes()),
             Some(Node::Status) if self.status_link => {
                 Ok(self.status_file()?.into_os_string().into_encoded_bytes())
             }
@@ -384,7 +387,7 @@ impl ShuffleFs {
 
     /// A write to `.shufflefs/epoch`: the number to advance to.
     pub fn write_epoch(&self, data: &[u8]) -> Result<usize, FsError> {
-        let target = view::parse_epoch_value(data).ok_or_else(|| {
+        let target = inodes::parse_epoch_value(data).ok_or_else(|| {
             FsError::Invalid(format!("{:?} is not an epoch number; write the next epoch, e.g. `echo N+1 > .shufflefs/epoch`", String::from_utf8_lossy(data)))
         })?;
         self.epochs.advance_to(target)?;

@@ -21,16 +21,18 @@ use fuser::{Config, MountOption, SessionACL};
 use crate::cache::{CacheDir, CacheState, FORMAT_VERSION, SampleStore};
 use crate::cli::{MountArgs, ReadPath, for_rank};
 use crate::comm::{Comm, agree, decide};
-use crate::epochs::Epochs;
+use crate::dataset::manifest::{self, Manifest};
+use crate::dataset::source::DirSource;
 use crate::exchange::{self, ExchangeConfig, ExchangeTracker, MpiCmd};
-use crate::fs::ShuffleFs;
 use crate::fuse::{FuseAdapter, Invalidated};
-use crate::manifest::{self, Manifest};
+use crate::node::epochs::Epochs;
+use crate::node::resume;
+use crate::node::staging::{Staging, StagingCmd};
+use crate::node::status::DaemonStatus;
 use crate::plan::{Plan, PlanParams, Step};
-use crate::source::DirSource;
-use crate::staging::{Staging, StagingCmd};
-use crate::status::DaemonStatus;
-use crate::{checks, readahead, resume, view};
+use crate::sys::{mounts as checks, readahead};
+use crate::vfs::ShuffleFs;
+use crate::vfs::inodes as view;
 
 /// Fails every rank if any rank failed, naming the ranks and their reasons.
 fn everyone_ok(comm: &mut dyn Comm, mine: Result<(), String>) -> Result<(), String> {

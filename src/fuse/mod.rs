@@ -39,9 +39,9 @@ use fuser::{
 };
 
 use crate::cli::ReadPath;
-use crate::error::FsError;
-use crate::fs::{Entry, Kind, Opened, ShuffleFs};
-use crate::view::Node;
+use crate::vfs::error::FsError;
+use crate::vfs::inodes::Node;
+use crate::vfs::{Entry, Kind, Opened, ShuffleFs};
 
 /// Published views never change: let the kernel keep them for a day.
 const VIEW_TTL: Duration = Duration::from_secs(24 * 3600);

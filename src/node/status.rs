@@ -7,10 +7,10 @@ use std::sync::atomic::Ordering;
 use serde::Serialize;
 
 use crate::cache::SampleStore;
-use crate::epochs::Epochs;
+use crate::dataset::manifest::Skipped;
 use crate::exchange::{ExchangeReport, ExchangeTracker};
-use crate::manifest::Skipped;
-use crate::staging::{StagingProgress, StagingSnapshot};
+use crate::node::epochs::Epochs;
+use crate::node::staging::{StagingProgress, StagingSnapshot};
 
 pub trait StatusReport: Send + Sync {
     fn render(&self) -> Vec<u8>;

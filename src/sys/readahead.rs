@@ -13,7 +13,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::checks;
+use crate::sys::mounts;
 
 /// The window to raise to, in KiB: FUSE's largest read request.
 pub const WINDOW_KB: u64 = 1024;
@@ -24,7 +24,7 @@ pub const WINDOW_KB: u64 = 1024;
 /// it needs no request thread. Best effort: the caller logs a failure (not root, sysfs
 /// read-only in a container) and carries on.
 pub fn raise(mountpoint: &Path, kb: u64) -> std::io::Result<u64> {
-    let device = checks::fuse_device(mountpoint).ok_or_else(|| {
+    let device = mounts::fuse_device(mountpoint).ok_or_else(|| {
         std::io::Error::other(format!("no FUSE mount at {}", mountpoint.display()))
     })?;
     let path = PathBuf::from(format!("/sys/class/bdi/{device}/read_ahead_kb"));

@@ -22,8 +22,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::dataset::scan::scan;
 use crate::plan::SampleId;
-pub use crate::scan::scan;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {

@@ -1,0 +1,3 @@
+//! The host: the mount table, kernel probes, the mount's readahead window.
+pub mod mounts;
+pub mod readahead;
