@@ -15,8 +15,8 @@ use std::time::Instant;
 
 use shufflefs::cache::{CacheDir, SampleStore};
 use shufflefs::comm::{Comm, MpiComm, launched_by_mpi};
+use shufflefs::dataset::SyntheticSource;
 use shufflefs::dataset::manifest::Manifest;
-use shufflefs::dataset::source::SyntheticSource;
 use shufflefs::exchange::{self, ExchangeConfig, ExchangeTracker, FRAME};
 use shufflefs::plan::{Plan, PlanParams, Step};
 

@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::dataset::Format;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "shufflefs",
@@ -49,6 +51,9 @@ pub struct MountArgs {
     /// the scan, and by every rank for the samples it holds.
     #[arg(long, help_heading = "Data")]
     pub source: PathBuf,
+    /// Layout of the source: how its samples are found and read.
+    #[arg(long, value_enum, default_value_t = Format::Imagefolder, help_heading = "Data")]
+    pub format: Format,
 
     /// Local cache folder for this rank's share (local SSD). `{rank}` is replaced by the rank.
     #[arg(long, help_heading = "Data")]

@@ -52,7 +52,7 @@ pub fn mount(args: MountArgs) -> ExitCode {
     detached(&args)
 }
 
-fn report(result: Result<(), String>) -> ExitCode {
+fn report<E: std::fmt::Display>(result: Result<(), E>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

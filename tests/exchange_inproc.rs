@@ -8,10 +8,10 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use shufflefs::cache::{CacheDir, SampleStore};
+use shufflefs::cache::{CacheDir, FileBackend, SampleStore};
 use shufflefs::comm::{Comm, CommError, LocalComm};
 use shufflefs::dataset::manifest::Manifest;
-use shufflefs::dataset::source::{SyntheticSource, synthetic_byte};
+use shufflefs::dataset::{SyntheticSource, synthetic_byte};
 use shufflefs::exchange::{self, ExchangeConfig, ExchangeTracker};
 use shufflefs::plan::{Plan, PlanParams, Rank};
 
@@ -83,7 +83,7 @@ fn manifest(samples: u32) -> Arc<Manifest> {
 }
 
 fn check_sample(store: &SampleStore, id: u32) {
-    let bytes = std::fs::read(store.path(id))
+    let bytes = std::fs::read(FileBackend::path_in(store.dir().root(), id))
         .unwrap_or_else(|e| panic!("sample {id} missing from cache: {e}"));
     assert_eq!(
         Some(bytes.len() as u64),
@@ -167,7 +167,7 @@ fn run_world(fraction: f64, epochs: u64, delays: bool, fault: Fault) {
                             .iter()
                             .find(|t| t.from == 0 && manifest.size(t.sample) > Some(0))
                             .expect("rank 0 sends a non-empty sample");
-                        let path = store.path(t.sample);
+                        let path = FileBackend::path_in(store.dir().root(), t.sample);
                         if fault == Fault::Vanish {
                             std::fs::remove_file(path).unwrap();
                         } else {
@@ -365,7 +365,7 @@ fn a_rank_whose_disk_fails_does_not_stall_the_others() {
 /// is the only one missing on its receiver.
 #[test]
 fn sizes_unknown_until_read_still_move_exactly() {
-    use shufflefs::dataset::source::DirSource;
+    use shufflefs::dataset::ImageFolder;
     let src = tempfile::tempdir().unwrap();
     for c in 0..3 {
         let class = src.path().join(format!("class{c}"));
@@ -377,7 +377,7 @@ fn sizes_unknown_until_read_still_move_exactly() {
             std::fs::write(class.join(format!("{i:03}.bin")), bytes).unwrap();
         }
     }
-    let manifest = Arc::new(shufflefs::dataset::manifest::scan(src.path()).unwrap());
+    let manifest = Arc::new(shufflefs::dataset::scan::scan(src.path()).unwrap());
     assert!((0..manifest.len()).all(|id| manifest.size(id).is_none()));
     let world = 4u32;
     let plan = Plan::new(PlanParams {
@@ -405,7 +405,7 @@ fn sizes_unknown_until_read_still_move_exactly() {
                 let _guard = AbortOnPanic;
                 let me = comm.rank();
                 let dir = tempfile::tempdir().unwrap();
-                let source = Arc::new(DirSource::new(root.clone(), manifest.clone()));
+                let source = Arc::new(ImageFolder::new(root.clone(), manifest.clone()));
                 let store = SampleStore::new(
                     CacheDir::open(dir.path()).unwrap(),
                     manifest.clone(),
@@ -436,7 +436,8 @@ fn sizes_unknown_until_read_still_move_exactly() {
                         assert!(!store.contains(t.sample) && want.is_err());
                         continue;
                     }
-                    let got = std::fs::read(store.path(t.sample)).unwrap();
+                    let got =
+                        std::fs::read(FileBackend::path_in(store.dir().root(), t.sample)).unwrap();
                     assert!(
                         got == want.unwrap(),
                         "rank {me}: sample {} differs",

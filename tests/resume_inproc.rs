@@ -8,10 +8,10 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use shufflefs::cache::{CacheDir, SampleStore};
+use shufflefs::cache::{CacheDir, FileBackend, SampleStore};
 use shufflefs::comm::{Comm, LocalComm};
 use shufflefs::dataset::manifest::Manifest;
-use shufflefs::dataset::source::{SyntheticSource, synthetic_byte};
+use shufflefs::dataset::{SyntheticSource, synthetic_byte};
 use shufflefs::node::resume::resume;
 use shufflefs::plan::{Plan, PlanParams};
 
@@ -106,7 +106,7 @@ fn resume_completes_an_interrupted_exchange_without_the_source() {
                 held.contains(&id),
                 "rank {r} lacks sample {id} of its share"
             );
-            let bytes = std::fs::read(store.path(id)).unwrap();
+            let bytes = std::fs::read(FileBackend::path_in(store.dir().root(), id)).unwrap();
             assert_eq!(Some(bytes.len() as u64), manifest.size(id));
             assert!(
                 bytes
@@ -133,23 +133,27 @@ fn resume_completes_an_interrupted_exchange_without_the_source() {
 /// again, while whole files, including ones recorded before the length was (CRC only), stay.
 #[test]
 fn a_cache_file_torn_by_a_crash_is_dropped_at_start_up() {
-    use shufflefs::dataset::source::DirSource;
+    use shufflefs::dataset::ImageFolder;
     let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let (src, cache) = (tmp.path().join("src"), tmp.path().join("cache"));
     std::fs::create_dir_all(src.join("c")).unwrap();
     for i in 0..3u8 {
         std::fs::write(src.join(format!("c/{i}.bin")), vec![i + 1; 5000]).unwrap();
     }
-    let manifest = Arc::new(shufflefs::dataset::manifest::scan(&src).unwrap());
+    let manifest = Arc::new(shufflefs::dataset::scan::scan(&src).unwrap());
     let open = || {
-        let source = Arc::new(DirSource::new(src.clone(), manifest.clone()));
+        let source = Arc::new(ImageFolder::new(src.clone(), manifest.clone()));
         SampleStore::new(CacheDir::open(&cache).unwrap(), manifest.clone(), source).unwrap()
     };
     let store = open();
     for id in 0..3 {
         store.ensure(id).unwrap();
     }
-    let (torn, whole, old_format) = (store.path(0), store.path(1), store.path(2));
+    let (torn, whole, old_format) = (
+        FileBackend::path_in(store.dir().root(), 0),
+        FileBackend::path_in(store.dir().root(), 1),
+        FileBackend::path_in(store.dir().root(), 2),
+    );
     drop(store);
     let recorded = xattr::get(&old_format, "user.shufflefs.crc32c")
         .unwrap()

@@ -5,10 +5,10 @@ use std::sync::Arc;
 
 use shufflefs::cache::{CacheDir, SampleStore};
 use shufflefs::dataset::manifest::Manifest;
-use shufflefs::dataset::source::{SyntheticSource, synthetic_byte};
-use shufflefs::node::epochs::Epochs;
+use shufflefs::dataset::{SyntheticSource, synthetic_byte};
+use shufflefs::node::coordinator::{Coordinator, Effects, EpochChange, ExchangeOutcome};
 use shufflefs::node::status::StatusReport;
-use shufflefs::plan::{Plan, PlanParams};
+use shufflefs::plan::{Plan, PlanParams, Step};
 use shufflefs::vfs::error::FsError;
 use shufflefs::vfs::inodes::{Node, ROOT};
 use shufflefs::vfs::{Kind, Opened, ShuffleFs};
@@ -20,9 +20,26 @@ impl StatusReport for FixedStatus {
     }
 }
 
+/// A rank with no exchange and nothing to save: every advance publishes at once.
+struct NoExchange;
+impl Effects for NoExchange {
+    fn start_exchange(&self, _: Arc<Step>, _: Vec<u32>) -> bool {
+        false
+    }
+    fn prepare(&self, _: &Step, _: &ExchangeOutcome) -> Result<(), String> {
+        Ok(())
+    }
+    fn persist(&self, _: u64) -> Result<(), String> {
+        Ok(())
+    }
+    fn published(&self, _: &EpochChange) -> bool {
+        false
+    }
+}
+
 struct World {
     fs: ShuffleFs,
-    epochs: Arc<Epochs>,
+    epochs: Coordinator,
     store: Arc<SampleStore>,
     _dir: tempfile::TempDir,
 }
@@ -66,13 +83,8 @@ fn world(rank: u32, fraction: f64) -> World {
         seed: 3,
     })
     .unwrap();
-    let epochs = Arc::new(Epochs::new(
-        plan,
-        rank,
-        0,
-        Box::new(|_| Ok(())),
-        Box::new(|_| Ok(())),
-    ));
+    let initial = plan.initial();
+    let epochs = Coordinator::start(plan, rank, initial, None, Arc::new(NoExchange));
     let fs = ShuffleFs::new(store.clone(), epochs.clone(), Arc::new(FixedStatus));
     World {
         fs,

@@ -4,21 +4,19 @@
 //! CACHE/LOCK            flock held for the daemon's life; holds its pid for error messages
 //! CACHE/state.json      settings + current epoch, replaced atomically (tmp, fsync, rename)
 //! CACHE/manifest.bin    the dataset manifest, so a remount need not rescan the source
-//! CACHE/samples/<id>    one file per cached sample, named by manifest id
-//! CACHE/tmp/            files being written; emptied at startup
+//! CACHE/samples/<id>    one file per cached sample (the file backend, `files.rs`)
+//! CACHE/tmp/<id>        samples being written; emptied at startup
 //! ```
-//! Samples are named by id, never by the dataset's names, so nothing a peer or the source
-//! says can make us write outside `samples/`. A file appears under `samples/` only by
-//! `rename` from `tmp/` after its full length was written, so a crash leaves either nothing
-//! or a complete file; at startup any file whose length disagrees with a size the manifest
-//! knows is dropped. Which samples are present, and the sizes learned so far, are kept in
-//! memory by [`SampleStore`] (`store.rs`), built at startup from what `samples/` holds.
+//! Three layers: [`CacheDir`] owns the folder, its lock and the small state files;
+//! a [`CacheBackend`] stores sample bytes by id (`backend.rs`: the trait, and the claims that
+//! give each sample one writer; `files.rs`: one file per sample); [`SampleStore`] (`store.rs`)
+//! knows which samples are present, their sizes and source times, fetches from the dataset
+//! on demand and counts what the status shows. Nothing above the store knows how bytes lie
+//! on disk, so a packed backend slots in without touching `vfs`, `fuse` or `exchange`.
 //!
-//! Each sample file carries the CRC-32C of its bytes, taken as it was written, in the
-//! extended attribute `user.shufflefs.crc32c` (set before the rename, so it is as atomic as
-//! the file). The exchange checks it whenever a sample leaves this rank and checks received
-//! bytes against the sender's value before they enter `samples/`. On a filesystem without
-//! user xattrs the value is not kept, and only the transfer itself is checked.
+//! Every committed sample carries the CRC-32C of its bytes, taken as it was written. The
+//! exchange checks it whenever a sample leaves this rank and checks received bytes against
+//! the sender's value before they are committed, so a damaged sample never enters a view.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -28,13 +26,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::dataset::manifest::Manifest;
 
+mod backend;
+mod files;
 mod store;
 
+pub use backend::{CacheBackend, Claim, Claims, Commit, Recovered, SampleWriter, Stored};
+pub use files::FileBackend;
 pub use store::{Bitset, SampleStore, StoreStats};
-
-/// Extended attribute holding a cached sample's CRC-32C (4 bytes, little-endian) and, since
-/// it was added, its length (8 more bytes), checked at start-up.
-const CRC_XATTR: &str = "user.shufflefs.crc32c";
 
 /// Bump when the layout or the plan's output changes: old caches are then refused.
 pub const FORMAT_VERSION: u32 = 2;
@@ -144,13 +142,6 @@ impl CacheDir {
         }
         lock.set_len(0).map_err(not_writable)?;
         write!(lock, "{}", std::process::id()).map_err(not_writable)?;
-        for sub in ["samples", "tmp"] {
-            fs::create_dir_all(root.join(sub)).map_err(not_writable)?;
-        }
-        // Leftovers of a crash mid-write.
-        for entry in fs::read_dir(root.join("tmp")).map_err(not_writable)? {
-            let _ = fs::remove_file(entry.map_err(not_writable)?.path());
-        }
         Ok(CacheDir {
             root: root.to_path_buf(),
             _lock: lock,
@@ -175,7 +166,7 @@ impl CacheDir {
         }
     }
 
-    fn io_err(&self) -> impl Fn(io::Error) -> CacheError + '_ {
+    pub(crate) fn io_err(&self) -> impl Fn(io::Error) -> CacheError + '_ {
         |source| CacheError::Io {
             path: self.root.clone(),
             source,
@@ -232,13 +223,20 @@ impl CacheDir {
         replace(&self.root, "manifest.bin", encoded, false).map_err(self.io_err())
     }
 
-    /// Drops every cached sample and the state (used when the manifest changes).
-    pub fn clear(&self) -> Result<(), CacheError> {
-        let samples = self.root.join("samples");
-        fs::remove_dir_all(&samples).map_err(self.io_err())?;
-        fs::create_dir_all(&samples).map_err(self.io_err())?;
-        let _ = fs::remove_file(self.root.join("state.json"));
-        Ok(())
+    /// Forgets the saved state (the cache is being rebuilt for other settings).
+    pub fn forget_state(&self) -> Result<(), CacheError> {
+        match fs::remove_file(self.root.join("state.json")) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(self.io_err()(e)),
+            _ => Ok(()),
+        }
+    }
+
+    /// The backend storing this folder's samples: one file per sample.
+    pub fn file_backend(&self, samples: u32) -> Result<FileBackend, CacheError> {
+        FileBackend::open(&self.root, samples).map_err(|source| CacheError::NotWritable {
+            path: self.root.clone(),
+            source,
+        })
     }
 }
 

@@ -1,17 +1,15 @@
-//! The cached samples of one rank: which are present, their sizes once known, fetching from
-//! the source on demand, and writing a sample in (temp name, checksum, rename).
+//! The cached samples of one rank: which are present, their sizes and source times once
+//! known, fetching from the source on demand, and writing a sample in through the backend.
 
-use std::fs::{self, File};
 use std::io::{self, Write};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
-use xattr::FileExt as _;
-
-use super::{CRC_XATTR, CacheDir, CacheError};
+use super::backend::{CacheBackend, Claims, Commit, Stored};
+use super::{CacheDir, CacheError};
+use crate::dataset::Dataset;
 use crate::dataset::manifest::{Manifest, UNKNOWN_SIZE};
-use crate::dataset::source::SampleSource;
 use crate::plan::SampleId;
 
 /// A fixed-size set of sample ids, safe to update from many threads.
@@ -27,6 +25,12 @@ impl Bitset {
     /// Sets bit `i`; returns whether it was already set.
     pub fn set(&self, i: u32) -> bool {
         self.0[(i / 64) as usize].fetch_or(1 << (i % 64), Ordering::AcqRel) & (1 << (i % 64)) != 0
+    }
+    pub fn len(&self) -> u32 {
+        (self.0.len() * 64) as u32
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
     /// Clears bit `i`; returns whether it was set.
     pub fn clear(&self, i: u32) -> bool {
@@ -69,62 +73,60 @@ impl StoreStats {
 pub struct SampleStore {
     dir: CacheDir,
     manifest: Arc<Manifest>,
-    source: Arc<dyn SampleSource>,
-    present: Bitset,
+    source: Arc<dyn Dataset>,
+    backend: Box<dyn CacheBackend>,
     /// Each sample's size once known ([`UNKNOWN_SIZE`] before): from the manifest where it
     /// has one, else learned when the sample is first written into the cache (fetched,
     /// received, or found there at start-up). A sample never changes size once known.
     sizes: Vec<AtomicU64>,
-    /// Serializes fetches of the same sample (striped by id) so two readers never copy it twice.
-    stripes: Vec<Mutex<()>>,
+    /// Each sample's modification time in the source, in nanoseconds since 1970, once known
+    /// (0 before): learned with its bytes, kept by the backend across remounts.
+    mtimes: Vec<AtomicU64>,
+    /// One writer per sample (see `backend`); a fetch waiting on a claim finds the sample
+    /// present when it gets it, and copies nothing.
+    claims: Claims,
     pub stats: StoreStats,
 }
 
 impl SampleStore {
-    /// Indexes what `dir` already holds, dropping files that are not complete samples.
+    /// The store over today's one-file-per-sample backend in `dir`.
     pub fn new(
         dir: CacheDir,
         manifest: Arc<Manifest>,
-        source: Arc<dyn SampleSource>,
+        source: Arc<dyn Dataset>,
+    ) -> Result<SampleStore, CacheError> {
+        let backend = dir.file_backend(manifest.len())?;
+        SampleStore::with_backend(dir, Box::new(backend), manifest, source)
+    }
+
+    /// The store over `backend`, indexing what it already holds and dropping whatever is
+    /// not a complete sample of this dataset.
+    pub fn with_backend(
+        dir: CacheDir,
+        backend: Box<dyn CacheBackend>,
+        manifest: Arc<Manifest>,
+        source: Arc<dyn Dataset>,
     ) -> Result<SampleStore, CacheError> {
         let store = SampleStore {
-            present: Bitset::new(manifest.len()),
             sizes: (0..manifest.len())
                 .map(|id| AtomicU64::new(manifest.size(id).unwrap_or(UNKNOWN_SIZE)))
                 .collect(),
-            stripes: (0..256).map(|_| Mutex::new(())).collect(),
+            mtimes: (0..manifest.len()).map(|_| AtomicU64::new(0)).collect(),
+            claims: Claims::default(),
             stats: StoreStats::default(),
+            backend,
             dir,
             manifest,
             source,
         };
-        let samples = store.dir.root.join("samples");
-        for entry in fs::read_dir(&samples).map_err(store.dir.io_err())? {
-            let entry = entry.map_err(store.dir.io_err())?;
-            let id = entry
-                .file_name()
-                .to_str()
-                .and_then(|s| s.parse::<SampleId>().ok());
-            let len = entry.metadata().map(|m| m.len()).ok();
-            // A file renamed in before a crash may have lost data the rename did not wait
-            // for; the length recorded beside its checksum catches it coming back short.
-            let recorded = xattr::get(entry.path(), CRC_XATTR)
-                .ok()
-                .flatten()
-                .and_then(|v| Recorded::decode(&v));
-            match (id, len) {
-                (Some(id), Some(len))
-                    if id < store.manifest.len()
-                        && store.size(id).is_none_or(|size| size == len)
-                        && recorded.is_none_or(|r| r.len.is_none_or(|l| l == len)) =>
-                {
-                    store.learn_size(id, len);
-                    store.mark_present(id);
-                }
-                _ => {
-                    let _ = fs::remove_file(entry.path());
-                }
-            }
+        let keep = |id: SampleId, len: u64| {
+            id < store.manifest.len() && store.size(id).is_none_or(|size| size == len)
+        };
+        let found = store.backend.recover(&keep).map_err(store.dir.io_err())?;
+        for r in found {
+            store.learn_size(r.id, r.len);
+            store.learn_mtime(r.id, r.mtime);
+            store.count_in(r.id);
         }
         Ok(store)
     }
@@ -138,17 +140,21 @@ impl SampleStore {
     }
 
     pub fn contains(&self, id: SampleId) -> bool {
-        self.present.get(id)
-    }
-
-    pub fn path(&self, id: SampleId) -> PathBuf {
-        self.dir.root.join("samples").join(id.to_string())
+        self.backend.contains(id)
     }
 
     /// The size of sample `id`, if known yet (see `sizes`).
     pub fn size(&self, id: SampleId) -> Option<u64> {
         let size = self.sizes[id as usize].load(Ordering::Relaxed);
         (size != UNKNOWN_SIZE).then_some(size)
+    }
+
+    /// Sample `id`'s modification time in the source, if known yet.
+    pub fn mtime(&self, id: SampleId) -> Option<SystemTime> {
+        match self.mtimes[id as usize].load(Ordering::Relaxed) {
+            0 => None,
+            nanos => Some(SystemTime::UNIX_EPOCH + Duration::from_nanos(nanos)),
+        }
     }
 
     /// Records a size only if none is known: a known size never changes behind a caller's
@@ -162,6 +168,17 @@ impl SampleStore {
         );
     }
 
+    /// Records a source modification time (a later copy's time wins: the source is what
+    /// it is now).
+    pub fn learn_mtime(&self, id: SampleId, mtime: Option<SystemTime>) {
+        let nanos = mtime
+            .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos().min(u128::from(u64::MAX)) as u64);
+        if nanos != 0 {
+            self.mtimes[id as usize].store(nanos, Ordering::Relaxed);
+        }
+    }
+
     /// Sample `id`'s size, fetching the sample from the source first if it is not known.
     pub fn resolve_size(&self, id: SampleId) -> io::Result<u64> {
         if let Some(size) = self.size(id) {
@@ -172,14 +189,12 @@ impl SampleStore {
             .ok_or_else(|| io::Error::other("sample size unknown after fetching it"))
     }
 
-    /// Call after `learn_size`.
-    fn mark_present(&self, id: SampleId) {
-        if !self.present.set(id) {
-            self.stats.files.fetch_add(1, Ordering::Relaxed);
-            self.stats
-                .bytes
-                .fetch_add(self.size(id).unwrap_or(0), Ordering::Relaxed);
-        }
+    /// Counts a sample that just became present (call after `learn_size`).
+    fn count_in(&self, id: SampleId) {
+        self.stats.files.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .bytes
+            .fetch_add(self.size(id).unwrap_or(0), Ordering::Relaxed);
     }
 
     /// Makes sure sample `id` is cached, copying it from the source if needed.
@@ -187,23 +202,25 @@ impl SampleStore {
         if self.contains(id) {
             return Ok(());
         }
-        let _guard = self.stripes[id as usize % self.stripes.len()]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let claim = self.claims.claim(id);
         if self.contains(id) {
-            return Ok(());
+            return Ok(()); // whoever held the claim wrote it
         }
-        let result = self
-            .insert_with(id, |out| self.source.copy_to(id, out).map(|_| None))
-            .map(|_| ());
+        let mut mtime = None;
+        let result = self.write_claimed(&claim, |out| {
+            mtime = self.source.copy_to(id, out)?.mtime;
+            Ok(None)
+        });
         match &result {
-            Ok(()) => self
-                .stats
-                .fetched_from_source
-                .fetch_add(1, Ordering::Relaxed),
+            Ok(_) => {
+                self.learn_mtime(id, mtime);
+                self.stats
+                    .fetched_from_source
+                    .fetch_add(1, Ordering::Relaxed)
+            }
             Err(_) => self.stats.source_errors.fetch_add(1, Ordering::Relaxed),
         };
-        result.map_err(|e| {
+        result.map(|_| ()).map_err(|e| {
             let e = io::Error::new(e.kind(), format!("{}: {e}", self.source.describe(id)));
             self.stats.report_problem(e.to_string());
             e
@@ -228,7 +245,7 @@ impl SampleStore {
             bytes: Vec::with_capacity(want.unwrap_or(0) as usize),
             max: max as usize,
         };
-        self.source.copy_to(id, &mut out).map_err(|e| {
+        let copied = self.source.copy_to(id, &mut out).map_err(|e| {
             if e.kind() == io::ErrorKind::FileTooLarge {
                 too_large()
             } else {
@@ -244,76 +261,89 @@ impl SampleStore {
             )));
         }
         self.learn_size(id, got);
+        self.learn_mtime(id, copied.mtime);
         Ok(out.bytes)
     }
 
-    /// Writes sample `id` through `fill` into `tmp/`, checks its length (and its checksum,
-    /// if `fill` returns the one the bytes must have), records the checksum, then renames it
-    /// in. Returns the checksum. A mismatch is an `InvalidData` error and is counted.
+    /// Writes sample `id` through `fill`, checks its length (and its checksum, if `fill`
+    /// returns the one the bytes must have), then commits it with its checksum. Returns the
+    /// checksum. A mismatch is an `InvalidData` error and is counted. Waits while another
+    /// writer (a fetch, say) holds the sample.
     pub fn insert_with(
         &self,
         id: SampleId,
         fill: impl FnOnce(&mut dyn Write) -> io::Result<Option<u32>>,
     ) -> io::Result<u32> {
-        let tmp = self
-            .dir
-            .root
-            .join("tmp")
-            .join(format!("{id}.{}", std::process::id()));
-        let mut file = File::create(&tmp)?;
+        let claim = self.claims.claim(id);
+        self.write_claimed(&claim, fill)
+    }
+
+    fn write_claimed(
+        &self,
+        claim: &super::backend::Claim<'_>,
+        fill: impl FnOnce(&mut dyn Write) -> io::Result<Option<u32>>,
+    ) -> io::Result<u32> {
+        let id = claim.id();
+        let mut writer = self.backend.writer(claim)?;
+        let was_present = self.contains(id);
         let mut out = CrcWriter {
-            file: &mut file,
+            inner: &mut writer,
             crc: 0,
             len: 0,
         };
-        let checked = fill(&mut out).and_then(|expected| {
-            let (n, crc) = (out.len, out.crc);
-            if let Some(want) = self.size(id).filter(|&w| w != n) {
-                return Err(io::Error::other(format!(
-                    "sample is {n} bytes, it was {want} when first listed or read; it changed since"
-                )));
-            }
-            if let Some(expected) = expected.filter(|&e| e != crc) {
-                self.checksum_failed(format!(
-                    "received copy of {} failed its checksum; it will be fetched from the source",
-                    self.source.describe(id)
-                ));
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!(
-                        "checksum mismatch: bytes have {crc:08x}, sender recorded {expected:08x}"
-                    ),
-                ));
-            }
-            set_crc(&file, crc, n)?;
-            Ok((crc, n))
-        });
-        let (crc, len) = match checked {
-            Ok(checked) => checked,
-            Err(e) => {
-                let _ = fs::remove_file(&tmp);
-                return Err(e);
-            }
-        };
-        drop(file);
-        fs::rename(&tmp, self.path(id))?;
+        let expected = fill(&mut out)?;
+        let (crc, len) = (out.crc, out.len);
+        if let Some(want) = self.size(id).filter(|&w| w != len) {
+            return Err(io::Error::other(format!(
+                "sample is {len} bytes, it was {want} when first listed or read; it changed since"
+            )));
+        }
+        if let Some(expected) = expected.filter(|&e| e != crc) {
+            self.checksum_failed(format!(
+                "received copy of {} failed its checksum; it will be fetched from the source",
+                self.source.describe(id)
+            ));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("checksum mismatch: bytes have {crc:08x}, sender recorded {expected:08x}"),
+            ));
+        }
+        writer.commit(Commit {
+            crc,
+            len,
+            mtime: self.mtime(id),
+        })?;
         self.learn_size(id, len);
-        self.mark_present(id);
+        if !was_present {
+            self.count_in(id);
+        }
         Ok(crc)
     }
 
-    /// Opens sample `id` for reading (fetching it first if needed), with the checksum
-    /// recorded when it was cached, if the filesystem kept one.
-    pub fn open_checked(&self, id: SampleId) -> io::Result<(File, Option<u32>)> {
+    /// Opens sample `id` for reading whole (fetching it first if needed), with the checksum
+    /// recorded when it was cached, if the backend kept one.
+    pub fn open_checked(&self, id: SampleId) -> io::Result<Stored> {
         self.ensure(id)?;
-        let file = File::open(self.path(id))?;
-        let crc = file
-            .get_xattr(CRC_XATTR)
-            .ok()
-            .flatten()
-            .and_then(|v| Recorded::decode(&v))
-            .map(|r| r.crc);
-        Ok((file, crc))
+        self.backend.open(id)
+    }
+
+    /// Reads up to `buf.len()` bytes of cached sample `id` at `offset`.
+    pub fn read_at(&self, id: SampleId, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        self.backend.read_at(id, offset, buf)
+    }
+
+    /// The whole of cached sample `id`.
+    pub fn read(&self, id: SampleId) -> io::Result<Vec<u8>> {
+        let mut bytes = vec![0u8; self.size(id).unwrap_or(0) as usize];
+        let n = self.read_at(id, 0, &mut bytes)?;
+        bytes.truncate(n);
+        Ok(bytes)
+    }
+
+    /// A file holding cached sample `id`'s bytes, for the kernel to read directly; `None`
+    /// if the backend keeps none (see `CacheBackend::file`).
+    pub fn file(&self, id: SampleId) -> Option<io::Result<std::fs::File>> {
+        self.backend.file(id)
     }
 
     /// Drops a cached sample whose bytes no longer match their checksum; it is fetched
@@ -342,56 +372,21 @@ impl SampleStore {
         self.stats.report_problem(what);
     }
 
-    /// Makes everything written to the cache so far durable (one `syncfs`, not one fsync
-    /// per file): the exchange calls it before telling a sender it may drop what it sent.
+    /// Makes everything written to the cache so far durable: the exchange calls it before
+    /// telling a sender it may drop what it sent.
     pub fn sync(&self) -> io::Result<()> {
-        let dir = File::open(&self.dir.root)?;
-        nix::unistd::syncfs(&dir).map_err(io::Error::from)
+        self.backend.sync()
     }
 
-    /// Drops sample `id` from the cache. Open file descriptors keep working.
+    /// Drops sample `id` from the cache. Readers that hold it open keep it.
     pub fn remove(&self, id: SampleId) -> io::Result<()> {
-        if self.present.clear(id) {
+        if self.backend.remove(id)? {
             self.stats.files.fetch_sub(1, Ordering::Relaxed);
             self.stats
                 .bytes
                 .fetch_sub(self.size(id).unwrap_or(0), Ordering::Relaxed);
-            match fs::remove_file(self.path(id)) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-                _ => {}
-            }
         }
         Ok(())
-    }
-}
-
-/// What a cache file's xattr records: the CRC-32C of its bytes (4 bytes, little-endian)
-/// and their length (8 more; caches written before the length was added hold the CRC alone).
-struct Recorded {
-    crc: u32,
-    len: Option<u64>,
-}
-
-impl Recorded {
-    fn decode(v: &[u8]) -> Option<Recorded> {
-        let crc = u32::from_le_bytes(v.get(..4)?.try_into().ok()?);
-        let len = match v.len() {
-            4 => None,
-            12 => Some(u64::from_le_bytes(v[4..].try_into().ok()?)),
-            _ => return None,
-        };
-        Some(Recorded { crc, len })
-    }
-}
-
-/// Records `crc` and `len` on a cache file; a filesystem without user xattrs just does not
-/// keep them.
-fn set_crc(file: &File, crc: u32, len: u64) -> io::Result<()> {
-    let mut value = crc.to_le_bytes().to_vec();
-    value.extend_from_slice(&len.to_le_bytes());
-    match file.set_xattr(CRC_XATTR, &value) {
-        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(()),
-        other => other,
     }
 }
 
@@ -415,22 +410,22 @@ impl Write for Capped {
     }
 }
 
-/// Passes writes to a file, keeping the CRC-32C and length of what went through.
-struct CrcWriter<'a> {
-    file: &'a mut File,
+/// Passes writes on, keeping the CRC-32C and length of what went through.
+struct CrcWriter<'a, W: Write + ?Sized> {
+    inner: &'a mut W,
     crc: u32,
     len: u64,
 }
 
-impl Write for CrcWriter<'_> {
+impl<W: Write + ?Sized> Write for CrcWriter<'_, W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = self.file.write(buf)?;
+        let n = self.inner.write(buf)?;
         self.crc = crc32c::crc32c_append(self.crc, &buf[..n]);
         self.len += n as u64;
         Ok(n)
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        self.file.flush()
+        self.inner.flush()
     }
 }

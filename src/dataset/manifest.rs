@@ -27,6 +27,8 @@ use crate::plan::SampleId;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
+    #[error("source {0} does not exist; pass the dataset folder with --source")]
+    Missing(PathBuf),
     #[error("source {path}: {source}. Check that the path exists and is readable by this user")]
     Io { path: PathBuf, source: io::Error },
     #[error(

@@ -1,4 +1,86 @@
 //! Datasets: how the index of samples is built and how a sample's bytes are read.
+//!
+//! Everything above this layer (cache, exchange, views) names samples by id only and asks a
+//! [`Dataset`] for their bytes; the index itself is a [`Manifest`] (names in view order,
+//! class ranges, sizes where known), built once by rank 0 and shipped to the other ranks.
+//! The [`Format`] chosen on the command line (`--format`) decides how the index is built
+//! and which `Dataset` reads the source. Today: ImageFolder trees, one file per sample.
+//! Packed-record formats (an offset table into large record files) plug in here: their
+//! `read_at` and `read_batch` coalesce reads by file and offset.
+
+use std::io::{self, Write};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use crate::plan::SampleId;
+
+pub mod imagefolder;
 pub mod manifest;
 pub mod scan;
-pub mod source;
+pub mod synthetic;
+
+pub use imagefolder::ImageFolder;
+pub use manifest::{Manifest, ManifestError};
+pub use synthetic::{SyntheticSource, synthetic_byte};
+
+/// What a whole-sample copy learned about the sample.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Copied {
+    pub len: u64,
+    /// The sample's modification time in the source, where the source has one.
+    pub mtime: Option<SystemTime>,
+}
+
+/// Where sample bytes come from when no cache holds them.
+pub trait Dataset: Send + Sync {
+    /// Writes the whole of sample `id` to `out`.
+    fn copy_to(&self, id: SampleId, out: &mut dyn Write) -> io::Result<Copied>;
+    /// Reads up to `buf.len()` bytes of sample `id` at `offset`; short only at its end.
+    fn read_at(&self, id: SampleId, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
+    /// Reads the whole of every sample in `ids`, handing each to `each` (in any order: a
+    /// packed source sorts by file and offset and coalesces neighbours). One failure is
+    /// that sample's alone.
+    fn read_batch(&self, ids: &[SampleId], each: &mut dyn FnMut(SampleId, io::Result<Vec<u8>>)) {
+        for &id in ids {
+            let mut bytes = Vec::new();
+            let got = self.copy_to(id, &mut bytes).map(|_| bytes);
+            each(id, got);
+        }
+    }
+    /// A human-readable location for errors and the log.
+    fn describe(&self, id: SampleId) -> String;
+}
+
+/// The dataset formats `--format` selects.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    /// A folder of class folders of sample files (torchvision's ImageFolder).
+    #[default]
+    Imagefolder,
+}
+
+impl Format {
+    /// Checks, before anything else starts, that `source` can be this format's source
+    /// (rank 0 only: other ranks make no metadata calls on the source).
+    pub fn check_source(self, source: &Path) -> Result<(), ManifestError> {
+        match self {
+            Format::Imagefolder => imagefolder::check_source(source),
+        }
+    }
+
+    /// Builds the index of `source` (rank 0's one pass over it).
+    pub fn build_index(self, source: &Path) -> Result<Manifest, ManifestError> {
+        match self {
+            Format::Imagefolder => scan::scan(source),
+        }
+    }
+
+    /// The reader of `source`'s samples, as `manifest` names them.
+    pub fn open(self, source: &Path, manifest: Arc<Manifest>) -> Arc<dyn Dataset> {
+        match self {
+            Format::Imagefolder => Arc::new(ImageFolder::new(source.to_path_buf(), manifest)),
+        }
+    }
+}

@@ -2,7 +2,6 @@
 //! a writer thread turning incoming frames back into cache files, and the frame buffers they
 //! pass to and from the MPI thread. The stream format is in the parent module's docs.
 
-use std::fs::File;
 use std::io::{self, Read, Write};
 use std::sync::Mutex;
 use std::sync::mpsc::{Receiver, SyncSender};
@@ -31,9 +30,11 @@ pub(super) fn read_stream(
     for &(id, size) in ids {
         let mut crc = 0;
         let (sent, recorded, error) = match store.open_checked(id) {
-            Ok((mut file, recorded)) => {
-                let (n, error) = out.fill_from(&mut file, size, &mut crc).map_err(stopped)?;
-                (n, recorded, error)
+            Ok(mut stored) => {
+                let (n, error) = out
+                    .fill_from(&mut *stored.reader, size, &mut crc)
+                    .map_err(stopped)?;
+                (n, stored.recorded_crc, error)
             }
             Err(e) => (0, None, Some(e)),
         };
@@ -140,7 +141,7 @@ impl FrameWriter<'_> {
     /// early and is returned beside the count; `Err` only if the MPI side stopped.
     fn fill_from(
         &mut self,
-        file: &mut File,
+        file: &mut dyn Read,
         len: u64,
         crc: &mut u32,
     ) -> io::Result<(u64, Option<io::Error>)> {

@@ -28,7 +28,7 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -68,44 +68,6 @@ pub struct Adapter {
     uid: u32,
     gid: u32,
     time: SystemTime,
-    invalidated: Arc<Invalidated>,
-}
-
-/// How far the kernel's cache has been told to forget old epochs.
-///
-/// `epoch-N` keeps a long entry TTL like the rest of a view (a TTL of zero would cost a
-/// LOOKUP on every path walk), so an advance must invalidate the kernel's entry. That runs on
-/// its own thread: the kernel takes the root's lock for it, which a lookup of `epoch-(N+1)`
-/// (the request that advanced) still holds. An advance by writing the control file holds no
-/// such lock, so the write waits here until the old epoch is gone from the kernel's cache.
-pub struct Invalidated {
-    /// Every epoch below this one has been invalidated.
-    below: Mutex<u64>,
-    changed: Condvar,
-}
-
-impl Invalidated {
-    pub fn new(current: u64) -> Invalidated {
-        Invalidated {
-            below: Mutex::new(current),
-            changed: Condvar::new(),
-        }
-    }
-
-    /// Records that the kernel forgot epoch `old`.
-    pub fn done(&self, old: u64) {
-        let mut below = self.below.lock().unwrap_or_else(|e| e.into_inner());
-        *below = (*below).max(old + 1);
-        self.changed.notify_all();
-    }
-
-    /// Waits (a bounded while) until every epoch below `epoch` was invalidated.
-    fn wait(&self, epoch: u64) {
-        let below = self.below.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = self
-            .changed
-            .wait_timeout_while(below, Duration::from_secs(5), |b| *b < epoch);
-    }
 }
 
 /// Most threads wait on the source or on an exchange for long stretches: a few more than
@@ -142,17 +104,13 @@ impl Drop for FuseAdapter {
 }
 
 impl FuseAdapter {
-    pub fn new(
-        fs: Arc<ShuffleFs>,
-        read_path: ReadPath,
-        invalidated: Arc<Invalidated>,
-    ) -> std::io::Result<FuseAdapter> {
+    pub fn new(fs: Arc<ShuffleFs>, read_path: ReadPath) -> std::io::Result<FuseAdapter> {
         let waiting = tokio::runtime::Builder::new_current_thread()
             .max_blocking_threads(WAITING_THREADS)
             .thread_name("shufflefs-wait")
             .build()?;
         Ok(FuseAdapter {
-            inner: Arc::new(Adapter::new(fs, read_path, invalidated)),
+            inner: Arc::new(Adapter::new(fs, read_path)),
             waiting: Some(waiting),
         })
     }
@@ -189,10 +147,9 @@ enum Lane {
 }
 
 impl Adapter {
-    fn new(fs: Arc<ShuffleFs>, read_path: ReadPath, invalidated: Arc<Invalidated>) -> Adapter {
+    fn new(fs: Arc<ShuffleFs>, read_path: ReadPath) -> Adapter {
         Adapter {
             fs,
-            invalidated,
             handles: Mutex::default(),
             backing_by_ino: Mutex::default(),
             next_fh: AtomicU64::new(1),
@@ -419,11 +376,7 @@ impl Adapter {
             return reply.error(fail("write", ino.0, &FsError::ReadOnly));
         }
         match self.fs.write_epoch(data) {
-            Ok(n) => {
-                // The write returns once the kernel forgot the old epoch's names.
-                self.invalidated.wait(self.fs.epoch());
-                reply.written(n as u32)
-            }
+            Ok(n) => reply.written(n as u32),
             Err(err) => reply.error(fail("write", ino.0, &err)),
         }
     }

@@ -1,5 +1,262 @@
-//! One rank's moving parts, without the kernel.
-pub mod epochs;
+//! One rank's moving parts, without the kernel: the epoch [`coordinator`], background
+//! [`staging`] from the source, the [`status`] document, and [`resume`] after a crash.
+//!
+//! [`Node::start`] wires them for one rank: the daemon puts a FUSE session in front of the
+//! node's [`ShuffleFs`] and runs [`serve_exchanges`] on the thread that owns MPI; tests run
+//! several nodes in one process over `LocalComm`, with no kernel and no MPI.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Mutex};
+
+use crate::cache::SampleStore;
+use crate::comm::Comm;
+use crate::exchange::{self, ExchangeConfig, ExchangeTracker};
+use crate::plan::{Plan, Rank, SampleId, Step};
+use crate::vfs::ShuffleFs;
+
+pub mod coordinator;
 pub mod resume;
 pub mod staging;
 pub mod status;
+
+use coordinator::{Coordinator, Effects, EpochChange, ExchangeOutcome};
+use staging::{Staging, StagingCmd};
+use status::DaemonStatus;
+
+/// Work for the thread that owns the transport.
+pub enum ExchangeCmd {
+    /// Drop the samples that left, then run the exchange for `step`.
+    Run {
+        evict: Vec<SampleId>,
+        step: Arc<Step>,
+    },
+    /// The node is going away.
+    Shutdown,
+}
+
+/// Settings of one node.
+pub struct NodeConfig {
+    pub exchange: ExchangeConfig,
+    pub staging_threads: usize,
+    /// Shown in the status.
+    pub source: String,
+    pub mountpoint: String,
+    /// Run the exchange between epochs (false: a node that only reads, as in view tests).
+    pub exchanges: bool,
+}
+
+/// One rank's parts, started.
+pub struct Node {
+    pub store: Arc<SampleStore>,
+    pub coordinator: Coordinator,
+    pub staging: Arc<Staging>,
+    pub tracker: Arc<ExchangeTracker>,
+    pub status: Arc<DaemonStatus>,
+    effects: Arc<NodeEffects>,
+}
+
+impl Node {
+    /// Starts rank `rank`'s node at `current` (resumed or epoch 0), and returns the queue
+    /// of exchanges for [`serve_exchanges`].
+    pub fn start(
+        store: Arc<SampleStore>,
+        plan: Plan,
+        rank: Rank,
+        resumed: resume::Resumed,
+        cfg: NodeConfig,
+    ) -> (Node, Receiver<ExchangeCmd>) {
+        let (exchange_tx, exchange_rx) = channel();
+        let tracker = Arc::new(ExchangeTracker::default());
+        let staging = Arc::new(Staging::start(store.clone(), rank, cfg.staging_threads));
+        let effects = Arc::new(NodeEffects {
+            store: store.clone(),
+            rank,
+            tracker: tracker.clone(),
+            staging: staging.clone(),
+            exchange_tx,
+            exchanges: cfg.exchanges,
+            invalidate_tx: Mutex::new(None),
+        });
+        staging.send(StagingCmd::Epoch {
+            current: Arc::new(resumed.current.clone()),
+        });
+        let coordinator = Coordinator::start(
+            plan,
+            rank,
+            resumed.current,
+            Some(resumed.next),
+            effects.clone(),
+        );
+        let status = Arc::new(DaemonStatus {
+            source: cfg.source,
+            mountpoint: cfg.mountpoint,
+            store: store.clone(),
+            epochs: coordinator.clone(),
+            staging: staging.progress.clone(),
+            exchange: tracker.clone(),
+        });
+        let node = Node {
+            store,
+            coordinator,
+            staging,
+            tracker,
+            status,
+            effects,
+        };
+        (node, exchange_rx)
+    }
+
+    /// The filesystem logic over this node.
+    pub fn fs(&self) -> ShuffleFs {
+        ShuffleFs::new(
+            self.store.clone(),
+            self.coordinator.clone(),
+            self.status.clone(),
+        )
+    }
+
+    /// Where to tell [`serve_exchanges`] to stop ([`ExchangeCmd::Shutdown`]).
+    pub fn exchange_queue(&self) -> Sender<ExchangeCmd> {
+        self.effects.exchange_tx.clone()
+    }
+
+    /// From now on, the old epochs whose kernel entries must be dropped, for whoever talks
+    /// to the kernel; it reports each one done through `Coordinator::invalidated`. Until
+    /// this is called (and in tests without a kernel) advances wait for no invalidation.
+    pub fn invalidations(&self) -> Receiver<u64> {
+        let (tx, rx) = channel();
+        *self
+            .effects
+            .invalidate_tx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(tx);
+        rx
+    }
+}
+
+/// Runs the exchanges of `queue` on the calling thread, which owns `comm`, until told to
+/// shut down. A failed exchange is reported to the coordinator (advancing then fetches from
+/// the source); a transport that had to abandon transfers in flight ends the loop with its
+/// error, since nothing more can go through it.
+pub fn serve_exchanges(
+    comm: &mut dyn Comm,
+    node: &Node,
+    queue: &Receiver<ExchangeCmd>,
+    cfg: ExchangeConfig,
+    abort: &AtomicBool,
+) -> Result<(), String> {
+    for cmd in queue {
+        let ExchangeCmd::Run { evict, step } = cmd else {
+            break;
+        };
+        for id in evict {
+            if let Err(e) = node.store.remove(id) {
+                tracing::warn!(sample = id, error = %e, "could not drop a sample that left the share");
+            }
+        }
+        let target = step.next.epoch;
+        node.coordinator.exchange_started(target);
+        let result = exchange::run(comm, &node.store, &step, cfg, &node.tracker, abort);
+        let outcome = match &result {
+            Ok(()) => ExchangeOutcome::Done,
+            Err(e) => {
+                tracing::error!("{e}");
+                ExchangeOutcome::Failed(e.to_string())
+            }
+        };
+        node.coordinator.exchange_ended(target, outcome);
+        if let Err(e) = result
+            && e.contains("shutting down")
+        {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// The daemon's side of the epoch lifecycle.
+struct NodeEffects {
+    store: Arc<SampleStore>,
+    rank: Rank,
+    tracker: Arc<ExchangeTracker>,
+    staging: Arc<Staging>,
+    exchange_tx: Sender<ExchangeCmd>,
+    exchanges: bool,
+    invalidate_tx: Mutex<Option<Sender<u64>>>,
+}
+
+impl Effects for NodeEffects {
+    fn start_exchange(&self, step: Arc<Step>, evict: Vec<SampleId>) -> bool {
+        if !self.exchanges {
+            // No exchange: what left the share goes now.
+            for id in evict {
+                let _ = self.store.remove(id);
+            }
+            return false;
+        }
+        self.tracker.announce(step.next.epoch);
+        self.exchange_tx
+            .send(ExchangeCmd::Run { evict, step })
+            .is_ok()
+    }
+
+    fn prepare(&self, step: &Step, _exchange: &ExchangeOutcome) -> Result<(), String> {
+        fetch_missing(&self.store, self.rank, step);
+        Ok(())
+    }
+
+    fn persist(&self, epoch: u64) -> Result<(), String> {
+        let dir = self.store.dir();
+        let mut state = dir
+            .load_state()
+            .map_err(|e| e.to_string())?
+            .ok_or("the cache's state file vanished")?;
+        state.epoch = epoch;
+        dir.save_state(&state).map_err(|e| e.to_string())
+    }
+
+    fn published(&self, change: &EpochChange) -> bool {
+        self.staging.send(StagingCmd::Epoch {
+            current: change.current.clone(),
+        });
+        let tx = self.invalidate_tx.lock().unwrap_or_else(|e| e.into_inner());
+        // Nobody listening (no kernel): nothing to wait for.
+        tx.as_ref()
+            .is_some_and(|tx| tx.send(change.previous.epoch).is_ok())
+    }
+}
+
+/// Makes sure every sample of `step.next`'s share for `rank` is cached: anything the
+/// exchange could not deliver comes from the source. A bad sample is reported, not fatal:
+/// `ensure` names it in the status, and readers get EIO for it alone (or its bytes, if its
+/// source file comes back).
+pub fn fetch_missing(store: &SampleStore, rank: Rank, step: &Step) {
+    let target = step.next.epoch;
+    let missing: Vec<_> = step
+        .next
+        .share(rank)
+        .iter()
+        .copied()
+        .filter(|&id| !store.contains(id))
+        .collect();
+    if missing.is_empty() {
+        return;
+    }
+    tracing::warn!(
+        target_epoch = target,
+        samples = missing.len(),
+        "samples not delivered by the exchange; fetching from the source"
+    );
+    let failed = missing
+        .iter()
+        .filter(|&&id| store.ensure(id).is_err())
+        .count();
+    if failed > 0 {
+        tracing::warn!(
+            target_epoch = target,
+            samples = failed,
+            "samples could not be fetched from the source; reads of them fail until they can be (see the status's problems)"
+        );
+    }
+}

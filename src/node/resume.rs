@@ -17,7 +17,7 @@ use std::collections::HashSet;
 use std::sync::atomic::AtomicBool;
 
 use crate::cache::SampleStore;
-use crate::comm::Comm;
+use crate::comm::{Comm, CommError};
 use crate::exchange::{self, ExchangeConfig, ExchangeTracker};
 use crate::plan::{EpochShares, Plan, SampleId, Step};
 
@@ -37,7 +37,7 @@ pub fn resume(
     store: &SampleStore,
     plan: &Plan,
     epoch: u64,
-) -> Result<Resumed, String> {
+) -> Result<Resumed, CommError> {
     let rank = comm.rank();
     // The plan is walked once: into `epoch` (what may need redoing), then one step on.
     let current = if epoch == 0 {
@@ -70,7 +70,7 @@ pub fn resume(
 }
 
 /// Sends again, per `step`, the samples some rank still lacks of its share after `step`.
-fn redo_missing(comm: &mut dyn Comm, store: &SampleStore, step: &Step) -> Result<(), String> {
+fn redo_missing(comm: &mut dyn Comm, store: &SampleStore, step: &Step) -> Result<(), CommError> {
     let missing: Vec<SampleId> = step
         .next
         .share(comm.rank())
@@ -79,8 +79,7 @@ fn redo_missing(comm: &mut dyn Comm, store: &SampleStore, step: &Step) -> Result
         .filter(|&id| !store.contains(id))
         .collect();
     let lacking: Vec<HashSet<SampleId>> = comm
-        .all_gather(&exchange::encode_ids(&missing))
-        .map_err(|e| e.to_string())?
+        .all_gather(&exchange::encode_ids(&missing))?
         .iter()
         .map(|b| exchange::decode_ids(b).collect())
         .collect();

@@ -218,7 +218,7 @@ fn stage(
 mod tests {
     use super::*;
     use crate::cache::CacheDir;
-    use crate::dataset::source::DirSource;
+    use crate::dataset::ImageFolder;
 
     /// A sample whose size was unknown when the totals were taken, and which a reader
     /// fetched before staging got to it, still counts once in each total.
@@ -231,7 +231,7 @@ mod tests {
             std::fs::write(src.join(format!("c/{i}")), vec![7u8; len]).unwrap();
         }
         let manifest = Arc::new(crate::dataset::manifest::scan(&src).unwrap());
-        let source = Arc::new(DirSource::new(src, manifest.clone()));
+        let source = Arc::new(ImageFolder::new(src, manifest.clone()));
         let dir = CacheDir::open(&tmp.path().join("cache")).unwrap();
         let store = SampleStore::new(dir, manifest, source).unwrap();
         // What `run` saw: both missing, neither size known (so `bytes_total` is 0).

@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::cache::SampleStore;
 use crate::dataset::manifest::Skipped;
 use crate::exchange::{ExchangeReport, ExchangeTracker};
-use crate::node::epochs::Epochs;
+use crate::node::coordinator::Coordinator;
 use crate::node::staging::{StagingProgress, StagingSnapshot};
 
 pub trait StatusReport: Send + Sync {
@@ -54,7 +54,7 @@ pub struct DaemonStatus {
     pub source: String,
     pub mountpoint: String,
     pub store: Arc<SampleStore>,
-    pub epochs: Arc<Epochs>,
+    pub epochs: Coordinator,
     pub staging: Arc<StagingProgress>,
     pub exchange: Arc<ExchangeTracker>,
 }

@@ -225,6 +225,13 @@ fn partial_shuffle<T>(items: &mut [T], k: usize, rng: &mut ChaCha8Rng) {
     }
 }
 
+/// Samples of `share` whose ids fall in `range`, using that both are sorted.
+pub fn share_in_range(share: &[SampleId], range: std::ops::Range<SampleId>) -> &[SampleId] {
+    let lo = share.partition_point(|&s| s < range.start);
+    let hi = share.partition_point(|&s| s < range.end);
+    &share[lo..hi]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

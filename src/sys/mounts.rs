@@ -4,9 +4,44 @@
 use std::fs;
 use std::path::Path;
 
+/// Why a folder cannot be mounted on; each message names the folder and says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum MountpointError {
+    #[error("mount point {0} does not exist; create it with `mkdir -p {0}`")]
+    Missing(DisplayPath),
+    #[error("mount point {0} is not a folder")]
+    NotAFolder(DisplayPath),
+    #[error(
+        "mount point {0} is busy: something is already mounted there; unmount it first (`shufflefs unmount {0}`)"
+    )]
+    Busy(DisplayPath),
+    #[error("mount point {0} is not empty; mount on an empty folder so nothing is hidden")]
+    NotEmpty(DisplayPath),
+    #[error(
+        "mount point {0} is a dead mount left by a daemon that exited; unmount it with `shufflefs unmount {0}` (or `fusermount3 -u`)"
+    )]
+    DeadMount(DisplayPath),
+    #[error("mount point {path}: {source}")]
+    Io {
+        path: DisplayPath,
+        source: std::io::Error,
+    },
+}
+
+/// A path as error messages show it.
+#[derive(Debug)]
+pub struct DisplayPath(pub std::path::PathBuf);
+
+impl std::fmt::Display for DisplayPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.display().fmt(f)
+    }
+}
+
 /// The mount point must exist, be a folder, be empty and not already be a mount. A dead
 /// shufflefs mount left by a daemon that was killed is cleaned up first.
-pub fn mountpoint(path: &Path) -> Result<(), String> {
+pub fn mountpoint(path: &Path) -> Result<(), MountpointError> {
+    let p = || DisplayPath(path.to_path_buf());
     let mut meta = fs::metadata(path);
     if meta
         .as_ref()
@@ -15,38 +50,27 @@ pub fn mountpoint(path: &Path) -> Result<(), String> {
         clean_dead_mount(path)?;
         meta = fs::metadata(path);
     }
-    let meta = meta.map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => format!(
-            "mount point {} does not exist; create it with `mkdir -p {}`",
-            path.display(),
-            path.display()
-        ),
-        _ => format!("mount point {}: {e}", path.display()),
+    let meta = meta.map_err(|source| match source.kind() {
+        std::io::ErrorKind::NotFound => MountpointError::Missing(p()),
+        _ => MountpointError::Io { path: p(), source },
     })?;
     if !meta.is_dir() {
-        return Err(format!("mount point {} is not a folder", path.display()));
+        return Err(MountpointError::NotAFolder(p()));
     }
     if is_mounted(path) {
-        return Err(format!(
-            "mount point {} is busy: something is already mounted there; unmount it first (`shufflefs unmount {}`)",
-            path.display(),
-            path.display()
-        ));
+        return Err(MountpointError::Busy(p()));
     }
     let mut entries =
-        fs::read_dir(path).map_err(|e| format!("mount point {}: {e}", path.display()))?;
+        fs::read_dir(path).map_err(|source| MountpointError::Io { path: p(), source })?;
     if entries.next().is_some() {
-        return Err(format!(
-            "mount point {} is not empty; mount on an empty folder so nothing is hidden",
-            path.display()
-        ));
+        return Err(MountpointError::NotEmpty(p()));
     }
     Ok(())
 }
 
 /// `path` answers "transport endpoint is not connected": a FUSE mount whose daemon died. If
 /// it is a shufflefs mount nothing can be lost by detaching it, so do that.
-fn clean_dead_mount(path: &Path) -> Result<(), String> {
+fn clean_dead_mount(path: &Path) -> Result<(), MountpointError> {
     let absolute = path
         .parent()
         .and_then(|p| {
@@ -66,18 +90,8 @@ fn clean_dead_mount(path: &Path) -> Result<(), String> {
                 && (m.fstype == "fuse.shufflefs" || (m.fstype == "fuse" && m.source == "shufflefs"))
         })
     });
-    let stale = || {
-        format!(
-            "mount point {} is a dead mount left by a daemon that exited; unmount it with `shufflefs unmount {}` (or `fusermount3 -u`)",
-            path.display(),
-            path.display()
-        )
-    };
-    if !is_ours {
-        return Err(stale());
-    }
-    if !detach(path) {
-        return Err(stale());
+    if !is_ours || !detach(path) {
+        return Err(MountpointError::DeadMount(DisplayPath(path.to_path_buf())));
     }
     tracing::warn!(mountpoint = %path.display(), "removed a dead shufflefs mount left by a daemon that was killed");
     Ok(())
@@ -170,23 +184,6 @@ fn unescape_mountinfo(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The source must be a readable folder (checked on rank 0 only: other ranks make no
-/// metadata calls on the source).
-pub fn source(path: &Path) -> Result<(), String> {
-    match fs::read_dir(path) {
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(format!(
-            "source {} does not exist; pass the dataset folder with --source",
-            path.display()
-        )),
-        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => Err(format!(
-            "source {} is not a folder; --source must be a folder of class folders",
-            path.display()
-        )),
-        Err(e) => Err(format!("source {} is not readable: {e}", path.display())),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,18 +199,19 @@ mod tests {
     fn mountpoint_checks() {
         let dir = tempfile::tempdir().unwrap();
         assert!(mountpoint(dir.path()).is_ok());
-        assert!(
-            mountpoint(&dir.path().join("missing"))
-                .unwrap_err()
-                .contains("does not exist")
-        );
+        assert!(matches!(
+            mountpoint(&dir.path().join("missing")),
+            Err(MountpointError::Missing(_))
+        ));
         fs::write(dir.path().join("f"), b"x").unwrap();
-        assert!(mountpoint(dir.path()).unwrap_err().contains("not empty"));
-        assert!(
-            mountpoint(&dir.path().join("f"))
-                .unwrap_err()
-                .contains("not a folder")
-        );
+        assert!(matches!(
+            mountpoint(dir.path()),
+            Err(MountpointError::NotEmpty(_))
+        ));
+        assert!(matches!(
+            mountpoint(&dir.path().join("f")),
+            Err(MountpointError::NotAFolder(_))
+        ));
         assert!(is_mounted(Path::new("/proc")));
     }
 }

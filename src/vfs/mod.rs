@@ -15,8 +15,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::cache::SampleStore;
-use crate::node::epochs::{Epochs, share_in_range};
+use crate::node::coordinator::Coordinator;
 use crate::node::status::StatusReport;
+use crate::plan::share_in_range;
 use crate::vfs::error::FsError;
 use crate::vfs::inodes::{CTL_DIR_NAME, CURRENT_NAME, EPOCH_CTL_NAME, Node, STATUS_NAME};
 
@@ -58,7 +59,7 @@ pub enum Opened {
 
 pub struct ShuffleFs {
     store: Arc<SampleStore>,
-    epochs: Arc<Epochs>,
+    epochs: Coordinator,
     status: Arc<dyn StatusReport>,
     /// Page-cache mode: `.shufflefs/status` is a link to `status_file` (see there).
     status_link: bool,
@@ -71,7 +72,7 @@ pub const STATUS_FILE: &str = "status.json";
 impl ShuffleFs {
     pub fn new(
         store: Arc<SampleStore>,
-        epochs: Arc<Epochs>,
+        epochs: Coordinator,
         status: Arc<dyn StatusReport>,
     ) -> ShuffleFs {
         ShuffleFs {
@@ -377,7 +378,11 @@ impl ShuffleFs {
             _ if write => Err(FsError::ReadOnly),
             Node::Status => Ok(Opened::Snapshot(self.status.render())),
             Node::Sample(id) => match self.fetch(id)? {
-                None => Ok(Opened::Sample(File::open(self.store.path(id))?)),
+                // A backend without a file per sample is read through the store.
+                None => match self.store.file(id) {
+                    Some(file) => Ok(Opened::Sample(file?)),
+                    None => Ok(Opened::Snapshot(self.store.read(id)?)),
+                },
                 Some(bytes) => Ok(Opened::Snapshot(bytes)),
             },
             _ if entry.kind == Kind::Dir => Err(FsError::IsDir),
@@ -390,7 +395,9 @@ impl ShuffleFs {
         let target = inodes::parse_epoch_value(data).ok_or_else(|| {
             FsError::Invalid(format!("{:?} is not an epoch number; write the next epoch, e.g. `echo N+1 > .shufflefs/epoch`", String::from_utf8_lossy(data)))
         })?;
-        self.epochs.advance_to(target)?;
+        // The write returns once the kernel forgot the old epoch's names, so the writer
+        // finds `epoch-N` gone.
+        self.epochs.advance_and_forget(target)?;
         Ok(data.len())
     }
 

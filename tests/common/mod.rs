@@ -101,7 +101,7 @@ pub fn require_mpi() -> bool {
 /// The expected bytes `offset..offset+len` of the file with key `key`.
 pub fn expected_bytes(key: u32, offset: u64, len: u64) -> Vec<u8> {
     (offset..offset + len)
-        .map(|o| shufflefs::dataset::source::synthetic_byte(key, o))
+        .map(|o| shufflefs::dataset::synthetic_byte(key, o))
         .collect()
 }
 

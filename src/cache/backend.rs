@@ -1,0 +1,154 @@
+//! The seam between what the cache holds and how it lays bytes on disk.
+//!
+//! [`SampleStore`](super::SampleStore) knows which samples this rank needs, their sizes,
+//! where to fetch them from and what to count; a [`CacheBackend`] only stores and returns
+//! bytes by sample id. Today's backend is one file per sample ([`FileBackend`](super::FileBackend));
+//! a packed backend (append-only segment files with an index, for datasets of millions of
+//! small records) implements the same trait, and nothing in `vfs`, `fuse` or `exchange`
+//! changes: they reach bytes only through the store.
+//!
+//! # One writer per sample, by construction
+//! A backend hands out a writer only against a [`Claim`] on the sample, and a claim exists
+//! only while no other claim on the same id does ([`Claims::claim`] waits for the holder to
+//! finish). A source fetch and a receive from a peer therefore cannot write one sample at
+//! once, and a backend may use the id alone to name its temporary data.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::sync::{Condvar, Mutex};
+use std::time::SystemTime;
+
+use crate::plan::SampleId;
+
+/// A complete sample a backend found at start-up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Recovered {
+    pub id: SampleId,
+    pub len: u64,
+    /// The source's modification time, if the backend kept it.
+    pub mtime: Option<SystemTime>,
+}
+
+/// What a committed sample carries besides its bytes.
+#[derive(Clone, Copy, Debug)]
+pub struct Commit {
+    /// CRC-32C of the bytes written.
+    pub crc: u32,
+    /// Bytes written.
+    pub len: u64,
+    /// The source file's modification time, where known.
+    pub mtime: Option<SystemTime>,
+}
+
+/// Bytes of one sample being written. Dropping it without [`commit`](Self::commit) discards
+/// what was written: nothing of it becomes visible.
+pub trait SampleWriter: Write + Send {
+    /// Makes the sample visible, whole, with `commit`'s checksum recorded beside it. A crash
+    /// before this returns leaves nothing; a crash after leaves either nothing or the whole
+    /// sample (durability comes from [`CacheBackend::sync`]).
+    fn commit(self: Box<Self>, commit: Commit) -> io::Result<()>;
+}
+
+/// A readable stored sample, with the checksum recorded when it was committed (if kept).
+pub struct Stored {
+    pub reader: Box<dyn Read + Send>,
+    pub recorded_crc: Option<u32>,
+}
+
+/// Storage of sample bytes by id. Implementations are shared between threads.
+pub trait CacheBackend: Send + Sync {
+    /// Indexes what storage already holds, dropping whatever is not a complete sample or
+    /// fails `keep(id, len)` (an id past the dataset, a length the manifest contradicts).
+    /// Called once, before any other method.
+    fn recover(&self, keep: &dyn Fn(SampleId, u64) -> bool) -> io::Result<Vec<Recovered>>;
+    /// Whether sample `id` is stored.
+    fn contains(&self, id: SampleId) -> bool;
+    /// The stored length of sample `id`, if stored.
+    fn size(&self, id: SampleId) -> Option<u64>;
+    /// Reads up to `buf.len()` bytes of sample `id` at `offset`; short only at its end.
+    fn read_at(&self, id: SampleId, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
+    /// Sample `id` as a stream, for sending it whole.
+    fn open(&self, id: SampleId) -> io::Result<Stored>;
+    /// A writer for sample `claim.id()`; replaces a stored copy on commit.
+    fn writer<'a>(&'a self, claim: &Claim<'_>) -> io::Result<Box<dyn SampleWriter + 'a>>;
+    /// Drops sample `id`; returns whether it was stored. Readers that hold it open keep it.
+    fn remove(&self, id: SampleId) -> io::Result<bool>;
+    /// Drops every stored sample.
+    fn clear(&self) -> io::Result<()>;
+    /// Makes every committed sample durable.
+    fn sync(&self) -> io::Result<()>;
+    /// A file holding exactly sample `id`'s bytes, for the kernel to read directly (FUSE
+    /// passthrough). `None`: this backend has no such file (packed storage); readers then
+    /// go through [`read_at`](Self::read_at).
+    fn file(&self, id: SampleId) -> Option<io::Result<File>>;
+}
+
+/// The samples being written right now; see the module docs.
+#[derive(Default)]
+pub struct Claims {
+    held: Mutex<HashSet<SampleId>>,
+    released: Condvar,
+}
+
+impl Claims {
+    /// Claims sample `id` for writing, waiting while another writer holds it.
+    pub fn claim(&self, id: SampleId) -> Claim<'_> {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        while held.contains(&id) {
+            held = self.released.wait(held).unwrap_or_else(|e| e.into_inner());
+        }
+        held.insert(id);
+        Claim { id, claims: self }
+    }
+}
+
+/// The right to write one sample; released on drop.
+pub struct Claim<'a> {
+    id: SampleId,
+    claims: &'a Claims,
+}
+
+impl Claim<'_> {
+    pub fn id(&self) -> SampleId {
+        self.id
+    }
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        let mut held = self.claims.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.remove(&self.id);
+        self.claims.released.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    #[test]
+    fn a_second_claim_on_one_sample_waits_for_the_first() {
+        let claims = Arc::new(Claims::default());
+        let first = claims.claim(7);
+        let other = claims.claim(8); // other ids never wait
+        let got = Arc::new(AtomicBool::new(false));
+        let (c, g) = (claims.clone(), got.clone());
+        let waiter = std::thread::spawn(move || {
+            let _second = c.claim(7);
+            g.store(true, Ordering::SeqCst);
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            !got.load(Ordering::SeqCst),
+            "second writer ran beside the first"
+        );
+        drop(first);
+        waiter.join().unwrap();
+        assert!(got.load(Ordering::SeqCst));
+        drop(other);
+    }
+}
