@@ -20,6 +20,8 @@ pub enum FsError {
     Io(#[from] io::Error),
     #[error("daemon is shutting down")]
     ShuttingDown,
+    #[error("no such open file, or not open for this")]
+    BadHandle,
 }
 
 impl FsError {
@@ -32,6 +34,7 @@ impl FsError {
             FsError::Invalid(_) => libc::EINVAL,
             FsError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
             FsError::ShuttingDown => libc::EIO,
+            FsError::BadHandle => libc::EBADF,
         }
     }
 
@@ -39,7 +42,11 @@ impl FsError {
     pub fn is_routine(&self) -> bool {
         matches!(
             self,
-            FsError::NotFound | FsError::ReadOnly | FsError::NotDir | FsError::IsDir
+            FsError::NotFound
+                | FsError::ReadOnly
+                | FsError::NotDir
+                | FsError::IsDir
+                | FsError::BadHandle
         )
     }
 }
