@@ -23,6 +23,15 @@
 //!   pages of two renderings of a multi-page file could otherwise mix in the kernel's cache.
 //! - daemon (and passthrough where the kernel lacks it): opens come here and reads are
 //!   served from the cache file, with `FOPEN_KEEP_CACHE`.
+//!
+//! `ioctl` is answered ENOTTY at once and logged at debug level only: `isatty()` sends
+//! TCGETS on every open by Python (a 2-rank DLIO run asked 111,000 times). The round trip
+//! itself cannot be avoided. Linux sends FUSE_IOCTL for every `ioctl(2)` on a FUSE file
+//! (`fuse_file_ioctl` -> `fuse_ioctl_common` -> `fuse_do_ioctl` in fs/fuse/ioctl.c) and
+//! remembers no answer: `fuse_send_ioctl` turns ENOSYS into ENOTTY for that one call and
+//! sets no `fc->no_ioctl` (unlike FLUSH or OPEN, where ENOSYS sets `fc->no_flush` /
+//! `fc->no_open` for the whole mount), and no INIT flag or FOPEN flag opts out. Passthrough
+//! does not cover ioctl either: the request still comes here.
 
 use std::collections::HashMap;
 use std::fs::File;

@@ -8,9 +8,9 @@ use std::time::{Duration, SystemTime};
 
 use fuser::{
     AccessFlags, Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite, Request,
-    TimeOrNow, WriteFlags,
+    InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen,
+    ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 
 use super::{FuseAdapter, fail};
@@ -328,6 +328,39 @@ impl Filesystem for FuseAdapter {
             Ok(()) => reply.ok(),
             Err(err) => reply.error(fail("readdirplus", ino.0, &err)),
         }
+    }
+
+    /// What `df` shows: the cache folder's space (see `vfs::statfs`).
+    fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        match self.fs().statfs() {
+            Ok(s) => reply.statfs(
+                s.blocks,
+                s.blocks_free,
+                s.blocks_available,
+                s.files,
+                s.files_free,
+                s.block_size,
+                s.name_max,
+                s.fragment_size,
+            ),
+            Err(err) => reply.error(fail("statfs", ino.0, &err)),
+        }
+    }
+
+    /// ENOTTY, quietly: `isatty()` asks on every open by Python. The round trip cannot be
+    /// avoided (see the module docs).
+    fn ioctl(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        reply.error(fail("ioctl", ino.0, &FsError::NoIoctl));
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {

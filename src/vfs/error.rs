@@ -22,6 +22,10 @@ pub enum FsError {
     ShuttingDown,
     #[error("no such open file, or not open for this")]
     BadHandle,
+    /// `ioctl` on a view: no file here is a terminal or a device. Every `isatty()` asks
+    /// (Python's `open()` does, for each sample), so this is routine.
+    #[error("no ioctl commands on a view")]
+    NoIoctl,
 }
 
 impl FsError {
@@ -35,6 +39,7 @@ impl FsError {
             FsError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
             FsError::ShuttingDown => libc::EIO,
             FsError::BadHandle => libc::EBADF,
+            FsError::NoIoctl => libc::ENOTTY,
         }
     }
 
@@ -47,6 +52,7 @@ impl FsError {
                 | FsError::NotDir
                 | FsError::IsDir
                 | FsError::BadHandle
+                | FsError::NoIoctl
         )
     }
 }

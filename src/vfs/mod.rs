@@ -3,7 +3,7 @@
 //! Not tied to fuser: `fuse` translates kernel requests into these calls and their
 //! `FsError`s into errnos, so everything here is testable without a mount. Beside the
 //! names (this file) live the handle table (`handles`), what the kernel may cache and for
-//! how long (`attr`) and which requests may wait (`wait`).
+//! how long (`attr`), which requests may wait (`wait`) and what `df` shows (`statfs`).
 //!
 //! Only the current epoch exists. Looking up `epoch-(N+1)` advances to it (as writing N+1
 //! to `.shufflefs/epoch` does) and `epoch-N` is gone afterwards. Every `epoch-N/` lists all
@@ -26,10 +26,12 @@ pub mod attr;
 pub mod error;
 pub mod handles;
 pub mod inodes;
+pub mod statfs;
 pub mod wait;
 
 pub use attr::{Entry, Kind};
 pub use handles::{OpenFile, OpenFiles};
+pub use statfs::StatFs;
 pub use wait::Wait;
 
 /// Largest sample served straight from the source when the cache cannot hold it. In the
