@@ -1,6 +1,7 @@
 //! Calls a view gets from the host rather than from a data loader's reads: `isatty()` (an
-//! ioctl) on every Python `open()`, and `statfs` from `df`. Each once misbehaved for a new
-//! user: 111,000 WARN lines about ioctl in a 2-rank run, and a `df` of all zeros.
+//! ioctl) on every Python `open()`, `statfs` from `df`, and the unmount at the end. Each once
+//! misbehaved for a new user: 111,000 WARN lines about ioctl in a 2-rank run, a `df` of all
+//! zeros, and a WARN "Failed to umount filesystem" after every clean unmount.
 
 mod common;
 
@@ -8,6 +9,8 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
 
 use common::*;
 
@@ -53,6 +56,119 @@ fn isatty_is_answered_quietly() {
             .collect();
         assert!(noisy.is_empty(), "{mode}: ioctl warnings:\n{noisy:#?}");
     }
+}
+
+#[test]
+fn a_clean_unmount_logs_no_failure() {
+    if !require_fuse() {
+        return;
+    }
+    // No odd entries: the source scan then has nothing to warn about either.
+    let data = DatasetBuilder::new()
+        .class("cat", &[("a.jpg", 1000), ("b.jpg", 5000)])
+        .build();
+    let sample = data.samples[0].rel();
+
+    // `shufflefs unmount`.
+    let mnt = data.dir("mnt-cli");
+    let d = Daemon::mount(&data.root, &data.path("cache-cli"), &mnt, &[]);
+    std::fs::read(mnt.join("epoch-0").join(&sample)).unwrap();
+    let stopped = d.unmount();
+    stopped.assert_clean();
+    assert!(!is_mounted(&mnt));
+    assert!(
+        warnings(&stopped.stderr).is_empty(),
+        "shufflefs unmount: the log warns:\n{}",
+        stopped.stderr
+    );
+
+    // `fusermount3 -u`, from outside.
+    let mnt = data.dir("mnt-fusermount");
+    let mut d = Daemon::mount(&data.root, &data.path("cache-fusermount"), &mnt, &[]);
+    std::fs::read(mnt.join("epoch-0").join(&sample)).unwrap();
+    let status = Command::new("fusermount3")
+        .arg("-u")
+        .arg(&mnt)
+        .status()
+        .unwrap();
+    assert!(status.success(), "fusermount3 -u: {status:?}");
+    let exit = d.wait_exit(Duration::from_secs(20));
+    assert!(exit.is_some_and(|s| s.success()), "daemon exit {exit:?}");
+    assert!(!is_mounted(&mnt));
+    let log = d.stderr();
+    assert!(
+        warnings(&log).is_empty(),
+        "fusermount3 -u: the log warns:\n{log}"
+    );
+
+    // SIGTERM: the daemon unmounts itself, and says nothing is wrong.
+    let mnt = data.dir("mnt-signal");
+    let mut d = Daemon::mount(&data.root, &data.path("cache-signal"), &mnt, &[]);
+    d.signal(libc::SIGTERM);
+    let exit = d.wait_exit(Duration::from_secs(20));
+    assert!(exit.is_some_and(|s| s.success()), "daemon exit {exit:?}");
+    assert!(!is_mounted(&mnt), "SIGTERM still unmounts");
+    let log = d.stderr();
+    assert!(warnings(&log).is_empty(), "SIGTERM: the log warns:\n{log}");
+}
+
+/// What the daemon does when another rank failed to mount: it drops its session before
+/// running it, and that must still unmount (the end of a session unmounts, see `fuse`).
+#[test]
+fn a_session_dropped_before_it_runs_leaves_no_mount() {
+    use shufflefs::cache::{CacheDir, SampleStore};
+    use shufflefs::cli::ReadPath;
+    use shufflefs::dataset::manifest::Manifest;
+    use shufflefs::dataset::source::SyntheticSource;
+    use shufflefs::fuse::{FuseAdapter, Invalidated};
+    use shufflefs::node::epochs::Epochs;
+    use shufflefs::plan::{Plan, PlanParams};
+    use shufflefs::vfs::ShuffleFs;
+
+    struct NoStatus;
+    impl shufflefs::node::status::StatusReport for NoStatus {
+        fn render(&self) -> Vec<u8> {
+            b"{}\n".to_vec()
+        }
+    }
+
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let manifest =
+        Arc::new(Manifest::from_parts(vec![(b"c".to_vec(), vec![(b"x".to_vec(), 10)])]).unwrap());
+    let source = Arc::new(SyntheticSource {
+        manifest: manifest.clone(),
+    });
+    let cache = CacheDir::open(&dir.path().join("cache")).unwrap();
+    let store = Arc::new(SampleStore::new(cache, manifest, source).unwrap());
+    let plan = Plan::new(PlanParams {
+        samples: 1,
+        world: 1,
+        fraction: 0.0,
+        seed: 1,
+    })
+    .unwrap();
+    let epochs = Arc::new(Epochs::new(
+        plan,
+        0,
+        0,
+        Box::new(|_| Ok(())),
+        Box::new(|_| Ok(())),
+    ));
+    let fs = Arc::new(ShuffleFs::new(store, epochs, Arc::new(NoStatus)));
+    let adapter = FuseAdapter::new(fs, ReadPath::Daemon, Arc::new(Invalidated::new(0))).unwrap();
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![fuser::MountOption::FSName("shufflefs-test".into())];
+    let session = shufflefs::fuse::mount(adapter, &mnt, &config).unwrap();
+    assert!(is_mounted(&mnt), "mounted");
+    drop(session);
+    let gone = is_mounted(&mnt);
+    force_unmount(&mnt);
+    assert!(!gone, "a dropped session left its mount behind");
 }
 
 #[test]

@@ -389,7 +389,7 @@ pub fn run(
 
     // Phase 6: mount everywhere, or nowhere.
     let session = adapter.and_then(|adapter| {
-        fuser::Session::new(adapter, &mountpoint, &config)
+        crate::fuse::mount(adapter, &mountpoint, &config)
             .map_err(|e| format!("mounting {} failed: {e}", mountpoint.display()))
     });
     let mounted = session.as_ref().map(|_| ()).map_err(Clone::clone);

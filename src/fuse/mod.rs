@@ -32,16 +32,29 @@
 //! sets no `fc->no_ioctl` (unlike FLUSH or OPEN, where ENOSYS sets `fc->no_flush` /
 //! `fc->no_open` for the whole mount), and no INIT flag or FOPEN flag opts out. Passthrough
 //! does not cover ioctl either: the request still comes here.
+//!
+//! Unmounting: fuser's `Session` unmounts when it is dropped, at the end of `Session::run`
+//! too, even when the mount is already gone because someone else unmounted it (`fusermount3
+//! -u`, `shufflefs unmount`): its check (`is_mounted` in fuser 0.18's src/mnt/mod.rs) takes
+//! the aborted connection's POLLERR for "still mounted", `umount(2)` then fails with EINVAL
+//! and `UmountOnDrop::drop` (src/session.rs) logs "Failed to umount filesystem: Invalid
+//! argument" at WARN after every clean unmount. So [`mount`] hands the session's unmounter to
+//! the adapter, and `destroy` (which fuser calls when the session ends, before that drop)
+//! unmounts itself: a mount still there (the session failed, or a refused start drops it) is
+//! unmounted as before, and EINVAL, a mount already gone, is only noted at debug level. The
+//! drop then finds nothing left to unmount.
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    BackingId, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, OpenAccMode,
-    OpenFlags, ReplyAttr, ReplyData, ReplyEntry, ReplyOpen, ReplyWrite,
+    BackingId, Config, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo,
+    OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyEntry, ReplyOpen, ReplyWrite, Session,
+    SessionUnmounter,
 };
 
 use crate::cli::ReadPath;
@@ -120,6 +133,8 @@ const WAITING_THREADS: usize = 16;
 pub struct FuseAdapter {
     inner: Arc<Adapter>,
     waiting: Option<tokio::runtime::Runtime>,
+    /// The session's unmounter, once mounted (see the module docs).
+    unmounter: Arc<Mutex<Option<SessionUnmounter>>>,
 }
 
 impl std::ops::Deref for FuseAdapter {
@@ -139,6 +154,19 @@ impl Drop for FuseAdapter {
     }
 }
 
+/// Mounts `adapter` at `mountpoint`: `fuser::Session::new`, plus handing the adapter the
+/// session's unmounter so that the end of the session unmounts quietly (module docs).
+pub fn mount(
+    adapter: FuseAdapter,
+    mountpoint: &Path,
+    config: &Config,
+) -> std::io::Result<Session<FuseAdapter>> {
+    let slot = adapter.unmounter.clone();
+    let mut session = Session::new(adapter, mountpoint, config)?;
+    *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(session.unmount_callable());
+    Ok(session)
+}
+
 impl FuseAdapter {
     pub fn new(
         fs: Arc<ShuffleFs>,
@@ -152,6 +180,7 @@ impl FuseAdapter {
         Ok(FuseAdapter {
             inner: Arc::new(Adapter::new(fs, read_path, invalidated)),
             waiting: Some(waiting),
+            unmounter: Arc::default(),
         })
     }
 
@@ -174,6 +203,25 @@ impl FuseAdapter {
                     tracing::error!(error = %e, "no thread for a request that advances the epoch");
                 }
             }
+        }
+    }
+
+    /// The end of the session: unmount unless the mount is gone already (module docs).
+    fn unmount_at_end(&mut self) {
+        let unmounter = self
+            .unmounter
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let Some(mut unmounter) = unmounter else {
+            return;
+        };
+        match unmounter.unmount() {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                tracing::debug!("the mount was already gone when the session ended");
+            }
+            Err(e) => tracing::warn!(error = %e, "unmounting at the end of the session failed"),
         }
     }
 }

@@ -330,6 +330,11 @@ impl Filesystem for FuseAdapter {
         }
     }
 
+    /// The end of the session (see the module docs on unmounting).
+    fn destroy(&mut self) {
+        self.unmount_at_end();
+    }
+
     /// What `df` shows: the cache folder's space (see `vfs::statfs`).
     fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
         match self.fs().statfs() {
