@@ -35,14 +35,16 @@
 //!
 //! Unmounting: fuser's `Session` unmounts when it is dropped, at the end of `Session::run`
 //! too, even when the mount is already gone because someone else unmounted it (`fusermount3
-//! -u`, `shufflefs unmount`): its check (`is_mounted` in fuser 0.18's src/mnt/mod.rs) takes
-//! the aborted connection's POLLERR for "still mounted", `umount(2)` then fails with EINVAL
-//! and `UmountOnDrop::drop` (src/session.rs) logs "Failed to umount filesystem: Invalid
-//! argument" at WARN after every clean unmount. So [`mount`] hands the session's unmounter to
-//! the adapter, and `destroy` (which fuser calls when the session ends, before that drop)
-//! unmounts itself: a mount still there (the session failed, or a refused start drops it) is
-//! unmounted as before, and EINVAL, a mount already gone, is only noted at debug level. The
-//! drop then finds nothing left to unmount.
+//! -u`, `shufflefs unmount`). Its check (`is_mounted` in fuser 0.18's src/mnt/mod.rs) takes
+//! POLLERR on /dev/fuse for "still mounted", but POLLERR is what the kernel answers once an
+//! unmount aborted the connection (`fuse_dev_poll` in fs/fuse/dev.c: `if (!fiq->connected)
+//! mask = EPOLLERR`). So `umount(2)` of the bare folder fails with EINVAL, and
+//! `UmountOnDrop::drop` (src/session.rs) logged "Failed to umount filesystem: Invalid
+//! argument" at WARN after every clean unmount. Now [`mount`] hands the session's unmounter
+//! to the adapter, and `destroy` (which fuser calls when the session ends, before that drop)
+//! unmounts first: a mount still there (the session failed, or a refused start drops the
+//! session) is unmounted as before, and EINVAL, a mount already gone, is noted at debug level
+//! only. The drop then finds nothing left to unmount. Like fuser's drop, this unmounts by path.
 
 use std::collections::HashMap;
 use std::fs::File;
