@@ -140,7 +140,7 @@ pub fn for_rank(template: &str, rank: u32) -> PathBuf {
 
 impl MountArgs {
     /// `--fuse-threads`, or its default for this machine and whether reads will pass
-    /// through (see `fuse::may_pass_through`).
+    /// through (see `sys::kernel::may_pass_through`).
     pub fn fuse_threads(&self, passes_through: bool) -> usize {
         let default = || {
             if passes_through {

@@ -6,34 +6,17 @@ use std::sync::Arc;
 use shufflefs::cache::{CacheDir, SampleStore};
 use shufflefs::dataset::manifest::Manifest;
 use shufflefs::dataset::{SyntheticSource, synthetic_byte};
-use shufflefs::node::coordinator::{Coordinator, Effects, EpochChange, ExchangeOutcome};
+use shufflefs::node::coordinator::{Coordinator, NoExchange};
 use shufflefs::node::status::StatusReport;
-use shufflefs::plan::{Plan, PlanParams, Step};
+use shufflefs::plan::{Plan, PlanParams};
 use shufflefs::vfs::error::FsError;
 use shufflefs::vfs::inodes::{Node, ROOT};
-use shufflefs::vfs::{Kind, Opened, ShuffleFs};
+use shufflefs::vfs::{Kind, OpenFiles, Opened, ShuffleFs, Wait};
 
 struct FixedStatus;
 impl StatusReport for FixedStatus {
     fn render(&self) -> Vec<u8> {
         b"{\"ok\":true}\n".to_vec()
-    }
-}
-
-/// A rank with no exchange and nothing to save: every advance publishes at once.
-struct NoExchange;
-impl Effects for NoExchange {
-    fn start_exchange(&self, _: Arc<Step>, _: Vec<u32>) -> bool {
-        false
-    }
-    fn prepare(&self, _: &Step, _: &ExchangeOutcome) -> Result<(), String> {
-        Ok(())
-    }
-    fn persist(&self, _: u64) -> Result<(), String> {
-        Ok(())
-    }
-    fn published(&self, _: &EpochChange) -> bool {
-        false
     }
 }
 
@@ -285,4 +268,132 @@ fn views_are_read_only() {
         panic!()
     };
     assert_eq!(s, b"{\"ok\":true}\n");
+}
+
+/// The handle table over a second `ShuffleFs` of the same world (as the binding holds it).
+fn open_files(w: &World, opens: bool) -> OpenFiles {
+    let fs = ShuffleFs::new(w.store.clone(), w.epochs.clone(), Arc::new(FixedStatus));
+    OpenFiles::new(Arc::new(fs), opens)
+}
+
+#[test]
+fn handles_read_samples_and_snapshots_until_released() {
+    let w = world(0, 0.5);
+    let files = open_files(&w, true);
+    let manifest = w.store.manifest();
+    let current = w.epochs.current();
+    let id = *current
+        .share(0)
+        .iter()
+        .find(|&&id| manifest.size(id) > Some(0))
+        .unwrap();
+    let size = manifest.size(id).unwrap();
+    let sample = files.open(Node::Sample(id).ino(), false).unwrap().unwrap();
+    assert!(
+        sample.cache_file.is_some(),
+        "a cached sample may pass through"
+    );
+    assert!(sample.keep_cache);
+    for (offset, len) in [(0, 1), (3, 50), (size - 1, 10), (size, 10), (size + 7, 1)] {
+        let got = files.read(sample.fh, offset, len).unwrap();
+        let want: Vec<u8> = (offset..(offset + u64::from(len)).min(size))
+            .map(|o| synthetic_byte(id, o))
+            .collect();
+        assert_eq!(got, want, "{len} bytes at {offset}");
+    }
+    let status = files.open(Node::Status.ino(), false).unwrap().unwrap();
+    assert!(status.cache_file.is_none() && !status.keep_cache);
+    assert_ne!(status.fh, sample.fh);
+    let mut whole = files.read(status.fh, 0, 3).unwrap();
+    whole.extend(files.read(status.fh, 3, 100).unwrap());
+    assert_eq!(whole, b"{\"ok\":true}\n", "chunked reads of one snapshot");
+    assert_eq!(files.len(), 2);
+    files.release(sample.fh);
+    assert_eq!(files.len(), 1);
+    let err = files.read(sample.fh, 0, 1).unwrap_err();
+    assert_eq!(err.errno(), libc::EBADF, "a released handle");
+    files.release(status.fh);
+    assert!(files.is_empty());
+}
+
+#[test]
+fn only_a_control_handle_takes_writes() {
+    let w = world(0, 0.5);
+    let files = open_files(&w, true);
+    let id = w.epochs.current().share(0)[0];
+    let sample = files.open(Node::Sample(id).ino(), false).unwrap().unwrap();
+    assert_eq!(
+        files.write(sample.fh, b"1").unwrap_err().errno(),
+        libc::EROFS
+    );
+    assert_eq!(files.write(999, b"1").unwrap_err().errno(), libc::EROFS);
+    let control = files.open(Node::EpochCtl.ino(), true).unwrap().unwrap();
+    assert_eq!(
+        files.read(control.fh, 0, 10).unwrap_err().errno(),
+        libc::EBADF
+    );
+    assert_eq!(files.write(control.fh, b"1\n").unwrap(), 2);
+    assert_eq!(w.epochs.epoch(), 1);
+    assert_eq!(
+        files.write(control.fh, b"junk").unwrap_err().errno(),
+        libc::EINVAL
+    );
+    let reading = files.open(Node::EpochCtl.ino(), false).unwrap().unwrap();
+    assert_eq!(files.read(reading.fh, 0, 10).unwrap(), b"1\n");
+}
+
+#[test]
+fn without_opens_requests_come_by_inode() {
+    let w = world(0, 0.5);
+    let files = open_files(&w, false);
+    let id = w.epochs.current().share(0)[0];
+    let ino = Node::Sample(id).ino();
+    assert!(
+        files.open(ino, false).unwrap().is_none(),
+        "nothing to hand out"
+    );
+    assert_eq!(files.open(ino, true).unwrap_err().errno(), libc::EROFS);
+    let got = files.read_unopened(ino, 2, 5).unwrap();
+    let want: Vec<u8> = (2..7).map(|o| synthetic_byte(id, o)).collect();
+    assert_eq!(got, want);
+    // The epoch file's attributes carry its content's size and a new mtime each time.
+    let first = files.getattr(Node::EpochCtl.ino()).unwrap();
+    let second = files.getattr(Node::EpochCtl.ino()).unwrap();
+    assert_eq!(first.size, 2);
+    assert!(first.mtime.is_some() && second.mtime > first.mtime);
+    assert_eq!(
+        files.read_unopened(Node::EpochCtl.ino(), 0, 10).unwrap(),
+        b"0\n"
+    );
+    assert_eq!(
+        files.write_unopened(ino, b"1").unwrap_err().errno(),
+        libc::EROFS
+    );
+    assert_eq!(files.write_unopened(Node::EpochCtl.ino(), b"1").unwrap(), 1);
+    assert_eq!(w.epochs.epoch(), 1);
+    // A mount with opens leaves the epoch file's attributes alone.
+    assert_eq!(
+        open_files(&w, true)
+            .getattr(Node::EpochCtl.ino())
+            .unwrap()
+            .mtime,
+        None
+    );
+}
+
+#[test]
+fn wait_says_what_a_request_may_wait_on() {
+    let w = world(0, 0.5);
+    let id = w.epochs.current().share(0)[0];
+    assert_eq!(w.fs.wait(Node::Sample(id)), Wait::Source, "not cached yet");
+    w.fs.open(Node::Sample(id).ino(), false).unwrap();
+    assert_eq!(w.fs.wait(Node::Sample(id)), Wait::No, "cached");
+    assert_eq!(w.fs.wait(Node::EpochDir(1)), Wait::Advance);
+    assert_eq!(w.fs.wait(Node::EpochDir(0)), Wait::No);
+    assert_eq!(w.fs.wait_ino(Node::EpochDir(1).ino()), Wait::Advance);
+    assert_eq!(
+        w.fs.wait_ino(12345),
+        Wait::No,
+        "an unknown inode answers at once"
+    );
 }

@@ -90,7 +90,7 @@ pub fn run(
     let session = FuseAdapter::new(fs, args.read_path)
         .map_err(|e| format!("starting the threads that answer the kernel: {e}"))
         .and_then(|adapter| {
-            fuser::Session::new(adapter, &mountpoint, &fuse_config(args))
+            crate::fuse::mount(adapter, &mountpoint, &fuse_config(args))
                 .map_err(|e| format!("mounting {} failed: {e}", mountpoint.display()))
         });
     let mounted = session.as_ref().map(|_| ()).map_err(Clone::clone);

@@ -491,3 +491,22 @@ impl Worker {
         }
     }
 }
+
+/// [`Effects`] of a rank with no exchange and nothing to save: every advance publishes at
+/// once. For tests of the view logic and for tools that only read.
+pub struct NoExchange;
+
+impl Effects for NoExchange {
+    fn start_exchange(&self, _: Arc<Step>, _: Vec<u32>) -> bool {
+        false
+    }
+    fn prepare(&self, _: &Step, _: &ExchangeOutcome) -> Result<(), String> {
+        Ok(())
+    }
+    fn persist(&self, _: u64) -> Result<(), String> {
+        Ok(())
+    }
+    fn published(&self, _: &EpochChange) -> bool {
+        false
+    }
+}

@@ -20,6 +20,12 @@ pub enum FsError {
     Io(#[from] io::Error),
     #[error("daemon is shutting down")]
     ShuttingDown,
+    #[error("no such open file, or not open for this")]
+    BadHandle,
+    /// `ioctl` on a view: no file here is a terminal or a device. Every `isatty()` asks
+    /// (Python's `open()` does, for each sample), so this is routine.
+    #[error("no ioctl commands on a view")]
+    NoIoctl,
 }
 
 impl FsError {
@@ -32,6 +38,8 @@ impl FsError {
             FsError::Invalid(_) => libc::EINVAL,
             FsError::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
             FsError::ShuttingDown => libc::EIO,
+            FsError::BadHandle => libc::EBADF,
+            FsError::NoIoctl => libc::ENOTTY,
         }
     }
 
@@ -39,7 +47,12 @@ impl FsError {
     pub fn is_routine(&self) -> bool {
         matches!(
             self,
-            FsError::NotFound | FsError::ReadOnly | FsError::NotDir | FsError::IsDir
+            FsError::NotFound
+                | FsError::ReadOnly
+                | FsError::NotDir
+                | FsError::IsDir
+                | FsError::BadHandle
+                | FsError::NoIoctl
         )
     }
 }

@@ -1,7 +1,9 @@
 //! The filesystem's behaviour as plain Rust: names in, nodes and bytes out.
 //!
-//! Not tied to fuser: `fuse.rs` translates kernel requests into these calls and their
-//! `FsError`s into errnos, so everything here is testable without a mount.
+//! Not tied to fuser: `fuse` translates kernel requests into these calls and their
+//! `FsError`s into errnos, so everything here is testable without a mount. Beside the
+//! names (this file) live the handle table (`handles`), what the kernel may cache and for
+//! how long (`attr`), which requests may wait (`wait`) and what `df` shows (`statfs`).
 //!
 //! Only the current epoch exists. Looking up `epoch-(N+1)` advances to it (as writing N+1
 //! to `.shufflefs/epoch` does) and `epoch-N` is gone afterwards. Every `epoch-N/` lists all
@@ -21,31 +23,21 @@ use crate::plan::share_in_range;
 use crate::vfs::error::FsError;
 use crate::vfs::inodes::{CTL_DIR_NAME, CURRENT_NAME, EPOCH_CTL_NAME, Node, STATUS_NAME};
 
+pub mod attr;
 pub mod error;
+pub mod handles;
 pub mod inodes;
+pub mod statfs;
+pub mod wait;
+
+pub use attr::{Entry, Kind};
+pub use handles::{OpenFile, OpenFiles};
+pub use statfs::StatFs;
+pub use wait::Wait;
 
 /// Largest sample served straight from the source when the cache cannot hold it. In the
 /// page-cache read path every read request re-reads the whole sample, so this stays small.
 pub const UNCACHED_MAX: u64 = 16 << 20;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    Dir,
-    File,
-    Symlink,
-}
-
-/// What `getattr`/`lookup` know about a node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Entry {
-    pub node: Node,
-    pub kind: Kind,
-    pub size: u64,
-    pub perm: u16,
-    /// Whether the kernel may cache it for long: true for published views, except samples
-    /// whose size is not known yet (listed with size 0; see `ShuffleFs::resolved`).
-    pub immutable: bool,
-}
 
 /// What an `open` hands back.
 pub enum Opened {
@@ -121,6 +113,7 @@ impl ShuffleFs {
             size: 0,
             perm: 0o555,
             immutable,
+            mtime: None,
         };
         let current = self.epochs.epoch();
         let manifest = self.store.manifest();
@@ -132,6 +125,7 @@ impl ShuffleFs {
                 size: self.status_file_path().as_os_str().len() as u64,
                 perm: 0o777,
                 immutable: false,
+                mtime: None,
             },
             Node::Status => Entry {
                 node,
@@ -139,6 +133,7 @@ impl ShuffleFs {
                 size: 0,
                 perm: 0o444,
                 immutable: false,
+                mtime: None,
             },
             Node::EpochCtl => Entry {
                 node,
@@ -146,6 +141,7 @@ impl ShuffleFs {
                 size: 0,
                 perm: 0o644,
                 immutable: false,
+                mtime: None,
             },
             Node::Current => Entry {
                 node,
@@ -153,6 +149,7 @@ impl ShuffleFs {
                 size: inodes::epoch_dir_name(current).len() as u64,
                 perm: 0o777,
                 immutable: false,
+                mtime: None,
             },
             Node::EpochDir(e) if e == current => dir(true),
             Node::ClassDir(e, c) if e == current && c < manifest.class_count() => dir(true),
@@ -168,6 +165,8 @@ impl ShuffleFs {
                     size: size.unwrap_or(0),
                     perm: 0o444,
                     immutable: size.is_some(),
+                    // The source file's time, once learned with its bytes.
+                    mtime: self.store.mtime(id),
                 }
             }
             _ => return Err(FsError::NotFound),
@@ -177,21 +176,6 @@ impl ShuffleFs {
     fn holds(&self, id: u32) -> bool {
         let cur = self.epochs.current();
         cur.share(self.epochs.rank()).binary_search(&id).is_ok()
-    }
-
-    /// Whether answering a request about `node` may wait: on the source, for a sample not
-    /// cached or of unknown size, or on the exchange, for the next epoch's folder (looking
-    /// it up advances). The adapter answers such requests off its request threads.
-    pub fn may_wait(&self, node: Node) -> bool {
-        match node {
-            // `holds` first: it also bounds `id` (an inode number the kernel never got from us
-            // answers ENOENT without waiting).
-            Node::Sample(id) => {
-                self.holds(id) && (!self.store.contains(id) || self.store.size(id).is_none())
-            }
-            Node::EpochDir(e) => e > self.epochs.epoch(),
-            _ => false,
-        }
     }
 
     pub fn getattr(&self, ino: u64) -> Result<Entry, FsError> {
@@ -218,6 +202,7 @@ impl ShuffleFs {
         Ok(Entry {
             size,
             immutable: true,
+            mtime: self.store.mtime(id).or(e.mtime),
             ..e
         })
     }

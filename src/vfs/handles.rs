@@ -1,0 +1,255 @@
+//! Open files: the handle table, and reading and writing through a handle.
+//!
+//! The kernel names an open file by a number (`fh`) that the filesystem hands out at open.
+//! What a handle stands for is decided at open and never changes: a cached sample file
+//! (read at each request, so it may be served without copying it into memory), bytes frozen
+//! at open (the status document, the epoch file, a sample the cache could not take), or the
+//! epoch control file opened for writing. Freezing bytes at open is what makes chunked reads
+//! of a changing control file agree with each other.
+//!
+//! A mount may also work without opens (`--read-path page-cache`, see `fuse`): the kernel
+//! then opens files itself and every request comes by inode number alone. `read_unopened`,
+//! `write_unopened` and the attributes of the epoch file (`getattr`, `lookup_node`) serve
+//! that mode.
+//!
+//! Nothing here knows fuser, so a test can drive the view through handles as the kernel
+//! would. Passthrough is the binding's business: it asks for the cache file behind a
+//! handle ([`OpenFile::cache_file`]) and registers it with the kernel.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::fd::AsFd;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use crate::vfs::error::FsError;
+use crate::vfs::inodes::Node;
+use crate::vfs::{Entry, Opened, ShuffleFs};
+
+/// What a handle reads from.
+enum Handle {
+    Sample(Arc<File>),
+    Snapshot(Arc<[u8]>),
+    EpochControl,
+}
+
+/// A file just opened.
+#[derive(Debug)]
+pub struct OpenFile {
+    /// The number the kernel names it by until it releases it.
+    pub fh: u64,
+    /// The cache file behind the handle, when it is one: the kernel may read it directly
+    /// (passthrough) instead of asking for its bytes.
+    pub cache_file: Option<Arc<File>>,
+    /// Whether the kernel may keep the file's pages once it is closed: true for samples
+    /// (they never change); false for bytes frozen at open, which each open must read anew.
+    pub keep_cache: bool,
+}
+
+/// The handle table over a [`ShuffleFs`].
+pub struct OpenFiles {
+    fs: Arc<ShuffleFs>,
+    /// False on a mount without opens (see the module docs).
+    opens: bool,
+    table: Mutex<HashMap<u64, Handle>>,
+    next_fh: AtomicU64,
+    /// Without opens: bumped at every rendering of the epoch file, reported as its mtime.
+    renders: AtomicU64,
+}
+
+impl OpenFiles {
+    /// `opens`: whether the kernel opens files through us (false: `--read-path page-cache`).
+    pub fn new(fs: Arc<ShuffleFs>, opens: bool) -> OpenFiles {
+        OpenFiles {
+            fs,
+            opens,
+            table: Mutex::default(),
+            next_fh: AtomicU64::new(1),
+            renders: AtomicU64::new(0),
+        }
+    }
+
+    pub fn fs(&self) -> &Arc<ShuffleFs> {
+        &self.fs
+    }
+
+    /// Whether the kernel opens files through us.
+    pub fn opens(&self) -> bool {
+        self.opens
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Handle>> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Opens `ino` (for writing if `write`). `None` on a mount without opens: nothing to
+    /// hand out, though a refused write is still refused.
+    pub fn open(&self, ino: u64, write: bool) -> Result<Option<OpenFile>, FsError> {
+        let opened = self.fs.open(ino, write);
+        if !self.opens {
+            return match opened {
+                Err(err) if write => Err(err),
+                _ => Ok(None),
+            };
+        }
+        let (handle, cache_file, keep_cache) = match opened? {
+            Opened::Sample(file) => {
+                let file = Arc::new(file);
+                (Handle::Sample(file.clone()), Some(file), true)
+            }
+            Opened::Snapshot(bytes) => (Handle::Snapshot(bytes.into()), None, false),
+            Opened::EpochControl => (Handle::EpochControl, None, false),
+        };
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.table().insert(fh, handle);
+        Ok(Some(OpenFile {
+            fh,
+            cache_file,
+            keep_cache,
+        }))
+    }
+
+    /// Up to `size` bytes at `offset` through handle `fh`, short only at the end.
+    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
+        let file = match self.table().get(&fh) {
+            Some(Handle::Snapshot(bytes)) => return Ok(window(bytes, offset, size).to_vec()),
+            Some(Handle::Sample(file)) => file.clone(),
+            Some(Handle::EpochControl) | None => return Err(FsError::BadHandle),
+        };
+        // Read without holding the table: other opens and reads go on meanwhile.
+        Ok(read_full(&file, offset, size)?)
+    }
+
+    /// A write through handle `fh`: only the epoch control file takes one, and it advances.
+    pub fn write(&self, fh: u64, data: &[u8]) -> Result<usize, FsError> {
+        let is_control = matches!(self.table().get(&fh), Some(Handle::EpochControl));
+        if !is_control {
+            return Err(FsError::ReadOnly);
+        }
+        self.fs.write_epoch(data)
+    }
+
+    /// Forgets handle `fh`; its file closes once no read uses it any more.
+    pub fn release(&self, fh: u64) {
+        self.table().remove(&fh);
+    }
+
+    /// How many handles are open.
+    pub fn len(&self) -> usize {
+        self.table().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A read without an open (mount without opens), by inode. The kernel keeps the pages it
+    /// gets, so a cache file's copy of them is dropped: the data sits in memory once.
+    pub fn read_unopened(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
+        match Node::from_ino(ino) {
+            Some(Node::EpochCtl) => {
+                let bytes = match self.fs.open(ino, false) {
+                    Ok(Opened::Snapshot(bytes)) => bytes,
+                    _ => Vec::new(),
+                };
+                Ok(window(&bytes, offset, size).to_vec())
+            }
+            Some(Node::Sample(_)) => match self.fs.open(ino, false)? {
+                Opened::Sample(file) => {
+                    let data = read_full(&file, offset, size)?;
+                    let _ = nix::fcntl::posix_fadvise(
+                        file.as_fd(),
+                        offset as i64,
+                        data.len() as i64,
+                        nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+                    );
+                    Ok(data)
+                }
+                Opened::Snapshot(bytes) => Ok(window(&bytes, offset, size).to_vec()),
+                Opened::EpochControl => Err(FsError::BadHandle),
+            },
+            _ => Err(FsError::BadHandle),
+        }
+    }
+
+    /// A write without an open (mount without opens): the kernel checked write access at
+    /// its open, which only the epoch control file grants.
+    pub fn write_unopened(&self, ino: u64, data: &[u8]) -> Result<usize, FsError> {
+        if Node::from_ino(ino) != Some(Node::EpochCtl) {
+            return Err(FsError::ReadOnly);
+        }
+        self.fs.write_epoch(data)
+    }
+
+    /// `ShuffleFs::getattr`, with the epoch file's attributes fresh (see `rendered`).
+    pub fn getattr(&self, ino: u64) -> Result<Entry, FsError> {
+        self.fs.getattr(ino).map(|e| self.rendered(e))
+    }
+
+    /// `ShuffleFs::lookup_node`, with the epoch file's attributes fresh (see `rendered`).
+    pub fn lookup_node(&self, node: Node) -> Result<Entry, FsError> {
+        self.fs.lookup_node(node).map(|e| self.rendered(e))
+    }
+
+    /// Without opens the epoch file is rendered when the kernel asks for its attributes: its
+    /// size is that of its current content, and a new mtime each time makes the kernel drop
+    /// the pages of an older rendering (TTL zero and `FUSE_AUTO_INVAL_DATA` make it ask).
+    fn rendered(&self, e: Entry) -> Entry {
+        if self.opens || e.node != Node::EpochCtl {
+            return e;
+        }
+        match self.fs.open(e.node.ino(), false) {
+            Ok(Opened::Snapshot(bytes)) => {
+                let generation = self.renders.fetch_add(1, Ordering::Relaxed) + 1;
+                Entry {
+                    size: bytes.len() as u64,
+                    mtime: Some(SystemTime::UNIX_EPOCH + Duration::from_nanos(generation)),
+                    ..e
+                }
+            }
+            _ => e,
+        }
+    }
+}
+
+/// The part of `bytes` a read of `size` bytes at `offset` gets.
+fn window(bytes: &[u8], offset: u64, size: u32) -> &[u8] {
+    let start = usize::try_from(offset)
+        .unwrap_or(usize::MAX)
+        .min(bytes.len());
+    let end = start.saturating_add(size as usize).min(bytes.len());
+    &bytes[start..end]
+}
+
+/// Reads up to `size` bytes at `offset`, short only at the end of the file.
+fn read_full(file: &File, offset: u64, size: u32) -> std::io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; size as usize];
+    let mut filled = 0;
+    while filled < buf.len() {
+        match file.read_at(&mut buf[filled..], offset + filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(filled);
+    Ok(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::window;
+
+    #[test]
+    fn windows_stop_at_the_end() {
+        let b = b"0123456789";
+        assert_eq!(window(b, 0, 4), b"0123");
+        assert_eq!(window(b, 8, 4), b"89");
+        assert_eq!(window(b, 10, 4), b"");
+        assert_eq!(window(b, u64::MAX, 4), b"");
+        assert_eq!(window(b, 3, 0), b"");
+    }
+}
