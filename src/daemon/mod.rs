@@ -23,7 +23,7 @@ use crate::cli::{MountArgs, ReadPath, for_rank};
 use crate::comm::{Comm, agree, decide};
 use crate::dataset::manifest::{self, Manifest};
 use crate::dataset::source::DirSource;
-use crate::exchange::{self, ExchangeConfig, ExchangeTracker, MpiCmd};
+use crate::exchange::{self, ExchangeConfig, ExchangeState, ExchangeTracker, MpiCmd};
 use crate::fuse::{FuseAdapter, Invalidated};
 use crate::node::epochs::Epochs;
 use crate::node::resume;
@@ -280,7 +280,7 @@ fn prepare_epoch(
 ) -> Result<(), String> {
     let target = step.next.epoch;
     let report = tracker.wait(target);
-    if report.state != "done" {
+    if report.state != ExchangeState::Done {
         tracing::warn!(target_epoch = target, error = ?report.error, "exchange incomplete; fetching the rest from the source");
     }
     let missing: Vec<_> = step
@@ -516,6 +516,15 @@ pub fn run(
                 }
                 if let Err(e) = exchange::run(comm, &store, &step, cfg, &tracker, &abort) {
                     tracing::error!("{e}");
+                    if e.is_abandoned() {
+                        // MPI may still use the abandoned transfers' buffers and cannot be
+                        // finalized: leave now (the mount is already detached), which makes
+                        // the launcher end the job (the other ranks unmount on its SIGTERM).
+                        tracing::error!(
+                            "exchange abandoned while a peer still expects data; ending the MPI job"
+                        );
+                        std::process::exit(3);
+                    }
                 }
             }
             MpiCmd::Shutdown => break,
