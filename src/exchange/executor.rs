@@ -45,7 +45,7 @@ use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::thread::{self, ScopedJoinHandle};
 use std::time::{Duration, Instant};
 
-use super::frames::{Pool, read_stream, write_stream};
+use super::frames::{Pool, idle_io_priority, read_stream, write_stream};
 use super::schedule::Schedule;
 use super::sizes::{SizedRound, settle};
 use super::{
@@ -368,22 +368,6 @@ fn confirm(
         );
     }
     Ok(failed)
-}
-
-/// Puts the calling thread's disk I/O in the idle class, so training's reads of the current
-/// epoch go first on a scheduler that honours it (mq-deadline, bfq). Best effort.
-pub(super) fn idle_io_priority() {
-    const IOPRIO_WHO_PROCESS: libc::c_long = 1;
-    const IOPRIO_CLASS_IDLE: libc::c_long = 3;
-    // SAFETY: ioprio_set takes plain integers; `who = 0` is the calling thread.
-    unsafe {
-        libc::syscall(
-            libc::SYS_ioprio_set,
-            IOPRIO_WHO_PROCESS,
-            0,
-            IOPRIO_CLASS_IDLE << 13,
-        );
-    }
 }
 
 /// Keeps the average send rate under a cap by sleeping between frames.

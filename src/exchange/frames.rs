@@ -267,3 +267,19 @@ impl Read for FrameReader<'_> {
         Ok(n)
     }
 }
+
+/// Puts the calling thread's disk I/O in the idle class, so training's reads of the current
+/// epoch go first on a scheduler that honours it (mq-deadline, bfq). Best effort.
+pub(super) fn idle_io_priority() {
+    const IOPRIO_WHO_PROCESS: libc::c_long = 1;
+    const IOPRIO_CLASS_IDLE: libc::c_long = 3;
+    // SAFETY: ioprio_set takes plain integers; `who = 0` is the calling thread.
+    unsafe {
+        libc::syscall(
+            libc::SYS_ioprio_set,
+            IOPRIO_WHO_PROCESS,
+            0,
+            IOPRIO_CLASS_IDLE << 13,
+        );
+    }
+}

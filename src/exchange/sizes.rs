@@ -12,7 +12,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::thread;
 
-use super::executor::{Ctx, idle_io_priority};
+use super::executor::Ctx;
+use super::frames::idle_io_priority;
 use super::schedule::{RoundOp, Schedule, Stream};
 use super::{ExchangeError, Phase, Sized};
 use crate::cache::SampleStore;
