@@ -89,7 +89,8 @@ impl MpiComm {
 /// A posted transfer and the buffer it uses.
 type InFlight = (Request<'static, [u8], StaticScope>, Owned);
 
-/// A buffer handed to MPI: the parts of a `Vec` whose allocation nobody else can reach.
+/// A buffer handed to MPI: the parts of a `Vec` whose allocation nobody else can reach. It has
+/// no `Drop`: dropping an `Owned` (what [`MpiComm::abandon`] does) leaks the allocation.
 struct Owned {
     ptr: *mut u8,
     len: usize,
