@@ -1,54 +1,22 @@
 //! Four ranks in one process exchange over `LocalComm` for several epochs and values of Q:
 //! listings partition the dataset, bytes match the source, caches stay within (1+Q) x share.
-//! A fault-injecting transport (random delays that reorder arrivals across peers) and an
-//! unreadable cached sample show the exchange still completes correctly; a cached sample
-//! whose bytes changed on disk is caught by its checksum and never reaches the receiver.
+//! Misbehaving transports (`comm::doubles`: random delays that reorder arrivals across peers,
+//! a capped send rate) and an unreadable cached sample show the exchange still completes
+//! correctly; a cached sample whose bytes changed on disk is caught by its checksum and never
+//! reaches the receiver; a transport that breaks on one rank fails every rank's exchange
+//! with a typed error instead of leaving any of them waiting.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use shufflefs::cache::{CacheDir, FileBackend, SampleStore};
+use shufflefs::comm::doubles::{Delaying, Failing, Slow};
 use shufflefs::comm::{Comm, CommError, LocalComm};
 use shufflefs::dataset::manifest::Manifest;
 use shufflefs::dataset::{SyntheticSource, synthetic_byte};
-use shufflefs::exchange::{self, ExchangeConfig, ExchangeTracker};
-use shufflefs::plan::{Plan, PlanParams, Rank};
-
-/// Wraps a transport and sleeps a pseudo-random while before each operation.
-struct Delaying<C> {
-    inner: C,
-    state: u64,
-}
-
-impl<C: Comm> Comm for Delaying<C> {
-    fn rank(&self) -> Rank {
-        self.inner.rank()
-    }
-    fn size(&self) -> u32 {
-        self.inner.size()
-    }
-    fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, CommError> {
-        self.inner.all_gather(data)
-    }
-    fn broadcast(&mut self, root: Rank, data: Vec<u8>) -> Result<Vec<u8>, CommError> {
-        self.inner.broadcast(root, data)
-    }
-    fn sendrecv(
-        &mut self,
-        tag: u16,
-        send: Option<(Rank, &[u8])>,
-        recv: Option<(Rank, &mut [u8])>,
-        abort: &AtomicBool,
-    ) -> Result<(), CommError> {
-        self.state = self
-            .state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        std::thread::sleep(Duration::from_micros((self.state >> 33) % 1500));
-        self.inner.sendrecv(tag, send, recv, abort)
-    }
-}
+use shufflefs::exchange::{self, ExchangeConfig, ExchangeError, ExchangeState, ExchangeTracker};
+use shufflefs::plan::{Plan, PlanParams};
 
 /// A rank that panics would leave the others waiting at the barrier forever: end the test
 /// process instead (the panic message is printed first).
@@ -109,8 +77,17 @@ enum Fault {
     Flip,
 }
 
+/// What each rank's transport does besides its job.
+#[derive(Clone, Copy, PartialEq)]
+enum Wrap {
+    None,
+    Delaying,
+    /// Sends capped at this many bytes per second.
+    Slow(u64),
+}
+
 /// Runs `epochs` exchanges on 4 ranks, with `fault` injected on rank 0 first.
-fn run_world(fraction: f64, epochs: u64, delays: bool, fault: Fault) {
+fn run_world(fraction: f64, epochs: u64, wrap: Wrap, fault: Fault) {
     let world = 4u32;
     let manifest = manifest(300);
     let plan = Plan::new(PlanParams {
@@ -128,13 +105,10 @@ fn run_world(fraction: f64, epochs: u64, delays: bool, fault: Fault) {
             std::thread::spawn(move || {
                 let _guard = AbortOnPanic;
                 let me = comm.rank();
-                let mut comm: Box<dyn Comm> = if delays {
-                    Box::new(Delaying {
-                        inner: comm,
-                        state: u64::from(me) + 1,
-                    })
-                } else {
-                    Box::new(comm)
+                let mut comm: Box<dyn Comm> = match wrap {
+                    Wrap::None => Box::new(comm),
+                    Wrap::Delaying => Box::new(Delaying::new(comm, u64::from(me) + 1)),
+                    Wrap::Slow(rate) => Box::new(Slow::new(comm, rate)),
                 };
                 let dir = tempfile::tempdir().unwrap();
                 let source = Arc::new(SyntheticSource {
@@ -157,6 +131,7 @@ fn run_world(fraction: f64, epochs: u64, delays: bool, fault: Fault) {
                 let cfg = ExchangeConfig {
                     rate: None,
                     frame: 4096,
+                    ..ExchangeConfig::default()
                 };
                 let mut listings = Vec::new();
                 for _ in 0..epochs {
@@ -204,7 +179,7 @@ fn run_world(fraction: f64, epochs: u64, delays: bool, fault: Fault) {
                         "rank {me}: cache should hold exactly the share after eviction"
                     );
                     let report = tracker.snapshot().into_iter().last().unwrap();
-                    assert_eq!(report.state, "done");
+                    assert_eq!(report.state, ExchangeState::Done);
                     // A sample that failed arrives as bytes but is not counted as received.
                     assert!(report.samples_received <= report.samples_to_receive);
                     assert!(
@@ -264,23 +239,28 @@ fn run_world(fraction: f64, epochs: u64, delays: bool, fault: Fault) {
 #[test]
 fn exchange_partitions_and_moves_bytes_exactly() {
     for q in [0.0, 0.3, 1.0] {
-        run_world(q, 3, false, Fault::None);
+        run_world(q, 3, Wrap::None, Fault::None);
     }
 }
 
 #[test]
 fn exchange_survives_delays_and_reordering() {
-    run_world(0.5, 3, true, Fault::None);
+    run_world(0.5, 3, Wrap::Delaying, Fault::None);
+}
+
+#[test]
+fn exchange_completes_over_a_slow_link() {
+    run_world(0.5, 2, Wrap::Slow(4 << 20), Fault::None);
 }
 
 #[test]
 fn unreadable_sample_is_reported_and_refetched() {
-    run_world(0.5, 2, false, Fault::Vanish);
+    run_world(0.5, 2, Wrap::None, Fault::Vanish);
 }
 
 #[test]
 fn corrupt_cached_sample_is_caught_by_its_checksum() {
-    run_world(0.5, 2, false, Fault::Flip);
+    run_world(0.5, 2, Wrap::None, Fault::Flip);
 }
 
 /// Rank 2 cannot write its cache (its temp folder is gone) during a 4-rank exchange: it
@@ -320,6 +300,7 @@ fn a_rank_whose_disk_fails_does_not_stall_the_others() {
             let cfg = ExchangeConfig {
                 rate: None,
                 frame: 4096,
+                ..ExchangeConfig::default()
             };
             let tracker = ExchangeTracker::default();
             let result = exchange::run(
@@ -351,9 +332,100 @@ fn a_rank_whose_disk_fails_does_not_stall_the_others() {
     for (rank, result) in results {
         if rank == 2 {
             let e = result.expect_err("rank 2 cannot store what it receives");
-            assert!(e.contains("storing received sample"), "{e}");
+            assert!(matches!(e, ExchangeError::Store { .. }), "{e}");
         } else {
             result.unwrap();
+        }
+    }
+}
+
+/// Rank 1's link breaks (on its fifth transfer, in the first data round, or once it has sent
+/// a few kilobytes): its exchange fails with the transport's error, and every other rank,
+/// waiting on rank 1 directly or on a rank that waited on it, ends with a transport error
+/// too (rank 1 is gone) instead of waiting forever.
+#[test]
+fn a_broken_link_on_one_rank_fails_every_exchange_without_a_hang() {
+    for budget in [None, Some(5_000)] {
+        let world = 4u32;
+        let manifest = manifest(200);
+        let plan = Plan::new(PlanParams {
+            samples: manifest.len(),
+            world,
+            fraction: 1.0,
+            seed: 11,
+        })
+        .unwrap();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        for comm in LocalComm::world(world) {
+            let (manifest, plan, done_tx) = (manifest.clone(), plan.clone(), done_tx.clone());
+            std::thread::spawn(move || {
+                let _guard = AbortOnPanic;
+                let me = comm.rank();
+                let mut comm: Box<dyn Comm> = match (me, budget) {
+                    (1, None) => Box::new(Failing::at_transfer(comm, 4)),
+                    (1, Some(bytes)) => Box::new(Failing::after_bytes(comm, bytes)),
+                    _ => Box::new(comm),
+                };
+                let dir = tempfile::tempdir().unwrap();
+                let source = Arc::new(SyntheticSource {
+                    manifest: manifest.clone(),
+                });
+                let store = SampleStore::new(CacheDir::open(dir.path()).unwrap(), manifest, source)
+                    .unwrap();
+                let cur = plan.initial();
+                for &id in cur.share(me) {
+                    store.ensure(id).unwrap();
+                }
+                let cfg = ExchangeConfig {
+                    frame: 1024,
+                    ..ExchangeConfig::default()
+                };
+                let tracker = ExchangeTracker::default();
+                let abort = AtomicBool::new(false);
+                let result = exchange::run(
+                    comm.as_mut(),
+                    &store,
+                    &plan.step(&cur),
+                    cfg,
+                    &tracker,
+                    &abort,
+                );
+                // Leaving disconnects this rank, as a process that ends does.
+                drop(comm);
+                let state = tracker.snapshot().last().unwrap().state;
+                done_tx.send((me, result, state)).unwrap();
+            });
+        }
+        drop(done_tx);
+        for _ in 0..world {
+            let (rank, result, state) = done_rx
+                .recv_timeout(Duration::from_secs(60))
+                .expect("every rank ends its exchange (none is left waiting)");
+            let e = result.expect_err("no exchange succeeds without rank 1");
+            assert_eq!(state, ExchangeState::Failed);
+            if rank == 1 {
+                assert!(
+                    matches!(
+                        e,
+                        ExchangeError::Comm {
+                            source: CommError::Injected(_),
+                            ..
+                        }
+                    ),
+                    "rank 1: {e}"
+                );
+            } else {
+                assert!(
+                    matches!(
+                        e,
+                        ExchangeError::Comm {
+                            source: CommError::PeerGone(_),
+                            ..
+                        }
+                    ),
+                    "rank {rank}: {e}"
+                );
+            }
         }
     }
 }
@@ -420,6 +492,7 @@ fn sizes_unknown_until_read_still_move_exactly() {
                 let cfg = ExchangeConfig {
                     rate: None,
                     frame: 1000,
+                    ..ExchangeConfig::default()
                 };
                 exchange::run(
                     &mut comm,
@@ -507,6 +580,15 @@ fn a_shutdown_interrupts_an_exchange_whose_peer_went_silent() {
         .recv_timeout(Duration::from_secs(20))
         .expect("the exchange gives up once the daemon shuts down");
     let e = result.expect_err("an abandoned exchange is an error");
-    assert!(e.contains("shutting down"), "{e}");
-    assert_eq!(reports.last().unwrap().state, "failed");
+    assert!(
+        matches!(
+            e,
+            ExchangeError::Comm {
+                source: CommError::Aborted,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(reports.last().unwrap().state, ExchangeState::Failed);
 }

@@ -202,3 +202,36 @@ fn df_shows_the_cache_filesystem() {
     assert!(total > 0, "df shows a size: {line}");
     d.unmount().assert_clean();
 }
+
+/// A sample shows its source file's modification time (tools that compare times, such as
+/// rsync, make and loaders' caches, then behave), and keeps it across a remount.
+#[test]
+fn samples_show_their_source_files_times() {
+    if !require_fuse() {
+        return;
+    }
+    let data = standard_dataset();
+    let when = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_600_000_000);
+    for s in &data.samples {
+        let f = File::options()
+            .write(true)
+            .open(data.root.join(s.rel()))
+            .unwrap();
+        f.set_modified(when).unwrap();
+    }
+    let (mnt, cache) = (data.dir("mnt"), data.path("cache"));
+    for round in ["first mount", "remount"] {
+        let d = Daemon::mount(&data.root, &cache, &mnt, &[]);
+        let listed: Vec<_> = std::fs::read_dir(mnt.join("epoch-0"))
+            .unwrap()
+            .flat_map(|class| std::fs::read_dir(class.unwrap().path()).unwrap())
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert!(!listed.is_empty());
+        for path in &listed {
+            let mtime = std::fs::metadata(path).unwrap().modified().unwrap();
+            assert_eq!(mtime, when, "{round}: {}", path.display());
+        }
+        d.unmount().assert_clean();
+    }
+}

@@ -174,9 +174,20 @@ impl SampleStore {
         let nanos = mtime
             .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
             .map_or(0, |d| d.as_nanos().min(u128::from(u64::MAX)) as u64);
+        self.learn_mtime_nanos(id, nanos);
+    }
+
+    /// [`learn_mtime`](Self::learn_mtime) in nanoseconds since 1970; 0 (unknown) is ignored.
+    pub fn learn_mtime_nanos(&self, id: SampleId, nanos: u64) {
         if nanos != 0 {
             self.mtimes[id as usize].store(nanos, Ordering::Relaxed);
         }
+    }
+
+    /// Sample `id`'s source time in nanoseconds since 1970, 0 if not known (what the
+    /// exchange sends with its size).
+    pub fn mtime_nanos(&self, id: SampleId) -> u64 {
+        self.mtimes[id as usize].load(Ordering::Relaxed)
     }
 
     /// Sample `id`'s size, fetching the sample from the source first if it is not known.
@@ -206,18 +217,16 @@ impl SampleStore {
         if self.contains(id) {
             return Ok(()); // whoever held the claim wrote it
         }
-        let mut mtime = None;
         let result = self.write_claimed(&claim, |out| {
-            mtime = self.source.copy_to(id, out)?.mtime;
+            // Learned before the commit, which records it with the bytes.
+            self.learn_mtime(id, self.source.copy_to(id, out)?.mtime);
             Ok(None)
         });
         match &result {
-            Ok(_) => {
-                self.learn_mtime(id, mtime);
-                self.stats
-                    .fetched_from_source
-                    .fetch_add(1, Ordering::Relaxed)
-            }
+            Ok(_) => self
+                .stats
+                .fetched_from_source
+                .fetch_add(1, Ordering::Relaxed),
             Err(_) => self.stats.source_errors.fetch_add(1, Ordering::Relaxed),
         };
         result.map(|_| ()).map_err(|e| {

@@ -4,31 +4,53 @@
 //! runs the same collectives in the same order and each pair's channel is FIFO, no matching
 //! beyond "next message from that peer" is needed. Point-to-point messages carry a tag and
 //! are parked per (peer, tag) until asked for, so interleaved tags work as under MPI.
+//!
+//! Sub-communicators ([`Comm::split`]) are new worlds of their own. Channels cannot carry
+//! endpoints, so the endpoints of one world share a registry: the lowest rank of each color
+//! builds the sub-world, leaves its endpoints there and tells the others (over the parent's
+//! channels) to collect theirs. The registry holds nothing between splits, so a rank that
+//! drops its endpoint still disconnects its peers (they see `PeerGone`), as before.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use super::{Comm, CommError};
+use super::{Batch, Comm, CommError, host_indices};
 use crate::plan::Rank;
 
 /// Tag reserved for collectives.
 const COLLECTIVE: u16 = u16::MAX;
-/// How often a waiting `sendrecv` looks at its abort flag.
+/// How often a waiting receive looks at its abort flag.
 const POLL: Duration = Duration::from_millis(20);
+
+/// Sub-world endpoints waiting to be collected, by (split number, color).
+type Pending = HashMap<(u64, u32), Vec<Option<LocalComm>>>;
+type Registry = Arc<Mutex<Pending>>;
 
 pub struct LocalComm {
     rank: Rank,
+    hosts: Vec<u32>,
     to: Vec<Sender<(u16, Vec<u8>)>>,
     from: Vec<Receiver<(u16, Vec<u8>)>>,
     parked: HashMap<(Rank, u16), VecDeque<Vec<u8>>>,
+    registry: Registry,
+    /// Splits done so far: the same on every rank, as splits are collective.
+    splits: u64,
 }
 
 impl LocalComm {
-    /// Builds the `size` endpoints of one world; hand one to each thread.
+    /// Builds the `size` endpoints of one world, all on host 0; hand one to each thread.
     pub fn world(size: u32) -> Vec<LocalComm> {
-        let n = size as usize;
+        LocalComm::world_on_hosts(&vec![0; size as usize])
+    }
+
+    /// Builds one world with rank `r` on host `hosts[r]` (renumbered by first appearance).
+    pub fn world_on_hosts(hosts: &[u32]) -> Vec<LocalComm> {
+        let n = hosts.len();
+        let hosts = host_indices(hosts);
+        let registry = Registry::default();
         // pipes[a][b] carries a -> b.
         let mut senders: Vec<Vec<Option<Sender<_>>>> =
             (0..n).map(|_| (0..n).map(|_| None).collect()).collect();
@@ -47,9 +69,12 @@ impl LocalComm {
             .enumerate()
             .map(|(r, (to, from))| LocalComm {
                 rank: r as Rank,
+                hosts: hosts.clone(),
                 to: to.into_iter().map(Option::unwrap).collect(),
                 from: from.into_iter().map(Option::unwrap).collect(),
                 parked: HashMap::new(),
+                registry: registry.clone(),
+                splits: 0,
             })
             .collect()
     }
@@ -91,6 +116,10 @@ impl LocalComm {
     }
 }
 
+fn lock(registry: &Registry) -> MutexGuard<'_, Pending> {
+    registry.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 impl Comm for LocalComm {
     fn rank(&self) -> Rank {
         self.rank
@@ -98,6 +127,10 @@ impl Comm for LocalComm {
 
     fn size(&self) -> u32 {
         self.to.len() as u32
+    }
+
+    fn hosts(&self) -> &[u32] {
+        &self.hosts
     }
 
     fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, CommError> {
@@ -120,30 +153,67 @@ impl Comm for LocalComm {
         }
     }
 
-    fn sendrecv(
+    fn split(&mut self, color: u32) -> Result<Box<dyn Comm>, CommError> {
+        let key = (self.splits, color);
+        self.splits += 1;
+        let colors: Vec<u32> = self
+            .all_gather(&color.to_le_bytes())?
+            .iter()
+            .map(|c| u32::from_le_bytes(c[..].try_into().expect("4 bytes")))
+            .collect();
+        let members: Vec<Rank> = (0..self.size())
+            .filter(|&r| colors[r as usize] == color)
+            .collect();
+        let leader = members[0];
+        if self.rank == leader {
+            let hosts: Vec<u32> = members.iter().map(|&r| self.hosts[r as usize]).collect();
+            let endpoints = LocalComm::world_on_hosts(&hosts);
+            lock(&self.registry).insert(key, endpoints.into_iter().map(Some).collect());
+            for &peer in &members[1..] {
+                self.raw_send(peer, COLLECTIVE, Vec::new())?;
+            }
+        } else {
+            self.raw_recv(leader, COLLECTIVE, None)?;
+        }
+        let me = members
+            .iter()
+            .position(|&r| r == self.rank)
+            .expect("member");
+        let mut registry = lock(&self.registry);
+        let slots = registry
+            .get_mut(&key)
+            .expect("the leader registered the split");
+        let mine = slots[me].take().expect("each endpoint is collected once");
+        if slots.iter().all(Option::is_none) {
+            registry.remove(&key);
+        }
+        Ok(Box::new(mine))
+    }
+
+    fn transfer(
         &mut self,
         tag: u16,
-        send: Option<(Rank, &[u8])>,
-        recv: Option<(Rank, &mut [u8])>,
+        mut batch: Batch,
         abort: &AtomicBool,
-    ) -> Result<(), CommError> {
+    ) -> Result<Batch, CommError> {
         assert_ne!(tag, COLLECTIVE, "tag {COLLECTIVE} is reserved");
-        // Channels never block the sender, so sending first cannot deadlock here.
-        if let Some((to, data)) = send {
-            self.raw_send(to, tag, data.to_vec())?;
+        // Channels never block the sender, so sending everything first cannot deadlock, and
+        // a message waits in its channel until its receive comes round.
+        for (to, data) in &batch.sends {
+            self.raw_send(*to, tag, data.clone())?;
         }
-        if let Some((from, buf)) = recv {
-            let msg = self.raw_recv(from, tag, Some(abort))?;
+        for (from, buf) in &mut batch.recvs {
+            let msg = self.raw_recv(*from, tag, Some(abort))?;
             if msg.len() != buf.len() {
-                return Err(CommError::Mpi(format!(
-                    "expected {} bytes from rank {from}, got {}",
-                    buf.len(),
-                    msg.len()
-                )));
+                return Err(CommError::Length {
+                    from: *from,
+                    expected: buf.len(),
+                    got: msg.len(),
+                });
             }
-            buf.copy_from_slice(&msg);
+            *buf = msg;
         }
-        Ok(())
+        Ok(batch)
     }
 }
 
@@ -159,6 +229,7 @@ mod tests {
             .map(|mut c| {
                 std::thread::spawn(move || {
                     let me = c.rank();
+                    assert_eq!(c.hosts(), [0, 0, 0, 0]);
                     let all = c.all_gather(&[me as u8]).unwrap();
                     assert_eq!(all, vec![vec![0], vec![1], vec![2], vec![3]]);
                     let b = c.broadcast(2, vec![me as u8; 3]).unwrap();
@@ -187,6 +258,60 @@ mod tests {
                     )
                     .unwrap();
                     assert_eq!(got, [prev as u8, 7]);
+                    // Everyone to everyone in one batch.
+                    let others: Vec<Rank> = (0..4).filter(|&p| p != me).collect();
+                    let payload = [me as u8; 5];
+                    let sends: Vec<_> = others.iter().map(|&p| (p, &payload[..])).collect();
+                    let mut bufs = vec![[0u8; 5]; 3];
+                    let mut recvs: Vec<_> = others
+                        .iter()
+                        .copied()
+                        .zip(bufs.iter_mut().map(|b| &mut b[..]))
+                        .collect();
+                    c.sendrecv_many(2, &sends, &mut recvs, &abort).unwrap();
+                    for (p, b) in others.iter().zip(&bufs) {
+                        assert_eq!(*b, [*p as u8; 5]);
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().for_each(|h| h.join().unwrap());
+    }
+
+    /// Four ranks on two hosts split by parity: each pair runs collectives and a sendrecv
+    /// of its own, numbered in parent order, with the hosts carried over.
+    #[test]
+    fn split_into_two_groups() {
+        let handles: Vec<_> = LocalComm::world_on_hosts(&[7, 7, 3, 3])
+            .into_iter()
+            .map(|mut c| {
+                std::thread::spawn(move || {
+                    let me = c.rank();
+                    assert_eq!(c.hosts(), [0, 0, 1, 1]);
+                    let mut sub = c.split(me % 2).unwrap();
+                    assert_eq!(sub.size(), 2);
+                    assert_eq!(sub.rank(), me / 2);
+                    assert_eq!(sub.hosts(), [0, 1]);
+                    let all = sub.all_gather(&[me as u8]).unwrap();
+                    assert_eq!(all, vec![vec![(me % 2) as u8], vec![(me % 2 + 2) as u8]]);
+                    let b = sub.broadcast(1, vec![me as u8]).unwrap();
+                    assert_eq!(b, vec![(me % 2 + 2) as u8]);
+                    let other = 1 - sub.rank();
+                    let mut got = [0u8; 1];
+                    let abort = AtomicBool::new(false);
+                    sub.sendrecv(
+                        3,
+                        Some((other, &[me as u8])),
+                        Some((other, &mut got)),
+                        &abort,
+                    )
+                    .unwrap();
+                    assert_eq!(got[0] as u32, (me + 2) % 4);
+                    // The parent still works, and a second split gets a world of its own.
+                    assert_eq!(c.all_gather(&[]).unwrap().len(), 4);
+                    let mut whole = c.split(0).unwrap();
+                    assert_eq!((whole.rank(), whole.size()), (me, 4));
+                    assert_eq!(whole.all_gather(&[1]).unwrap().len(), 4);
                 })
             })
             .collect();

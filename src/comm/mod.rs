@@ -1,13 +1,31 @@
 //! Talking to the other ranks.
 //!
 //! `Comm` is everything the daemon asks of MPI: collectives at setup (agree on settings,
-//! ship the manifest) and, for the exchange, point-to-point messages with known lengths.
+//! ship the manifest), groups (which ranks share a host, sub-communicators) for strategies
+//! that treat on-node and off-node links differently, and, for the exchange, point-to-point
+//! messages with known lengths, several peers in flight at once.
 //! `LocalComm` runs M ranks as threads of one process over channels, so tests exercise the
-//! same code paths as `mpirun` without it; `MpiComm` is the real thing.
+//! same code paths as `mpirun` without it; `MpiComm` is the real thing; [`doubles`] wraps
+//! either to delay, slow down or break it.
 //!
 //! Exactly one thread owns a `Comm` (the daemon's main thread, see `daemon.rs`): MPI is
 //! initialised with `Threading::Funneled` and every other thread reaches it through channels.
+//! That is also why [`Comm::split`] hands back a `Box<dyn Comm>` without `Send`: an MPI
+//! sub-communicator may only be used by the thread that owns MPI.
+//!
+//! # Giving up
+//! Point-to-point waits watch an abort flag, so a shutdown can interrupt an exchange whose
+//! peer went away. What giving up costs depends on the transport, and the error says which:
+//! - [`CommError::Aborted`]: nothing is left in flight; the transport is still sound (the
+//!   protocol with that peer is not: the caller treats the exchange as failed).
+//! - [`CommError::Abandoned`]: MPI cannot withdraw a posted transfer, so the transport kept
+//!   the buffers of the transfers still in flight (leaked, MPI may still use them) and will
+//!   refuse every later point-to-point call. Such a process must not finalize MPI (it would
+//!   wait for transfers that never end); `MpiComm` makes sure it does not, and the caller
+//!   should end the process soon (the daemon exits with code 3, which makes the launcher end
+//!   the job: the other ranks unmount on its SIGTERM).
 
+pub mod doubles;
 mod local;
 mod mpi;
 
@@ -24,29 +42,134 @@ pub enum CommError {
     Mpi(String),
     #[error("peer rank {0} went away")]
     PeerGone(Rank),
-    #[error("abandoned: the daemon is shutting down")]
+    #[error("expected {expected} bytes from rank {from}, got {got}")]
+    Length {
+        from: Rank,
+        expected: usize,
+        got: usize,
+    },
+    /// Gave up on the abort flag with nothing left in flight.
+    #[error("gave up: the daemon is shutting down")]
     Aborted,
+    /// Gave up on the abort flag with transfers still in flight: see the module docs.
+    #[error(
+        "gave up with transfers in flight: the daemon is shutting down and this transport cannot be finalized"
+    )]
+    Abandoned,
+    /// A fault injected by a test double ([`doubles::Failing`]).
+    #[error("injected fault: {0}")]
+    Injected(String),
+}
+
+/// Point-to-point messages in flight together: what to send to whom, and for each expected
+/// message its sender and a buffer of exactly its length. Buffers are owned so that a
+/// transport that must give up mid-transfer can keep them instead of leaving MPI writing into
+/// freed memory; on success they come back (received ones filled) in the same order, for reuse.
+#[derive(Debug, Default)]
+pub struct Batch {
+    pub sends: Vec<(Rank, Vec<u8>)>,
+    pub recvs: Vec<(Rank, Vec<u8>)>,
 }
 
 pub trait Comm {
     fn rank(&self) -> Rank;
     fn size(&self) -> u32;
+    /// The host of each rank (indices in order of first appearance, so rank 0 is on host 0),
+    /// the same list on every rank.
+    fn hosts(&self) -> &[u32];
     /// Every rank contributes `data`; every rank gets all contributions in rank order.
     fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, CommError>;
     /// `root`'s `data` (ignored elsewhere) reaches every rank.
     fn broadcast(&mut self, root: Rank, data: Vec<u8>) -> Result<Vec<u8>, CommError>;
+    /// Collective: the ranks that pass the same `color` form a new communicator, numbered
+    /// in their order here. Hosts carry over (renumbered by first appearance).
+    fn split(&mut self, color: u32) -> Result<Box<dyn Comm>, CommError>;
+    /// Moves a batch of point-to-point messages, all in flight at once: every receive is
+    /// posted before any send, so ranks that pair up in any pattern where each send has its
+    /// receive in the peer's batch of the same step cannot deadlock. Messages of one pair and
+    /// tag arrive in order. Each message is at most 1 GiB.
+    ///
+    /// Gives up once `abort` is set: [`CommError::Aborted`] or [`CommError::Abandoned`], see
+    /// the module docs for what the caller must do after the latter.
+    fn transfer(&mut self, tag: u16, batch: Batch, abort: &AtomicBool) -> Result<Batch, CommError>;
+
+    /// [`Comm::transfer`] on borrowed buffers (copied in and out).
+    fn sendrecv_many(
+        &mut self,
+        tag: u16,
+        sends: &[(Rank, &[u8])],
+        recvs: &mut [(Rank, &mut [u8])],
+        abort: &AtomicBool,
+    ) -> Result<(), CommError> {
+        let batch = Batch {
+            sends: sends.iter().map(|&(to, d)| (to, d.to_vec())).collect(),
+            recvs: recvs
+                .iter()
+                .map(|(from, b)| (*from, vec![0; b.len()]))
+                .collect(),
+        };
+        let done = self.transfer(tag, batch, abort)?;
+        for ((_, buf), (_, got)) in recvs.iter_mut().zip(done.recvs) {
+            buf.copy_from_slice(&got);
+        }
+        Ok(())
+    }
+
     /// Sends `send` to one rank while receiving exactly `recv.len()` bytes from another
     /// (either side may be absent), like `MPI_Sendrecv`: the receive is posted before the
     /// send, so ranks pairing up in a shift (`to = r+d`, `from = r-d`) cannot deadlock.
-    /// Messages of one pair and tag arrive in order. Each message is at most 1 GiB.
-    /// Gives up with `CommError::Aborted` once `abort` is set.
     fn sendrecv(
         &mut self,
         tag: u16,
         send: Option<(Rank, &[u8])>,
         recv: Option<(Rank, &mut [u8])>,
         abort: &AtomicBool,
-    ) -> Result<(), CommError>;
+    ) -> Result<(), CommError> {
+        let sends: Vec<_> = send.into_iter().collect();
+        let mut recvs: Vec<_> = recv.into_iter().collect();
+        self.sendrecv_many(tag, &sends, &mut recvs, abort)
+    }
+}
+
+/// So a boxed transport (a sub-communicator, say) can be wrapped by a double.
+impl<C: Comm + ?Sized> Comm for Box<C> {
+    fn rank(&self) -> Rank {
+        (**self).rank()
+    }
+    fn size(&self) -> u32 {
+        (**self).size()
+    }
+    fn hosts(&self) -> &[u32] {
+        (**self).hosts()
+    }
+    fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, CommError> {
+        (**self).all_gather(data)
+    }
+    fn broadcast(&mut self, root: Rank, data: Vec<u8>) -> Result<Vec<u8>, CommError> {
+        (**self).broadcast(root, data)
+    }
+    fn split(&mut self, color: u32) -> Result<Box<dyn Comm>, CommError> {
+        (**self).split(color)
+    }
+    fn transfer(&mut self, tag: u16, batch: Batch, abort: &AtomicBool) -> Result<Batch, CommError> {
+        (**self).transfer(tag, batch, abort)
+    }
+}
+
+/// Host indices for per-rank host names: equal names share an index, numbered in order of
+/// first appearance.
+pub fn host_indices<T: PartialEq>(names: &[T]) -> Vec<u32> {
+    let mut seen: Vec<&T> = Vec::new();
+    names
+        .iter()
+        .map(|n| match seen.iter().position(|s| *s == n) {
+            Some(i) => i as u32,
+            None => {
+                seen.push(n);
+                (seen.len() - 1) as u32
+            }
+        })
+        .collect()
 }
 
 /// The world of one, for a daemon started without a launcher.

@@ -1,17 +1,31 @@
 //! `Comm` over MPI (rsmpi). Only built into a process started by `mpirun`/`srun`.
 //!
-//! MPI counts are 32-bit, so every transfer is split into chunks of at most `CHUNK` bytes;
-//! both sides know the total length in advance (from the plan and the manifest), so the
-//! receiver can post matching chunked receives without any size handshake.
+//! MPI counts are 32-bit, so collectives split their data into chunks of at most `CHUNK`
+//! bytes; both sides know the total length in advance (from the plan and the manifest), so
+//! the receiver can post matching chunked receives without any size handshake.
+//!
+//! Point-to-point transfers run on buffers MPI owns: [`Batch`] hands them over by value, each
+//! is turned into a `'static` slice for rsmpi's `StaticScope`, and it becomes a `Vec` again
+//! only once MPI reports its transfer complete. That is what lets a transfer be given up
+//! soundly: MPI cannot withdraw a posted transfer, so a batch abandoned on the abort flag
+//! leaks its pending buffers (and requests) rather than free memory MPI may still write, and
+//! the communicator then refuses further point-to-point calls and never finalizes MPI (see
+//! the parent module's docs on `CommError::Abandoned`). The abort flag is looked at only
+//! while waiting, that is with transfers in flight, so this transport never answers
+//! `CommError::Aborted`: a rank that stops mid-exchange leaves peers that wait on it, and
+//! ending the job (which `Abandoned` leads to) is what frees them.
 
+use std::cell::Cell;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use mpi::Threading;
 use mpi::environment::Universe;
-use mpi::topology::SimpleCommunicator;
+use mpi::request::{Request, StaticScope};
+use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::*;
 
-use super::{Comm, CommError};
+use super::{Batch, Comm, CommError, host_indices};
 use crate::plan::Rank;
 
 const CHUNK: usize = 1 << 30;
@@ -24,13 +38,17 @@ pub fn launched_by_mpi() -> bool {
 }
 
 pub struct MpiComm {
-    world: SimpleCommunicator,
-    // Dropped last: finalizes MPI.
-    _universe: Universe,
+    comm: SimpleCommunicator,
+    hosts: Vec<u32>,
+    /// Set once a transfer was abandoned, in this communicator or any split from it.
+    abandoned: Rc<Cell<bool>>,
+    /// Dropped with the last communicator: finalizes MPI (never, once abandoned).
+    universe: Rc<Universe>,
 }
 
 impl MpiComm {
     /// Initialises MPI on the calling thread, which must be the only one that ever uses it.
+    /// Collective: the ranks learn which of them share a host (by processor name).
     pub fn init() -> Result<MpiComm, CommError> {
         let (universe, granted) = mpi::initialize_with_threading(Threading::Funneled)
             .ok_or_else(|| CommError::Mpi("MPI was already initialised".into()))?;
@@ -39,25 +57,87 @@ impl MpiComm {
                 "MPI granted threading level {granted:?}, shufflefs needs Funneled"
             )));
         }
-        Ok(MpiComm {
-            world: universe.world(),
-            _universe: universe,
-        })
+        let mut comm = MpiComm {
+            comm: universe.world(),
+            hosts: Vec::new(),
+            abandoned: Rc::default(),
+            universe: Rc::new(universe),
+        };
+        let name = mpi::environment::processor_name()
+            .map_err(|e| CommError::Mpi(format!("processor name: {e}")))?;
+        let names = comm.all_gather(name.as_bytes())?;
+        comm.hosts = host_indices(&names);
+        Ok(comm)
+    }
+
+    /// Gives up the transfers still pending: their requests and buffers are leaked (MPI may
+    /// still use them), and MPI is never finalized.
+    fn abandon(&self, pending: Vec<InFlight>) {
+        for (request, _buffer) in pending {
+            // Dropping a pending request panics in rsmpi; forgetting it leaves it to MPI.
+            std::mem::forget(request);
+        }
+        if !self.abandoned.replace(true) {
+            // An extra reference that is never dropped: `MPI_Finalize` would wait forever on
+            // the abandoned transfers, so the process must end without it.
+            std::mem::forget(self.universe.clone());
+        }
+        tracing::error!("a transfer was abandoned while a peer still expected data");
+    }
+}
+
+/// A posted transfer and the buffer it uses.
+type InFlight = (Request<'static, [u8], StaticScope>, Owned);
+
+/// A buffer handed to MPI: the parts of a `Vec` whose allocation nobody else can reach. It has
+/// no `Drop`: dropping an `Owned` (what [`MpiComm::abandon`] does) leaks the allocation.
+struct Owned {
+    ptr: *mut u8,
+    len: usize,
+    cap: usize,
+}
+
+impl Owned {
+    /// Takes `buf` over; its memory stays allocated until [`Owned::into_vec`], so a leaked
+    /// `Owned` keeps it allocated forever.
+    fn new(buf: Vec<u8>) -> (Owned, &'static mut [u8]) {
+        let cap = buf.capacity();
+        let slice: &'static mut [u8] = buf.leak();
+        let owned = Owned {
+            ptr: slice.as_mut_ptr(),
+            len: slice.len(),
+            cap,
+        };
+        (owned, slice)
+    }
+
+    /// # Safety
+    /// The `'static` slice [`Owned::new`] returned must no longer be in use (its transfer
+    /// completed).
+    unsafe fn into_vec(self) -> Vec<u8> {
+        // SAFETY: `ptr`, `len` and `cap` come from a `Vec<u8>` leaked in `new` and not
+        // reclaimed since (`into_vec` consumes `self`); the caller promises that the slice
+        // derived from it is dead, so this `Vec` is the only way to the allocation.
+        unsafe { Vec::from_raw_parts(self.ptr, self.len, self.cap) }
     }
 }
 
 impl Comm for MpiComm {
     fn rank(&self) -> Rank {
-        self.world.rank() as Rank
+        self.comm.rank() as Rank
     }
 
     fn size(&self) -> u32 {
-        self.world.size() as u32
+        self.comm.size() as u32
+    }
+
+    fn hosts(&self) -> &[u32] {
+        &self.hosts
     }
 
     fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, CommError> {
         let mut lens = vec![0u64; self.size() as usize];
-        self.world
+        self.comm
             .all_gather_into(&(data.len() as u64), &mut lens[..]);
         let mut out = Vec::with_capacity(lens.len());
         for (root, len) in lens.into_iter().enumerate() {
@@ -67,9 +147,7 @@ impl Comm for MpiComm {
                 vec![0u8; len as usize]
             };
             for chunk in buf.chunks_mut(CHUNK) {
-                self.world
-                    .process_at_rank(root as i32)
-                    .broadcast_into(chunk);
+                self.comm.process_at_rank(root as i32).broadcast_into(chunk);
             }
             out.push(buf);
         }
@@ -77,7 +155,7 @@ impl Comm for MpiComm {
     }
 
     fn broadcast(&mut self, root: Rank, data: Vec<u8>) -> Result<Vec<u8>, CommError> {
-        let root_proc = self.world.process_at_rank(root as i32);
+        let root_proc = self.comm.process_at_rank(root as i32);
         let mut len = data.len() as u64;
         root_proc.broadcast_into(&mut len);
         let mut buf = if self.rank() == root {
@@ -91,55 +169,93 @@ impl Comm for MpiComm {
         Ok(buf)
     }
 
-    fn sendrecv(
-        &mut self,
-        tag: u16,
-        send: Option<(Rank, &[u8])>,
-        recv: Option<(Rank, &mut [u8])>,
-        abort: &AtomicBool,
-    ) -> Result<(), CommError> {
+    fn split(&mut self, color: u32) -> Result<Box<dyn Comm>, CommError> {
+        let color = i32::try_from(color)
+            .map_err(|_| CommError::Mpi(format!("color {color} is out of MPI's range")))?;
+        let comm = self
+            .comm
+            .split_by_color(Color::with_value(color))
+            .ok_or_else(|| CommError::Mpi("split gave no communicator".into()))?;
+        let mut sub = MpiComm {
+            comm,
+            hosts: Vec::new(),
+            abandoned: self.abandoned.clone(),
+            universe: self.universe.clone(),
+        };
+        let mine = self.hosts[self.rank() as usize];
+        let parent_hosts = sub.all_gather(&mine.to_le_bytes())?;
+        sub.hosts = host_indices(&parent_hosts);
+        Ok(Box::new(sub))
+    }
+
+    fn transfer(&mut self, tag: u16, batch: Batch, abort: &AtomicBool) -> Result<Batch, CommError> {
+        if self.abandoned.get() {
+            return Err(CommError::Abandoned);
+        }
         let tag = i32::from(tag);
-        let world = &self.world;
-        mpi::request::scope(|scope| {
-            let mut rreq = recv.map(|(from, buf)| {
-                world
-                    .process_at_rank(from as i32)
-                    .immediate_receive_into_with_tag(scope, buf, tag)
-            });
-            let mut sreq = send.map(|(to, data)| {
-                world
-                    .process_at_rank(to as i32)
-                    .immediate_send_with_tag(scope, data, tag)
-            });
-            // Poll rather than block, so a shutdown can interrupt a peer that never answers.
-            let mut idle = 0u32;
-            while rreq.is_some() || sreq.is_some() {
-                let before = (rreq.is_some(), sreq.is_some());
-                rreq = rreq.and_then(|r| r.test().err());
-                sreq = sreq.and_then(|r| r.test().err());
-                if (rreq.is_some(), sreq.is_some()) != before {
-                    idle = 0;
+        let n_recv = batch.recvs.len();
+        // Receives first, so any pattern of ranks whose sends meet posted receives completes.
+        let mut pending: Vec<Option<InFlight>> = Vec::new();
+        let mut peers = Vec::new();
+        for (from, buf) in batch.recvs {
+            let (owned, slice) = Owned::new(buf);
+            let request = self
+                .comm
+                .process_at_rank(from as i32)
+                .immediate_receive_into_with_tag(StaticScope, slice, tag);
+            pending.push(Some((request, owned)));
+            peers.push(from);
+        }
+        for (to, buf) in batch.sends {
+            let (owned, slice) = Owned::new(buf);
+            let slice: &'static [u8] = slice;
+            let request = self
+                .comm
+                .process_at_rank(to as i32)
+                .immediate_send_with_tag(StaticScope, slice, tag);
+            pending.push(Some((request, owned)));
+            peers.push(to);
+        }
+        let mut done: Vec<Option<Vec<u8>>> = (0..pending.len()).map(|_| None).collect();
+        // Poll rather than block, so a shutdown can interrupt a peer that never answers.
+        let mut idle = 0u32;
+        while done.iter().any(Option::is_none) {
+            let mut progressed = false;
+            for (slot, out) in pending.iter_mut().zip(&mut done) {
+                let Some((request, owned)) = slot.take() else {
                     continue;
-                }
-                if abort.load(Ordering::Relaxed) {
-                    // MPI cannot withdraw a half-done transfer: leave without finalizing, which
-                    // makes the launcher end the job (the other ranks unmount on its SIGTERM).
-                    tracing::error!(
-                        "exchange abandoned while a peer still expects data; ending the MPI job"
-                    );
-                    std::process::exit(3);
-                }
-                // Back off quickly: waiting ranks must not take the CPU from training's
-                // readers (or from the peer they wait for) on a busy node.
-                idle = idle.saturating_add(1);
-                if idle > 64 {
-                    let micros = 20u64 << ((idle - 64) / 16).min(6);
-                    std::thread::sleep(std::time::Duration::from_micros(micros.min(1000)));
-                } else {
-                    std::thread::yield_now();
+                };
+                match request.test() {
+                    Ok(_) => {
+                        // SAFETY: MPI reported this transfer complete, so it no longer uses
+                        // the buffer, and `test` consumed the request holding the slice.
+                        *out = Some(unsafe { owned.into_vec() });
+                        progressed = true;
+                    }
+                    Err(request) => *slot = Some((request, owned)),
                 }
             }
-        });
-        Ok(())
+            if progressed {
+                idle = 0;
+                continue;
+            }
+            if abort.load(Ordering::Relaxed) {
+                self.abandon(pending.into_iter().flatten().collect());
+                return Err(CommError::Abandoned);
+            }
+            // Back off quickly: waiting ranks must not take the CPU from training's
+            // readers (or from the peer they wait for) on a busy node.
+            idle = idle.saturating_add(1);
+            if idle > 64 {
+                let micros = 20u64 << ((idle - 64) / 16).min(6);
+                std::thread::sleep(std::time::Duration::from_micros(micros.min(1000)));
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        let mut bufs = peers.into_iter().zip(done.into_iter().flatten());
+        let recvs = bufs.by_ref().take(n_recv).collect();
+        let sends = bufs.collect();
+        Ok(Batch { sends, recvs })
     }
 }

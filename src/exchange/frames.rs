@@ -1,12 +1,12 @@
 //! The disk side of a round: a reader thread turning cached samples into outgoing frames,
 //! a writer thread turning incoming frames back into cache files, and the frame buffers they
-//! pass to and from the MPI thread. The stream format is in the parent module's docs.
+//! pass to and from the MPI thread. The stream format is in the executor's docs.
 
 use std::io::{self, Read, Write};
 use std::sync::Mutex;
 use std::sync::mpsc::{Receiver, SyncSender};
 
-use super::{DEPTH, ExchangeTracker, Sized};
+use super::{DEPTH, ExchangeError, ExchangeTracker, Sized};
 use crate::cache::SampleStore;
 use crate::plan::SampleId;
 
@@ -61,7 +61,7 @@ pub(super) fn read_stream(
 }
 
 /// Turns incoming frames back into one cache file per sample, checking each against the
-/// checksum that follows it (`run` makes them durable after the last round).
+/// checksum that follows it (the executor makes them durable after the last round).
 pub(super) fn write_stream(
     store: &SampleStore,
     ids: &[Sized],
@@ -69,7 +69,7 @@ pub(super) fn write_stream(
     pool: &Pool,
     tracker: &ExchangeTracker,
     target: u64,
-) -> Result<(), String> {
+) -> Result<(), ExchangeError> {
     let mut input = FrameReader {
         rx,
         pool,
@@ -89,7 +89,7 @@ pub(super) fn write_stream(
                 tracing::warn!(sample = id, error = %e, "received sample failed its checksum; it will be fetched from the source");
                 tracker.update(target, |r| r.failed_samples += 1);
             }
-            Err(e) => return Err(format!("storing received sample {id} in the cache: {e}")),
+            Err(source) => return Err(ExchangeError::Store { sample: id, source }),
         }
     }
     Ok(())
@@ -99,13 +99,17 @@ pub(super) fn write_stream(
 /// exchange does not fault in a fresh 8 MiB buffer for every frame.
 pub(super) struct Pool {
     frame: usize,
+    /// Buffers kept for reuse at most: enough for every stream's frames in flight.
+    keep: usize,
     free: Mutex<Vec<Vec<u8>>>,
 }
 
 impl Pool {
-    pub(super) fn new(frame: usize) -> Pool {
+    /// A pool for `streams` streams in flight together.
+    pub(super) fn new(frame: usize, streams: usize) -> Pool {
         Pool {
             frame,
+            keep: (2 * DEPTH + 2) * streams.max(1),
             free: Mutex::default(),
         }
     }
@@ -124,7 +128,7 @@ impl Pool {
 
     pub(super) fn put(&self, buf: Vec<u8>) {
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        if buf.capacity() >= self.frame && free.len() < 2 * DEPTH + 2 {
+        if buf.capacity() >= self.frame && free.len() < self.keep {
             free.push(buf);
         }
     }
@@ -262,5 +266,21 @@ impl Read for FrameReader<'_> {
         out[..n].copy_from_slice(&chunk[..n]);
         self.pos += n;
         Ok(n)
+    }
+}
+
+/// Puts the calling thread's disk I/O in the idle class, so training's reads of the current
+/// epoch go first on a scheduler that honours it (mq-deadline, bfq). Best effort.
+pub(super) fn idle_io_priority() {
+    const IOPRIO_WHO_PROCESS: libc::c_long = 1;
+    const IOPRIO_CLASS_IDLE: libc::c_long = 3;
+    // SAFETY: ioprio_set takes plain integers; `who = 0` is the calling thread.
+    unsafe {
+        libc::syscall(
+            libc::SYS_ioprio_set,
+            IOPRIO_WHO_PROCESS,
+            0,
+            IOPRIO_CLASS_IDLE << 13,
+        );
     }
 }

@@ -4,11 +4,45 @@ use std::sync::{Condvar, Mutex};
 
 use serde::Serialize;
 
+/// Where an exchange is. The status shows it as the lowercase name (`"pending"`, ...).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExchangeState {
+    /// Announced; its size lists are being settled.
+    #[default]
+    Pending,
+    Running,
+    Done,
+    Failed,
+}
+
+impl ExchangeState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExchangeState::Pending => "pending",
+            ExchangeState::Running => "running",
+            ExchangeState::Done => "done",
+            ExchangeState::Failed => "failed",
+        }
+    }
+
+    /// Whether the exchange ended (well or not).
+    pub fn is_over(self) -> bool {
+        matches!(self, ExchangeState::Done | ExchangeState::Failed)
+    }
+}
+
+impl std::fmt::Display for ExchangeState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One exchange as the status shows it.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct ExchangeReport {
     pub target_epoch: u64,
-    pub state: &'static str,
+    pub state: ExchangeState,
     pub samples_to_send: u64,
     pub samples_to_receive: u64,
     pub bytes_to_send: u64,
@@ -37,7 +71,6 @@ impl ExchangeTracker {
         } else {
             let mut r = ExchangeReport {
                 target_epoch: target,
-                state: "pending",
                 ..Default::default()
             };
             f(&mut r);
@@ -59,7 +92,7 @@ impl ExchangeTracker {
     pub fn is_done(&self, target: u64) -> bool {
         self.snapshot()
             .iter()
-            .any(|r| r.target_epoch == target && r.state == "done")
+            .any(|r| r.target_epoch == target && r.state == ExchangeState::Done)
     }
 
     /// Blocks until the exchange into `target` ended; returns its report.
@@ -68,7 +101,7 @@ impl ExchangeTracker {
         loop {
             if let Some(r) = reports
                 .iter()
-                .find(|r| r.target_epoch == target && matches!(r.state, "done" | "failed"))
+                .find(|r| r.target_epoch == target && r.state.is_over())
             {
                 return r.clone();
             }
@@ -82,5 +115,33 @@ impl ExchangeTracker {
     /// Records an exchange that will run, so waiters know it is coming.
     pub fn announce(&self, target: u64) {
         self.update(target, |_| {});
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The status JSON shows the states as it always did.
+    #[test]
+    fn states_serialize_to_their_lowercase_names() {
+        for (state, name) in [
+            (ExchangeState::Pending, "pending"),
+            (ExchangeState::Running, "running"),
+            (ExchangeState::Done, "done"),
+            (ExchangeState::Failed, "failed"),
+        ] {
+            assert_eq!(
+                serde_json::to_string(&state).unwrap(),
+                format!("\"{name}\"")
+            );
+            assert_eq!(state.to_string(), name);
+        }
+        let tracker = ExchangeTracker::default();
+        tracker.announce(3);
+        assert_eq!(tracker.snapshot()[0].state, ExchangeState::Pending);
+        tracker.update(3, |r| r.state = ExchangeState::Done);
+        assert!(tracker.is_done(3));
+        assert_eq!(tracker.wait(3).state, ExchangeState::Done);
     }
 }

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::cache::SampleStore;
 use crate::comm::Comm;
-use crate::exchange::{self, ExchangeConfig, ExchangeTracker};
+use crate::exchange::{self, ExchangeConfig, ExchangeError, ExchangeTracker};
 use crate::plan::{Plan, Rank, SampleId, Step};
 use crate::vfs::ShuffleFs;
 
@@ -145,7 +145,7 @@ pub fn serve_exchanges(
     queue: &Receiver<ExchangeCmd>,
     cfg: ExchangeConfig,
     abort: &AtomicBool,
-) -> Result<(), String> {
+) -> Result<(), ExchangeError> {
     for cmd in queue {
         let ExchangeCmd::Run { evict, step } = cmd else {
             break;
@@ -167,7 +167,7 @@ pub fn serve_exchanges(
         };
         node.coordinator.exchange_ended(target, outcome);
         if let Err(e) = result
-            && e.contains("shutting down")
+            && e.is_abandoned()
         {
             return Err(e);
         }
