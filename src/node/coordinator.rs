@@ -18,14 +18,18 @@
 //! invalidation) is the daemon's business, behind [`Effects`].
 
 use std::collections::BTreeMap;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::plan::{EpochShares, Plan, Rank, Step};
 use crate::vfs::error::FsError;
 use crate::vfs::inodes::MAX_EPOCH;
+
+mod worker;
+
+use worker::Worker;
 
 /// Where an epoch is in its life, on this rank.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -262,236 +266,6 @@ impl Coordinator {
     }
 }
 
-type Reply = Sender<Result<(), AdvanceError>>;
-
-struct Worker {
-    shared: Arc<Shared>,
-    effects: Arc<dyn Effects>,
-    /// For the prepare thread to report back.
-    tx: Sender<Command>,
-    /// The plan's step out of the current epoch.
-    next: Arc<Step>,
-    /// Advances into `next` waiting for it to be prepared: (reply, after_invalidation).
-    waiting: Vec<(Reply, bool)>,
-    /// Advances published, waiting for the kernel to forget `epoch` (or the deadline).
-    after_invalidation: Vec<(Reply, u64, Instant)>,
-}
-
-impl Worker {
-    fn run(&mut self, rx: &Receiver<Command>) {
-        loop {
-            let cmd = match rx.recv_timeout(Duration::from_millis(100)) {
-                Ok(cmd) => cmd,
-                Err(RecvTimeoutError::Timeout) => {
-                    self.expire_invalidation_waits();
-                    continue;
-                }
-                Err(RecvTimeoutError::Disconnected) => break,
-            };
-            match cmd {
-                Command::Advance {
-                    target,
-                    after_invalidation,
-                    reply,
-                } => self.advance(target, after_invalidation, reply),
-                Command::ExchangeStarted(target) => {
-                    self.set_if(target, EpochState::Exchanging, |s| {
-                        *s == EpochState::Announced
-                    });
-                }
-                Command::ExchangeEnded(target, outcome) => {
-                    self.set_if(target, EpochState::Exchanged(outcome), |s| {
-                        matches!(s, EpochState::Announced | EpochState::Exchanging)
-                    });
-                    self.prepare_if_asked();
-                }
-                Command::Prepared(target, result) => self.prepared(target, result),
-                Command::Invalidated(old) => {
-                    self.set(old, EpochState::Invalidated);
-                    self.forget_old_states(old);
-                    let (done, still): (Vec<_>, Vec<_>) =
-                        std::mem::take(&mut self.after_invalidation)
-                            .into_iter()
-                            .partition(|(_, epoch, _)| *epoch <= old);
-                    self.after_invalidation = still;
-                    done.into_iter().for_each(|(r, ..)| drop(r.send(Ok(()))));
-                }
-                Command::Shutdown => break,
-            }
-        }
-        for (reply, _) in self.waiting.drain(..) {
-            let _ = reply.send(Err(AdvanceError::ShuttingDown));
-        }
-        for (reply, ..) in self.after_invalidation.drain(..) {
-            let _ = reply.send(Ok(()));
-        }
-    }
-
-    fn current(&self) -> u64 {
-        self.shared
-            .current
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .epoch
-    }
-
-    fn state(&self, epoch: u64) -> Option<EpochState> {
-        let states = self.shared.states.lock().unwrap_or_else(|e| e.into_inner());
-        states.get(&epoch).cloned()
-    }
-
-    fn set(&self, epoch: u64, state: EpochState) {
-        let mut states = self.shared.states.lock().unwrap_or_else(|e| e.into_inner());
-        states.insert(epoch, state);
-    }
-
-    fn set_if(&self, epoch: u64, state: EpochState, from: impl Fn(&EpochState) -> bool) {
-        let mut states = self.shared.states.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = states.get_mut(&epoch).filter(|s| from(s)) {
-            *s = state;
-        }
-    }
-
-    fn forget_old_states(&self, old: u64) {
-        let mut states = self.shared.states.lock().unwrap_or_else(|e| e.into_inner());
-        states.retain(|&e, _| e >= old);
-    }
-
-    fn advance(&mut self, target: u64, after_invalidation: bool, reply: Reply) {
-        let current = self.current();
-        let refused = if target == current {
-            let _ = reply.send(Ok(()));
-            return;
-        } else if target < current {
-            AdvanceError::Behind { target, current }
-        } else if target != current + 1 || target > MAX_EPOCH {
-            AdvanceError::NotNext { target, current }
-        } else {
-            self.waiting.push((reply, after_invalidation));
-            self.prepare_if_asked();
-            return;
-        };
-        let _ = reply.send(Err(refused));
-    }
-
-    /// Starts preparing the next epoch if an advance waits for it and its exchange ended.
-    fn prepare_if_asked(&mut self) {
-        let target = self.next.next.epoch;
-        let Some(EpochState::Exchanged(outcome)) = self.state(target) else {
-            return;
-        };
-        if self.waiting.is_empty() {
-            return;
-        }
-        if let ExchangeOutcome::Failed(error) = &outcome {
-            tracing::warn!(
-                target_epoch = target,
-                error,
-                "exchange incomplete; fetching the rest from the source"
-            );
-        }
-        self.set(target, EpochState::Preparing);
-        let (effects, step, tx) = (self.effects.clone(), self.next.clone(), self.tx.clone());
-        let spawned = thread::Builder::new()
-            .name("prepare-epoch".into())
-            .spawn(move || {
-                let result = effects.prepare(&step, &outcome);
-                let _ = tx.send(Command::Prepared(target, result));
-            });
-        if let Err(e) = spawned {
-            let _ = self.tx.send(Command::Prepared(target, Err(e.to_string())));
-        }
-    }
-
-    fn prepared(&mut self, target: u64, result: Result<(), String>) {
-        let persisted = result
-            .map_err(|reason| AdvanceError::Prepare { target, reason })
-            .and_then(|()| {
-                self.effects
-                    .persist(target)
-                    .map_err(|reason| AdvanceError::Persist { target, reason })
-            });
-        if let Err(e) = persisted {
-            tracing::warn!(error = %e, "advance failed; the current epoch stays");
-            // A later advance prepares again (what was fetched meanwhile stays cached); the
-            // exchange's own outcome was reported when this attempt began.
-            self.set(target, EpochState::Exchanged(ExchangeOutcome::Skipped));
-            for (reply, _) in self.waiting.drain(..) {
-                let _ = reply.send(Err(AdvanceError::Prepare {
-                    target,
-                    reason: e.to_string(),
-                }));
-            }
-            return;
-        }
-        self.publish();
-    }
-
-    fn publish(&mut self) {
-        let rank = self.shared.rank;
-        let current = Arc::new(self.next.next.clone());
-        let previous = std::mem::replace(
-            &mut *self
-                .shared
-                .current
-                .write()
-                .unwrap_or_else(|e| e.into_inner()),
-            current.clone(),
-        );
-        let target = current.epoch;
-        self.set(target, EpochState::Published);
-        self.set(previous.epoch, EpochState::Invalidated);
-        tracing::info!(
-            epoch = target,
-            samples = current.share(rank).len(),
-            "epoch published"
-        );
-        self.next = Arc::new(self.shared.plan.step(&current));
-        let mine = current.share(rank);
-        let evict = previous
-            .share(rank)
-            .iter()
-            .copied()
-            .filter(|id| mine.binary_search(id).is_err())
-            .collect();
-        let change = EpochChange {
-            previous: previous.clone(),
-            current,
-            next: self.next.clone(),
-        };
-        let reports_invalidation = self.effects.published(&change);
-        self.start_next_exchange(evict);
-        let deadline = Instant::now() + INVALIDATION_WAIT;
-        for (reply, after_invalidation) in self.waiting.drain(..) {
-            if after_invalidation && reports_invalidation {
-                self.after_invalidation
-                    .push((reply, previous.epoch, deadline));
-            } else {
-                let _ = reply.send(Ok(()));
-            }
-        }
-    }
-
-    fn start_next_exchange(&mut self, evict: Vec<u32>) {
-        let target = self.next.next.epoch;
-        self.set(target, EpochState::Announced);
-        if !self.effects.start_exchange(self.next.clone(), evict) {
-            self.set(target, EpochState::Exchanged(ExchangeOutcome::Skipped));
-        }
-    }
-
-    fn expire_invalidation_waits(&mut self) {
-        let now = Instant::now();
-        let (late, still): (Vec<_>, Vec<_>) = std::mem::take(&mut self.after_invalidation)
-            .into_iter()
-            .partition(|(.., deadline)| *deadline <= now);
-        self.after_invalidation = still;
-        for (reply, ..) in late {
-            let _ = reply.send(Ok(()));
-        }
-    }
-}
-
 /// [`Effects`] of a rank with no exchange and nothing to save: every advance publishes at
 /// once. For tests of the view logic and for tools that only read.
 pub struct NoExchange;
@@ -508,5 +282,95 @@ impl Effects for NoExchange {
     }
     fn published(&self, _: &EpochChange) -> bool {
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::PlanParams;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// Effects whose exchanges report back only when the test says so, and whose prepare
+    /// fails while `fail` is set.
+    #[derive(Default)]
+    struct Manual {
+        fail: AtomicBool,
+        started: Mutex<Vec<u64>>,
+    }
+
+    impl Effects for Manual {
+        fn start_exchange(&self, step: Arc<Step>, _: Vec<u32>) -> bool {
+            self.started.lock().unwrap().push(step.next.epoch);
+            true
+        }
+        fn prepare(&self, _: &Step, _: &ExchangeOutcome) -> Result<(), String> {
+            match self.fail.load(Ordering::SeqCst) {
+                true => Err("disk on fire".into()),
+                false => Ok(()),
+            }
+        }
+        fn persist(&self, _: u64) -> Result<(), String> {
+            Ok(())
+        }
+        fn published(&self, _: &EpochChange) -> bool {
+            false
+        }
+    }
+
+    fn start(effects: Arc<Manual>) -> Coordinator {
+        let plan = Plan::new(PlanParams {
+            samples: 40,
+            world: 2,
+            fraction: 0.5,
+            seed: 9,
+        })
+        .unwrap();
+        let initial = plan.initial();
+        Coordinator::start(plan, 0, initial, None, effects)
+    }
+
+    #[test]
+    fn an_advance_waits_for_the_exchange_and_walks_the_states() {
+        let effects = Arc::new(Manual::default());
+        let c = start(effects.clone());
+        let advancing = {
+            let c = c.clone();
+            thread::spawn(move || c.advance_to(1))
+        };
+        thread::sleep(Duration::from_millis(50));
+        assert_eq!(c.epoch(), 0, "published before its exchange ended");
+        c.exchange_started(1);
+        c.exchange_ended(1, ExchangeOutcome::Done);
+        advancing.join().unwrap().unwrap();
+        assert_eq!(c.epoch(), 1);
+        assert_eq!(c.state(1), Some(EpochState::Published));
+        assert_eq!(c.state(0), Some(EpochState::Invalidated));
+        assert_eq!(c.state(2), Some(EpochState::Announced));
+        assert_eq!(*effects.started.lock().unwrap(), vec![1, 2]);
+        c.advance_to(1).unwrap(); // the current epoch again: a no-op
+        c.shutdown();
+    }
+
+    #[test]
+    fn refused_and_failed_advances_keep_the_current_epoch() {
+        let effects = Arc::new(Manual::default());
+        let c = start(effects.clone());
+        assert!(matches!(c.advance_to(2), Err(AdvanceError::NotNext { .. })));
+        c.exchange_ended(1, ExchangeOutcome::Failed("peer left".into()));
+        effects.fail.store(true, Ordering::SeqCst);
+        assert!(matches!(c.advance_to(1), Err(AdvanceError::Prepare { .. })));
+        assert_eq!(c.epoch(), 0);
+        effects.fail.store(false, Ordering::SeqCst);
+        c.advance_to(1).unwrap();
+        assert!(matches!(
+            c.advance_to(0),
+            Err(AdvanceError::Behind {
+                target: 0,
+                current: 1
+            })
+        ));
+        c.shutdown();
+        assert!(matches!(c.advance_to(2), Err(AdvanceError::ShuttingDown)));
     }
 }
