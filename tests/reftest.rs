@@ -955,3 +955,20 @@ fn every_operation_once() {
         run(&small_spec(3, q, 11), &ops);
     }
 }
+
+/// Only rank 0's transport fails, at the first `sendrecv` of the exchange into N+2 (nothing
+/// sent). The other ranks then wait for rank 0's size list with no deadline: their exchange
+/// never ends, so their advance into N+2 never returns. Under MPI a transport error is
+/// usually fatal to the job, which hides this; the coordinator itself has no bound.
+#[test]
+#[ignore = "known liveness gap: a one-sided transport failure leaves the peers' exchange, and so their advance, waiting forever"]
+fn one_rank_failing_its_transport_still_lets_every_rank_advance() {
+    let mut world = World::new(&small_spec(3, 1.0, 5));
+    world.exchanged(1);
+    world.ranks[0].fail.store(true, Ordering::SeqCst);
+    world.advance(0);
+    world.advance(0b101);
+    world.check_partition();
+    world.check_all(true);
+    world.stop(true);
+}
