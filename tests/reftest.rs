@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 
 use shufflefs::cache::{CacheDir, CacheState, FORMAT_VERSION, SampleStore};
-use shufflefs::comm::{Comm, CommError, LocalComm};
+use shufflefs::comm::doubles::Failing;
+use shufflefs::comm::{Comm, LocalComm};
 use shufflefs::dataset::manifest::Manifest;
 use shufflefs::dataset::{SyntheticSource, synthetic_byte};
 use shufflefs::exchange::ExchangeConfig;
@@ -250,45 +251,11 @@ impl Model {
 // ---------------------------------------------------------------------------------------
 // The system under test: M real nodes over `LocalComm`.
 
-/// A transport whose next `sendrecv` fails (nothing sent) once `fail` is set.
-struct Flaky {
-    inner: LocalComm,
-    fail: Arc<AtomicBool>,
-}
-
-impl Comm for Flaky {
-    fn rank(&self) -> Rank {
-        self.inner.rank()
-    }
-    fn size(&self) -> u32 {
-        self.inner.size()
-    }
-    fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, CommError> {
-        self.inner.all_gather(data)
-    }
-    fn broadcast(&mut self, root: Rank, data: Vec<u8>) -> Result<Vec<u8>, CommError> {
-        self.inner.broadcast(root, data)
-    }
-    fn sendrecv(
-        &mut self,
-        tag: u16,
-        send: Option<(Rank, &[u8])>,
-        recv: Option<(Rank, &mut [u8])>,
-        abort: &AtomicBool,
-    ) -> Result<(), CommError> {
-        if self.fail.swap(false, Ordering::SeqCst) {
-            let peer = send.map(|s| s.0).or(recv.as_ref().map(|r| r.0));
-            return Err(CommError::PeerGone(peer.unwrap_or(0)));
-        }
-        self.inner.sendrecv(tag, send, recv, abort)
-    }
-}
-
 struct RankNode {
     node: Arc<Node>,
     fs: Arc<ShuffleFs>,
     store: Arc<SampleStore>,
-    /// Arms `Flaky` on this rank's transport.
+    /// Arms a one-off failure of this rank's next transfer (`Failing::when_armed`).
     fail: Arc<AtomicBool>,
     abort: Arc<AtomicBool>,
     /// The thread that owns the transport: `resume`, then `serve_exchanges`.
@@ -307,6 +274,7 @@ fn exchange_cfg() -> ExchangeConfig {
     ExchangeConfig {
         rate: None,
         frame: 1024,
+        ..ExchangeConfig::default()
     }
 }
 
@@ -322,7 +290,7 @@ fn rank_main(
     started: Sender<Started>,
 ) -> Result<(), String> {
     let rank = comm.rank();
-    let mut comm = Flaky { inner: comm, fail };
+    let mut comm = Failing::when_armed(comm, fail);
     let mut setup = || -> Result<_, String> {
         let dir = CacheDir::open(&path).map_err(|e| e.to_string())?;
         let source = Arc::new(SyntheticSource {
@@ -352,7 +320,7 @@ fn rank_main(
         }
     };
     drop(started);
-    serve_exchanges(&mut comm, &node, &queue, exchange_cfg(), &abort)
+    serve_exchanges(&mut comm, &node, &queue, exchange_cfg(), &abort).map_err(|e| e.to_string())
 }
 
 /// Waits for `done`, at most `WAIT`.

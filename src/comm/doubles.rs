@@ -11,7 +11,8 @@
 //! A split of a wrapped transport is not wrapped: the doubles act on the communicator they
 //! were given.
 
-use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -77,6 +78,9 @@ pub struct Failing<C> {
     transfers: u64,
     bytes: u64,
     broken: bool,
+    /// Fail the next transfer once this is set (then clear it): a one-off fault a test
+    /// injects at a moment of its choosing.
+    armed: Option<Arc<AtomicBool>>,
 }
 
 impl<C: Comm> Failing<C> {
@@ -89,6 +93,16 @@ impl<C: Comm> Failing<C> {
             transfers: 0,
             bytes: 0,
             broken: false,
+            armed: None,
+        }
+    }
+
+    /// Fails the next transfer each time `armed` is set (clearing it); otherwise passes
+    /// everything on.
+    pub fn when_armed(inner: C, armed: Arc<AtomicBool>) -> Failing<C> {
+        Failing {
+            armed: Some(armed),
+            ..Failing::after_bytes(inner, u64::MAX)
         }
     }
 
@@ -101,6 +115,7 @@ impl<C: Comm> Failing<C> {
             transfers: 0,
             bytes: 0,
             broken: false,
+            armed: None,
         }
     }
 }
@@ -111,6 +126,16 @@ impl<C: Comm> Comm for Failing<C> {
     fn transfer(&mut self, tag: u16, batch: Batch, abort: &AtomicBool) -> Result<Batch, CommError> {
         let n = self.transfers;
         self.transfers += 1;
+        if self
+            .armed
+            .as_ref()
+            .is_some_and(|a| a.swap(false, Ordering::SeqCst))
+        {
+            return Err(CommError::Injected(format!(
+                "transfer {n} of rank {} failed on request",
+                self.rank()
+            )));
+        }
         let bytes = self.bytes + batch.sends.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
         self.broken |= self.fail_at.is_some_and(|at| n >= at)
             || self.byte_budget.is_some_and(|budget| bytes > budget);
