@@ -16,7 +16,6 @@
 
 use std::fs::{self, File};
 use std::io::{self, Write};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use xattr::FileExt as _;
@@ -24,6 +23,7 @@ use xattr::FileExt as _;
 use super::backend::{CacheBackend, Claim, Commit, Recovered, SampleWriter, Stored};
 use super::store::Bitset;
 use crate::plan::SampleId;
+use crate::sys::io::read_full_at;
 
 /// Extended attribute holding a cached sample's CRC-32C (4 bytes, little-endian) and, since
 /// it was added, its length (8 more bytes), checked at start-up.
@@ -108,17 +108,7 @@ impl CacheBackend for FileBackend {
     }
 
     fn read_at(&self, id: SampleId, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
-        let file = File::open(self.path(id))?;
-        let mut filled = 0;
-        while filled < buf.len() {
-            match file.read_at(&mut buf[filled..], offset + filled as u64) {
-                Ok(0) => break,
-                Ok(n) => filled += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(filled)
+        read_full_at(&File::open(self.path(id))?, offset, buf)
     }
 
     fn open(&self, id: SampleId) -> io::Result<Stored> {

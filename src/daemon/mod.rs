@@ -26,7 +26,8 @@ use crate::vfs::inodes;
 
 mod startup;
 
-pub use startup::{StartError, everyone_ok};
+pub use startup::StartError;
+use startup::everyone_ok;
 
 /// Why a daemon stopped with an error.
 #[derive(Debug, thiserror::Error)]

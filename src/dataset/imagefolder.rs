@@ -3,13 +3,13 @@
 
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::manifest::{Manifest, ManifestError};
 use super::{Copied, Dataset};
 use crate::plan::SampleId;
+use crate::sys::io::read_full_at;
 
 pub struct ImageFolder {
     root: PathBuf,
@@ -36,17 +36,7 @@ impl Dataset for ImageFolder {
     }
 
     fn read_at(&self, id: SampleId, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
-        let file = File::open(self.path(id))?;
-        let mut filled = 0;
-        while filled < buf.len() {
-            match file.read_at(&mut buf[filled..], offset + filled as u64) {
-                Ok(0) => break,
-                Ok(n) => filled += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(filled)
+        read_full_at(&File::open(self.path(id))?, offset, buf)
     }
 
     fn describe(&self, id: SampleId) -> String {

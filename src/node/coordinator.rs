@@ -137,6 +137,16 @@ struct Shared {
     states: Mutex<BTreeMap<u64, EpochState>>,
 }
 
+impl Shared {
+    fn states(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, EpochState>> {
+        self.states.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn state(&self, epoch: u64) -> Option<EpochState> {
+        self.states().get(&epoch).cloned()
+    }
+}
+
 /// A handle on the coordinator: cheap to clone, usable from any thread.
 #[derive(Clone)]
 pub struct Coordinator {
@@ -210,8 +220,7 @@ impl Coordinator {
 
     /// The state of `epoch` on this rank, if it is the current or the next one.
     pub fn state(&self, epoch: u64) -> Option<EpochState> {
-        let states = self.shared.states.lock().unwrap_or_else(|e| e.into_inner());
-        states.get(&epoch).cloned()
+        self.shared.state(epoch)
     }
 
     /// Whether the next epoch's exchange completed (the status's `ready_epochs`).

@@ -19,11 +19,11 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::AsFd;
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use crate::sys::io::read_full_at;
 use crate::vfs::error::FsError;
 use crate::vfs::inodes::Node;
 use crate::vfs::{Entry, Opened, ShuffleFs};
@@ -226,15 +226,7 @@ fn window(bytes: &[u8], offset: u64, size: u32) -> &[u8] {
 /// Reads up to `size` bytes at `offset`, short only at the end of the file.
 fn read_full(file: &File, offset: u64, size: u32) -> std::io::Result<Vec<u8>> {
     let mut buf = vec![0u8; size as usize];
-    let mut filled = 0;
-    while filled < buf.len() {
-        match file.read_at(&mut buf[filled..], offset + filled as u64) {
-            Ok(0) => break,
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
+    let filled = read_full_at(file, offset, &mut buf)?;
     buf.truncate(filled);
     Ok(buf)
 }

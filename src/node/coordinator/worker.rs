@@ -86,25 +86,21 @@ impl Worker {
     }
 
     fn state(&self, epoch: u64) -> Option<EpochState> {
-        let states = self.shared.states.lock().unwrap_or_else(|e| e.into_inner());
-        states.get(&epoch).cloned()
+        self.shared.state(epoch)
     }
 
     fn set(&self, epoch: u64, state: EpochState) {
-        let mut states = self.shared.states.lock().unwrap_or_else(|e| e.into_inner());
-        states.insert(epoch, state);
+        self.shared.states().insert(epoch, state);
     }
 
     fn set_if(&self, epoch: u64, state: EpochState, from: impl Fn(&EpochState) -> bool) {
-        let mut states = self.shared.states.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = states.get_mut(&epoch).filter(|s| from(s)) {
+        if let Some(s) = self.shared.states().get_mut(&epoch).filter(|s| from(s)) {
             *s = state;
         }
     }
 
     fn forget_old_states(&self, old: u64) {
-        let mut states = self.shared.states.lock().unwrap_or_else(|e| e.into_inner());
-        states.retain(|&e, _| e >= old);
+        self.shared.states().retain(|&e, _| e >= old);
     }
 
     fn advance(&mut self, target: u64, after_invalidation: bool, reply: Reply) {
