@@ -61,6 +61,7 @@ use fuser::{
 
 use crate::cli::ReadPath;
 use crate::vfs::error::FsError;
+use crate::vfs::handles::Attached;
 use crate::vfs::inodes::Node;
 use crate::vfs::{Entry, Kind, OpenFiles, ShuffleFs, Wait};
 
@@ -73,7 +74,6 @@ pub use crate::sys::kernel::may_pass_through;
 pub struct Adapter {
     files: OpenFiles,
     /// Keeps each passthrough handle's backing file registered until it is released.
-    backing_by_fh: Mutex<HashMap<u64, Arc<BackingId>>>,
     backing_by_ino: Mutex<HashMap<u64, Weak<BackingId>>>,
     passthrough: AtomicBool,
     read_path: ReadPath,
@@ -190,7 +190,6 @@ impl Adapter {
     fn new(fs: Arc<ShuffleFs>, read_path: ReadPath) -> Adapter {
         Adapter {
             files: OpenFiles::new(fs, read_path != ReadPath::PageCache),
-            backing_by_fh: Mutex::default(),
             backing_by_ino: Mutex::default(),
             passthrough: AtomicBool::new(false),
             read_path,
@@ -286,25 +285,22 @@ impl Adapter {
 
     fn answer_open(&self, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let write = !matches!(flags.acc_mode(), OpenAccMode::O_RDONLY);
-        let open = match self.files.open(ino.0, write) {
+        // The backing registration lives with the handle (one table, one insert per open).
+        let mut backing = None;
+        let open = self.files.open_attached(ino.0, write, |file| {
+            let id = self.pass_through(ino.0, file, &reply)?;
+            backing = Some(id.clone());
+            Some(id as Attached)
+        });
+        let open = match open {
             Ok(Some(open)) => open,
             // No opens on this mount: ENOSYS switches them off (see the module docs).
             Ok(None) => return reply.error(Errno::ENOSYS),
             Err(err) => return reply.error(fail("open", ino.0, &err)),
         };
         let fh = FileHandle(open.fh);
-        let backing = open
-            .cache_file
-            .as_deref()
-            .and_then(|file| self.pass_through(ino.0, file, &reply));
         match backing {
-            Some(id) => {
-                self.backing_by_fh
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(open.fh, id.clone());
-                reply.opened_passthrough(fh, FopenFlags::empty(), &id);
-            }
+            Some(id) => reply.opened_passthrough(fh, FopenFlags::empty(), &id),
             None if open.keep_cache => reply.opened(fh, FopenFlags::FOPEN_KEEP_CACHE),
             None => reply.opened(fh, FopenFlags::FOPEN_DIRECT_IO),
         }
@@ -332,10 +328,6 @@ impl Adapter {
 
     fn release(&self, fh: FileHandle) {
         self.files.release(fh.0);
-        self.backing_by_fh
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&fh.0);
     }
 }
 

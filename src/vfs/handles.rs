@@ -28,9 +28,17 @@ use crate::vfs::error::FsError;
 use crate::vfs::inodes::Node;
 use crate::vfs::{Entry, Opened, ShuffleFs};
 
+/// What the binding keeps with a handle for as long as it is open (passthrough's backing
+/// registration), so one table holds everything an open file needs.
+pub type Attached = Arc<dyn std::any::Any + Send + Sync>;
+
 /// What a handle reads from.
 enum Handle {
-    Sample(Arc<File>),
+    /// The attachment is only held: dropping the handle releases it.
+    Sample {
+        file: Arc<File>,
+        _attached: Option<Attached>,
+    },
     Snapshot(Arc<[u8]>),
     EpochControl,
 }
@@ -87,6 +95,17 @@ impl OpenFiles {
     /// Opens `ino` (for writing if `write`). `None` on a mount without opens: nothing to
     /// hand out, though a refused write is still refused.
     pub fn open(&self, ino: u64, write: bool) -> Result<Option<OpenFile>, FsError> {
+        self.open_attached(ino, write, |_| None)
+    }
+
+    /// [`open`](Self::open), keeping with a cache file's handle what `attach` returns for
+    /// it until the handle is released.
+    pub fn open_attached(
+        &self,
+        ino: u64,
+        write: bool,
+        attach: impl FnOnce(&File) -> Option<Attached>,
+    ) -> Result<Option<OpenFile>, FsError> {
         let opened = self.fs.open(ino, write);
         if !self.opens {
             return match opened {
@@ -97,7 +116,15 @@ impl OpenFiles {
         let (handle, cache_file, keep_cache) = match opened? {
             Opened::Sample(file) => {
                 let file = Arc::new(file);
-                (Handle::Sample(file.clone()), Some(file), true)
+                let attached = attach(&file);
+                (
+                    Handle::Sample {
+                        file: file.clone(),
+                        _attached: attached,
+                    },
+                    Some(file),
+                    true,
+                )
             }
             Opened::Snapshot(bytes) => (Handle::Snapshot(bytes.into()), None, false),
             Opened::EpochControl => (Handle::EpochControl, None, false),
@@ -115,7 +142,7 @@ impl OpenFiles {
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
         let file = match self.table().get(&fh) {
             Some(Handle::Snapshot(bytes)) => return Ok(window(bytes, offset, size).to_vec()),
-            Some(Handle::Sample(file)) => file.clone(),
+            Some(Handle::Sample { file, .. }) => file.clone(),
             Some(Handle::EpochControl) | None => return Err(FsError::BadHandle),
         };
         // Read without holding the table: other opens and reads go on meanwhile.
