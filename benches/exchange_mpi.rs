@@ -3,7 +3,8 @@
 //!
 //! Each rank builds a synthetic dataset's cache (its epoch-0 share, on local disk), then:
 //! * baseline: the exact frames the exchange would move (same peers, same sizes, same rounds),
-//!   sent from memory with `Comm::sendrecv` — MPI point-to-point with no disk at all;
+//!   sent from memory with `Comm::transfer` on owned, reused buffers, as the executor sends
+//!   them — MPI point-to-point with no disk and no copy;
 //! * exchange: `exchange::run` for epoch 0 -> 1 — reading samples from the cache, framing,
 //!   MPI, and writing every received sample as a cache file (temp + rename).
 //!
@@ -14,7 +15,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use shufflefs::cache::{CacheDir, SampleStore};
-use shufflefs::comm::{Comm, MpiComm, launched_by_mpi};
+use shufflefs::comm::{Batch, Comm, MpiComm, launched_by_mpi};
 use shufflefs::dataset::SyntheticSource;
 use shufflefs::dataset::manifest::Manifest;
 use shufflefs::exchange::{self, ExchangeConfig, ExchangeTracker, FRAME};
@@ -42,8 +43,7 @@ fn baseline(comm: &mut dyn Comm, manifest: &Manifest, step: &Step) -> f64 {
             .map(|t| manifest.size(t.sample).unwrap_or(0) + 4)
             .sum::<u64>()
     };
-    let send_buf = vec![7u8; FRAME];
-    let mut recv_buf = vec![0u8; FRAME];
+    let (mut send_buf, mut recv_buf) = (vec![7u8; FRAME], vec![0u8; FRAME]);
     let abort = AtomicBool::new(false);
     barrier(comm);
     let t0 = Instant::now();
@@ -54,9 +54,29 @@ fn baseline(comm: &mut dyn Comm, manifest: &Manifest, step: &Step) -> f64 {
         for i in 0..frames(out_len).max(frames(in_len)) {
             let o = out_len.saturating_sub(i * FRAME as u64).min(FRAME as u64) as usize;
             let n = in_len.saturating_sub(i * FRAME as u64).min(FRAME as u64) as usize;
-            let send = (o > 0).then(|| (to, &send_buf[..o]));
-            let recv = (n > 0).then(|| (from, &mut recv_buf[..n]));
-            comm.sendrecv(1, send, recv, &abort).unwrap();
+            send_buf.resize(o, 7);
+            recv_buf.resize(n, 0);
+            let take = |buf: &mut Vec<u8>, peer| vec![(peer, std::mem::take(buf))];
+            let batch = Batch {
+                sends: if o > 0 {
+                    take(&mut send_buf, to)
+                } else {
+                    Vec::new()
+                },
+                recvs: if n > 0 {
+                    take(&mut recv_buf, from)
+                } else {
+                    Vec::new()
+                },
+            };
+            let mut done = comm.transfer(1, batch, &abort).unwrap();
+            // The buffers come back for the next frame.
+            if let Some((_, b)) = done.sends.pop() {
+                send_buf = b;
+            }
+            if let Some((_, b)) = done.recvs.pop() {
+                recv_buf = b;
+            }
         }
     }
     max_time(comm, t0.elapsed().as_secs_f64())
