@@ -362,7 +362,7 @@ fn a_broken_link_on_one_rank_fails_every_exchange_without_a_hang() {
                 let _guard = AbortOnPanic;
                 let me = comm.rank();
                 let mut comm: Box<dyn Comm> = match (me, budget) {
-                    (1, None) => Box::new(Failing::at_transfer(comm, 4)),
+                    (1, None) => Box::new(Failing::at_message(comm, 4)),
                     (1, Some(bytes)) => Box::new(Failing::after_bytes(comm, bytes)),
                     _ => Box::new(comm),
                 };

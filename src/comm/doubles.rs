@@ -1,25 +1,29 @@
 //! Transports that misbehave on purpose, for tests: each wraps another `Comm` and changes
-//! only its point-to-point transfers (collectives pass through; they run at setup, not in
+//! only its point-to-point messages (collectives pass through; they run at setup, not in
 //! the exchange under test).
 //!
-//! - [`Delaying`]: a pseudo-random sleep before each transfer, so arrivals from different
+//! - [`Delaying`]: a pseudo-random sleep before each send, so arrivals from different
 //!   peers reorder.
-//! - [`Failing`]: a broken link: an error from the Nth transfer on, or from the one that
-//!   takes the bytes sent past a budget.
-//! - [`Slow`]: a thin link: sends capped at a number of bytes per second.
+//! - [`Failing`]: a broken link: an error from the Nth message posted on, or from the send
+//!   that takes the bytes sent past a budget.
+//! - [`Slow`]: a thin uplink: sends leave at most at a number of bytes per second, without
+//!   blocking the caller (they are held back and posted when due), so a peer of a slow rank
+//!   sees its messages arrive late while the slow rank itself keeps working.
 //!
 //! A split of a wrapped transport is not wrapped: the doubles act on the communicator they
 //! were given.
 
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::{Batch, Comm, CommError};
+use super::{Comm, CommError, Dir, Done, Op, Ticket};
 use crate::plan::Rank;
 
-/// Forwards everything but `transfer` to the wrapped transport.
+/// Forwards everything but point-to-point messages (`messages`: all but `post`) to the
+/// wrapped transport.
 macro_rules! delegate {
     () => {
         fn rank(&self) -> Rank {
@@ -41,9 +45,18 @@ macro_rules! delegate {
             self.inner.split(color)
         }
     };
+    (messages) => {
+        delegate!();
+        fn progress(&mut self, wait: Duration, abort: &AtomicBool) -> Result<Vec<Done>, CommError> {
+            self.inner.progress(wait, abort)
+        }
+        fn detach(&mut self, tickets: &[Ticket]) {
+            self.inner.detach(tickets)
+        }
+    };
 }
 
-/// Sleeps a pseudo-random while (under 1.5 ms) before each transfer.
+/// Sleeps a pseudo-random while (under 1.5 ms) before each send.
 pub struct Delaying<C> {
     inner: C,
     state: u64,
@@ -57,47 +70,49 @@ impl<C: Comm> Delaying<C> {
 }
 
 impl<C: Comm> Comm for Delaying<C> {
-    delegate!();
+    delegate!(messages);
 
-    fn transfer(&mut self, tag: u16, batch: Batch, abort: &AtomicBool) -> Result<Batch, CommError> {
-        self.state = self
-            .state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        thread::sleep(Duration::from_micros((self.state >> 33) % 1500));
-        self.inner.transfer(tag, batch, abort)
+    fn post(&mut self, op: Op) -> Result<Ticket, CommError> {
+        if op.dir == Dir::Send {
+            self.state = self
+                .state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            thread::sleep(Duration::from_micros((self.state >> 33) % 1500));
+        }
+        self.inner.post(op)
     }
 }
 
-/// Fails every transfer from a given one on, like a link that broke: the failing call
-/// moves nothing.
+/// Fails every message from a given one on, like a link that broke: the failing post
+/// moves nothing, and every later post or progress fails too.
 pub struct Failing<C> {
     inner: C,
     fail_at: Option<u64>,
     byte_budget: Option<u64>,
-    transfers: u64,
+    posts: u64,
     bytes: u64,
     broken: bool,
-    /// Fail the next transfer once this is set (then clear it): a one-off fault a test
-    /// injects at a moment of its choosing.
+    /// Fail the next post once this is set (then clear it): a one-off fault a test injects
+    /// at a moment of its choosing. Only that post fails: the transport goes on after it.
     armed: Option<Arc<AtomicBool>>,
 }
 
 impl<C: Comm> Failing<C> {
-    /// Fails transfer number `n` (counting from 0) and every one after it.
-    pub fn at_transfer(inner: C, n: u64) -> Failing<C> {
+    /// Fails message number `n` (counting posts from 0) and everything after it.
+    pub fn at_message(inner: C, n: u64) -> Failing<C> {
         Failing {
             inner,
             fail_at: Some(n),
             byte_budget: None,
-            transfers: 0,
+            posts: 0,
             bytes: 0,
             broken: false,
             armed: None,
         }
     }
 
-    /// Fails the next transfer each time `armed` is set (clearing it); otherwise passes
+    /// Fails the next post each time `armed` is set (clearing it); otherwise passes
     /// everything on.
     pub fn when_armed(inner: C, armed: Arc<AtomicBool>) -> Failing<C> {
         Failing {
@@ -106,13 +121,13 @@ impl<C: Comm> Failing<C> {
         }
     }
 
-    /// Fails the transfer that would take the bytes sent past `budget`, and every later one.
+    /// Fails the send that would take the bytes sent past `budget`, and everything after.
     pub fn after_bytes(inner: C, budget: u64) -> Failing<C> {
         Failing {
             inner,
             fail_at: None,
             byte_budget: Some(budget),
-            transfers: 0,
+            posts: 0,
             bytes: 0,
             broken: false,
             armed: None,
@@ -123,39 +138,62 @@ impl<C: Comm> Failing<C> {
 impl<C: Comm> Comm for Failing<C> {
     delegate!();
 
-    fn transfer(&mut self, tag: u16, batch: Batch, abort: &AtomicBool) -> Result<Batch, CommError> {
-        let n = self.transfers;
-        self.transfers += 1;
+    fn post(&mut self, op: Op) -> Result<Ticket, CommError> {
+        let n = self.posts;
+        self.posts += 1;
         if self
             .armed
             .as_ref()
             .is_some_and(|a| a.swap(false, Ordering::SeqCst))
         {
             return Err(CommError::Injected(format!(
-                "transfer {n} of rank {} failed on request",
+                "message {n} of rank {} failed on request",
                 self.rank()
             )));
         }
-        let bytes = self.bytes + batch.sends.iter().map(|(_, b)| b.len() as u64).sum::<u64>();
+        let sent = if op.dir == Dir::Send { op.buf.len() } else { 0 };
+        let bytes = self.bytes + sent as u64;
         self.broken |= self.fail_at.is_some_and(|at| n >= at)
             || self.byte_budget.is_some_and(|budget| bytes > budget);
         if self.broken {
-            return Err(CommError::Injected(format!(
-                "transfer {n} of rank {} failed",
-                self.rank()
-            )));
+            return Err(self.broken_error());
         }
         self.bytes = bytes;
-        self.inner.transfer(tag, batch, abort)
+        self.inner.post(op)
+    }
+
+    fn progress(&mut self, wait: Duration, abort: &AtomicBool) -> Result<Vec<Done>, CommError> {
+        if self.broken {
+            return Err(self.broken_error());
+        }
+        self.inner.progress(wait, abort)
+    }
+
+    fn detach(&mut self, tickets: &[Ticket]) {
+        self.inner.detach(tickets)
     }
 }
 
-/// Caps the average rate of bytes sent, sleeping after each transfer as long as needed.
+impl<C: Comm> Failing<C> {
+    fn broken_error(&self) -> CommError {
+        CommError::Injected(format!("the link of rank {} is broken", self.rank()))
+    }
+}
+
+/// Caps the average rate of bytes sent: a send is held back until the bytes before it
+/// (and its own) fit the rate since the first send, then posted to the wrapped transport.
 pub struct Slow<C> {
     inner: C,
     bytes_per_second: u64,
-    start: Instant,
-    sent: u64,
+    start: Option<Instant>,
+    /// Bytes of the sends posted or held so far.
+    queued: u64,
+    /// Sends not posted yet, oldest first: our ticket, when it is due, the op.
+    held: VecDeque<(Ticket, Instant, Op)>,
+    /// Tickets of posted messages: the wrapped transport's, mapped to ours.
+    ours: HashMap<Ticket, Ticket>,
+    next_ticket: Ticket,
+    detached: HashSet<Ticket>,
 }
 
 impl<C: Comm> Slow<C> {
@@ -163,24 +201,99 @@ impl<C: Comm> Slow<C> {
         Slow {
             inner,
             bytes_per_second: bytes_per_second.max(1),
-            start: Instant::now(),
-            sent: 0,
+            start: None,
+            queued: 0,
+            held: VecDeque::new(),
+            ours: HashMap::new(),
+            next_ticket: 0,
+            detached: HashSet::new(),
         }
+    }
+
+    fn post_inner(&mut self, ticket: Ticket, op: Op) -> Result<(), CommError> {
+        let theirs = self.inner.post(op)?;
+        self.ours.insert(theirs, ticket);
+        Ok(())
+    }
+
+    /// Posts the held sends that are due.
+    fn release(&mut self) -> Result<(), CommError> {
+        let now = Instant::now();
+        while self.held.front().is_some_and(|(_, due, _)| *due <= now) {
+            let (ticket, _, op) = self.held.pop_front().expect("front");
+            self.post_inner(ticket, op)?;
+        }
+        Ok(())
     }
 }
 
 impl<C: Comm> Comm for Slow<C> {
     delegate!();
 
-    fn transfer(&mut self, tag: u16, batch: Batch, abort: &AtomicBool) -> Result<Batch, CommError> {
-        let bytes: u64 = batch.sends.iter().map(|(_, b)| b.len() as u64).sum();
-        let done = self.inner.transfer(tag, batch, abort)?;
-        self.sent += bytes;
-        let due = Duration::from_secs_f64(self.sent as f64 / self.bytes_per_second as f64);
-        if let Some(wait) = due.checked_sub(self.start.elapsed()) {
-            thread::sleep(wait);
+    fn post(&mut self, op: Op) -> Result<Ticket, CommError> {
+        self.next_ticket += 1;
+        let ticket = self.next_ticket;
+        if op.dir == Dir::Recv {
+            self.post_inner(ticket, op)?;
+            return Ok(ticket);
         }
-        Ok(done)
+        let start = *self.start.get_or_insert_with(Instant::now);
+        self.queued += op.buf.len() as u64;
+        let due =
+            start + Duration::from_secs_f64(self.queued as f64 / self.bytes_per_second as f64);
+        // Messages of a pair stay in order: a send never overtakes one held before it.
+        self.held.push_back((ticket, due, op));
+        self.release()?;
+        Ok(ticket)
+    }
+
+    fn progress(&mut self, wait: Duration, abort: &AtomicBool) -> Result<Vec<Done>, CommError> {
+        let until = Instant::now() + wait;
+        loop {
+            self.release()?;
+            let next_due = self.held.front().map(|(_, due, _)| *due);
+            let step = next_due.map_or(until, |due| due.min(until));
+            let done = self
+                .inner
+                .progress(step.saturating_duration_since(Instant::now()), abort)?;
+            let mut out = Vec::new();
+            for d in done {
+                if let Some(ticket) = self.ours.remove(&d.ticket)
+                    && !self.detached.remove(&ticket)
+                {
+                    out.push(Done { ticket, buf: d.buf });
+                }
+            }
+            let now = Instant::now();
+            if !out.is_empty() || now >= until {
+                return Ok(out);
+            }
+            if next_due.is_none() && self.ours.len() <= self.detached.len() {
+                return Ok(out);
+            }
+            if next_due.is_none() || next_due.is_some_and(|d| d > now) {
+                // The wrapped transport waited its share; it returned early only with
+                // nothing of ours (a detached message), so look again.
+                thread::sleep(Duration::from_micros(100));
+            }
+        }
+    }
+
+    fn detach(&mut self, tickets: &[Ticket]) {
+        let theirs: Vec<Ticket> = (self.ours.iter())
+            .filter(|(_, ours)| tickets.contains(ours))
+            .map(|(theirs, _)| *theirs)
+            .collect();
+        self.inner.detach(&theirs);
+        for t in theirs {
+            self.ours.remove(&t);
+        }
+        // Held sends still go out (the peer expects them), unreported.
+        for (ticket, _, _) in &self.held {
+            if tickets.contains(ticket) {
+                self.detached.insert(*ticket);
+            }
+        }
     }
 }
 
@@ -194,7 +307,7 @@ mod tests {
         let mut world = LocalComm::world(2);
         let (b, a) = (world.pop().unwrap(), world.pop().unwrap());
         let abort = AtomicBool::new(false);
-        let mut a = Failing::at_transfer(a, 1);
+        let mut a = Failing::at_message(a, 1);
         let mut b = Slow::new(b, 10_000);
         a.sendrecv(1, Some((1, &[1; 10])), None, &abort).unwrap();
         let mut got = [0u8; 10];
@@ -202,7 +315,10 @@ mod tests {
         assert_eq!(got, [1; 10]);
         let e = a.sendrecv(1, Some((1, &[2])), None, &abort).unwrap_err();
         assert!(matches!(e, CommError::Injected(_)), "{e}");
-        assert!(a.sendrecv(1, None, None, &abort).is_err(), "stays broken");
+        assert!(
+            a.sendrecv(1, Some((1, &[3])), None, &abort).is_err(),
+            "stays broken"
+        );
         let t0 = Instant::now();
         b.sendrecv(1, Some((0, &[0; 1000])), None, &abort).unwrap();
         assert!(

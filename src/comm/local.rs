@@ -11,13 +11,13 @@
 //! channels) to collect theirs. The registry holds nothing between splits, so a rank that
 //! drops its endpoint still disconnects its peers (they see `PeerGone`), as before.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError, channel};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use super::{Batch, Comm, CommError, host_indices};
+use super::{Comm, CommError, Dir, Done, Op, Ticket, host_indices};
 use crate::plan::Rank;
 
 /// Tag reserved for collectives.
@@ -38,6 +38,12 @@ pub struct LocalComm {
     registry: Registry,
     /// Splits done so far: the same on every rank, as splits are collective.
     splits: u64,
+    /// Posted receives not matched yet, oldest first, per (peer, tag): ticket and length.
+    expected: HashMap<(Rank, u16), VecDeque<(Ticket, usize)>>,
+    /// Completed messages not returned by `progress` yet.
+    ready: Vec<Done>,
+    detached: HashSet<Ticket>,
+    next_ticket: Ticket,
 }
 
 impl LocalComm {
@@ -75,8 +81,41 @@ impl LocalComm {
                 parked: HashMap::new(),
                 registry: registry.clone(),
                 splits: 0,
+                expected: HashMap::new(),
+                ready: Vec::new(),
+                detached: HashSet::new(),
+                next_ticket: 0,
             })
             .collect()
+    }
+
+    /// A message from `from` with `tag` arrived: it completes the oldest receive posted for
+    /// it, or waits (parked) for one.
+    fn deliver(&mut self, from: Rank, tag: u16, msg: Vec<u8>) -> Result<(), CommError> {
+        let Some((ticket, len)) = self
+            .expected
+            .get_mut(&(from, tag))
+            .and_then(VecDeque::pop_front)
+        else {
+            self.parked.entry((from, tag)).or_default().push_back(msg);
+            return Ok(());
+        };
+        if msg.len() != len {
+            return Err(CommError::Length {
+                from,
+                expected: len,
+                got: msg.len(),
+            });
+        }
+        if !self.detached.remove(&ticket) {
+            self.ready.push(Done { ticket, buf: msg });
+        }
+        Ok(())
+    }
+
+    /// Whether a receive from `peer` is still posted.
+    fn expects_from(&self, peer: Rank) -> bool {
+        (self.expected.iter()).any(|(&(p, _), q)| p == peer && !q.is_empty())
     }
 
     fn raw_send(&self, to: Rank, tag: u16, data: Vec<u8>) -> Result<(), CommError> {
@@ -85,16 +124,12 @@ impl LocalComm {
             .map_err(|_| CommError::PeerGone(to))
     }
 
-    /// The next message from `from` with `tag`; gives up once `abort` (if any) is set.
-    fn raw_recv(
-        &mut self,
-        from: Rank,
-        tag: u16,
-        abort: Option<&AtomicBool>,
-    ) -> Result<Vec<u8>, CommError> {
+    /// The next collective message from `from`; point-to-point ones met on the way are
+    /// delivered to their receives (or parked).
+    fn raw_recv(&mut self, from: Rank) -> Result<Vec<u8>, CommError> {
         if let Some(msg) = self
             .parked
-            .get_mut(&(from, tag))
+            .get_mut(&(from, COLLECTIVE))
             .and_then(VecDeque::pop_front)
         {
             return Ok(msg);
@@ -102,16 +137,13 @@ impl LocalComm {
         loop {
             let (t, msg) = match self.from[from as usize].recv_timeout(POLL) {
                 Ok(m) => m,
-                Err(RecvTimeoutError::Timeout) => match abort {
-                    Some(a) if a.load(Ordering::Relaxed) => return Err(CommError::Aborted),
-                    _ => continue,
-                },
+                Err(RecvTimeoutError::Timeout) => continue,
                 Err(RecvTimeoutError::Disconnected) => return Err(CommError::PeerGone(from)),
             };
-            if t == tag {
+            if t == COLLECTIVE {
                 return Ok(msg);
             }
-            self.parked.entry((from, t)).or_default().push_back(msg);
+            self.deliver(from, t, msg)?;
         }
     }
 }
@@ -137,9 +169,7 @@ impl Comm for LocalComm {
         for peer in 0..self.size() {
             self.raw_send(peer, COLLECTIVE, data.to_vec())?;
         }
-        (0..self.size())
-            .map(|peer| self.raw_recv(peer, COLLECTIVE, None))
-            .collect()
+        (0..self.size()).map(|peer| self.raw_recv(peer)).collect()
     }
 
     fn broadcast(&mut self, root: Rank, data: Vec<u8>) -> Result<Vec<u8>, CommError> {
@@ -149,7 +179,7 @@ impl Comm for LocalComm {
             }
             Ok(data)
         } else {
-            self.raw_recv(root, COLLECTIVE, None)
+            self.raw_recv(root)
         }
     }
 
@@ -173,7 +203,7 @@ impl Comm for LocalComm {
                 self.raw_send(peer, COLLECTIVE, Vec::new())?;
             }
         } else {
-            self.raw_recv(leader, COLLECTIVE, None)?;
+            self.raw_recv(leader)?;
         }
         let me = members
             .iter()
@@ -190,30 +220,80 @@ impl Comm for LocalComm {
         Ok(Box::new(mine))
     }
 
-    fn transfer(
-        &mut self,
-        tag: u16,
-        mut batch: Batch,
-        abort: &AtomicBool,
-    ) -> Result<Batch, CommError> {
-        assert_ne!(tag, COLLECTIVE, "tag {COLLECTIVE} is reserved");
-        // Channels never block the sender, so sending everything first cannot deadlock, and
-        // a message waits in its channel until its receive comes round.
-        for (to, data) in &batch.sends {
-            self.raw_send(*to, tag, data.clone())?;
-        }
-        for (from, buf) in &mut batch.recvs {
-            let msg = self.raw_recv(*from, tag, Some(abort))?;
-            if msg.len() != buf.len() {
-                return Err(CommError::Length {
-                    from: *from,
-                    expected: buf.len(),
-                    got: msg.len(),
+    fn post(&mut self, op: Op) -> Result<Ticket, CommError> {
+        assert_ne!(op.tag, COLLECTIVE, "tag {COLLECTIVE} is reserved");
+        self.next_ticket += 1;
+        let ticket = self.next_ticket;
+        match op.dir {
+            // Channels never block the sender: a send completes at once and its message
+            // waits in the channel until its receive comes round.
+            Dir::Send => {
+                self.raw_send(op.peer, op.tag, op.buf)?;
+                self.ready.push(Done {
+                    ticket,
+                    buf: Vec::new(),
                 });
             }
-            *buf = msg;
+            Dir::Recv => {
+                let key = (op.peer, op.tag);
+                let expected = self.expected.entry(key).or_default();
+                expected.push_back((ticket, op.buf.len()));
+                if let Some(msg) = self.parked.get_mut(&key).and_then(VecDeque::pop_front) {
+                    self.deliver(op.peer, op.tag, msg)?;
+                }
+            }
         }
-        Ok(batch)
+        Ok(ticket)
+    }
+
+    fn progress(&mut self, wait: Duration, abort: &AtomicBool) -> Result<Vec<Done>, CommError> {
+        let until = Instant::now() + wait;
+        loop {
+            let peers: Vec<Rank> = (self.expected.iter())
+                .filter(|(_, q)| !q.is_empty())
+                .map(|(&(peer, _), _)| peer)
+                .collect();
+            for peer in peers {
+                loop {
+                    match self.from[peer as usize].try_recv() {
+                        Ok((tag, msg)) => self.deliver(peer, tag, msg)?,
+                        Err(TryRecvError::Empty) => break,
+                        Err(TryRecvError::Disconnected) => {
+                            if self.expects_from(peer) {
+                                return Err(CommError::PeerGone(peer));
+                            }
+                            break;
+                        }
+                    }
+                }
+            }
+            if !self.ready.is_empty() {
+                return Ok(std::mem::take(&mut self.ready));
+            }
+            let waiting = (self.expected.values().flatten())
+                .any(|(ticket, _)| !self.detached.contains(ticket));
+            if !waiting {
+                return Ok(Vec::new());
+            }
+            if abort.load(Ordering::Relaxed) {
+                self.expected.clear();
+                self.detached.clear();
+                return Err(CommError::Aborted);
+            }
+            if Instant::now() >= until {
+                return Ok(Vec::new());
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+
+    fn detach(&mut self, tickets: &[Ticket]) {
+        self.ready.retain(|d| !tickets.contains(&d.ticket));
+        let posted: Vec<Ticket> = (self.expected.values().flatten())
+            .map(|(t, _)| *t)
+            .filter(|t| tickets.contains(t))
+            .collect();
+        self.detached.extend(posted);
     }
 }
 

@@ -33,6 +33,7 @@ pub use local::LocalComm;
 pub use mpi::{MpiComm, launched_by_mpi};
 
 use std::sync::atomic::AtomicBool;
+use std::time::Duration;
 
 use crate::plan::Rank;
 
@@ -71,6 +72,54 @@ pub struct Batch {
     pub recvs: Vec<(Rank, Vec<u8>)>,
 }
 
+/// Which way a posted message goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dir {
+    Send,
+    Recv,
+}
+
+/// One point-to-point message to post ([`Comm::post`]): to or from `peer`, with `tag`. A
+/// receive's buffer has exactly the expected message's length.
+#[derive(Debug)]
+pub struct Op {
+    pub dir: Dir,
+    pub peer: Rank,
+    pub tag: u16,
+    pub buf: Vec<u8>,
+}
+
+impl Op {
+    pub fn send(peer: Rank, tag: u16, buf: Vec<u8>) -> Op {
+        Op {
+            dir: Dir::Send,
+            peer,
+            tag,
+            buf,
+        }
+    }
+
+    pub fn recv(peer: Rank, tag: u16, buf: Vec<u8>) -> Op {
+        Op {
+            dir: Dir::Recv,
+            peer,
+            tag,
+            buf,
+        }
+    }
+}
+
+/// Names a posted message; unique within one transport.
+pub type Ticket = u64;
+
+/// A posted message that completed: a send's buffer back (possibly emptied, for reuse) or a
+/// receive's buffer filled.
+#[derive(Debug)]
+pub struct Done {
+    pub ticket: Ticket,
+    pub buf: Vec<u8>,
+}
+
 pub trait Comm {
     fn rank(&self) -> Rank;
     fn size(&self) -> u32;
@@ -84,14 +133,72 @@ pub trait Comm {
     /// Collective: the ranks that pass the same `color` form a new communicator, numbered
     /// in their order here. Hosts carry over (renumbered by first appearance).
     fn split(&mut self, color: u32) -> Result<Box<dyn Comm>, CommError>;
+
+    /// Starts one point-to-point message without waiting for it (`MPI_Isend`/`MPI_Irecv`).
+    /// Messages of one pair and tag are matched in the order they were posted, on both
+    /// sides. Each message is at most 1 GiB. A send may complete before its receive is
+    /// posted, or only once it is (as MPI's rendezvous does): a protocol must never make a
+    /// send wait for a receive its peer posts only after that send completed.
+    fn post(&mut self, op: Op) -> Result<Ticket, CommError>;
+    /// Drives posted messages and returns those that completed since the last call: waits
+    /// up to `wait` for at least one (returns at once if some did). Gives up once `abort` is
+    /// set: [`CommError::Aborted`] or [`CommError::Abandoned`], see the module docs.
+    fn progress(&mut self, wait: Duration, abort: &AtomicBool) -> Result<Vec<Done>, CommError>;
+    /// Stops caring about posted messages: a detached receive still takes its message off
+    /// the wire (so later ones of the pair match as before) and its bytes are dropped; a
+    /// detached send still goes out. Their buffers are freed once the transport is done
+    /// with them, and [`Comm::progress`] never returns them.
+    fn detach(&mut self, tickets: &[Ticket]);
+
     /// Moves a batch of point-to-point messages, all in flight at once: every receive is
     /// posted before any send, so ranks that pair up in any pattern where each send has its
     /// receive in the peer's batch of the same step cannot deadlock. Messages of one pair and
-    /// tag arrive in order. Each message is at most 1 GiB.
+    /// tag arrive in order.
     ///
-    /// Gives up once `abort` is set: [`CommError::Aborted`] or [`CommError::Abandoned`], see
-    /// the module docs for what the caller must do after the latter.
-    fn transfer(&mut self, tag: u16, batch: Batch, abort: &AtomicBool) -> Result<Batch, CommError>;
+    /// Only for callers with nothing else posted: it consumes every completion. Gives up once
+    /// `abort` is set, as [`Comm::progress`] does.
+    fn transfer(&mut self, tag: u16, batch: Batch, abort: &AtomicBool) -> Result<Batch, CommError> {
+        let n_recv = batch.recvs.len();
+        let mut tickets = Vec::with_capacity(n_recv + batch.sends.len());
+        let mut peers = Vec::with_capacity(tickets.capacity());
+        let ops = (batch.recvs.into_iter().map(|(p, b)| Op::recv(p, tag, b)))
+            .chain(batch.sends.into_iter().map(|(p, b)| Op::send(p, tag, b)));
+        for op in ops {
+            peers.push(op.peer);
+            match self.post(op) {
+                Ok(t) => tickets.push(t),
+                Err(e) => {
+                    self.detach(&tickets);
+                    return Err(e);
+                }
+            }
+        }
+        let mut done: Vec<Option<Vec<u8>>> = (0..tickets.len()).map(|_| None).collect();
+        let mut left = tickets.len();
+        while left > 0 {
+            let completed = match self.progress(Duration::from_millis(50), abort) {
+                Ok(c) => c,
+                Err(e) => {
+                    let pending: Vec<Ticket> = (tickets.iter().zip(&done))
+                        .filter(|(_, d)| d.is_none())
+                        .map(|(t, _)| *t)
+                        .collect();
+                    self.detach(&pending);
+                    return Err(e);
+                }
+            };
+            for d in completed {
+                if let Some(i) = tickets.iter().position(|&t| t == d.ticket) {
+                    done[i] = Some(d.buf);
+                    left -= 1;
+                }
+            }
+        }
+        let mut bufs = peers.into_iter().zip(done.into_iter().flatten());
+        let recvs = bufs.by_ref().take(n_recv).collect();
+        let sends = bufs.collect();
+        Ok(Batch { sends, recvs })
+    }
 
     /// [`Comm::transfer`] on borrowed buffers (copied in and out).
     fn sendrecv_many(
@@ -151,8 +258,14 @@ impl<C: Comm + ?Sized> Comm for Box<C> {
     fn split(&mut self, color: u32) -> Result<Box<dyn Comm>, CommError> {
         (**self).split(color)
     }
-    fn transfer(&mut self, tag: u16, batch: Batch, abort: &AtomicBool) -> Result<Batch, CommError> {
-        (**self).transfer(tag, batch, abort)
+    fn post(&mut self, op: Op) -> Result<Ticket, CommError> {
+        (**self).post(op)
+    }
+    fn progress(&mut self, wait: Duration, abort: &AtomicBool) -> Result<Vec<Done>, CommError> {
+        (**self).progress(wait, abort)
+    }
+    fn detach(&mut self, tickets: &[Ticket]) {
+        (**self).detach(tickets)
     }
 }
 

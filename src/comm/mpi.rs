@@ -4,7 +4,7 @@
 //! bytes; both sides know the total length in advance (from the plan and the manifest), so
 //! the receiver can post matching chunked receives without any size handshake.
 //!
-//! Point-to-point transfers run on buffers MPI owns: [`Batch`] hands them over by value, each
+//! Point-to-point messages run on buffers MPI owns: an [`Op`] hands its buffer over by value, it
 //! is turned into a `'static` slice for rsmpi's `StaticScope`, and it becomes a `Vec` again
 //! only once MPI reports its transfer complete. That is what lets a transfer be given up
 //! soundly: MPI cannot withdraw a posted transfer, so a batch abandoned on the abort flag
@@ -16,8 +16,10 @@
 //! ending the job (which `Abandoned` leads to) is what frees them.
 
 use std::cell::Cell;
+use std::collections::HashSet;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use mpi::Threading;
 use mpi::environment::Universe;
@@ -25,7 +27,7 @@ use mpi::request::{Request, StaticScope};
 use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::*;
 
-use super::{Batch, Comm, CommError, host_indices};
+use super::{Comm, CommError, Dir, Done, Op, Ticket, host_indices};
 use crate::plan::Rank;
 
 const CHUNK: usize = 1 << 30;
@@ -44,6 +46,13 @@ pub struct MpiComm {
     abandoned: Rc<Cell<bool>>,
     /// Dropped with the last communicator: finalizes MPI (never, once abandoned).
     universe: Rc<Universe>,
+    /// Posted messages not completed yet, in posting order.
+    pending: Vec<(Ticket, InFlight)>,
+    /// Pending messages nobody will ask for: freed when they complete.
+    detached: HashSet<Ticket>,
+    next_ticket: Ticket,
+    /// Polls in a row that found nothing complete: how long to back off.
+    idle: u32,
 }
 
 impl MpiComm {
@@ -62,6 +71,10 @@ impl MpiComm {
             hosts: Vec::new(),
             abandoned: Rc::default(),
             universe: Rc::new(universe),
+            pending: Vec::new(),
+            detached: HashSet::new(),
+            next_ticket: 0,
+            idle: 0,
         };
         let name = mpi::environment::processor_name()
             .map_err(|e| CommError::Mpi(format!("processor name: {e}")))?;
@@ -72,8 +85,8 @@ impl MpiComm {
 
     /// Gives up the transfers still pending: their requests and buffers are leaked (MPI may
     /// still use them), and MPI is never finalized.
-    fn abandon(&self, pending: Vec<InFlight>) {
-        for (request, _buffer) in pending {
+    fn abandon(&mut self) {
+        for (_, (request, _buffer)) in std::mem::take(&mut self.pending) {
             // Dropping a pending request panics in rsmpi; forgetting it leaves it to MPI.
             std::mem::forget(request);
         }
@@ -181,6 +194,10 @@ impl Comm for MpiComm {
             hosts: Vec::new(),
             abandoned: self.abandoned.clone(),
             universe: self.universe.clone(),
+            pending: Vec::new(),
+            detached: HashSet::new(),
+            next_ticket: 0,
+            idle: 0,
         };
         let mine = self.hosts[self.rank() as usize];
         let parent_hosts = sub.all_gather(&mine.to_le_bytes())?;
@@ -188,74 +205,84 @@ impl Comm for MpiComm {
         Ok(Box::new(sub))
     }
 
-    fn transfer(&mut self, tag: u16, batch: Batch, abort: &AtomicBool) -> Result<Batch, CommError> {
+    fn post(&mut self, op: Op) -> Result<Ticket, CommError> {
         if self.abandoned.get() {
             return Err(CommError::Abandoned);
         }
-        let tag = i32::from(tag);
-        let n_recv = batch.recvs.len();
-        // Receives first, so any pattern of ranks whose sends meet posted receives completes.
-        let mut pending: Vec<Option<InFlight>> = Vec::new();
-        let mut peers = Vec::new();
-        for (from, buf) in batch.recvs {
-            let (owned, slice) = Owned::new(buf);
-            let request = self
-                .comm
-                .process_at_rank(from as i32)
-                .immediate_receive_into_with_tag(StaticScope, slice, tag);
-            pending.push(Some((request, owned)));
-            peers.push(from);
+        let tag = i32::from(op.tag);
+        let process = self.comm.process_at_rank(op.peer as i32);
+        let (owned, slice) = Owned::new(op.buf);
+        let request = match op.dir {
+            Dir::Recv => process.immediate_receive_into_with_tag(StaticScope, slice, tag),
+            Dir::Send => {
+                let slice: &'static [u8] = slice;
+                process.immediate_send_with_tag(StaticScope, slice, tag)
+            }
+        };
+        self.next_ticket += 1;
+        self.pending.push((self.next_ticket, (request, owned)));
+        Ok(self.next_ticket)
+    }
+
+    fn progress(&mut self, wait: Duration, abort: &AtomicBool) -> Result<Vec<Done>, CommError> {
+        if self.abandoned.get() {
+            return Err(CommError::Abandoned);
         }
-        for (to, buf) in batch.sends {
-            let (owned, slice) = Owned::new(buf);
-            let slice: &'static [u8] = slice;
-            let request = self
-                .comm
-                .process_at_rank(to as i32)
-                .immediate_send_with_tag(StaticScope, slice, tag);
-            pending.push(Some((request, owned)));
-            peers.push(to);
-        }
-        let mut done: Vec<Option<Vec<u8>>> = (0..pending.len()).map(|_| None).collect();
-        // Poll rather than block, so a shutdown can interrupt a peer that never answers.
-        let mut idle = 0u32;
-        while done.iter().any(Option::is_none) {
-            let mut progressed = false;
-            for (slot, out) in pending.iter_mut().zip(&mut done) {
-                let Some((request, owned)) = slot.take() else {
-                    continue;
-                };
+        let until = Instant::now() + wait;
+        loop {
+            let mut done = Vec::new();
+            for (ticket, (request, owned)) in std::mem::take(&mut self.pending) {
                 match request.test() {
                     Ok(_) => {
                         // SAFETY: MPI reported this transfer complete, so it no longer uses
                         // the buffer, and `test` consumed the request holding the slice.
-                        *out = Some(unsafe { owned.into_vec() });
-                        progressed = true;
+                        let buf = unsafe { owned.into_vec() };
+                        if !self.detached.remove(&ticket) {
+                            done.push(Done { ticket, buf });
+                        }
                     }
-                    Err(request) => *slot = Some((request, owned)),
+                    Err(request) => self.pending.push((ticket, (request, owned))),
                 }
             }
-            if progressed {
-                idle = 0;
-                continue;
+            if !done.is_empty() {
+                self.idle = 0;
+                return Ok(done);
+            }
+            // Only detached messages left (or none): nobody waits for them here.
+            if self.pending.len() == self.detached.len() {
+                return Ok(done);
             }
             if abort.load(Ordering::Relaxed) {
-                self.abandon(pending.into_iter().flatten().collect());
+                self.abandon();
                 return Err(CommError::Abandoned);
+            }
+            if Instant::now() >= until {
+                return Ok(done);
             }
             // Back off quickly: waiting ranks must not take the CPU from training's
             // readers (or from the peer they wait for) on a busy node.
-            idle = idle.saturating_add(1);
-            if idle > 64 {
-                let micros = 20u64 << ((idle - 64) / 16).min(6);
-                std::thread::sleep(std::time::Duration::from_micros(micros.min(1000)));
+            self.idle = self.idle.saturating_add(1);
+            if self.idle > 64 {
+                let micros = 20u64 << ((self.idle - 64) / 16).min(4);
+                std::thread::sleep(Duration::from_micros(micros.min(250)));
             } else {
                 std::thread::yield_now();
             }
         }
-        let mut bufs = peers.into_iter().zip(done.into_iter().flatten());
-        let recvs = bufs.by_ref().take(n_recv).collect();
-        let sends = bufs.collect();
-        Ok(Batch { sends, recvs })
+    }
+
+    fn detach(&mut self, tickets: &[Ticket]) {
+        let pending: HashSet<Ticket> = self.pending.iter().map(|(t, _)| *t).collect();
+        self.detached
+            .extend(tickets.iter().filter(|t| pending.contains(t)));
+    }
+}
+
+impl Drop for MpiComm {
+    fn drop(&mut self) {
+        // rsmpi panics on dropping a pending request, and MPI_Finalize would wait for it.
+        if !self.pending.is_empty() {
+            self.abandon();
+        }
     }
 }
