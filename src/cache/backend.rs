@@ -12,10 +12,21 @@
 //! only while no other claim on the same id does ([`Claims::claim`] waits for the holder to
 //! finish). A source fetch and a receive from a peer therefore cannot write one sample at
 //! once, and a backend may use the id alone to name its temporary data.
+//!
+//! # Adopting a same-host peer's file
+//! Two ranks on one host need not move a sample's bytes through MPI: the receiver takes the
+//! sender's committed file ([`CacheBackend::adopt`]), by hard link where both caches share a
+//! filesystem. Sharing one inode between two caches is safe because a committed sample is
+//! immutable: no backend writes a committed file in place, sets its attributes again or
+//! truncates it; a sample is only ever replaced by renaming a new file over its name, and
+//! dropped by unlinking its name. Either cache replacing or dropping its copy therefore
+//! touches only its own directory entry, and the other's name keeps the inode (bytes,
+//! recorded checksum and length, modification time) as it was committed.
 
 use std::collections::HashSet;
 use std::fs::File;
 use std::io::{self, Read, Write};
+use std::path::Path;
 use std::sync::{Condvar, Mutex};
 use std::time::SystemTime;
 
@@ -31,7 +42,7 @@ pub struct Recovered {
 }
 
 /// What a committed sample carries besides its bytes.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Commit {
     /// CRC-32C of the bytes written.
     pub crc: u32,
@@ -72,6 +83,17 @@ pub trait CacheBackend: Send + Sync {
     fn open(&self, id: SampleId) -> io::Result<Stored>;
     /// A writer for sample `claim.id()`; replaces a stored copy on commit.
     fn writer<'a>(&'a self, claim: &Claim<'_>) -> io::Result<Box<dyn SampleWriter + 'a>>;
+    /// Stores sample `claim.id()` by taking the committed sample file `from` (another cache
+    /// folder's, on this host) without copying its bytes, the file becoming indistinguishable
+    /// from one this backend committed with `recorded` (checksum, length, time). Replaces a
+    /// stored copy. `Ok(false)`: this backend cannot take it (packed storage, another
+    /// filesystem, a file that does not carry `recorded`), nothing was stored, and the caller
+    /// copies the bytes through [`writer`](Self::writer) instead. Durable after
+    /// [`sync`](Self::sync), like a commit.
+    fn adopt(&self, claim: &Claim<'_>, from: &Path, recorded: Commit) -> io::Result<bool> {
+        let _ = (claim, from, recorded);
+        Ok(false)
+    }
     /// Drops sample `id`; returns whether it was stored. Readers that hold it open keep it.
     fn remove(&self, id: SampleId) -> io::Result<bool>;
     /// Drops every stored sample.

@@ -13,9 +13,27 @@
 //! Names are sample ids, never the dataset's names, so nothing a peer or the source says
 //! can make us write outside `samples/`; the temporary name is the id alone because a
 //! [`Claim`] guarantees one writer per sample (and the cache lock one daemon per folder).
+//!
+//! # Adopting a peer's file by hard link
+//! Another rank's cache folder on this host has the same layout, so its sample `id` is
+//! [`FileBackend::path_in`]`(peer_root, id)`. [`CacheBackend::adopt`] links that file to
+//! `tmp/<id>`, checks that the linked inode is a regular file carrying the checksum, length
+//! and time the caller examined (the peer may have replaced its file by rename meanwhile),
+//! and renames it into `samples/` as a commit does. The record and the mtime live on the
+//! inode, so the result is exactly what a commit leaves: `recover`, `open`, `file`, `size`
+//! see no difference. It is safe because committed files are immutable (see `backend`):
+//! neither cache ever writes the shared inode, and each one's unlink or rename-over touches
+//! only its own name. Linking reads no bytes, so a linked sample is checked against its
+//! checksum when it leaves this rank, like any cached one, not on the way in.
+//!
+//! Durability: `link(2)` works only within one filesystem, so the peer's inode, its data
+//! and our two new directory entries (`tmp/<id>`, then `samples/<id>`) all belong to the
+//! filesystem of our cache folder, and the `syncfs` of [`CacheBackend::sync`] writes every
+//! dirty page and inode of that filesystem, the peer's not yet synced data included.
 
-use std::fs::{self, File};
+use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
 use xattr::FileExt as _;
@@ -58,6 +76,97 @@ impl FileBackend {
     fn path(&self, id: SampleId) -> PathBuf {
         Self::path_in(&self.root, id)
     }
+
+    fn tmp_path(&self, id: SampleId) -> PathBuf {
+        self.root.join("tmp").join(id.to_string())
+    }
+
+    /// The checksum, length and modification time recorded on sample `id`'s file in the
+    /// cache folder `root` (a peer's, on this host). Errors name the file: missing, not a
+    /// regular file, no record of both checksum and length, or a length its record
+    /// contradicts; the caller then gets the sample elsewhere.
+    pub fn recorded_in(root: &Path, id: SampleId) -> io::Result<Commit> {
+        Ok(Self::open_peer(root, id)?.recorded)
+    }
+
+    /// Opens sample `id`'s file in the cache folder `root` and reads its record; see
+    /// [`recorded_in`](Self::recorded_in). The path comes from `root` and `id` alone.
+    pub(super) fn open_peer(root: &Path, id: SampleId) -> io::Result<PeerFile> {
+        let path = Self::path_in(root, id);
+        let named = |e: io::Error| {
+            io::Error::new(e.kind(), format!("peer cache file {}: {e}", path.display()))
+        };
+        let refused = |why: String| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("peer cache file {}: {why}", path.display()),
+            )
+        };
+        // No symlinks (a link would be linked, not its target), and no blocking open of a
+        // FIFO: a sample file is a regular file.
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&path)
+            .map_err(named)?;
+        let meta = file.metadata().map_err(named)?;
+        if !meta.is_file() {
+            return Err(refused("not a regular file".into()));
+        }
+        let record = match file.get_xattr(CRC_XATTR) {
+            Ok(v) => v.and_then(|v| Recorded::decode(&v)),
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => None,
+            Err(e) => return Err(named(e)),
+        };
+        let Some(Recorded {
+            crc,
+            len: Some(len),
+        }) = record
+        else {
+            return Err(refused(format!(
+                "no recorded checksum and length (no {CRC_XATTR} xattr, or one from an older shufflefs)"
+            )));
+        };
+        if meta.len() != len {
+            return Err(refused(format!(
+                "{} bytes, its record says {len}; it was cut short or changed",
+                meta.len()
+            )));
+        }
+        Ok(PeerFile {
+            file,
+            path,
+            recorded: Commit {
+                crc,
+                len,
+                mtime: meta.modified().ok(),
+            },
+        })
+    }
+}
+
+/// A committed sample file of another cache folder on this host, open, with its record
+/// (checked against its length) and modification time.
+pub(super) struct PeerFile {
+    pub file: File,
+    pub path: PathBuf,
+    pub recorded: Commit,
+}
+
+/// Whether the file at `path` is a regular file carrying `recorded`: its checksum and
+/// length in the xattr, that length, and that modification time.
+fn carries(path: &Path, recorded: &Commit) -> bool {
+    let Ok(meta) = fs::symlink_metadata(path) else {
+        return false;
+    };
+    let record = xattr::get(path, CRC_XATTR)
+        .ok()
+        .flatten()
+        .and_then(|v| Recorded::decode(&v));
+    meta.is_file()
+        && meta.len() == recorded.len
+        && meta.modified().ok() == recorded.mtime
+        && record.is_some_and(|r| r.crc == recorded.crc && r.len == Some(recorded.len))
 }
 
 impl CacheBackend for FileBackend {
@@ -127,7 +236,7 @@ impl CacheBackend for FileBackend {
 
     fn writer<'a>(&'a self, claim: &Claim<'_>) -> io::Result<Box<dyn SampleWriter + 'a>> {
         let id = claim.id();
-        let tmp = self.root.join("tmp").join(id.to_string());
+        let tmp = self.tmp_path(id);
         let file = File::create(&tmp)?;
         Ok(Box::new(FileWriter {
             file: Some(file),
@@ -136,6 +245,29 @@ impl CacheBackend for FileBackend {
             present: &self.present,
             id,
         }))
+    }
+
+    /// Hard-links `from` in (see the module docs); `Ok(false)` when the link fails for any
+    /// reason (`EXDEV`: another filesystem; `EPERM`: `fs.protected_hardlinks` and another
+    /// owner) or the linked file does not carry `recorded`.
+    fn adopt(&self, claim: &Claim<'_>, from: &Path, recorded: Commit) -> io::Result<bool> {
+        let id = claim.id();
+        let tmp = self.tmp_path(id);
+        // The claim makes `tmp/<id>` ours; a name left by a failed clean-up would stop the link.
+        let _ = fs::remove_file(&tmp);
+        if fs::hard_link(from, &tmp).is_err() {
+            return Ok(false);
+        }
+        if !carries(&tmp, &recorded) {
+            let _ = fs::remove_file(&tmp);
+            return Ok(false);
+        }
+        if let Err(e) = fs::rename(&tmp, self.path(id)) {
+            let _ = fs::remove_file(&tmp);
+            return Err(e);
+        }
+        self.present.set(id);
+        Ok(true)
     }
 
     fn remove(&self, id: SampleId) -> io::Result<bool> {
@@ -239,5 +371,99 @@ fn set_crc(file: &File, crc: u32, len: u64) -> io::Result<()> {
     match file.set_xattr(CRC_XATTR, &value) {
         Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(()),
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::Claims;
+    use std::os::unix::fs::MetadataExt as _;
+    use std::time::{Duration, SystemTime};
+
+    /// A cache folder holding sample `id` with `bytes`, committed as the writer does.
+    fn holding(root: &Path, id: SampleId, bytes: &[u8], mtime: SystemTime) -> FileBackend {
+        let backend = FileBackend::open(root, 16).unwrap();
+        let claims = Claims::default();
+        let mut w = backend.writer(&claims.claim(id)).unwrap();
+        w.write_all(bytes).unwrap();
+        w.commit(Commit {
+            crc: crc32c::crc32c(bytes),
+            len: bytes.len() as u64,
+            mtime: Some(mtime),
+        })
+        .unwrap();
+        backend
+    }
+
+    #[test]
+    fn a_link_whose_file_does_not_carry_the_record_is_not_taken() {
+        let tmp = tempfile::tempdir().unwrap();
+        let when = SystemTime::UNIX_EPOCH + Duration::from_secs(1_600_000_000);
+        let _peer = holding(&tmp.path().join("peer"), 3, b"sample three", when);
+        let from = FileBackend::path_in(&tmp.path().join("peer"), 3);
+        let recorded = FileBackend::recorded_in(&tmp.path().join("peer"), 3).unwrap();
+        assert_eq!(recorded.mtime, Some(when));
+        let ours = FileBackend::open(&tmp.path().join("ours"), 16).unwrap();
+        let claims = Claims::default();
+        // As if the peer had replaced its file after the caller read the record.
+        for other in [
+            Commit {
+                crc: recorded.crc ^ 1,
+                ..recorded
+            },
+            Commit {
+                len: recorded.len + 1,
+                ..recorded
+            },
+            Commit {
+                mtime: Some(when + Duration::from_secs(1)),
+                ..recorded
+            },
+        ] {
+            assert!(!ours.adopt(&claims.claim(3), &from, other).unwrap());
+            assert!(!ours.contains(3));
+            assert!(
+                fs::read_dir(tmp.path().join("ours/tmp"))
+                    .unwrap()
+                    .next()
+                    .is_none()
+            );
+            assert!(
+                fs::read_dir(tmp.path().join("ours/samples"))
+                    .unwrap()
+                    .next()
+                    .is_none()
+            );
+        }
+        assert_eq!(fs::metadata(&from).unwrap().nlink(), 1);
+        assert!(ours.adopt(&claims.claim(3), &from, recorded).unwrap());
+        assert_eq!(ours.size(3), Some(recorded.len));
+        assert_eq!(fs::metadata(&from).unwrap().nlink(), 2);
+    }
+
+    #[test]
+    fn a_link_replaces_a_stale_temporary_name_and_a_stored_copy() {
+        let tmp = tempfile::tempdir().unwrap();
+        let when = SystemTime::UNIX_EPOCH + Duration::from_secs(1_600_000_000);
+        let _peer = holding(&tmp.path().join("peer"), 5, b"five", when);
+        let recorded = FileBackend::recorded_in(&tmp.path().join("peer"), 5).unwrap();
+        let ours = holding(&tmp.path().join("ours"), 5, b"five", SystemTime::now());
+        fs::write(tmp.path().join("ours/tmp/5"), b"left over").unwrap();
+        let claims = Claims::default();
+        let from = FileBackend::path_in(&tmp.path().join("peer"), 5);
+        assert!(ours.adopt(&claims.claim(5), &from, recorded).unwrap());
+        let ino = |p: &Path| fs::metadata(p).unwrap().ino();
+        assert_eq!(ino(&from), ino(&ours.path(5)));
+        assert!(!tmp.path().join("ours/tmp/5").exists());
+        let found = ours.recover(&|_, _| true).unwrap();
+        assert_eq!(
+            found,
+            vec![Recovered {
+                id: 5,
+                len: 4,
+                mtime: Some(when)
+            }]
+        );
     }
 }

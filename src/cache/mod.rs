@@ -16,7 +16,11 @@
 //!
 //! Every committed sample carries the CRC-32C of its bytes, taken as it was written. The
 //! exchange checks it whenever a sample leaves this rank and checks received bytes against
-//! the sender's value before they are committed, so a damaged sample never enters a view.
+//! the sender's value before they are committed, so a damaged sample never enters a view
+//! through a transfer. A sample adopted from a rank on the same host
+//! ([`SampleStore::adopt_from_peer`]) is checked the same way when copied; when hard-linked
+//! it is the peer's own committed file, shared and never written again, and is checked when
+//! it leaves this rank like every cached sample.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -32,7 +36,7 @@ mod store;
 
 pub use backend::{CacheBackend, Claim, Claims, Commit, Recovered, SampleWriter, Stored};
 pub use files::FileBackend;
-pub use store::{Bitset, SampleStore, StoreStats};
+pub use store::{Adopted, Bitset, SampleStore, StoreStats};
 
 /// Bump when the layout or the plan's output changes: old caches are then refused.
 pub const FORMAT_VERSION: u32 = 2;

@@ -1,12 +1,22 @@
 //! The cached samples of one rank: which are present, their sizes and source times once
-//! known, fetching from the source on demand, and writing a sample in through the backend.
+//! known, fetching from the source on demand, writing a sample in through the backend, and
+//! adopting one from a peer rank's cache folder on this host.
+//!
+//! A sample comes in by one of three ways, each under the sample's [`Claim`](super::Claim)
+//! and each ending the same (size and time learned, counted once): a fetch from the source
+//! ([`SampleStore::ensure`]), bytes received from a peer ([`SampleStore::insert_with`]), or
+//! a same-host peer's committed file taken as it is ([`SampleStore::adopt_from_peer`]: a
+//! hard link, else a copy checked against the peer's recorded checksum), so that two ranks
+//! on one host exchange samples without their bytes crossing MPI.
 
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use super::backend::{CacheBackend, Claims, Commit, Stored};
+use super::backend::{CacheBackend, Claim, Claims, Commit, Stored};
+use super::files::FileBackend;
 use super::{CacheDir, CacheError};
 use crate::dataset::Dataset;
 use crate::dataset::manifest::{Manifest, UNKNOWN_SIZE};
@@ -46,8 +56,14 @@ pub struct StoreStats {
     pub bytes: AtomicU64,
     pub fetched_from_source: AtomicU64,
     pub source_errors: AtomicU64,
-    /// Cached or received samples whose bytes did not match their checksum.
+    /// Cached, received or adopted samples whose bytes did not match their checksum.
     pub checksum_failures: AtomicU64,
+    /// Samples taken from a same-host peer's cache by hard link (no byte read or written).
+    pub adopted_linked: AtomicU64,
+    /// Samples taken from a same-host peer's cache by copying its file.
+    pub adopted_copied: AtomicU64,
+    /// Bytes of the samples adopted either way.
+    pub adopted_bytes: AtomicU64,
     /// The latest problems (source errors, checksum failures), newest last, for the status.
     problems: Mutex<std::collections::VecDeque<String>>,
 }
@@ -67,6 +83,39 @@ impl StoreStats {
         let p = self.problems.lock().unwrap_or_else(|e| e.into_inner());
         p.iter().cloned().collect()
     }
+}
+
+/// How [`SampleStore::adopt_from_peer`] came by a sample, with its length in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Adopted {
+    /// Hard-linked: the peer's file is now ours as well; no byte was read or written.
+    Linked(u64),
+    /// Copied from the peer's file (another filesystem, or a backend that cannot link),
+    /// checked against the checksum the peer recorded.
+    Copied(u64),
+    /// Already cached here (a fetch from the source got it first): nothing was taken.
+    AlreadyHeld(u64),
+}
+
+impl Adopted {
+    /// The sample's length.
+    pub fn bytes(self) -> u64 {
+        match self {
+            Adopted::Linked(n) | Adopted::Copied(n) | Adopted::AlreadyHeld(n) => n,
+        }
+    }
+}
+
+/// Where bytes being written come from, for what a failure says and the time committed.
+#[derive(Clone, Copy)]
+enum Origin<'a> {
+    /// The source or a peer's stream: the sample's time is the one already learned.
+    Stream,
+    /// A same-host peer's cache file, with its modification time.
+    PeerFile {
+        path: &'a Path,
+        mtime: Option<SystemTime>,
+    },
 }
 
 /// The cached samples of one rank, filled from the source on demand.
@@ -289,7 +338,16 @@ impl SampleStore {
 
     fn write_claimed(
         &self,
-        claim: &super::backend::Claim<'_>,
+        claim: &Claim<'_>,
+        fill: impl FnOnce(&mut dyn Write) -> io::Result<Option<u32>>,
+    ) -> io::Result<u32> {
+        self.write_claimed_from(claim, Origin::Stream, fill)
+    }
+
+    fn write_claimed_from(
+        &self,
+        claim: &Claim<'_>,
+        origin: Origin<'_>,
         fill: impl FnOnce(&mut dyn Write) -> io::Result<Option<u32>>,
     ) -> io::Result<u32> {
         let id = claim.id();
@@ -308,25 +366,115 @@ impl SampleStore {
             )));
         }
         if let Some(expected) = expected.filter(|&e| e != crc) {
-            self.checksum_failed(format!(
-                "received copy of {} failed its checksum; it will be fetched from the source",
-                self.source.describe(id)
-            ));
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("checksum mismatch: bytes have {crc:08x}, sender recorded {expected:08x}"),
-            ));
+            let (problem, error) = match origin {
+                Origin::Stream => (
+                    format!(
+                        "received copy of {} failed its checksum; it will be fetched from the source",
+                        self.source.describe(id)
+                    ),
+                    format!(
+                        "checksum mismatch: bytes have {crc:08x}, sender recorded {expected:08x}"
+                    ),
+                ),
+                Origin::PeerFile { path, .. } => (
+                    format!(
+                        "copy of {} from peer cache file {} failed its checksum; it will be fetched from the source",
+                        self.source.describe(id),
+                        path.display()
+                    ),
+                    format!(
+                        "checksum mismatch: peer cache file {} holds bytes with {crc:08x}, its record says {expected:08x}",
+                        path.display()
+                    ),
+                ),
+            };
+            self.checksum_failed(problem);
+            return Err(io::Error::new(io::ErrorKind::InvalidData, error));
         }
-        writer.commit(Commit {
-            crc,
-            len,
-            mtime: self.mtime(id),
-        })?;
+        let mtime = match origin {
+            Origin::Stream => self.mtime(id),
+            Origin::PeerFile { mtime, .. } => mtime.or(self.mtime(id)),
+        };
+        writer.commit(Commit { crc, len, mtime })?;
+        if let Origin::PeerFile { .. } = origin {
+            self.learn_mtime(id, mtime);
+        }
         self.learn_size(id, len);
         if !was_present {
             self.count_in(id);
         }
         Ok(crc)
+    }
+
+    /// Takes sample `id` from the cache folder `peer_root` of another rank on this host (its
+    /// file [`FileBackend::path_in`]`(peer_root, id)` and the checksum and length recorded
+    /// on it), so that its bytes need not cross MPI: by hard link where the backend can
+    /// (both caches on one filesystem, see `files.rs`), else by copying the file through the
+    /// backend's writer, checked against the recorded checksum. Either way the sample then
+    /// is exactly as if received: size, time (the peer file's), counters, checksum recorded,
+    /// and durable after the next [`sync`](Self::sync).
+    ///
+    /// Errors, after which the caller gets the sample elsewhere (the source): the peer file
+    /// is missing, not a regular file, has no record of checksum and length, or a length that
+    /// contradicts its record or this sample's known size (`InvalidData`, naming the file);
+    /// a copy whose bytes fail the recorded checksum is `InvalidData` and counted as a
+    /// checksum failure. On any error nothing is stored, and the peer's file is never
+    /// changed. Waits while another writer (a fetch, say) holds the sample; if that leaves
+    /// it cached, takes nothing and answers [`Adopted::AlreadyHeld`].
+    pub fn adopt_from_peer(&self, id: SampleId, peer_root: &Path) -> io::Result<Adopted> {
+        let held = || Adopted::AlreadyHeld(self.size(id).unwrap_or(0));
+        if self.contains(id) {
+            return Ok(held());
+        }
+        let claim = self.claims.claim(id);
+        if self.contains(id) {
+            return Ok(held()); // whoever held the claim wrote it
+        }
+        let peer = FileBackend::open_peer(peer_root, id)?;
+        let recorded = peer.recorded;
+        if let Some(want) = self.size(id).filter(|&w| w != recorded.len) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "peer cache file {} is {} bytes, {} was {want} when first listed or read",
+                    peer.path.display(),
+                    recorded.len,
+                    self.source.describe(id)
+                ),
+            ));
+        }
+        let adopted = if self.backend.adopt(&claim, &peer.path, recorded)? {
+            self.learn_size(id, recorded.len);
+            self.learn_mtime(id, recorded.mtime);
+            self.count_in(id);
+            self.stats.adopted_linked.fetch_add(1, Ordering::Relaxed);
+            Adopted::Linked(recorded.len)
+        } else {
+            let origin = Origin::PeerFile {
+                path: &peer.path,
+                mtime: recorded.mtime,
+            };
+            self.write_claimed_from(&claim, origin, |out| {
+                let copied = copy_all(&peer.file, out)?;
+                if copied != recorded.len {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "peer cache file {} gave {copied} bytes, its record says {}",
+                            peer.path.display(),
+                            recorded.len
+                        ),
+                    ));
+                }
+                Ok(Some(recorded.crc))
+            })?;
+            self.stats.adopted_copied.fetch_add(1, Ordering::Relaxed);
+            Adopted::Copied(recorded.len)
+        };
+        self.stats
+            .adopted_bytes
+            .fetch_add(recorded.len, Ordering::Relaxed);
+        Ok(adopted)
     }
 
     /// Opens sample `id` for reading whole (fetching it first if needed), with the checksum
@@ -382,7 +530,9 @@ impl SampleStore {
     }
 
     /// Makes everything written to the cache so far durable: the exchange calls it before
-    /// telling a sender it may drop what it sent.
+    /// telling a sender it may drop what it sent. Adopted samples included: a hard link's
+    /// directory entries and the inode it names are on the cache's own filesystem (see
+    /// `files.rs`).
     pub fn sync(&self) -> io::Result<()> {
         self.backend.sync()
     }
@@ -396,6 +546,23 @@ impl SampleStore {
                 .fetch_sub(self.size(id).unwrap_or(0), Ordering::Relaxed);
         }
         Ok(())
+    }
+}
+
+/// Copies `from` to its end into `out`; returns the bytes copied.
+fn copy_all(mut from: &std::fs::File, out: &mut dyn Write) -> io::Result<u64> {
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut total = 0u64;
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) => return Ok(total),
+            Ok(n) => {
+                out.write_all(&buf[..n])?;
+                total += n as u64;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
     }
 }
 
@@ -438,3 +605,6 @@ impl<W: Write + ?Sized> Write for CrcWriter<'_, W> {
         self.inner.flush()
     }
 }
+
+#[cfg(test)]
+mod tests;

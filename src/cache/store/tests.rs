@@ -1,0 +1,575 @@
+//! The store's ways in for a sample, adoption from a same-host peer's cache above all: by
+//! link and by copy, what either leaves, what is refused, and claims against fetches.
+
+use super::*;
+use crate::cache::{Claim, FileBackend, Recovered, SampleWriter};
+use crate::dataset::manifest::Manifest;
+use crate::dataset::{Copied, SyntheticSource, synthetic_byte};
+use std::fs;
+use std::os::unix::fs::{FileExt as _, MetadataExt as _};
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc;
+
+const SAMPLES: u32 = 64;
+
+/// `SAMPLES` samples of known, distinct sizes (a few hundred bytes to ~40 KiB).
+fn manifest_with(size: impl Fn(u32) -> u64) -> Arc<Manifest> {
+    let samples = (0..SAMPLES)
+        .map(|i| (format!("s{i:03}").into_bytes(), size(i)))
+        .collect();
+    Arc::new(Manifest::from_parts(vec![(b"c".to_vec(), samples)]).unwrap())
+}
+
+fn manifest() -> Arc<Manifest> {
+    manifest_with(|i| 300 + u64::from(i) * 613)
+}
+
+fn bytes_of(id: SampleId, len: u64) -> Vec<u8> {
+    (0..len).map(|o| synthetic_byte(id, o)).collect()
+}
+
+/// The time the test source gives sample `id`.
+fn source_time(id: SampleId) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::new(1_700_000_000 + u64::from(id), 123_456_789)
+}
+
+/// Synthetic samples with [`source_time`]s.
+struct Timed(SyntheticSource);
+
+impl Dataset for Timed {
+    fn copy_to(&self, id: SampleId, out: &mut dyn Write) -> io::Result<Copied> {
+        let copied = self.0.copy_to(id, out)?;
+        Ok(Copied {
+            mtime: Some(source_time(id)),
+            ..copied
+        })
+    }
+    fn read_at(&self, id: SampleId, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.read_at(id, offset, buf)
+    }
+    fn describe(&self, id: SampleId) -> String {
+        self.0.describe(id)
+    }
+}
+
+fn synthetic(manifest: &Arc<Manifest>) -> Arc<dyn Dataset> {
+    Arc::new(Timed(SyntheticSource {
+        manifest: manifest.clone(),
+    }))
+}
+
+/// A rank's store over the file backend in `root`.
+fn store_in(root: &Path, manifest: &Arc<Manifest>) -> SampleStore {
+    SampleStore::new(
+        CacheDir::open(root).unwrap(),
+        manifest.clone(),
+        synthetic(manifest),
+    )
+    .unwrap()
+}
+
+/// A rank's store whose backend cannot link (the trait's default `adopt`).
+fn store_without_links(root: &Path, manifest: &Arc<Manifest>) -> SampleStore {
+    let dir = CacheDir::open(root).unwrap();
+    let backend = NoLinks(dir.file_backend(manifest.len()).unwrap());
+    SampleStore::with_backend(
+        dir,
+        Box::new(backend),
+        manifest.clone(),
+        synthetic(manifest),
+    )
+    .unwrap()
+}
+
+/// A peer holding `ids`, fetched from the source; returns its store and cache folder.
+fn peer_holding(parent: &Path, ids: &[SampleId]) -> (SampleStore, PathBuf) {
+    let root = parent.join("peer");
+    let peer = store_in(&root, &manifest());
+    for &id in ids {
+        peer.ensure(id).unwrap();
+    }
+    (peer, root)
+}
+
+fn names_in(dir: PathBuf) -> Vec<String> {
+    fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+fn stat(root: &Path, id: SampleId) -> fs::Metadata {
+    fs::metadata(FileBackend::path_in(root, id)).unwrap()
+}
+
+/// Asserts that sample `id` of `len` bytes in `store` (at `root`) is in every respect
+/// a cached sample with `peer`'s checksum and time.
+fn assert_cached_like(store: &SampleStore, root: &Path, id: SampleId, len: u64, peer: Commit) {
+    let want = bytes_of(id, len);
+    assert!(store.contains(id));
+    assert_eq!(store.size(id), Some(len));
+    assert_eq!(store.mtime(id), peer.mtime);
+    assert_eq!(store.read(id).unwrap(), want);
+    let mut stored = store.open_checked(id).unwrap();
+    assert_eq!(stored.recorded_crc, Some(crc32c::crc32c(&want)));
+    let mut got = Vec::new();
+    stored.reader.read_to_end(&mut got).unwrap();
+    assert_eq!(got, want);
+    let mut file = store.file(id).unwrap().unwrap();
+    got.clear();
+    file.read_to_end(&mut got).unwrap();
+    assert_eq!(got, want);
+    assert_eq!(stat(root, id).modified().ok(), peer.mtime);
+    assert_eq!(FileBackend::recorded_in(root, id).unwrap(), peer);
+    assert!(names_in(root.join("tmp")).is_empty());
+}
+
+#[test]
+fn adopting_on_one_filesystem_links_the_peers_file_and_looks_received() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_peer, peer_root) = peer_holding(tmp.path(), &[3, 9]);
+    let recorded = FileBackend::recorded_in(&peer_root, 3).unwrap();
+    let len = manifest().size(3).unwrap();
+    assert_eq!(recorded.len, len);
+    assert_eq!(recorded.crc, crc32c::crc32c(&bytes_of(3, len)));
+    assert_eq!(recorded.mtime, Some(source_time(3)));
+
+    let root = tmp.path().join("ours");
+    let store = store_in(&root, &manifest());
+    assert_eq!(
+        store.adopt_from_peer(3, &peer_root).unwrap(),
+        Adopted::Linked(len)
+    );
+    let (ours, theirs) = (stat(&root, 3), stat(&peer_root, 3));
+    assert_eq!((ours.dev(), ours.ino()), (theirs.dev(), theirs.ino()));
+    assert_eq!((ours.nlink(), theirs.nlink()), (2, 2));
+    assert_cached_like(&store, &root, 3, len, recorded);
+    let s = &store.stats;
+    assert_eq!(s.files.load(Ordering::Relaxed), 1);
+    assert_eq!(s.bytes.load(Ordering::Relaxed), len);
+    assert_eq!(s.adopted_linked.load(Ordering::Relaxed), 1);
+    assert_eq!(s.adopted_copied.load(Ordering::Relaxed), 0);
+    assert_eq!(s.adopted_bytes.load(Ordering::Relaxed), len);
+    assert_eq!(s.fetched_from_source.load(Ordering::Relaxed), 0);
+    store.sync().unwrap();
+
+    // A second adoption of a held sample takes nothing, not even a look at the peer.
+    let gone = tmp.path().join("no-such-peer");
+    assert_eq!(
+        store.adopt_from_peer(3, &gone).unwrap(),
+        Adopted::AlreadyHeld(len)
+    );
+    assert_eq!(s.adopted_linked.load(Ordering::Relaxed), 1);
+
+    // A remount finds it complete, with its size and time.
+    drop(store);
+    let store = store_in(&root, &manifest());
+    assert_cached_like(&store, &root, 3, len, recorded);
+    assert_eq!(store.stats.files.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn the_peer_dropping_its_copy_leaves_ours_whole() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (peer, peer_root) = peer_holding(tmp.path(), &[5]);
+    let recorded = FileBackend::recorded_in(&peer_root, 5).unwrap();
+    let root = tmp.path().join("ours");
+    let store = store_in(&root, &manifest());
+    let len = store.adopt_from_peer(5, &peer_root).unwrap().bytes();
+    peer.remove(5).unwrap();
+    assert!(!FileBackend::path_in(&peer_root, 5).exists());
+    assert_eq!(stat(&root, 5).nlink(), 1);
+    assert_cached_like(&store, &root, 5, len, recorded);
+    // The peer fetching it again writes a new file, ours untouched.
+    peer.ensure(5).unwrap();
+    assert_ne!(stat(&root, 5).ino(), stat(&peer_root, 5).ino());
+    assert_cached_like(&store, &root, 5, len, recorded);
+}
+
+#[test]
+fn our_remove_leaves_the_peers_copy_whole() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (peer, peer_root) = peer_holding(tmp.path(), &[6]);
+    let recorded = FileBackend::recorded_in(&peer_root, 6).unwrap();
+    let root = tmp.path().join("ours");
+    let store = store_in(&root, &manifest());
+    let len = store.adopt_from_peer(6, &peer_root).unwrap().bytes();
+    store.remove(6).unwrap();
+    assert!(!store.contains(6));
+    assert_eq!(store.stats.files.load(Ordering::Relaxed), 0);
+    assert_eq!(store.stats.bytes.load(Ordering::Relaxed), 0);
+    assert_eq!(stat(&peer_root, 6).nlink(), 1);
+    assert_cached_like(&peer, &peer_root, 6, len, recorded);
+    // Our clearing the whole cache leaves it too.
+    store.adopt_from_peer(6, &peer_root).unwrap();
+    store.backend.clear().unwrap();
+    assert_cached_like(&peer, &peer_root, 6, len, recorded);
+}
+
+#[test]
+fn a_backend_that_cannot_link_copies_checked_with_the_peers_record() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_peer, peer_root) = peer_holding(tmp.path(), &[7]);
+    let recorded = FileBackend::recorded_in(&peer_root, 7).unwrap();
+    let root = tmp.path().join("ours");
+    let store = store_without_links(&root, &manifest());
+    let len = manifest().size(7).unwrap();
+    assert_eq!(
+        store.adopt_from_peer(7, &peer_root).unwrap(),
+        Adopted::Copied(len)
+    );
+    let (ours, theirs) = (stat(&root, 7), stat(&peer_root, 7));
+    assert_ne!(ours.ino(), theirs.ino());
+    assert_eq!((ours.nlink(), theirs.nlink()), (1, 1));
+    assert_cached_like(&store, &root, 7, len, recorded);
+    let s = &store.stats;
+    assert_eq!(s.adopted_copied.load(Ordering::Relaxed), 1);
+    assert_eq!(s.adopted_linked.load(Ordering::Relaxed), 0);
+    assert_eq!(s.adopted_bytes.load(Ordering::Relaxed), len);
+    assert_eq!(s.files.load(Ordering::Relaxed), 1);
+    drop(store);
+    let store = store_in(&root, &manifest());
+    assert_cached_like(&store, &root, 7, len, recorded);
+}
+
+#[test]
+fn a_peer_on_another_filesystem_is_copied() {
+    // The link fails with EXDEV: /dev/shm (tmpfs) against a folder on disk.
+    let shm = Path::new("/dev/shm");
+    let Ok(peer_parent) = tempfile::tempdir_in(shm) else {
+        eprintln!("skipped: no /dev/shm");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    if fs::metadata(tmp.path()).unwrap().dev() == fs::metadata(shm).unwrap().dev() {
+        eprintln!("skipped: the temporary folder is on /dev/shm's filesystem");
+        return;
+    }
+    let (_peer, peer_root) = peer_holding(peer_parent.path(), &[8]);
+    let Ok(recorded) = FileBackend::recorded_in(&peer_root, 8) else {
+        eprintln!("skipped: /dev/shm keeps no user xattrs");
+        return;
+    };
+    let root = tmp.path().join("ours");
+    let store = store_in(&root, &manifest());
+    let len = manifest().size(8).unwrap();
+    assert_eq!(
+        store.adopt_from_peer(8, &peer_root).unwrap(),
+        Adopted::Copied(len)
+    );
+    assert_cached_like(&store, &root, 8, len, recorded);
+    assert_eq!(store.stats.adopted_copied.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn a_corrupt_peer_file_is_refused_and_left_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_peer, peer_root) = peer_holding(tmp.path(), &[4]);
+    let path = FileBackend::path_in(&peer_root, 4);
+    let recorded = FileBackend::recorded_in(&peer_root, 4).unwrap();
+    // Rot in place: same length, same record, one byte flipped.
+    let file = fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.write_all_at(&[!synthetic_byte(4, 100)], 100).unwrap();
+    drop(file);
+    let corrupt = fs::read(&path).unwrap();
+
+    let root = tmp.path().join("ours");
+    let store = store_without_links(&root, &manifest());
+    let e = store.adopt_from_peer(4, &peer_root).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+    assert!(e.to_string().contains(&path.display().to_string()), "{e}");
+    assert!(!store.contains(4));
+    assert!(names_in(root.join("samples")).is_empty());
+    assert!(names_in(root.join("tmp")).is_empty());
+    let s = &store.stats;
+    assert_eq!(s.checksum_failures.load(Ordering::Relaxed), 1);
+    assert!(s.problems()[0].contains(&path.display().to_string()));
+    assert_eq!(s.files.load(Ordering::Relaxed), 0);
+    assert_eq!(s.adopted_copied.load(Ordering::Relaxed), 0);
+    assert_eq!(s.adopted_bytes.load(Ordering::Relaxed), 0);
+    assert_eq!(fs::read(&path).unwrap(), corrupt);
+    let still = FileBackend::recorded_in(&peer_root, 4).unwrap();
+    assert_eq!((still.crc, still.len), (recorded.crc, recorded.len));
+    // The claim is free again: the source fills it.
+    store.ensure(4).unwrap();
+    assert_eq!(store.read(4).unwrap(), bytes_of(4, recorded.len));
+}
+
+#[test]
+fn a_peer_file_cut_short_is_refused_on_either_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_peer, peer_root) = peer_holding(tmp.path(), &[2]);
+    let path = FileBackend::path_in(&peer_root, 2);
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(10)
+        .unwrap();
+    for (name, store) in [
+        ("ours", store_in(&tmp.path().join("ours"), &manifest())),
+        (
+            "copier",
+            store_without_links(&tmp.path().join("copier"), &manifest()),
+        ),
+    ] {
+        let e = store.adopt_from_peer(2, &peer_root).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{name}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&path.display().to_string()) && msg.contains("record"),
+            "{msg}"
+        );
+        assert!(!store.contains(2));
+        assert!(names_in(tmp.path().join(name).join("samples")).is_empty());
+        assert!(names_in(tmp.path().join(name).join("tmp")).is_empty());
+        assert_eq!(store.stats.files.load(Ordering::Relaxed), 0);
+    }
+    assert_eq!(fs::metadata(&path).unwrap().len(), 10);
+}
+
+#[test]
+fn a_peer_file_of_another_size_than_known_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    // The peer's dataset had sample 1 at another size than ours lists.
+    let peer_root = tmp.path().join("peer");
+    let peer = store_in(&peer_root, &manifest_with(|_| 50));
+    peer.ensure(1).unwrap();
+    let root = tmp.path().join("ours");
+    let store = store_in(&root, &manifest());
+    let e = store.adopt_from_peer(1, &peer_root).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+    assert!(e.to_string().contains("when first listed"), "{e}");
+    assert!(!store.contains(1));
+    assert!(names_in(root.join("samples")).is_empty());
+}
+
+#[test]
+fn a_missing_or_unrecorded_peer_file_is_an_error_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let peer_root = tmp.path().join("peer");
+    let root = tmp.path().join("ours");
+    let store = store_in(&root, &manifest());
+
+    let missing = FileBackend::path_in(&peer_root, 11);
+    let e = store.adopt_from_peer(11, &peer_root).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::NotFound);
+    assert!(
+        e.to_string().contains(&missing.display().to_string()),
+        "{e}"
+    );
+    assert!(FileBackend::recorded_in(&peer_root, 11).is_err());
+
+    // A file with the right bytes but no record, then one with only a checksum (as
+    // shufflefs wrote before lengths were recorded).
+    fs::create_dir_all(peer_root.join("samples")).unwrap();
+    let len = manifest().size(12).unwrap();
+    let bytes = bytes_of(12, len);
+    let path = FileBackend::path_in(&peer_root, 12);
+    fs::write(&path, &bytes).unwrap();
+    let legacy = crc32c::crc32c(&bytes).to_le_bytes();
+    for record in [None, Some(&legacy[..])] {
+        if let Some(v) = record
+            && xattr::set(&path, "user.shufflefs.crc32c", v).is_err()
+        {
+            continue; // no user xattrs here
+        }
+        let e = store.adopt_from_peer(12, &peer_root).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        assert!(e.to_string().contains(&path.display().to_string()), "{e}");
+        assert!(
+            e.to_string().contains("no recorded checksum and length"),
+            "{e}"
+        );
+        assert!(FileBackend::recorded_in(&peer_root, 12).is_err());
+    }
+
+    // A symlink to a good peer file is not a sample file.
+    let (_good, good_root) = {
+        let r = tmp.path().join("good");
+        let s = store_in(&r, &manifest());
+        s.ensure(13).unwrap();
+        (s, r)
+    };
+    std::os::unix::fs::symlink(
+        FileBackend::path_in(&good_root, 13),
+        FileBackend::path_in(&peer_root, 13),
+    )
+    .unwrap();
+    let e = store.adopt_from_peer(13, &peer_root).unwrap_err();
+    assert!(e.to_string().contains("peer cache file"), "{e}");
+
+    assert!(names_in(root.join("samples")).is_empty());
+    assert!(names_in(root.join("tmp")).is_empty());
+    assert_eq!(store.stats.files.load(Ordering::Relaxed), 0);
+    assert_eq!(store.stats.adopted_bytes.load(Ordering::Relaxed), 0);
+    // Nothing was held: the source fills them.
+    store.ensure(11).unwrap();
+    store.ensure(12).unwrap();
+}
+
+/// A source whose copies wait for the test's go, after saying they started.
+struct Gated {
+    inner: Arc<dyn Dataset>,
+    started: Mutex<mpsc::Sender<SampleId>>,
+    go: Mutex<mpsc::Receiver<()>>,
+}
+
+impl Dataset for Gated {
+    fn copy_to(&self, id: SampleId, out: &mut dyn Write) -> io::Result<Copied> {
+        let _ = self.started.lock().unwrap().send(id);
+        let _ = self.go.lock().unwrap().recv();
+        self.inner.copy_to(id, out)
+    }
+    fn read_at(&self, id: SampleId, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        self.inner.read_at(id, offset, buf)
+    }
+    fn describe(&self, id: SampleId) -> String {
+        self.inner.describe(id)
+    }
+}
+
+#[test]
+fn an_adoption_waits_for_a_fetch_of_the_same_sample_and_takes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_peer, peer_root) = peer_holding(tmp.path(), &[20]);
+    let root = tmp.path().join("ours");
+    let m = manifest();
+    let (started_tx, started) = mpsc::channel();
+    let (go, go_rx) = mpsc::channel();
+    let source = Gated {
+        inner: synthetic(&m),
+        started: Mutex::new(started_tx),
+        go: Mutex::new(go_rx),
+    };
+    let store =
+        SampleStore::new(CacheDir::open(&root).unwrap(), m.clone(), Arc::new(source)).unwrap();
+    let adopted_done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let fetch = s.spawn(|| store.ensure(20));
+        assert_eq!(started.recv().unwrap(), 20); // the fetch holds the claim
+        let adopt = s.spawn(|| {
+            let r = store.adopt_from_peer(20, &peer_root);
+            adopted_done.store(true, Ordering::SeqCst);
+            r
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            !adopted_done.load(Ordering::SeqCst),
+            "adopted beside a fetch"
+        );
+        go.send(()).unwrap();
+        fetch.join().unwrap().unwrap();
+        let len = m.size(20).unwrap();
+        assert_eq!(adopt.join().unwrap().unwrap(), Adopted::AlreadyHeld(len));
+    });
+    assert_ne!(stat(&root, 20).ino(), stat(&peer_root, 20).ino());
+    assert_eq!(stat(&peer_root, 20).nlink(), 1);
+    let s = &store.stats;
+    assert_eq!(s.fetched_from_source.load(Ordering::Relaxed), 1);
+    assert_eq!(s.adopted_linked.load(Ordering::Relaxed), 0);
+    assert_eq!(s.adopted_bytes.load(Ordering::Relaxed), 0);
+    assert_eq!(s.files.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn a_fetch_waits_for_an_adoption_holding_the_claim() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_peer, peer_root) = peer_holding(tmp.path(), &[21]);
+    let store = store_in(&tmp.path().join("ours"), &manifest());
+    let claim = store.claims.claim(21); // as an adoption in progress holds it
+    let fetched = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let fetch = s.spawn(|| {
+            let r = store.ensure(21);
+            fetched.store(true, Ordering::SeqCst);
+            r
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            !fetched.load(Ordering::SeqCst),
+            "fetched beside an adoption"
+        );
+        // What `adopt_from_peer` does once it holds the claim.
+        let peer = FileBackend::open_peer(&peer_root, 21).unwrap();
+        assert!(
+            store
+                .backend
+                .adopt(&claim, &peer.path, peer.recorded)
+                .unwrap()
+        );
+        drop(claim);
+        fetch.join().unwrap().unwrap();
+    });
+    assert_eq!(store.stats.fetched_from_source.load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn adoptions_racing_fetches_bring_each_sample_in_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let all: Vec<SampleId> = (0..SAMPLES).collect();
+    let (_peer, peer_root) = peer_holding(tmp.path(), &all);
+    let root = tmp.path().join("ours");
+    let store = store_in(&root, &manifest());
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for &id in &all {
+                store.ensure(id).unwrap();
+            }
+        });
+        s.spawn(|| {
+            for &id in all.iter().rev() {
+                store.adopt_from_peer(id, &peer_root).unwrap();
+            }
+        });
+    });
+    let m = manifest();
+    let total: u64 = all.iter().map(|&id| m.size(id).unwrap()).sum();
+    let s = &store.stats;
+    let fetched = s.fetched_from_source.load(Ordering::Relaxed);
+    let linked = s.adopted_linked.load(Ordering::Relaxed);
+    assert_eq!(fetched + linked, u64::from(SAMPLES));
+    assert_eq!(s.files.load(Ordering::Relaxed), u64::from(SAMPLES));
+    assert_eq!(s.bytes.load(Ordering::Relaxed), total);
+    for &id in &all {
+        assert_eq!(store.read(id).unwrap(), bytes_of(id, m.size(id).unwrap()));
+    }
+    assert!(names_in(root.join("tmp")).is_empty());
+}
+
+/// The file backend with the trait's default `adopt`: a backend that cannot link.
+struct NoLinks(FileBackend);
+
+impl CacheBackend for NoLinks {
+    fn recover(&self, keep: &dyn Fn(SampleId, u64) -> bool) -> io::Result<Vec<Recovered>> {
+        self.0.recover(keep)
+    }
+    fn contains(&self, id: SampleId) -> bool {
+        self.0.contains(id)
+    }
+    fn size(&self, id: SampleId) -> Option<u64> {
+        self.0.size(id)
+    }
+    fn read_at(&self, id: SampleId, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.read_at(id, offset, buf)
+    }
+    fn open(&self, id: SampleId) -> io::Result<Stored> {
+        self.0.open(id)
+    }
+    fn writer<'a>(&'a self, claim: &Claim<'_>) -> io::Result<Box<dyn SampleWriter + 'a>> {
+        self.0.writer(claim)
+    }
+    fn remove(&self, id: SampleId) -> io::Result<bool> {
+        self.0.remove(id)
+    }
+    fn clear(&self) -> io::Result<()> {
+        self.0.clear()
+    }
+    fn sync(&self) -> io::Result<()> {
+        self.0.sync()
+    }
+    fn file(&self, id: SampleId) -> Option<io::Result<std::fs::File>> {
+        self.0.file(id)
+    }
+}
