@@ -87,6 +87,27 @@ pub struct MountArgs {
     #[arg(long, value_name = "BYTES_PER_S", help_heading = "Shuffling")]
     pub exchange_rate: Option<u64>,
 
+    /// Stop waiting for a peer whose samples arrive more than F times slower than the
+    /// median peer's (measured during the exchange), plus --slow-peer-grace: what it has not
+    /// delivered is fetched from the source, so one slow node does not hold every rank's
+    /// next epoch. 0 waits for every peer.
+    #[arg(
+        long,
+        value_name = "F",
+        default_value_t = 4.0,
+        help_heading = "Shuffling"
+    )]
+    pub slow_peer_factor: f64,
+
+    /// Seconds added to every slow-peer deadline (see --slow-peer-factor).
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 2.0,
+        help_heading = "Shuffling"
+    )]
+    pub slow_peer_grace: f64,
+
     /// Threads copying samples from the source into the cache.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256), help_heading = "Tuning")]
     pub staging_threads: u16,

@@ -365,6 +365,14 @@ impl SampleStore {
                 "sample is {len} bytes, it was {want} when first listed or read; it changed since"
             )));
         }
+        if expected == Some(!crc) && matches!(origin, Origin::Stream) {
+            // The sender's mark for "could not read it" (see `exchange::frames`): not a
+            // corruption; the caller fetches the sample from the source.
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the sender could not read this sample",
+            ));
+        }
         if let Some(expected) = expected.filter(|&e| e != crc) {
             let (problem, error) = match origin {
                 Origin::Stream => (

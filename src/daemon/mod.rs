@@ -13,12 +13,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
+use std::time::Duration;
 
 use fuser::{Config, MountOption, SessionACL};
 
 use crate::cli::{MountArgs, ReadPath, for_rank};
 use crate::comm::Comm;
-use crate::exchange::ExchangeConfig;
+use crate::exchange::{ExchangeConfig, Peers, SlowPeers};
 use crate::fuse::FuseAdapter;
 use crate::node::{ExchangeCmd, Node, NodeConfig, serve_exchanges};
 use crate::sys::{mounts, readahead};
@@ -43,6 +44,8 @@ pub enum DaemonError {
     Session(std::io::Error),
     #[error("FUSE session thread panicked")]
     Panicked,
+    #[error("learning where the other ranks' caches are: {0}")]
+    Peers(#[source] crate::comm::CommError),
 }
 
 fn thread_error(what: &'static str) -> impl FnOnce(std::io::Error) -> DaemonError {
@@ -65,8 +68,15 @@ pub fn run(
     let rank = comm.rank();
     let exchange_cfg = ExchangeConfig {
         rate: args.exchange_rate,
+        slow_peers: SlowPeers {
+            factor: args.slow_peer_factor.max(0.0),
+            grace: Duration::from_secs_f64(args.slow_peer_grace.clamp(0.0, 1e6)),
+            ..SlowPeers::default()
+        },
         ..ExchangeConfig::default()
     };
+    // Which ranks of this host can take samples from each other's caches (collective).
+    let peers = Peers::discover(comm, store.dir().root()).map_err(DaemonError::Peers)?;
     let (node, exchanges) = Node::start(
         store.clone(),
         plan,
@@ -151,7 +161,7 @@ pub fn run(
             result
         })
         .map_err(thread_error("FUSE session"))?;
-    if let Err(e) = serve_exchanges(comm, &node, &exchanges, exchange_cfg, &abort) {
+    if let Err(e) = serve_exchanges(comm, &node, &exchanges, exchange_cfg, &peers, &abort) {
         // MPI cannot withdraw a half-done transfer: leave without finalizing, which makes
         // the launcher end the job (the other ranks unmount on its SIGTERM). The mount was
         // detached before `abort` was set, so nothing is left behind.

@@ -3,71 +3,88 @@
 //! # Protocol
 //! Every rank derives its part of the same schedule from the plan, so nothing is negotiated:
 //! no any-source receive, no per-sample message. Each stream of the schedule (one peer, its
-//! samples in stream order) carries the bytes of its samples back to back, and its length is
-//! known to both sides before it starts (the sender sends the sizes first). The stream is cut
-//! into frames of `frame` bytes (the last one shorter): many small samples share a frame, and
-//! a sample larger than 2 GiB simply spans many frames.
+//! samples in stream order) is a sequence of messages on the exchange's data tag:
+//! 1. the size list (see `sizes`), whose length both sides know from the schedule;
+//! 2. the bytes of its samples back to back, each followed by the CRC-32C its sender recorded
+//!    when the sample entered its cache, cut into frames of `frame` bytes (the last one
+//!    shorter): many small samples share a frame, and a sample larger than 2 GiB simply
+//!    spans many frames. Both sides know the frames' lengths from the size list.
 //!
-//! A round's streams move together: frame `i` of every stream of the round is in one
-//! [`Comm::transfer`], so several peers are in flight at once and, as every rank posts its
-//! receives before its sends, no cycle of blocking sends can form. For each outgoing stream a
-//! reader thread fills frames from the cache (or the source, for samples not staged yet); for
-//! each incoming stream a writer thread turns frames into cache files (temp name, then
-//! rename), so disk and network overlap.
+//! and, once the receiver holds the stream durably, one byte back on the confirmation tag
+//! (1: stored; 0: this rank failed locally and fetches from the source). A stream between
+//! ranks that share a disk ([`RoundOp::Hand`]/[`RoundOp::Take`]) has only the size list and
+//! the confirmation: the receiver takes the samples from the sender's cache folder.
 //!
-//! Each sample in the stream is followed by the CRC-32C its sender recorded when the sample
-//! entered its cache (so `stream_len` is the sizes plus 4 bytes per sample). The sender
-//! checks its own copy as it reads it (a corrupt copy is dropped and refetched from the
-//! source later); the receiver checks the bytes before renaming them into its cache, so a
-//! sample damaged on either side never enters a view.
+//! All streams of a round move at once, each at its own pace: the loop below posts a few
+//! frames per stream ([`IN_FLIGHT`]) and refills a stream as its own messages complete, so a
+//! slow peer holds only its streams. Receives are posted as soon as the size list says what
+//! comes, and a send only ever waits for a receive its peer posts without waiting for
+//! anything of ours, so no cycle of waits can form. For each outgoing stream a reader thread
+//! fills frames from the cache (or the source, for samples not staged yet); for each incoming
+//! stream a writer thread turns frames into cache files, so disk and network overlap.
 //!
-//! Before any data, each sender tells each receiver the sizes of what it sends (see
-//! `sizes`). Every wait is a point-to-point transfer, never a collective, so a shutdown can
-//! interrupt an exchange whose peer went away.
+//! The sender checks its copy as it reads it (a corrupt copy is dropped and refetched from
+//! the source later; an unreadable one is sent as zeros with a checksum that cannot match);
+//! the receiver checks the bytes before committing them, so a sample damaged on either side
+//! never enters a view. Received bytes land only under the cache's own names: peers never
+//! send names, so nothing a peer says can make us write outside the cache folder.
 //!
-//! After the data of a round, each side sends, per stream, the ids it could not read (a
-//! count, then the ids; a bad sample is reported, not fatal); the receiver drops those, and
-//! they are fetched from the source if read later. Received bytes land only under
-//! `samples/<id>`: peers never send names, so nothing a peer says can make us write outside
-//! the cache folder.
-//!
-//! Durability: after the last round every rank `syncfs`es its cache once (not once per round:
-//! on a node shared by several ranks each `syncfs` writes back everybody's dirty pages), then
-//! tells each rank it received from that it holds the samples durably (`confirm`, one byte
-//! per stream, in the schedule's rounds). `run` returns only after hearing that from each of
-//! its receivers, and a rank drops the samples it sent only after `run` returned, so a sample
-//! leaves its sender only once its receiver holds it durably. A rank whose disk failed still
-//! takes part in every round (sending zeros, draining what arrives) and in the confirmation,
-//! so a local failure never leaves a peer waiting.
+//! # Settling early, draining late
+//! A rank has what it needs once every incoming stream is stored or given up (see
+//! `deadline`): it then makes its cache durable (one `syncfs`: on a node shared by several
+//! ranks each one writes back everybody's dirty pages), confirms to its senders, and reports
+//! the exchange settled, so its next epoch can be published; what a given-up peer did not
+//! deliver is fetched from the source by the caller. The round still runs until every
+//! message of it completed: a given-up peer's late frames are received and dropped (its
+//! sends must not block), and this rank's own streams finish at its receivers' pace. A rank
+//! drops the samples it sent only after `run` returned, that is after hearing from each
+//! receiver that it holds them durably. A rank whose disk failed still takes part in every
+//! stream (sending zeros, draining what arrives), so a local failure never leaves a peer
+//! waiting.
 
+use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
-use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
-use std::thread::{self, ScopedJoinHandle};
+use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError, sync_channel};
+use std::thread::{self, Scope, ScopedJoinHandle};
 use std::time::{Duration, Instant};
 
+use super::deadline::{Progress, estimate};
 use super::frames::{Pool, idle_io_priority, read_stream, write_stream};
-use super::schedule::Schedule;
-use super::sizes::{SizedRound, settle};
+use super::schedule::{Round, RoundOp, Schedule};
+use super::sizes::{self, ENTRY};
 use super::{
-    DEPTH, ExchangeConfig, ExchangeError, ExchangeState, ExchangeTracker, Phase, decode_ids,
-    encode_ids, stream_len,
+    ExchangeConfig, ExchangeError, ExchangeState, ExchangeTracker, Peers, Phase, Sized, stream_len,
 };
-use crate::cache::SampleStore;
-use crate::comm::{Batch, Comm, CommError};
+use crate::cache::{Adopted, SampleStore};
+use crate::comm::{Comm, CommError, Op, Ticket};
+use crate::dataset::manifest::UNKNOWN_SIZE;
 use crate::plan::{Rank, SampleId};
 
-/// What every phase needs besides the transport.
+/// Frames per stream posted to the transport at once.
+const IN_FLIGHT: usize = 2;
+/// Frames per stream queued between the transport and its disk thread.
+const QUEUED: usize = 2;
+/// What all streams' frames may hold at once; frames shrink when many peers share it.
+const BUDGET: usize = 256 << 20;
+/// The smallest frame the budget may shrink frames to.
+const MIN_FRAME: usize = 1 << 20;
+/// How long one look at the transport may wait.
+const POLL: Duration = Duration::from_millis(2);
+
+/// What every stream needs besides the transport.
 pub(super) struct Ctx<'a> {
     pub store: &'a SampleStore,
     pub tracker: &'a ExchangeTracker,
+    pub peers: &'a Peers,
+    pub hosts: &'a [u32],
+    pub me: Rank,
     pub target: u64,
-    pub tag: u16,
-    pub frame: usize,
+    pub cfg: ExchangeConfig,
     pub abort: &'a AtomicBool,
 }
 
 impl Ctx<'_> {
-    pub fn comm_error(&self, phase: Phase, peers: Vec<Rank>, source: CommError) -> ExchangeError {
+    fn comm_error(&self, phase: Phase, peers: Vec<Rank>, source: CommError) -> ExchangeError {
         ExchangeError::Comm {
             phase,
             target_epoch: self.target,
@@ -75,64 +92,112 @@ impl Ctx<'_> {
             source,
         }
     }
+
+    /// Tags of this exchange: data, and confirmations (which cross data in the other
+    /// direction, so they need a tag of their own to keep each pair's order unambiguous).
+    fn tags(&self) -> (u16, u16) {
+        let data = ((self.target & 0x3FFF) as u16) << 1;
+        (data, data | 1)
+    }
+
+    /// Frame size: the configured one, shrunk so all streams' frames fit the budget. A
+    /// function of settings every rank shares, so both sides of a stream cut it alike.
+    fn frame(&self) -> usize {
+        let streams = 2 * self.hosts.len().saturating_sub(1).max(1);
+        let fit = BUDGET / (streams * (IN_FLIGHT + QUEUED + 1));
+        self.cfg.frame.min(fit.max(MIN_FRAME))
+    }
+
+    fn same_host(&self, peer: Rank) -> bool {
+        self.hosts[peer as usize] == self.hosts[self.me as usize]
+    }
 }
 
-/// Runs `schedule` into epoch `target`, recording progress in `tracker`.
+/// Runs `schedule`; calls `settled` once, when this rank holds what it needs (or with the
+/// error that ended the exchange first), then returns once every stream completed.
 pub(super) fn execute(
     comm: &mut dyn Comm,
-    store: &SampleStore,
+    ctx: &Ctx,
     schedule: &Schedule,
-    target: u64,
-    cfg: ExchangeConfig,
-    tracker: &ExchangeTracker,
-    abort: &AtomicBool,
+    settled: &mut dyn FnMut(Result<(), &ExchangeError>),
 ) -> Result<(), ExchangeError> {
-    let ctx = Ctx {
-        store,
-        tracker,
-        target,
-        tag: (target & 0x7FFF) as u16,
-        frame: cfg.frame,
-        abort,
-    };
     let started = Instant::now();
-    let result = settle(comm, &ctx, schedule).and_then(|rounds| {
-        let (sends, recvs) = (
-            rounds.iter().flat_map(|r| &r.sends),
-            rounds.iter().flat_map(|r| &r.recvs),
-        );
-        tracker.update(target, |r| {
-            r.state = ExchangeState::Running;
-            r.samples_to_send = sends.clone().map(|s| s.samples.len() as u64).sum();
-            r.samples_to_receive = recvs.clone().map(|s| s.samples.len() as u64).sum();
-            // Bytes on the wire: samples plus their checksums.
-            r.bytes_to_send = sends.map(|s| stream_len(&s.samples)).sum();
-            r.bytes_to_receive = recvs.map(|s| stream_len(&s.samples)).sum();
-        });
-        exchange_data(comm, &ctx, &rounds, cfg.rate)
+    let (target, tracker) = (ctx.target, ctx.tracker);
+    tracker.update(target, |r| {
+        r.state = ExchangeState::Running;
+        for op in schedule.rounds.iter().flat_map(|r| &r.ops) {
+            let s = op.stream();
+            let n = s.samples.len() as u64;
+            let peer = r.peer(s.peer);
+            peer.via = if matches!(op, RoundOp::Hand(_) | RoundOp::Take(_)) {
+                "disk"
+            } else {
+                "mpi"
+            };
+            peer.same_host = ctx.same_host(s.peer);
+            if op.is_outgoing() {
+                peer.samples_to_send = n;
+                r.samples_to_send += n;
+            } else {
+                peer.samples_to_receive = n;
+                r.samples_to_receive += n;
+            }
+        }
     });
+    let mut result = Ok(());
+    let mut told = false;
+    let last = schedule.rounds.len().saturating_sub(1);
+    for (k, round) in schedule.rounds.iter().enumerate() {
+        let mut on_settled = |local: &Option<ExchangeError>| {
+            if k == last {
+                tracker.update(target, |r| {
+                    r.state = ExchangeState::Done;
+                    r.settled_seconds = started.elapsed().as_secs_f64();
+                });
+                told = true;
+                settled(local.as_ref().map_or(Ok(()), Err));
+            }
+        };
+        match run_round(comm, ctx, round, &mut on_settled) {
+            Ok(Some(local)) if result.is_ok() => result = Err(local),
+            Ok(_) => {}
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    if schedule.rounds.is_empty() {
+        tracker.update(target, |r| r.state = ExchangeState::Done);
+        settled(Ok(()));
+        told = true;
+    }
+    if !told && let Err(e) = &result {
+        settled(Err(e));
+    }
     let seconds = started.elapsed().as_secs_f64();
     tracker.update(target, |r| {
         r.seconds = seconds;
-        r.state = match result {
-            Ok(()) => ExchangeState::Done,
-            Err(_) => ExchangeState::Failed,
-        };
+        if result.is_err() {
+            r.state = ExchangeState::Failed;
+        }
         r.error = result.as_ref().err().map(ToString::to_string);
     });
-    if let Some(r) = tracker
-        .snapshot()
-        .into_iter()
-        .find(|r| r.target_epoch == target)
-    {
+    if let Some(r) = (tracker.snapshot().into_iter()).find(|r| r.target_epoch == target) {
+        let given_up: Vec<u32> = (r.peers.iter())
+            .filter(|p| p.given_up)
+            .map(|p| p.rank)
+            .collect();
         tracing::info!(
             target_epoch = target,
             state = r.state.as_str(),
             samples_sent = r.samples_sent,
             samples_received = r.samples_received,
-            bytes_sent = r.bytes_sent,
-            bytes_received = r.bytes_received,
+            bytes_within_hosts = r.bytes_within_hosts,
+            bytes_across_hosts = r.bytes_across_hosts,
             failed = r.failed_samples,
+            given_up = ?given_up,
+            settled = format!("{:.3}", r.settled_seconds),
             seconds = format!("{seconds:.3}"),
             "exchange finished"
         );
@@ -140,237 +205,627 @@ pub(super) fn execute(
     result
 }
 
-/// The rounds, then durability and confirmation. A local failure (this rank's disk) is
-/// reported at the end: the rounds and the confirmation still run so peers are served.
-fn exchange_data(
+/// Where a completed message belongs.
+#[derive(Clone, Copy, Debug)]
+enum Slot {
+    SizesIn(usize),
+    /// Stream, frame index.
+    FrameIn(usize, usize),
+    SizesOut,
+    FrameOut(usize),
+    ConfirmIn(usize),
+    ConfirmOut,
+}
+
+fn phase_of(slot: Slot) -> Phase {
+    match slot {
+        Slot::SizesIn(_) | Slot::SizesOut => Phase::Sizes,
+        Slot::FrameIn(..) | Slot::FrameOut(_) => Phase::Samples,
+        Slot::ConfirmIn(_) | Slot::ConfirmOut => Phase::Confirm,
+    }
+}
+
+/// A stream leaving this rank.
+struct Out<'s> {
+    peer: Rank,
+    disk: bool,
+    ids: &'s [SampleId],
+    /// Bytes on the wire and frames of them.
+    len: u64,
+    frames: usize,
+    posted: usize,
+    sent: usize,
+    /// Frames from the reader; `None` once it is done or failed (then zeros go out).
+    reader: Option<Receiver<Vec<u8>>>,
+    confirmed: Option<bool>,
+}
+
+/// A stream arriving at this rank.
+struct In<'s, 'scope> {
+    peer: Rank,
+    disk: bool,
+    ids: &'s [SampleId],
+    /// Known once the size list arrived.
+    samples: Option<Vec<Sized>>,
+    len: u64,
+    frames: usize,
+    posted: usize,
+    arrived: usize,
+    /// Frames received and not handed to the writer yet, by index (they may complete out
+    /// of order); the next one the writer needs.
+    pending: std::collections::BTreeMap<usize, Vec<u8>>,
+    next_write: usize,
+    writer: Option<SyncSender<Vec<u8>>>,
+    worker: Option<ScopedJoinHandle<'scope, Result<(), ExchangeError>>>,
+    /// Stored (its disk thread is done) or given up: nothing more of it enters the cache.
+    settled: bool,
+    given_up: bool,
+    took: Option<Duration>,
+}
+
+impl In<'_, '_> {
+    fn drained(&self) -> bool {
+        self.samples.is_some() && self.arrived == self.frames
+    }
+}
+
+/// Runs one round to its end; `Ok(Some(_))`: this rank failed locally but served its peers
+/// to the end.
+fn run_round(
     comm: &mut dyn Comm,
     ctx: &Ctx,
-    rounds: &[SizedRound],
-    rate: Option<u64>,
-) -> Result<(), ExchangeError> {
-    let mut pacer = Pacer::new(rate);
-    let mut result = Ok(());
-    for round in rounds {
-        // A transport failure ends it all: no later message can be trusted to arrive.
-        if let Some(local) = run_round(comm, ctx, round, &mut pacer)?
-            && result.is_ok()
-        {
-            result = Err(local);
-        }
-    }
-    // Even after a local failure: what was stored must be durable before senders drop it.
-    if let Err(e) = ctx.store.sync()
-        && result.is_ok()
-    {
-        result = Err(ExchangeError::Sync(e));
-    }
-    let failed = confirm(comm, ctx, rounds, result.is_ok())?;
-    for rank in failed {
-        tracing::warn!(
-            rank,
-            target_epoch = ctx.target,
-            "a peer could not store what it received; it fetches those samples from the source"
-        );
+    round: &Round,
+    settled: &mut dyn FnMut(&Option<ExchangeError>),
+) -> Result<Option<ExchangeError>, ExchangeError> {
+    let frame = ctx.frame();
+    let streams = round.ops.len().max(1);
+    let pools = (Pool::new(frame, streams), Pool::new(frame, streams));
+    let mut tickets = HashMap::new();
+    let result = thread::scope(|scope| {
+        let mut run = RoundRun {
+            ctx,
+            frame,
+            send_pool: &pools.0,
+            recv_pool: &pools.1,
+            tickets: &mut tickets,
+            started: Instant::now(),
+            pacer: Pacer::new(ctx.cfg.rate),
+            local: None,
+            scope,
+            last_heard: (round.ops.iter())
+                .map(|op| (op.stream().peer, Instant::now()))
+                .collect(),
+        };
+        run.run(comm, round, settled).map(|()| run.local)
+    });
+    if result.is_err() {
+        // Nobody will ask for what is still posted; the transport frees it.
+        let pending: Vec<Ticket> = tickets.keys().copied().collect();
+        comm.detach(&pending);
     }
     result
 }
 
-/// One round: every outgoing stream out, every incoming stream in, then the trailers. `Err`
-/// if the transport failed; `Ok(Some(_))` if this rank failed locally but completed the round.
-fn run_round(
-    comm: &mut dyn Comm,
-    ctx: &Ctx,
-    round: &SizedRound,
-    pacer: &mut Pacer,
-) -> Result<Option<ExchangeError>, ExchangeError> {
-    let frame = ctx.frame;
-    let frames = |len: u64| len.div_ceil(frame as u64) as usize;
-    let frame_len = |len: u64, i: usize| (len - (i * frame) as u64).min(frame as u64) as usize;
-    let out_lens: Vec<u64> = round.sends.iter().map(|s| stream_len(&s.samples)).collect();
-    let in_lens: Vec<u64> = round.recvs.iter().map(|s| stream_len(&s.samples)).collect();
-    let n = out_lens
-        .iter()
-        .chain(&in_lens)
-        .map(|&l| frames(l))
-        .max()
-        .unwrap_or(0);
-    let send_pool = Pool::new(frame, round.sends.len());
-    let recv_pool = Pool::new(frame, round.recvs.len());
-    let (send_pool, recv_pool) = (&send_pool, &recv_pool);
-    let (store, tracker, target) = (ctx.store, ctx.tracker, ctx.target);
-    thread::scope(|scope| {
-        type Reader<'s> = ScopedJoinHandle<'s, Result<Vec<SampleId>, String>>;
-        let mut readers: Vec<(Receiver<Vec<u8>>, Reader)> = Vec::new();
-        for s in &round.sends {
-            let (tx, rx) = sync_channel::<Vec<u8>>(DEPTH);
-            let reader = scope.spawn(move || {
-                idle_io_priority();
-                read_stream(store, &s.samples, send_pool, tx, tracker, target)
-            });
-            readers.push((rx, reader));
-        }
-        type Writer<'s> = ScopedJoinHandle<'s, Result<(), ExchangeError>>;
-        let mut writers: Vec<(Option<SyncSender<Vec<u8>>>, Writer)> = Vec::new();
-        for s in &round.recvs {
-            let (tx, rx) = sync_channel::<Vec<u8>>(DEPTH);
-            let writer = scope.spawn(move || {
-                idle_io_priority();
-                write_stream(store, &s.samples, rx, recv_pool, tracker, target)
-            });
-            writers.push((Some(tx), writer));
-        }
-        // Never leave a peer waiting mid-stream: a local failure still sends zeros and
-        // drains what arrives, and is reported once the stream is complete.
-        let mut local_error: Option<ExchangeError> = None;
-        for i in 0..n {
-            let mut batch = Batch::default();
-            for ((rx, _), (s, &len)) in readers.iter().zip(round.sends.iter().zip(&out_lens)) {
-                if i < frames(len) {
-                    let buf = rx.recv().unwrap_or_else(|_| {
-                        local_error.get_or_insert_with(|| {
-                            ExchangeError::Local("reading samples to send failed".into())
-                        });
-                        vec![0u8; frame_len(len, i)]
-                    });
-                    batch.sends.push((s.peer, buf));
-                }
-            }
-            let mut incoming = Vec::new();
-            for (k, (s, &len)) in round.recvs.iter().zip(&in_lens).enumerate() {
-                if i < frames(len) {
-                    batch.recvs.push((s.peer, recv_pool.get(frame_len(len, i))));
-                    incoming.push(k);
-                }
-            }
-            let done = comm
-                .transfer(ctx.tag, batch, ctx.abort)
-                .map_err(|e| ctx.comm_error(Phase::Samples, round.peers(), e))?;
-            let sent: usize = done.sends.iter().map(|(_, b)| b.len()).sum();
-            let received: usize = done.recvs.iter().map(|(_, b)| b.len()).sum();
-            tracker.update(target, |r| {
-                r.bytes_sent += sent as u64;
-                r.bytes_received += received as u64;
-            });
-            pacer.pace(sent);
-            for (k, (_, buf)) in incoming.into_iter().zip(done.recvs) {
-                let tx = &mut writers[k].0;
-                if tx.as_ref().is_some_and(|tx| tx.send(buf).is_err()) {
-                    *tx = None;
-                }
-            }
-            done.sends.into_iter().for_each(|(_, b)| send_pool.put(b));
-        }
-        let (rxs, readers): (Vec<_>, Vec<_>) = readers.into_iter().unzip();
-        let (txs, writers): (Vec<_>, Vec<_>) = writers.into_iter().unzip();
-        drop((rxs, txs));
-        let unreadable: Vec<Vec<SampleId>> = readers
-            .into_iter()
-            .zip(&round.sends)
-            .map(|(reader, s)| {
-                let mut ids = reader.join().ok().and_then(Result::ok).unwrap_or_default();
-                ids.extend_from_slice(&s.unsendable);
-                ids
-            })
-            .collect();
-        for writer in writers {
-            let written = writer
-                .join()
-                .unwrap_or_else(|_| Err(ExchangeError::Local("writer panicked".into())));
-            // The first writer's error names the sample: prefer it to a reader's.
-            if let Err(e) = written
-                && !matches!(local_error, Some(ExchangeError::Store { .. }))
-            {
-                local_error = Some(e);
-            }
-        }
-        trailer(comm, ctx, round, &unreadable)?;
-        Ok(local_error)
-    })
+/// The state of one round in flight.
+struct RoundRun<'a, 's, 'scope, 'env> {
+    ctx: &'a Ctx<'s>,
+    frame: usize,
+    send_pool: &'env Pool,
+    recv_pool: &'env Pool,
+    tickets: &'a mut HashMap<Ticket, Slot>,
+    started: Instant,
+    pacer: Pacer,
+    local: Option<ExchangeError>,
+    scope: &'scope Scope<'scope, 'env>,
+    /// When each peer last completed a message with this rank.
+    last_heard: HashMap<Rank, Instant>,
 }
 
-/// Which samples each sender could not read: per stream a count, then the ids.
-fn trailer(
-    comm: &mut dyn Comm,
-    ctx: &Ctx,
-    round: &SizedRound,
-    unreadable: &[Vec<SampleId>],
-) -> Result<(), ExchangeError> {
-    let fail = |e| ctx.comm_error(Phase::Trailer, round.peers(), e);
-    let peers = round.sends.iter().map(|s| s.peer);
-    let counts = Batch {
-        sends: (peers.clone().zip(unreadable))
-            .map(|(p, ids)| (p, (ids.len() as u64).to_le_bytes().to_vec()))
-            .collect(),
-        recvs: round.recvs.iter().map(|s| (s.peer, vec![0u8; 8])).collect(),
-    };
-    let counts = comm.transfer(ctx.tag, counts, ctx.abort).map_err(fail)?;
-    let ids = Batch {
-        sends: peers
-            .zip(unreadable)
-            .map(|(p, ids)| (p, encode_ids(ids)))
-            .collect(),
-        recvs: (counts.recvs.into_iter())
-            .map(|(p, n)| {
-                let n = u64::from_le_bytes(n[..].try_into().expect("8 bytes"));
-                (p, vec![0u8; n as usize * 4])
-            })
-            .collect(),
-    };
-    let theirs = comm.transfer(ctx.tag, ids, ctx.abort).map_err(fail)?;
-    for (from, bytes) in theirs.recvs {
-        for id in decode_ids(&bytes) {
+impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
+    fn frame_len(&self, len: u64, i: usize) -> usize {
+        (len - (i * self.frame) as u64).min(self.frame as u64) as usize
+    }
+
+    fn frames(&self, len: u64) -> usize {
+        len.div_ceil(self.frame as u64) as usize
+    }
+
+    fn post(&mut self, comm: &mut dyn Comm, op: Op, slot: Slot) -> Result<(), ExchangeError> {
+        let peer = op.peer;
+        let ticket = comm
+            .post(op)
+            .map_err(|e| self.ctx.comm_error(phase_of(slot), vec![peer], e))?;
+        self.tickets.insert(ticket, slot);
+        Ok(())
+    }
+
+    fn fail_locally(&mut self, e: ExchangeError) {
+        // The first writer's error names the sample: prefer it to later ones.
+        if !matches!(self.local, Some(ExchangeError::Store { .. })) {
+            self.local = Some(e);
+        }
+    }
+
+    fn run(
+        &mut self,
+        comm: &mut dyn Comm,
+        round: &'s Round,
+        settled: &mut dyn FnMut(&Option<ExchangeError>),
+    ) -> Result<(), ExchangeError> {
+        let ctx = self.ctx;
+        let (data, confirm) = ctx.tags();
+        let mut outs: Vec<Out> = Vec::new();
+        let mut ins: Vec<In> = Vec::new();
+        // Every receive the round starts with, before any send.
+        for op in &round.ops {
+            let s = op.stream();
+            let disk = matches!(op, RoundOp::Hand(_) | RoundOp::Take(_));
+            if op.is_outgoing() {
+                let slot = Slot::ConfirmIn(outs.len());
+                outs.push(Out {
+                    peer: s.peer,
+                    disk,
+                    ids: &s.samples,
+                    len: 0,
+                    frames: 0,
+                    posted: 0,
+                    sent: 0,
+                    reader: None,
+                    confirmed: None,
+                });
+                self.post(comm, Op::recv(s.peer, confirm, vec![0]), slot)?;
+            } else {
+                let slot = Slot::SizesIn(ins.len());
+                ins.push(In {
+                    peer: s.peer,
+                    disk,
+                    ids: &s.samples,
+                    samples: None,
+                    len: 0,
+                    frames: 0,
+                    posted: 0,
+                    arrived: 0,
+                    pending: Default::default(),
+                    next_write: 0,
+                    writer: None,
+                    worker: None,
+                    settled: false,
+                    given_up: false,
+                    took: None,
+                });
+                let list = vec![0u8; s.samples.len() * ENTRY];
+                self.post(comm, Op::recv(s.peer, data, list), slot)?;
+            }
+        }
+        self.start_sending(comm, &mut outs)?;
+        let mut confirms_out = 0usize;
+        let mut settled_at: Option<Instant> = None;
+        loop {
+            self.feed_out(comm, &mut outs)?;
+            self.feed_in(comm, &mut ins)?;
+            if settled_at.is_none() && ins.iter().all(|s| s.settled) {
+                confirms_out = self.settle(comm, &ins)?;
+                settled_at = Some(Instant::now());
+                settled(&self.local);
+            }
+            let sent = outs
+                .iter()
+                .all(|o| o.sent == o.frames && o.confirmed.is_some());
+            if settled_at.is_some() && confirms_out == 0 && sent && ins.iter().all(In::drained) {
+                return Ok(());
+            }
+            let completed = comm.progress(POLL, ctx.abort).map_err(|e| {
+                let peers = outs
+                    .iter()
+                    .map(|o| o.peer)
+                    .chain(ins.iter().map(|i| i.peer));
+                ctx.comm_error(Phase::Samples, peers.collect(), e)
+            })?;
+            for done in completed {
+                let Some(slot) = self.tickets.remove(&done.ticket) else {
+                    continue;
+                };
+                let peer = match slot {
+                    Slot::SizesIn(i) | Slot::FrameIn(i, _) => Some(ins[i].peer),
+                    Slot::FrameOut(i) | Slot::ConfirmIn(i) => Some(outs[i].peer),
+                    Slot::SizesOut | Slot::ConfirmOut => None,
+                };
+                if let Some(peer) = peer {
+                    self.last_heard.insert(peer, Instant::now());
+                }
+                match slot {
+                    Slot::SizesIn(i) => self.sizes_arrived(&mut ins[i], &done.buf),
+                    Slot::FrameIn(i, k) => self.frame_arrived(&mut ins[i], k, done.buf),
+                    Slot::SizesOut => {}
+                    Slot::FrameOut(i) => {
+                        let o = &mut outs[i];
+                        (o.sent, o.posted) = (o.sent + 1, o.posted - 1);
+                        let (n, peer) = (done.buf.len() as u64, o.peer);
+                        ctx.tracker.update(ctx.target, |r| {
+                            r.bytes_sent += n;
+                            r.peer(peer).bytes_sent += n;
+                        });
+                        self.send_pool.put(done.buf);
+                    }
+                    Slot::ConfirmIn(i) => {
+                        let ok = done.buf.first() == Some(&1);
+                        outs[i].confirmed = Some(ok);
+                        if !ok {
+                            tracing::warn!(
+                                rank = outs[i].peer,
+                                target_epoch = ctx.target,
+                                "a peer could not store what it received; it fetches those samples from the source"
+                            );
+                        }
+                    }
+                    Slot::ConfirmOut => confirms_out -= 1,
+                }
+            }
+            self.reap(&mut ins);
+            if settled_at.is_none() {
+                self.give_up_overdue(&mut ins);
+            } else {
+                self.abandon_idle(comm, &mut outs, &mut ins);
+            }
+        }
+    }
+
+    /// Resolves the sizes of everything this rank sends (fetching what is not staged yet),
+    /// sends each peer its size list and starts a reader for each stream that moves bytes.
+    fn start_sending(
+        &mut self,
+        comm: &mut dyn Comm,
+        outs: &mut [Out<'s>],
+    ) -> Result<(), ExchangeError> {
+        let ctx = self.ctx;
+        let (data, _) = ctx.tags();
+        let all: Vec<SampleId> = outs.iter().flat_map(|o| o.ids.iter().copied()).collect();
+        let mut known = sizes::resolve_sizes(ctx.store, &all).into_iter();
+        for o in outs.iter_mut() {
+            let sizes: Vec<u64> = known.by_ref().take(o.ids.len()).collect();
+            let list = sizes::encode(ctx.store, o.ids, &sizes);
+            self.post(comm, Op::send(o.peer, data, list), Slot::SizesOut)?;
+            if o.disk {
+                continue;
+            }
+            let samples: Vec<Sized> = (o.ids.iter().copied().zip(sizes))
+                .filter(|&(_, size)| size != UNKNOWN_SIZE)
+                .collect();
+            o.len = stream_len(&samples);
+            o.frames = self.frames(o.len);
+            let len = o.len;
+            ctx.tracker.update(ctx.target, |r| r.bytes_to_send += len);
+            if samples.is_empty() {
+                continue;
+            }
+            let (tx, rx) = sync_channel::<Vec<u8>>(QUEUED);
+            let (store, tracker, target, pool) =
+                (ctx.store, ctx.tracker, ctx.target, self.send_pool);
+            self.scope.spawn(move || {
+                idle_io_priority();
+                read_stream(store, &samples, pool, tx, tracker, target)
+            });
+            o.reader = Some(rx);
+        }
+        Ok(())
+    }
+
+    /// Posts the frames of outgoing streams that their readers have ready.
+    fn feed_out(&mut self, comm: &mut dyn Comm, outs: &mut [Out]) -> Result<(), ExchangeError> {
+        let (data, _) = self.ctx.tags();
+        for (i, o) in outs.iter_mut().enumerate() {
+            while o.posted < IN_FLIGHT && o.sent + o.posted < o.frames {
+                let k = o.sent + o.posted;
+                let want = self.frame_len(o.len, k);
+                if !self.pacer.allow(want) {
+                    break;
+                }
+                let buf = match o.reader.as_ref().map(Receiver::try_recv) {
+                    Some(Ok(buf)) => buf,
+                    Some(Err(TryRecvError::Empty)) => break,
+                    // The reader stopped early: zeros keep the stream's length, and their
+                    // checksums cannot match, so the receiver drops them.
+                    Some(Err(TryRecvError::Disconnected)) | None => {
+                        if o.reader.take().is_some() {
+                            self.fail_locally(ExchangeError::Local(
+                                "reading samples to send failed".into(),
+                            ));
+                        }
+                        vec![0u8; want]
+                    }
+                };
+                self.pacer.spent(buf.len());
+                self.post(comm, Op::send(o.peer, data, buf), Slot::FrameOut(i))?;
+                o.posted += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands arrived frames to writers in order and posts the next receives.
+    fn feed_in(&mut self, comm: &mut dyn Comm, ins: &mut [In]) -> Result<(), ExchangeError> {
+        let (data, _) = self.ctx.tags();
+        for (i, s) in ins.iter_mut().enumerate() {
+            while let Some(tx) = &s.writer {
+                let Some(buf) = s.pending.remove(&s.next_write) else {
+                    break;
+                };
+                match tx.try_send(buf) {
+                    Ok(()) => s.next_write += 1,
+                    Err(TrySendError::Full(buf)) => {
+                        s.pending.insert(s.next_write, buf);
+                        break;
+                    }
+                    // The writer stopped (a disk failure, reported when it is joined).
+                    Err(TrySendError::Disconnected(buf)) => {
+                        self.recv_pool.put(buf);
+                        s.writer = None;
+                    }
+                }
+            }
+            if s.writer.is_some() && s.next_write == s.frames {
+                s.writer = None; // the writer ends once it has written what it got
+            }
+            if s.writer.is_none() {
+                while let Some((_, buf)) = s.pending.pop_first() {
+                    self.recv_pool.put(buf);
+                }
+            }
+            if s.samples.is_none() {
+                continue;
+            }
+            while s.posted < IN_FLIGHT
+                && s.pending.len() < QUEUED
+                && s.arrived + s.posted < s.frames
+            {
+                let k = s.arrived + s.posted;
+                let buf = self.recv_pool.get(self.frame_len(s.len, k));
+                self.post(comm, Op::recv(s.peer, data, buf), Slot::FrameIn(i, k))?;
+                s.posted += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// A peer's size list arrived: the stream's length is known; start storing it.
+    fn sizes_arrived(&mut self, s: &mut In<'s, 'scope>, list: &[u8]) {
+        let ctx = self.ctx;
+        let (samples, unsendable) = sizes::decode(ctx.store, s.ids, list);
+        for &id in &unsendable {
             tracing::warn!(
                 sample = id,
-                from,
+                from = s.peer,
                 "peer could not read this sample; it will be fetched from the source"
             );
-            let _ = ctx.store.remove(id);
-            ctx.tracker.update(ctx.target, |r| r.failed_samples += 1);
+        }
+        let failed = unsendable.len() as u64;
+        ctx.tracker
+            .update(ctx.target, |r| r.failed_samples += failed);
+        if s.disk {
+            s.frames = 0;
+            s.took.get_or_insert(self.started.elapsed());
+            if !s.given_up {
+                let (store, tracker, target, peer) = (ctx.store, ctx.tracker, ctx.target, s.peer);
+                let root = ctx.peers.caches[peer as usize].clone();
+                let todo = samples.clone();
+                s.worker = Some(self.scope.spawn(move || {
+                    idle_io_priority();
+                    take_stream(store, &todo, &root, tracker, (target, peer));
+                    Ok(())
+                }));
+            }
+            s.samples = Some(samples);
+            return;
+        }
+        s.len = stream_len(&samples);
+        s.frames = self.frames(s.len);
+        let len = s.len;
+        ctx.tracker
+            .update(ctx.target, |r| r.bytes_to_receive += len);
+        if samples.is_empty() || s.given_up {
+            if !s.given_up {
+                s.took = Some(self.started.elapsed());
+            }
+            s.settled = s.worker.is_none();
+            s.samples = Some(samples);
+            return;
+        }
+        let (tx, rx) = sync_channel::<Vec<u8>>(QUEUED);
+        let (store, tracker, target, peer, pool) =
+            (ctx.store, ctx.tracker, ctx.target, s.peer, self.recv_pool);
+        let todo = samples.clone();
+        s.worker = Some(self.scope.spawn(move || {
+            idle_io_priority();
+            write_stream(store, &todo, rx, pool, tracker, (target, peer))
+        }));
+        s.writer = Some(tx);
+        s.samples = Some(samples);
+    }
+
+    fn frame_arrived(&mut self, s: &mut In, k: usize, buf: Vec<u8>) {
+        let ctx = self.ctx;
+        (s.arrived, s.posted) = (s.arrived + 1, s.posted - 1);
+        let (n, peer, within) = (buf.len() as u64, s.peer, ctx.same_host(s.peer));
+        ctx.tracker.update(ctx.target, |r| {
+            r.bytes_received += n;
+            r.peer(peer).bytes_received += n;
+            if within {
+                r.bytes_within_hosts += n;
+            } else {
+                r.bytes_across_hosts += n;
+            }
+        });
+        if s.writer.is_some() {
+            s.pending.insert(k, buf);
+        } else {
+            // Given up, or the writer failed: late bytes are dropped.
+            self.recv_pool.put(buf);
+        }
+        if s.arrived == s.frames && !s.given_up {
+            s.took = Some(self.started.elapsed());
+            let secs = self.started.elapsed().as_secs_f64();
+            ctx.tracker
+                .update(ctx.target, |r| r.peer(peer).seconds = secs);
         }
     }
-    Ok(())
-}
 
-/// Tells each rank this one received from whether what it sent is stored durably (`ok`),
-/// and hears the same from each rank this one sent to, one transfer per round; returns the
-/// receivers that failed.
-fn confirm(
-    comm: &mut dyn Comm,
-    ctx: &Ctx,
-    rounds: &[SizedRound],
-    ok: bool,
-) -> Result<Vec<Rank>, ExchangeError> {
-    let mut failed = Vec::new();
-    for round in rounds {
-        let batch = Batch {
-            sends: round
-                .recvs
-                .iter()
-                .map(|s| (s.peer, vec![u8::from(ok)]))
-                .collect(),
-            recvs: round.sends.iter().map(|s| (s.peer, vec![0u8])).collect(),
-        };
-        let peers = batch
-            .sends
-            .iter()
-            .chain(&batch.recvs)
-            .map(|(p, _)| *p)
-            .collect();
-        let theirs = comm
-            .transfer(ctx.tag, batch, ctx.abort)
-            .map_err(|e| ctx.comm_error(Phase::Confirm, peers, e))?;
-        failed.extend(
-            theirs
-                .recvs
-                .iter()
-                .filter(|(_, b)| b[0] != 1)
-                .map(|(p, _)| *p),
-        );
+    /// Joins the disk threads that are done.
+    fn reap(&mut self, ins: &mut [In]) {
+        for s in ins.iter_mut() {
+            if s.worker.as_ref().is_some_and(|w| w.is_finished()) {
+                let w = s.worker.take().expect("worker");
+                let result = w
+                    .join()
+                    .unwrap_or_else(|_| Err(ExchangeError::Local("a disk thread panicked".into())));
+                match result {
+                    Err(e) if !s.given_up => self.fail_locally(e),
+                    _ => {}
+                }
+                s.writer = None;
+                s.settled = true;
+            }
+        }
     }
-    Ok(failed)
+
+    /// Gives up the incoming streams the slow-peer rule finds overdue.
+    fn give_up_overdue(&mut self, ins: &mut [In]) {
+        let ctx = self.ctx;
+        let known: Vec<(u64, usize)> = (ins.iter().filter(|s| !s.disk))
+            .filter_map(|s| s.samples.as_ref().map(|v| (s.len, v.len())))
+            .collect();
+        let progress: Vec<Progress> = (ins.iter())
+            .map(|s| Progress {
+                bytes: match (&s.samples, s.disk) {
+                    (_, true) => (s.ids.len() * ENTRY) as u64,
+                    (Some(_), false) => s.len,
+                    (None, false) => estimate(s.ids.len(), &known),
+                },
+                took: s.took.or(s.given_up.then_some(Duration::ZERO)),
+                rated: !s.disk,
+            })
+            .collect();
+        let overdue = ctx
+            .cfg
+            .slow_peers
+            .overdue(self.started.elapsed(), &progress);
+        for (s, late) in ins.iter_mut().zip(overdue) {
+            if late && !s.settled && !s.given_up {
+                self.give_up(s);
+            }
+        }
+    }
+
+    fn give_up(&mut self, s: &mut In) {
+        let ctx = self.ctx;
+        s.given_up = true;
+        s.writer = None; // its writer stops at the sample it is in; that one is dropped
+        while let Some((_, buf)) = s.pending.pop_first() {
+            self.recv_pool.put(buf);
+        }
+        if s.worker.is_none() {
+            s.settled = true;
+        }
+        let peer = s.peer;
+        tracing::warn!(
+            rank = peer,
+            target_epoch = ctx.target,
+            seconds = format!("{:.1}", self.started.elapsed().as_secs_f64()),
+            "peer is far slower than the others: what it has not delivered comes from the source, its late bytes are dropped"
+        );
+        ctx.tracker
+            .update(ctx.target, |r| r.peer(peer).given_up = true);
+    }
+
+    /// After settling: ends the streams of peers that completed no message for the idle
+    /// limit (see `SlowPeers::idle`), detaching what is posted for them.
+    fn abandon_idle(&mut self, comm: &mut dyn Comm, outs: &mut [Out], ins: &mut [In]) {
+        let limit = self.ctx.cfg.slow_peers.idle;
+        let now = Instant::now();
+        let busy = |peer: Rank, outs: &[Out], ins: &[In]| {
+            (outs.iter()).any(|o| o.peer == peer && !(o.sent == o.frames && o.confirmed.is_some()))
+                || ins.iter().any(|s| s.peer == peer && !s.drained())
+        };
+        let stalled: Vec<Rank> = (self.last_heard.iter())
+            .filter(|&(&peer, &at)| now.duration_since(at) > limit && busy(peer, outs, ins))
+            .map(|(&peer, _)| peer)
+            .collect();
+        for peer in stalled {
+            tracing::warn!(
+                rank = peer,
+                target_epoch = self.ctx.target,
+                "peer sent nothing for {limit:?}; its streams are abandoned"
+            );
+            let tickets: Vec<Ticket> = (self.tickets.iter())
+                .filter(|(_, slot)| match **slot {
+                    Slot::SizesIn(i) | Slot::FrameIn(i, _) => ins[i].peer == peer,
+                    Slot::FrameOut(i) | Slot::ConfirmIn(i) => outs[i].peer == peer,
+                    Slot::SizesOut | Slot::ConfirmOut => false,
+                })
+                .map(|(&t, _)| t)
+                .collect();
+            comm.detach(&tickets);
+            for t in tickets {
+                self.tickets.remove(&t);
+            }
+            for o in outs.iter_mut().filter(|o| o.peer == peer) {
+                (o.sent, o.posted, o.reader) = (o.frames, 0, None);
+                o.confirmed.get_or_insert(false);
+            }
+            for s in ins.iter_mut().filter(|s| s.peer == peer) {
+                s.samples.get_or_insert_with(Vec::new);
+                (s.arrived, s.posted) = (s.frames, 0);
+            }
+            self.last_heard.remove(&peer);
+        }
+    }
+
+    /// Makes what arrived durable and tells every sender whether it is stored; returns the
+    /// number of confirmations posted.
+    fn settle(&mut self, comm: &mut dyn Comm, ins: &[In]) -> Result<usize, ExchangeError> {
+        if let Err(e) = self.ctx.store.sync() {
+            self.fail_locally(ExchangeError::Sync(e));
+        }
+        let (_, confirm) = self.ctx.tags();
+        let ok = u8::from(self.local.is_none());
+        for s in ins {
+            self.post(comm, Op::send(s.peer, confirm, vec![ok]), Slot::ConfirmOut)?;
+        }
+        Ok(ins.len())
+    }
 }
 
-/// Keeps the average send rate under a cap by sleeping between frames.
+/// Takes the samples of a stream from a peer's cache folder on this host. A sample that
+/// cannot be taken is left missing: the caller fetches it from the source.
+fn take_stream(
+    store: &SampleStore,
+    samples: &[Sized],
+    root: &std::path::Path,
+    tracker: &ExchangeTracker,
+    (target, peer): (u64, Rank),
+) {
+    for &(id, _) in samples {
+        match store.adopt_from_peer(id, root) {
+            Ok(Adopted::AlreadyHeld(_)) => {}
+            Ok(adopted) => {
+                let n = adopted.bytes();
+                tracker.update(target, |r| {
+                    r.samples_received += 1;
+                    r.bytes_received += n;
+                    r.bytes_within_hosts += n;
+                    let p = r.peer(peer);
+                    p.samples_received += 1;
+                    p.bytes_received += n;
+                });
+            }
+            Err(e) => {
+                tracing::warn!(sample = id, from = peer, error = %e, "cannot take a sample from a peer's cache on this host; it will be fetched from the source");
+                tracker.update(target, |r| r.failed_samples += 1);
+            }
+        }
+    }
+}
+
+/// Keeps the average send rate under a cap by holding frames back.
 struct Pacer {
     rate: Option<u64>,
     start: Instant,
@@ -380,20 +835,21 @@ struct Pacer {
 impl Pacer {
     fn new(rate: Option<u64>) -> Pacer {
         Pacer {
-            rate,
+            rate: rate.filter(|&r| r > 0),
             start: Instant::now(),
             sent: 0,
         }
     }
 
-    fn pace(&mut self, bytes: usize) {
-        let Some(rate) = self.rate.filter(|&r| r > 0) else {
-            return;
-        };
+    /// Whether `bytes` more may go now.
+    fn allow(&self, bytes: usize) -> bool {
+        self.rate.is_none_or(|rate| {
+            let due = Duration::from_secs_f64((self.sent + bytes as u64) as f64 / rate as f64);
+            self.sent == 0 || due <= self.start.elapsed()
+        })
+    }
+
+    fn spent(&mut self, bytes: usize) {
         self.sent += bytes as u64;
-        let due = Duration::from_secs_f64(self.sent as f64 / rate as f64);
-        if let Some(wait) = due.checked_sub(self.start.elapsed()) {
-            thread::sleep(wait);
-        }
     }
 }

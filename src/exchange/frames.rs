@@ -11,7 +11,10 @@ use crate::cache::SampleStore;
 use crate::plan::SampleId;
 
 /// Fills frames with the bytes of `ids` in order, each followed by its checksum. A sample
-/// that cannot be read is sent as zeros (the length is fixed) and named in the returned list.
+/// that cannot be read is sent as zeros (the length is fixed) with the complement of their
+/// checksum, which the receiving store reads as "the sender could not read it" (not as a
+/// corruption): it drops the bytes and fetches the sample from the source. Such samples are
+/// named in the returned list.
 pub(super) fn read_stream(
     store: &SampleStore,
     ids: &[Sized],
@@ -46,6 +49,7 @@ pub(super) fn read_stream(
                 "cannot read a sample to send; receiver will refetch"
             );
             out.fill_zeros(size - sent, &mut crc).map_err(stopped)?;
+            crc = !crc;
             unreadable.push(id);
         } else if let Some(recorded) = recorded.filter(|&r| r != crc) {
             // Sending the recorded value makes the receiver reject these bytes too.
@@ -68,7 +72,7 @@ pub(super) fn write_stream(
     rx: Receiver<Vec<u8>>,
     pool: &Pool,
     tracker: &ExchangeTracker,
-    target: u64,
+    (target, peer): (u64, u32),
 ) -> Result<(), ExchangeError> {
     let mut input = FrameReader {
         rx,
@@ -84,7 +88,10 @@ pub(super) fn write_stream(
             Ok(Some(u32::from_le_bytes(crc)))
         });
         match stored {
-            Ok(_) => tracker.update(target, |r| r.samples_received += 1),
+            Ok(_) => tracker.update(target, |r| {
+                r.samples_received += 1;
+                r.peer(peer).samples_received += 1;
+            }),
             Err(e) if e.kind() == io::ErrorKind::InvalidData => {
                 tracing::warn!(sample = id, error = %e, "received sample failed its checksum; it will be fetched from the source");
                 tracker.update(target, |r| r.failed_samples += 1);

@@ -3,10 +3,13 @@
 //!
 //! Two halves, so the way samples travel can change without touching how bytes move:
 //! - [`schedule`]: a [`Strategy`] turns the plan step's transfers into rounds of streams
-//!   (pure, no I/O; [`Ring`] is today's, chosen by [`ExchangeConfig::strategy`]);
+//!   (pure, no I/O; [`Direct`], every peer at once, is the default, chosen by
+//!   [`ExchangeConfig::strategy`]); ranks that share a disk ([`Peers`]) hand samples over
+//!   through it instead of the transport;
 //! - `executor`: runs any schedule with the wire protocol documented there (sizes first,
-//!   frames with per-sample checksums, a trailer of unreadable ids, one `syncfs`, then a
-//!   confirmation per stream), the disk side of it in `frames`.
+//!   frames with per-sample checksums, one `syncfs`, then a confirmation per stream), each
+//!   stream at its own pace, giving up peers far slower than the rest (`deadline`); the disk
+//!   side of it in `frames`.
 //!
 //! Failures are [`ExchangeError`]s; the status shows each exchange through the
 //! [`ExchangeTracker`].
@@ -18,16 +21,20 @@ use crate::cache::SampleStore;
 use crate::comm::Comm;
 use crate::plan::{SampleId, Step};
 
+pub mod deadline;
 mod error;
 mod executor;
 mod frames;
+mod peers;
 pub mod schedule;
 mod sizes;
 mod tracker;
 
+pub use deadline::SlowPeers;
 pub use error::{ExchangeError, Phase};
-pub use schedule::{Ring, Schedule, Strategy, StrategyKind, Topology};
-pub use tracker::{ExchangeReport, ExchangeState, ExchangeTracker};
+pub use peers::Peers;
+pub use schedule::{Direct, Ring, Schedule, Strategy, StrategyKind, Topology};
+pub use tracker::{ExchangeReport, ExchangeState, ExchangeTracker, PeerReport};
 
 /// Bytes per message: large enough to amortise per-message cost, small enough to pipeline.
 pub const FRAME: usize = 8 << 20;
@@ -42,6 +49,8 @@ pub struct ExchangeConfig {
     pub frame: usize,
     /// How transfers are grouped into rounds; every rank must use the same.
     pub strategy: StrategyKind,
+    /// When to stop waiting for a peer far slower than the others.
+    pub slow_peers: SlowPeers,
 }
 
 impl Default for ExchangeConfig {
@@ -49,13 +58,15 @@ impl Default for ExchangeConfig {
         ExchangeConfig {
             rate: None,
             frame: FRAME,
-            strategy: StrategyKind::Ring,
+            strategy: StrategyKind::default(),
+            slow_peers: SlowPeers::default(),
         }
     }
 }
 
-/// Runs this rank's part of the exchange into `step.next.epoch`. Must be called by every
-/// rank for the same step, on the thread that owns `comm`.
+/// Runs this rank's part of the exchange into `step.next.epoch` over the transport alone
+/// (no rank takes samples from another's cache), returning once every message of it
+/// completed: [`run_with`] without the early word.
 pub fn run(
     comm: &mut dyn Comm,
     store: &SampleStore,
@@ -64,13 +75,43 @@ pub fn run(
     tracker: &ExchangeTracker,
     abort: &AtomicBool,
 ) -> Result<(), ExchangeError> {
+    let peers = Peers::separate(comm.size());
+    run_with(comm, store, step, cfg, &peers, tracker, abort, &mut |_| {})
+}
+
+/// Runs this rank's part of the exchange into `step.next.epoch`. Must be called by every
+/// rank for the same step, on the thread that owns `comm`. Calls `settled` once, as soon as
+/// this rank holds what it needs (or gave slow peers up; see `executor`) or with the error
+/// that ended the exchange first; returns once every message of it completed.
+#[allow(clippy::too_many_arguments)]
+pub fn run_with(
+    comm: &mut dyn Comm,
+    store: &SampleStore,
+    step: &Step,
+    cfg: ExchangeConfig,
+    peers: &Peers,
+    tracker: &ExchangeTracker,
+    abort: &AtomicBool,
+    settled: &mut dyn FnMut(Result<(), &ExchangeError>),
+) -> Result<(), ExchangeError> {
+    let hosts = comm.hosts().to_vec();
     let topology = Topology {
         me: comm.rank(),
-        hosts: comm.hosts(),
+        hosts: &hosts,
+        disks: &peers.disks,
     };
     let schedule = cfg.strategy.strategy().schedule(topology, &step.transfers);
-    let target = step.next.epoch;
-    executor::execute(comm, store, &schedule, target, cfg, tracker, abort)
+    let ctx = executor::Ctx {
+        store,
+        tracker,
+        peers,
+        hosts: &hosts,
+        me: comm.rank(),
+        target: step.next.epoch,
+        cfg,
+        abort,
+    };
+    executor::execute(comm, &ctx, &schedule, settled)
 }
 
 /// Sample ids as little-endian bytes, for lists sent between ranks.

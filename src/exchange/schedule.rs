@@ -6,9 +6,14 @@
 //! of operation, a new [`RoundOp`] variant the executor must learn (its `match` has no
 //! catch-all arm, so adding one is a compile error until it does).
 //!
+//! Two ranks that share a disk (see `peers`) move samples by [`RoundOp::Hand`] and
+//! [`RoundOp::Take`] instead of `Send`/`Recv`: the receiver takes them from the sender's cache
+//! folder, and only their sizes and a confirmation cross the transport. Both built-in
+//! strategies do so through [`point_to_point`].
+//!
 //! What every strategy must guarantee, checked by [`check`] in the tests:
-//! - each transfer is in exactly one `Send` on its sender and the matching `Recv` on its
-//!   receiver, in the same round;
+//! - each transfer is in exactly one `Send` (or `Hand`) on its sender and the matching `Recv`
+//!   (or `Take`) on its receiver, in the same round;
 //! - both sides list a stream's samples in the same order (the stream order on the wire);
 //! - within a round a rank sends at most one stream to a peer and receives at most one from
 //!   it (messages of a pair are matched in order, so two would be ambiguous).
@@ -23,11 +28,19 @@ pub struct Topology<'a> {
     pub me: Rank,
     /// Host of each rank (see `Comm::hosts`); its length is the number of ranks.
     pub hosts: &'a [u32],
+    /// Disk group of each rank (see `Peers`): ranks of one group take samples from each
+    /// other's caches.
+    pub disks: &'a [u32],
 }
 
 impl Topology<'_> {
     pub fn size(&self) -> u32 {
         self.hosts.len() as u32
+    }
+
+    /// Whether `a` and `b` move samples through their shared disk.
+    pub fn share_disk(&self, a: Rank, b: Rank) -> bool {
+        self.disks[a as usize] == self.disks[b as usize]
     }
 }
 
@@ -50,6 +63,24 @@ pub enum RoundOp {
     Send(Stream),
     /// Point-to-point: receive these samples from `peer`.
     Recv(Stream),
+    /// Same disk: `peer` takes these samples from this rank's cache (only their sizes and a
+    /// confirmation travel).
+    Hand(Stream),
+    /// Same disk: take these samples from `peer`'s cache.
+    Take(Stream),
+}
+
+impl RoundOp {
+    pub fn stream(&self) -> &Stream {
+        match self {
+            RoundOp::Send(s) | RoundOp::Recv(s) | RoundOp::Hand(s) | RoundOp::Take(s) => s,
+        }
+    }
+
+    /// Whether this rank is the one the samples leave.
+    pub fn is_outgoing(&self) -> bool {
+        matches!(self, RoundOp::Send(_) | RoundOp::Hand(_))
+    }
 }
 
 /// Samples moving between this rank and one peer, in stream order.
@@ -68,14 +99,87 @@ pub trait Strategy {
 /// The strategies the exchange can be told to use.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum StrategyKind {
+    /// Every peer at once ([`Direct`]).
     #[default]
+    Direct,
+    /// One peer each way per round ([`Ring`]).
     Ring,
 }
 
 impl StrategyKind {
     pub fn strategy(self) -> &'static dyn Strategy {
         match self {
+            StrategyKind::Direct => &Direct,
             StrategyKind::Ring => &Ring,
+        }
+    }
+}
+
+/// The pair of operations that move `out` to `to` and `inc` from `from`: over the shared
+/// disk where the topology allows, else point-to-point.
+pub fn point_to_point(topology: Topology<'_>, to: Stream, from: Stream) -> [RoundOp; 2] {
+    let me = topology.me;
+    let send = if topology.share_disk(me, to.peer) {
+        RoundOp::Hand(to)
+    } else {
+        RoundOp::Send(to)
+    };
+    let recv = if topology.share_disk(me, from.peer) {
+        RoundOp::Take(from)
+    } else {
+        RoundOp::Recv(from)
+    };
+    [send, recv]
+}
+
+/// Streams from and to each peer, in sample id order (empty where nothing moves).
+fn streams(me: Rank, world: u32, transfers: &[Transfer]) -> (Vec<Stream>, Vec<Stream>) {
+    let mut out: Vec<Stream> = (0..world)
+        .map(|peer| Stream {
+            peer,
+            samples: Vec::new(),
+        })
+        .collect();
+    let mut inc = out.clone();
+    for t in transfers {
+        if t.from == me && t.to != me {
+            out[t.to as usize].samples.push(t.sample);
+        } else if t.to == me && t.from != me {
+            inc[t.from as usize].samples.push(t.sample);
+        }
+    }
+    for s in out.iter_mut().chain(&mut inc) {
+        s.samples.sort_unstable();
+    }
+    (out, inc)
+}
+
+/// One round with every peer, both ways: each stream is paced by its own peer and link, so
+/// a slow peer holds only its streams, and every link of the rank is busy from the start.
+/// Peers are listed from `me + 1` on, so ranks start on different peers. Every pair gets
+/// its streams even when they are empty (the size list and confirmation still travel).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Direct;
+
+impl Strategy for Direct {
+    fn schedule(&self, topology: Topology<'_>, transfers: &[Transfer]) -> Schedule {
+        let (me, world) = (topology.me, topology.size());
+        if world < 2 {
+            return Schedule::default();
+        }
+        let (mut out, mut inc) = streams(me, world, transfers);
+        let ops = (1..world)
+            .flat_map(|d| {
+                let peer = (me + d) % world;
+                let (to, from) = (
+                    std::mem::take(&mut out[peer as usize]),
+                    std::mem::take(&mut inc[peer as usize]),
+                );
+                point_to_point(topology, to, from)
+            })
+            .collect();
+        Schedule {
+            rounds: vec![Round { ops }],
         }
     }
 }
@@ -90,29 +194,16 @@ pub struct Ring;
 impl Strategy for Ring {
     fn schedule(&self, topology: Topology<'_>, transfers: &[Transfer]) -> Schedule {
         let (me, world) = (topology.me, topology.size());
-        let mut out: BTreeMap<Rank, Vec<SampleId>> = BTreeMap::new();
-        let mut inc: BTreeMap<Rank, Vec<SampleId>> = BTreeMap::new();
-        for t in transfers {
-            if t.from == me && t.to != me {
-                out.entry(t.to).or_default().push(t.sample);
-            } else if t.to == me && t.from != me {
-                inc.entry(t.from).or_default().push(t.sample);
-            }
-        }
-        let stream = |lists: &mut BTreeMap<Rank, Vec<SampleId>>, peer: Rank| {
-            let mut samples = lists.remove(&peer).unwrap_or_default();
-            samples.sort_unstable();
-            Stream { peer, samples }
-        };
+        let (mut out, mut inc) = streams(me, world, transfers);
         let rounds = (1..world)
             .map(|d| {
                 let (to, from) = ((me + d) % world, (me + world - d) % world);
-                Round {
-                    ops: vec![
-                        RoundOp::Send(stream(&mut out, to)),
-                        RoundOp::Recv(stream(&mut inc, from)),
-                    ],
-                }
+                let ops = point_to_point(
+                    topology,
+                    std::mem::take(&mut out[to as usize]),
+                    std::mem::take(&mut inc[from as usize]),
+                );
+                Round { ops: ops.into() }
             })
             .collect();
         Schedule { rounds }
@@ -121,23 +212,34 @@ impl Strategy for Ring {
 
 /// Checks the guarantees of the module docs for the schedules of all ranks; the error names
 /// the first one broken.
-pub fn check(strategy: &dyn Strategy, hosts: &[u32], transfers: &[Transfer]) -> Result<(), String> {
-    let schedules: Vec<Schedule> = (0..hosts.len() as Rank)
-        .map(|me| strategy.schedule(Topology { me, hosts }, transfers))
+pub fn check(
+    strategy: &dyn Strategy,
+    topology: Topology<'_>,
+    transfers: &[Transfer],
+) -> Result<(), String> {
+    let schedules: Vec<Schedule> = (0..topology.size())
+        .map(|me| strategy.schedule(Topology { me, ..topology }, transfers))
         .collect();
-    // (round, from, to) -> the stream as the sender and as the receiver list it.
-    let mut sent: BTreeMap<(usize, Rank, Rank), &[SampleId]> = BTreeMap::new();
-    let mut received: BTreeMap<(usize, Rank, Rank), &[SampleId]> = BTreeMap::new();
+    // (round, from, to, by disk) -> the stream as the sender and as the receiver list it.
+    type Key = (usize, Rank, Rank, bool);
+    let mut sent: BTreeMap<Key, &[SampleId]> = BTreeMap::new();
+    let mut received: BTreeMap<Key, &[SampleId]> = BTreeMap::new();
     for (me, schedule) in schedules.iter().enumerate() {
         let me = me as Rank;
         for (k, round) in schedule.rounds.iter().enumerate() {
             for op in &round.ops {
-                let (key, seen) = match op {
-                    RoundOp::Send(s) => ((k, me, s.peer), &mut sent),
-                    RoundOp::Recv(s) => ((k, s.peer, me), &mut received),
-                };
-                let stream = match op {
-                    RoundOp::Send(s) | RoundOp::Recv(s) => s,
+                let stream = op.stream();
+                let disk = matches!(op, RoundOp::Hand(_) | RoundOp::Take(_));
+                if disk != topology.share_disk(me, stream.peer) {
+                    return Err(format!(
+                        "ranks {me} and {} move samples the wrong way (by disk: {disk})",
+                        stream.peer
+                    ));
+                }
+                let (key, seen) = if op.is_outgoing() {
+                    ((k, me, stream.peer, disk), &mut sent)
+                } else {
+                    ((k, stream.peer, me, disk), &mut received)
                 };
                 if seen.insert(key, &stream.samples).is_some() {
                     return Err(format!(
@@ -157,7 +259,7 @@ pub fn check(strategy: &dyn Strategy, hosts: &[u32], transfers: &[Transfer]) -> 
     }
     let mut moved: Vec<(SampleId, Rank, Rank)> = sent
         .iter()
-        .flat_map(|(&(_, from, to), ids)| ids.iter().map(move |&id| (id, from, to)))
+        .flat_map(|(&(_, from, to, _), ids)| ids.iter().map(move |&id| (id, from, to)))
         .collect();
     let mut want: Vec<(SampleId, Rank, Rank)> = transfers
         .iter()
@@ -197,12 +299,20 @@ mod tests {
 
     proptest! {
         #[test]
-        fn ring_schedules_fit_together(
-            hosts in prop::collection::vec(0u32..3, 1..9),
+        fn schedules_fit_together(
+            layout in prop::collection::vec((0u32..3, any::<bool>()), 1..9),
             moves in prop::collection::vec((0u32..500, 0u32..64, 0u32..64), 0..200),
         ) {
+            // A rank that cannot share its host's disk is a disk group of its own.
+            let hosts: Vec<u32> = layout.iter().map(|&(h, _)| h).collect();
+            let disks: Vec<u32> = (layout.iter().enumerate())
+                .map(|(r, &(h, shared))| if shared { h } else { 100 + r as u32 })
+                .collect();
+            let topology = Topology { me: 0, hosts: &hosts, disks: &disks };
             let t = transfers(hosts.len() as u32, &moves);
-            prop_assert_eq!(check(&Ring, &hosts, &t), Ok(()));
+            for kind in [StrategyKind::Direct, StrategyKind::Ring] {
+                prop_assert_eq!(check(kind.strategy(), topology, &t), Ok(()));
+            }
         }
     }
 
@@ -213,6 +323,7 @@ mod tests {
             Topology {
                 me: 0,
                 hosts: &[0; 4],
+                disks: &[0, 1, 2, 3],
             },
             &t,
         );
@@ -230,9 +341,45 @@ mod tests {
             ]
         );
         assert!(
-            Ring.schedule(Topology { me: 0, hosts: &[0] }, &[])
-                .rounds
-                .is_empty()
+            Ring.schedule(
+                Topology {
+                    me: 0,
+                    hosts: &[0],
+                    disks: &[0]
+                },
+                &[]
+            )
+            .rounds
+            .is_empty()
+        );
+    }
+
+    /// Direct: one round, every peer both ways, by disk on a shared disk.
+    #[test]
+    fn direct_talks_to_every_peer_at_once() {
+        let t = transfers(3, &[(5, 0, 1), (3, 0, 2), (9, 2, 0)]);
+        let s = Direct.schedule(
+            Topology {
+                me: 0,
+                hosts: &[0, 0, 1],
+                disks: &[0, 0, 1],
+            },
+            &t,
+        );
+        let st = |peer, samples: &[SampleId]| Stream {
+            peer,
+            samples: samples.to_vec(),
+        };
+        assert_eq!(
+            s.rounds,
+            vec![Round {
+                ops: vec![
+                    RoundOp::Hand(st(1, &[5])),
+                    RoundOp::Take(st(1, &[])),
+                    RoundOp::Send(st(2, &[3])),
+                    RoundOp::Recv(st(2, &[9])),
+                ]
+            }]
         );
     }
 
@@ -247,14 +394,17 @@ mod tests {
                 match (self.0, topology.me) {
                     // Receiver lists its samples in another order.
                     (0, 1) => first.iter_mut().for_each(|op| match op {
-                        RoundOp::Recv(s) => s.samples.reverse(),
-                        RoundOp::Send(_) => {}
+                        RoundOp::Recv(s) | RoundOp::Take(s) => s.samples.reverse(),
+                        RoundOp::Send(_) | RoundOp::Hand(_) => {}
                     }),
                     // Sender sends twice to one peer.
                     (1, 0) => first.push(first[0].clone()),
                     // A transfer goes missing on both sides.
                     (2, 0) | (2, 1) => first.iter_mut().for_each(|op| match op {
-                        RoundOp::Send(s) | RoundOp::Recv(s) => {
+                        RoundOp::Send(s)
+                        | RoundOp::Recv(s)
+                        | RoundOp::Hand(s)
+                        | RoundOp::Take(s) => {
                             s.samples.retain(|&id| id != 3);
                         }
                     }),
@@ -264,9 +414,14 @@ mod tests {
             }
         }
         let t = transfers(2, &[(3, 0, 1), (4, 0, 1)]);
-        assert_eq!(check(&Ring, &[0, 0], &t), Ok(()));
+        let topology = Topology {
+            me: 0,
+            hosts: &[0, 0],
+            disks: &[0, 1],
+        };
+        assert_eq!(check(&Ring, topology, &t), Ok(()));
         for kind in 0..3 {
-            assert!(check(&Broken(kind), &[0, 0], &t).is_err(), "{kind}");
+            assert!(check(&Broken(kind), topology, &t).is_err(), "{kind}");
         }
     }
 }

@@ -52,8 +52,54 @@ pub struct ExchangeReport {
     pub bytes_sent: u64,
     pub bytes_received: u64,
     pub failed_samples: u64,
+    /// Bytes received from ranks of this host (over the shared disk or the transport) and
+    /// from other hosts (the only network traffic).
+    pub bytes_within_hosts: u64,
+    pub bytes_across_hosts: u64,
+    /// Seconds until this rank held what it needs (or gave slow peers up); `seconds` also
+    /// counts serving peers and draining late bytes after that.
+    pub settled_seconds: f64,
     pub seconds: f64,
     pub error: Option<String>,
+    /// Per peer, in the order the schedule lists them.
+    pub peers: Vec<PeerReport>,
+}
+
+/// One peer of an exchange as the status shows it.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PeerReport {
+    pub rank: u32,
+    /// `"mpi"` (the transport) or `"disk"` (taken from its cache on this host).
+    pub via: &'static str,
+    pub same_host: bool,
+    pub samples_to_receive: u64,
+    pub samples_received: u64,
+    pub bytes_received: u64,
+    pub samples_to_send: u64,
+    pub bytes_sent: u64,
+    /// Seconds from the start until its stream to this rank was complete (0: not yet).
+    pub seconds: f64,
+    /// Whether this rank stopped waiting for it (see `deadline`): its late bytes are dropped.
+    pub given_up: bool,
+    /// Samples it should have sent that were fetched from the source instead.
+    pub fetched_from_source: u64,
+}
+
+impl ExchangeReport {
+    /// The entry of peer `rank`, added if missing.
+    pub fn peer(&mut self, rank: u32) -> &mut PeerReport {
+        let i = match self.peers.iter().position(|p| p.rank == rank) {
+            Some(i) => i,
+            None => {
+                self.peers.push(PeerReport {
+                    rank,
+                    ..Default::default()
+                });
+                self.peers.len() - 1
+            }
+        };
+        &mut self.peers[i]
+    }
 }
 
 /// Reports of recent exchanges, and a way to wait for one to finish.
@@ -64,7 +110,7 @@ pub struct ExchangeTracker {
 }
 
 impl ExchangeTracker {
-    pub(super) fn update(&self, target: u64, f: impl FnOnce(&mut ExchangeReport)) {
+    pub fn update(&self, target: u64, f: impl FnOnce(&mut ExchangeReport)) {
         let mut reports = self.reports.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(r) = reports.iter_mut().find(|r| r.target_epoch == target) {
             f(r);

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::cache::SampleStore;
 use crate::comm::Comm;
-use crate::exchange::{self, ExchangeConfig, ExchangeError, ExchangeTracker};
+use crate::exchange::{self, ExchangeConfig, ExchangeError, ExchangeTracker, Peers};
 use crate::plan::{Plan, Rank, SampleId, Step};
 use crate::vfs::ShuffleFs;
 
@@ -144,6 +144,7 @@ pub fn serve_exchanges(
     node: &Node,
     queue: &Receiver<ExchangeCmd>,
     cfg: ExchangeConfig,
+    peers: &Peers,
     abort: &AtomicBool,
 ) -> Result<(), ExchangeError> {
     for cmd in queue {
@@ -157,19 +158,33 @@ pub fn serve_exchanges(
         }
         let target = step.next.epoch;
         node.coordinator.exchange_started(target);
-        let result = exchange::run(comm, &node.store, &step, cfg, &node.tracker, abort);
-        let outcome = match &result {
-            Ok(()) => ExchangeOutcome::Done,
-            Err(e) => {
-                tracing::error!("{e}");
-                ExchangeOutcome::Failed(e.to_string())
-            }
+        // The coordinator hears as soon as this rank holds what it needs; the exchange
+        // itself goes on until its late messages are drained.
+        let mut settled = |result: Result<(), &ExchangeError>| {
+            let outcome = match result {
+                Ok(()) => ExchangeOutcome::Done,
+                Err(e) => {
+                    tracing::error!("{e}");
+                    ExchangeOutcome::Failed(e.to_string())
+                }
+            };
+            node.coordinator.exchange_ended(target, outcome);
         };
-        node.coordinator.exchange_ended(target, outcome);
-        if let Err(e) = result
-            && e.is_abandoned()
-        {
-            return Err(e);
+        let result = exchange::run_with(
+            comm,
+            &node.store,
+            &step,
+            cfg,
+            peers,
+            &node.tracker,
+            abort,
+            &mut settled,
+        );
+        if let Err(e) = result {
+            if e.is_abandoned() {
+                return Err(e);
+            }
+            tracing::warn!("exchange into epoch {target} ended with: {e}");
         }
     }
     Ok(())

@@ -1,0 +1,189 @@
+//! When to stop waiting for a slow peer.
+//!
+//! A peer whose link is much slower than the others' (a congested switch port, a node
+//! shaped to a tenth) must not hold every other rank's next epoch. Each incoming stream is
+//! measured as it completes; once at least half of the non-empty incoming streams are
+//! complete, a stream still arriving is *overdue* when the time since the exchange started
+//! exceeds `factor` times what its bytes would take at the median rate of the completed
+//! streams, plus `grace`. The receiver then gives that peer up: samples it already stored
+//! from it stay, the rest are fetched from the source, and the peer's remaining bytes are
+//! still taken off the wire (so the peer is never blocked) but dropped.
+//!
+//! The rule is relative on purpose: a rank whose own link is slow sees every stream slow
+//! alike and gives nobody up; the median rate is measured while streams share the link, so
+//! it underestimates what a lone stream gets, which errs on the side of waiting.
+
+use std::time::Duration;
+
+/// Settings of the slow-peer rule (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SlowPeers {
+    /// How many times its expected time a stream may take; 0 never gives up.
+    pub factor: f64,
+    /// Added to every deadline, so jitter on small exchanges never gives a peer up.
+    pub grace: Duration,
+    /// After this rank settled, a peer it still exchanges with (draining its late bytes,
+    /// or sending to it) that completes no message for this long is abandoned: its
+    /// messages are detached and its streams end. Only a peer that stopped (a broken
+    /// transport, a stopped process) gets there; under MPI a dead rank ends the job first.
+    pub idle: Duration,
+}
+
+impl Default for SlowPeers {
+    fn default() -> Self {
+        SlowPeers {
+            factor: 4.0,
+            grace: Duration::from_secs(2),
+            idle: Duration::from_secs(60),
+        }
+    }
+}
+
+/// An incoming stream as the rule sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct Progress {
+    /// Bytes of the stream (when its size list has not arrived: an estimate, see `estimate`).
+    pub bytes: u64,
+    /// Time from the exchange's start to the stream's last byte over the transport, if
+    /// complete.
+    pub took: Option<Duration>,
+    /// Whether its bytes cross the transport. A stream taken from a peer's cache on this
+    /// host only waits for the size list: it is not rated, and it is overdue once it took
+    /// `factor` times the median completed stream's time, plus `grace`.
+    pub rated: bool,
+}
+
+impl SlowPeers {
+    /// Which of `streams` are overdue `elapsed` after the exchange started.
+    pub fn overdue(&self, elapsed: Duration, streams: &[Progress]) -> Vec<bool> {
+        let none = vec![false; streams.len()];
+        if self.factor <= 0.0 {
+            return none;
+        }
+        let rated: Vec<&Progress> = streams.iter().filter(|s| s.rated && s.bytes > 0).collect();
+        let mut rates: Vec<f64> = (rated.iter())
+            .filter_map(|s| s.took.map(|t| s.bytes as f64 / t.as_secs_f64().max(1e-3)))
+            .collect();
+        let mut times: Vec<Duration> = rated.iter().filter_map(|s| s.took).collect();
+        if rates.is_empty() || rates.len() * 2 < rated.len() {
+            return none;
+        }
+        rates.sort_by(f64::total_cmp);
+        times.sort();
+        let (median, median_time) = (rates[rates.len() / 2], times[times.len() / 2]);
+        (streams.iter())
+            .map(|s| {
+                let expected = if s.rated {
+                    Duration::from_secs_f64(s.bytes as f64 / median)
+                } else {
+                    median_time
+                };
+                s.took.is_none() && elapsed > expected.mul_f64(self.factor) + self.grace
+            })
+            .collect()
+    }
+}
+
+/// Bytes of a stream of `samples` samples whose sizes are not known yet: at the mean size
+/// per sample of the streams whose sizes are.
+pub fn estimate(samples: usize, known: &[(u64, usize)]) -> u64 {
+    let (bytes, count) = (known.iter()).fold((0u64, 0usize), |(b, c), &(kb, kc)| (b + kb, c + kc));
+    if count == 0 {
+        0
+    } else {
+        bytes / count as u64 * samples as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn done(bytes: u64, ms: u64) -> Progress {
+        Progress {
+            bytes,
+            took: Some(Duration::from_millis(ms)),
+            rated: true,
+        }
+    }
+
+    fn pending(bytes: u64) -> Progress {
+        Progress {
+            bytes,
+            took: None,
+            rated: true,
+        }
+    }
+
+    #[test]
+    fn a_stream_by_disk_waits_for_its_size_list_as_long_as_the_median_stream() {
+        let rule = SlowPeers {
+            factor: 2.0,
+            grace: Duration::from_secs(1),
+            ..SlowPeers::default()
+        };
+        let disk = Progress {
+            bytes: 160,
+            took: None,
+            rated: false,
+        };
+        let s = [
+            done(1 << 30, 3000),
+            done(1 << 20, 1000),
+            done(1 << 20, 2000),
+            disk,
+        ];
+        assert!(!rule.overdue(Duration::from_secs(4), &s)[3]);
+        assert!(rule.overdue(Duration::from_secs(6), &s)[3]);
+    }
+
+    #[test]
+    fn a_stream_far_behind_the_median_is_overdue() {
+        let rule = SlowPeers {
+            factor: 4.0,
+            grace: Duration::from_secs(1),
+            ..SlowPeers::default()
+        };
+        // Three peers at 100 MB/s took 1 s each; the fourth has as many bytes.
+        let s = [
+            done(100 << 20, 1000),
+            done(100 << 20, 1000),
+            done(100 << 20, 1000),
+            pending(100 << 20),
+        ];
+        let at = |secs| rule.overdue(Duration::from_secs(secs), &s);
+        assert_eq!(at(4), vec![false; 4], "within 4 x 1 s + 1 s");
+        assert_eq!(at(6), vec![false, false, false, true]);
+    }
+
+    #[test]
+    fn no_verdict_before_half_the_streams_are_in_or_when_disabled() {
+        let rule = SlowPeers::default();
+        let s = [done(1 << 20, 10), pending(1 << 20), pending(1 << 20)];
+        assert_eq!(rule.overdue(Duration::from_secs(100), &s), vec![false; 3]);
+        let s = [done(1 << 20, 10), done(1 << 20, 10), pending(1 << 20)];
+        assert_eq!(
+            rule.overdue(Duration::from_secs(100), &s),
+            vec![false, false, true]
+        );
+        let off = SlowPeers {
+            factor: 0.0,
+            ..rule
+        };
+        assert_eq!(off.overdue(Duration::from_secs(100), &s), vec![false; 3]);
+    }
+
+    #[test]
+    fn an_empty_stream_waits_only_the_grace() {
+        let rule = SlowPeers::default();
+        let s = [done(1 << 20, 10), pending(0)];
+        assert_eq!(rule.overdue(Duration::from_secs(1), &s), vec![false, false]);
+        assert_eq!(rule.overdue(Duration::from_secs(3), &s), vec![false, true]);
+    }
+
+    #[test]
+    fn estimates_use_the_mean_known_size() {
+        assert_eq!(estimate(10, &[(1000, 5), (3000, 5)]), 4000);
+        assert_eq!(estimate(10, &[]), 0);
+    }
+}

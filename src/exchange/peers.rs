@@ -1,0 +1,119 @@
+//! Which ranks can take samples straight from each other's cache folders: ranks of one
+//! host whose caches each of them can see. A sample moving between two such ranks never
+//! crosses MPI; the receiver links (or copies) it from the sender's cache on the shared disk.
+//!
+//! Sharing a host name is not enough: ranks of one host may run in containers with
+//! different filesystems. So every rank publishes its cache folder's path with the device
+//! and inode numbers it sees there, and checks, for every other rank of its host, that the
+//! same path names the same folder. A host's ranks form one disk group only if every pair
+//! of them sees each other's cache; otherwise each of them is on its own (everything goes
+//! over MPI, as before).
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use crate::comm::{Comm, CommError};
+
+/// The cache folders of all ranks, and which ranks share a disk.
+#[derive(Clone, Debug, Default)]
+pub struct Peers {
+    /// Cache folder of each rank, as that rank named it.
+    pub caches: Vec<PathBuf>,
+    /// Disk group of each rank: ranks with the same value can read each other's caches.
+    pub disks: Vec<u32>,
+}
+
+impl Peers {
+    /// No disk sharing: every rank on its own disk (all samples move over the transport).
+    pub fn separate(world: u32) -> Peers {
+        Peers {
+            caches: vec![PathBuf::new(); world as usize],
+            disks: (0..world).collect(),
+        }
+    }
+
+    /// Collective: learns every rank's cache folder and which ranks share a disk.
+    pub fn discover(comm: &mut dyn Comm, cache: &Path) -> Result<Peers, CommError> {
+        let me = comm.rank() as usize;
+        let id = |p: &Path| std::fs::metadata(p).map(|m| (m.dev(), m.ino())).ok();
+        let (dev, ino) = id(cache).unwrap_or((u64::MAX, u64::MAX));
+        let mut mine = dev.to_le_bytes().to_vec();
+        mine.extend_from_slice(&ino.to_le_bytes());
+        mine.extend_from_slice(cache.as_os_str().as_encoded_bytes());
+        let all = comm.all_gather(&mine)?;
+        let caches: Vec<PathBuf> = (all.iter())
+            .map(|m| PathBuf::from(String::from_utf8_lossy(&m[16..]).into_owned()))
+            .collect();
+        let hosts = comm.hosts().to_vec();
+        // Which ranks of my host I can see (by the identity they reported).
+        let sees: Vec<u8> = (0..all.len())
+            .map(|r| {
+                let reported = (
+                    u64::from_le_bytes(all[r][..8].try_into().expect("8 bytes")),
+                    u64::from_le_bytes(all[r][8..16].try_into().expect("8 bytes")),
+                );
+                let visible = r == me
+                    || (hosts[r] == hosts[me]
+                        && reported.0 != u64::MAX
+                        && id(&caches[r]) == Some(reported));
+                u8::from(visible)
+            })
+            .collect();
+        let seen = comm.all_gather(&sees)?;
+        Ok(Peers {
+            disks: disk_groups(&hosts, &seen),
+            caches,
+        })
+    }
+}
+
+/// Disk groups from who sees whom (`seen[a][b] != 0`: rank `a` sees rank `b`'s cache): a
+/// host whose ranks all see each other is one group (numbered by the host), any other rank
+/// is a group of its own (numbered past the hosts).
+fn disk_groups(hosts: &[u32], seen: &[Vec<u8>]) -> Vec<u32> {
+    let n = hosts.len();
+    let whole = |host: u32| {
+        let ranks: Vec<usize> = (0..n).filter(|&r| hosts[r] == host).collect();
+        (ranks.iter()).all(|&a| ranks.iter().all(|&b| seen[a].get(b) == Some(&1)))
+    };
+    (0..n)
+        .map(|r| {
+            if whole(hosts[r]) {
+                hosts[r]
+            } else {
+                n as u32 + r as u32
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::comm::LocalComm;
+
+    #[test]
+    fn a_host_is_one_disk_only_if_all_its_ranks_see_each_other() {
+        let hosts = [0, 0, 1, 1, 1];
+        let mut seen = vec![vec![1u8; 5]; 5];
+        assert_eq!(disk_groups(&hosts, &seen), vec![0, 0, 1, 1, 1]);
+        seen[3][4] = 0; // rank 3 cannot see rank 4's cache
+        assert_eq!(disk_groups(&hosts, &seen), vec![0, 0, 7, 8, 9]);
+    }
+
+    #[test]
+    fn discovery_in_one_process() {
+        let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+        let paths: Vec<PathBuf> = dirs.iter().map(|d| d.path().to_path_buf()).collect();
+        let handles: Vec<_> = LocalComm::world_on_hosts(&[0, 0, 1])
+            .into_iter()
+            .zip(paths.clone())
+            .map(|(mut c, p)| std::thread::spawn(move || Peers::discover(&mut c, &p).unwrap()))
+            .collect();
+        for h in handles {
+            let peers = h.join().unwrap();
+            assert_eq!(peers.caches, paths);
+            assert_eq!(peers.disks, vec![0, 0, 1]);
+        }
+    }
+}
