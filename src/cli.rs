@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::dataset::Format;
+use crate::plan::ExchangeScope;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -63,6 +64,25 @@ pub struct MountArgs {
     /// shuffling only, 1 = full global reshuffle). Each cache holds up to (1+Q) x its share.
     #[arg(long, default_value_t = DEFAULT_FRACTION, value_parser = parse_fraction, help_heading = "Shuffling")]
     pub fraction: f64,
+
+    /// Which ranks exchange samples: `global` (any two ranks) or `node` (only ranks on the
+    /// same host, so nothing crosses the network; costs shuffle quality).
+    #[arg(
+        long,
+        value_enum,
+        default_value_t = ExchangeScope::Global,
+        help_heading = "Shuffling",
+        long_help = "Which ranks exchange samples before each epoch.\n\n\
+            global: any rank with any other (the paper's partial-local shuffling): the best \
+            shuffle; samples moving between hosts cross the network.\n\n\
+            node: only ranks on the same host, so nothing crosses the network. Shuffle \
+            quality drops: each host's set of samples is fixed at epoch 0 for good (local \
+            shuffling at host granularity, which loses accuracy on some datasets and at \
+            scale); within a host it is partial-local with --fraction. For slow networks \
+            with several ranks per host; with one rank per host nothing ever moves. A cache \
+            made under node scope resumes only with the same ranks sharing a host."
+    )]
+    pub exchange_scope: ExchangeScope,
 
     /// Seed for the partition and every exchange. Default: chosen by rank 0 (or reused from
     /// the cache on remount) and shown in `.shufflefs/status`.

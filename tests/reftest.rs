@@ -376,6 +376,8 @@ impl World {
                     rank: r,
                     manifest_fingerprint: manifest.fingerprint(),
                     epoch: 0,
+                    exchange_scope: Default::default(),
+                    hosts: None,
                 })
                 .unwrap();
                 d

@@ -29,6 +29,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::dataset::manifest::Manifest;
+use crate::plan::{ExchangeScope, HostLayout};
 
 mod backend;
 mod files;
@@ -74,6 +75,14 @@ pub struct CacheState {
     pub rank: u32,
     pub manifest_fingerprint: u32,
     pub epoch: u64,
+    /// `--exchange-scope`. Left out of the file when global, so a global cache's state file
+    /// is what it was before the option existed; one without it (any older cache) is global.
+    #[serde(default, skip_serializing_if = "ExchangeScope::is_global")]
+    pub exchange_scope: ExchangeScope,
+    /// Node scope only: each rank's host index (by first appearance) when the cache was
+    /// built. The plan's history depends on it, so a resume must find the same layout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosts: Option<Vec<u32>>,
 }
 
 impl CacheState {
@@ -108,6 +117,22 @@ impl CacheState {
             format!("{:08x}", self.manifest_fingerprint),
             format!("{:08x}", other.manifest_fingerprint),
         );
+        check(
+            "--exchange-scope",
+            self.exchange_scope.to_string(),
+            other.exchange_scope.to_string(),
+        );
+        // Only where both are node scope: otherwise the scope line above says it all.
+        if let (Some(was), Some(now)) = (&self.hosts, &other.hosts)
+            && HostLayout::new(was) != HostLayout::new(now)
+        {
+            out.push(format!(
+                "host layout (--exchange-scope node plans every move within a host): cache has {}, now {}; \
+                 start the ranks with the same ranks sharing a host as before",
+                HostLayout::new(was).describe(),
+                HostLayout::new(now).describe()
+            ));
+        }
         out
     }
 }
@@ -264,4 +289,75 @@ fn replace(dir: &Path, name: &str, bytes: &[u8], durable: bool) -> io::Result<()
         File::open(dir)?.sync_all()?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> CacheState {
+        CacheState {
+            format: FORMAT_VERSION,
+            source: "/data".into(),
+            seed: 7,
+            fraction: 0.3,
+            world_size: 4,
+            rank: 1,
+            manifest_fingerprint: 0xabcd,
+            epoch: 3,
+            exchange_scope: ExchangeScope::Global,
+            hosts: None,
+        }
+    }
+
+    /// A state file written before `--exchange-scope` existed loads as global scope, and a
+    /// global one is still written without the new fields.
+    #[test]
+    fn old_state_files_are_global_and_global_ones_unchanged() {
+        let old = r#"{"format": 2, "source": "/data", "seed": 7, "fraction": 0.3,
+            "world_size": 4, "rank": 1, "manifest_fingerprint": 43981, "epoch": 3}"#;
+        let loaded: CacheState = serde_json::from_str(old).unwrap();
+        assert_eq!(loaded, state());
+        let written = serde_json::to_string(&state()).unwrap();
+        assert!(!written.contains("exchange_scope") && !written.contains("hosts"));
+    }
+
+    #[test]
+    fn node_scope_state_round_trips() {
+        let node = CacheState {
+            exchange_scope: ExchangeScope::Node,
+            hosts: Some(vec![0, 0, 1, 1]),
+            ..state()
+        };
+        let text = serde_json::to_string(&node).unwrap();
+        assert!(text.contains(r#""exchange_scope":"node""#), "{text}");
+        assert_eq!(serde_json::from_str::<CacheState>(&text).unwrap(), node);
+    }
+
+    #[test]
+    fn scope_and_host_layout_are_differences() {
+        let node = |hosts: &[u32]| CacheState {
+            exchange_scope: ExchangeScope::Node,
+            hosts: Some(hosts.to_vec()),
+            ..state()
+        };
+        assert_eq!(
+            state().differences(&node(&[0, 0, 1, 1])),
+            ["--exchange-scope: cache has global, now node"]
+        );
+        // Relabelled hosts are the same layout.
+        assert!(
+            node(&[0, 0, 1, 1])
+                .differences(&node(&[5, 5, 2, 2]))
+                .is_empty()
+        );
+        let diff = node(&[0, 0, 1, 1]).differences(&node(&[0, 1, 2, 3]));
+        assert_eq!(diff.len(), 1);
+        assert!(
+            diff[0]
+                .contains("cache has 2 hosts (ranks 0-1 | 2-3), now 4 hosts (ranks 0 | 1 | 2 | 3)"),
+            "{}",
+            diff[0]
+        );
+    }
 }

@@ -8,9 +8,24 @@
 //! 3. seed and index, decided by rank 0 (the index is reused from rank 0's cache when its
 //!    settings match, else built by the dataset format);
 //! 4. does each cache belong to these settings? resume at the furthest epoch any rank saved;
+//!    under `--exchange-scope node` the settings include the host layout (which ranks share
+//!    a host), because the plan's history depends on it: a cache built on another layout is
+//!    refused like one built with another seed (see "Host layout on resume" below);
 //! 5. finish whatever a crash interrupted (see `node::resume`).
 //!
 //! Mounting is the last phase and lives in `daemon::run`.
+//!
+//! # Host layout on resume
+//! A node-scope plan is a function of the layout, so a resume must either replan with the
+//! recorded layout or refuse a different one. We refuse: with the recorded layout, moves
+//! the plan keeps "within a host" would join ranks now on different hosts, so samples would
+//! cross the network and each real host's set of samples would change, silently breaking
+//! both promises of `--exchange-scope node`. Refusing keeps one invariant the exchange can
+//! rely on: under node scope every planned move is between two ranks that `Comm::hosts`
+//! puts on one host. Only the shape is compared (which ranks share a host, host indices by
+//! first appearance), not host names, so a restart on other machines with the same ranks
+//! per host resumes. The message names both layouts; the ways out are starting the ranks
+//! on hosts as before, or `--reset-cache`.
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -21,7 +36,7 @@ use crate::cli::{MountArgs, for_rank};
 use crate::comm::{Comm, CommError, agree, decide};
 use crate::dataset::Manifest;
 use crate::node::resume::{self, Resumed};
-use crate::plan::{Plan, PlanError, PlanParams, Rank};
+use crate::plan::{ExchangeScope, Plan, PlanError, PlanParams, Rank};
 use crate::sys::mounts;
 
 /// Why the daemon did not start.
@@ -148,6 +163,12 @@ pub fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, StartE
         rank,
         manifest_fingerprint: crc32c::crc32c(&manifest_bytes),
         epoch: 0,
+        exchange_scope: args.exchange_scope,
+        // Global scope ignores hosts, so its state does not depend on where ranks run.
+        hosts: match args.exchange_scope {
+            ExchangeScope::Global => None,
+            ExchangeScope::Node => Some(comm.hosts().to_vec()),
+        },
     };
     let backend = dir.file_backend(manifest.len());
     let local_epoch = backend.map_err(|e| e.to_string()).and_then(|backend| {
@@ -191,12 +212,19 @@ pub fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, StartE
         .unwrap_or(0);
     dir.save_state(&CacheState { epoch, ..expected })?;
 
-    let plan = Plan::new(PlanParams {
-        samples: manifest.len(),
-        world,
-        fraction: args.fraction,
-        seed,
-    })?;
+    let plan = Plan::with_scope(
+        PlanParams {
+            samples: manifest.len(),
+            world,
+            fraction: args.fraction,
+            seed,
+        },
+        args.exchange_scope,
+        comm.hosts(),
+    )?;
+    if let Some(layout) = plan.layout() {
+        tracing::info!(layout = %layout.describe(), "exchange scope node: samples move only between ranks of one host");
+    }
     let manifest = Arc::new(manifest);
     let dataset = args.format.open(&args.source, manifest.clone());
     let store = Arc::new(SampleStore::with_backend(
@@ -278,6 +306,7 @@ fn shared_settings(args: &MountArgs) -> Vec<(&'static str, String)> {
         ("--source", args.source.display().to_string()),
         ("--format", format!("{:?}", args.format).to_lowercase()),
         ("--fraction", args.fraction.to_string()),
+        ("--exchange-scope", args.exchange_scope.to_string()),
         (
             "--seed",
             args.seed.map_or("(default)".into(), |s| s.to_string()),
@@ -322,5 +351,163 @@ fn random_seed() -> u64 {
         Err(_) => std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+    use crate::comm::LocalComm;
+    use crate::plan::HostLayout;
+
+    /// A source of 2 classes x 6 samples and per-rank cache and mount folders.
+    struct Folders {
+        root: tempfile::TempDir,
+    }
+
+    impl Folders {
+        fn new(world: u32) -> Folders {
+            let root = tempfile::tempdir().unwrap();
+            for class in ["a", "b"] {
+                let dir = root.path().join("src").join(class);
+                std::fs::create_dir_all(&dir).unwrap();
+                for i in 0..6 {
+                    std::fs::write(dir.join(format!("{i}.bin")), [i as u8; 10]).unwrap();
+                }
+            }
+            for r in 0..world {
+                std::fs::create_dir_all(root.path().join(format!("mnt-{r}"))).unwrap();
+            }
+            Folders { root }
+        }
+
+        fn args(&self, scope: &str) -> MountArgs {
+            let p = |name: &str| self.root.path().join(name).display().to_string();
+            let cli = Cli::parse_from([
+                "shufflefs",
+                "mount",
+                "--source",
+                &p("src"),
+                "--cache",
+                &p("cache-{rank}"),
+                "--seed",
+                "5",
+                "--fraction",
+                "0.5",
+                "--exchange-scope",
+                scope,
+                &p("mnt-{rank}"),
+            ]);
+            match cli.command {
+                Command::Mount(args) => args,
+                Command::Unmount(_) => unreachable!(),
+            }
+        }
+
+        /// Runs start-up on every rank of a world on `hosts`: each rank's plan, or the error.
+        fn start(&self, scope: &str, hosts: &[u32]) -> Vec<Result<Plan, String>> {
+            let args = self.args(scope);
+            let handles: Vec<_> = LocalComm::world_on_hosts(hosts)
+                .into_iter()
+                .map(|mut comm| {
+                    let args = args.clone();
+                    std::thread::spawn(move || {
+                        prepare(&args, &mut comm)
+                            .map(|p| p.plan)
+                            .map_err(|e| e.to_string())
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        }
+
+        fn state(&self, rank: u32) -> CacheState {
+            let path = self.root.path().join(format!("cache-{rank}/state.json"));
+            serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+        }
+    }
+
+    /// Node scope plans with the hosts the ranks run on and records them; a resume on the
+    /// same layout (whatever the hosts are called) works, one on another layout or scope is
+    /// refused naming both, and global scope neither records nor checks hosts.
+    #[test]
+    fn node_scope_records_and_checks_the_host_layout() {
+        let folders = Folders::new(4);
+        for plan in folders.start("node", &[0, 0, 1, 1]) {
+            let plan = plan.unwrap();
+            assert_eq!(plan.scope(), ExchangeScope::Node);
+            assert_eq!(plan.layout(), Some(&HostLayout::new(&[0, 0, 1, 1])));
+        }
+        let state = folders.state(2);
+        assert_eq!(state.exchange_scope, ExchangeScope::Node);
+        assert_eq!(state.hosts, Some(vec![0, 0, 1, 1]));
+
+        // Same shape on other hosts: resumes.
+        assert!(
+            folders
+                .start("node", &[9, 9, 4, 4])
+                .iter()
+                .all(Result::is_ok)
+        );
+
+        for err in folders.start("node", &[0, 1, 0, 1]) {
+            let err = err.unwrap_err();
+            assert!(
+                err.contains("cache has 2 hosts (ranks 0-1 | 2-3), now 2 hosts (ranks 0,2 | 1,3)"),
+                "{err}"
+            );
+            assert!(err.contains("--reset-cache"), "{err}");
+        }
+        for err in folders.start("global", &[0, 0, 1, 1]) {
+            let err = err.unwrap_err();
+            assert!(
+                err.contains("--exchange-scope: cache has node, now global"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn global_scope_ignores_hosts() {
+        let folders = Folders::new(2);
+        for plan in folders.start("global", &[0, 0]) {
+            assert_eq!(plan.unwrap().scope(), ExchangeScope::Global);
+        }
+        let state = folders.state(1);
+        assert_eq!(
+            (state.exchange_scope, state.hosts),
+            (ExchangeScope::Global, None)
+        );
+        let text = std::fs::read_to_string(folders.root.path().join("cache-1/state.json")).unwrap();
+        assert!(!text.contains("scope") && !text.contains("hosts"), "{text}");
+        // Other hosts: the same global cache resumes.
+        assert!(folders.start("global", &[0, 1]).iter().all(Result::is_ok));
+    }
+
+    #[test]
+    fn ranks_must_agree_on_the_scope() {
+        let folders = Folders::new(2);
+        let (node, global) = (folders.args("node"), folders.args("global"));
+        let handles: Vec<_> = LocalComm::world(2)
+            .into_iter()
+            .zip([node, global])
+            .map(|(mut comm, args)| {
+                std::thread::spawn(move || {
+                    prepare(&args, &mut comm)
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        for h in handles {
+            let err = h.join().unwrap().unwrap_err();
+            assert!(
+                err.contains("rank 1 was started with --exchange-scope global, rank 0 with node"),
+                "{err}"
+            );
+        }
     }
 }

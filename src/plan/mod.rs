@@ -1,8 +1,9 @@
 //! The plan: which rank owns which sample in every epoch.
 //!
 //! Pure and deterministic: no I/O, no clocks, no MPI. Every rank derives the same ownership
-//! for any epoch from `(samples, world, fraction, seed)` alone, so no rank ever has to ask
-//! another "what do you hold?" — the exchange (and a restart after a crash) only needs this.
+//! for any epoch from `(samples, world, fraction, seed)` alone (plus, under
+//! `--exchange-scope node`, which host each rank is on), so no rank ever has to ask another
+//! "what do you hold?" — the exchange (and a restart after a crash) only needs this.
 //!
 //! # Algorithm (Nguyen et al., "Why globally re-shuffle?", Section III-B, Algorithm 1)
 //! * Epoch 0: a seeded permutation of all sample ids is dealt into `world` contiguous chunks
@@ -15,11 +16,27 @@
 //!   permutation, each rank receives exactly one sample per `i`. `dest_i[r] == r` keeps the
 //!   sample where it is, so about `Q * (M-1)/M` of a share moves.
 //!
+//! # Exchange scope
+//! [`ExchangeScope::Node`] changes one thing: each `dest_i` permutes the ranks *within each
+//! host* (a [`HostLayout`]) instead of all ranks. Per `i`, the hosts are taken in order of
+//! their lowest rank and each host's ranks (ascending) are shuffled in turn, all from the
+//! same shared `(seed, e)` stream. `dest_i` is still a permutation of all ranks, so every
+//! rank still sends and receives exactly `k` and shares keep their sizes; but no sample ever
+//! leaves its host, so each host's set of samples is the one epoch 0 dealt it, forever (the
+//! paper's local shuffling at host granularity; within a host it is partial-local with `Q`).
+//! About `Q * (G-1)/G` of a share moves on a host of `G` ranks; a host of one rank keeps its
+//! share. `k` stays `floor(Q * min_share)` over all ranks: it is what keeps every rank
+//! sending as much as it receives, whatever the hosts' sizes. Epoch 0 is the same in both
+//! scopes, and with every rank on one host node scope gives exactly the global plan (the one
+//! group, shuffled from the same stream, is the global `dest_i`). Global scope ignores hosts.
+//!
 //! # Why our own shuffle
 //! `rand`'s `shuffle`/`gen_range` are allowed to change their output between releases; a cache
 //! written by one build must plan identically under the next (resume after a crash), so the
 //! Fisher–Yates and bounded-integer steps live here, on top of the ChaCha8 keystream, which is
 //! fixed by its specification.
+
+use std::sync::Arc;
 
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
@@ -38,12 +55,142 @@ pub struct PlanParams {
     pub seed: u64,
 }
 
+/// Which ranks a sample may move between (`--exchange-scope`).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum ExchangeScope {
+    /// Any rank to any rank (the paper's partial-local shuffling): the best shuffle.
+    #[default]
+    Global,
+    /// Only between ranks on the same host, so nothing crosses the network; each host's set
+    /// of samples is fixed at epoch 0 (local shuffling at host granularity).
+    Node,
+}
+
+impl ExchangeScope {
+    /// The name `--exchange-scope` takes (and the status and state file show).
+    pub fn name(self) -> &'static str {
+        match self {
+            ExchangeScope::Global => "global",
+            ExchangeScope::Node => "node",
+        }
+    }
+
+    pub fn is_global(&self) -> bool {
+        *self == ExchangeScope::Global
+    }
+}
+
+impl std::fmt::Display for ExchangeScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Which host each rank is on: `hosts()[r]` is rank `r`'s host index, numbered in order of
+/// first appearance (as `Comm::hosts` gives them; other labels are renumbered, so only
+/// which ranks share a host matters).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostLayout {
+    hosts: Vec<u32>,
+    /// The ranks of each host, ascending; hosts in order of their lowest rank.
+    groups: Vec<Vec<Rank>>,
+}
+
+impl HostLayout {
+    /// The layout of ranks `0..hosts.len()`, rank `r` on host label `hosts[r]`.
+    pub fn new(hosts: &[u32]) -> HostLayout {
+        let mut labels: Vec<u32> = Vec::new();
+        let mut groups: Vec<Vec<Rank>> = Vec::new();
+        let mut indices = Vec::with_capacity(hosts.len());
+        // A map would be O(M) instead of O(M * hosts); this runs once per start.
+        for (r, label) in hosts.iter().enumerate() {
+            let h = match labels.iter().position(|l| l == label) {
+                Some(h) => h,
+                None => {
+                    labels.push(*label);
+                    groups.push(Vec::new());
+                    labels.len() - 1
+                }
+            };
+            groups[h].push(r as Rank);
+            indices.push(h as u32);
+        }
+        HostLayout {
+            hosts: indices,
+            groups,
+        }
+    }
+
+    /// Host index of every rank, numbered by first appearance.
+    pub fn hosts(&self) -> &[u32] {
+        &self.hosts
+    }
+
+    /// The ranks of each host, ascending, indexed by host.
+    pub fn groups(&self) -> &[Vec<Rank>] {
+        &self.groups
+    }
+
+    pub fn host_of(&self, rank: Rank) -> u32 {
+        self.hosts[rank as usize]
+    }
+
+    /// Whether two ranks are on one host.
+    pub fn same_host(&self, a: Rank, b: Rank) -> bool {
+        self.host_of(a) == self.host_of(b)
+    }
+
+    /// For messages: `"2 hosts (ranks 0-1 | 2-3)"`.
+    pub fn describe(&self) -> String {
+        let groups: Vec<String> = self.groups.iter().map(|g| ranges(g)).collect();
+        let n = groups.len();
+        format!(
+            "{n} host{} (ranks {})",
+            if n == 1 { "" } else { "s" },
+            groups.join(" | ")
+        )
+    }
+}
+
+/// `[0, 1, 2, 5, 7, 8]` as `"0-2,5,7-8"`.
+fn ranges(ranks: &[Rank]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < ranks.len() {
+        let mut j = i;
+        while j + 1 < ranks.len() && ranks[j + 1] == ranks[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j {
+            ranks[i].to_string()
+        } else {
+            format!("{}-{}", ranks[i], ranks[j])
+        });
+        i = j + 1;
+    }
+    out.join(",")
+}
+
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum PlanError {
     #[error("--fraction must be between 0 and 1, got {0}")]
     Fraction(f64),
     #[error("world size must be at least 1")]
     EmptyWorld,
+    #[error("the host layout names {hosts} ranks, but the world has {world}")]
+    Hosts { hosts: usize, world: u32 },
 }
 
 /// Domain tags keep the random streams for different purposes independent.
@@ -84,9 +231,12 @@ pub struct Step {
 #[derive(Clone, Debug)]
 pub struct Plan {
     params: PlanParams,
+    /// `Some` under node scope: moves stay within each host. Shared, so a clone stays cheap.
+    layout: Option<Arc<HostLayout>>,
 }
 
 impl Plan {
+    /// The global-scope plan: samples move between any ranks.
     pub fn new(params: PlanParams) -> Result<Plan, PlanError> {
         if !(0.0..=1.0).contains(&params.fraction) || params.fraction.is_nan() {
             return Err(PlanError::Fraction(params.fraction));
@@ -94,11 +244,47 @@ impl Plan {
         if params.world == 0 {
             return Err(PlanError::EmptyWorld);
         }
-        Ok(Plan { params })
+        Ok(Plan {
+            params,
+            layout: None,
+        })
+    }
+
+    /// The plan for `scope`. `hosts[r]` is rank `r`'s host (as `Comm::hosts` gives it): used
+    /// by node scope only, where it must name every rank; global scope ignores it (pass `&[]`
+    /// if you like) and is exactly `Plan::new(params)`.
+    pub fn with_scope(
+        params: PlanParams,
+        scope: ExchangeScope,
+        hosts: &[u32],
+    ) -> Result<Plan, PlanError> {
+        let mut plan = Plan::new(params)?;
+        if scope == ExchangeScope::Node {
+            if hosts.len() != params.world as usize {
+                return Err(PlanError::Hosts {
+                    hosts: hosts.len(),
+                    world: params.world,
+                });
+            }
+            plan.layout = Some(Arc::new(HostLayout::new(hosts)));
+        }
+        Ok(plan)
     }
 
     pub fn params(&self) -> &PlanParams {
         &self.params
+    }
+
+    pub fn scope(&self) -> ExchangeScope {
+        match self.layout {
+            None => ExchangeScope::Global,
+            Some(_) => ExchangeScope::Node,
+        }
+    }
+
+    /// The hosts the plan keeps moves within: `Some` exactly under node scope.
+    pub fn layout(&self) -> Option<&HostLayout> {
+        self.layout.as_deref()
     }
 
     /// Samples each rank sends (and receives) per epoch, moves to itself included.
@@ -150,12 +336,28 @@ impl Plan {
         let mut transfers = Vec::new();
         let mut dest: Vec<Rank> = (0..m as Rank).collect();
         let mut dest_rng = stream(seed, DOMAIN_DEST, cur.epoch, 0);
+        let mut group_dest: Vec<Rank> = Vec::new();
         for i in 0..k {
             // A fresh permutation per i, drawn from one shared stream (Algorithm 1, line 3).
-            dest.iter_mut()
-                .enumerate()
-                .for_each(|(j, d)| *d = j as Rank);
-            shuffle(&mut dest, &mut dest_rng);
+            match self.layout.as_deref() {
+                None => {
+                    dest.iter_mut()
+                        .enumerate()
+                        .for_each(|(j, d)| *d = j as Rank);
+                    shuffle(&mut dest, &mut dest_rng);
+                }
+                // Node scope: the same, host by host (see the module docs).
+                Some(layout) => {
+                    for group in layout.groups() {
+                        group_dest.clear();
+                        group_dest.extend_from_slice(group);
+                        shuffle(&mut group_dest, &mut dest_rng);
+                        for (&from, &to) in group.iter().zip(&group_dest) {
+                            dest[from as usize] = to;
+                        }
+                    }
+                }
+            }
             for (from, out) in outgoing.iter().enumerate() {
                 let to = dest[from];
                 let sample = out[i];
@@ -283,6 +485,61 @@ mod tests {
     }
     const KNOWN_ANSWER: &str =
         "[[0, 2, 5, 8, 9], [1, 3, 4, 6, 7]] [[0, 2, 4, 8, 9], [1, 3, 5, 6, 7]]";
+
+    #[test]
+    fn known_answer_pins_the_node_scope_stream() {
+        // As above: node-scope caches resume by recomputing this.
+        let params = plan(12, 4, 1.0, 42).params;
+        let p = Plan::with_scope(params, ExchangeScope::Node, &[0, 0, 1, 1]).unwrap();
+        let e1 = p.step(&p.initial()).next;
+        let e2 = p.step(&e1).next;
+        let snapshot = format!("{:?} {:?}", e1.shares, e2.shares);
+        assert_eq!(
+            snapshot, KNOWN_ANSWER_NODE,
+            "node-scope plan output changed"
+        );
+    }
+    const KNOWN_ANSWER_NODE: &str = "[[4, 6, 10], [0, 2, 11], [3, 5, 7], [1, 8, 9]] \
+         [[0, 2, 11], [4, 6, 10], [5, 7, 8], [1, 3, 9]]";
+
+    #[test]
+    fn node_scope_on_one_host_is_the_global_plan() {
+        let global = plan(50, 5, 0.6, 9);
+        let node = Plan::with_scope(global.params, ExchangeScope::Node, &[3; 5]).unwrap();
+        assert_eq!(node.scope(), ExchangeScope::Node);
+        assert_eq!(node.shares_at(4), global.shares_at(4));
+    }
+
+    #[test]
+    fn global_scope_ignores_hosts() {
+        let global = plan(50, 4, 0.6, 9);
+        for hosts in [&[][..], &[0, 1, 2, 3], &[0, 0, 1]] {
+            let p = Plan::with_scope(global.params, ExchangeScope::Global, hosts).unwrap();
+            assert_eq!(p.scope(), ExchangeScope::Global);
+            assert!(p.layout().is_none());
+            assert_eq!(p.shares_at(3), global.shares_at(3));
+        }
+    }
+
+    #[test]
+    fn node_scope_needs_a_host_per_rank() {
+        let params = plan(10, 3, 0.5, 1).params;
+        assert_eq!(
+            Plan::with_scope(params, ExchangeScope::Node, &[0, 0]).unwrap_err(),
+            PlanError::Hosts { hosts: 2, world: 3 }
+        );
+    }
+
+    #[test]
+    fn host_labels_are_renumbered_by_first_appearance() {
+        let a = HostLayout::new(&[7, 7, 3, 9, 3]);
+        assert_eq!(a.hosts(), [0, 0, 1, 2, 1]);
+        assert_eq!(a.groups(), [vec![0, 1], vec![2, 4], vec![3]]);
+        assert_eq!(a, HostLayout::new(&[0, 0, 1, 2, 1]));
+        assert_eq!(a.describe(), "3 hosts (ranks 0-1 | 2,4 | 3)");
+        assert_eq!(HostLayout::new(&[0]).describe(), "1 host (ranks 0)");
+        assert!(a.same_host(2, 4) && !a.same_host(1, 2));
+    }
 
     #[test]
     fn one_rank_full_fraction_keeps_everything() {
