@@ -311,6 +311,7 @@ fn rank_main(
             source: "synthetic".into(),
             mountpoint: String::new(),
             exchanges: true,
+            hosts: comm.hosts().to_vec(),
         };
         let (node, queue) = Node::start(store.clone(), plan.clone(), rank, resumed, cfg);
         let peers = Peers::discover(&mut comm, &path).map_err(|e| e.to_string())?;

@@ -88,6 +88,7 @@ pub fn run(
             source: args.source.display().to_string(),
             mountpoint: mountpoint.display().to_string(),
             exchanges: true,
+            hosts: comm.hosts().to_vec(),
         },
     );
     let fs = node.fs();

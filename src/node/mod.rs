@@ -44,6 +44,8 @@ pub struct NodeConfig {
     pub mountpoint: String,
     /// Run the exchange between epochs (false: a node that only reads, as in view tests).
     pub exchanges: bool,
+    /// Host of each rank (`Comm::hosts`), shown in the status.
+    pub hosts: Vec<u32>,
 }
 
 /// One rank's parts, started.
@@ -90,6 +92,7 @@ impl Node {
         );
         let status = Arc::new(DaemonStatus {
             source: cfg.source,
+            hosts: cfg.hosts,
             mountpoint: cfg.mountpoint,
             store: store.clone(),
             epochs: coordinator.clone(),
@@ -217,7 +220,12 @@ impl Effects for NodeEffects {
     }
 
     fn prepare(&self, step: &Step, _exchange: &ExchangeOutcome) -> Result<(), String> {
-        fetch_missing(&self.store, self.rank, step);
+        let by_peer = fetch_missing(&self.store, self.rank, step);
+        self.tracker.update(step.next.epoch, |r| {
+            for (peer, n) in by_peer {
+                r.peer(peer).fetched_from_source += n;
+            }
+        });
         Ok(())
     }
 
@@ -245,8 +253,9 @@ impl Effects for NodeEffects {
 /// Makes sure every sample of `step.next`'s share for `rank` is cached: anything the
 /// exchange could not deliver comes from the source. A bad sample is reported, not fatal:
 /// `ensure` names it in the status, and readers get EIO for it alone (or its bytes, if its
-/// source file comes back).
-pub fn fetch_missing(store: &SampleStore, rank: Rank, step: &Step) {
+/// source file comes back). Returns, per peer that should have delivered some of them, how
+/// many were fetched in its stead.
+pub fn fetch_missing(store: &SampleStore, rank: Rank, step: &Step) -> Vec<(Rank, u64)> {
     let target = step.next.epoch;
     let missing: Vec<_> = step
         .next
@@ -256,17 +265,29 @@ pub fn fetch_missing(store: &SampleStore, rank: Rank, step: &Step) {
         .filter(|&id| !store.contains(id))
         .collect();
     if missing.is_empty() {
-        return;
+        return Vec::new();
     }
     tracing::warn!(
         target_epoch = target,
         samples = missing.len(),
         "samples not delivered by the exchange; fetching from the source"
     );
-    let failed = missing
-        .iter()
-        .filter(|&&id| store.ensure(id).is_err())
-        .count();
+    let sender: std::collections::HashMap<SampleId, Rank> = (step.transfers.iter())
+        .filter(|t| t.to == rank)
+        .map(|t| (t.sample, t.from))
+        .collect();
+    let mut by_peer: std::collections::BTreeMap<Rank, u64> = Default::default();
+    let mut failed = 0usize;
+    for &id in &missing {
+        match store.ensure(id) {
+            Ok(()) => {
+                if let Some(&peer) = sender.get(&id) {
+                    *by_peer.entry(peer).or_default() += 1;
+                }
+            }
+            Err(_) => failed += 1,
+        }
+    }
     if failed > 0 {
         tracing::warn!(
             target_epoch = target,
@@ -274,4 +295,5 @@ pub fn fetch_missing(store: &SampleStore, rank: Rank, step: &Step) {
             "samples could not be fetched from the source; reads of them fail until they can be (see the status's problems)"
         );
     }
+    by_peer.into_iter().collect()
 }

@@ -37,6 +37,10 @@ struct Status<'a> {
     ready_epochs: Vec<u64>,
     fraction: f64,
     seed: u64,
+    /// `"global"` or `"node"` (see `--exchange-scope`).
+    exchange_scope: crate::plan::ExchangeScope,
+    /// Host of each rank, as the ranks found them (by processor name).
+    hosts: &'a [u32],
     source: &'a str,
     mountpoint: &'a str,
     classes: u32,
@@ -52,6 +56,7 @@ struct Status<'a> {
 
 pub struct DaemonStatus {
     pub source: String,
+    pub hosts: Vec<u32>,
     pub mountpoint: String,
     pub store: Arc<SampleStore>,
     pub epochs: Coordinator,
@@ -80,6 +85,8 @@ impl StatusReport for DaemonStatus {
             },
             fraction: params.fraction,
             seed: params.seed,
+            exchange_scope: self.epochs.plan().scope(),
+            hosts: &self.hosts,
             source: &self.source,
             mountpoint: &self.mountpoint,
             classes: manifest.class_count(),
