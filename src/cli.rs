@@ -107,6 +107,14 @@ pub struct MountArgs {
     #[arg(long, value_name = "BYTES_PER_S", help_heading = "Shuffling")]
     pub exchange_rate: Option<u64>,
 
+    /// How samples move between ranks of one host: `auto` takes them from the other rank's
+    /// cache folder (a hard link, or a copy across filesystems) when every rank of the host
+    /// can see the others' caches; `never` sends them through MPI like any other move (for
+    /// comparisons, or caches that must not share inodes). Any rank saying `never` makes its
+    /// whole host use MPI.
+    #[arg(long, value_enum, default_value_t = ShareDisk::Auto, help_heading = "Shuffling")]
+    pub share_disk: ShareDisk,
+
     /// Stop waiting for a peer whose samples arrive more than F times slower than the
     /// median peer's (measured during the exchange), plus --slow-peer-grace: what it has not
     /// delivered is fetched from the source, so one slow node does not hold every rank's
@@ -192,4 +200,11 @@ impl MountArgs {
         };
         self.fuse_threads.map_or_else(default, usize::from)
     }
+}
+
+/// See `--share-disk`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ShareDisk {
+    Auto,
+    Never,
 }

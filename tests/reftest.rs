@@ -314,7 +314,7 @@ fn rank_main(
             hosts: comm.hosts().to_vec(),
         };
         let (node, queue) = Node::start(store.clone(), plan.clone(), rank, resumed, cfg);
-        let peers = Peers::discover(&mut comm, &path).map_err(|e| e.to_string())?;
+        let peers = Peers::discover(&mut comm, &path, true).map_err(|e| e.to_string())?;
         Ok((Arc::new(node), queue, store, peers))
     };
     let (node, queue, peers) = match setup() {

@@ -132,7 +132,13 @@ fn sigkill_at_any_moment_then_resume_like_an_uninterrupted_run() {
     }
 
     // 1. Killed in the middle of the exchange into epoch 1 (slowed down so it is running).
-    let job = MpiJob::start(dir, RANKS, SEED, FRACTION, &["--exchange-rate", "50000"]);
+    let job = MpiJob::start(
+        dir,
+        RANKS,
+        SEED,
+        FRACTION,
+        &["--exchange-rate", "50000", "--share-disk", "never"],
+    );
     wait_all(&job, "staging", |st| {
         st["staging"]["state"] == "done"
             && st["staging"]["files_done"] == st["staging"]["files_total"]

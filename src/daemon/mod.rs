@@ -76,7 +76,8 @@ pub fn run(
         ..ExchangeConfig::default()
     };
     // Which ranks of this host can take samples from each other's caches (collective).
-    let peers = Peers::discover(comm, store.dir().root()).map_err(DaemonError::Peers)?;
+    let share = args.share_disk == crate::cli::ShareDisk::Auto;
+    let peers = Peers::discover(comm, store.dir().root(), share).map_err(DaemonError::Peers)?;
     let (node, exchanges) = Node::start(
         store.clone(),
         plan,

@@ -32,8 +32,9 @@ impl Peers {
         }
     }
 
-    /// Collective: learns every rank's cache folder and which ranks share a disk.
-    pub fn discover(comm: &mut dyn Comm, cache: &Path) -> Result<Peers, CommError> {
+    /// Collective: learns every rank's cache folder and which ranks share a disk. A rank
+    /// that passes `share = false` sees nobody, which puts its whole host on the transport.
+    pub fn discover(comm: &mut dyn Comm, cache: &Path, share: bool) -> Result<Peers, CommError> {
         let me = comm.rank() as usize;
         let id = |p: &Path| std::fs::metadata(p).map(|m| (m.dev(), m.ino())).ok();
         let (dev, ino) = id(cache).unwrap_or((u64::MAX, u64::MAX));
@@ -53,7 +54,8 @@ impl Peers {
                     u64::from_le_bytes(all[r][8..16].try_into().expect("8 bytes")),
                 );
                 let visible = r == me
-                    || (hosts[r] == hosts[me]
+                    || (share
+                        && hosts[r] == hosts[me]
                         && reported.0 != u64::MAX
                         && id(&caches[r]) == Some(reported));
                 u8::from(visible)
@@ -108,7 +110,9 @@ mod tests {
         let handles: Vec<_> = LocalComm::world_on_hosts(&[0, 0, 1])
             .into_iter()
             .zip(paths.clone())
-            .map(|(mut c, p)| std::thread::spawn(move || Peers::discover(&mut c, &p).unwrap()))
+            .map(|(mut c, p)| {
+                std::thread::spawn(move || Peers::discover(&mut c, &p, true).unwrap())
+            })
             .collect();
         for h in handles {
             let peers = h.join().unwrap();
