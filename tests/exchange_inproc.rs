@@ -592,3 +592,76 @@ fn a_shutdown_interrupts_an_exchange_whose_peer_went_silent() {
     );
     assert_eq!(reports.last().unwrap().state, ExchangeState::Failed);
 }
+
+/// A source whose copies of one sample never finish (a hung filesystem).
+struct HangsOn {
+    inner: SyntheticSource,
+    stuck: u32,
+}
+
+impl shufflefs::dataset::Dataset for HangsOn {
+    fn copy_to(
+        &self,
+        id: u32,
+        out: &mut dyn std::io::Write,
+    ) -> std::io::Result<shufflefs::dataset::Copied> {
+        if id == self.stuck {
+            std::thread::sleep(Duration::from_secs(3600));
+        }
+        self.inner.copy_to(id, out)
+    }
+    fn read_at(&self, id: u32, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.inner.read_at(id, offset, buf)
+    }
+    fn describe(&self, id: u32) -> String {
+        self.inner.describe(id)
+    }
+}
+
+/// The fallback after an exchange (what a given-up peer did not deliver) against a source
+/// that hangs on one sample: it returns after the stall limit, fetches everything else,
+/// and says so in the status's problems; nothing waits for the hung sample.
+#[test]
+fn a_source_that_hangs_during_the_fallback_is_reported_not_waited_for() {
+    let manifest = manifest(30);
+    let plan = Plan::new(PlanParams {
+        samples: manifest.len(),
+        world: 2,
+        fraction: 1.0,
+        seed: 9,
+    })
+    .unwrap();
+    let step = plan.step(&plan.initial());
+    let share = step.next.share(0).to_vec();
+    let stuck = share[share.len() / 2];
+    let dir = tempfile::tempdir().unwrap();
+    let source = Arc::new(HangsOn {
+        inner: SyntheticSource {
+            manifest: manifest.clone(),
+        },
+        stuck,
+    });
+    let store =
+        Arc::new(SampleStore::new(CacheDir::open(dir.path()).unwrap(), manifest, source).unwrap());
+    let started = std::time::Instant::now();
+    let by_peer = shufflefs::node::fetch_missing(&store, 0, &step, Duration::from_millis(500));
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "waited for the hung sample"
+    );
+    for &id in &share {
+        assert_eq!(store.contains(id), id != stuck, "sample {id}");
+    }
+    let from_peer: u64 = by_peer.iter().map(|&(_, n)| n).sum();
+    let received = step
+        .transfers
+        .iter()
+        .filter(|t| t.to == 0 && t.sample != stuck)
+        .count();
+    assert_eq!(
+        from_peer, received as u64,
+        "fetches counted against the peer that owed them"
+    );
+    let problems = store.stats.problems().join("\n");
+    assert!(problems.contains("answered none"), "{problems}");
+}

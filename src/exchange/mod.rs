@@ -51,6 +51,9 @@ pub struct ExchangeConfig {
     pub strategy: StrategyKind,
     /// When to stop waiting for a peer far slower than the others.
     pub slow_peers: SlowPeers,
+    /// How long the fetch of what the exchange did not deliver may go without any sample
+    /// arriving from the source before the epoch is published without them.
+    pub fallback_stall: std::time::Duration,
 }
 
 impl Default for ExchangeConfig {
@@ -60,6 +63,7 @@ impl Default for ExchangeConfig {
             frame: FRAME,
             strategy: StrategyKind::default(),
             slow_peers: SlowPeers::default(),
+            fallback_stall: std::time::Duration::from_secs(30),
         }
     }
 }

@@ -5,9 +5,11 @@
 //! node's [`ShuffleFs`] and runs [`serve_exchanges`] on the thread that owns MPI; tests run
 //! several nodes in one process over `LocalComm`, with no kernel and no MPI.
 
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::AtomicBool;
-use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use crate::cache::SampleStore;
 use crate::comm::Comm;
@@ -79,6 +81,7 @@ impl Node {
             exchange_tx,
             exchanges: cfg.exchanges,
             invalidate_tx: Mutex::new(None),
+            fallback_stall: cfg.exchange.fallback_stall,
         });
         staging.send(StagingCmd::Epoch {
             current: Arc::new(resumed.current.clone()),
@@ -202,6 +205,7 @@ struct NodeEffects {
     exchange_tx: Sender<ExchangeCmd>,
     exchanges: bool,
     invalidate_tx: Mutex<Option<Sender<u64>>>,
+    fallback_stall: Duration,
 }
 
 impl Effects for NodeEffects {
@@ -220,7 +224,7 @@ impl Effects for NodeEffects {
     }
 
     fn prepare(&self, step: &Step, _exchange: &ExchangeOutcome) -> Result<(), String> {
-        let by_peer = fetch_missing(&self.store, self.rank, step);
+        let by_peer = fetch_missing(&self.store, self.rank, step, self.fallback_stall);
         self.tracker.update(step.next.epoch, |r| {
             for (peer, n) in by_peer {
                 r.peer(peer).fetched_from_source += n;
@@ -251,11 +255,20 @@ impl Effects for NodeEffects {
 }
 
 /// Makes sure every sample of `step.next`'s share for `rank` is cached: anything the
-/// exchange could not deliver comes from the source. A bad sample is reported, not fatal:
-/// `ensure` names it in the status, and readers get EIO for it alone (or its bytes, if its
-/// source file comes back). Returns, per peer that should have delivered some of them, how
-/// many were fetched in its stead.
-pub fn fetch_missing(store: &SampleStore, rank: Rank, step: &Step) -> Vec<(Rank, u64)> {
+/// exchange could not deliver comes from the source, on a few threads. A bad sample is
+/// reported, not fatal: `ensure` names it in the status, and readers get EIO for it alone
+/// (or its bytes, if its source file comes back). A source that stops answering does not
+/// hold the epoch: once no fetch completed for `stall`, this returns (reported in the
+/// status's problems) and the fetches left go on in the background, so a reader of one of
+/// those samples waits for the source, never the whole view. Returns, per peer that should
+/// have delivered some of them, how many were fetched in its stead.
+pub fn fetch_missing(
+    store: &Arc<SampleStore>,
+    rank: Rank,
+    step: &Step,
+    stall: Duration,
+) -> Vec<(Rank, u64)> {
+    const THREADS: usize = 4;
     let target = step.next.epoch;
     let missing: Vec<_> = step
         .next
@@ -272,20 +285,53 @@ pub fn fetch_missing(store: &SampleStore, rank: Rank, step: &Step) -> Vec<(Rank,
         samples = missing.len(),
         "samples not delivered by the exchange; fetching from the source"
     );
-    let sender: std::collections::HashMap<SampleId, Rank> = (step.transfers.iter())
+    let sender: HashMap<SampleId, Rank> = (step.transfers.iter())
         .filter(|t| t.to == rank)
         .map(|t| (t.sample, t.from))
         .collect();
-    let mut by_peer: std::collections::BTreeMap<Rank, u64> = Default::default();
-    let mut failed = 0usize;
-    for &id in &missing {
-        match store.ensure(id) {
-            Ok(()) => {
-                if let Some(&peer) = sender.get(&id) {
-                    *by_peer.entry(peer).or_default() += 1;
+    let total = missing.len();
+    let queue = Arc::new(Mutex::new(missing));
+    let (done_tx, done_rx) = channel::<(SampleId, bool)>();
+    for _ in 0..THREADS.min(total) {
+        let (store, queue, done_tx) = (store.clone(), queue.clone(), done_tx.clone());
+        let spawned = std::thread::Builder::new()
+            .name("fallback".into())
+            .spawn(move || {
+                loop {
+                    let next = queue.lock().unwrap_or_else(|e| e.into_inner()).pop();
+                    let Some(id) = next else { break };
+                    if done_tx.send((id, store.ensure(id).is_ok())).is_err() {
+                        break;
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "could not start a fallback fetch thread");
+        }
+    }
+    drop(done_tx);
+    let mut by_peer: BTreeMap<Rank, u64> = BTreeMap::new();
+    let (mut failed, mut finished) = (0usize, 0usize);
+    while finished < total {
+        match done_rx.recv_timeout(stall) {
+            Ok((id, ok)) => {
+                finished += 1;
+                match (ok, sender.get(&id)) {
+                    (true, Some(&peer)) => *by_peer.entry(peer).or_default() += 1,
+                    (true, None) => {}
+                    (false, _) => failed += 1,
                 }
             }
-            Err(_) => failed += 1,
+            Err(RecvTimeoutError::Timeout) => {
+                let left = total - finished;
+                let what = format!(
+                    "the source answered none of {left} fetches for {stall:?} while filling epoch {target} (samples the exchange did not deliver); the epoch is published and those samples are read from the source when asked"
+                );
+                tracing::error!("{what}");
+                store.stats.report_problem(what);
+                break;
+            }
+            Err(RecvTimeoutError::Disconnected) => break,
         }
     }
     if failed > 0 {
