@@ -2,9 +2,11 @@
 //! the same run. Launched by `benches/exchange.sh` (mpirun -np 4); alone it only explains.
 //!
 //! Each rank builds a synthetic dataset's cache (its epoch-0 share, on local disk), then:
-//! * baseline: the exact frames the exchange would move (same peers, same sizes, same rounds),
-//!   sent from memory with `Comm::transfer` on owned, reused buffers, as the executor sends
-//!   them — MPI point-to-point with no disk and no copy;
+//! * baseline: the bytes the exchange moves between each pair, in frames of the same size,
+//!   every peer at once with two frames in flight per stream (as the executor keeps them),
+//!   sent from memory on reused buffers — MPI point-to-point with no disk and no copy;
+//! * link floor (on shaped links, `SHUFFLEFS_LINK_BYTES_PER_S`): the busiest host link's
+//!   bytes across hosts divided by its rate;
 //! * exchange: `exchange::run` for epoch 0 -> 1 — reading samples from the cache, framing,
 //!   MPI, and writing every received sample as a cache file (temp + rename).
 //!
@@ -15,7 +17,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use shufflefs::cache::{CacheDir, SampleStore};
-use shufflefs::comm::{Batch, Comm, MpiComm, launched_by_mpi};
+use shufflefs::comm::{Comm, MpiComm, Op, launched_by_mpi};
 use shufflefs::dataset::SyntheticSource;
 use shufflefs::dataset::manifest::Manifest;
 use shufflefs::exchange::{self, ExchangeConfig, ExchangeTracker, FRAME};
@@ -33,53 +35,86 @@ fn max_time(comm: &mut dyn Comm, secs: f64) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// The baseline: the same per-pair byte counts and frames, straight from memory.
-fn baseline(comm: &mut dyn Comm, manifest: &Manifest, step: &Step) -> f64 {
-    let (me, world) = (comm.rank(), comm.size());
-    let len = |from: u32, to: u32| {
-        step.transfers
-            .iter()
-            .filter(|t| t.from == from && t.to == to)
-            .map(|t| manifest.size(t.sample).unwrap_or(0) + 4)
-            .sum::<u64>()
-    };
-    let (mut send_buf, mut recv_buf) = (vec![7u8; FRAME], vec![0u8; FRAME]);
+/// Bytes each rank sends to each other rank in `step` (samples plus their checksums).
+fn pair_bytes(manifest: &Manifest, step: &Step, world: u32) -> Vec<Vec<u64>> {
+    let mut out = vec![vec![0u64; world as usize]; world as usize];
+    for t in &step.transfers {
+        out[t.from as usize][t.to as usize] += manifest.size(t.sample).unwrap_or(0) + 4;
+    }
+    out
+}
+
+/// The baseline: the same bytes between the same pairs, straight from memory, every peer at
+/// once with two frames in flight per stream, as the exchange moves them: MPI point-to-point
+/// with no disk and no copy.
+fn baseline(comm: &mut dyn Comm, pairs: &[Vec<u64>]) -> f64 {
+    const IN_FLIGHT: usize = 2;
+    let (me, world) = (comm.rank() as usize, comm.size() as usize);
     let abort = AtomicBool::new(false);
+    let frames = |l: u64| l.div_ceil(FRAME as u64) as usize;
+    let frame_len = |l: u64, i: usize| (l - (i * FRAME) as u64).min(FRAME as u64) as usize;
+    // Per peer: (frames to send, posted, done), (frames to receive, posted, done).
+    let mut out: Vec<(usize, usize, usize)> =
+        (0..world).map(|p| (frames(pairs[me][p]), 0, 0)).collect();
+    let mut inc: Vec<(usize, usize, usize)> =
+        (0..world).map(|p| (frames(pairs[p][me]), 0, 0)).collect();
+    out[me] = (0, 0, 0);
+    inc[me] = (0, 0, 0);
+    let mut free: Vec<Vec<u8>> = Vec::new();
+    let mut slots: std::collections::HashMap<u64, (bool, usize)> = Default::default();
     barrier(comm);
     let t0 = Instant::now();
-    for d in 1..world {
-        let (to, from) = ((me + d) % world, (me + world - d) % world);
-        let (out_len, in_len) = (len(me, to), len(from, me));
-        let frames = |l: u64| l.div_ceil(FRAME as u64);
-        for i in 0..frames(out_len).max(frames(in_len)) {
-            let o = out_len.saturating_sub(i * FRAME as u64).min(FRAME as u64) as usize;
-            let n = in_len.saturating_sub(i * FRAME as u64).min(FRAME as u64) as usize;
-            send_buf.resize(o, 7);
-            recv_buf.resize(n, 0);
-            let take = |buf: &mut Vec<u8>, peer| vec![(peer, std::mem::take(buf))];
-            let batch = Batch {
-                sends: if o > 0 {
-                    take(&mut send_buf, to)
-                } else {
-                    Vec::new()
-                },
-                recvs: if n > 0 {
-                    take(&mut recv_buf, from)
-                } else {
-                    Vec::new()
-                },
-            };
-            let mut done = comm.transfer(1, batch, &abort).unwrap();
-            // The buffers come back for the next frame.
-            if let Some((_, b)) = done.sends.pop() {
-                send_buf = b;
+    loop {
+        for p in 0..world {
+            while inc[p].1 < IN_FLIGHT && inc[p].1 + inc[p].2 < inc[p].0 {
+                let mut buf = free.pop().unwrap_or_default();
+                buf.resize(frame_len(pairs[p][me], inc[p].1 + inc[p].2), 0);
+                let t = comm.post(Op::recv(p as u32, 1, buf)).unwrap();
+                slots.insert(t, (false, p));
+                inc[p].1 += 1;
             }
-            if let Some((_, b)) = done.recvs.pop() {
-                recv_buf = b;
+            while out[p].1 < IN_FLIGHT && out[p].1 + out[p].2 < out[p].0 {
+                let mut buf = free.pop().unwrap_or_default();
+                buf.resize(frame_len(pairs[me][p], out[p].1 + out[p].2), 7);
+                let t = comm.post(Op::send(p as u32, 1, buf)).unwrap();
+                slots.insert(t, (true, p));
+                out[p].1 += 1;
             }
+        }
+        if slots.is_empty() {
+            break;
+        }
+        for done in comm
+            .progress(std::time::Duration::from_millis(2), &abort)
+            .unwrap()
+        {
+            let (sent, p) = slots.remove(&done.ticket).unwrap();
+            let s = if sent { &mut out[p] } else { &mut inc[p] };
+            (s.1, s.2) = (s.1 - 1, s.2 + 1);
+            free.push(done.buf);
         }
     }
     max_time(comm, t0.elapsed().as_secs_f64())
+}
+
+/// Seconds the busiest host link needs for the bytes that cross hosts, at `rate` bytes/s
+/// each way per host (what the emulated cluster shapes).
+fn link_floor(comm: &dyn Comm, pairs: &[Vec<u64>], rate: f64) -> f64 {
+    let hosts = comm.hosts();
+    let n = hosts.iter().max().map_or(0, |&h| h as usize + 1);
+    let (mut up, mut down) = (vec![0u64; n], vec![0u64; n]);
+    for (a, row) in pairs.iter().enumerate() {
+        for (b, &bytes) in row.iter().enumerate() {
+            if hosts[a] != hosts[b] {
+                up[hosts[a] as usize] += bytes;
+                down[hosts[b] as usize] += bytes;
+            }
+        }
+    }
+    up.iter()
+        .chain(&down)
+        .map(|&b| b as f64 / rate)
+        .fold(0.0, f64::max)
 }
 
 /// The disk floor: each rank writes the bytes it will receive as cache files, no MPI at all.
@@ -165,7 +200,8 @@ fn scenario(
         .filter_map(|t| manifest.size(t.sample))
         .sum();
     let moved = step.transfers.len() as f64;
-    let base = baseline(comm, &manifest, &step);
+    let pairs = pair_bytes(&manifest, &step, world);
+    let base = baseline(comm, &pairs);
     let floor_dir = tmp.join(format!("{name}-floor-rank{}", comm.rank()));
     let floor = disk_floor(comm, &manifest, &step, &floor_dir);
     // Written pages of the staged share would otherwise still be in flight during the exchange.
@@ -183,10 +219,16 @@ fn scenario(
     )
     .unwrap();
     let exch = max_time(comm, t0.elapsed().as_secs_f64());
+    // The link's own floor, when the bench runs on shaped links (benches/cluster_exchange.sh).
+    let link = std::env::var("SHUFFLEFS_LINK_BYTES_PER_S")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .map(|rate| link_floor(comm, &pairs, rate));
     if comm.rank() == 0 {
         let rate = |secs: f64| bytes as f64 / secs / 1e6;
+        let vs_link = link.map_or("-".to_string(), |l| format!("{:.2}x", l / exch));
         println!(
-            "| {name} | {samples} x {size} B, Q={fraction} | {moved:.0} | {:.0} MB/s | {:.0} MB/s | {:.0} MB/s | {:.2}x | {:.2}x | {:.0} |",
+            "| {name} | {samples} x {size} B, Q={fraction} | {moved:.0} | {:.0} MB/s | {:.0} MB/s | {:.0} MB/s | {:.2}x | {:.2}x | {vs_link} | {:.0} |",
             rate(base),
             rate(floor),
             rate(exch),
@@ -209,9 +251,9 @@ fn main() {
     if comm.rank() == 0 {
         println!("ranks: {}, cache under {}", comm.size(), tmp.display());
         println!(
-            "| scenario | dataset | samples moved | MPI p2p baseline | disk floor | exchange | exchange / MPI | exchange / disk | exchange samples/s |"
+            "| scenario | dataset | samples moved | MPI p2p baseline | disk floor | exchange | exchange / MPI | exchange / disk | exchange / link | exchange samples/s |"
         );
-        println!("|---|---|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|---|---|");
     }
     scenario(&mut comm, "100KB", 8000, 100_000, 1.0, &tmp);
     scenario(&mut comm, "4KB", 100_000, 4096, 1.0, &tmp);

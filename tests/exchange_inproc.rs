@@ -15,7 +15,9 @@ use shufflefs::comm::doubles::{Delaying, Failing, Slow};
 use shufflefs::comm::{Comm, CommError, LocalComm};
 use shufflefs::dataset::manifest::Manifest;
 use shufflefs::dataset::{SyntheticSource, synthetic_byte};
-use shufflefs::exchange::{self, ExchangeConfig, ExchangeError, ExchangeState, ExchangeTracker};
+use shufflefs::exchange::{
+    self, ExchangeConfig, ExchangeError, ExchangeState, ExchangeTracker, Peers, SlowPeers,
+};
 use shufflefs::plan::{Plan, PlanParams};
 
 /// A rank that panics would leave the others waiting at the barrier forever: end the test
@@ -664,4 +666,124 @@ fn a_source_that_hangs_during_the_fallback_is_reported_not_waited_for() {
     );
     let problems = store.stats.problems().join("\n");
     assert!(problems.contains("answered none"), "{problems}");
+}
+
+/// One rank's uplink is a trickle (`Slow`): the others settle once their other streams are
+/// in and the deadline passed, well before its stream could arrive, and fetch what it owed
+/// them from the source; its late bytes are drained and dropped, and every rank ends up
+/// holding its next share exactly. The slow rank itself waits for nobody.
+#[test]
+fn a_slow_peer_is_given_up_and_its_samples_come_from_the_source() {
+    let world = 4;
+    let manifest = manifest(600);
+    let plan = Plan::new(PlanParams {
+        samples: manifest.len(),
+        world,
+        fraction: 1.0,
+        seed: 77,
+    })
+    .unwrap();
+    let step = plan.step(&plan.initial());
+    let handles: Vec<_> = LocalComm::world(world)
+        .into_iter()
+        .map(|comm| {
+            let (manifest, plan, step) = (manifest.clone(), plan.clone(), step.clone());
+            std::thread::spawn(move || {
+                let _guard = AbortOnPanic;
+                let me = comm.rank();
+                // Rank 3 sends its ~80 KB per peer at 20 kB/s: seconds, not milliseconds.
+                let mut comm: Box<dyn Comm> = if me == 3 {
+                    Box::new(Slow::new(comm, 20_000))
+                } else {
+                    Box::new(comm)
+                };
+                let dir = tempfile::tempdir().unwrap();
+                let source = Arc::new(SyntheticSource {
+                    manifest: manifest.clone(),
+                });
+                let store = Arc::new(
+                    SampleStore::new(CacheDir::open(dir.path()).unwrap(), manifest, source)
+                        .unwrap(),
+                );
+                for &id in plan.initial().share(me) {
+                    store.ensure(id).unwrap();
+                }
+                let cfg = ExchangeConfig {
+                    frame: 4096,
+                    slow_peers: SlowPeers {
+                        factor: 4.0,
+                        grace: Duration::from_millis(300),
+                        ..SlowPeers::default()
+                    },
+                    ..ExchangeConfig::default()
+                };
+                let tracker = ExchangeTracker::default();
+                let started = std::time::Instant::now();
+                let mut settled_after = None;
+                exchange::run_with(
+                    comm.as_mut(),
+                    &store,
+                    &step,
+                    cfg,
+                    &Peers::separate(world),
+                    &tracker,
+                    &AtomicBool::new(false),
+                    &mut |r| {
+                        r.unwrap();
+                        settled_after = Some(started.elapsed());
+                    },
+                )
+                .unwrap();
+                let fetched =
+                    shufflefs::node::fetch_missing(&store, me, &step, Duration::from_secs(30));
+                for &id in step.next.share(me) {
+                    let got = store.read(id).unwrap();
+                    let want: Vec<u8> = (0..got.len() as u64)
+                        .map(|o| synthetic_byte(id, o))
+                        .collect();
+                    assert_eq!(got, want, "rank {me}: sample {id}");
+                }
+                let report = tracker.snapshot().pop().unwrap();
+                (
+                    me,
+                    settled_after.unwrap(),
+                    started.elapsed(),
+                    report,
+                    fetched,
+                )
+            })
+        })
+        .collect();
+    for h in handles {
+        let (me, settled, total, report, fetched) = h.join().unwrap();
+        let slow = report.peers.iter().find(|p| p.rank == 3);
+        if me == 3 {
+            assert!(
+                report.peers.iter().all(|p| !p.given_up),
+                "the slow rank gives nobody up"
+            );
+            continue;
+        }
+        let slow = slow.unwrap();
+        assert!(
+            slow.given_up,
+            "rank {me} waited for the slow peer: {report:?}"
+        );
+        assert!(
+            settled < Duration::from_secs(3) && settled < total,
+            "rank {me} settled after {settled:?} (run took {total:?})"
+        );
+        assert!(
+            fetched.iter().any(|&(peer, n)| peer == 3 && n > 0),
+            "rank {me}: {fetched:?}"
+        );
+        assert!(
+            report
+                .peers
+                .iter()
+                .filter(|p| p.rank != 3)
+                .all(|p| !p.given_up),
+            "only the slow peer is given up: {report:?}"
+        );
+    }
 }
