@@ -219,6 +219,17 @@ fn scenario(
     )
     .unwrap();
     let exch = max_time(comm, t0.elapsed().as_secs_f64());
+    if std::env::var_os("SHUFFLEFS_BENCH_DETAIL").is_some()
+        && let Some(r) = tracker.snapshot().pop()
+    {
+        eprintln!(
+            "rank {}: settled {:.2}s (sync {:.2}s), all {:.2}s",
+            comm.rank(),
+            r.settled_seconds,
+            r.sync_seconds,
+            r.seconds
+        );
+    }
     // The link's own floor, when the bench runs on shaped links (benches/cluster_exchange.sh).
     let link = std::env::var("SHUFFLEFS_LINK_BYTES_PER_S")
         .ok()
@@ -255,6 +266,13 @@ fn main() {
         );
         println!("|---|---|---|---|---|---|---|---|---|---|");
     }
-    scenario(&mut comm, "100KB", 8000, 100_000, 1.0, &tmp);
-    scenario(&mut comm, "4KB", 100_000, 4096, 1.0, &tmp);
+    // SCENARIOS=100KB (or 4KB) runs one of them.
+    let only = std::env::var("SCENARIOS").unwrap_or_default();
+    let wanted = |name: &str| only.is_empty() || only.split(',').any(|s| s == name);
+    if wanted("100KB") {
+        scenario(&mut comm, "100KB", 8000, 100_000, 1.0, &tmp);
+    }
+    if wanted("4KB") {
+        scenario(&mut comm, "4KB", 100_000, 4096, 1.0, &tmp);
+    }
 }

@@ -782,9 +782,14 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
     /// Makes what arrived durable and tells every sender whether it is stored; returns the
     /// number of confirmations posted.
     fn settle(&mut self, comm: &mut dyn Comm, ins: &[In]) -> Result<usize, ExchangeError> {
+        let t0 = Instant::now();
         if let Err(e) = self.ctx.store.sync() {
             self.fail_locally(ExchangeError::Sync(e));
         }
+        let secs = t0.elapsed().as_secs_f64();
+        self.ctx
+            .tracker
+            .update(self.ctx.target, |r| r.sync_seconds += secs);
         let (_, confirm) = self.ctx.tags();
         let ok = u8::from(self.local.is_none());
         for s in ins {

@@ -59,6 +59,8 @@ pub struct ExchangeReport {
     /// Seconds until this rank held what it needs (or gave slow peers up); `seconds` also
     /// counts serving peers and draining late bytes after that.
     pub settled_seconds: f64,
+    /// Seconds spent making received samples durable (`syncfs` of the cache).
+    pub sync_seconds: f64,
     pub seconds: f64,
     pub error: Option<String>,
     /// Per peer, in the order the schedule lists them.
