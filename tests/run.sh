@@ -7,7 +7,10 @@
 #
 # Tests that need /dev/fuse, mpirun or the loaders skip on machines without them, unless
 # SHUFFLEFS_REQUIRE_FUSE=1 / SHUFFLEFS_REQUIRE_MPI=1 / SHUFFLEFS_REQUIRE_LOADERS=1 (set by
-# .ci/run) turn a skip into a failure. SHUFFLEFS_NO_LOADERS=1 skips the venv install.
+# .ci/run) turn a skip into a failure. The emulated-host tests (tests/cluster_mpi.rs, through
+# mount-helpers/shufflefs-cluster) also need root, iproute2 (ip, tc), nsenter and python3;
+# SHUFFLEFS_REQUIRE_CLUSTER=1 (set by .ci/run) makes their skip a failure too.
+# SHUFFLEFS_NO_LOADERS=1 skips the venv install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

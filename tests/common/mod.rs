@@ -94,6 +94,24 @@ pub fn require_mpi() -> bool {
     require("MPI", "SHUFFLEFS_REQUIRE_MPI", missing)
 }
 
+/// True when emulated hosts (`mount-helpers/shufflefs-cluster`) can run here: root, `ip`,
+/// `tc`, `nsenter`, `unshare`, `mpirun`, `python3` and `/dev/fuse`. Otherwise prints a skip
+/// note and returns false, or panics when `SHUFFLEFS_REQUIRE_CLUSTER=1` (CI).
+pub fn require_cluster() -> bool {
+    let tools = ["ip", "tc", "nsenter", "unshare", "mpirun", "python3"];
+    let missing = if !is_root() {
+        Some("network namespaces need root".to_string())
+    } else if !Path::new("/dev/fuse").exists() {
+        Some("/dev/fuse does not exist".to_string())
+    } else {
+        tools
+            .iter()
+            .find(|t| !on_path(t))
+            .map(|tool| format!("{tool} is not on PATH"))
+    };
+    require("emulated hosts", "SHUFFLEFS_REQUIRE_CLUSTER", missing)
+}
+
 // ---------------------------------------------------------------------------------------
 // Datasets
 // ---------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 //! A real `mpirun` job of shufflefs daemons for the multi-rank tests.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -27,11 +27,24 @@ pub struct MpiJob {
 
 impl MpiJob {
     pub fn start(dir: &Path, ranks: u32, seed: u64, fraction: f64, extra: &[&str]) -> MpiJob {
+        MpiJob::start_with(mpirun(ranks), dir, ranks, seed, fraction, extra)
+    }
+
+    /// As [`MpiJob::start`], with `launcher` (a launcher command that starts `ranks` copies
+    /// of the program that follows its arguments, e.g. `shufflefs-cluster mpirun NAME --`).
+    pub fn start_with(
+        mut launcher: Command,
+        dir: &Path,
+        ranks: u32,
+        seed: u64,
+        fraction: f64,
+        extra: &[&str],
+    ) -> MpiJob {
         let mounts: Vec<PathBuf> = (0..ranks).map(|r| dir.join(format!("mnt{r}"))).collect();
         for m in &mounts {
             let _ = std::fs::create_dir(m);
         }
-        let child = mpirun(ranks)
+        let child = launcher
             .args([BIN, "mount"])
             .args([
                 "--seed",
@@ -93,6 +106,42 @@ impl MpiJob {
             let _ = shufflefs().arg("unmount").arg(&m).output();
         }
         let _ = self.child.wait();
+    }
+
+    /// Unmounts every rank with `shufflefs unmount` and waits up to `timeout` for the
+    /// launcher to exit; returns its exit status, or None if it was still running (then
+    /// drop cleans up).
+    pub fn unmount_within(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        for m in &self.mounts {
+            let out = shufflefs()
+                .arg("unmount")
+                .arg("--timeout")
+                .arg(timeout.as_secs().to_string())
+                .arg(m)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "shufflefs unmount {}: {}",
+                m.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        self.wait_within(timeout)
+    }
+
+    /// The launcher's exit status once it exits, within `timeout`.
+    pub fn wait_within(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 

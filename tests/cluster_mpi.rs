@@ -1,0 +1,646 @@
+//! shufflefs across emulated hosts: `mount-helpers/shufflefs-cluster` makes each host a
+//! network namespace with its own hostname, on a bridge with every link shaped to 1gbit, and
+//! starts the ranks through Open MPI's rsh agent, with TCP as the only transport between hosts.
+//!
+//! - The harness itself: links run at their shaped rate in both directions and can be
+//!   reshaped, each host has its own hostname, and `down` removes everything after a run that
+//!   was killed with its FUSE mounts left dead.
+//! - 4 hosts x 1 rank and 2 hosts x 2 ranks: `Comm::hosts()` sees the hosts, every daemon runs
+//!   in its host, and over 3 epochs the listings are exactly the plan's shares (so they
+//!   partition the dataset), every byte matches the source, caches stay within (1+Q) x share,
+//!   and the samples that change host crossed the shaped links; after unmount nothing is
+//!   mounted and nothing runs in any host.
+//! - A rank SIGKILLed mid-exchange on one host ends the job on every host (a reader waiting on
+//!   the next epoch is answered, no daemon, orted or live mount is left), and the same job
+//!   started again resumes at the same epoch with the plan's listings.
+//!
+//! Needs root, iproute2, nsenter, mpirun, python3 and /dev/fuse; skips otherwise unless
+//! `SHUFFLEFS_REQUIRE_CLUSTER=1`. Each test has its own cluster name and subnet (tests run two at
+//! a time) and a lock on the name, so two runs of this file on one machine take turns.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::mpi_job::MpiJob;
+use common::*;
+use serde_json::Value;
+use shufflefs::comm::{Comm, MpiComm};
+use shufflefs::dataset::manifest;
+use shufflefs::plan::{Plan, PlanParams};
+
+const HARNESS: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/mount-helpers/shufflefs-cluster"
+);
+/// Set (to the expected host list) when this binary runs as a rank under the harness.
+const CHILD: &str = "SHUFFLEFS_CLUSTER_MPI_CHILD";
+const STATE: &str = "/run/shufflefs-cluster";
+/// How long a job may take to end after an unmount or a killed rank.
+const END_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn harness() -> Command {
+    let mut c = Command::new(HARNESS);
+    c.stdin(Stdio::null());
+    c
+}
+
+/// Runs the harness with `args`; panics with its output unless it succeeds.
+#[track_caller]
+fn harness_ok(args: &[&str]) -> String {
+    let out = run_with_timeout(harness().args(args), Duration::from_secs(60));
+    assert!(
+        out.status.success(),
+        "shufflefs-cluster {args:?}: {}\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// An emulated cluster at 1gbit; `down` on drop, panic or not.
+struct Cluster {
+    name: &'static str,
+    hosts: u32,
+    /// Held for the cluster's life: another run of the same test waits for it.
+    _lock: fs::File,
+}
+
+impl Cluster {
+    fn up(name: &'static str, subnet: &str, hosts: u32) -> Cluster {
+        fs::create_dir_all(STATE).unwrap();
+        let lock = fs::File::create(format!("{STATE}/{name}.lock")).unwrap();
+        // SAFETY: flock on a descriptor we own; no memory is involved.
+        assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
+        // What a killed earlier run may have left.
+        harness_ok(&["down", name]);
+        harness_ok(&[
+            "up",
+            name,
+            "--hosts",
+            &hosts.to_string(),
+            "--rate",
+            "1gbit",
+            "--subnet",
+            subnet,
+        ]);
+        Cluster {
+            name,
+            hosts,
+            _lock: lock,
+        }
+    }
+
+    /// `shufflefs-cluster mpirun NAME --per-host K --`, to be followed by the program.
+    fn mpirun(&self, per_host: u32) -> Command {
+        let mut c = harness();
+        c.args([
+            "mpirun",
+            self.name,
+            "--per-host",
+            &per_host.to_string(),
+            "--",
+        ]);
+        c
+    }
+
+    /// Every process inside the cluster's hosts.
+    fn pids(&self) -> Vec<i32> {
+        harness_ok(&["pids", self.name])
+            .split_whitespace()
+            .map(|p| p.parse().unwrap())
+            .collect()
+    }
+
+    /// The host `pid` runs in: both its network and its UTS namespace must be the host's.
+    fn host_of(&self, pid: i32) -> Option<u32> {
+        let ns = |kind: &str| {
+            let link = fs::read_link(format!("/proc/{pid}/ns/{kind}")).ok()?;
+            let link = link.to_string_lossy().into_owned();
+            link.trim_start_matches(&format!("{kind}:["))
+                .trim_end_matches(']')
+                .parse::<u64>()
+                .ok()
+        };
+        let (net, uts) = (ns("net")?, ns("uts")?);
+        (0..self.hosts).find(|h| {
+            let ino = |p: String| fs::metadata(p).map(|m| m.ino()).ok();
+            ino(format!("/run/netns/sfs-{}-h{h}", self.name)) == Some(net)
+                && ino(format!("{STATE}/{}/uts-h{h}", self.name)) == Some(uts)
+        })
+    }
+
+    /// Bytes sent to host `h` over its link so far (the bridge side's tbf counter).
+    fn bytes_into(&self, h: u32) -> u64 {
+        let out = run_with_timeout(
+            Command::new("tc").args([
+                "-s",
+                "qdisc",
+                "show",
+                "dev",
+                &format!("sfs-{}-h{h}", self.name),
+            ]),
+            Duration::from_secs(10),
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.split_whitespace()
+            .skip_while(|w| *w != "Sent")
+            .nth(1)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no byte count in tc's output:\n{text}"))
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let out = harness()
+            .args(["down", self.name])
+            .output()
+            .expect("run shufflefs-cluster down");
+        if !out.status.success() {
+            eprintln!(
+                "shufflefs-cluster down {} failed: {}",
+                self.name,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
+
+/// The parsed `MB/s` of `shufflefs-cluster measure NAME FROM TO 1`.
+fn measure(name: &str, from: u32, to: u32) -> f64 {
+    let out = harness_ok(&["measure", name, &from.to_string(), &to.to_string(), "1"]);
+    out.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+fn ns_exists(name: &str) -> bool {
+    fs::read_dir("/run/netns").is_ok_and(|d| {
+        d.flatten().any(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(&format!("sfs-{name}-"))
+        })
+    })
+}
+
+fn link_exists(link: &str) -> bool {
+    Path::new("/sys/class/net").join(link).exists()
+}
+
+#[test]
+fn harness_shapes_links_and_down_cleans_a_killed_run() {
+    if !require_cluster() {
+        return;
+    }
+    let ds = DatasetBuilder::new()
+        .numbered_class("a", 12, |i| 1_000 + i as u64)
+        .build();
+    let cluster = Cluster::up("chs", "10.213.204.0/24", 2);
+
+    // Each host its own hostname, also for the ranks mpirun starts there.
+    assert_eq!(
+        harness_ok(&["exec", "chs", "1", "hostname"]).trim(),
+        "sfs-chs-h1"
+    );
+    let out = run_with_timeout(cluster.mpirun(1).arg("hostname"), Duration::from_secs(60));
+    assert!(out.status.success(), "{out:?}");
+    let mut names: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(String::from)
+        .collect();
+    names.sort();
+    assert_eq!(names, ["sfs-chs-h0", "sfs-chs-h1"]);
+
+    // 1gbit is 125 MB/s of which TCP over 1500-byte frames carries ~119; a tenth, both ways.
+    let fast = measure("chs", 0, 1);
+    assert!(
+        (60.0..=130.0).contains(&fast),
+        "1gbit link ran at {fast} MB/s"
+    );
+    harness_ok(&["shape", "chs", "1", "100mbit"]);
+    let (into, out_of) = (measure("chs", 0, 1), measure("chs", 1, 0));
+    for rate in [into, out_of] {
+        assert!(
+            (6.0..=13.5).contains(&rate),
+            "100mbit link ran at {rate} MB/s"
+        );
+    }
+    eprintln!("1gbit: {fast:.1} MB/s; 100mbit: {into:.1} MB/s in, {out_of:.1} MB/s out");
+
+    // A job killed with everything in it: launcher and daemons SIGKILLed, mounts left dead.
+    let job = MpiJob::start_with(cluster.mpirun(1), &ds.base, 2, 1, 0.3, &[]);
+    let mounts = job.mounts.clone();
+    let daemons: Vec<i32> = (0..2)
+        .map(|r| job.status(r)["pid"].as_i64().unwrap() as i32)
+        .collect();
+    job.kill();
+    assert!(mounts.iter().all(|m| is_mounted(m)), "dead mounts stay");
+    harness_ok(&["down", "chs"]);
+    for m in &mounts {
+        assert!(!is_mounted(m), "down left {} mounted", m.display());
+    }
+    for pid in daemons {
+        assert!(!pid_alive(pid), "down left daemon {pid}");
+    }
+    assert!(!ns_exists("chs"), "down left a namespace");
+    assert!(!link_exists("sfs-chs-br") && !link_exists("sfs-chs-h0"));
+    assert!(!Path::new(STATE).join("chs").exists());
+    // Idempotent: again, and once more when `cluster` drops.
+    harness_ok(&["down", "chs"]);
+}
+
+/// One rank's part of the hosts check; does nothing unless started under the harness.
+#[test]
+fn rank_sees_hosts() {
+    let Ok(want) = std::env::var(CHILD) else {
+        return;
+    };
+    let want: Vec<u32> = want.split(',').map(|h| h.parse().unwrap()).collect();
+    let comm = MpiComm::init().unwrap();
+    let hostname = fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    assert_eq!(comm.hosts(), want, "hosts seen by rank {}", comm.rank());
+    println!(
+        "rank {} on {} hosts {:?} ok",
+        comm.rank(),
+        hostname.trim(),
+        comm.hosts()
+    );
+}
+
+/// What an uninterrupted run lists on `rank` in `epoch` (`class/name`), from the plan.
+fn planned(
+    src: &Path,
+    ranks: u32,
+    seed: u64,
+    fraction: f64,
+    epoch: u64,
+    rank: u32,
+) -> BTreeSet<String> {
+    let m = manifest::scan(src).unwrap();
+    let plan = Plan::new(PlanParams {
+        samples: m.len(),
+        world: ranks,
+        fraction,
+        seed,
+    })
+    .unwrap();
+    plan.shares_at(epoch)
+        .share(rank)
+        .iter()
+        .map(|&id| m.relative_path(id).to_string_lossy().into_owned())
+        .collect()
+}
+
+/// `class/name` of every sample in `mnt/epoch-N` (looking it up advances to it), each read and
+/// compared with the source; every class must be listed.
+fn listing(ds: &Dataset, mnt: &Path, epoch: u64) -> BTreeSet<String> {
+    let view = mnt.join(format!("epoch-{epoch}"));
+    let got = common::listing(&view);
+    assert_eq!(
+        got.keys().cloned().collect::<Vec<_>>(),
+        ds.classes,
+        "{} lists every class",
+        view.display()
+    );
+    let mut out = BTreeSet::new();
+    for (class, files) in got {
+        for name in files {
+            let bytes = fs::read(view.join(&class).join(&name)).unwrap();
+            assert!(
+                bytes == ds.sample(&class, &name).bytes(),
+                "{class}/{name} in {} differs from the source",
+                view.display()
+            );
+            out.insert(format!("{class}/{name}"));
+        }
+    }
+    out
+}
+
+fn exchange(st: &Value, target: u64) -> Option<&Value> {
+    st["exchange"]
+        .as_array()?
+        .iter()
+        .find(|x| x["target_epoch"] == target)
+}
+
+#[track_caller]
+fn wait_all(job: &MpiJob, what: &str, pred: impl Fn(&Value) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !(0..job.mounts.len()).all(|r| pred(&job.status(r))) {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Every rank's daemon runs in its host (ranks 0..K-1 on h0, ...); returns the pids.
+#[track_caller]
+fn daemons_on_their_hosts(cluster: &Cluster, job: &MpiJob, per_host: u32) -> Vec<i32> {
+    (0..job.mounts.len())
+        .map(|r| {
+            let st = job.status(r);
+            assert_eq!(st["rank"], r as u64);
+            assert_eq!(st["world_size"], job.mounts.len() as u64);
+            let pid = st["pid"].as_i64().unwrap() as i32;
+            assert_eq!(
+                cluster.host_of(pid),
+                Some(r as u32 / per_host),
+                "rank {r} (pid {pid}) runs in the wrong host"
+            );
+            pid
+        })
+        .collect()
+}
+
+/// After the job: nothing mounted, no daemon, nothing left running in any host.
+#[track_caller]
+fn all_gone(cluster: &Cluster, mounts: &[PathBuf], daemons: &[i32]) {
+    for m in mounts {
+        assert!(!is_mounted(m), "{} is still mounted", m.display());
+    }
+    for &pid in daemons {
+        assert!(
+            wait_pid_gone(pid, Duration::from_secs(10)),
+            "daemon {pid} is still running"
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = cluster.pids();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "processes left in the hosts: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Checks `Comm::hosts()` from every rank under the harness.
+fn check_hosts(cluster: &Cluster, per_host: u32) {
+    let ranks = cluster.hosts * per_host;
+    let want: Vec<String> = (0..ranks).map(|r| (r / per_host).to_string()).collect();
+    let exe = std::env::current_exe().unwrap();
+    let out = run_with_timeout(
+        cluster
+            .mpirun(per_host)
+            .env(CHILD, want.join(","))
+            .arg("-x")
+            .arg(CHILD)
+            .arg(exe)
+            .args([
+                "rank_sees_hosts",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ]),
+        Duration::from_secs(60),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for r in 0..ranks {
+        let line = format!("rank {r} on sfs-{}-h{} hosts", cluster.name, r / per_host);
+        assert!(stdout.contains(&line), "no '{line}' in:\n{stdout}");
+    }
+}
+
+/// `hosts` x `per_host` ranks walk 3 epochs at 1gbit, then unmount.
+fn walk_three_epochs(name: &'static str, subnet: &str, hosts: u32, per_host: u32) {
+    const SEED: u64 = 11;
+    const Q: f64 = 0.3;
+    let started = Instant::now();
+    let ds = DatasetBuilder::new()
+        .numbered_class("cat", 60, |i| 20_000 + 1_013 * i as u64)
+        .numbered_class("dog", 50, |i| 60_000 + 877 * i as u64)
+        .class("eel", &[("one.png", 10), ("two.png", 0), ("three.png", 3)])
+        .empty_class("fox")
+        .build();
+    let cluster = Cluster::up(name, subnet, hosts);
+    check_hosts(&cluster, per_host);
+
+    let ranks = hosts * per_host;
+    let mut job = MpiJob::start_with(cluster.mpirun(per_host), &ds.base, ranks, SEED, Q, &[]);
+    let daemons = daemons_on_their_hosts(&cluster, &job, per_host);
+    let launched = started.elapsed();
+
+    let mut owners: Vec<BTreeMap<String, u32>> = Vec::new();
+    for epoch in 0..3u64 {
+        let mut owner = BTreeMap::new();
+        for r in 0..ranks {
+            let got = listing(&ds, &job.mounts[r as usize], epoch);
+            assert_eq!(
+                got,
+                planned(&ds.root, ranks, SEED, Q, epoch, r),
+                "rank {r} epoch {epoch} lists other samples than the plan's share"
+            );
+            for key in got {
+                assert!(
+                    owner.insert(key.clone(), r).is_none(),
+                    "{key} listed twice in epoch {epoch}"
+                );
+            }
+        }
+        assert_eq!(
+            owner.len(),
+            ds.samples.len(),
+            "epoch {epoch} covers the dataset"
+        );
+        for r in 0..ranks as usize {
+            let st = job.status(r);
+            assert_eq!(st["epoch"], epoch);
+            let share = st["share_samples"].as_u64().unwrap();
+            let cached = st["cache"]["files"].as_u64().unwrap();
+            assert!(
+                cached as f64 <= ((1.0 + Q) * share as f64).ceil() + 1.0,
+                "rank {r} epoch {epoch}: {cached} cached for a share of {share}"
+            );
+        }
+        owners.push(owner);
+        if epoch < 2 {
+            for m in &job.mounts {
+                write_epoch(m, format!("{}\n", epoch + 1)).unwrap();
+            }
+        }
+    }
+    wait_all(&job, "the exchange into epoch 3", |st| {
+        exchange(st, 3).is_some_and(|x| x["state"] == "done")
+    });
+
+    // The samples that changed host crossed that host's shaped link.
+    let size: BTreeMap<String, u64> = ds
+        .samples
+        .iter()
+        .map(|s| (format!("{}/{}", s.class, s.name), s.size))
+        .collect();
+    let mut crossing = vec![0u64; hosts as usize];
+    for pair in owners.windows(2) {
+        for (key, &to) in &pair[1] {
+            if pair[0][key] / per_host != to / per_host {
+                crossing[(to / per_host) as usize] += size[key];
+            }
+        }
+    }
+    for h in 0..hosts {
+        let link = cluster.bytes_into(h);
+        assert!(
+            link >= crossing[h as usize],
+            "host {h}: {} bytes of samples moved in from other hosts, its link carried {link}",
+            crossing[h as usize]
+        );
+    }
+
+    let status = job.unmount_within(END_TIMEOUT);
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the job did not end cleanly after unmount: {status:?}\n{}",
+        fs::read_to_string(ds.base.join("job.log")).unwrap_or_default()
+    );
+    all_gone(&cluster, &job.mounts, &daemons);
+    eprintln!(
+        "{hosts} hosts x {per_host}: launched and mounted in {launched:.1?}, \
+         done in {:.1?}; bytes into each host across its link: {crossing:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn four_hosts_one_rank_each_walk_three_epochs() {
+    if !require_cluster() {
+        return;
+    }
+    walk_three_epochs("cw41", "10.213.201.0/24", 4, 1);
+}
+
+#[test]
+fn two_hosts_two_ranks_each_walk_three_epochs() {
+    if !require_cluster() {
+        return;
+    }
+    walk_three_epochs("cw22", "10.213.202.0/24", 2, 2);
+}
+
+#[test]
+fn rank_killed_on_one_host_ends_the_job_everywhere_and_resumes() {
+    if !require_cluster() {
+        return;
+    }
+    const SEED: u64 = 9;
+    const Q: f64 = 0.5;
+    const PER_HOST: u32 = 2;
+    const RANKS: u32 = 4;
+    let ds = {
+        let mut b = DatasetBuilder::new();
+        for c in ["c0", "c1", "c2", "c3"] {
+            b = b.numbered_class(c, 40, |i| 20_000 + 97 * i as u64);
+        }
+        b.build()
+    };
+    let cluster = Cluster::up("ckill", "10.213.203.0/24", 2);
+
+    // 1. Killed on h1 in the middle of the exchange into epoch 1 (slowed so it is running),
+    // while a reader on h0 waits for epoch 1.
+    let mut job = MpiJob::start_with(
+        cluster.mpirun(PER_HOST),
+        &ds.base,
+        RANKS,
+        SEED,
+        Q,
+        &["--exchange-rate", "50000"],
+    );
+    let daemons = daemons_on_their_hosts(&cluster, &job, PER_HOST);
+    wait_all(&job, "staging", |st| {
+        st["staging"]["state"] == "done"
+            && st["staging"]["files_done"] == st["staging"]["files_total"]
+    });
+    wait_all(&job, "the exchange into epoch 1 to run", |st| {
+        exchange(st, 1).is_some_and(|x| x["state"] == "running")
+    });
+    let (tx, rx) = mpsc::channel();
+    let waiting = job.mounts[0].join("epoch-1");
+    std::thread::spawn(move || {
+        let _ = tx.send(fs::metadata(&waiting).map(|m| m.is_dir()));
+    });
+    assert!(
+        rx.recv_timeout(Duration::from_secs(1)).is_err(),
+        "epoch-1 should wait for the exchange"
+    );
+    assert!(
+        (0..RANKS as usize).all(|r| exchange(&job.status(r), 1).unwrap()["state"] == "running"),
+        "the exchange should still be running when rank 3 is killed"
+    );
+    let killed = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemons[3]),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let answer = rx.recv_timeout(END_TIMEOUT);
+    assert!(
+        answer.is_ok(),
+        "the reader waiting on epoch-1 was never answered"
+    );
+    let status = job.wait_within(END_TIMEOUT);
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "the job should end, failed, once a rank is killed: {status:?}"
+    );
+    // The killed rank's mount is dead until a daemon cleans it up; the others are gone.
+    all_gone(&cluster, &job.mounts[..3], &daemons);
+    let ended = killed.elapsed();
+    let dead = &job.mounts[3];
+    assert!(
+        !is_mounted(dead)
+            || fs::metadata(dead).is_err_and(|e| e.raw_os_error() == Some(libc::ENOTCONN)),
+        "rank 3's mount should be gone or dead"
+    );
+    // Leave the dead mount to the restart, as a scheduler would.
+    job.mounts.clear();
+    drop(job);
+
+    // 2. The same job again: every rank at epoch 0, epochs 0 and 1 as planned, nothing
+    // fetched from the source again.
+    let mut job = MpiJob::start_with(cluster.mpirun(PER_HOST), &ds.base, RANKS, SEED, Q, &[]);
+    let daemons = daemons_on_their_hosts(&cluster, &job, PER_HOST);
+    for r in 0..RANKS as usize {
+        assert_eq!(
+            job.status(r)["epoch"],
+            0,
+            "rank {r} resumed at the wrong epoch"
+        );
+    }
+    for epoch in 0..2 {
+        for r in 0..RANKS {
+            assert_eq!(
+                listing(&ds, &job.mounts[r as usize], epoch),
+                planned(&ds.root, RANKS, SEED, Q, epoch, r),
+                "rank {r} epoch {epoch} after the restart"
+            );
+        }
+    }
+    for r in 0..RANKS as usize {
+        assert_eq!(
+            job.status(r)["cache"]["fetched_from_source"],
+            0,
+            "rank {r} fetched from the source again"
+        );
+    }
+    let status = job.unmount_within(END_TIMEOUT);
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    all_gone(&cluster, &job.mounts, &daemons);
+    eprintln!("killed rank 3: the job ended on every host in {ended:.1?}");
+}
