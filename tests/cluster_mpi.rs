@@ -560,7 +560,8 @@ fn rank_killed_on_one_host_ends_the_job_everywhere_and_resumes() {
         RANKS,
         SEED,
         Q,
-        &["--exchange-rate", "50000"],
+        // Every move over MPI (none through the shared disk), each rank's sends at 20 kB/s.
+        &["--exchange-rate", "20000", "--share-disk", "never"],
     );
     let daemons = daemons_on_their_hosts(&cluster, &job, PER_HOST);
     wait_all(&job, "staging", |st| {

@@ -850,7 +850,7 @@ impl Pacer {
     fn allow(&self, bytes: usize) -> bool {
         self.rate.is_none_or(|rate| {
             let due = Duration::from_secs_f64((self.sent + bytes as u64) as f64 / rate as f64);
-            self.sent == 0 || due <= self.start.elapsed()
+            due <= self.start.elapsed()
         })
     }
 
