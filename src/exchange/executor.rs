@@ -260,6 +260,8 @@ struct In<'s, 'scope> {
     /// Stored (its disk thread is done) or given up: nothing more of it enters the cache.
     settled: bool,
     given_up: bool,
+    /// When its size list arrived: its bytes can flow from then on.
+    began: Option<Instant>,
     took: Option<Duration>,
 }
 
@@ -391,6 +393,7 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
                     worker: None,
                     settled: false,
                     given_up: false,
+                    began: None,
                     took: None,
                 });
                 let list = vec![0u8; s.samples.len() * ENTRY];
@@ -590,6 +593,7 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
     /// A peer's size list arrived: the stream's length is known; start storing it.
     fn sizes_arrived(&mut self, s: &mut In<'s, 'scope>, list: &[u8]) {
         let ctx = self.ctx;
+        s.began = Some(Instant::now());
         let (samples, unsendable) = sizes::decode(ctx.store, s.ids, list);
         for &id in &unsendable {
             tracing::warn!(
@@ -603,7 +607,7 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
             .update(ctx.target, |r| r.failed_samples += failed);
         if s.disk {
             s.frames = 0;
-            s.took.get_or_insert(self.started.elapsed());
+            s.took.get_or_insert(Duration::ZERO);
             if !s.given_up {
                 let (store, tracker, target, peer) = (ctx.store, ctx.tracker, ctx.target, s.peer);
                 let root = ctx.peers.caches[peer as usize].clone();
@@ -624,7 +628,7 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
             .update(ctx.target, |r| r.bytes_to_receive += len);
         if samples.is_empty() || s.given_up {
             if !s.given_up {
-                s.took = Some(self.started.elapsed());
+                s.took = Some(Duration::ZERO);
             }
             s.settled = s.worker.is_none();
             s.samples = Some(samples);
@@ -662,7 +666,7 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
             self.recv_pool.put(buf);
         }
         if s.arrived == s.frames && !s.given_up {
-            s.took = Some(self.started.elapsed());
+            s.took = s.began.map(|b| b.elapsed());
             let secs = self.started.elapsed().as_secs_f64();
             ctx.tracker
                 .update(ctx.target, |r| r.peer(peer).seconds = secs);
@@ -700,14 +704,12 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
                     (Some(_), false) => s.len,
                     (None, false) => estimate(s.ids.len(), &known),
                 },
+                elapsed: s.began.unwrap_or(self.started).elapsed(),
                 took: s.took.or(s.given_up.then_some(Duration::ZERO)),
                 rated: !s.disk,
             })
             .collect();
-        let overdue = ctx
-            .cfg
-            .slow_peers
-            .overdue(self.started.elapsed(), &progress);
+        let overdue = ctx.cfg.slow_peers.overdue(&progress);
         for (s, late) in ins.iter_mut().zip(overdue) {
             if late && !s.settled && !s.given_up {
                 self.give_up(s);

@@ -61,6 +61,8 @@ pub struct ExchangeReport {
     pub settled_seconds: f64,
     /// Seconds spent making received samples durable (`syncfs` of the cache).
     pub sync_seconds: f64,
+    /// Seconds until every message of the exchange completed (late bytes of given-up peers
+    /// drained, own streams confirmed); 0 until then.
     pub seconds: f64,
     pub error: Option<String>,
     /// Per peer, in the order the schedule lists them.
