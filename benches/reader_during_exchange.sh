@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # How much a reader walking epoch-N slows while the exchange into N+1 runs, with the default
-# settings (Q=0.3, uncapped) or EXCHANGE_RATE=bytes/s. 4 ranks under mpirun on this machine.
+# settings (Q=0.3, uncapped) or EXCHANGE_RATE=bytes/s. 4 ranks under mpirun on this machine,
+# so by default the exchange moves samples through the shared disk (hard links);
+# SHARE_DISK=never moves them through MPI as ranks on different hosts would.
 #
 #   bash benches/reader_during_exchange.sh      (FILES=24000 x 100 KB by default)
+#   SHARE_DISK=never bash benches/reader_during_exchange.sh
 #
 # The job is started once to stage the caches, then restarted on the warm caches: the restart
 # runs the exchange into epoch 1 at once, with no staging, while rank 0's reader walks epoch-0
@@ -24,7 +27,7 @@ for i in range(n):
     with open(os.path.join(d, f"{i:06d}.bin"), "wb") as f:
         f.write(os.urandom(100_000))
 PY
-extra=(); [ -n "${EXCHANGE_RATE:-}" ] && extra=(--exchange-rate "$EXCHANGE_RATE")
+extra=(--share-disk "${SHARE_DISK:-auto}"); [ -n "${EXCHANGE_RATE:-}" ] && extra+=(--exchange-rate "$EXCHANGE_RATE")
 launch() {
   mount-helpers/shufflefs-launch --np 4 --job "$work/job" -- --source "$work/src" \
     --cache "$work/cache-{rank}" --seed 1 "${extra[@]}" "$work/mnt-{rank}" >/dev/null

@@ -102,6 +102,9 @@ fn disk_full_during_exchange_keeps_the_current_view_serving() {
         mpirun(RANKS as u32)
             .args([BIN, "mount"])
             .args(["--seed", "2", "--fraction", "1"])
+            // Received over MPI, as from another host (a sample taken from a peer's cache
+            // on this host is tested in the cache's unit tests).
+            .args(["--share-disk", "never"])
             .arg("--source")
             .arg(dir.join("src"))
             .arg("--cache")

@@ -43,6 +43,7 @@
 //! waiting.
 
 use std::collections::HashMap;
+use std::io;
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError, sync_channel};
 use std::thread::{self, Scope, ScopedJoinHandle};
@@ -104,7 +105,8 @@ impl Ctx<'_> {
     /// function of settings every rank shares, so both sides of a stream cut it alike.
     fn frame(&self) -> usize {
         let streams = 2 * self.hosts.len().saturating_sub(1).max(1);
-        let fit = BUDGET / (streams * (IN_FLIGHT + QUEUED + 1));
+        // Per stream: posted, waiting for the disk thread, in its channel, in its hands.
+        let fit = BUDGET / (streams * (IN_FLIGHT + 2 * QUEUED + 2));
         self.cfg.frame.min(fit.max(MIN_FRAME))
     }
 
@@ -614,8 +616,7 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
                 let todo = samples.clone();
                 s.worker = Some(self.scope.spawn(move || {
                     idle_io_priority();
-                    take_stream(store, &todo, &root, tracker, (target, peer));
-                    Ok(())
+                    take_stream(store, &todo, &root, tracker, (target, peer))
                 }));
             }
             s.samples = Some(samples);
@@ -801,15 +802,17 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
     }
 }
 
-/// Takes the samples of a stream from a peer's cache folder on this host. A sample that
-/// cannot be taken is left missing: the caller fetches it from the source.
+/// Takes the samples of a stream from a peer's cache folder on this host. A sample the peer
+/// does not hold intact (missing, unrecorded, failing its checksum) is left missing: the
+/// caller fetches it from the source. Any other error is this rank's storage failing (a full
+/// disk, say): it ends the stream as a local failure, like a writer's.
 fn take_stream(
     store: &SampleStore,
     samples: &[Sized],
     root: &std::path::Path,
     tracker: &ExchangeTracker,
     (target, peer): (u64, Rank),
-) {
+) -> Result<(), ExchangeError> {
     for &(id, _) in samples {
         match store.adopt_from_peer(id, root) {
             Ok(Adopted::AlreadyHeld(_)) => {}
@@ -824,12 +827,19 @@ fn take_stream(
                     p.bytes_received += n;
                 });
             }
-            Err(e) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::InvalidData
+                ) =>
+            {
                 tracing::warn!(sample = id, from = peer, error = %e, "cannot take a sample from a peer's cache on this host; it will be fetched from the source");
                 tracker.update(target, |r| r.failed_samples += 1);
             }
+            Err(source) => return Err(ExchangeError::Store { sample: id, source }),
         }
     }
+    Ok(())
 }
 
 /// Keeps the average send rate under a cap by holding frames back.
