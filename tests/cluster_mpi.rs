@@ -730,29 +730,34 @@ fn a_peer_on_a_slow_link_is_given_up_and_its_samples_come_from_the_source() {
             }
         }
     }
-    // The exchanges into epochs 1 and 2, as the fast ranks saw the slow one.
+    // The exchanges into epochs 1 and 2, as the fast ranks saw the slow one. Into epoch 1
+    // every rank starts together (at mount), so the slow peer is the last by far and is
+    // given up. Into epoch 2 a fast rank starts only once its previous exchange drained the
+    // slow peer's late bytes (see README, "Slow and dead peers"), so the slow peer need not
+    // be the last there; whoever is given up is accounted for.
     for target in 1..=2u64 {
         for r in 0..3usize {
             let st = job.status(r);
             let x = exchange(&st, target).unwrap_or_else(|| panic!("rank {r}: {st}"));
-            let slow = x["peers"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|p| p["rank"] == 3)
-                .unwrap();
-            assert_eq!(slow["given_up"], true, "rank {r} into {target}: {x}");
-            assert!(
-                slow["fetched_from_source"].as_u64() > Some(0),
-                "rank {r} into {target}: {x}"
-            );
-            let fast_given_up = x["peers"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter(|p| p["rank"] != 3 && p["given_up"] == true)
-                .count();
-            assert_eq!(fast_given_up, 0, "only the slow peer is given up: {x}");
+            let peers = x["peers"].as_array().unwrap();
+            let slow = peers.iter().find(|p| p["rank"] == 3).unwrap();
+            if target == 1 {
+                assert_eq!(slow["given_up"], true, "rank {r} into {target}: {x}");
+                let fast_given_up = (peers.iter())
+                    .filter(|p| p["rank"] != 3 && p["given_up"] == true)
+                    .count();
+                assert_eq!(fast_given_up, 0, "only the slow peer is given up: {x}");
+            }
+            for p in peers.iter().filter(|p| p["given_up"] == true) {
+                let owed = p["samples_to_receive"].as_u64().unwrap();
+                let got = p["samples_received"].as_u64().unwrap();
+                assert_eq!(
+                    got + p["fetched_from_source"].as_u64().unwrap(),
+                    owed,
+                    "rank {r} into {target}: what a given-up peer did not deliver came from the source: {x}"
+                );
+                assert!(owed == got || p["fetched_from_source"].as_u64() > Some(0));
+            }
             assert!(
                 x["bytes_across_hosts"].as_u64() > Some(0) && x["bytes_within_hosts"] == 0,
                 "one rank per host: everything crosses hosts: {x}"
