@@ -13,6 +13,7 @@ source mount-helpers/install-deps.sh
 bin=$(cargo bench --bench exchange_mpi --no-run --message-format=json \
   | python3 -c 'import json,sys; [print(m["executable"]) for m in map(json.loads, sys.stdin) if m.get("executable") and "exchange_mpi" in m["executable"]]' | tail -1)
 cluster=mount-helpers/shufflefs-cluster
+export SCENARIOS=${SCENARIOS:-} SHUFFLEFS_BENCH_DIR=${SHUFFLEFS_BENCH_DIR:-/tmp}
 name=bench$$
 name=${name:0:7}
 trap '"$cluster" down "$name" >/dev/null 2>&1 || true' EXIT
