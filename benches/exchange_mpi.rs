@@ -20,7 +20,7 @@ use shufflefs::cache::{CacheDir, SampleStore};
 use shufflefs::comm::{Comm, MpiComm, Op, launched_by_mpi};
 use shufflefs::dataset::SyntheticSource;
 use shufflefs::dataset::manifest::Manifest;
-use shufflefs::exchange::{self, ExchangeConfig, ExchangeTracker, FRAME};
+use shufflefs::exchange::{self, ExchangeConfig, ExchangeTracker, FRAME, StrategyKind};
 use shufflefs::plan::{Plan, PlanParams, Step};
 
 fn barrier(comm: &mut dyn Comm) {
@@ -202,23 +202,33 @@ fn scenario(
     let moved = step.transfers.len() as f64;
     let pairs = pair_bytes(&manifest, &step, world);
     let base = baseline(comm, &pairs);
-    let floor_dir = tmp.join(format!("{name}-floor-rank{}", comm.rank()));
-    let floor = disk_floor(comm, &manifest, &step, &floor_dir);
     // Written pages of the staged share would otherwise still be in flight during the exchange.
     nix::unistd::sync();
     barrier(comm);
     let t0 = Instant::now();
     let tracker = ExchangeTracker::default();
+    // SHUFFLEFS_BENCH_STRATEGY=ring: one peer each way per round instead of every peer.
+    let strategy = match std::env::var("SHUFFLEFS_BENCH_STRATEGY").as_deref() {
+        Ok("ring") => StrategyKind::Ring,
+        _ => StrategyKind::Direct,
+    };
     exchange::run(
         comm,
         &store,
         &step,
-        ExchangeConfig::default(),
+        ExchangeConfig {
+            strategy,
+            ..ExchangeConfig::default()
+        },
         &tracker,
         &AtomicBool::new(false),
     )
     .unwrap();
     let exch = max_time(comm, t0.elapsed().as_secs_f64());
+    // After the exchange: its deletes would otherwise make the exchange's file creates pay
+    // ext4's scan of recently freed inodes (`recently_deleted`).
+    let floor_dir = tmp.join(format!("{name}-floor-rank{}", comm.rank()));
+    let floor = disk_floor(comm, &manifest, &step, &floor_dir);
     if std::env::var_os("SHUFFLEFS_BENCH_DETAIL").is_some()
         && let Some(r) = tracker.snapshot().pop()
     {
