@@ -15,7 +15,6 @@ use crate::plan::{Rank, SampleId};
 pub enum Phase {
     Sizes,
     Samples,
-    Trailer,
     Confirm,
 }
 
@@ -24,7 +23,6 @@ impl fmt::Display for Phase {
         f.write_str(match self {
             Phase::Sizes => "exchanging sample sizes",
             Phase::Samples => "exchanging samples",
-            Phase::Trailer => "exchanging the ids of unreadable samples",
             Phase::Confirm => "confirming the exchange",
         })
     }

@@ -184,10 +184,11 @@ impl Strategy for Direct {
     }
 }
 
-/// Rounds `d = 1..M` pair every rank `r` with `r+d` (send) and `r-d` (receive), so all links
-/// are busy and no cycle of blocking sends can form. Every pair gets its streams even when
-/// they are empty (the size list, trailer and confirmation still travel), which keeps the
-/// wire protocol what it was before schedules existed. Streams run in sample id order.
+/// Rounds `d = 1..M` pair every rank `r` with `r+d` (send) and `r-d` (receive): one peer
+/// each way at a time, the exchange's shape before [`Direct`]; it keeps fewer disk threads
+/// busy at once, but a slow peer holds every later round. Every pair gets its streams even
+/// when they are empty (the size list and confirmation still travel). Streams run in sample
+/// id order.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Ring;
 
