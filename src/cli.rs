@@ -115,25 +115,16 @@ pub struct MountArgs {
     #[arg(long, value_enum, default_value_t = ShareDisk::Auto, help_heading = "Shuffling")]
     pub share_disk: ShareDisk,
 
-    /// Stop waiting for a peer whose samples arrive more than F times slower than the
-    /// median peer's (measured during the exchange), plus --slow-peer-grace: what it has not
-    /// delivered is fetched from the source, so one slow node does not hold every rank's
-    /// next epoch. 0 waits for every peer.
-    #[arg(
-        long,
-        value_name = "F",
-        default_value_t = 4.0,
-        help_heading = "Shuffling"
-    )]
+    /// Stop waiting for a peer whose samples take more than F times as long as they would at
+    /// the rate of the slowest peer that already delivered (measured during the exchange,
+    /// once half the peers have), plus --slow-peer-grace: what it has not delivered is
+    /// fetched from the source, so one slow node does not hold every rank's next epoch.
+    /// 0 waits for every peer.
+    #[arg(long, value_name = "F", default_value_t = 4.0, value_parser = non_negative, help_heading = "Shuffling")]
     pub slow_peer_factor: f64,
 
     /// Seconds added to every slow-peer deadline (see --slow-peer-factor).
-    #[arg(
-        long,
-        value_name = "SECONDS",
-        default_value_t = 2.0,
-        help_heading = "Shuffling"
-    )]
+    #[arg(long, value_name = "SECONDS", default_value_t = 2.0, value_parser = non_negative, help_heading = "Shuffling")]
     pub slow_peer_grace: f64,
 
     /// Threads copying samples from the source into the cache.
@@ -207,4 +198,27 @@ impl MountArgs {
 pub enum ShareDisk {
     Auto,
     Never,
+}
+
+/// A finite number of at least 0 (and at most a million), for factors and seconds.
+fn non_negative(v: &str) -> Result<f64, String> {
+    match v.parse::<f64>() {
+        Ok(x) if x.is_finite() && (0.0..=1e6).contains(&x) => Ok(x),
+        Ok(_) => Err(format!("{v} is not between 0 and 1000000")),
+        Err(e) => Err(format!("{v} is not a number: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::non_negative;
+
+    #[test]
+    fn factors_and_seconds_must_be_finite_and_non_negative() {
+        assert_eq!(non_negative("2.5"), Ok(2.5));
+        assert_eq!(non_negative("0"), Ok(0.0));
+        for bad in ["nan", "inf", "-1", "1e9", "x"] {
+            assert!(non_negative(bad).is_err(), "{bad}");
+        }
+    }
 }
