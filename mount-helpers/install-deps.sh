@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what shufflefs needs to build and run, when missing: fuse3, Open MPI, clang for
-# rsmpi's bindings. Sourced by tests/run.sh and mount-helpers/demo.sh; safe to run twice.
+# rsmpi's bindings, and iproute2/util-linux/python3 for the emulated hosts. Sourced by tests/run.sh and mount-helpers/demo.sh; safe to run twice.
 # Also exports what Open MPI needs to run as root and to put 4 ranks on 2 cores.
 need_apt=()
 command -v fusermount3 >/dev/null || need_apt+=(fuse3)
@@ -10,6 +10,10 @@ command -v mpicc >/dev/null || need_apt+=(libopenmpi-dev)
 command -v clang >/dev/null || need_apt+=(clang)
 ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || need_apt+=(libclang-dev)
 command -v pkg-config >/dev/null || need_apt+=(pkg-config)
+# The emulated hosts (mount-helpers/shufflefs-cluster): namespaces, shaping, nsenter, python3.
+{ command -v ip && command -v tc; } >/dev/null || need_apt+=(iproute2)
+command -v nsenter >/dev/null || need_apt+=(util-linux)
+command -v python3 >/dev/null || need_apt+=(python3)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "== installing: ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
