@@ -1,9 +1,11 @@
-//! Command line: `shufflefs mount` and `shufflefs unmount`.
+//! Command line: `shufflefs mount`, `shufflefs unmount` and `shufflefs plan`.
 
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::coded::calc::{CalcInput, Storage};
+use crate::coded::{DEFAULT_NU, Scheme};
 use crate::dataset::Format;
 use crate::plan::ExchangeScope;
 
@@ -24,6 +26,82 @@ pub enum Command {
     Mount(MountArgs),
     /// Unmount a view and wait for its daemon to exit.
     Unmount(UnmountArgs),
+    /// Print what a shuffle would cost (storage, samples and bytes moved, transmissions per
+    /// scheme) without running anything. Coded shuffling itself is not built yet (issue 16).
+    Plan(PlanArgs),
+}
+
+/// `--scheme` of `shufflefs plan`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlanScheme {
+    /// The server unicasts what each rank lacks.
+    Uncoded,
+    /// XOR-coded multicast (the paper's Alg. 1-3).
+    Coded,
+    /// Coded plus carpool reallocation (Alg. 4, depth --nu).
+    Ubershuffle,
+    /// All three, side by side.
+    All,
+}
+
+#[derive(Args, Debug, Clone)]
+#[command(group(clap::ArgGroup::new("storage").required(true).args(["fraction", "cache_fraction"])))]
+pub struct PlanArgs {
+    /// Samples in the dataset (q).
+    #[arg(long)]
+    pub samples: u32,
+    /// Compute ranks (n); the server rank of the coded schemes is extra.
+    #[arg(long)]
+    pub ranks: u32,
+    /// Partial-local exchange fraction Q (as `mount --fraction`): prints today's exchange and
+    /// the coded schemes at the same storage per rank.
+    #[arg(long, value_parser = parse_fraction)]
+    pub fraction: Option<f64>,
+    /// Fraction alpha of the dataset each rank caches (at least 1/ranks).
+    #[arg(long, value_parser = parse_fraction)]
+    pub cache_fraction: Option<f64>,
+    /// Which scheme to count.
+    #[arg(long, value_enum, default_value_t = PlanScheme::All)]
+    pub scheme: PlanScheme,
+    /// Seed of the random placements averaged over.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Bytes per sample (coded packets are one sample long).
+    #[arg(long, default_value_t = 100_000)]
+    pub sample_bytes: u64,
+    /// Seeded epochs to average over.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub epochs: u32,
+    /// UberShuffle's search depth nu (the paper uses 2).
+    #[arg(long, default_value_t = DEFAULT_NU)]
+    pub nu: usize,
+}
+
+impl PlanArgs {
+    /// The calculator's input (see `coded::calc::report`).
+    pub fn input(&self) -> CalcInput {
+        let storage = match (self.fraction, self.cache_fraction) {
+            (Some(q), _) => Storage::Fraction(q),
+            (None, Some(a)) => Storage::CacheFraction(a),
+            (None, None) => unreachable!("clap requires --fraction or --cache-fraction"),
+        };
+        let uber = Scheme::Ubershuffle { nu: self.nu };
+        let schemes = match self.scheme {
+            PlanScheme::Uncoded => vec![Scheme::Uncoded],
+            PlanScheme::Coded => vec![Scheme::Coded],
+            PlanScheme::Ubershuffle => vec![uber],
+            PlanScheme::All => vec![Scheme::Uncoded, Scheme::Coded, uber],
+        };
+        CalcInput {
+            samples: self.samples,
+            ranks: self.ranks as usize,
+            storage,
+            schemes,
+            seed: self.seed,
+            sample_bytes: self.sample_bytes,
+            epochs: self.epochs,
+        }
+    }
 }
 
 /// Default exchange fraction: the paper's ImageNet-1K and CIFAR-100 runs reach global-shuffle
@@ -211,7 +289,58 @@ fn non_negative(v: &str) -> Result<f64, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::non_negative;
+    use clap::Parser;
+
+    use super::{Cli, Command, non_negative};
+
+    #[test]
+    fn plan_subcommand_formats_a_small_case() {
+        let cli = Cli::try_parse_from([
+            "shufflefs",
+            "plan",
+            "--samples",
+            "60",
+            "--ranks",
+            "3",
+            "--cache-fraction",
+            "0.5",
+            "--scheme",
+            "all",
+            "--sample-bytes",
+            "1000",
+        ])
+        .unwrap();
+        let Command::Plan(args) = cli.command else {
+            panic!("not the plan subcommand");
+        };
+        let text = crate::coded::calc::report(&args.input()).unwrap();
+        assert!(
+            text.contains("cache s = floor(alpha q) = 30 samples each (30.0 kB)"),
+            "{text}"
+        );
+        assert_eq!(
+            text.lines().filter(|l| l.starts_with("uncoded ")).count(),
+            1,
+            "{text}"
+        );
+        assert!(text.contains("ubershuffle(nu=2)"), "{text}");
+        let both = Cli::try_parse_from([
+            "shufflefs",
+            "plan",
+            "--samples",
+            "60",
+            "--ranks",
+            "3",
+            "--fraction",
+            "0.3",
+            "--cache-fraction",
+            "0.5",
+        ]);
+        assert!(
+            both.is_err(),
+            "--fraction and --cache-fraction exclude each other"
+        );
+    }
 
     #[test]
     fn factors_and_seconds_must_be_finite_and_non_negative() {

@@ -19,6 +19,7 @@
 
 pub mod cache;
 pub mod cli;
+pub mod coded;
 pub mod comm;
 pub mod daemon;
 pub mod dataset;

@@ -7,5 +7,15 @@ fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Mount(args) => shufflefs::launch::mount(args),
         Command::Unmount(args) => shufflefs::launch::unmount(&args),
+        Command::Plan(args) => match shufflefs::coded::calc::report(&args.input()) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("shufflefs plan: {e}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }

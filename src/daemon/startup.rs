@@ -403,7 +403,7 @@ mod tests {
             ]);
             match cli.command {
                 Command::Mount(args) => args,
-                Command::Unmount(_) => unreachable!(),
+                Command::Unmount(_) | Command::Plan(_) => unreachable!(),
             }
         }
 

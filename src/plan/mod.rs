@@ -393,7 +393,7 @@ impl Plan {
 }
 
 /// A ChaCha8 stream keyed by `(seed, domain, a, b)`: independent for every distinct tuple.
-fn stream(seed: u64, domain: u64, a: u64, b: u64) -> ChaCha8Rng {
+pub(crate) fn stream(seed: u64, domain: u64, a: u64, b: u64) -> ChaCha8Rng {
     let mut key = [0u8; 32];
     for (chunk, word) in key.chunks_exact_mut(8).zip([seed, domain, a, b]) {
         chunk.copy_from_slice(&word.to_le_bytes());
@@ -413,13 +413,13 @@ fn below(rng: &mut ChaCha8Rng, n: u64) -> u64 {
 }
 
 /// Fisher–Yates shuffle of the whole slice.
-fn shuffle<T>(items: &mut [T], rng: &mut ChaCha8Rng) {
+pub(crate) fn shuffle<T>(items: &mut [T], rng: &mut ChaCha8Rng) {
     let len = items.len();
     partial_shuffle(items, len, rng);
 }
 
 /// Puts a uniformly random `k`-subset, in random order, at the front of `items`.
-fn partial_shuffle<T>(items: &mut [T], k: usize, rng: &mut ChaCha8Rng) {
+pub(crate) fn partial_shuffle<T>(items: &mut [T], k: usize, rng: &mut ChaCha8Rng) {
     let len = items.len();
     for i in 0..k.min(len.saturating_sub(1)) {
         let j = i + below(rng, (len - i) as u64) as usize;

@@ -1,0 +1,145 @@
+//! Seeded random caches and shares for the calculator and the property tests.
+//!
+//! Model (the paper's Section 2, and the cache rule issue 16 asks us to state):
+//! - `q` samples, `n` nodes, each node caches `s = floor(alpha * q)` samples, `s` at least
+//!   the largest share `ceil(q / n)`.
+//! - Every epoch each node gets a fresh uniformly random balanced share: a seeded
+//!   permutation of all samples dealt into `n` contiguous chunks (sizes differ by at most one).
+//! - Epoch 0's cache is the node's share plus `s - |D_i|` samples drawn uniformly from the
+//!   rest.
+//! - **Update rule.** When epoch `t + 1` starts, node `i` receives `D_i^{t+1} \ C_i^t`; its new
+//!   cache `C_i^{t+1}` is `D_i^{t+1}` plus `s - |D_i^{t+1}|` samples retained from
+//!   `C_i^t \ D_i^{t+1}`, drawn uniformly. The old cache always has enough to retain, since
+//!   it holds `s` samples of which at most `|D_i^{t+1}|` are in the new share.
+//!
+//! So a cache always holds the current share, and a sample a node needs is cached by its
+//! previous owner and by each other node roughly with probability
+//! `p = (s - q/n) / (q - q/n)`, the regime of Theorem 2.
+//!
+//! Randomness is the project's ChaCha8 stream keyed by `(seed, domain, epoch, node)` with
+//! its own domain tags, and the project's own Fisher–Yates ([`crate::plan`] explains why).
+
+use std::collections::BTreeSet;
+
+use super::Instance;
+use crate::plan::{SampleId, partial_shuffle, shuffle, stream};
+
+const DOMAIN_SHARES: u64 = 0xC0DE_0001;
+const DOMAIN_EXTRA: u64 = 0xC0DE_0002;
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum PlacementError {
+    #[error("{nodes} nodes: between 1 and {} are supported", super::MAX_NODES)]
+    Nodes { nodes: usize },
+    #[error(
+        "a cache of {cache} samples (alpha = {alpha}) cannot hold a share of {share}: alpha must be at least 1/n"
+    )]
+    CacheTooSmall {
+        alpha: f64,
+        cache: usize,
+        share: usize,
+    },
+    #[error("alpha = {0} is not in (0, 1]")]
+    Alpha(f64),
+}
+
+/// The evolving caches of `n` nodes over epochs.
+#[derive(Clone, Debug)]
+pub struct RandomPlacement {
+    samples: u32,
+    nodes: usize,
+    cache_size: usize,
+    seed: u64,
+    epoch: u64,
+    caches: Vec<BTreeSet<SampleId>>,
+}
+
+impl RandomPlacement {
+    pub fn new(
+        samples: u32,
+        nodes: usize,
+        alpha: f64,
+        seed: u64,
+    ) -> Result<RandomPlacement, PlacementError> {
+        if nodes == 0 || nodes > super::MAX_NODES {
+            return Err(PlacementError::Nodes { nodes });
+        }
+        if !(alpha > 0.0 && alpha <= 1.0) {
+            return Err(PlacementError::Alpha(alpha));
+        }
+        let cache_size = (alpha * f64::from(samples)).floor() as usize;
+        let share = (samples as usize).div_ceil(nodes);
+        if cache_size < share {
+            return Err(PlacementError::CacheTooSmall {
+                alpha,
+                cache: cache_size,
+                share,
+            });
+        }
+        let mut p = RandomPlacement {
+            samples,
+            nodes,
+            cache_size,
+            seed,
+            epoch: 0,
+            caches: Vec::new(),
+        };
+        let shares = p.shares(0);
+        p.caches = shares
+            .into_iter()
+            .enumerate()
+            .map(|(node, share)| {
+                let mut rest: Vec<SampleId> = (0..samples).filter(|s| !share.contains(s)).collect();
+                let extra = cache_size - share.len();
+                partial_shuffle(
+                    &mut rest,
+                    extra,
+                    &mut stream(seed, DOMAIN_EXTRA, 0, node as u64),
+                );
+                share
+                    .into_iter()
+                    .chain(rest.into_iter().take(extra))
+                    .collect()
+            })
+            .collect();
+        Ok(p)
+    }
+
+    /// Samples each cache holds, `s`.
+    pub fn cache_size(&self) -> usize {
+        self.cache_size
+    }
+
+    /// Epoch `epoch`'s balanced shares.
+    fn shares(&self, epoch: u64) -> Vec<BTreeSet<SampleId>> {
+        let mut perm: Vec<SampleId> = (0..self.samples).collect();
+        shuffle(&mut perm, &mut stream(self.seed, DOMAIN_SHARES, epoch, 0));
+        let (q, n) = (self.samples as usize, self.nodes);
+        (0..n)
+            .map(|i| perm[i * q / n..(i + 1) * q / n].iter().copied().collect())
+            .collect()
+    }
+
+    /// The problem of moving from the current epoch to the next, then applies the update
+    /// rule so the following call plans the epoch after.
+    pub fn next_instance(&mut self) -> Instance {
+        self.epoch += 1;
+        let demands = self.shares(self.epoch);
+        let inst = Instance::new(self.caches.clone(), demands.clone())
+            .expect("balanced shares of a permutation are disjoint");
+        for (node, (cache, share)) in self.caches.iter_mut().zip(demands).enumerate() {
+            let mut old: Vec<SampleId> = cache.difference(&share).copied().collect();
+            let keep = self.cache_size - share.len();
+            partial_shuffle(
+                &mut old,
+                keep,
+                &mut stream(self.seed, DOMAIN_EXTRA, self.epoch, node as u64),
+            );
+            *cache = share
+                .into_iter()
+                .chain(old.into_iter().take(keep))
+                .collect();
+        }
+        inst
+    }
+}
