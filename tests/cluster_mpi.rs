@@ -29,12 +29,9 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::mpi_job::MpiJob;
+use common::mpi_job::{MpiJob, exchange, planned, wait_all};
 use common::*;
-use serde_json::Value;
 use shufflefs::comm::{Comm, MpiComm};
-use shufflefs::dataset::manifest;
-use shufflefs::plan::{Plan, PlanParams};
 
 const HARNESS: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -276,29 +273,6 @@ fn rank_sees_hosts() {
 }
 
 /// What an uninterrupted run lists on `rank` in `epoch` (`class/name`), from the plan.
-fn planned(
-    src: &Path,
-    ranks: u32,
-    seed: u64,
-    fraction: f64,
-    epoch: u64,
-    rank: u32,
-) -> BTreeSet<String> {
-    let m = manifest::scan(src).unwrap();
-    let plan = Plan::new(PlanParams {
-        samples: m.len(),
-        world: ranks,
-        fraction,
-        seed,
-    })
-    .unwrap();
-    plan.shares_at(epoch)
-        .share(rank)
-        .iter()
-        .map(|&id| m.relative_path(id).to_string_lossy().into_owned())
-        .collect()
-}
-
 /// `class/name` of every sample in `mnt/epoch-N` (looking it up advances to it), each read and
 /// compared with the source; every class must be listed.
 fn listing(ds: &Dataset, mnt: &Path, epoch: u64) -> BTreeSet<String> {
@@ -323,22 +297,6 @@ fn listing(ds: &Dataset, mnt: &Path, epoch: u64) -> BTreeSet<String> {
         }
     }
     out
-}
-
-fn exchange(st: &Value, target: u64) -> Option<&Value> {
-    st["exchange"]
-        .as_array()?
-        .iter()
-        .find(|x| x["target_epoch"] == target)
-}
-
-#[track_caller]
-fn wait_all(job: &MpiJob, what: &str, pred: impl Fn(&Value) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !(0..job.mounts.len()).all(|r| pred(&job.status(r))) {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Every rank's daemon runs in its host (ranks 0..K-1 on h0, ...); returns the pids.
@@ -419,6 +377,15 @@ fn check_hosts(cluster: &Cluster, per_host: u32) {
     }
 }
 
+/// Classes c0..c3 of `per_class` numbered samples each, of `size(i)` bytes.
+fn four_classes(per_class: usize, size: fn(usize) -> u64) -> Dataset {
+    let mut b = DatasetBuilder::new();
+    for c in ["c0", "c1", "c2", "c3"] {
+        b = b.numbered_class(c, per_class, size);
+    }
+    b.build()
+}
+
 /// `hosts` x `per_host` ranks walk 3 epochs at 1gbit, then unmount.
 fn walk_three_epochs(name: &'static str, subnet: &str, hosts: u32, per_host: u32) {
     const SEED: u64 = 11;
@@ -445,7 +412,7 @@ fn walk_three_epochs(name: &'static str, subnet: &str, hosts: u32, per_host: u32
             let got = listing(&ds, &job.mounts[r as usize], epoch);
             assert_eq!(
                 got,
-                planned(&ds.root, ranks, SEED, Q, epoch, r),
+                planned(&ds.root, (ranks, SEED, Q), epoch, r),
                 "rank {r} epoch {epoch} lists other samples than the plan's share"
             );
             for key in got {
@@ -567,13 +534,7 @@ fn rank_killed_on_one_host_ends_the_job_everywhere_and_resumes() {
     const Q: f64 = 0.5;
     const PER_HOST: u32 = 2;
     const RANKS: u32 = 4;
-    let ds = {
-        let mut b = DatasetBuilder::new();
-        for c in ["c0", "c1", "c2", "c3"] {
-            b = b.numbered_class(c, 40, |i| 20_000 + 97 * i as u64);
-        }
-        b.build()
-    };
+    let ds = four_classes(40, |i| 20_000 + 97 * i as u64);
     let cluster = Cluster::up("ckill", "10.213.203.0/24", 2);
 
     // 1. Killed on h1 in the middle of the exchange into epoch 1 (slowed so it is running),
@@ -652,7 +613,7 @@ fn rank_killed_on_one_host_ends_the_job_everywhere_and_resumes() {
         for r in 0..RANKS {
             assert_eq!(
                 listing(&ds, &job.mounts[r as usize], epoch),
-                planned(&ds.root, RANKS, SEED, Q, epoch, r),
+                planned(&ds.root, (RANKS, SEED, Q), epoch, r),
                 "rank {r} epoch {epoch} after the restart"
             );
         }
@@ -685,13 +646,7 @@ fn a_peer_on_a_slow_link_is_given_up_and_its_samples_come_from_the_source() {
     const SEED: u64 = 5;
     const Q: f64 = 1.0;
     const RANKS: u32 = 4;
-    let ds = {
-        let mut b = DatasetBuilder::new();
-        for c in ["c0", "c1", "c2", "c3"] {
-            b = b.numbered_class(c, 25, |i| 90_000 + 37 * i as u64);
-        }
-        b.build()
-    };
+    let ds = four_classes(25, |i| 90_000 + 37 * i as u64);
     let cluster = Cluster::up("cslow", "10.213.205.0/24", RANKS);
     harness_ok(&["shape", "cslow", "3", "2mbit"]);
     let mut job = MpiJob::start_with(
@@ -711,7 +666,7 @@ fn a_peer_on_a_slow_link_is_given_up_and_its_samples_come_from_the_source() {
         let mut owner = BTreeMap::new();
         for r in 0..RANKS {
             let got = listing(&ds, &job.mounts[r as usize], epoch);
-            assert_eq!(got, planned(&ds.root, RANKS, SEED, Q, epoch, r));
+            assert_eq!(got, planned(&ds.root, (RANKS, SEED, Q), epoch, r));
             for key in got {
                 assert!(
                     owner.insert(key, r).is_none(),

@@ -92,13 +92,7 @@ enum Wrap {
 fn run_world(fraction: f64, epochs: u64, wrap: Wrap, fault: Fault) {
     let world = 4u32;
     let manifest = manifest(300);
-    let plan = Plan::new(PlanParams {
-        samples: manifest.len(),
-        world,
-        fraction,
-        seed: 1234,
-    })
-    .unwrap();
+    let plan = plan(manifest.len(), world, fraction, 1234);
     let barrier = Arc::new(Barrier::new(world as usize));
     let handles: Vec<_> = LocalComm::world(world)
         .into_iter()
@@ -272,13 +266,7 @@ fn corrupt_cached_sample_is_caught_by_its_checksum() {
 fn a_rank_whose_disk_fails_does_not_stall_the_others() {
     let world = 4u32;
     let manifest = manifest(200);
-    let plan = Plan::new(PlanParams {
-        samples: manifest.len(),
-        world,
-        fraction: 1.0,
-        seed: 7,
-    })
-    .unwrap();
+    let plan = plan(manifest.len(), world, 1.0, 7);
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     for mut comm in LocalComm::world(world) {
         let (manifest, plan, done_tx) = (manifest.clone(), plan.clone(), done_tx.clone());
@@ -350,13 +338,7 @@ fn a_broken_link_on_one_rank_fails_every_exchange_without_a_hang() {
     for budget in [None, Some(5_000)] {
         let world = 4u32;
         let manifest = manifest(200);
-        let plan = Plan::new(PlanParams {
-            samples: manifest.len(),
-            world,
-            fraction: 1.0,
-            seed: 11,
-        })
-        .unwrap();
+        let plan = plan(manifest.len(), world, 1.0, 11);
         let (done_tx, done_rx) = std::sync::mpsc::channel();
         for comm in LocalComm::world(world) {
             let (manifest, plan, done_tx) = (manifest.clone(), plan.clone(), done_tx.clone());
@@ -454,13 +436,7 @@ fn sizes_unknown_until_read_still_move_exactly() {
     let manifest = Arc::new(shufflefs::dataset::scan::scan(src.path()).unwrap());
     assert!((0..manifest.len()).all(|id| manifest.size(id).is_none()));
     let world = 4u32;
-    let plan = Plan::new(PlanParams {
-        samples: manifest.len(),
-        world,
-        fraction: 1.0,
-        seed: 5,
-    })
-    .unwrap();
+    let plan = plan(manifest.len(), world, 1.0, 5);
     let step = plan.step(&plan.initial());
     // A sample rank 0 sends, whose file goes away before anyone reads it.
     let lost = step
@@ -539,13 +515,7 @@ fn sizes_unknown_until_read_still_move_exactly() {
 #[test]
 fn a_shutdown_interrupts_an_exchange_whose_peer_went_silent() {
     let manifest = manifest(60);
-    let plan = Plan::new(PlanParams {
-        samples: manifest.len(),
-        world: 2,
-        fraction: 1.0,
-        seed: 3,
-    })
-    .unwrap();
+    let plan = plan(manifest.len(), 2, 1.0, 3);
     let mut comms = LocalComm::world(2);
     // Rank 1 stays connected but never answers, as a finalized MPI peer does.
     let _silent = comms.pop().unwrap();
@@ -595,6 +565,17 @@ fn a_shutdown_interrupts_an_exchange_whose_peer_went_silent() {
     assert_eq!(reports.last().unwrap().state, ExchangeState::Failed);
 }
 
+/// The plan of `samples` samples on `world` ranks.
+fn plan(samples: u32, world: u32, fraction: f64, seed: u64) -> Plan {
+    Plan::new(PlanParams {
+        samples,
+        world,
+        fraction,
+        seed,
+    })
+    .unwrap()
+}
+
 /// A source whose copies of one sample never finish (a hung filesystem).
 struct HangsOn {
     inner: SyntheticSource,
@@ -626,13 +607,7 @@ impl shufflefs::dataset::Dataset for HangsOn {
 #[test]
 fn a_source_that_hangs_during_the_fallback_is_reported_not_waited_for() {
     let manifest = manifest(30);
-    let plan = Plan::new(PlanParams {
-        samples: manifest.len(),
-        world: 2,
-        fraction: 1.0,
-        seed: 9,
-    })
-    .unwrap();
+    let plan = plan(manifest.len(), 2, 1.0, 9);
     let step = plan.step(&plan.initial());
     let share = step.next.share(0).to_vec();
     let stuck = share[share.len() / 2];
@@ -676,13 +651,7 @@ fn a_source_that_hangs_during_the_fallback_is_reported_not_waited_for() {
 fn a_slow_peer_is_given_up_and_its_samples_come_from_the_source() {
     let world = 4;
     let manifest = manifest(600);
-    let plan = Plan::new(PlanParams {
-        samples: manifest.len(),
-        world,
-        fraction: 1.0,
-        seed: 77,
-    })
-    .unwrap();
+    let plan = plan(manifest.len(), world, 1.0, 77);
     let step = plan.step(&plan.initial());
     let handles: Vec<_> = LocalComm::world(world)
         .into_iter()

@@ -12,33 +12,13 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::mpi_job::MpiJob;
+use common::mpi_job::{MpiJob, exchange, planned, wait_all};
 use common::*;
-use serde_json::Value;
-use shufflefs::dataset::manifest;
-use shufflefs::plan::{Plan, PlanParams};
 use shufflefs::sys::mounts::is_mounted;
 
 const RANKS: u32 = 4;
 const SEED: u64 = 9;
 const FRACTION: f64 = 0.5;
-
-/// What an uninterrupted run lists on `rank` in `epoch`, from the library's own plan.
-fn expected(dir: &Path, epoch: u64, rank: u32) -> BTreeSet<String> {
-    let m = manifest::scan(&dir.join("src")).unwrap();
-    let plan = Plan::new(PlanParams {
-        samples: m.len(),
-        world: RANKS,
-        fraction: FRACTION,
-        seed: SEED,
-    })
-    .unwrap();
-    plan.shares_at(epoch)
-        .share(rank)
-        .iter()
-        .map(|&id| m.relative_path(id).to_string_lossy().into_owned())
-        .collect()
-}
 
 /// `class/name` of every file of `epoch` on `mnt` (looking it up advances to it), each read
 /// and compared with the source.
@@ -70,7 +50,7 @@ fn check_epoch(dir: &Path, job: &MpiJob, epoch: u64) {
     for r in 0..RANKS {
         assert_eq!(
             listing(dir, &job.mounts[r as usize], epoch),
-            expected(dir, epoch, r),
+            planned(&dir.join("src"), (RANKS, SEED, FRACTION), epoch, r),
             "rank {r} epoch {epoch} differs from an uninterrupted run"
         );
     }
@@ -94,21 +74,6 @@ fn fetched_from_source(job: &MpiJob) -> Vec<u64> {
                 .unwrap()
         })
         .collect()
-}
-
-fn wait_all(job: &MpiJob, what: &str, pred: impl Fn(&Value) -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !(0..RANKS as usize).all(|r| pred(&job.status(r))) {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn exchange(st: &Value, target: u64) -> Option<&Value> {
-    st["exchange"]
-        .as_array()?
-        .iter()
-        .find(|x| x["target_epoch"] == target)
 }
 
 #[test]

@@ -69,8 +69,9 @@ pub fn run(
     let exchange_cfg = ExchangeConfig {
         rate: args.exchange_rate,
         slow_peers: SlowPeers {
-            factor: args.slow_peer_factor.max(0.0),
-            grace: Duration::from_secs_f64(args.slow_peer_grace.clamp(0.0, 1e6)),
+            // Both checked finite and in [0, 1e6] by the command line.
+            factor: args.slow_peer_factor,
+            grace: Duration::from_secs_f64(args.slow_peer_grace),
             ..SlowPeers::default()
         },
         ..ExchangeConfig::default()

@@ -156,3 +156,44 @@ impl Drop for MpiJob {
         let _ = self.child.wait();
     }
 }
+
+/// Waits (up to 2 minutes) until `pred` holds for every rank's status.
+#[track_caller]
+pub fn wait_all(job: &MpiJob, what: &str, pred: impl Fn(&Value) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !(0..job.mounts.len()).all(|r| pred(&job.status(r))) {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The status's report of the exchange into `target`, if it is among the recent ones.
+pub fn exchange(st: &Value, target: u64) -> Option<&Value> {
+    st["exchange"]
+        .as_array()?
+        .iter()
+        .find(|x| x["target_epoch"] == target)
+}
+
+/// What an uninterrupted run lists on `rank` in `epoch` (`class/name`), from the library's
+/// own plan over the source folder `src`.
+pub fn planned(
+    src: &std::path::Path,
+    (ranks, seed, fraction): (u32, u64, f64),
+    epoch: u64,
+    rank: u32,
+) -> std::collections::BTreeSet<String> {
+    let m = shufflefs::dataset::manifest::scan(src).unwrap();
+    let plan = shufflefs::plan::Plan::new(shufflefs::plan::PlanParams {
+        samples: m.len(),
+        world: ranks,
+        fraction,
+        seed,
+    })
+    .unwrap();
+    plan.shares_at(epoch)
+        .share(rank)
+        .iter()
+        .map(|&id| m.relative_path(id).to_string_lossy().into_owned())
+        .collect()
+}
