@@ -102,8 +102,9 @@ pub fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, StartE
     let mountpoint = for_rank(&args.mountpoint, rank);
 
     // Phase 1: local checks on every rank.
-    let local = mounts::mountpoint(&mountpoint)
-        .map_err(|e| e.to_string())
+    let local = args
+        .record_params()
+        .and_then(|_| mounts::mountpoint(&mountpoint).map_err(|e| e.to_string()))
         .and_then(|()| match rank {
             0 => args
                 .format
@@ -255,9 +256,15 @@ fn index(
     reusable: Option<&CacheState>,
 ) -> Result<(Manifest, Vec<u8>), StartError> {
     let mut built = None;
+    let params = args.record_params().map_err(|e| StartError::Refused {
+        failures: vec![(comm.rank(), e)],
+        world: comm.size(),
+    })?;
     let bytes = decide(comm, || -> Result<Vec<u8>, String> {
-        let cached =
-            reusable.and_then(|s| dir.load_manifest(s.manifest_fingerprint).ok().flatten());
+        // A cached index built with another format or framing is not reused.
+        let cached = reusable
+            .and_then(|s| dir.load_manifest(s.manifest_fingerprint).ok().flatten())
+            .filter(|m| args.format.fits(m, &params));
         let m = match cached {
             Some(m) => {
                 tracing::info!(
@@ -270,10 +277,11 @@ fn index(
                 let started = std::time::Instant::now();
                 let m = args
                     .format
-                    .build_index(&args.source)
+                    .build_index(&args.source, &params)
                     .map_err(|e| e.to_string())?;
                 tracing::info!(
                     classes = m.class_count(),
+                    records = m.records().map(|r| r.records()),
                     samples = m.len(),
                     skipped = m.skipped.len(),
                     secs = started.elapsed().as_secs_f64(),
@@ -312,6 +320,11 @@ fn shared_settings(args: &MountArgs) -> Vec<(&'static str, String)> {
             args.seed.map_or("(default)".into(), |s| s.to_string()),
         ),
         ("--reset-cache", args.reset_cache.to_string()),
+        (
+            "--framing/--record-size/--group/--header-line",
+            format!("{:?}", args.record_params()),
+        ),
+        ("--part-size", args.part_size.to_string()),
     ]
 }
 

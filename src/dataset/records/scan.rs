@@ -1,0 +1,719 @@
+//! Rank 0's one sequential pass over a record source: the offset table (LIRS's location
+//! generator), with bad records reported and left out.
+//!
+//! Each file is mapped and walked once, front to back (`MADV_SEQUENTIAL`, so the kernel
+//! reads ahead as `cat` would). Fixed-size sources are not read at all. A problem with one
+//! record (truncated, a bad TFRecord CRC, a tar member without its pair, a record over
+//! 2 GiB) or one file (empty, unreadable) becomes a [`Skipped`] entry naming the file and
+//! byte offset; the pass resynchronises where the framing allows (TFRecord: the next offset
+//! whose length CRC holds; tar: the next valid header block) so nothing else is lost.
+//!
+//! The tar walk is our own rather than the `tar` crate's: we need the byte offset of the
+//! extension headers (GNU long names, pax) that belong to a member, so the record's range
+//! includes them, and to carry on past a damaged header, which its entry iterator does not
+//! offer. Only what webdataset shards use is read: ustar/GNU headers, `L` and pax `path`.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use super::{
+    Framing, Grouping, MAX_RECORD, PAGE, RecordFile, RecordIndex, RecordParams, Table, fixed_groups,
+};
+use crate::dataset::manifest::Skipped;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error(
+        "source {0} does not exist; pass a record file or a folder of shard files with --source"
+    )]
+    Missing(PathBuf),
+    #[error("source {path}: {source}. Check that it exists and is readable by this user")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("source folder {0} holds no record files; put the shard files directly in it")]
+    NoFiles(PathBuf),
+    #[error(
+        "source {0} holds no usable records (see the skipped list in the log); check --framing and --record-size"
+    )]
+    NoRecords(PathBuf),
+    #[error("source has over 4294967295 records; shufflefs supports at most that many")]
+    TooMany,
+}
+
+/// The source's files in name order, with their lengths. Hidden files are ignored and
+/// sub-folders reported, as neither holds records of this source.
+pub fn list_files(
+    source: &Path,
+    skipped: &mut Vec<Skipped>,
+) -> Result<Vec<(String, u64)>, RecordError> {
+    let io_err = |e: io::Error| RecordError::Io {
+        path: source.to_path_buf(),
+        source: e,
+    };
+    let meta = std::fs::metadata(source).map_err(|e| match e.kind() {
+        io::ErrorKind::NotFound => RecordError::Missing(source.to_path_buf()),
+        _ => RecordError::Io {
+            path: source.to_path_buf(),
+            source: e,
+        },
+    })?;
+    if meta.is_file() {
+        return Ok(vec![(String::new(), meta.len())]);
+    }
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(source).map_err(io_err)? {
+        let entry = entry.map_err(io_err)?;
+        let name = entry.file_name();
+        let path = entry.path();
+        let Some(name) = name.to_str().map(str::to_owned) else {
+            skipped.push(Skipped {
+                path: path.display().to_string(),
+                reason: "file name is not UTF-8; rename it".into(),
+            });
+            continue;
+        };
+        if name.starts_with('.') {
+            continue;
+        }
+        match std::fs::metadata(&path) {
+            Ok(m) if m.is_file() => files.push((name, m.len())),
+            Ok(_) => skipped.push(Skipped {
+                path: path.display().to_string(),
+                reason: "not a regular file; a record source is a flat folder of shard files"
+                    .into(),
+            }),
+            Err(e) => skipped.push(Skipped {
+                path: path.display().to_string(),
+                reason: format!("cannot read it: {e}"),
+            }),
+        }
+    }
+    files.sort();
+    if files.is_empty() {
+        return Err(RecordError::NoFiles(source.to_path_buf()));
+    }
+    Ok(files)
+}
+
+/// Builds the index of `source` (rank 0's one pass), with what was left out.
+pub fn build_index(
+    source: &Path,
+    params: &RecordParams,
+) -> Result<(RecordIndex, Vec<Skipped>), RecordError> {
+    let mut skipped = Vec::new();
+    let files = list_files(source, &mut skipped)?;
+    let ext = part_ext(source, &files, params.framing);
+    let mut index = match params.framing {
+        Framing::Fixed => fixed_index(source, params, &files, &mut skipped)?,
+        _ => scanned_index(source, params, &files, &mut skipped)?,
+    };
+    if index.records == 0 {
+        return Err(RecordError::NoRecords(source.to_path_buf()));
+    }
+    index.ext = ext;
+    Ok((index, skipped))
+}
+
+fn path_of(source: &Path, name: &str) -> PathBuf {
+    if name.is_empty() {
+        source.to_path_buf()
+    } else {
+        source.join(name)
+    }
+}
+
+/// The first file's extension if it is a plain one (`csv`, `svm`, `tar`), else the framing's.
+fn part_ext(source: &Path, files: &[(String, u64)], framing: Framing) -> String {
+    let first = path_of(source, &files[0].0);
+    first
+        .extension()
+        .and_then(|e| e.to_str())
+        .filter(|e| !e.is_empty() && e.len() <= 16 && e.bytes().all(|b| b.is_ascii_alphanumeric()))
+        .unwrap_or(framing.default_ext())
+        .to_string()
+}
+
+/// Fixed-size records: arithmetic on the file sizes, no byte read.
+fn fixed_index(
+    source: &Path,
+    params: &RecordParams,
+    files: &[(String, u64)],
+    skipped: &mut Vec<Skipped>,
+) -> Result<RecordIndex, RecordError> {
+    let size = params.record_size;
+    let (mut records, mut groups) = (0u64, 0u64);
+    let mut out = Vec::new();
+    for (name, len) in files {
+        let path = path_of(source, name).display().to_string();
+        let (n, rest) = (len / size, len % size);
+        if *len == 0 {
+            skipped.push(empty_file(path));
+            continue;
+        }
+        if rest != 0 {
+            skipped.push(Skipped {
+                path: path.clone(),
+                reason: format!(
+                    "truncated record at byte offset {}: {rest} bytes, --record-size is {size}; left out",
+                    n * size
+                ),
+            });
+        }
+        if n == 0 {
+            continue;
+        }
+        out.push(RecordFile {
+            name: name.clone(),
+            len: *len,
+            first_record: records as u32,
+            first_group: groups as u32,
+            no_final_newline: false,
+        });
+        records += n;
+        groups += fixed_groups(params, n);
+        if records > u64::from(u32::MAX) {
+            return Err(RecordError::TooMany);
+        }
+    }
+    Ok(RecordIndex {
+        params: params.clone(),
+        files: out,
+        table: Table::Fixed,
+        records: records as u32,
+        groups: groups as u32,
+        header: Vec::new(),
+        ext: String::new(),
+    })
+}
+
+fn empty_file(path: String) -> Skipped {
+    Skipped {
+        path,
+        reason: "empty file (byte offset 0): no records".into(),
+    }
+}
+
+/// Collects the offset table, grouping records by the page they start in.
+struct TableBuilder {
+    grouping: Grouping,
+    starts: Vec<u64>,
+    lens: Vec<u32>,
+    group_first: Vec<u32>,
+    /// The last record pushed: its page and end, in the current file.
+    last: Option<(u64, u64)>,
+    files: Vec<RecordFile>,
+    file: Option<RecordFile>,
+}
+
+impl TableBuilder {
+    fn new(grouping: Grouping) -> TableBuilder {
+        TableBuilder {
+            grouping,
+            starts: Vec::new(),
+            lens: Vec::new(),
+            group_first: Vec::new(),
+            last: None,
+            files: Vec::new(),
+            file: None,
+        }
+    }
+
+    fn begin_file(&mut self, name: &str, len: u64) {
+        self.last = None;
+        self.file = Some(RecordFile {
+            name: name.to_string(),
+            len,
+            first_record: self.starts.len() as u32,
+            first_group: self.group_first.len() as u32,
+            no_final_newline: false,
+        });
+    }
+
+    /// Ends the file; it is listed only if it gave records.
+    fn end_file(&mut self, no_final_newline: bool) {
+        if let Some(mut f) = self.file.take()
+            && (f.first_record as usize) < self.starts.len()
+        {
+            f.no_final_newline = no_final_newline;
+            self.files.push(f);
+        }
+    }
+
+    /// A record of `len` (at most [`MAX_RECORD`]) bytes at `start` of the current file.
+    fn push(&mut self, start: u64, len: u64) -> Result<(), RecordError> {
+        let r = u32::try_from(self.starts.len()).map_err(|_| RecordError::TooMany)?;
+        let page = start / PAGE;
+        let joins = self.grouping == Grouping::Pages
+            && self.last.is_some_and(|(p, end)| p == page && end == start);
+        if !joins {
+            self.group_first.push(r);
+        }
+        self.last = Some((page, start + len));
+        self.starts.push(start);
+        self.lens.push(len as u32);
+        Ok(())
+    }
+
+    fn finish(mut self, params: &RecordParams, header: Vec<u8>) -> RecordIndex {
+        let (records, groups) = (self.starts.len() as u32, self.group_first.len() as u32);
+        self.starts.shrink_to_fit();
+        self.lens.shrink_to_fit();
+        let group_first = (groups != records).then(|| {
+            self.group_first.shrink_to_fit();
+            self.group_first
+        });
+        RecordIndex {
+            params: params.clone(),
+            files: self.files,
+            table: Table::Offsets {
+                starts: self.starts,
+                lens: self.lens,
+                group_first,
+            },
+            records,
+            groups,
+            header,
+            ext: String::new(),
+        }
+    }
+}
+
+/// A file mapped for the pass. Empty files are not mapped (and have no records).
+fn map(path: &Path) -> io::Result<memmap2::Mmap> {
+    let file = File::open(path)?;
+    // SAFETY: the map is read only and lives for one pass over a source file, which the
+    // source's contract says is not modified while shufflefs reads it (as for any reader);
+    // a file truncated meanwhile would end the daemon with SIGBUS rather than corrupt data.
+    let map = unsafe { memmap2::Mmap::map(&file)? };
+    let _ = map.advise(memmap2::Advice::Sequential);
+    Ok(map)
+}
+
+/// Lines, TFRecord and tar: one pass per file into the offset table.
+fn scanned_index(
+    source: &Path,
+    params: &RecordParams,
+    files: &[(String, u64)],
+    skipped: &mut Vec<Skipped>,
+) -> Result<RecordIndex, RecordError> {
+    let mut b = TableBuilder::new(params.grouping);
+    let mut header: Option<(Vec<u8>, String)> = None;
+    let mut tar = TarSamples::default();
+    for (f, (name, len)) in files.iter().enumerate() {
+        let path = path_of(source, name);
+        let shown = path.display().to_string();
+        let mut skip = |offset: u64, reason: String| {
+            skipped.push(Skipped {
+                path: shown.clone(),
+                reason: format!("byte offset {offset}: {reason}"),
+            })
+        };
+        if *len == 0 {
+            skipped.push(empty_file(shown.clone()));
+            continue;
+        }
+        let data = match map(&path) {
+            Ok(m) => m,
+            Err(e) => {
+                skip(
+                    0,
+                    format!("cannot read the file: {e}; its records are left out"),
+                );
+                continue;
+            }
+        };
+        let data = &data[..];
+        match params.framing {
+            Framing::Lines => {
+                b.begin_file(name, data.len() as u64);
+                let mut from = 0;
+                if params.header_line {
+                    let end = memchr::memchr(b'\n', data).map_or(data.len(), |i| i + 1);
+                    let mut line = data[..end].to_vec();
+                    if line.last() != Some(&b'\n') {
+                        line.push(b'\n');
+                    }
+                    match &header {
+                        None => header = Some((line, shown.clone())),
+                        Some((first, from_file)) if *first != line => tracing::warn!(
+                            file = %shown,
+                            first = %from_file,
+                            "header line differs from the first file's; parts repeat the first file's"
+                        ),
+                        Some(_) => {}
+                    }
+                    from = end;
+                }
+                let open_end = lines(data, from, &mut b, &mut skip)?;
+                b.end_file(open_end);
+            }
+            Framing::Tfrecord => {
+                b.begin_file(name, data.len() as u64);
+                tfrecords(data, &mut b, &mut skip)?;
+                b.end_file(false);
+            }
+            Framing::Tar => tar_samples(data, f as u32, &mut tar, &mut skip),
+            Framing::Fixed => unreachable!("fixed-size sources are not scanned"),
+        }
+    }
+    if params.framing == Framing::Tar {
+        tar.into_table(source, files, &mut b, skipped)?;
+    }
+    Ok(b.finish(params, header.map(|h| h.0).unwrap_or_default()))
+}
+
+/// Lines from `from` on; returns whether the last one lacks its `\n`.
+fn lines(
+    data: &[u8],
+    from: usize,
+    b: &mut TableBuilder,
+    skip: &mut impl FnMut(u64, String),
+) -> Result<bool, RecordError> {
+    let mut start = from;
+    let mut record = |b: &mut TableBuilder, start: usize, end: usize| {
+        let len = (end - start) as u64;
+        if len > MAX_RECORD {
+            skip(start as u64, over_limit(len));
+            Ok(())
+        } else {
+            b.push(start as u64, len)
+        }
+    };
+    for nl in memchr::memchr_iter(b'\n', &data[from..]) {
+        let end = from + nl + 1;
+        record(b, start, end)?;
+        start = end;
+    }
+    let open = start < data.len();
+    if open {
+        record(b, start, data.len())?;
+    }
+    Ok(open)
+}
+
+fn over_limit(len: u64) -> String {
+    format!("record of {len} bytes is over the 2 GiB limit; left out")
+}
+
+/// TFRecord's masked CRC-32C.
+pub fn masked_crc(bytes: &[u8]) -> u32 {
+    crc32c::crc32c(bytes)
+        .rotate_right(15)
+        .wrapping_add(0xa282_ead8)
+}
+
+fn le_u64(b: &[u8]) -> u64 {
+    u64::from_le_bytes(b[..8].try_into().expect("8 bytes"))
+}
+
+fn le_u32(b: &[u8]) -> u32 {
+    u32::from_le_bytes(b[..4].try_into().expect("4 bytes"))
+}
+
+/// Whether a TFRecord header (length and its CRC) starts at `p` and its record fits.
+fn tf_header_at(data: &[u8], p: usize) -> bool {
+    p + 12 <= data.len()
+        && masked_crc(&data[p..p + 8]) == le_u32(&data[p + 8..])
+        && le_u64(&data[p..])
+            .checked_add(16)
+            .is_some_and(|total| total <= (data.len() - p) as u64)
+}
+
+fn tfrecords(
+    data: &[u8],
+    b: &mut TableBuilder,
+    skip: &mut impl FnMut(u64, String),
+) -> Result<(), RecordError> {
+    let n = data.len();
+    let mut pos = 0usize;
+    while pos < n {
+        if n - pos < 12 {
+            skip(
+                pos as u64,
+                format!(
+                    "truncated record: {} bytes left, a record header needs 12; left out",
+                    n - pos
+                ),
+            );
+            break;
+        }
+        let len = le_u64(&data[pos..]);
+        if masked_crc(&data[pos..pos + 8]) != le_u32(&data[pos + 8..]) {
+            let next = (pos + 1..n).find(|&p| tf_header_at(data, p)).unwrap_or(n);
+            skip(
+                pos as u64,
+                format!(
+                    "bad length CRC; the {} bytes up to offset {next} (the next valid record header) are left out",
+                    next - pos
+                ),
+            );
+            pos = next;
+            continue;
+        }
+        let total = len.saturating_add(16);
+        if total > (n - pos) as u64 {
+            skip(
+                pos as u64,
+                format!(
+                    "truncated record: its header says {len} data bytes, the file ends {} bytes after the header; left out",
+                    n - pos - 12
+                ),
+            );
+            break;
+        }
+        let total = total as usize;
+        if total as u64 > MAX_RECORD {
+            skip(pos as u64, over_limit(total as u64));
+        } else if masked_crc(&data[pos + 12..pos + total - 4]) != le_u32(&data[pos + total - 4..]) {
+            skip(pos as u64, "bad data CRC; record left out".into());
+        } else {
+            b.push(pos as u64, total as u64)?;
+        }
+        pos += total;
+    }
+    Ok(())
+}
+
+/// Tar records (webdataset samples) of every file, kept until all files are read: a sample
+/// lacking a member the others have is only known once the common set is.
+#[derive(Default)]
+struct TarSamples {
+    /// (file, start, end, member-set id) per sample, in file order.
+    samples: Vec<(u32, u64, u64, u32)>,
+    sets: HashMap<Vec<String>, u32>,
+}
+
+impl TarSamples {
+    fn push(&mut self, file: u32, start: u64, end: u64, mut exts: Vec<String>) {
+        exts.sort();
+        let next = self.sets.len() as u32;
+        let set = *self.sets.entry(exts).or_insert(next);
+        self.samples.push((file, start, end, set));
+    }
+
+    /// Keeps the samples with the most common member set; reports the rest.
+    fn into_table(
+        self,
+        source: &Path,
+        files: &[(String, u64)],
+        b: &mut TableBuilder,
+        skipped: &mut Vec<Skipped>,
+    ) -> Result<(), RecordError> {
+        let mut counts = vec![0u64; self.sets.len()];
+        for s in &self.samples {
+            counts[s.3 as usize] += 1;
+        }
+        let Some(common) = (0..counts.len()).max_by_key(|&i| (counts[i], std::cmp::Reverse(i)))
+        else {
+            return Ok(());
+        };
+        let mut names = vec![String::new(); self.sets.len()];
+        for (exts, id) in &self.sets {
+            names[*id as usize] = format!("[.{}]", exts.join(", ."));
+        }
+        let mut current = None;
+        for &(f, start, end, set) in &self.samples {
+            let path = path_of(source, &files[f as usize].0);
+            if set as usize != common {
+                skipped.push(Skipped {
+                    path: path.display().to_string(),
+                    reason: format!(
+                        "byte offset {start}: webdataset sample with members {} while the others have {}: a member without its pair; left out",
+                        names[set as usize], names[common]
+                    ),
+                });
+                continue;
+            }
+            if end - start > MAX_RECORD {
+                skipped.push(Skipped {
+                    path: path.display().to_string(),
+                    reason: format!("byte offset {start}: {}", over_limit(end - start)),
+                });
+                continue;
+            }
+            if current != Some(f) {
+                b.end_file(false);
+                b.begin_file(&files[f as usize].0, files[f as usize].1);
+                current = Some(f);
+            }
+            b.push(start, end - start)?;
+        }
+        b.end_file(false);
+        Ok(())
+    }
+}
+
+/// A tar header block's checksum holds (unsigned sum, or signed as some old tars wrote).
+fn tar_checksum_ok(block: &[u8]) -> bool {
+    let Some(stored) = octal(&block[148..156]) else {
+        return false;
+    };
+    let field = |i: usize| {
+        if (148..156).contains(&i) {
+            b' '
+        } else {
+            block[i]
+        }
+    };
+    let unsigned: u64 = (0..512).map(|i| u64::from(field(i))).sum();
+    let signed: i64 = (0..512).map(|i| i64::from(field(i) as i8)).sum();
+    stored == unsigned || stored as i64 == signed
+}
+
+/// A NUL/space-terminated octal field.
+fn octal(field: &[u8]) -> Option<u64> {
+    let digits: Vec<u8> = field
+        .iter()
+        .copied()
+        .skip_while(|&c| c == b' ')
+        .take_while(|&c| c != 0 && c != b' ')
+        .collect();
+    if digits.is_empty() {
+        return Some(0);
+    }
+    u64::from_str_radix(std::str::from_utf8(&digits).ok()?, 8).ok()
+}
+
+/// A tar size field: octal, or GNU base-256 for large sizes.
+fn tar_size(field: &[u8]) -> Option<u64> {
+    if field[0] & 0x80 != 0 {
+        let mut v = 0u64;
+        for &c in &field[4..] {
+            v = v << 8 | u64::from(c);
+        }
+        return Some(v);
+    }
+    octal(field)
+}
+
+fn cstr(b: &[u8]) -> &[u8] {
+    &b[..b.iter().position(|&c| c == 0).unwrap_or(b.len())]
+}
+
+/// webdataset's key and extension: the name up to the first dot of its last component.
+fn split_key(name: &str) -> (&str, &str) {
+    let base = name.rfind('/').map_or(0, |i| i + 1);
+    match name[base..].find('.') {
+        Some(dot) => (&name[..base + dot], &name[base + dot + 1..]),
+        None => (name, ""),
+    }
+}
+
+/// The `path` of a pax extended header, if it sets one.
+fn pax_path(data: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(data).ok()?;
+    text.lines()
+        .filter_map(|l| l.split_once(' ').map(|(_, kv)| kv))
+        .find_map(|kv| kv.strip_prefix("path=").map(str::to_owned))
+}
+
+fn tar_samples(data: &[u8], file: u32, out: &mut TarSamples, skip: &mut impl FnMut(u64, String)) {
+    let n = data.len();
+    let mut pos = 0usize;
+    // Extension headers seen for the next member: where they start, and its long name.
+    let (mut ext_start, mut long_name): (Option<usize>, Option<String>) = (None, None);
+    // The sample being collected: key, start, end, member extensions.
+    let mut sample: Option<(String, usize, usize, Vec<String>)> = None;
+    let flush = |s: Option<(String, usize, usize, Vec<String>)>, out: &mut TarSamples| {
+        if let Some((_, start, end, exts)) = s {
+            out.push(file, start as u64, end as u64, exts);
+        }
+    };
+    while pos < n {
+        if n - pos < 512 {
+            skip(
+                pos as u64,
+                format!("truncated tar header: {} bytes left of 512", n - pos),
+            );
+            break;
+        }
+        let block = &data[pos..pos + 512];
+        if block.iter().all(|&c| c == 0) {
+            break; // end of archive
+        }
+        let size = tar_size(&block[124..136]);
+        let (true, Some(size)) = (tar_checksum_ok(block), size) else {
+            let next = (pos + 512..n.saturating_sub(511))
+                .step_by(512)
+                .find(|&p| {
+                    data[p..p + 512].iter().any(|&c| c != 0) && tar_checksum_ok(&data[p..p + 512])
+                })
+                .unwrap_or(n);
+            skip(
+                pos as u64,
+                format!(
+                    "bad tar header checksum; the {} bytes up to offset {next} (the next valid header) are left out",
+                    next - pos
+                ),
+            );
+            (ext_start, long_name) = (None, None);
+            pos = next;
+            continue;
+        };
+        let data_start = pos + 512;
+        let name = long_name.take().unwrap_or_else(|| {
+            let (name, prefix) = (cstr(&block[0..100]), cstr(&block[345..500]));
+            let name = String::from_utf8_lossy(name);
+            if prefix.is_empty() {
+                name.into_owned()
+            } else {
+                format!("{}/{name}", String::from_utf8_lossy(prefix))
+            }
+        });
+        let start = ext_start.unwrap_or(pos);
+        if size > (n - data_start) as u64 {
+            skip(
+                start as u64,
+                format!(
+                    "truncated tar member {name}: its header says {size} bytes, the file ends {} bytes after the header; left out",
+                    n - data_start
+                ),
+            );
+            break;
+        }
+        let end = data_start + (size as usize).div_ceil(512) * 512;
+        let end = end.min(n);
+        let body = &data[data_start..data_start + size as usize];
+        match block[156] {
+            b'L' => {
+                ext_start.get_or_insert(pos);
+                long_name = Some(String::from_utf8_lossy(cstr(body)).into_owned());
+            }
+            b'x' => {
+                ext_start.get_or_insert(pos);
+                long_name = pax_path(body);
+            }
+            b'K' => {
+                ext_start.get_or_insert(pos);
+            }
+            b'g' | b'5' => ext_start = None, // global header, folder: no record's bytes
+            b'0' | 0 | b'7' => {
+                ext_start = None;
+                let (key, ext) = split_key(&name);
+                match &mut sample {
+                    Some((k, _, e, exts)) if k == key => {
+                        *e = end;
+                        exts.push(ext.to_string());
+                    }
+                    _ => {
+                        flush(sample.take(), out);
+                        sample = Some((key.to_string(), start, end, vec![ext.to_string()]));
+                    }
+                }
+            }
+            other => {
+                ext_start = None;
+                skip(
+                    start as u64,
+                    format!(
+                        "tar member {name} is not a regular file (type {:?}); left out",
+                        other as char
+                    ),
+                );
+            }
+        }
+        pos = end;
+    }
+    flush(sample, out);
+}
