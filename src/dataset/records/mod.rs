@@ -333,20 +333,17 @@ impl RecordIndex {
                 if starts.len() != self.records as usize || lens.len() != starts.len() {
                     return Err("offset table is inconsistent".into());
                 }
-                match group_first {
+                let groups_ok = match group_first {
                     Some(g) => {
-                        if g.len() != self.groups as usize
-                            || g.first() != Some(&0)
-                            || g.windows(2).any(|w| w[0] >= w[1])
-                            || g.last().is_some_and(|&l| l >= self.records)
-                        {
-                            return Err("group table is inconsistent".into());
-                        }
+                        g.len() == self.groups as usize
+                            && g.first() == Some(&0)
+                            && g.windows(2).all(|w| w[0] < w[1])
+                            && g.last().is_some_and(|&l| l < self.records)
                     }
-                    None if self.groups != self.records => {
-                        return Err("group count is inconsistent".into());
-                    }
-                    None => {}
+                    None => self.groups == self.records,
+                };
+                if !groups_ok {
+                    return Err("group table is inconsistent".into());
                 }
                 for r in 0..self.records {
                     let (f, start, len) = self.record(r);
