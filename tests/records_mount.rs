@@ -1,0 +1,228 @@
+//! `--format records` on one mounted rank: every framing read by its real loader
+//! (`tests/loaders/check_records.py`) for 3 epochs, bad records reported and left out, and
+//! part bytes through the kernel equal to the groups laid end to end.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::records::*;
+use common::*;
+
+const COUNT: u32 = 600;
+const EPOCHS: u32 = 3;
+
+fn mount(dir: &Path, src: &Path, kind: &str, extra: &[&str]) -> Daemon {
+    let mnt = dir.join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+    let mut args = flags(kind);
+    args.extend_from_slice(&["--seed", "7", "--part-size", "16K"]);
+    args.extend_from_slice(extra);
+    Daemon::mount(src, &dir.join("cache"), &mnt, &args)
+}
+
+#[test]
+fn every_framing_is_read_by_its_loader_for_three_epochs() {
+    if !require_fuse() {
+        return;
+    }
+    let Some(python) = loaders_python() else {
+        return;
+    };
+    for (kind, _) in KINDS {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        make_records(&src, kind, COUNT, 3);
+        let daemon = mount(dir.path(), &src, kind, &[]);
+        let st = daemon.status();
+        assert_eq!(st["dataset"]["format"], "records", "{st}");
+        assert_eq!(st["dataset"]["records"], COUNT, "{kind}: {st}");
+        let out = dir.path().join("out");
+        std::fs::create_dir(&out).unwrap();
+        let mut cmd = Command::new(&python);
+        cmd.env("TF_CPP_MIN_LOG_LEVEL", "3")
+            .arg(repo().join("tests/loaders/check_records.py"))
+            .arg("--mount")
+            .arg(dir.path().join("mnt"))
+            .args([
+                "--kind",
+                kind,
+                "--epochs",
+                &EPOCHS.to_string(),
+                "--record-size",
+                "72",
+            ])
+            .arg("--out")
+            .arg(&out);
+        check(
+            &format!("check_records.py --kind {kind}"),
+            &run_with_timeout(&mut cmd, Duration::from_secs(300)),
+        );
+        let epochs: Vec<Vec<u64>> = (0..EPOCHS).map(|e| ids(&out, 0, e)).collect();
+        for (e, list) in epochs.iter().enumerate() {
+            assert_partition(
+                std::slice::from_ref(list),
+                COUNT,
+                &format!("{kind} epoch {e}"),
+            );
+        }
+        assert_ne!(epochs[0], epochs[1], "{kind}: a fresh order every epoch");
+        assert_ne!(epochs[1], epochs[2], "{kind}: a fresh order every epoch");
+        daemon.unmount().assert_clean();
+    }
+}
+
+/// TFRecord framing, by hand: length, masked CRC of it, data, masked CRC of the data.
+fn tf(data: &[u8]) -> Vec<u8> {
+    let mask = |b: &[u8]| {
+        crc32c::crc32c(b)
+            .rotate_right(15)
+            .wrapping_add(0xa282_ead8)
+            .to_le_bytes()
+    };
+    let head = (data.len() as u64).to_le_bytes();
+    [&head[..], &mask(&head), data, &mask(data)].concat()
+}
+
+/// Splits a TFRecord file into payloads (trusting the lengths).
+fn payloads(mut bytes: &[u8]) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    while !bytes.is_empty() {
+        let len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        out.push(bytes[12..12 + len].to_vec());
+        bytes = &bytes[16 + len..];
+    }
+    out
+}
+
+#[test]
+fn bad_records_are_reported_and_everything_else_is_served() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    let recs: Vec<Vec<u8>> = (0..50)
+        .map(|i| tf(format!("rec-{i}|{}", "z".repeat(i * 13)).as_bytes()))
+        .collect();
+    let mut file = Vec::new();
+    let mut bad_at = 0;
+    for (i, r) in recs.iter().enumerate() {
+        if i == 20 {
+            bad_at = file.len();
+            let mut r = r.clone();
+            *r.last_mut().unwrap() ^= 0xff;
+            file.extend(r);
+        } else {
+            file.extend(r);
+        }
+    }
+    std::fs::write(src.join("a.tfrecord"), &file).unwrap();
+    std::fs::write(src.join("b.tfrecord"), b"").unwrap();
+    // A record cut short at the end of a shard.
+    let cut = tf(b"rec-cut|");
+    std::fs::write(src.join("c.tfrecord"), [&recs[0][..], &cut[..10]].concat()).unwrap();
+    let daemon = mount(dir.path(), &src, "tfrecord", &["--group", "records"]);
+    let st = daemon.status();
+    let skipped = st["skipped"].to_string();
+    assert!(
+        skipped.contains("a.tfrecord")
+            && skipped.contains(&format!("byte offset {bad_at}: bad data CRC")),
+        "{skipped}"
+    );
+    assert!(
+        skipped.contains("b.tfrecord") && skipped.contains("empty file"),
+        "{skipped}"
+    );
+    assert!(
+        skipped.contains("c.tfrecord")
+            && skipped.contains(&format!("byte offset {}: truncated record", recs[0].len())),
+        "{skipped}"
+    );
+    assert_eq!(
+        st["dataset"]["records"], 50,
+        "49 good records of a, 1 of c: {st}"
+    );
+    let epoch = dir.path().join("mnt/epoch-0");
+    let mut seen = Vec::new();
+    for part in names(&epoch) {
+        seen.extend(payloads(&std::fs::read(epoch.join(part)).unwrap()));
+    }
+    let mut want: Vec<Vec<u8>> = recs
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 20)
+        .map(|(_, r)| payloads(r).remove(0))
+        .collect();
+    want.push(payloads(&recs[0]).remove(0));
+    seen.sort();
+    want.sort();
+    assert_eq!(seen, want);
+    daemon.unmount().assert_clean();
+}
+
+#[test]
+fn reads_at_any_offset_match_the_whole_part() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    make_records(&src, "csv", 2000, 2);
+    let daemon = mount(dir.path(), &src, "csv", &[]);
+    let epoch = dir.path().join("mnt/epoch-0");
+    let header = b"id,label,x0,x1\n";
+    let mut lines = BTreeSet::new();
+    for part in names(&epoch) {
+        let path = epoch.join(&part);
+        let whole = std::fs::read(&path).unwrap();
+        assert_eq!(
+            whole.len() as u64,
+            std::fs::metadata(&path).unwrap().len(),
+            "{part}: size exact"
+        );
+        assert!(whole.starts_with(header), "{part} starts with the header");
+        assert!(whole.ends_with(b"\n"), "{part} ends with a whole line");
+        let f = std::fs::File::open(&path).unwrap();
+        for (off, len) in [
+            (0, 1),
+            (7, 5000),
+            (4095, 2),
+            (whole.len() as u64 - 3, 100),
+            (123, 40_000),
+        ] {
+            let mut buf = vec![0u8; len];
+            let n = f.read_at(&mut buf, off).unwrap();
+            let lo = (off as usize).min(whole.len());
+            assert_eq!(
+                &buf[..n],
+                &whole[lo..(lo + len).min(whole.len())],
+                "{part} at {off}"
+            );
+        }
+        for line in whole[header.len()..]
+            .split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+        {
+            assert!(lines.insert(line.to_vec()), "a line twice");
+        }
+    }
+    let mut source_lines = BTreeSet::new();
+    for f in names(&src) {
+        let bytes = std::fs::read(src.join(f)).unwrap();
+        source_lines.extend(
+            bytes
+                .split(|&b| b == b'\n')
+                .skip(1)
+                .filter(|l| !l.is_empty())
+                .map(<[u8]>::to_vec),
+        );
+    }
+    assert_eq!(lines, source_lines, "the parts hold the source's lines");
+    daemon.unmount().assert_clean();
+}
