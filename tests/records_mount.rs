@@ -226,3 +226,89 @@ fn reads_at_any_offset_match_the_whole_part() {
     assert_eq!(lines, source_lines, "the parts hold the source's lines");
     daemon.unmount().assert_clean();
 }
+
+#[test]
+fn record_options_are_checked_and_a_cached_index_needs_the_same_settings() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    make_records(&src, "svm", 300, 2);
+    let (cache, mnt) = (dir.path().join("cache"), dir.path().join("mnt"));
+    std::fs::create_dir_all(&mnt).unwrap();
+    let refused = |extra: &[&str], needle: &str| {
+        mount_refused(&mnt, &mount_args(&src, &cache, &mnt, extra), true).assert_mentions(needle);
+    };
+    refused(
+        &["--format", "records", "--framing", "fixed"],
+        "--framing fixed needs --record-size",
+    );
+    refused(&["--framing", "tar"], "add --format records");
+    refused(
+        &["--format", "records", "--part-size", "0"],
+        "at least 1 byte",
+    );
+    let missing = dir.path().join("nope");
+    mount_refused(
+        &mnt,
+        &mount_args(&missing, &cache, &mnt, &["--format", "records"]),
+        true,
+    )
+    .assert_mentions("does not exist");
+
+    // Built once, reused by a remount with the same settings...
+    let d = mount(dir.path(), &src, "svm", &[]);
+    let groups = d.status()["dataset"]["groups"].clone();
+    d.unmount().assert_clean();
+    let d = mount(dir.path(), &src, "svm", &[]);
+    assert!(
+        d.stderr().contains("manifest loaded from the cache"),
+        "the remount reuses the index"
+    );
+    d.unmount().assert_clean();
+    // ...but never with another grouping: the cache is refused until --reset-cache.
+    let mut args = flags("svm");
+    args.extend_from_slice(&["--seed", "7", "--group", "records"]);
+    mount_refused(&mnt, &mount_args(&src, &cache, &mnt, &args), true)
+        .assert_mentions("built with other settings");
+    args.push("--reset-cache");
+    let d = Daemon::mount(&src, &cache, &mnt, &args);
+    let st = d.status();
+    assert_eq!(st["dataset"]["group"], "records");
+    assert_eq!(st["dataset"]["groups"], 300);
+    assert_ne!(st["dataset"]["groups"], groups);
+    d.unmount().assert_clean();
+}
+
+#[test]
+fn parts_read_the_same_without_opens() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    make_records(&src, "tar", 200, 2);
+    let daemon = mount(dir.path(), &src, "tar", &["--read-path", "page-cache"]);
+    let epoch = dir.path().join("mnt/epoch-0");
+    let mut members = 0;
+    for part in names(&epoch) {
+        let bytes = std::fs::read(epoch.join(&part)).unwrap();
+        assert!(
+            bytes.ends_with(&[0u8; 1024]),
+            "{part}: end-of-archive blocks"
+        );
+        let mut pos = 0;
+        while bytes[pos..pos + 512].iter().any(|&b| b != 0) {
+            let size = usize::from_str_radix(
+                std::str::from_utf8(&bytes[pos + 124..pos + 135]).unwrap(),
+                8,
+            )
+            .unwrap();
+            pos += 512 + size.div_ceil(512) * 512;
+            members += 1;
+        }
+    }
+    assert_eq!(members, 400, "every member of every sample, once");
+    daemon.unmount().assert_clean();
+}
