@@ -14,7 +14,7 @@ use crate::plan::ExchangeScope;
 #[command(
     name = "shufflefs",
     version,
-    about = "Per-rank epoch views of an ImageFolder dataset with partial-local shuffling"
+    about = "Per-rank epoch views of an ImageFolder or packed-record dataset with partial-local shuffling"
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -127,8 +127,9 @@ pub enum ReadPath {
 
 #[derive(Args, Debug, Clone)]
 pub struct MountArgs {
-    /// ImageFolder-style dataset: one sub-folder per class, samples inside. Read by rank 0 for
-    /// the scan, and by every rank for the samples it holds.
+    /// ImageFolder-style dataset: one sub-folder per class, samples inside; with --format
+    /// records, one record file or a folder of shard files. Read by rank 0 for the index, and
+    /// by every rank for the samples it holds.
     #[arg(long, help_heading = "Data")]
     pub source: PathBuf,
     /// Layout of the source: how its samples are found and read. `records`: one file or a
@@ -406,6 +407,8 @@ mod tests {
         assert_eq!(parse_bytes("64K"), Ok(64 << 10));
         assert_eq!(parse_bytes("128MiB"), Ok(128 << 20));
         assert_eq!(parse_bytes("1g"), Ok(1 << 30));
+        // The documented default of --part-size is the view's.
+        assert_eq!(parse_bytes("128M"), Ok(crate::vfs::DEFAULT_PART_SIZE));
         for bad in ["", "0", "12X", "-5", "99999999999G"] {
             assert!(parse_bytes(bad).is_err(), "{bad}");
         }

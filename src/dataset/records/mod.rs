@@ -225,15 +225,26 @@ impl RecordIndex {
         }
     }
 
-    /// Where group `g`'s bytes lie.
+    /// Where group `g`'s bytes lie (a group's records are contiguous in one file).
     pub fn span(&self, g: SampleId) -> Span {
         let rs = self.group_records(g);
-        let (file, start, _) = self.record(rs.start);
-        let (_, last, len) = self.record(rs.end - 1);
-        Span {
-            file,
-            start,
-            end: last + len,
+        match &self.table {
+            Table::Offsets { starts, lens, .. } => {
+                let last = rs.end as usize - 1;
+                Span {
+                    file: self.file_of(rs.start, |f| f.first_record),
+                    start: starts[rs.start as usize],
+                    end: starts[last] + u64::from(lens[last]),
+                }
+            }
+            Table::Fixed => {
+                let (file, start, _) = self.record(rs.start);
+                Span {
+                    file,
+                    start,
+                    end: start + u64::from(rs.end - rs.start) * self.params.record_size,
+                }
+            }
         }
     }
 
@@ -345,10 +356,25 @@ impl RecordIndex {
                 if !groups_ok {
                     return Err("group table is inconsistent".into());
                 }
-                for r in 0..self.records {
-                    let (f, start, len) = self.record(r);
-                    if start + len > self.files[f as usize].len {
-                        return Err("a record lies outside its file".into());
+                for (f, file) in self.files.iter().enumerate() {
+                    let next = self.files.get(f + 1);
+                    let records = file.first_record..next.map_or(self.records, |n| n.first_record);
+                    if records.is_empty() {
+                        return Err("a record file without records".into());
+                    }
+                    // A file's first group starts at its first record: no group spans files.
+                    let group_start = match group_first {
+                        Some(g) => g[file.first_group as usize],
+                        None => file.first_group,
+                    };
+                    if group_start != file.first_record {
+                        return Err("a group spans two files".into());
+                    }
+                    for r in records {
+                        let (start, len) = (starts[r as usize], u64::from(lens[r as usize]));
+                        if start.checked_add(len).is_none_or(|end| end > file.len) {
+                            return Err("a record lies outside its file".into());
+                        }
                     }
                 }
             }

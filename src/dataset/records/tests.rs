@@ -359,3 +359,35 @@ fn batch_reads_equal_single_reads() {
         src.describe(5)
     );
 }
+
+/// An index from the cache or a peer is checked before use: nothing it says can make a
+/// lookup go out of bounds or a group span two files.
+#[test]
+fn decoded_indexes_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a"), b"x\ny\n").unwrap();
+    std::fs::write(dir.path().join("b"), b"z\n").unwrap();
+    let (index, _) = build_index(dir.path(), &params(Framing::Lines, Grouping::Pages)).unwrap();
+    assert_eq!(index.groups(), 2);
+    index.validate().unwrap();
+    let mut short = index.clone();
+    short.files[0].len = 3;
+    assert!(short.validate().unwrap_err().contains("outside its file"));
+    let mut merged = index.clone();
+    merged.files[1].first_group = 0;
+    assert!(merged.validate().is_err());
+    let mut spanning = index.clone();
+    if let Table::Offsets {
+        group_first: Some(g),
+        ..
+    } = &mut spanning.table
+    {
+        g[1] = 1; // group 1 starting inside file a
+    }
+    assert!(spanning.validate().unwrap_err().contains("spans two files"));
+    let mut evil = index;
+    evil.files[1].name = "../etc".into();
+    assert!(evil.validate().is_err());
+    let bytes = Manifest::from_records(evil, Vec::new()).encode();
+    assert!(Manifest::decode(&bytes).is_err());
+}
