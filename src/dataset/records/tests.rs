@@ -391,3 +391,47 @@ fn decoded_indexes_are_checked() {
     let bytes = Manifest::from_records(evil, Vec::new()).encode();
     assert!(Manifest::decode(&bytes).is_err());
 }
+
+#[test]
+fn a_tar_sample_over_2_gib_and_a_cut_fixed_record_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = 3u64 << 30;
+    let mut bytes = tar_member("a.txt", b"1");
+    bytes.extend(tar_header("b.txt", big));
+    let path = dir.path().join("s.tar");
+    std::fs::write(&path, &bytes).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
+    f.set_len(bytes.len() as u64 + big).unwrap(); // sparse: no 3 GiB written
+    drop(f);
+    let mut tail = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
+    std::io::Write::write_all(&mut tail, &tar_member("c.txt", b"3")).unwrap();
+    let (index, skipped) = build_index(dir.path(), &params(Framing::Tar, Grouping::Pages)).unwrap();
+    let text = reasons(&skipped);
+    assert!(
+        text.contains(
+            "s.tar: byte offset 1024: record of 3221225984 bytes is over the 2 GiB limit"
+        ),
+        "{text}"
+    );
+    assert_eq!(index.records(), 2);
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("rows.bin"), [5u8; 250]).unwrap();
+    let mut p = params(Framing::Fixed, Grouping::Pages);
+    p.record_size = 100;
+    let (index, skipped) = build_index(dir.path(), &p).unwrap();
+    assert_eq!(index.records(), 2);
+    let text = reasons(&skipped);
+    assert!(
+        text.contains(
+            "rows.bin: truncated record at byte offset 200: 50 bytes, --record-size is 100"
+        ),
+        "{text}"
+    );
+}
