@@ -112,7 +112,8 @@ impl ShuffleFs {
         let manifest = self.store.manifest();
         let index = manifest.records().ok_or(FsError::NotFound)?;
         let cur = self.epochs.current();
-        if cur.epoch != epoch {
+        // A part's inode holds epoch + 1 in 30 bits (see `inodes`).
+        if cur.epoch != epoch || epoch >= inodes::MAX_EPOCH {
             return Err(FsError::NotFound);
         }
         let mut slot = self.parts.lock().unwrap_or_else(|e| e.into_inner());

@@ -263,7 +263,7 @@ impl TableBuilder {
             self.group_first.shrink_to_fit();
             self.group_first
         });
-        RecordIndex {
+        let index = RecordIndex {
             params: params.clone(),
             files: self.files,
             table: Table::Offsets {
@@ -275,7 +275,10 @@ impl TableBuilder {
             groups,
             header,
             ext: String::new(),
-        }
+        };
+        // The budget of the module docs: 8 + 4 bytes a record, 4 a group of several.
+        debug_assert!(index.table_bytes() <= 16 * records as usize);
+        index
     }
 }
 
