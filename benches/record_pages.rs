@@ -85,10 +85,12 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return; // `cargo test --benches` lists benches; nothing to list
     }
+    // `cargo bench` passes --bench; under `cargo test --all-targets`, a 4 MiB smoke run.
+    let full = std::env::args().any(|a| a == "--bench");
     let mb: u64 = std::env::var("SHUFFLEFS_BENCH_MB")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(64);
+        .unwrap_or(if full { 64 } else { 4 });
     let base = std::env::var_os("SHUFFLEFS_BENCH_DIR").map_or_else(std::env::temp_dir, Into::into);
     let dir = tempfile::tempdir_in(base).unwrap();
     let path = dir.path().join("records.bin");

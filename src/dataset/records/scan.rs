@@ -293,6 +293,39 @@ fn map(path: &Path) -> io::Result<memmap2::Mmap> {
     Ok(map)
 }
 
+/// Keeps the kernel reading ahead of the pass: `MADV_SEQUENTIAL` alone lets the scan fault on
+/// pages whose read it started only then, so on a cold file the scan would wait on the disk
+/// and the disk on the scan. Asking for the next windows (`MADV_WILLNEED`) overlaps the two,
+/// as `cat`'s reads and the kernel's readahead do.
+struct Ahead<'a> {
+    map: &'a memmap2::Mmap,
+    /// Everything before this offset has been asked for.
+    asked: usize,
+}
+
+impl Ahead<'_> {
+    const WINDOW: usize = 8 << 20;
+    const DEPTH: usize = 4 * Self::WINDOW;
+
+    fn new(map: &memmap2::Mmap) -> Ahead<'_> {
+        let mut a = Ahead { map, asked: 0 };
+        a.at(0);
+        a
+    }
+
+    /// The pass reached `pos`: ask for what lies up to `DEPTH` beyond it.
+    fn at(&mut self, pos: usize) {
+        let want = pos.saturating_add(Self::DEPTH).min(self.map.len());
+        while self.asked < want {
+            let len = Self::WINDOW.min(self.map.len() - self.asked);
+            let _ = self
+                .map
+                .advise_range(memmap2::Advice::WillNeed, self.asked, len);
+            self.asked += len;
+        }
+    }
+}
+
 /// Lines, TFRecord and tar: one pass per file into the offset table.
 fn scanned_index(
     source: &Path,
@@ -326,6 +359,7 @@ fn scanned_index(
                 continue;
             }
         };
+        let mut ahead = Ahead::new(&data);
         let data = &data[..];
         match params.framing {
             Framing::Lines => {
@@ -348,15 +382,15 @@ fn scanned_index(
                     }
                     from = end;
                 }
-                let open_end = lines(data, from, &mut b, &mut skip)?;
+                let open_end = lines(data, from, &mut b, &mut skip, &mut ahead)?;
                 b.end_file(open_end);
             }
             Framing::Tfrecord => {
                 b.begin_file(name, data.len() as u64);
-                tfrecords(data, &mut b, &mut skip)?;
+                tfrecords(data, &mut b, &mut skip, &mut ahead)?;
                 b.end_file(false);
             }
-            Framing::Tar => tar_samples(data, f as u32, &mut tar, &mut skip),
+            Framing::Tar => tar_samples(data, f as u32, &mut tar, &mut skip, &mut ahead),
             Framing::Fixed => unreachable!("fixed-size sources are not scanned"),
         }
     }
@@ -372,6 +406,7 @@ fn lines(
     from: usize,
     b: &mut TableBuilder,
     skip: &mut impl FnMut(u64, String),
+    ahead: &mut Ahead,
 ) -> Result<bool, RecordError> {
     let mut start = from;
     let mut record = |b: &mut TableBuilder, start: usize, end: usize| {
@@ -383,10 +418,17 @@ fn lines(
             b.push(start as u64, len)
         }
     };
-    for nl in memchr::memchr_iter(b'\n', &data[from..]) {
-        let end = from + nl + 1;
-        record(b, start, end)?;
-        start = end;
+    // Window by window, so the read-ahead stays ahead of the scan.
+    let mut at = from;
+    while at < data.len() {
+        ahead.at(at);
+        let stop = (at + Ahead::WINDOW).min(data.len());
+        for nl in memchr::memchr_iter(b'\n', &data[at..stop]) {
+            let end = at + nl + 1;
+            record(b, start, end)?;
+            start = end;
+        }
+        at = stop;
     }
     let open = start < data.len();
     if open {
@@ -427,10 +469,12 @@ fn tfrecords(
     data: &[u8],
     b: &mut TableBuilder,
     skip: &mut impl FnMut(u64, String),
+    ahead: &mut Ahead,
 ) -> Result<(), RecordError> {
     let n = data.len();
     let mut pos = 0usize;
     while pos < n {
+        ahead.at(pos);
         if n - pos < 12 {
             skip(
                 pos as u64,
@@ -611,7 +655,13 @@ fn pax_path(data: &[u8]) -> Option<String> {
         .find_map(|kv| kv.strip_prefix("path=").map(str::to_owned))
 }
 
-fn tar_samples(data: &[u8], file: u32, out: &mut TarSamples, skip: &mut impl FnMut(u64, String)) {
+fn tar_samples(
+    data: &[u8],
+    file: u32,
+    out: &mut TarSamples,
+    skip: &mut impl FnMut(u64, String),
+    ahead: &mut Ahead,
+) {
     let n = data.len();
     let mut pos = 0usize;
     // Extension headers seen for the next member: where they start, and its long name.
@@ -624,6 +674,7 @@ fn tar_samples(data: &[u8], file: u32, out: &mut TarSamples, skip: &mut impl FnM
         }
     };
     while pos < n {
+        ahead.at(pos);
         if n - pos < 512 {
             skip(
                 pos as u64,
