@@ -435,3 +435,50 @@ fn a_tar_sample_over_2_gib_and_a_cut_fixed_record_are_named() {
         "{text}"
     );
 }
+
+/// A GNU long-name (`L`) or pax (`x`) header, then the member it names under a short
+/// stand-in name.
+fn long_member(kind: u8, name: &str, data: &[u8]) -> Vec<u8> {
+    let text = match kind {
+        b'x' => {
+            let rec = format!(" path={name}\n");
+            // The length prefix counts itself.
+            let n = (rec.len() + 3..)
+                .find(|n| n.to_string().len() + rec.len() == *n)
+                .unwrap();
+            format!("{n}{rec}")
+        }
+        _ => name.to_string(),
+    };
+    let mut ln = tar_header("././@LongLink", text.len() as u64 + 1);
+    ln[156] = kind;
+    ln[148..156].copy_from_slice(b"        ");
+    let sum: u64 = ln.iter().map(|&b| u64::from(b)).sum();
+    ln[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+    let mut body = text.into_bytes();
+    body.resize(body.len().div_ceil(512).max(1) * 512, 0);
+    [ln, body, tar_member("stand-in", data)].concat()
+}
+
+/// A GNU long-name or pax header belongs to the member after it: the record starts at it,
+/// and the long name gives the key.
+#[test]
+fn tar_long_names_stay_with_their_member() {
+    let dir = tempfile::tempdir().unwrap();
+    let long = format!("{}/sample0", "d".repeat(120));
+    let mut a = long_member(b'L', &format!("{long}.txt"), b"x");
+    a.extend(long_member(b'x', &format!("{long}.cls"), b"1"));
+    a.extend(tar_member("s1.txt", b"y"));
+    a.extend(tar_member("s1.cls", b"2"));
+    std::fs::write(dir.path().join("a.tar"), &a).unwrap();
+    let (index, skipped) =
+        build_index(dir.path(), &params(Framing::Tar, Grouping::Records)).unwrap();
+    assert!(skipped.is_empty(), "{}", reasons(&skipped));
+    assert_eq!(index.records(), 2);
+    assert_eq!(
+        index.record(0),
+        (0, 0, 4096),
+        "both long-named members, headers included"
+    );
+    assert_eq!(index.record(1), (0, 4096, 2048));
+}
