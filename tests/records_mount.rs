@@ -340,3 +340,25 @@ fn a_remount_shows_the_same_parts_of_the_same_epoch() {
     assert_eq!(read_epoch(1), second, "the same parts after a remount");
     d.unmount().assert_clean();
 }
+
+/// After an advance the old epoch's parts are gone, but a part opened before stays readable.
+#[test]
+fn an_open_part_outlives_its_epoch() {
+    if !require_fuse() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    make_records(&src, "tfrecord", 400, 2);
+    let d = mount(dir.path(), &src, "tfrecord", &["--fraction", "1"]);
+    let old = dir.path().join("mnt/epoch-0/part-00000.tfrecord");
+    let want = std::fs::read(&old).unwrap();
+    let f = std::fs::File::open(&old).unwrap();
+    write_epoch(&dir.path().join("mnt"), "1").unwrap();
+    assert_errno(std::fs::metadata(&old), libc::ENOENT, "an old epoch's part");
+    let mut got = vec![0u8; want.len() + 10];
+    let n = f.read_at(&mut got, 0).unwrap();
+    assert_eq!(&got[..n], &want[..], "the open part reads as it was");
+    drop(f);
+    d.unmount().assert_clean();
+}
