@@ -1,0 +1,220 @@
+//! Which job a start continues when the number of ranks may have changed (elastic restarts):
+//! its history of world sizes, the epoch it reached, and the cache folders of ranks that no
+//! longer exist on this host.
+//!
+//! Every rank reports the epoch and history of its own cache's state file; they must agree
+//! (each one the longest history or an earlier part of it: a restart killed half-way leaves
+//! some ranks one change behind), else the start is refused. If the world size now differs,
+//! or differed before, each rank also looks for *orphans*: the folders `--cache` names for
+//! the other rank numbers the job ever had (`{rank}` = 0 up to its largest world), that exist
+//! on this host, carry a state file of this job (same source, seed, fraction, dataset and a
+//! history that is part of ours) and that no daemon holds. Such a folder belongs to a rank
+//! that is gone, or that runs on another host now. Its lock is taken, so no daemon starts on
+//! it meanwhile; `node::regrow` adopts from it what the new shares need and removes it. A
+//! folder carrying anything else (no state file, another job's) is never touched. The job
+//! goes on at the furthest epoch any of these state files saved, orphans' included.
+//!
+//! Under `--exchange-scope node` a change of world size is refused (see `plan::elastic`).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cache::{CacheDir, CacheError, CacheState, SampleStore};
+use crate::cli::for_rank;
+use crate::comm::Comm;
+use crate::dataset::{Dataset, Manifest};
+use crate::plan::ExchangeScope;
+use crate::plan::elastic::{Era, History};
+
+use super::StartError;
+
+/// The job a start continues.
+pub struct Job {
+    pub history: History,
+    pub epoch: u64,
+    /// Folders of ranks that are gone from this host, locked; empty unless the job was
+    /// ever resized.
+    pub orphans: Vec<Orphan>,
+}
+
+/// A gone rank's cache folder on this host, locked by this daemon.
+pub struct Orphan {
+    pub dir: CacheDir,
+    pub state: CacheState,
+}
+
+/// What a rank tells the others about a state file it found.
+#[derive(Serialize, Deserialize)]
+struct Seen {
+    epoch: u64,
+    eras: Vec<Era>,
+}
+
+impl Seen {
+    fn of(state: &CacheState) -> Option<Seen> {
+        let history = state.history().ok()?;
+        Some(Seen {
+            epoch: state.epoch,
+            eras: history.eras().to_vec(),
+        })
+    }
+
+    fn history(&self) -> Option<History> {
+        History::from_eras(self.eras.clone()).ok()
+    }
+}
+
+/// Collective: the job this start continues, or (in the inner `Err`, the same on every rank)
+/// why it cannot. `mine` is this rank's state file if it belongs to these settings (its world
+/// size aside), `expected` the state this start would write, `template` the `--cache`
+/// argument.
+pub fn find_job(
+    comm: &mut dyn Comm,
+    template: &str,
+    mine: Option<&CacheState>,
+    expected: &CacheState,
+) -> Result<Result<Job, String>, StartError> {
+    let world = comm.size();
+    let mine = mine.and_then(Seen::of);
+    let live = gather(comm, &[mine].into_iter().flatten().collect::<Vec<_>>())?;
+    let histories: Vec<History> = live.iter().filter_map(Seen::history).collect();
+    let Some(longest) = histories.iter().max_by_key(|h| h.eras().len()).cloned() else {
+        // No rank has a cache of this job: a fresh start.
+        return Ok(Ok(Job {
+            history: History::new(world),
+            epoch: 0,
+            orphans: Vec::new(),
+        }));
+    };
+    if let Some(other) = histories.iter().find(|h| !h.is_prefix_of(&longest)) {
+        return Ok(Err(format!(
+            "the cache folders belong to different jobs (one ran with {}, another with {}); \
+             pass --reset-cache to rebuild them",
+            longest.describe(),
+            other.describe()
+        )));
+    }
+    let resizing = longest.world() != world;
+    if resizing && expected.exchange_scope == ExchangeScope::Node {
+        return Ok(Err(format!(
+            "the cache was built by {} under --exchange-scope node, which keeps each host's \
+             samples where epoch 0 put them and so cannot change the number of ranks; start \
+             {} ranks with the same ranks per host, or pass --reset-cache",
+            longest.describe(),
+            longest.world()
+        )));
+    }
+    let orphans = if resizing || longest.is_resized() {
+        let largest = (longest.eras().iter().map(|e| e.world))
+            .chain([world])
+            .max()
+            .unwrap_or(world);
+        let own = for_rank(template, comm.rank());
+        (0..largest)
+            .filter_map(|r| orphan(&for_rank(template, r), &own, expected, &longest))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let seen: Vec<Seen> = orphans.iter().filter_map(|o| Seen::of(&o.state)).collect();
+    let epoch = (live.iter())
+        .chain(&gather(comm, &seen)?)
+        .map(|s| s.epoch)
+        .max()
+        .unwrap_or(0);
+    Ok(longest
+        .resized(epoch, world)
+        .map(|history| Job {
+            history,
+            epoch,
+            orphans,
+        })
+        .map_err(|e| e.to_string()))
+}
+
+/// Whether `state` is a cache of these settings, its world size (and, with it, its host
+/// layout) aside: one of this job, maybe of another number of ranks.
+pub fn belongs(state: &CacheState, expected: &CacheState) -> bool {
+    differences(state, expected).is_empty()
+}
+
+/// What differs between `state` and `expected` besides the world size.
+pub fn differences(state: &CacheState, expected: &CacheState) -> Vec<String> {
+    let resized = state.world_size != expected.world_size;
+    state.differences(&CacheState {
+        world_size: state.world_size,
+        hosts: if resized {
+            state.hosts.clone()
+        } else {
+            expected.hosts.clone()
+        },
+        ..expected.clone()
+    })
+}
+
+/// The orphans as stores to take samples from (one that cannot be read is left alone).
+pub fn open_orphans(
+    orphans: Vec<Orphan>,
+    manifest: &Arc<Manifest>,
+    dataset: &Arc<dyn Dataset>,
+) -> Vec<SampleStore> {
+    orphans
+        .into_iter()
+        .filter_map(|o| {
+            let root = o.dir.root().to_path_buf();
+            SampleStore::new(o.dir, manifest.clone(), dataset.clone())
+                .map_err(|e| tracing::warn!(folder = %root.display(), error = %e, "cannot read the cache of a gone rank; left alone"))
+                .ok()
+        })
+        .collect()
+}
+
+/// Everybody's list of `Seen`, flattened.
+fn gather(comm: &mut dyn Comm, mine: &[Seen]) -> Result<Vec<Seen>, StartError> {
+    let bytes = serde_json::to_vec(mine).expect("serializes");
+    let mut all = Vec::new();
+    for theirs in comm.all_gather(&bytes)? {
+        let list: Vec<Seen> =
+            serde_json::from_slice(&theirs).map_err(|_| StartError::Malformed("cache history"))?;
+        all.extend(list);
+    }
+    Ok(all)
+}
+
+/// The folder at `path`, locked, if it is an orphan of this job (see the module docs). Its
+/// state file is read before the lock is taken, so another job's folder is not even locked.
+fn orphan(path: &Path, own: &Path, expected: &CacheState, history: &History) -> Option<Orphan> {
+    let canonical = |p: &Path| std::fs::canonicalize(p).ok();
+    let read = |path: &Path| -> Option<CacheState> {
+        serde_json::from_slice(&std::fs::read(path.join("state.json")).ok()?).ok()
+    };
+    let ours = |state: &CacheState| {
+        let expected = CacheState {
+            rank: state.rank,
+            ..expected.clone()
+        };
+        belongs(state, &expected) && state.history().is_ok_and(|h| h.is_prefix_of(history))
+    };
+    if canonical(path) == canonical(own) {
+        return None;
+    }
+    let state = read(path)?;
+    if !ours(&state) {
+        tracing::info!(folder = %path.display(), "cache folder of another job or settings; left alone");
+        return None;
+    }
+    let dir = match CacheDir::open(path) {
+        Ok(dir) => dir,
+        Err(CacheError::InUse { .. }) => return None, // a live daemon's
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot look into a cache folder of a gone rank; left alone");
+            return None;
+        }
+    };
+    // Read again under the lock: a daemon may have used it until just now.
+    let state = dir.load_state().ok().flatten().filter(ours)?;
+    tracing::info!(folder = %path.display(), rank = state.rank, epoch = state.epoch, "found the cache of a rank gone from this host");
+    Some(Orphan { dir, state })
+}
