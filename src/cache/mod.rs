@@ -4,6 +4,8 @@
 //! CACHE/LOCK            flock held for the daemon's life; holds its pid for error messages
 //! CACHE/state.json      settings + current epoch, replaced atomically (tmp, fsync, rename)
 //! CACHE/manifest.bin    the dataset manifest, so a remount need not rescan the source
+//! CACHE/job-token       written at start-up by a job whose number of ranks changed: marks
+//!                       the folder as a live rank's (see `daemon::resize`)
 //! CACHE/samples/<id>    one file per cached sample (the file backend, `files.rs`)
 //! CACHE/tmp/<id>        samples being written; emptied at startup
 //! ```

@@ -8,9 +8,10 @@
 //! or differed before, each rank also looks for *orphans*: the folders `--cache` names for
 //! the other rank numbers the job ever had (`{rank}` = 0 up to its largest world), that exist
 //! on this host, carry a state file of this job (same source, seed, fraction, dataset and a
-//! history that is part of ours) and that no daemon holds. Such a folder belongs to a rank
-//! that is gone, or that runs on another host now. Its lock is taken, so no daemon starts on
-//! it meanwhile; `node::regrow` adopts from it what the new shares need and removes it. A
+//! history that is part of ours), that no daemon holds (its lock) and that no rank of this
+//! start marked as its own (a token every rank writes first, for filesystems shared by hosts
+//! whose locks do not reach across them). Such a folder belongs to a rank that is gone, or
+//! that runs on another host now. Its lock is taken, so no daemon starts on it meanwhile; `node::regrow` adopts from it what the new shares need and removes it. A
 //! folder carrying anything else (no state file, another job's) is never touched. The job
 //! goes on at the furthest epoch any of these state files saved, orphans' included.
 //!
@@ -23,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cache::{CacheDir, CacheError, CacheState, SampleStore};
 use crate::cli::for_rank;
-use crate::comm::Comm;
+use crate::comm::{Comm, decide};
 use crate::dataset::{Dataset, Manifest};
 use crate::plan::ExchangeScope;
 use crate::plan::elastic::{Era, History};
@@ -107,13 +108,14 @@ pub fn find_job(
         )));
     }
     let orphans = if resizing || longest.is_resized() {
+        let own = for_rank(template, comm.rank());
+        let token = mark_live(comm, &own)?;
         let largest = (longest.eras().iter().map(|e| e.world))
             .chain([world])
             .max()
             .unwrap_or(world);
-        let own = for_rank(template, comm.rank());
         (0..largest)
-            .filter_map(|r| orphan(&for_rank(template, r), &own, expected, &longest))
+            .filter_map(|r| orphan(&for_rank(template, r), &own, expected, &longest, &token))
             .collect()
     } else {
         Vec::new()
@@ -171,6 +173,28 @@ pub fn open_orphans(
         .collect()
 }
 
+/// The file by which a live rank marks its cache folder (see [`mark_live`]).
+const LIVE_MARK: &str = "job-token";
+
+/// Collective: every rank writes this start's token (rank 0's random pick) into its cache
+/// folder, and all have done so on return. The lock alone tells a live rank's folder from a
+/// gone one's, but a folder on a filesystem shared by several hosts may not see the locks of
+/// the others; the token does: a folder carrying it belongs to a rank of this start.
+fn mark_live(comm: &mut dyn Comm, own: &Path) -> Result<String, StartError> {
+    use std::hash::BuildHasher;
+    let pick = std::collections::hash_map::RandomState::new().hash_one(std::process::id());
+    let token = decide(comm, || {
+        Ok::<_, String>(format!("{pick:016x}").into_bytes())
+    })?
+    .map_err(|_| StartError::Malformed("start token"))?;
+    let token = String::from_utf8(token).map_err(|_| StartError::Malformed("start token"))?;
+    if let Err(e) = crate::cache::write_atomic(own, LIVE_MARK, token.as_bytes()) {
+        tracing::warn!(error = %e, "cannot mark the cache folder as in use by this start");
+    }
+    comm.all_gather(&[])?;
+    Ok(token)
+}
+
 /// Everybody's list of `Seen`, flattened.
 fn gather(comm: &mut dyn Comm, mine: &[Seen]) -> Result<Vec<Seen>, StartError> {
     let bytes = serde_json::to_vec(mine).expect("serializes");
@@ -185,7 +209,13 @@ fn gather(comm: &mut dyn Comm, mine: &[Seen]) -> Result<Vec<Seen>, StartError> {
 
 /// The folder at `path`, locked, if it is an orphan of this job (see the module docs). Its
 /// state file is read before the lock is taken, so another job's folder is not even locked.
-fn orphan(path: &Path, own: &Path, expected: &CacheState, history: &History) -> Option<Orphan> {
+fn orphan(
+    path: &Path,
+    own: &Path,
+    expected: &CacheState,
+    history: &History,
+    token: &str,
+) -> Option<Orphan> {
     let canonical = |p: &Path| std::fs::canonicalize(p).ok();
     let read = |path: &Path| -> Option<CacheState> {
         serde_json::from_slice(&std::fs::read(path.join("state.json")).ok()?).ok()
@@ -197,7 +227,8 @@ fn orphan(path: &Path, own: &Path, expected: &CacheState, history: &History) -> 
         };
         belongs(state, &expected) && state.history().is_ok_and(|h| h.is_prefix_of(history))
     };
-    if canonical(path) == canonical(own) {
+    let live = || std::fs::read_to_string(path.join(LIVE_MARK)).is_ok_and(|t| t == token);
+    if canonical(path) == canonical(own) || live() {
         return None;
     }
     let state = read(path)?;
@@ -215,6 +246,78 @@ fn orphan(path: &Path, own: &Path, expected: &CacheState, history: &History) -> 
     };
     // Read again under the lock: a daemon may have used it until just now.
     let state = dir.load_state().ok().flatten().filter(ours)?;
+    if live() {
+        return None;
+    }
     tracing::info!(folder = %path.display(), rank = state.rank, epoch = state.epoch, "found the cache of a rank gone from this host");
     Some(Orphan { dir, state })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::FORMAT_VERSION;
+
+    fn state(rank: u32, seed: u64) -> CacheState {
+        CacheState {
+            format: FORMAT_VERSION,
+            source: "/data".into(),
+            seed,
+            fraction: 0.5,
+            world_size: 4,
+            rank,
+            manifest_fingerprint: 7,
+            epoch: 3,
+            exchange_scope: ExchangeScope::Global,
+            hosts: None,
+            world_history: Vec::new(),
+        }
+    }
+
+    /// Only an unheld folder of this job that no live rank marked is an orphan; another
+    /// job's folder is not even locked (its LOCK file is never created).
+    #[test]
+    fn what_counts_as_an_orphan() {
+        let tmp = tempfile::tempdir().unwrap();
+        let folder = |name: &str, s: Option<CacheState>| {
+            let path = tmp.path().join(name);
+            std::fs::create_dir_all(&path).unwrap();
+            if let Some(s) = s {
+                std::fs::write(path.join("state.json"), serde_json::to_vec(&s).unwrap()).unwrap();
+            }
+            path
+        };
+        let own = folder("own", None);
+        let expected = CacheState {
+            world_size: 2,
+            ..state(0, 5)
+        };
+        let history = History::new(4);
+        let find = |path: &Path| orphan(path, &own, &expected, &history, "t0k");
+
+        let gone = folder("gone", Some(state(3, 5)));
+        let found = find(&gone).expect("an orphan");
+        assert_eq!(found.state.rank, 3);
+        assert!(find(&gone).is_none(), "locked by the first look");
+        drop(found);
+
+        let foreign = folder("foreign", Some(state(3, 6)));
+        assert!(find(&foreign).is_none());
+        assert!(
+            !foreign.join("LOCK").exists(),
+            "another job's folder was touched"
+        );
+        assert!(find(&folder("empty", None)).is_none());
+        assert!(find(&own).is_none());
+
+        let marked = folder("marked", Some(state(1, 5)));
+        std::fs::write(marked.join(LIVE_MARK), "t0k").unwrap();
+        assert!(find(&marked).is_none(), "a live rank's folder");
+        std::fs::write(marked.join(LIVE_MARK), "old").unwrap();
+        assert!(find(&marked).is_some(), "marked by an earlier start");
+
+        let later = History::new(3);
+        let other_history = folder("other-history", Some(state(2, 5)));
+        assert!(orphan(&other_history, &own, &expected, &later, "t0k").is_none());
+    }
 }
