@@ -260,6 +260,33 @@ fn four_then_two_then_three_ranks_over_the_same_caches() {
     assert_eq!(folders.state(2).history().unwrap(), three);
 }
 
+/// With another number of ranks a rank may start on a folder another rank used (here ranks
+/// 1 and 3 swapped folders): nothing is refused, nothing comes from the source.
+#[test]
+fn a_rank_may_start_on_another_ranks_folder_when_resizing() {
+    let folders = Folders::new();
+    folders.run(4, 1).unwrap();
+    let swap = folders.root.path().join("swap");
+    std::fs::rename(folders.cache(1), &swap).unwrap();
+    std::fs::rename(folders.cache(3), folders.cache(1)).unwrap();
+    std::fs::rename(&swap, folders.cache(3)).unwrap();
+    let runs = folders.run(2, 1).unwrap();
+    check_runs(&folders, &runs, &History::new(4).resized(1, 2).unwrap());
+    for run in &runs {
+        let report = run.report.as_ref().unwrap();
+        assert_eq!(report.from_source, 0, "rank {}", run.rank);
+    }
+    assert_eq!(folders.state(1).rank, 1);
+    assert!(!folders.cache(3).exists(), "reclaimed");
+
+    // The same world size on a swapped folder is still refused.
+    std::fs::rename(folders.cache(0), &swap).unwrap();
+    std::fs::rename(folders.cache(1), folders.cache(0)).unwrap();
+    std::fs::rename(&swap, folders.cache(1)).unwrap();
+    let err = folders.run(2, 0).err().unwrap();
+    assert!(err.contains("rank: cache has 1, now 0"), "{err}");
+}
+
 /// Folders that are not this job's are never touched; node scope refuses to resize.
 #[test]
 fn foreign_folders_are_left_alone_and_node_scope_refuses() {

@@ -136,22 +136,26 @@ pub fn find_job(
         .map_err(|e| e.to_string()))
 }
 
-/// Whether `state` is a cache of these settings, its world size (and, with it, its host
-/// layout) aside: one of this job, maybe of another number of ranks.
+/// Whether `state` is a cache of these settings, its world size aside: one of this job,
+/// maybe of another number of ranks.
 pub fn belongs(state: &CacheState, expected: &CacheState) -> bool {
     differences(state, expected).is_empty()
 }
 
-/// What differs between `state` and `expected` besides the world size.
+/// What differs between `state` and `expected` besides the world size. With another world
+/// size the folder's rank (and host layout) do not matter either: `node::regrow` works from
+/// what a folder holds, so a rank may start on a folder another rank used (a per-host
+/// `--cache` without `{rank}`, ranks placed differently); its samples go to their owners.
 pub fn differences(state: &CacheState, expected: &CacheState) -> Vec<String> {
     let resized = state.world_size != expected.world_size;
+    let (rank, hosts) = match resized {
+        true => (state.rank, state.hosts.clone()),
+        false => (expected.rank, expected.hosts.clone()),
+    };
     state.differences(&CacheState {
         world_size: state.world_size,
-        hosts: if resized {
-            state.hosts.clone()
-        } else {
-            expected.hosts.clone()
-        },
+        rank,
+        hosts,
         ..expected.clone()
     })
 }
