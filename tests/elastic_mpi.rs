@@ -119,10 +119,11 @@ fn check_sources(job: &MpiJob, epoch: u64, world: u64) {
     }
 }
 
-/// Kills `job` once every rank's exchange into `target` has started.
+/// Kills `job` while every rank's exchange into `target` is running (slowed down by
+/// `--exchange-rate` over MPI so that it is).
 fn kill_mid_epoch(job: MpiJob, target: u64) {
-    wait_all(&job, "the exchange into the next epoch to start", |st| {
-        exchange(st, target).is_some()
+    wait_all(&job, "the exchange into the next epoch to run", |st| {
+        exchange(st, target).is_some_and(|x| x["state"] == "running")
     });
     job.kill();
 }
@@ -143,11 +144,12 @@ fn four_then_two_then_three_ranks_with_sigkill_between() {
             std::fs::write(class.join(format!("img {i:03}.png")), bytes).unwrap();
         }
     }
-    let slow = ["--exchange-rate", "40000"];
+    // Over MPI, and slow, so that the jobs are killed in the middle of an exchange.
+    let slow = |rate: &'static str| ["--exchange-rate", rate, "--share-disk", "never"];
 
     // 1. Four ranks: epochs 0 and 1, killed while exchanging into 2.
     let four = History::new(4);
-    let job = MpiJob::start(dir, 4, SEED, FRACTION, &slow);
+    let job = MpiJob::start(dir, 4, SEED, FRACTION, &slow("20000"));
     check_epoch(dir, &job, &four, 0);
     check_epoch(dir, &job, &four, 1);
     assert!(resize(&job, 0).is_null(), "never resized yet");
@@ -157,9 +159,9 @@ fn four_then_two_then_three_ranks_with_sigkill_between() {
     }
 
     // 2. Two ranks on the same caches: epoch 1 again, remapped; the caches of ranks 2 and 3
-    //    are adopted (or handed over by the rank that took them) and removed.
+    //    are adopted (or sent on by the rank that took them) and removed.
     let two = four.resized(1, 2).unwrap();
-    let job = MpiJob::start(dir, 2, SEED, FRACTION, &slow);
+    let job = MpiJob::start(dir, 2, SEED, FRACTION, &slow("40000"));
     check_sources(&job, 1, 2);
     let adopted: u64 = (0..2)
         .map(|r| resize(&job, r)["adopted"].as_u64().unwrap())
