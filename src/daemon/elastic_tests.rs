@@ -260,6 +260,30 @@ fn four_then_two_then_three_ranks_over_the_same_caches() {
     assert_eq!(folders.state(2).history().unwrap(), three);
 }
 
+/// A restart killed half-way (rank 0 had saved the new history, rank 1 had not, nothing was
+/// moved and no folder removed) is simply run again, with the same shares.
+#[test]
+fn a_restart_killed_half_way_is_run_again() {
+    let folders = Folders::new();
+    folders.run(4, 2).unwrap();
+    let two = History::new(4).resized(2, 2).unwrap();
+    let mut state = folders.state(0);
+    state.set_history(&two);
+    std::fs::write(
+        folders.cache(0).join("state.json"),
+        serde_json::to_vec(&state).unwrap(),
+    )
+    .unwrap();
+    let runs = folders.run(2, 1).unwrap();
+    check_runs(&folders, &runs, &two);
+    for run in &runs {
+        let report = run.report.as_ref().unwrap();
+        assert_eq!((run.epoch, report.from_source), (2, 0), "rank {}", run.rank);
+    }
+    assert!(!folders.cache(2).exists() && !folders.cache(3).exists());
+    assert_eq!(folders.state(1).history().unwrap(), two);
+}
+
 /// With another number of ranks a rank may start on a folder another rank used (here ranks
 /// 1 and 3 swapped folders): nothing is refused, nothing comes from the source.
 #[test]

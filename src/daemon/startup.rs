@@ -230,6 +230,7 @@ pub fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, StartE
         _ => Ok(()),
     };
     everyone_ok(comm, refusal)?;
+    // Refused above on every rank if on any (each computed it from the same gathered lists).
     let job = job.map_err(|_| StartError::Malformed("job history"))?;
     let epoch = job.epoch;
     let mut state = CacheState { epoch, ..expected };
