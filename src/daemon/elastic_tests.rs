@@ -337,6 +337,24 @@ fn foreign_folders_are_left_alone_and_node_scope_refuses() {
         .sum();
     assert_eq!(from_source, 15, "cache 3's share comes from the source");
 
+    // Ranks whose caches disagree on the job's history: refused, naming both.
+    for (rank, world) in [(0, 2), (1, 3)] {
+        let mut state = folders.state(rank);
+        state.set_history(&History::new(4).resized(1, world).unwrap());
+        state.rank = rank;
+        std::fs::write(
+            folders.cache(rank).join("state.json"),
+            serde_json::to_vec(&state).unwrap(),
+        )
+        .unwrap();
+    }
+    let err = folders.run(2, 0).err().unwrap();
+    assert!(err.contains("belong to different jobs"), "{err}");
+    assert!(
+        err.contains("4 ranks, 2 from epoch 1") && err.contains("4 ranks, 3 from epoch 1"),
+        "{err}"
+    );
+
     let node = tempfile::tempdir().unwrap();
     let folders = Folders { root: node };
     for r in 0..4 {
