@@ -23,7 +23,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::cache::{CacheDir, CacheError, CacheState, SampleStore};
-use crate::cli::for_rank;
+use crate::cli::{MountArgs, for_rank};
 use crate::comm::{Comm, decide};
 use crate::dataset::{Dataset, Manifest};
 use crate::plan::ExchangeScope;
@@ -69,14 +69,14 @@ impl Seen {
 
 /// Collective: the job this start continues, or (in the inner `Err`, the same on every rank)
 /// why it cannot. `mine` is this rank's state file if it belongs to these settings (its world
-/// size aside), `expected` the state this start would write, `template` the `--cache`
-/// argument.
+/// size aside), `expected` the state this start would write.
 pub fn find_job(
     comm: &mut dyn Comm,
-    template: &str,
+    args: &MountArgs,
     mine: Option<&CacheState>,
     expected: &CacheState,
 ) -> Result<Result<Job, String>, StartError> {
+    let template = args.cache.as_str();
     let world = comm.size();
     let mine = mine.and_then(Seen::of);
     let live = gather(comm, &[mine].into_iter().flatten().collect::<Vec<_>>())?;
@@ -98,11 +98,10 @@ pub fn find_job(
         )));
     }
     let resizing = longest.world() != world;
-    if resizing && expected.exchange_scope == ExchangeScope::Node {
+    if let Some(why) = fixed_world(args).filter(|_| resizing) {
         return Ok(Err(format!(
-            "the cache was built by {} under --exchange-scope node, which keeps each host's \
-             samples where epoch 0 put them and so cannot change the number of ranks; start \
-             {} ranks with the same ranks per host, or pass --reset-cache",
+            "the cache was built by {} {why}, so the number of ranks cannot change; start {} \
+             ranks as before, or pass --reset-cache",
             longest.describe(),
             longest.world()
         )));
@@ -197,6 +196,18 @@ fn mark_live(comm: &mut dyn Comm, own: &Path) -> Result<String, StartError> {
     }
     comm.all_gather(&[])?;
     Ok(token)
+}
+
+/// Why a job of these settings can never change its number of ranks, if it cannot: the one
+/// place where a mode that pins the world size says so (see the module docs).
+fn fixed_world(args: &MountArgs) -> Option<&'static str> {
+    match args.exchange_scope {
+        ExchangeScope::Node => Some(
+            "under --exchange-scope node, which keeps each host's samples where epoch 0 put \
+             them (with the same ranks per host)",
+        ),
+        ExchangeScope::Global => None,
+    }
 }
 
 /// Everybody's list of `Seen`, flattened.

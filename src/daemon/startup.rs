@@ -224,7 +224,7 @@ pub fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, StartE
     drop(manifest_bytes); // saved; the manifest itself is all that is needed from here
     // After a crash ranks may be one epoch apart; training had reached the furthest one. A
     // restart with another number of ranks goes on from there as well (see `resize`).
-    let job = resize::find_job(comm, &args.cache, mine.as_ref(), &expected)?;
+    let job = resize::find_job(comm, args, mine.as_ref(), &expected)?;
     let refusal = match (&job, rank) {
         (Err(e), 0) => Err(e.clone()), // the same on every rank: said once
         _ => Ok(()),
