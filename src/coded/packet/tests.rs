@@ -68,6 +68,7 @@ fn example_2_packet_decodes_at_both_ends_with_unequal_sizes() {
     let packet = encode(&tx(&[(5, 0), (2, 2)]), &mut source(&lens)).unwrap();
     assert_eq!(packet.len(), FIXED + 2 * PART + 70_001);
     assert_eq!(padding(&header(&packet).unwrap()), 70_001 - 13);
+    assert_eq!(packet_len(&[13, 70_001]), packet.len() as u64);
     let mut cache = |s| Some(bytes(7, s, lens[&s]));
     assert_eq!(
         decode(&packet, 0, &mut cache).unwrap(),
