@@ -72,6 +72,15 @@
 //! the default limit it costs nothing. `cargo test --lib coded::groups -- --ignored
 //! --nocapture` prints these numbers and the shape chosen for other `n` and limits.
 //!
+//! # For the transport
+//!
+//! A packet's route is a function of its group alone, so every rank that runs
+//! [`plan`](super::plan) on the epoch's instance knows, in order, which packets travel on each
+//! communicator it belongs to (the server may pair samples with
+//! [`plan_by_size`](super::plan_by_size): same groups, same order, other parts). Consecutive
+//! packets on one communicator can go as one broadcast of their concatenation
+//! ([`packet::split`](super::packet::split)), as the paper does.
+//!
 //! An epoch-dependent merge (choosing communicators from the epoch's actual groups) could do
 //! better, but would create communicators every epoch, which is what the paper avoids.
 

@@ -227,6 +227,26 @@ fn malformed_packets_are_named() {
 }
 
 #[test]
+fn concatenated_packets_split_back() {
+    let lens = BTreeMap::from([(1, 300), (2, 0), (3, 70_000)]);
+    let a = encode(&tx(&[(1, 0), (2, 1)]), &mut source(&lens)).unwrap();
+    let b = encode(&tx(&[(2, 5)]), &mut source(&lens)).unwrap();
+    let c = encode(&tx(&[(3, 2), (1, 4)]), &mut source(&lens)).unwrap();
+    let all = [a.clone(), b.clone(), c.clone()].concat();
+    assert_eq!(frame_len(&all).unwrap(), a.len());
+    assert_eq!(split(&all).unwrap(), vec![&a[..], &b[..], &c[..]]);
+    assert_eq!(split(&[]).unwrap(), Vec::<&[u8]>::new());
+    assert_eq!(
+        split(&all[..all.len() - 1]),
+        Err(PacketError::Truncated {
+            len: c.len() - 1,
+            need: c.len()
+        })
+    );
+    assert!(matches!(split(&all[1..]), Err(PacketError::Magic(_))));
+}
+
+#[test]
 fn xor_matches_bytewise_xor_at_every_length() {
     for len in 0..300 {
         let a = bytes(1, 1, len);
