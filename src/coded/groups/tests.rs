@@ -85,6 +85,11 @@ fn bad_input_is_named() {
     assert_eq!(Communicators::new(0, 10), Err(GroupsError::Nodes(0)));
     assert_eq!(Communicators::new(65, 10), Err(GroupsError::Nodes(65)));
     assert_eq!(Communicators::new(4, 0), Err(GroupsError::ZeroLimit));
+    assert_eq!(
+        Communicators::new(64, 1 << 20),
+        Err(GroupsError::LimitTooHigh(1 << 20))
+    );
+    assert_eq!(Communicators::new(64, MAX_LIMIT).unwrap().len(), 65_535);
     let c = Communicators::new(4, 100).unwrap();
     assert_eq!(
         c.route(0),
