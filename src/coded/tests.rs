@@ -175,6 +175,7 @@ fn calculator_report_for_a_small_case() {
         "coded",
         "ubershuffle(nu=2)",
         "Theorem 1",
+        "multicast: 4 MPI communicators (limit 1024; one per group)",
         "not built yet",
     ] {
         assert!(text.contains(name), "{name} missing from\n{text}");
