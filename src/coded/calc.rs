@@ -200,7 +200,8 @@ pub fn report(input: &CalcInput) -> Result<String, CalcError> {
             "0"
         );
     }
-    if let Some(&scheme) = input.schemes.iter().rev().find(|s| **s != Scheme::Uncoded) {
+    let coded = input.schemes.iter().rev().find(|s| **s != Scheme::Uncoded);
+    if let Some(&scheme) = coded.filter(|_| n >= 2) {
         let comms = Communicators::for_cache(n, DEFAULT_LIMIT, alpha)?;
         let inst = RandomPlacement::new(q, n, alpha, input.seed)?.next_instance();
         let txs = plan(&inst, scheme);

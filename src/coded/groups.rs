@@ -258,6 +258,13 @@ impl Communicators {
         self.comms.iter().copied()
     }
 
+    /// The communicators node `node` belongs to (and must take part in creating), ascending.
+    pub fn containing(&self, node: Node) -> impl Iterator<Item = usize> + '_ {
+        (self.comms.iter().enumerate())
+            .filter(move |&(_, &m)| node < 64 && m >> node & 1 == 1)
+            .map(|(i, _)| i)
+    }
+
     /// World ranks of communicator `i` in its rank order: the server first (rank 0, the root
     /// of every broadcast), then the nodes ascending, mapped by `rank_of`.
     pub fn ranks<R>(&self, i: usize, server: R, rank_of: impl Fn(Node) -> R) -> Vec<R> {

@@ -112,6 +112,9 @@ fn ranks_put_the_server_first() {
         panic!("a pair is a multicast")
     };
     assert_eq!(c.ranks(i, 0, |n| n + 1), vec![0, 2, 4]);
+    // Node 3 is in the 2^3 - 1 sets of two or more nodes that contain it.
+    assert_eq!(c.containing(3).count(), 7);
+    assert!(c.containing(3).all(|j| c.members(j) & 0b1000 != 0));
 }
 
 #[test]
