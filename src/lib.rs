@@ -3,7 +3,8 @@
 //!
 //! The folders are the layers, from pure to outside-facing (README "Architecture" has the
 //! tree and the path a sample's bytes take):
-//! - [`plan`]: who owns which sample in every epoch (pure, deterministic, no I/O).
+//! - [`plan`]: who owns which sample in every epoch (pure, deterministic, no I/O), also
+//!   across restarts with another number of ranks (`plan::elastic`).
 //! - [`coded`]: coded shuffling (UberShuffle) planning: which XOR packets a server would
 //!   send (pure); the `shufflefs plan` calculator. The exchange itself is not built yet.
 //! - [`dataset`]: what a source is (its index, how a sample's bytes are read): ImageFolder

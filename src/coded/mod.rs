@@ -21,13 +21,18 @@
 //! XOR of those samples) and the group it is multicast to. [`verify`] is the decoder check:
 //! every missing demand arrives exactly once and each receiver caches every other sample of
 //! its packet. [`placement`] draws the seeded random caches and shares the calculator
-//! ([`calc`]) averages over. Not built yet (issue 16 continues): the server rank, the
-//! multicast communicators and the exchange that moves the bytes.
+//! ([`calc`]) averages over. [`packet`] is the wire format of one transmission (samples of
+//! different sizes XORed with zero padding, CRC-checked on decode); [`groups`] is the fixed,
+//! bounded set of MPI communicators every multicast group rides on (communicator merging,
+//! Section 4.3). Not in this module (issue 16 continues elsewhere): the server rank, the
+//! transport and the exchange that moves the bytes.
 
 pub mod calc;
 pub mod carpool;
 pub mod encode;
+pub mod groups;
 pub mod index;
+pub mod packet;
 pub mod placement;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -166,6 +171,26 @@ pub fn plan(inst: &Instance, scheme: Scheme) -> Vec<Transmission> {
             let mut table = index::index(inst);
             carpool::carpool(&mut table, nu);
             encode::encode(&table)
+        }
+    }
+}
+
+/// [`plan`] with the samples of each packet matched by length (`len` gives a sample's
+/// bytes), so packets of samples with different sizes carry little zero padding; the same
+/// packets per group as [`plan`] (see [`encode::encode_by_size`]). Uncoded plans are the
+/// same.
+pub fn plan_by_size(
+    inst: &Instance,
+    scheme: Scheme,
+    len: &dyn Fn(SampleId) -> u64,
+) -> Vec<Transmission> {
+    match scheme {
+        Scheme::Uncoded => uncoded(inst),
+        Scheme::Coded => encode::encode_by_size(&index::index(inst), len),
+        Scheme::Ubershuffle { nu } => {
+            let mut table = index::index(inst);
+            carpool::carpool(&mut table, nu);
+            encode::encode_by_size(&table, len)
         }
     }
 }

@@ -25,7 +25,11 @@ use crate::node::{ExchangeCmd, Node, NodeConfig, serve_exchanges};
 use crate::sys::{mounts, readahead};
 use crate::vfs::inodes;
 
+mod resize;
 mod startup;
+
+#[cfg(test)]
+mod elastic_tests;
 
 pub use startup::StartError;
 use startup::everyone_ok;

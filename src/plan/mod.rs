@@ -41,6 +41,8 @@ use std::sync::Arc;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 
+pub mod elastic;
+
 /// Index of a sample in the manifest (samples sorted by class, then name).
 pub type SampleId = u32;
 /// An MPI rank.
@@ -191,6 +193,8 @@ pub enum PlanError {
     EmptyWorld,
     #[error("the host layout names {hosts} ranks, but the world has {world}")]
     Hosts { hosts: usize, world: u32 },
+    #[error("invalid history of world sizes ({0})")]
+    History(String),
 }
 
 /// Domain tags keep the random streams for different purposes independent.
