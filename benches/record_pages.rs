@@ -13,8 +13,14 @@
 //! to be read, and the device bytes the process read (`/proc/self/io` `read_bytes`, 0 on
 //! filesystems without a block device, such as tmpfs). The paper reports up to 50% saved.
 //!
-//! Last results (2 shared cores, virtio disk, ext4, 64 MiB, 32768 records):
-//!   see README "Record sources: benchmarks" for the table.
+//! Last results (2 shared cores, ext4 on a virtual disk, 64 MiB, two runs):
+//!
+//! | group   | units | pages loaded | device MiB read | seconds     |
+//! |---------|-------|--------------|-----------------|-------------|
+//! | records | 32768 | 32768        | 128.0           | 4.06 / 2.93 |
+//! | pages   | 16384 | 16384        | 64.0            | 2.30 / 1.21 |
+//!
+//! Grouping saves 50.0% of page loads (the paper: up to 50%).
 
 use std::fs::File;
 use std::io::Write;
