@@ -363,8 +363,8 @@ fn shared_settings(args: &MountArgs) -> Vec<(&'static str, String)> {
         ),
         ("--reset-cache", args.reset_cache.to_string()),
         (
-            "--framing/--record-size/--group/--header-line",
-            format!("{:?}", args.record_params()),
+            "record settings",
+            args.record_params().map_or_else(|e| e, |p| p.describe()),
         ),
         ("--part-size", args.part_size.to_string()),
     ]

@@ -110,6 +110,27 @@ pub struct RecordParams {
     pub header_line: bool,
 }
 
+impl RecordParams {
+    /// The settings as the command line gives them, for messages.
+    pub fn describe(&self) -> String {
+        let mut s = format!(
+            "--framing {} --group {}",
+            self.framing.name(),
+            match self.grouping {
+                Grouping::Pages => "pages",
+                Grouping::Records => "records",
+            }
+        );
+        if self.record_size > 0 {
+            s += &format!(" --record-size {}", self.record_size);
+        }
+        if self.header_line {
+            s += " --header-line";
+        }
+        s
+    }
+}
+
 /// A source file of records.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RecordFile {
