@@ -565,4 +565,53 @@ mod tests {
             );
         }
     }
+
+    /// A record source's index is built by rank 0 and shipped: every rank plans over its
+    /// groups. Ranks started with other record settings are refused, naming them.
+    #[test]
+    fn record_sources_are_indexed_once_and_settings_agree() {
+        use crate::dataset::{Format, Grouping};
+        let folders = Folders::new(2);
+        let rec = folders.root.path().join("rec.svm");
+        let lines: String = (0..500).map(|i| format!("1 1:{i} 2:0.5\n")).collect();
+        std::fs::write(&rec, lines).unwrap();
+        let args = |grouping| {
+            let mut a = folders.args("global");
+            a.format = Format::Records;
+            a.source = rec.clone();
+            a.group = grouping;
+            a.reset_cache = true;
+            a
+        };
+        let run = |per_rank: Vec<MountArgs>| -> Vec<Result<Prepared, String>> {
+            let handles: Vec<_> = LocalComm::world(2)
+                .into_iter()
+                .zip(per_rank)
+                .map(|(mut comm, a)| {
+                    std::thread::spawn(move || prepare(&a, &mut comm).map_err(|e| e.to_string()))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        };
+        let started = run(vec![args(Grouping::Pages), args(Grouping::Pages)]);
+        let groups: Vec<u32> = started
+            .iter()
+            .map(|p| {
+                let p = p.as_ref().unwrap();
+                let index = p.store.manifest().records().expect("a record index");
+                assert_eq!(index.records(), 500);
+                assert_eq!(p.plan.params().samples, index.groups());
+                index.groups()
+            })
+            .collect();
+        assert!(groups[0] < 500 && groups[0] == groups[1], "{groups:?}");
+        drop(started);
+        for err in run(vec![args(Grouping::Pages), args(Grouping::Records)]) {
+            let err = err.err().unwrap();
+            assert!(
+                err.contains("rank 1 was started with record settings --framing lines --group records, rank 0 with --framing lines --group pages"),
+                "{err}"
+            );
+        }
+    }
 }
