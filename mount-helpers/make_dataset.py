@@ -6,7 +6,8 @@
         [--record-size 64] [--no-final-newline]
 
 Record kinds (every record carries its id, so a reader can check it saw each record once):
-  svm       LIBSVM lines `LABEL 1:ID 2:x ...` (shards .svm; --framing lines)
+  svm       LIBSVM lines `LABEL 1:ID 2:x 3:x ...`, feature 2 telling the label apart (shards
+            .svm; --framing lines)
   csv       a header line `id,label,x0,x1` then rows (shards .csv; --framing lines --header-line)
   fixed     binary rows of --record-size bytes starting with the id as u64 little-endian
             (shards .bin; --framing fixed --record-size N)
@@ -93,8 +94,9 @@ def make_records(a):
             out += b"id,label,x0,x1\n"
         for i in ids:
             if a.records == "svm":
-                feats = " ".join(f"{k}:{rng.random():.4f}" for k in range(2, 2 + rng.randrange(1, 40)))
-                out += f"{i % 2} 1:{i} {feats}\n".encode()
+                # Feature 2 carries the label (learnable); the rest is noise.
+                feats = " ".join(f"{k}:{rng.random():.4f}" for k in range(3, 3 + rng.randrange(1, 40)))
+                out += f"{i % 2} 1:{i} 2:{(i % 2) * 0.6 + rng.random() * 0.4:.4f} {feats}\n".encode()
             elif a.records == "csv":
                 out += f"{i},{i % 5},{rng.random():.6f},{rng.random():.6f}\n".encode()
             elif a.records == "fixed":

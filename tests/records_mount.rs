@@ -362,3 +362,38 @@ fn an_open_part_outlives_its_epoch() {
     drop(f);
     d.unmount().assert_clean();
 }
+
+/// The README's record example: a linear SVM trained on the parts with scikit-learn.
+#[test]
+fn svm_example_trains_on_parts() {
+    if !require_fuse() {
+        return;
+    }
+    let Some(python) = loaders_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    make_records(&src, "svm", 3000, 3);
+    let d = mount(dir.path(), &src, "svm", &[]);
+    let out = check(
+        "train_svm.py",
+        &run_with_timeout(
+            Command::new(&python)
+                .arg(repo().join("mount-helpers/examples/train_svm.py"))
+                .arg("--mount")
+                .arg(dir.path().join("mnt"))
+                .args(["--epochs", "3"]),
+            Duration::from_secs(300),
+        ),
+    );
+    assert_eq!(out.matches("3000 records in").count(), 3, "{out}");
+    let acc: f64 = out
+        .split("last_acc=")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no last_acc in {out}"));
+    assert!(acc > 0.8, "the label is learnable from feature 2: {out}");
+    d.unmount().assert_clean();
+}
