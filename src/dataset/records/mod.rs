@@ -36,6 +36,7 @@ use crate::plan::SampleId;
 
 pub mod scan;
 pub mod source;
+mod tar;
 
 pub use scan::build_index;
 pub use source::RecordSource;
