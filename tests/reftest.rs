@@ -379,6 +379,7 @@ impl World {
                     epoch: 0,
                     exchange_scope: Default::default(),
                     hosts: None,
+                    layout: Default::default(),
                 })
                 .unwrap();
                 d
