@@ -169,8 +169,9 @@ pub fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, StartE
             ExchangeScope::Global => None,
             ExchangeScope::Node => Some(comm.hosts().to_vec()),
         },
+        layout: args.layout(),
     };
-    let backend = dir.file_backend(manifest.len());
+    let backend = dir.backend(args.layout(), manifest.len());
     let local_epoch = backend.map_err(|e| e.to_string()).and_then(|backend| {
         let epoch = match &state {
             Some(s) if s.differences(&expected).is_empty() => s.epoch,
@@ -182,7 +183,6 @@ pub fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, StartE
                 ));
             }
             _ => {
-                use crate::cache::CacheBackend as _;
                 backend.clear().map_err(|e| {
                     CacheError::Io {
                         path: cache_path.clone(),
@@ -190,6 +190,8 @@ pub fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, StartE
                     }
                     .to_string()
                 })?;
+                dir.remove_other_layouts(args.layout())
+                    .map_err(|e| e.to_string())?;
                 dir.forget_state().map_err(|e| e.to_string())?;
                 0
             }
@@ -227,12 +229,7 @@ pub fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, StartE
     }
     let manifest = Arc::new(manifest);
     let dataset = args.format.open(&args.source, manifest.clone());
-    let store = Arc::new(SampleStore::with_backend(
-        dir,
-        Box::new(backend),
-        manifest,
-        dataset,
-    )?);
+    let store = Arc::new(SampleStore::with_backend(dir, backend, manifest, dataset)?);
     // Phase 5: finish whatever a crash interrupted.
     let resumed = resume::resume(comm, &store, &plan, epoch)?;
     Ok(Prepared {
@@ -307,6 +304,7 @@ fn shared_settings(args: &MountArgs) -> Vec<(&'static str, String)> {
         ("--format", format!("{:?}", args.format).to_lowercase()),
         ("--fraction", args.fraction.to_string()),
         ("--exchange-scope", args.exchange_scope.to_string()),
+        ("--cache-layout", args.layout().to_string()),
         (
             "--seed",
             args.seed.map_or("(default)".into(), |s| s.to_string()),
@@ -385,22 +383,30 @@ mod tests {
         }
 
         fn args(&self, scope: &str) -> MountArgs {
+            self.args_with(scope, &[])
+        }
+
+        fn args_with(&self, scope: &str, extra: &[&str]) -> MountArgs {
             let p = |name: &str| self.root.path().join(name).display().to_string();
-            let cli = Cli::parse_from([
-                "shufflefs",
-                "mount",
-                "--source",
-                &p("src"),
-                "--cache",
-                &p("cache-{rank}"),
-                "--seed",
-                "5",
-                "--fraction",
-                "0.5",
-                "--exchange-scope",
-                scope,
-                &p("mnt-{rank}"),
-            ]);
+            let cli = Cli::parse_from(
+                [
+                    "shufflefs",
+                    "mount",
+                    "--source",
+                    &p("src"),
+                    "--cache",
+                    &p("cache-{rank}"),
+                    "--seed",
+                    "5",
+                    "--fraction",
+                    "0.5",
+                    "--exchange-scope",
+                    scope,
+                    &p("mnt-{rank}"),
+                ]
+                .into_iter()
+                .chain(extra.iter().copied()),
+            );
             match cli.command {
                 Command::Mount(args) => args,
                 Command::Unmount(_) | Command::Plan(_) => unreachable!(),
@@ -485,6 +491,36 @@ mod tests {
         assert!(!text.contains("scope") && !text.contains("hosts"), "{text}");
         // Other hosts: the same global cache resumes.
         assert!(folders.start("global", &[0, 1]).iter().all(Result::is_ok));
+    }
+
+    /// A cache keeps the layout it was built with: the other one is refused, naming both,
+    /// until `--reset-cache` rebuilds it (and deletes the old layout's files).
+    #[test]
+    fn a_cache_keeps_its_layout() {
+        use crate::cache::CacheLayout;
+        let folders = Folders::new(1);
+        let start = |extra: &[&str]| {
+            let mut comm = LocalComm::world(1).pop().unwrap();
+            prepare(&folders.args_with("global", extra), &mut comm)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        let cache = folders.root.path().join("cache-0");
+        start(&[]).unwrap();
+        assert_eq!(folders.state(0).layout, CacheLayout::Files);
+        assert!(cache.join("samples").is_dir());
+        let err = start(&["--cache-layout", "packed"]).unwrap_err();
+        assert!(
+            err.contains("--cache-layout: cache has files, now packed")
+                && err.contains("--reset-cache"),
+            "{err}"
+        );
+        start(&["--cache-layout", "packed", "--reset-cache"]).unwrap();
+        assert_eq!(folders.state(0).layout, CacheLayout::Packed);
+        assert!(!cache.join("samples").exists() && cache.join("segments").is_dir());
+        start(&["--cache-layout", "packed"]).unwrap();
+        let err = start(&[]).unwrap_err();
+        assert!(err.contains("cache has packed, now files"), "{err}");
     }
 
     #[test]
