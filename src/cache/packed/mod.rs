@@ -36,7 +36,10 @@
 //!   scan goes on after it;
 //! - a removed sample stays removed once its tombstone is synced: the tombstone has a
 //!   higher sequence number than every record of that id before it;
-//! - an uncommitted writer leaves at most a `.spill` file, deleted at start-up.
+//! - an uncommitted writer leaves at most a `.spill` file, deleted at start-up;
+//! - a process that exits cleanly (the backend dropped) first writes its batch out, so, as
+//!   with a file per sample, only a crash of the machine loses what was not synced; a
+//!   killed process loses at most the last batch (`batch_bytes`) of commits and removes.
 //!
 //! Start-up ([`CacheBackend::recover`]) reads every segment once, sequentially, checking both
 //! checksums of every record (the cost of a sequential read of the cache), and keeps, for
@@ -282,9 +285,16 @@ impl PackedBackend {
 }
 
 impl Drop for PackedBackend {
+    /// Stops the compactor and writes the batch buffer out (not synced), so a clean exit
+    /// leaves what a file per sample would: every commit and remove in the files, durable
+    /// or not as the last `sync` left them.
     fn drop(&mut self) {
         lock(&self.inner.nudge).take();
         self.compactor.stop();
+        let mut a = lock(&self.inner.active);
+        if let Err(e) = self.inner.flush(&mut a) {
+            tracing::warn!(error = %e, "writing the packed cache's last batch failed");
+        }
     }
 }
 
