@@ -72,6 +72,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuar
 use std::time::{Duration, SystemTime};
 
 use super::backend::{CacheBackend, Claim, Commit, Recovered, SampleWriter, Stored};
+use super::store::Bitset;
 use crate::plan::SampleId;
 use crate::sys::io::read_full_at;
 use format::{HEADER, Header, Kind};
@@ -123,8 +124,13 @@ pub struct PackedBackend {
 struct Inner {
     /// `CACHE/segments`.
     dir: PathBuf,
+    /// Samples in the dataset: ids are below it.
+    samples: u32,
     cfg: PackedConfig,
     state: RwLock<State>,
+    /// Which samples the index holds, kept with it (under its write lock) so that
+    /// `contains`, asked for every sample sent or received, takes no lock.
+    present: Bitset,
     active: Mutex<Active>,
     /// Whether a nudge is already on its way to the compactor.
     nudged: AtomicBool,
@@ -149,8 +155,48 @@ struct Entry {
 struct SegFile {
     num: u32,
     file: File,
-    /// Bytes written to the file so far; records below it can be read with `pread`.
+    /// Bytes written to the file so far; records below it can be read.
     written: AtomicU64,
+    /// The file mapped (past its end, for the active segment, so the mapping covers what
+    /// will be appended): a small record is read with a copy from memory rather than a
+    /// `pread` each, which costs a system call per record sent. `None` if mapping failed.
+    map: Option<memmap2::Mmap>,
+}
+
+impl SegFile {
+    /// Segment `num` in `file`, with `written` bytes so far, mapped for `map_len` bytes.
+    fn new(num: u32, file: File, written: u64, map_len: u64) -> SegFile {
+        let map = (map_len > 0)
+            .then(|| {
+                // SAFETY: the mapping is only read, and only below `written`: bytes this
+                // process wrote to the file and never changes or truncates afterwards (a
+                // failed batch truncates only above `written`; recovery truncates before
+                // mapping), so no read sees bytes change or pages vanish. Another process
+                // writing or truncating the cache's segment files would break this; the
+                // cache folder's lock keeps other shufflefs daemons out, and the folder is
+                // the daemon's own, like its files under the file layout.
+                unsafe { memmap2::MmapOptions::new().len(map_len as usize).map(&file) }
+            })
+            .and_then(Result::ok);
+        SegFile {
+            num,
+            file,
+            written: AtomicU64::new(written),
+            map,
+        }
+    }
+
+    /// Reads `buf.len()` bytes at `pos` (all below `written`), short only at the file's end.
+    fn read_at(&self, pos: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let end = pos as usize + buf.len();
+        match &self.map {
+            Some(map) if end <= map.len() => {
+                buf.copy_from_slice(&map[pos as usize..end]);
+                Ok(buf.len())
+            }
+            _ => read_full_at(&self.file, pos, buf),
+        }
+    }
 }
 
 struct SegInfo {
@@ -201,17 +247,15 @@ fn from_nanos(n: u64) -> Option<SystemTime> {
     (n != 0).then(|| SystemTime::UNIX_EPOCH + Duration::from_nanos(n))
 }
 
-fn create_segment(dir: &Path, num: u32) -> io::Result<Arc<SegFile>> {
+fn create_segment(dir: &Path, num: u32, cfg: &PackedConfig) -> io::Result<Arc<SegFile>> {
     let file = OpenOptions::new()
         .read(true)
         .write(true)
         .create_new(true)
         .open(dir.join(seg_name(num)))?;
-    Ok(Arc::new(SegFile {
-        num,
-        file,
-        written: AtomicU64::new(0),
-    }))
+    // Room for the largest record that can start before `segment_bytes`.
+    let map_len = cfg.segment_bytes + (HEADER + cfg.spill_bytes) as u64;
+    Ok(Arc::new(SegFile::new(num, file, 0, map_len)))
 }
 
 impl PackedBackend {
@@ -239,17 +283,19 @@ impl PackedBackend {
                 last = last.max(num);
             }
         }
-        let seg = create_segment(&dir, last + 1)?;
+        let seg = create_segment(&dir, last + 1, &cfg)?;
         let mut segments = BTreeMap::new();
         segments.insert(seg.num, SegInfo::new(seg.clone()));
         let (tx, rx) = std::sync::mpsc::channel();
         let inner = Arc::new(Inner {
             dir,
+            samples,
             cfg,
             state: RwLock::new(State {
                 index: vec![Entry::default(); samples as usize],
                 segments,
             }),
+            present: Bitset::new(samples),
             active: Mutex::new(Active {
                 seg,
                 len: 0,
@@ -372,6 +418,7 @@ impl Inner {
                     let entry = &mut st.index[id as usize];
                     if entry.seg == num && entry.off == off {
                         *entry = Entry::default();
+                        self.present.clear(id);
                     }
                 }
                 if let Some(info) = st.segments.get_mut(&num) {
@@ -393,7 +440,7 @@ impl Inner {
     fn place(&self, a: &mut Active, rec: u64) -> io::Result<u32> {
         if a.len > 0 && a.len + rec > self.cfg.segment_bytes {
             self.flush(a)?;
-            let seg = create_segment(&self.dir, a.next_seg)?;
+            let seg = create_segment(&self.dir, a.next_seg, &self.cfg)?;
             a.next_seg += 1;
             a.dir_dirty = true;
             self.write()
@@ -434,6 +481,10 @@ impl Inner {
         };
         let worth = index && {
             let old = std::mem::replace(&mut st.index[h.id as usize], entry);
+            match h.kind {
+                Kind::Data => self.present.set(h.id),
+                Kind::Tombstone => self.present.clear(h.id),
+            };
             st.mark_dead(old, &self.cfg, num)
         };
         drop(st);
@@ -507,11 +558,7 @@ impl CacheBackend for PackedBackend {
     }
 
     fn contains(&self, id: SampleId) -> bool {
-        self.inner
-            .read()
-            .index
-            .get(id as usize)
-            .is_some_and(|e| e.seg != 0)
+        id < self.inner.samples && self.inner.present.get(id)
     }
 
     fn size(&self, id: SampleId) -> Option<u64> {
@@ -531,7 +578,7 @@ impl CacheBackend for PackedBackend {
         let n = buf.len().min((e.len - offset) as usize);
         let pos = u64::from(e.off) + HEADER as u64 + offset;
         self.inner.ensure_written(&seg, pos + n as u64)?;
-        read_full_at(&seg.file, pos, &mut buf[..n])
+        seg.read_at(pos, &mut buf[..n])
     }
 
     fn open(&self, id: SampleId) -> io::Result<Stored> {
@@ -550,7 +597,7 @@ impl CacheBackend for PackedBackend {
                 HEADER
             }
         ];
-        let got = read_full_at(&seg.file, start, &mut first)?;
+        let got = seg.read_at(start, &mut first)?;
         let header: &[u8; HEADER] = first
             .get(..HEADER)
             .filter(|_| got == first.len())
@@ -585,7 +632,7 @@ impl CacheBackend for PackedBackend {
 
     fn writer<'a>(&'a self, claim: &Claim<'_>) -> io::Result<Box<dyn SampleWriter + 'a>> {
         let id = claim.id();
-        if id as usize >= self.inner.read().index.len() {
+        if id >= self.inner.samples {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("sample {id} is past the dataset"),
@@ -624,7 +671,10 @@ impl CacheBackend for PackedBackend {
         }
         st.segments.clear();
         st.index.iter_mut().for_each(|e| *e = Entry::default());
-        let seg = create_segment(&inner.dir, a.next_seg)?;
+        for id in 0..inner.present.len() {
+            inner.present.clear(id);
+        }
+        let seg = create_segment(&inner.dir, a.next_seg, &inner.cfg)?;
         a.next_seg += 1;
         st.segments.insert(seg.num, SegInfo::new(seg.clone()));
         a.seg = seg;
@@ -655,7 +705,7 @@ struct SegReader {
 impl Read for SegReader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = buf.len().min((self.end - self.pos) as usize);
-        let got = read_full_at(&self.seg.file, self.pos, &mut buf[..n])?;
+        let got = self.seg.read_at(self.pos, &mut buf[..n])?;
         self.pos += got as u64;
         Ok(got)
     }
@@ -746,11 +796,8 @@ impl SampleWriter for PackedWriter<'_> {
         }
         a.next_seg += 1;
         a.dir_dirty = true;
-        let seg = Arc::new(SegFile {
-            num,
-            file: spill.file,
-            written: AtomicU64::new(h.record_len()),
-        });
+        let rec = h.record_len();
+        let seg = Arc::new(SegFile::new(num, spill.file, rec, rec));
         a.dirty.insert(num, seg.clone());
         let mut st = inner.write();
         let mut info = SegInfo::new(seg);
@@ -765,6 +812,7 @@ impl SampleWriter for PackedWriter<'_> {
                 len,
             },
         );
+        inner.present.set(self.id);
         let worth = st.mark_dead(old, &inner.cfg, a.seg.num);
         drop(st);
         if worth {

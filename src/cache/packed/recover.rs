@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use std::fs::{self, OpenOptions};
 use std::io::{self, BufReader, Read};
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 
 use super::format::{HEADER, Header, Kind};
 use super::{Entry, Inner, SegFile, SegInfo, from_nanos, lock, seg_name};
@@ -23,7 +22,7 @@ pub(super) fn segment_number(name: &str) -> Option<u32> {
 
 /// What the scan learned of one segment.
 struct Scanned {
-    file: Arc<SegFile>,
+    file: fs::File,
     bytes: u64,
     tombstones: u64,
     min_seq: u64,
@@ -55,16 +54,12 @@ pub(super) fn recover(
         let file = OpenOptions::new().read(true).write(true).open(&path)?;
         let size = file.metadata()?.len();
         let mut s = Scanned {
-            file: Arc::new(SegFile {
-                num,
-                file,
-                written: AtomicU64::new(0),
-            }),
+            file,
             bytes: 0,
             tombstones: 0,
             min_seq: u64::MAX,
         };
-        let mut reader = BufReader::with_capacity(1 << 20, At::new(&s.file.file));
+        let mut reader = BufReader::with_capacity(1 << 20, At::new(&s.file));
         let mut scratch = vec![0u8; 1 << 16];
         let mut off = 0u64;
         while off + HEADER as u64 <= size && off <= u64::from(u32::MAX) {
@@ -112,16 +107,13 @@ pub(super) fn recover(
         drop(reader);
         if off < size {
             tracing::warn!(segment = %path.display(), valid = off, size, "torn tail of a cache segment truncated");
-            s.file.file.set_len(off)?;
+            s.file.set_len(off)?;
         }
         if off == 0 {
             fs::remove_file(&path)?;
             continue;
         }
         s.bytes = off;
-        s.file
-            .written
-            .store(off, std::sync::atomic::Ordering::Release);
         scanned.insert(num, s);
     }
 
@@ -148,14 +140,20 @@ pub(super) fn recover(
     let mut worth = false;
     for (num, s) in scanned {
         let live = live.get(&num).copied().unwrap_or(0);
+        // Mapped only now: the scan may have cut the file.
         let info = SegInfo {
-            file: s.file,
+            file: Arc::new(SegFile::new(num, s.file, s.bytes, s.bytes)),
             bytes: s.bytes,
             dead: s.bytes - live - s.tombstones,
             min_seq: s.min_seq,
         };
         worth |= info.worth_compacting(&inner.cfg);
         st.segments.insert(num, info);
+    }
+    for (id, e) in index.iter().enumerate() {
+        if e.seg != 0 {
+            inner.present.set(id as SampleId);
+        }
     }
     st.index = index;
     drop(st);
