@@ -64,7 +64,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Cursor, Read, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -582,28 +582,15 @@ impl CacheBackend for PackedBackend {
     }
 
     fn open(&self, id: SampleId) -> io::Result<Stored> {
-        /// Records up to this size are read whole, header and data, in one `pread`.
-        const READ_WHOLE: u64 = 1 << 20;
         let (e, seg) = self.inner.locate(id)?;
         let start = u64::from(e.off);
         let end = start + HEADER as u64 + e.len;
         self.inner.ensure_written(&seg, end)?;
-        let whole = e.len <= READ_WHOLE;
-        let mut first = vec![
-            0u8;
-            if whole {
-                (end - start) as usize
-            } else {
-                HEADER
-            }
-        ];
-        let got = seg.read_at(start, &mut first)?;
-        let header: &[u8; HEADER] = first
-            .get(..HEADER)
-            .filter(|_| got == first.len())
-            .and_then(|h| h.try_into().ok())
-            .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
-        let h = Header::decode(header)?;
+        let mut header = [0u8; HEADER];
+        if seg.read_at(start, &mut header)? < HEADER {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        let h = Header::decode(&header)?;
         if h.kind != Kind::Data || h.id != id || h.len != e.len {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -613,19 +600,13 @@ impl CacheBackend for PackedBackend {
                 ),
             ));
         }
-        let reader: Box<dyn Read + Send> = if whole {
-            let mut c = Cursor::new(first);
-            c.set_position(HEADER as u64);
-            Box::new(c)
-        } else {
-            Box::new(SegReader {
+        // Reads straight from the segment (its mapping, for most): no copy in between.
+        Ok(Stored {
+            reader: Box::new(SegReader {
                 seg,
                 pos: start + HEADER as u64,
                 end,
-            })
-        };
-        Ok(Stored {
-            reader,
+            }),
             recorded_crc: Some(h.crc),
         })
     }
@@ -695,7 +676,7 @@ impl CacheBackend for PackedBackend {
     }
 }
 
-/// Streams a large record's data from its segment.
+/// Streams a record's data from its segment.
 struct SegReader {
     seg: Arc<SegFile>,
     pos: u64,
