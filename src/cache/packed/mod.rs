@@ -137,6 +137,10 @@ struct Inner {
     nudge: Mutex<Option<std::sync::mpsc::Sender<compact::Cmd>>>,
     /// Held by whoever compacts (the thread, or a caller of `compact_now`).
     compacting: Mutex<()>,
+    /// Held for a whole `sync`: a second one (the exchange's, beside compaction's) must
+    /// not return while the first is still syncing segments it took off the dirty list,
+    /// records of the second's among them.
+    syncing: Mutex<()>,
 }
 
 /// Where a stored sample's record is.
@@ -309,6 +313,7 @@ impl PackedBackend {
             nudged: AtomicBool::new(false),
             nudge: Mutex::new(Some(tx.clone())),
             compacting: Mutex::new(()),
+            syncing: Mutex::new(()),
         });
         let compactor = compact::Compactor::start(inner.clone(), tx, rx)?;
         Ok(PackedBackend { inner, compactor })
@@ -507,6 +512,7 @@ impl Inner {
     }
 
     fn sync(&self) -> io::Result<()> {
+        let _syncing = lock(&self.syncing);
         let (dirty, dir_dirty) = {
             let mut a = lock(&self.active);
             self.flush(&mut a)?;
