@@ -482,6 +482,9 @@ fn many_writers_and_readers_at_once_with_compaction() {
     }
 }
 
+/// Sample ids the histories use.
+const IDS: u32 = 16;
+
 /// One step of a random history.
 #[derive(Clone, Debug)]
 enum Op {
@@ -505,9 +508,10 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        8 => (0..12u32, 0..3000usize, prop::bool::weighted(0.85))
+        // Mostly small records, so segments hold many and go partly dead; some spill.
+        8 => (0..IDS, prop_oneof![4 => 0..500usize, 1 => 0..3000usize], prop::bool::weighted(0.85))
             .prop_map(|(id, len, commit)| Op::Write { id, len, commit }),
-        3 => (0..12u32).prop_map(|id| Op::Remove { id }),
+        3 => (0..IDS).prop_map(|id| Op::Remove { id }),
         1 => Just(Op::Sync),
         1 => Just(Op::Compact),
         1 => any::<u16>().prop_map(|cut| Op::Crash { cut }),
@@ -533,7 +537,7 @@ impl Model {
     }
 
     fn check(&self, b: &PackedBackend) -> Result<(), TestCaseError> {
-        for id in 0..12 {
+        for id in 0..IDS {
             let want = self.current.get(&id).copied().flatten();
             prop_assert_eq!(b.contains(id), want.is_some(), "sample {}", id);
             if let Some((ver, len)) = want {
@@ -617,7 +621,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     );
                     after.insert(r.id, which);
                 }
-                for id in 0..12 {
+                for id in 0..IDS {
                     if !after.contains_key(&id) {
                         let durable = m.durable.get(&id).copied().flatten();
                         let removed_since = m
@@ -644,10 +648,10 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 
     #[test]
-    fn random_histories_match_the_model(ops in prop::collection::vec(op(), 1..60)) {
+    fn random_histories_match_the_model(ops in prop::collection::vec(op(), 1..80)) {
         run(ops)?;
     }
 }
