@@ -159,6 +159,7 @@ fn a_packed_mount_serves_every_sample_and_keeps_its_layout() {
     let s = wait_staging_done(&d.mnt);
     let present = data.samples.len();
     assert_eq!(s["cache"]["files"], present, "{s:#}");
+    assert_eq!(s["cache"]["layout"], "packed", "{s:#}");
     for s in &data.samples {
         for view in ["epoch-0", "current"] {
             let p = d.mnt.join(view).join(s.rel());

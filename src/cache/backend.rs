@@ -30,6 +30,7 @@ use std::path::Path;
 use std::sync::{Condvar, Mutex};
 use std::time::SystemTime;
 
+use super::CacheLayout;
 use crate::plan::SampleId;
 
 /// A complete sample a backend found at start-up.
@@ -104,6 +105,10 @@ pub trait CacheBackend: Send + Sync {
     /// passthrough). `None`: this backend has no such file (packed storage); readers then
     /// go through [`read_at`](Self::read_at).
     fn file(&self, id: SampleId) -> Option<io::Result<File>>;
+    /// The `--cache-layout` this backend stores (the status shows it).
+    fn layout(&self) -> CacheLayout {
+        CacheLayout::Files
+    }
 }
 
 /// The samples being written right now; see the module docs.

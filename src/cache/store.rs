@@ -188,6 +188,11 @@ impl SampleStore {
         &self.manifest
     }
 
+    /// How the backend lays samples out on disk (`--cache-layout`).
+    pub fn layout(&self) -> super::CacheLayout {
+        self.backend.layout()
+    }
+
     pub fn contains(&self, id: SampleId) -> bool {
         self.backend.contains(id)
     }

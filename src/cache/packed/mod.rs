@@ -680,6 +680,10 @@ impl CacheBackend for PackedBackend {
     fn file(&self, _id: SampleId) -> Option<io::Result<File>> {
         None
     }
+
+    fn layout(&self) -> super::CacheLayout {
+        super::CacheLayout::Packed
+    }
 }
 
 /// Streams a record's data from its segment.
