@@ -44,9 +44,13 @@
 //! Start-up ([`CacheBackend::recover`]) reads every segment once, sequentially, checking both
 //! checksums of every record (the cost of a sequential read of the cache), and keeps, for
 //! each id, the record with the highest sequence number if it is data that `keep` accepts.
-//! A write that fails (a full disk) drops the batch it was in: the samples committed into
-//! that batch become absent, exactly as a crash before `sync` would leave them, and are
-//! fetched again when needed; the committer that hit the failure gets the error.
+//! Disk space for the batch is reserved (`fallocate`, keeping the file's size) before a
+//! commit is accepted, so a full disk fails that commit, and the store serves the sample
+//! from the source, as it does when it cannot create a file. A write that fails anyway (an
+//! I/O error, a filesystem without `fallocate`) drops the batch it was in: the samples
+//! committed into that batch become absent, exactly as a crash before `sync` would leave
+//! them, and are fetched again when needed; the committer that hit the failure gets the
+//! error.
 //!
 //! # Compaction
 //! Removing or replacing a sample leaves its bytes dead in their segment. When a sealed
@@ -222,6 +226,8 @@ struct Active {
     seg: Arc<SegFile>,
     /// Logical length: written bytes plus `buf`.
     len: u64,
+    /// Bytes of the segment's file with disk space reserved (see `reserve`).
+    reserved: u64,
     /// Records committed but not yet written to the file.
     buf: Vec<u8>,
     /// The data records in `buf`, as (id, offset): unindexed if writing `buf` fails.
@@ -303,6 +309,7 @@ impl PackedBackend {
             active: Mutex::new(Active {
                 seg,
                 len: 0,
+                reserved: 0,
                 buf: Vec::with_capacity(cfg.batch_bytes + HEADER),
                 pending: Vec::new(),
                 next_seg: last + 2,
@@ -453,6 +460,7 @@ impl Inner {
                 .insert(seg.num, SegInfo::new(seg.clone()));
             a.seg = seg;
             a.len = 0;
+            a.reserved = 0;
             // The sealed one may already be worth compacting.
             self.nudge_if_worthwhile();
         }
@@ -465,6 +473,7 @@ impl Inner {
     fn append(&self, a: &mut Active, h: &Header, data: &[u8], index: bool) -> io::Result<()> {
         let rec = h.record_len();
         let off = self.place(a, rec)?;
+        self.reserve(a, u64::from(off) + rec)?;
         a.buf.extend_from_slice(&h.encode());
         a.buf.extend_from_slice(data);
         a.len += rec;
@@ -500,6 +509,36 @@ impl Inner {
             self.flush(a)?;
         }
         Ok(())
+    }
+
+    /// Reserves disk space in the active segment's file up to `end` (in steps of
+    /// `RESERVE_STEP`, else exactly), so that a full disk fails the commit that needs the
+    /// space, when the store can still serve the sample from the source, rather than the
+    /// later write of a batch that other commits already count on. A filesystem without
+    /// `fallocate` reserves nothing: its write errors come at `flush` (see the module docs).
+    fn reserve(&self, a: &mut Active, end: u64) -> io::Result<()> {
+        /// Reserved at once: one `fallocate` per this many bytes appended.
+        const RESERVE_STEP: u64 = 1 << 20;
+        if end <= a.reserved {
+            return Ok(());
+        }
+        let keep_size = nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE;
+        let mut result = Err(nix::errno::Errno::ENOSPC);
+        for to in [end.div_ceil(RESERVE_STEP) * RESERVE_STEP, end] {
+            let len = (to - a.reserved) as libc::off_t;
+            result = nix::fcntl::fallocate(&a.seg.file, keep_size, a.reserved as libc::off_t, len);
+            if result.is_ok() {
+                a.reserved = to;
+                return Ok(());
+            }
+        }
+        match result {
+            Err(nix::errno::Errno::EOPNOTSUPP) => {
+                a.reserved = u64::MAX;
+                Ok(())
+            }
+            _ => Err(io::Error::from(result.expect_err("not reserved"))),
+        }
     }
 
     fn nudge_if_worthwhile(&self) {
@@ -666,6 +705,7 @@ impl CacheBackend for PackedBackend {
         st.segments.insert(seg.num, SegInfo::new(seg.clone()));
         a.seg = seg;
         a.len = 0;
+        a.reserved = 0;
         a.buf.clear();
         a.pending.clear();
         a.dirty.clear();
