@@ -171,18 +171,24 @@ pub fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, StartE
         },
         layout: args.layout(),
     };
-    let backend = dir.backend(args.layout(), manifest.len());
-    let local_epoch = backend.map_err(|e| e.to_string()).and_then(|backend| {
-        let epoch = match &state {
-            Some(s) if s.differences(&expected).is_empty() => s.epoch,
-            Some(s) if !args.reset_cache => {
-                return Err(format!(
-                    "cache folder {} was built with other settings; pass --reset-cache to rebuild it, or use the old settings:\n  {}",
-                    cache_path.display(),
-                    s.differences(&expected).join("\n  ")
-                ));
-            }
-            _ => {
+    // Refused before the backend opens: opening creates its folders (another layout's, for
+    // a cache refused for its layout).
+    let kept = match &state {
+        Some(s) if s.differences(&expected).is_empty() => Ok(Some(s.epoch)),
+        Some(s) if !args.reset_cache => Err(format!(
+            "cache folder {} was built with other settings; pass --reset-cache to rebuild it, or use the old settings:\n  {}",
+            cache_path.display(),
+            s.differences(&expected).join("\n  ")
+        )),
+        _ => Ok(None),
+    };
+    let local_epoch = kept.and_then(|kept| {
+        let backend = dir
+            .backend(args.layout(), manifest.len())
+            .map_err(|e| e.to_string())?;
+        let epoch = match kept {
+            Some(epoch) => epoch,
+            None => {
                 backend.clear().map_err(|e| {
                     CacheError::Io {
                         path: cache_path.clone(),
@@ -515,12 +521,20 @@ mod tests {
                 && err.contains("--reset-cache"),
             "{err}"
         );
+        assert!(
+            !cache.join("segments").exists(),
+            "a refused layout created nothing"
+        );
         start(&["--cache-layout", "packed", "--reset-cache"]).unwrap();
         assert_eq!(folders.state(0).layout, CacheLayout::Packed);
         assert!(!cache.join("samples").exists() && cache.join("segments").is_dir());
         start(&["--cache-layout", "packed"]).unwrap();
         let err = start(&[]).unwrap_err();
         assert!(err.contains("cache has packed, now files"), "{err}");
+        assert!(
+            !cache.join("samples").exists(),
+            "a refused layout created nothing"
+        );
     }
 
     #[test]
