@@ -3,7 +3,7 @@
 //! (with torn unsynced tails) and compactions.
 
 use super::*;
-use crate::cache::Claims;
+use crate::cache::{Claims, Commit};
 use proptest::prelude::*;
 use std::collections::HashMap;
 
