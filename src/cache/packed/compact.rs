@@ -108,7 +108,8 @@ impl Inner {
             };
             match h.kind {
                 // Dead ones (most, or the segment would not be compacted) are not even read.
-                Kind::Data if self.read().index[h.id as usize] != here => {
+                // (An id past the dataset is never indexed: dead too.)
+                Kind::Data if !self.indexed_at(h.id, here) => {
                     reader.seek_relative(h.len as i64)?;
                 }
                 Kind::Data => {
@@ -137,12 +138,17 @@ impl Inner {
     fn carry(&self, here: Option<Entry>, h: &Header, data: &[u8]) -> io::Result<()> {
         let mut a = lock(&self.active);
         if let Some(here) = here
-            && self.read().index[h.id as usize] != here
+            && !self.indexed_at(h.id, here)
         {
             return Ok(());
         }
         // The index changes only under `active`, held from the check to the append.
         self.append(&mut a, h, data, here.is_some())
+    }
+
+    /// Whether the index points sample `id` at `here`.
+    fn indexed_at(&self, id: u32, here: Entry) -> bool {
+        self.read().index.get(id as usize) == Some(&here)
     }
 
     /// Whether a tombstone with `seq` may still cancel a record in a segment other than

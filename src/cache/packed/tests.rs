@@ -218,10 +218,18 @@ fn recovery_honours_keep() {
     ids.sort();
     assert_eq!(ids, [0, 1, 4, 5]);
     assert!(!b.contains(2) && !b.contains(3));
-    // A smaller dataset: ids past it are dropped too.
+    // A smaller dataset: ids past it are dropped too, and compaction passes their records
+    // over as dead.
     drop(b);
     let b = PackedBackend::open_with(tmp.path(), 3, tiny()).unwrap();
     assert_eq!(b.recover(&|_, _| true).unwrap().len(), 3);
+    let claims = Claims::default();
+    for round in 1..30 {
+        put(&b, &claims, 0, &bytes(0, round, 400));
+    }
+    assert!(b.compact_now().unwrap() > 0);
+    assert_eq!(read_all(&b, 0).unwrap(), bytes(0, 29, 400));
+    assert_eq!(read_all(&b, 1).unwrap(), bytes(1, 0, 101));
 }
 
 #[test]
