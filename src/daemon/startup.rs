@@ -538,6 +538,33 @@ mod tests {
     }
 
     #[test]
+    fn ranks_must_agree_on_the_cache_layout() {
+        let folders = Folders::new(2);
+        let (files, packed) = (
+            folders.args("global"),
+            folders.args_with("global", &["--cache-layout", "packed"]),
+        );
+        let handles: Vec<_> = LocalComm::world(2)
+            .into_iter()
+            .zip([files, packed])
+            .map(|(mut comm, args)| {
+                std::thread::spawn(move || {
+                    prepare(&args, &mut comm)
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        for h in handles {
+            let err = h.join().unwrap().unwrap_err();
+            assert!(
+                err.contains("rank 1 was started with --cache-layout packed, rank 0 with files"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
     fn ranks_must_agree_on_the_scope() {
         let folders = Folders::new(2);
         let (node, global) = (folders.args("node"), folders.args("global"));
