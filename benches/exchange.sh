@@ -3,6 +3,7 @@
 # baseline of the same bytes measured in the same run. Prints a Markdown table.
 #
 #   bash benches/exchange.sh            (RANKS=4, SHUFFLEFS_BENCH_DIR=/tmp by default)
+#   SCENARIOS=100KB,362B LAYOUTS=packed bash benches/exchange.sh    (a subset; see exchange_mpi.rs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source mount-helpers/install-deps.sh

@@ -8,15 +8,30 @@
 //! * link floor (on shaped links, `SHUFFLEFS_LINK_BYTES_PER_S`): the busiest host link's
 //!   bytes across hosts divided by its rate;
 //! * exchange: `exchange::run` for epoch 0 -> 1 — reading samples from the cache, framing,
-//!   MPI, and writing every received sample as a cache file (temp + rename).
+//!   MPI, and writing every received sample into the cache (`--cache-layout files`: a file
+//!   each, temp + rename; `packed`: records appended to segment files).
 //!
 //! Rates are total bytes (or samples) moved by all ranks divided by the slowest rank's time.
+//! Every scenario runs once per cache layout (`LAYOUTS=files,packed`, the default), and each
+//! row's byte rate is also given as a share of the 100 KB scenario's with the same layout and
+//! with `files` (run 100KB first: `SCENARIOS` keeps the order 100KB, 4KB, 362B), which is how
+//! issue 17's target reads: small records should cost no more per byte than 100 KB samples
+//! (at least 0.8x their byte rate) with the packed layout.
+//!
+//! Last results (6eba297, 2-core VM shared with other builds; README "Performance" has both
+//! runs and what they mean), byte rate vs 100 KB in the same layout, wall / per CPU second:
+//!
+//! | cache on | 100 KB files | 100 KB packed | 4 KB files | 4 KB packed | 362 B files | 362 B packed |
+//! |---|---|---|---|---|---|---|
+//! | ext4  | 244 MB/s | 521 MB/s | 55 MB/s, 0.23x / 0.18x | 416 MB/s, 0.80x / 0.73x | 9 MB/s, 0.04x / 0.01x | 321 MB/s (887k rec/s), 0.62x / 0.31x |
+//! | tmpfs | 439 MB/s | 510 MB/s | 166 MB/s, 0.38x / 0.35x | 634 MB/s, 1.24x / 0.67x | 18 MB/s, 0.04x / 0.04x | 218 MB/s (603k rec/s), 0.43x / 0.41x |
+//! | ext4, f86327b | 583 MB/s | 458 MB/s | 68 MB/s, 0.12x / 0.22x | 441 MB/s, 0.96x / 0.85x | 4 MB/s, 0.01x / 0.01x | 325 MB/s (897k rec/s), 0.71x / 0.37x |
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-use shufflefs::cache::{CacheDir, SampleStore};
+use shufflefs::cache::{CacheDir, CacheLayout, SampleStore};
 use shufflefs::comm::{Comm, MpiComm, Op, launched_by_mpi};
 use shufflefs::dataset::SyntheticSource;
 use shufflefs::dataset::manifest::Manifest;
@@ -25,6 +40,26 @@ use shufflefs::plan::{Plan, PlanParams, Step};
 
 fn barrier(comm: &mut dyn Comm) {
     comm.all_gather(&[]).unwrap();
+}
+
+/// CPU seconds (user + system, all threads) this process has used so far.
+fn cpu_seconds() -> f64 {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage fills the struct it is given; RUSAGE_SELF covers every thread.
+    let usage = unsafe {
+        libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr());
+        usage.assume_init()
+    };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    secs(usage.ru_utime) + secs(usage.ru_stime)
+}
+
+/// All ranks' `secs` added up.
+fn sum(comm: &mut dyn Comm, secs: f64) -> f64 {
+    let all = comm.all_gather(&secs.to_le_bytes()).unwrap();
+    all.iter()
+        .map(|b| f64::from_le_bytes(b.as_slice().try_into().unwrap()))
+        .sum()
 }
 
 /// Slowest rank's seconds.
@@ -117,18 +152,26 @@ fn link_floor(comm: &dyn Comm, pairs: &[Vec<u64>], rate: f64) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// The disk floor: each rank writes the bytes it will receive as cache files, no MPI at all.
+/// A store of `layout` in `dir` over the synthetic source.
+fn store_in(dir: &std::path::Path, manifest: &Arc<Manifest>, layout: CacheLayout) -> SampleStore {
+    let cache = CacheDir::open(dir).unwrap();
+    let backend = cache.backend(layout, manifest.len()).unwrap();
+    let source = Arc::new(SyntheticSource {
+        manifest: manifest.clone(),
+    });
+    SampleStore::with_backend(cache, backend, manifest.clone(), source).unwrap()
+}
+
+/// The disk floor: each rank writes the bytes it will receive into its cache, no MPI at all.
 fn disk_floor(
     comm: &mut dyn Comm,
     manifest: &Arc<Manifest>,
     step: &Step,
     dir: &std::path::Path,
+    layout: CacheLayout,
 ) -> f64 {
     let _ = std::fs::remove_dir_all(dir);
-    let source = Arc::new(SyntheticSource {
-        manifest: manifest.clone(),
-    });
-    let store = SampleStore::new(CacheDir::open(dir).unwrap(), manifest.clone(), source).unwrap();
+    let store = store_in(dir, manifest, layout);
     let incoming: Vec<u32> = step
         .transfers
         .iter()
@@ -151,19 +194,43 @@ fn disk_floor(
             .insert_with(id, |f| f.write_all(&buf[..len]).map(|()| None))
             .unwrap();
     }
+    store.sync().unwrap();
     let secs = max_time(comm, t0.elapsed().as_secs_f64());
+    drop(store);
     let _ = std::fs::remove_dir_all(dir);
     secs
 }
 
-fn scenario(
-    comm: &mut dyn Comm,
-    name: &str,
+/// One scenario's size and the layout it runs with.
+struct Scenario<'a> {
+    name: &'a str,
     samples: u32,
     size: u64,
+    layout: CacheLayout,
+}
+
+/// The exchange's byte rates: per second of the slowest rank, and per CPU second of all
+/// ranks together (what a machine shared with other work shows more steadily).
+#[derive(Clone, Copy)]
+struct Rates {
+    wall: f64,
+    cpu: f64,
+}
+
+/// Runs `sc`; returns the exchange's byte rates.
+fn scenario(
+    comm: &mut dyn Comm,
+    sc: &Scenario<'_>,
     fraction: f64,
     tmp: &std::path::Path,
-) {
+    per_100kb: &[(CacheLayout, Rates)],
+) -> Rates {
+    let Scenario {
+        name,
+        samples,
+        size,
+        layout,
+    } = *sc;
     let world = comm.size();
     let classes = (0..10)
         .map(|c| {
@@ -183,12 +250,9 @@ fn scenario(
         seed: 11,
     })
     .unwrap();
-    let dir = tmp.join(format!("{name}-rank{}", comm.rank()));
+    let dir = tmp.join(format!("{name}-{layout}-rank{}", comm.rank()));
     let _ = std::fs::remove_dir_all(&dir);
-    let source = Arc::new(SyntheticSource {
-        manifest: manifest.clone(),
-    });
-    let store = SampleStore::new(CacheDir::open(&dir).unwrap(), manifest.clone(), source).unwrap();
+    let store = store_in(&dir, &manifest, layout);
     let cur = plan.initial();
     for &id in cur.share(comm.rank()) {
         store.ensure(id).unwrap();
@@ -206,6 +270,7 @@ fn scenario(
     nix::unistd::sync();
     barrier(comm);
     let t0 = Instant::now();
+    let cpu0 = cpu_seconds();
     let tracker = ExchangeTracker::default();
     // SHUFFLEFS_BENCH_STRATEGY=ring: one peer each way per round instead of every peer.
     let strategy = match std::env::var("SHUFFLEFS_BENCH_STRATEGY").as_deref() {
@@ -225,10 +290,11 @@ fn scenario(
     )
     .unwrap();
     let exch = max_time(comm, t0.elapsed().as_secs_f64());
+    let cpu = sum(comm, cpu_seconds() - cpu0);
     // After the exchange: its deletes would otherwise make the exchange's file creates pay
     // ext4's scan of recently freed inodes (`recently_deleted`).
-    let floor_dir = tmp.join(format!("{name}-floor-rank{}", comm.rank()));
-    let floor = disk_floor(comm, &manifest, &step, &floor_dir);
+    let floor_dir = tmp.join(format!("{name}-{layout}-floor-rank{}", comm.rank()));
+    let floor = disk_floor(comm, &manifest, &step, &floor_dir, layout);
     if std::env::var_os("SHUFFLEFS_BENCH_DETAIL").is_some()
         && let Some(r) = tracker.snapshot().pop()
     {
@@ -245,21 +311,38 @@ fn scenario(
         .ok()
         .and_then(|v| v.parse::<f64>().ok())
         .map(|rate| link_floor(comm, &pairs, rate));
+    let rates = Rates {
+        wall: bytes as f64 / exch,
+        cpu: bytes as f64 / cpu,
+    };
     if comm.rank() == 0 {
         let rate = |secs: f64| bytes as f64 / secs / 1e6;
         let vs_link = link.map_or("-".to_string(), |l| format!("{:.2}x", l / exch));
+        let vs = |l: CacheLayout| {
+            per_100kb
+                .iter()
+                .find(|(x, _)| *x == l)
+                .map_or("-".to_string(), |(_, r)| {
+                    format!("{:.2}x / {:.2}x", rates.wall / r.wall, rates.cpu / r.cpu)
+                })
+        };
         println!(
-            "| {name} | {samples} x {size} B, Q={fraction} | {moved:.0} | {:.0} MB/s | {:.0} MB/s | {:.0} MB/s | {:.2}x | {:.2}x | {vs_link} | {:.0} |",
+            "| {name} | {layout} | {samples} x {size} B, Q={fraction} | {moved:.0} | {:.0} MB/s | {:.0} MB/s | {:.0} MB/s | {:.2}x | {:.2}x | {vs_link} | {:.0} | {cpu:.2} s, {:.0} MB/CPU-s | {} | {} |",
             rate(base),
             rate(floor),
             rate(exch),
             exch.recip() / base.recip(),
             exch.recip() / floor.recip(),
-            moved / exch
+            moved / exch,
+            rates.cpu / 1e6,
+            vs(layout),
+            vs(CacheLayout::Files),
         );
     }
+    drop(store);
     barrier(comm);
     let _ = std::fs::remove_dir_all(&dir);
+    rates
 }
 
 fn main() {
@@ -272,17 +355,43 @@ fn main() {
     if comm.rank() == 0 {
         println!("ranks: {}, cache under {}", comm.size(), tmp.display());
         println!(
-            "| scenario | dataset | samples moved | MPI p2p baseline | disk floor | exchange | exchange / MPI | exchange / disk | exchange / link | exchange samples/s |"
+            "| scenario | layout | dataset | samples moved | MPI p2p baseline | disk floor | exchange | exchange / MPI | exchange / disk | exchange / link | exchange samples/s | exchange CPU (all ranks) | bytes/s vs 100KB same layout (wall / per CPU-s) | vs 100KB files (wall / per CPU-s) |"
         );
-        println!("|---|---|---|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     }
-    // SCENARIOS=100KB (or 4KB) runs one of them.
+    // SCENARIOS=100KB,4KB,362B (the default; any subset, run in this order), LAYOUTS=files,packed.
     let only = std::env::var("SCENARIOS").unwrap_or_default();
     let wanted = |name: &str| only.is_empty() || only.split(',').any(|s| s == name);
-    if wanted("100KB") {
-        scenario(&mut comm, "100KB", 8000, 100_000, 1.0, &tmp);
-    }
-    if wanted("4KB") {
-        scenario(&mut comm, "4KB", 100_000, 4096, 1.0, &tmp);
+    let layouts: Vec<CacheLayout> = match std::env::var("LAYOUTS").as_deref() {
+        Ok(list) if !list.is_empty() => list
+            .split(',')
+            .map(|l| {
+                <CacheLayout as clap::ValueEnum>::from_str(l, true)
+                    .unwrap_or_else(|e| panic!("LAYOUTS: {l}: {e}"))
+            })
+            .collect(),
+        _ => vec![CacheLayout::Files, CacheLayout::Packed],
+    };
+    let mut per_100kb = Vec::new();
+    for (name, samples, size) in [
+        ("100KB", 8000, 100_000),
+        ("4KB", 100_000, 4096),
+        ("362B", 400_000, 362),
+    ] {
+        if !wanted(name) {
+            continue;
+        }
+        for &layout in &layouts {
+            let sc = Scenario {
+                name,
+                samples,
+                size,
+                layout,
+            };
+            let rate = scenario(&mut comm, &sc, 1.0, &tmp, &per_100kb);
+            if name == "100KB" {
+                per_100kb.push((layout, rate));
+            }
+        }
     }
 }

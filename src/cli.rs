@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::cache::CacheLayout;
 use crate::coded::calc::{CalcInput, Storage};
 use crate::coded::{DEFAULT_NU, Scheme};
 use crate::dataset::records::MAX_RECORD;
@@ -179,6 +180,26 @@ pub struct MountArgs {
     /// restarts").
     #[arg(long, help_heading = "Data")]
     pub cache: String,
+
+    /// How the cache stores samples: `files` (one file per sample) or `packed` (append-only
+    /// segment files, for millions of small records) [default: files for imagefolder].
+    #[arg(
+        long,
+        value_enum,
+        help_heading = "Data",
+        long_help = "How the cache folder stores samples [default: files for --format imagefolder].\n\n\
+            files: one file per sample (CACHE/samples/<id>). Reads can pass through to the \
+            file (--read-path passthrough) and ranks of one host hand samples over by hard \
+            link. Best for samples of tens of KB and more.\n\n\
+            packed: samples appended as records to a few large segment files \
+            (CACHE/segments/*.seg) with an index in memory (16 bytes a sample), a checksum per \
+            record, crash recovery at start-up and background compaction of records that \
+            left. No file per sample, so millions of small records cost no inodes; reads go \
+            through the daemon (no passthrough) and ranks of one host exchange through MPI.\n\n\
+            A cache keeps the layout it was built with: mounting it with the other one is \
+            refused; pass --reset-cache to rebuild it in the new layout."
+    )]
+    pub cache_layout: Option<CacheLayout>,
 
     /// Fraction Q of each rank's share sent to other ranks before every epoch (0 = local
     /// shuffling only, 1 = full global reshuffle). Each cache holds up to (1+Q) x its share.
@@ -369,6 +390,12 @@ impl MountArgs {
         })
     }
 
+    /// `--cache-layout`, or the default for `--format`.
+    pub fn layout(&self) -> CacheLayout {
+        self.cache_layout
+            .unwrap_or_else(|| CacheLayout::default_for(self.format))
+    }
+
     /// `--fuse-threads`, or its default for this machine and whether reads will pass
     /// through (see `sys::kernel::may_pass_through`).
     pub fn fuse_threads(&self, passes_through: bool) -> usize {
@@ -506,6 +533,35 @@ mod tests {
             both.is_err(),
             "--fraction and --cache-fraction exclude each other"
         );
+    }
+
+    #[test]
+    fn the_cache_layout_defaults_by_format_and_can_be_chosen() {
+        use crate::cache::CacheLayout;
+        let layout = |extra: &[&str]| {
+            let args = [
+                "shufflefs",
+                "mount",
+                "--source",
+                "/s",
+                "--cache",
+                "/c",
+                "/m",
+            ];
+            match Cli::try_parse_from(args.iter().chain(extra)).map(|c| c.command) {
+                Ok(Command::Mount(m)) => Ok(m.layout()),
+                Ok(_) => unreachable!(),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        assert_eq!(layout(&[]), Ok(CacheLayout::Files));
+        assert_eq!(
+            layout(&["--cache-layout", "packed"]),
+            Ok(CacheLayout::Packed)
+        );
+        assert_eq!(layout(&["--cache-layout", "files"]), Ok(CacheLayout::Files));
+        let err = layout(&["--cache-layout", "pack"]).unwrap_err();
+        assert!(err.contains("files") && err.contains("packed"), "{err}");
     }
 
     #[test]

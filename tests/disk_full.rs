@@ -181,7 +181,7 @@ fn disk_full_during_exchange_keeps_the_current_view_serving() {
 }
 
 /// A cache on a 1 MB tmpfs under a 3 MB share: samples that do not fit are read from the
-/// source through memory, in both read paths, and the status says why.
+/// source through memory, in both read paths and both cache layouts, and the status says why.
 #[test]
 fn a_cache_smaller_than_the_share_still_serves_every_byte() {
     if !require_fuse() {
@@ -199,15 +199,22 @@ fn a_cache_smaller_than_the_share_still_serves_every_byte() {
         .numbered_class("a", 30, |i| 50_000 + i as u64)
         .numbered_class("b", 30, |i| 60_000 - i as u64)
         .build();
-    for read_path in ["passthrough", "page-cache"] {
-        let cache = data.dir(&format!("cache-{read_path}"));
+    for (read_path, layout) in [
+        ("passthrough", "files"),
+        ("page-cache", "files"),
+        ("passthrough", "packed"),
+        ("page-cache", "packed"),
+    ] {
+        let read_path = read_path.to_string();
+        let cache = data.dir(&format!("cache-{read_path}-{layout}"));
         mount_tmpfs(&cache, "1m");
         let d = Daemon::mount(
             &data.root,
             &cache,
-            &data.dir(&format!("mnt-{read_path}")),
-            &["--read-path", read_path],
+            &data.dir(&format!("mnt-{read_path}-{layout}")),
+            &["--read-path", &read_path, "--cache-layout", layout],
         );
+        let read_path = format!("{read_path}, {layout}");
         for s in &data.samples {
             let p = d.mnt.join("epoch-0").join(s.rel());
             let got = std::fs::read(&p).unwrap_or_else(|e| panic!("{read_path}: {p:?}: {e}"));

@@ -45,7 +45,12 @@ struct Job {
 
 impl Job {
     fn start(fraction: f64, source_files: &[(&str, usize, usize)]) -> Job {
-        Job::start_with(fraction, 5, |source| {
+        Job::start_in(fraction, source_files, "files")
+    }
+
+    /// As `start`, with the caches in `--cache-layout layout`.
+    fn start_in(fraction: f64, source_files: &[(&str, usize, usize)], layout: &str) -> Job {
+        Job::start_with_layout(fraction, 5, layout, |source| {
             for &(class, count, size) in source_files {
                 std::fs::create_dir_all(source.join(class)).unwrap();
                 for i in 0..count {
@@ -60,6 +65,10 @@ impl Job {
     }
 
     fn start_with(fraction: f64, seed: u64, build: impl FnOnce(&Path)) -> Job {
+        Job::start_with_layout(fraction, seed, "files", build)
+    }
+
+    fn start_with_layout(fraction: f64, seed: u64, layout: &str, build: impl FnOnce(&Path)) -> Job {
         let dir = tempfile::tempdir().unwrap();
         let source = dir.path().join("src");
         build(&source);
@@ -78,6 +87,7 @@ impl Job {
             ])
             .arg("--fraction")
             .arg(fraction.to_string())
+            .args(["--cache-layout", layout])
             .arg("--source")
             .arg(&source)
             .arg("--cache")
@@ -189,10 +199,21 @@ impl Drop for Job {
 
 #[test]
 fn four_ranks_partition_and_exchange_over_epochs() {
+    partition_and_exchange_over_epochs("files");
+}
+
+/// The same with packed caches: samples move between segment files, whose ranks share a
+/// host but exchange through MPI (no sample files to take from each other's caches).
+#[test]
+fn four_ranks_partition_and_exchange_over_epochs_with_packed_caches() {
+    partition_and_exchange_over_epochs("packed");
+}
+
+fn partition_and_exchange_over_epochs(layout: &str) {
     if !require_mpi() {
         return;
     }
-    let job = Job::start(
+    let job = Job::start_in(
         0.3,
         &[
             ("cat", 60, 40_000),
@@ -200,6 +221,7 @@ fn four_ranks_partition_and_exchange_over_epochs() {
             ("empty", 0, 0),
             ("eel", 3, 10),
         ],
+        layout,
     );
     let total: usize = 113;
     let mut previous: Option<BTreeMap<String, u32>> = None;
@@ -223,6 +245,7 @@ fn four_ranks_partition_and_exchange_over_epochs() {
         for rank in 0..RANKS as usize {
             let st = job.status(rank);
             assert_eq!(st["epoch"], epoch);
+            assert_eq!(st["cache"]["layout"], layout);
             assert_eq!(st["world_size"], RANKS);
             let share = st["share_samples"].as_u64().unwrap();
             let cached = st["cache"]["files"].as_u64().unwrap();

@@ -380,6 +380,7 @@ impl World {
                     exchange_scope: Default::default(),
                     hosts: None,
                     world_history: Vec::new(),
+                    layout: Default::default(),
                 })
                 .unwrap();
                 d

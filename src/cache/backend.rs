@@ -30,6 +30,7 @@ use std::path::Path;
 use std::sync::{Condvar, Mutex};
 use std::time::SystemTime;
 
+use super::CacheLayout;
 use crate::plan::SampleId;
 
 /// A complete sample a backend found at start-up.
@@ -104,23 +105,38 @@ pub trait CacheBackend: Send + Sync {
     /// passthrough). `None`: this backend has no such file (packed storage); readers then
     /// go through [`read_at`](Self::read_at).
     fn file(&self, id: SampleId) -> Option<io::Result<File>>;
+    /// The `--cache-layout` this backend stores (the status shows it).
+    fn layout(&self) -> CacheLayout {
+        CacheLayout::Files
+    }
 }
 
 /// The samples being written right now; see the module docs.
 #[derive(Default)]
 pub struct Claims {
-    held: Mutex<HashSet<SampleId>>,
+    held: Mutex<Held>,
     released: Condvar,
+}
+
+#[derive(Default)]
+struct Held {
+    ids: HashSet<SampleId>,
+    /// Claimers waiting for a release. A release wakes them only if there are any: a
+    /// wake-up is a system call, paid per sample written (a million times an exchange of
+    /// small records) though a wait is rare.
+    waiting: usize,
 }
 
 impl Claims {
     /// Claims sample `id` for writing, waiting while another writer holds it.
     pub fn claim(&self, id: SampleId) -> Claim<'_> {
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        while held.contains(&id) {
+        while held.ids.contains(&id) {
+            held.waiting += 1;
             held = self.released.wait(held).unwrap_or_else(|e| e.into_inner());
+            held.waiting -= 1;
         }
-        held.insert(id);
+        held.ids.insert(id);
         Claim { id, claims: self }
     }
 }
@@ -140,8 +156,10 @@ impl Claim<'_> {
 impl Drop for Claim<'_> {
     fn drop(&mut self) {
         let mut held = self.claims.held.lock().unwrap_or_else(|e| e.into_inner());
-        held.remove(&self.id);
-        self.claims.released.notify_all();
+        held.ids.remove(&self.id);
+        if held.waiting > 0 {
+            self.claims.released.notify_all();
+        }
     }
 }
 

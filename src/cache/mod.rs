@@ -8,6 +8,8 @@
 //!                       the folder as a live rank's (see `daemon::resize`)
 //! CACHE/samples/<id>    one file per cached sample (the file backend, `files.rs`)
 //! CACHE/tmp/<id>        samples being written; emptied at startup
+//! CACHE/segments/*.seg  records appended to segment files (the packed backend, `packed/`),
+//!                       instead of samples/ and tmp/ (`--cache-layout`, `layout.rs`)
 //! ```
 //! Three layers: [`CacheDir`] owns the folder, its lock and the small state files;
 //! a [`CacheBackend`] stores sample bytes by id (`backend.rs`: the trait, and the claims that
@@ -36,10 +38,14 @@ use crate::plan::{ExchangeScope, HostLayout, PlanError};
 
 mod backend;
 mod files;
+mod layout;
+mod packed;
 mod store;
 
 pub use backend::{CacheBackend, Claim, Claims, Commit, Recovered, SampleWriter, Stored};
 pub use files::FileBackend;
+pub use layout::CacheLayout;
+pub use packed::{PackedBackend, PackedConfig};
 pub use store::{Adopted, Bitset, SampleStore, StoreStats};
 
 /// Bump when the layout or the plan's output changes: old caches are then refused.
@@ -91,6 +97,9 @@ pub struct CacheState {
     /// ran on `world_size` ranks, so such state files stay as they were.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub world_history: Vec<Era>,
+    /// `--cache-layout`. Left out when `files`, so older state files (all `files`) load.
+    #[serde(default, skip_serializing_if = "CacheLayout::is_files")]
+    pub layout: CacheLayout,
 }
 
 impl CacheState {
@@ -155,6 +164,11 @@ impl CacheState {
             "--exchange-scope",
             self.exchange_scope.to_string(),
             other.exchange_scope.to_string(),
+        );
+        check(
+            "--cache-layout",
+            self.layout.to_string(),
+            other.layout.to_string(),
         );
         // Only where both are node scope: otherwise the scope line above says it all.
         if let (Some(was), Some(now)) = (&self.hosts, &other.hosts)
@@ -301,6 +315,41 @@ impl CacheDir {
             source,
         })
     }
+
+    /// The backend of `layout` storing this folder's samples.
+    pub fn backend(
+        &self,
+        layout: CacheLayout,
+        samples: u32,
+    ) -> Result<Box<dyn CacheBackend>, CacheError> {
+        Ok(match layout {
+            CacheLayout::Files => Box::new(self.file_backend(samples)?),
+            CacheLayout::Packed => {
+                Box::new(PackedBackend::open(&self.root, samples).map_err(|source| {
+                    CacheError::NotWritable {
+                        path: self.root.clone(),
+                        source,
+                    }
+                })?)
+            }
+        })
+    }
+
+    /// Deletes what the layouts other than `layout` stored here (a cache being rebuilt in
+    /// another layout would otherwise keep the old copy's disk space).
+    pub fn remove_other_layouts(&self, layout: CacheLayout) -> Result<(), CacheError> {
+        let others: &[&str] = match layout {
+            CacheLayout::Files => &[packed::SEGMENTS],
+            CacheLayout::Packed => &["samples", "tmp"],
+        };
+        for name in others {
+            match fs::remove_dir_all(self.root.join(name)) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(self.io_err()(e)),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Writes `name` under `dir` so that a crash leaves the old or the new content, never a mix.
@@ -342,6 +391,7 @@ mod tests {
             exchange_scope: ExchangeScope::Global,
             hosts: None,
             world_history: Vec::new(),
+            layout: CacheLayout::Files,
         }
     }
 

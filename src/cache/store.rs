@@ -188,6 +188,11 @@ impl SampleStore {
         &self.manifest
     }
 
+    /// How the backend lays samples out on disk (`--cache-layout`).
+    pub fn layout(&self) -> super::CacheLayout {
+        self.backend.layout()
+    }
+
     pub fn contains(&self, id: SampleId) -> bool {
         self.backend.contains(id)
     }
@@ -483,6 +488,32 @@ impl SampleStore {
             .adopted_bytes
             .fetch_add(recorded.len, Ordering::Relaxed);
         Ok(adopted)
+    }
+
+    /// Takes sample `id` from `other`, another cache folder on this host that no daemon
+    /// writes (a gone rank's, see `node::regrow`): by [`adopt_from_peer`](Self::adopt_from_peer)
+    /// when it keeps one file per sample, else by copying its record, checked against the
+    /// checksum `other` recorded (a packed cache has no file to hand over).
+    pub fn adopt_from_store(&self, id: SampleId, other: &SampleStore) -> io::Result<Adopted> {
+        if other.layout() == super::CacheLayout::Files {
+            return self.adopt_from_peer(id, other.dir().root());
+        }
+        if self.contains(id) {
+            return Ok(Adopted::AlreadyHeld(self.size(id).unwrap_or(0)));
+        }
+        let claim = self.claims.claim(id);
+        if self.contains(id) {
+            return Ok(Adopted::AlreadyHeld(self.size(id).unwrap_or(0)));
+        }
+        let mut stored = other.backend.open(id)?;
+        self.write_claimed_from(&claim, Origin::Stream, |out| {
+            io::copy(&mut stored.reader, out)?;
+            Ok(stored.recorded_crc)
+        })?;
+        let len = self.size(id).unwrap_or(0);
+        self.stats.adopted_copied.fetch_add(1, Ordering::Relaxed);
+        self.stats.adopted_bytes.fetch_add(len, Ordering::Relaxed);
+        Ok(Adopted::Copied(len))
     }
 
     /// Opens sample `id` for reading whole (fetching it first if needed), with the checksum

@@ -81,7 +81,8 @@ pub fn run(
         ..ExchangeConfig::default()
     };
     // Which ranks of this host can take samples from each other's caches (collective).
-    let share = args.share_disk == crate::cli::ShareDisk::Auto;
+    // A packed cache has no sample files a peer could take: its host exchanges through MPI.
+    let share = args.share_disk == crate::cli::ShareDisk::Auto && args.layout().is_files();
     let peers = Peers::discover(comm, store.dir().root(), share).map_err(DaemonError::Peers)?;
     let (node, exchanges) = Node::start(
         store.clone(),

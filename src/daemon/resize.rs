@@ -17,6 +17,7 @@
 //!
 //! Under `--exchange-scope node` a change of world size is refused (see `plan::elastic`).
 
+use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -169,7 +170,14 @@ pub fn open_orphans(
         .into_iter()
         .filter_map(|o| {
             let root = o.dir.root().to_path_buf();
-            SampleStore::new(o.dir, manifest.clone(), dataset.clone())
+            // A gone rank's folder has the job's layout: `belongs` checked its state.
+            o.dir
+                .backend(o.state.layout, manifest.len())
+                .map_err(io::Error::other)
+                .and_then(|backend| {
+                    SampleStore::with_backend(o.dir, backend, manifest.clone(), dataset.clone())
+                        .map_err(io::Error::other)
+                })
                 .map_err(|e| tracing::warn!(folder = %root.display(), error = %e, "cannot read the cache of a gone rank; left alone"))
                 .ok()
         })
@@ -286,6 +294,7 @@ mod tests {
             exchange_scope: ExchangeScope::Global,
             hosts: None,
             world_history: Vec::new(),
+            layout: Default::default(),
         }
     }
 

@@ -178,43 +178,45 @@ pub fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, StartE
             ExchangeScope::Node => Some(comm.hosts().to_vec()),
         },
         world_history: Vec::new(), // set once the job's history is known
+        layout: args.layout(),
     };
-    let backend = dir.file_backend(manifest.len());
-    let local = backend.map_err(|e| e.to_string()).and_then(|backend| {
-        let mine = match state {
-            // Another world size is an elastic restart (`resize`), not a mismatch.
-            Some(s) if resize::belongs(&s, &expected) => {
-                s.history().map_err(|e| {
-                    CacheError::Corrupt {
-                        path: cache_path.clone(),
-                        what: "a state file",
-                        detail: e.to_string(),
-                    }
-                    .to_string()
-                })?;
-                Some(s)
+    // Refused before the backend opens: opening creates its folders (another layout's, for
+    // a cache refused for its layout).
+    let kept = match state {
+        // Another world size is an elastic restart (`resize`), not a mismatch.
+        Some(s) if resize::belongs(&s, &expected) => match s.history() {
+            Ok(_) => Ok(Some(s)),
+            Err(e) => Err(CacheError::Corrupt {
+                path: cache_path.clone(),
+                what: "a state file",
+                detail: e.to_string(),
             }
-            Some(s) if !args.reset_cache => {
-                return Err(format!(
-                    "cache folder {} was built with other settings; pass --reset-cache to rebuild it, or use the old settings:\n  {}",
-                    cache_path.display(),
-                    resize::differences(&s, &expected).join("\n  ")
-                ));
-            }
-            _ => {
-                use crate::cache::CacheBackend as _;
-                backend.clear().map_err(|e| {
-                    CacheError::Io {
-                        path: cache_path.clone(),
-                        source: e,
-                    }
-                    .to_string()
-                })?;
-                dir.forget_state().map_err(|e| e.to_string())?;
-                None
-            }
-        };
-        Ok((mine, backend))
+            .to_string()),
+        },
+        Some(s) if !args.reset_cache => Err(format!(
+            "cache folder {} was built with other settings; pass --reset-cache to rebuild it, or use the old settings:\n  {}",
+            cache_path.display(),
+            resize::differences(&s, &expected).join("\n  ")
+        )),
+        _ => Ok(None),
+    };
+    let local = kept.and_then(|kept| {
+        let backend = dir
+            .backend(args.layout(), manifest.len())
+            .map_err(|e| e.to_string())?;
+        if kept.is_none() {
+            backend.clear().map_err(|e| {
+                CacheError::Io {
+                    path: cache_path.clone(),
+                    source: e,
+                }
+                .to_string()
+            })?;
+            dir.remove_other_layouts(args.layout())
+                .map_err(|e| e.to_string())?;
+            dir.forget_state().map_err(|e| e.to_string())?;
+        }
+        Ok((kept, backend))
     });
     everyone_ok(comm, local.as_ref().map(|_| ()).map_err(Clone::clone))?;
     let (mine, backend) = local.expect("checked above");
@@ -259,7 +261,7 @@ pub fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, StartE
     let dataset = args.format.open(&args.source, manifest.clone());
     let store = Arc::new(SampleStore::with_backend(
         dir,
-        Box::new(backend),
+        backend,
         manifest.clone(),
         dataset.clone(),
     )?);
@@ -357,6 +359,7 @@ fn shared_settings(args: &MountArgs) -> Vec<(&'static str, String)> {
         ("--format", format!("{:?}", args.format).to_lowercase()),
         ("--fraction", args.fraction.to_string()),
         ("--exchange-scope", args.exchange_scope.to_string()),
+        ("--cache-layout", args.layout().to_string()),
         (
             "--seed",
             args.seed.map_or("(default)".into(), |s| s.to_string()),
@@ -440,22 +443,30 @@ mod tests {
         }
 
         fn args(&self, scope: &str) -> MountArgs {
+            self.args_with(scope, &[])
+        }
+
+        fn args_with(&self, scope: &str, extra: &[&str]) -> MountArgs {
             let p = |name: &str| self.root.path().join(name).display().to_string();
-            let cli = Cli::parse_from([
-                "shufflefs",
-                "mount",
-                "--source",
-                &p("src"),
-                "--cache",
-                &p("cache-{rank}"),
-                "--seed",
-                "5",
-                "--fraction",
-                "0.5",
-                "--exchange-scope",
-                scope,
-                &p("mnt-{rank}"),
-            ]);
+            let cli = Cli::parse_from(
+                [
+                    "shufflefs",
+                    "mount",
+                    "--source",
+                    &p("src"),
+                    "--cache",
+                    &p("cache-{rank}"),
+                    "--seed",
+                    "5",
+                    "--fraction",
+                    "0.5",
+                    "--exchange-scope",
+                    scope,
+                    &p("mnt-{rank}"),
+                ]
+                .into_iter()
+                .chain(extra.iter().copied()),
+            );
             match cli.command {
                 Command::Mount(args) => args,
                 Command::Unmount(_) | Command::Plan(_) => unreachable!(),
@@ -540,6 +551,71 @@ mod tests {
         assert!(!text.contains("scope") && !text.contains("hosts"), "{text}");
         // Other hosts: the same global cache resumes.
         assert!(folders.start("global", &[0, 1]).iter().all(Result::is_ok));
+    }
+
+    /// A cache keeps the layout it was built with: the other one is refused, naming both,
+    /// until `--reset-cache` rebuilds it (and deletes the old layout's files).
+    #[test]
+    fn a_cache_keeps_its_layout() {
+        use crate::cache::CacheLayout;
+        let folders = Folders::new(1);
+        let start = |extra: &[&str]| {
+            let mut comm = LocalComm::world(1).pop().unwrap();
+            prepare(&folders.args_with("global", extra), &mut comm)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        let cache = folders.root.path().join("cache-0");
+        start(&[]).unwrap();
+        assert_eq!(folders.state(0).layout, CacheLayout::Files);
+        assert!(cache.join("samples").is_dir());
+        let err = start(&["--cache-layout", "packed"]).unwrap_err();
+        assert!(
+            err.contains("--cache-layout: cache has files, now packed")
+                && err.contains("--reset-cache"),
+            "{err}"
+        );
+        assert!(
+            !cache.join("segments").exists(),
+            "a refused layout created nothing"
+        );
+        start(&["--cache-layout", "packed", "--reset-cache"]).unwrap();
+        assert_eq!(folders.state(0).layout, CacheLayout::Packed);
+        assert!(!cache.join("samples").exists() && cache.join("segments").is_dir());
+        start(&["--cache-layout", "packed"]).unwrap();
+        let err = start(&[]).unwrap_err();
+        assert!(err.contains("cache has packed, now files"), "{err}");
+        assert!(
+            !cache.join("samples").exists(),
+            "a refused layout created nothing"
+        );
+    }
+
+    #[test]
+    fn ranks_must_agree_on_the_cache_layout() {
+        let folders = Folders::new(2);
+        let (files, packed) = (
+            folders.args("global"),
+            folders.args_with("global", &["--cache-layout", "packed"]),
+        );
+        let handles: Vec<_> = LocalComm::world(2)
+            .into_iter()
+            .zip([files, packed])
+            .map(|(mut comm, args)| {
+                std::thread::spawn(move || {
+                    prepare(&args, &mut comm)
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        for h in handles {
+            let err = h.join().unwrap().unwrap_err();
+            assert!(
+                err.contains("rank 1 was started with --cache-layout packed, rank 0 with files"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

@@ -168,7 +168,7 @@ pub fn regrow(
 /// Takes sample `id` from the first orphan that has it; whether it is now cached.
 fn adopt(store: &SampleStore, orphans: &[SampleStore], id: SampleId) -> bool {
     for orphan in orphans.iter().filter(|o| o.contains(id)) {
-        match store.adopt_from_peer(id, orphan.dir().root()) {
+        match store.adopt_from_store(id, orphan) {
             Ok(_) => return true,
             Err(e) => {
                 tracing::warn!(sample = id, error = %e, "could not take a sample from a gone rank's cache")

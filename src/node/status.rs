@@ -20,6 +20,8 @@ pub trait StatusReport: Send + Sync {
 #[derive(Serialize)]
 struct CacheSnapshot {
     dir: PathBuf,
+    /// `files` or `packed` (see `--cache-layout`).
+    layout: crate::cache::CacheLayout,
     files: u64,
     bytes: u64,
     fetched_from_source: u64,
@@ -150,6 +152,7 @@ impl StatusReport for DaemonStatus {
             exchange: self.exchange.snapshot(),
             cache: CacheSnapshot {
                 dir: self.store.dir().root().to_path_buf(),
+                layout: self.store.layout(),
                 files: stats.files.load(Ordering::Relaxed),
                 bytes: stats.bytes.load(Ordering::Relaxed),
                 fetched_from_source: stats.fetched_from_source.load(Ordering::Relaxed),

@@ -2,7 +2,7 @@
 //! link and by copy, what either leaves, what is refused, and claims against fetches.
 
 use super::*;
-use crate::cache::{Claim, FileBackend, Recovered, SampleWriter};
+use crate::cache::{CacheLayout, Claim, FileBackend, Recovered, SampleWriter};
 use crate::dataset::manifest::Manifest;
 use crate::dataset::{Copied, SyntheticSource, synthetic_byte};
 use std::fs;
@@ -69,6 +69,15 @@ fn store_in(root: &Path, manifest: &Arc<Manifest>) -> SampleStore {
     .unwrap()
 }
 
+/// A rank's store over the backend of `layout` in `root`.
+fn store_with_layout(root: &Path, manifest: &Arc<Manifest>, layout: CacheLayout) -> SampleStore {
+    let dir = CacheDir::open(root).unwrap();
+    let backend = dir.backend(layout, manifest.len()).unwrap();
+    SampleStore::with_backend(dir, backend, manifest.clone(), synthetic(manifest)).unwrap()
+}
+
+const LAYOUTS: [CacheLayout; 2] = [CacheLayout::Files, CacheLayout::Packed];
+
 /// A rank's store whose backend cannot link (the trait's default `adopt`).
 fn store_without_links(root: &Path, manifest: &Arc<Manifest>) -> SampleStore {
     let dir = CacheDir::open(root).unwrap();
@@ -116,7 +125,12 @@ fn assert_cached_like(store: &SampleStore, root: &Path, id: SampleId, len: u64, 
     let mut got = Vec::new();
     stored.reader.read_to_end(&mut got).unwrap();
     assert_eq!(got, want);
-    let mut file = store.file(id).unwrap().unwrap();
+    // A packed store has no file per sample: the checks above are all there is to it.
+    let Some(file) = store.file(id) else {
+        assert!(!root.join("samples").exists());
+        return;
+    };
+    let mut file = file.unwrap();
     got.clear();
     file.read_to_end(&mut got).unwrap();
     assert_eq!(got, want);
@@ -209,28 +223,47 @@ fn our_remove_leaves_the_peers_copy_whole() {
 
 #[test]
 fn a_backend_that_cannot_link_copies_checked_with_the_peers_record() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (_peer, peer_root) = peer_holding(tmp.path(), &[7]);
-    let recorded = FileBackend::recorded_in(&peer_root, 7).unwrap();
-    let root = tmp.path().join("ours");
-    let store = store_without_links(&root, &manifest());
+    // The file backend without links, and the packed one (which never links).
+    for packed in [false, true] {
+        let tmp = tempfile::tempdir().unwrap();
+        let (_peer, peer_root) = peer_holding(tmp.path(), &[7]);
+        let root = tmp.path().join("ours");
+        let store = match packed {
+            false => store_without_links(&root, &manifest()),
+            true => store_with_layout(&root, &manifest(), CacheLayout::Packed),
+        };
+        copies_checked_with_the_peers_record(store, &root, &peer_root, packed);
+    }
+}
+
+fn copies_checked_with_the_peers_record(
+    store: SampleStore,
+    root: &Path,
+    peer_root: &Path,
+    packed: bool,
+) {
+    let recorded = FileBackend::recorded_in(peer_root, 7).unwrap();
     let len = manifest().size(7).unwrap();
     assert_eq!(
-        store.adopt_from_peer(7, &peer_root).unwrap(),
+        store.adopt_from_peer(7, peer_root).unwrap(),
         Adopted::Copied(len)
     );
-    let (ours, theirs) = (stat(&root, 7), stat(&peer_root, 7));
-    assert_ne!(ours.ino(), theirs.ino());
-    assert_eq!((ours.nlink(), theirs.nlink()), (1, 1));
-    assert_cached_like(&store, &root, 7, len, recorded);
+    if !packed {
+        let (ours, theirs) = (stat(root, 7), stat(peer_root, 7));
+        assert_ne!(ours.ino(), theirs.ino());
+        assert_eq!((ours.nlink(), theirs.nlink()), (1, 1));
+    }
+    assert_cached_like(&store, root, 7, len, recorded);
     let s = &store.stats;
     assert_eq!(s.adopted_copied.load(Ordering::Relaxed), 1);
     assert_eq!(s.adopted_linked.load(Ordering::Relaxed), 0);
     assert_eq!(s.adopted_bytes.load(Ordering::Relaxed), len);
     assert_eq!(s.files.load(Ordering::Relaxed), 1);
+    store.sync().unwrap();
     drop(store);
-    let store = store_in(&root, &manifest());
-    assert_cached_like(&store, &root, 7, len, recorded);
+    let layout = [CacheLayout::Files, CacheLayout::Packed][usize::from(packed)];
+    let store = store_with_layout(root, &manifest(), layout);
+    assert_cached_like(&store, root, 7, len, recorded);
 }
 
 #[test]
@@ -571,5 +604,113 @@ impl CacheBackend for NoLinks {
     }
     fn file(&self, id: SampleId) -> Option<io::Result<std::fs::File>> {
         self.0.file(id)
+    }
+}
+
+/// The ways in and out of a store, on either layout: fetches, receives (checked and not),
+/// reads, removes, and what a remount finds.
+#[test]
+fn a_store_works_alike_on_either_layout() {
+    for layout in LAYOUTS {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("ours");
+        let m = manifest();
+        let store = store_with_layout(&root, &m, layout);
+        for id in 0..10 {
+            store.ensure(id).unwrap();
+        }
+        let len = |id: SampleId| m.size(id).unwrap();
+        // Received bytes with the right checksum, and with a wrong one (refused, counted).
+        let good = bytes_of(11, len(11));
+        let crc = crc32c::crc32c(&good);
+        assert_eq!(
+            store
+                .insert_with(11, |out| out.write_all(&good).map(|()| Some(crc)))
+                .unwrap(),
+            crc
+        );
+        let e = store
+            .insert_with(12, |out| {
+                out.write_all(&bytes_of(12, len(12)))
+                    .map(|()| Some(crc ^ 1))
+            })
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{layout}");
+        assert!(!store.contains(12), "{layout}");
+        // A length other than the manifest's is refused and leaves nothing.
+        assert!(
+            store
+                .insert_with(13, |out| out.write_all(b"short").map(|()| None))
+                .is_err()
+        );
+        assert!(!store.contains(13));
+        for id in (0..10).chain([11]) {
+            assert_eq!(store.read(id).unwrap(), bytes_of(id, len(id)), "{layout}");
+            let mut stored = store.open_checked(id).unwrap();
+            let mut got = Vec::new();
+            stored.reader.read_to_end(&mut got).unwrap();
+            assert_eq!(got, bytes_of(id, len(id)));
+            assert_eq!(stored.recorded_crc, Some(crc32c::crc32c(&got)), "{layout}");
+        }
+        assert_eq!(store.mtime(3), Some(source_time(3)));
+        assert_eq!(store.file(3).is_some(), layout == CacheLayout::Files);
+        store.remove(4).unwrap();
+        store.remove(4).unwrap();
+        let s = &store.stats;
+        assert_eq!(s.files.load(Ordering::Relaxed), 10, "{layout}");
+        assert_eq!(s.checksum_failures.load(Ordering::Relaxed), 1);
+        store.sync().unwrap();
+        drop(store);
+
+        let store = store_with_layout(&root, &m, layout);
+        assert_eq!(store.stats.files.load(Ordering::Relaxed), 10, "{layout}");
+        assert!(!store.contains(4) && !store.contains(12));
+        for id in [0, 3, 9, 11] {
+            assert_eq!(store.read(id).unwrap(), bytes_of(id, len(id)));
+        }
+        // Fetched ones keep their source time (a received one had none to keep).
+        for id in [0, 3, 9] {
+            assert_eq!(store.mtime(id), Some(source_time(id)), "{layout} {id}");
+        }
+        // A dataset that now lists another size for a sample: the stale copy is dropped.
+        drop(store);
+        let other = manifest_with(|i| if i == 0 { 7 } else { 300 + u64::from(i) * 613 });
+        let store = store_with_layout(&root, &other, layout);
+        assert!(!store.contains(0) && store.contains(1), "{layout}");
+    }
+}
+
+#[test]
+fn concurrent_fetches_and_receives_bring_each_sample_in_once_on_either_layout() {
+    for layout in LAYOUTS {
+        let tmp = tempfile::tempdir().unwrap();
+        let m = manifest();
+        let store = store_with_layout(&tmp.path().join("ours"), &m, layout);
+        std::thread::scope(|s| {
+            s.spawn(|| (0..SAMPLES).for_each(|id| store.ensure(id).unwrap()));
+            s.spawn(|| {
+                for id in (0..SAMPLES).rev() {
+                    let b = bytes_of(id, m.size(id).unwrap());
+                    store
+                        .insert_with(id, |out| out.write_all(&b).map(|()| None))
+                        .unwrap();
+                }
+            });
+            s.spawn(|| {
+                for id in 0..SAMPLES {
+                    if store.contains(id) {
+                        assert_eq!(store.read(id).unwrap(), bytes_of(id, m.size(id).unwrap()));
+                    }
+                }
+            });
+        });
+        assert_eq!(
+            store.stats.files.load(Ordering::Relaxed),
+            u64::from(SAMPLES),
+            "{layout}"
+        );
+        for id in 0..SAMPLES {
+            assert_eq!(store.read(id).unwrap(), bytes_of(id, m.size(id).unwrap()));
+        }
     }
 }

@@ -1,0 +1,199 @@
+//! Start-up: rebuilding the index by reading every segment once (see the module docs for
+//! what a crash can leave, and `format.rs` for the record layout).
+
+use std::collections::BTreeMap;
+use std::fs::{self, OpenOptions};
+use std::io::{self, BufReader, Read};
+use std::sync::Arc;
+
+use super::format::{HEADER, Header, Kind};
+use super::{Entry, Inner, SegFile, SegInfo, from_nanos, lock, seg_name};
+use crate::cache::backend::Recovered;
+use crate::plan::SampleId;
+
+/// The number of a segment file name (`00000012.seg`), if it is one.
+pub(super) fn segment_number(name: &str) -> Option<u32> {
+    let digits = name.strip_suffix(".seg")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok().filter(|&n| n != 0)
+}
+
+/// What the scan learned of one segment.
+struct Scanned {
+    file: fs::File,
+    bytes: u64,
+    tombstones: u64,
+    min_seq: u64,
+}
+
+pub(super) fn recover(
+    inner: &Inner,
+    keep: &dyn Fn(SampleId, u64) -> bool,
+) -> io::Result<Vec<Recovered>> {
+    let _compacting = lock(&inner.compacting);
+    let mut a = lock(&inner.active);
+    let samples = inner.read().index.len();
+    let mut nums: Vec<u32> = fs::read_dir(&inner.dir)?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| segment_number(&e.file_name().to_string_lossy()))
+        .filter(|&n| n != a.seg.num)
+        .collect();
+    nums.sort_unstable();
+
+    // Per id: the highest sequence number seen (0: none), where its record is (default if a
+    // tombstone), and its source time.
+    let mut seqs = vec![0u64; samples];
+    let mut index = vec![Entry::default(); samples];
+    let mut mtimes = vec![0u64; samples];
+    let mut scanned = BTreeMap::new();
+    let mut max_seq = 0;
+    for num in nums {
+        let path = inner.dir.join(seg_name(num));
+        let file = OpenOptions::new().read(true).write(true).open(&path)?;
+        let size = file.metadata()?.len();
+        let mut s = Scanned {
+            file,
+            bytes: 0,
+            tombstones: 0,
+            min_seq: u64::MAX,
+        };
+        let mut reader = BufReader::with_capacity(1 << 20, At::new(&s.file));
+        let mut scratch = vec![0u8; 1 << 16];
+        let mut off = 0u64;
+        while off + HEADER as u64 <= size && off <= u64::from(u32::MAX) {
+            let mut raw = [0u8; HEADER];
+            reader.read_exact(&mut raw)?;
+            let Ok(h) = Header::decode(&raw) else { break };
+            if off + h.record_len() > size {
+                break;
+            }
+            let mut crc = 0;
+            let mut left = h.len;
+            while left > 0 {
+                let n = left.min(scratch.len() as u64) as usize;
+                reader.read_exact(&mut scratch[..n])?;
+                crc = crc32c::crc32c_append(crc, &scratch[..n]);
+                left -= n as u64;
+            }
+            max_seq = max_seq.max(h.seq);
+            let id = h.id as usize;
+            match h.kind {
+                Kind::Data => {
+                    s.min_seq = s.min_seq.min(h.seq);
+                    if crc != h.crc {
+                        tracing::warn!(segment = %path.display(), offset = off, sample = h.id, "cached record fails its checksum; skipped");
+                    } else if id < samples && h.seq > seqs[id] {
+                        seqs[id] = h.seq;
+                        mtimes[id] = h.mtime;
+                        index[id] = Entry {
+                            seg: num,
+                            off: off as u32,
+                            len: h.len,
+                        };
+                    }
+                }
+                Kind::Tombstone => {
+                    s.tombstones += h.record_len();
+                    if id < samples && h.seq > seqs[id] {
+                        seqs[id] = h.seq;
+                        index[id] = Entry::default();
+                    }
+                }
+            }
+            off += h.record_len();
+        }
+        drop(reader);
+        if off < size {
+            tracing::warn!(segment = %path.display(), valid = off, size, "torn tail of a cache segment truncated");
+            s.file.set_len(off)?;
+        }
+        if off == 0 {
+            fs::remove_file(&path)?;
+            continue;
+        }
+        s.bytes = off;
+        scanned.insert(num, s);
+    }
+
+    let mut live = BTreeMap::<u32, u64>::new();
+    let mut found = Vec::new();
+    for (id, e) in index.iter_mut().enumerate() {
+        if e.seg == 0 {
+            continue;
+        }
+        if keep(id as SampleId, e.len) {
+            *live.entry(e.seg).or_default() += HEADER as u64 + e.len;
+            found.push(Recovered {
+                id: id as SampleId,
+                len: e.len,
+                mtime: from_nanos(mtimes[id]),
+            });
+        } else {
+            *e = Entry::default();
+        }
+    }
+    drop((seqs, mtimes));
+
+    let mut st = inner.write();
+    let mut worth = false;
+    for (num, s) in scanned {
+        let live = live.get(&num).copied().unwrap_or(0);
+        // Mapped only now: the scan may have cut the file.
+        let info = SegInfo {
+            file: Arc::new(SegFile::new(num, s.file, s.bytes, s.bytes)),
+            bytes: s.bytes,
+            dead: s.bytes - live - s.tombstones,
+            min_seq: s.min_seq,
+        };
+        worth |= info.worth_compacting(&inner.cfg);
+        st.segments.insert(num, info);
+    }
+    for (id, e) in index.iter().enumerate() {
+        if e.seg != 0 {
+            inner.present.set(id as SampleId);
+        }
+    }
+    st.index = index;
+    drop(st);
+    a.next_seq = a.next_seq.max(max_seq + 1);
+    drop(a);
+    if worth {
+        inner.nudge_if_worthwhile();
+    }
+    Ok(found)
+}
+
+/// Reads a file from a position with `pread`, leaving the file's own offset alone (the
+/// segment file is shared with readers and writers that use positioned calls only).
+pub(super) struct At<'a> {
+    file: &'a fs::File,
+    pos: u64,
+}
+
+impl<'a> At<'a> {
+    pub(super) fn new(file: &'a fs::File) -> At<'a> {
+        At { file, pos: 0 }
+    }
+}
+
+impl io::Seek for At<'_> {
+    fn seek(&mut self, to: io::SeekFrom) -> io::Result<u64> {
+        let pos = match to {
+            io::SeekFrom::Start(p) => Some(p),
+            io::SeekFrom::Current(d) => self.pos.checked_add_signed(d),
+            io::SeekFrom::End(d) => self.file.metadata()?.len().checked_add_signed(d),
+        };
+        self.pos = pos.ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+        Ok(self.pos)
+    }
+}
+
+impl Read for At<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = std::os::unix::fs::FileExt::read_at(self.file, buf, self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
