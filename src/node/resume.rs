@@ -48,9 +48,12 @@ pub fn resume(
         step.next
     };
     let next = plan.step(&current);
+    // A coded run's cache also keeps retained samples (`plan::coded`).
+    let retained = plan.retained(rank, current.epoch);
     let keep = |id: &SampleId| {
         current.share(rank).binary_search(id).is_ok()
             || next.next.share(rank).binary_search(id).is_ok()
+            || retained.binary_search(id).is_ok()
     };
     let mut dropped = 0u64;
     for id in (0..store.manifest().len()).filter(|&id| store.contains(id) && !keep(&id)) {

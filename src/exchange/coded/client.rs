@@ -1,0 +1,266 @@
+//! A compute rank's side of the coded exchange (protocol in the parent module).
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use super::wire::{self, PacketError};
+use super::{
+    BYE, CodedReport, LAST, MORE, Request, Routes, STOP, comm_err, recv_piece, send_request,
+};
+use crate::cache::SampleStore;
+use crate::coded::placement::RandomPlacement;
+use crate::coded::{Instance, Node, Scheme, plan};
+use crate::comm::Comm;
+use crate::exchange::{ExchangeError, ExchangeState, ExchangeTracker};
+use crate::plan::{Plan, Rank, SampleId, Step};
+
+/// One compute rank's coded exchanges, epoch after epoch.
+pub struct CodedClient {
+    node: Node,
+    scheme: Scheme,
+    /// Every rank's cache at the epoch before the next exchange.
+    placement: RandomPlacement,
+    routes: Routes,
+    /// Why the coded exchange ended for good (the server stopped it), if it did.
+    stopped: Option<String>,
+}
+
+impl CodedClient {
+    /// Compute rank `rank` of a coded `plan`, whose next exchange leaves `epoch`.
+    pub fn new(plan: &Plan, rank: Rank, scheme: Scheme, routes: Routes, epoch: u64) -> Self {
+        let shares = plan
+            .coded_shares()
+            .expect("a coded client needs the coded plan");
+        CodedClient {
+            node: rank as Node,
+            scheme,
+            placement: shares.placement_at(epoch),
+            routes,
+            stopped: None,
+        }
+    }
+
+    /// This rank's part of the exchange into `step.next.epoch`; must be called by every
+    /// compute rank for the same step while the server serves it, on the thread that owns
+    /// `world`. Calls `settled` once, when this rank holds what the exchange brings or it
+    /// failed.
+    pub fn run(
+        &mut self,
+        world: &mut dyn Comm,
+        store: &SampleStore,
+        step: &Step,
+        tracker: &ExchangeTracker,
+        abort: &AtomicBool,
+        settled: &mut dyn FnMut(Result<(), &ExchangeError>),
+    ) -> Result<(), ExchangeError> {
+        let target = step.next.epoch;
+        let started = Instant::now();
+        tracker.update(target, |r| r.state = ExchangeState::Running);
+        let result = self.exchange(world, store, target, tracker, abort);
+        let seconds = started.elapsed().as_secs_f64();
+        tracker.update(target, |r| {
+            r.state = match result {
+                Ok(()) => ExchangeState::Done,
+                Err(_) => ExchangeState::Failed,
+            };
+            r.error = result.as_ref().err().map(ToString::to_string);
+            r.settled_seconds = seconds;
+            r.seconds = seconds;
+        });
+        settled(result.as_ref().map(|_| ()));
+        result
+    }
+
+    fn exchange(
+        &mut self,
+        world: &mut dyn Comm,
+        store: &SampleStore,
+        target: u64,
+        tracker: &ExchangeTracker,
+        abort: &AtomicBool,
+    ) -> Result<(), ExchangeError> {
+        if let Some(why) = &self.stopped {
+            return Err(ExchangeError::Local(why.clone()));
+        }
+        let from = target - 1;
+        if self.placement.epoch() > from {
+            return Err(ExchangeError::Local(format!(
+                "coded exchange into epoch {target} asked after epoch {} was planned",
+                self.placement.epoch()
+            )));
+        }
+        self.placement.advance_to(from);
+        let me = self.node;
+        let mut report = CodedReport {
+            scheme: self.scheme.name(),
+            ..CodedReport::default()
+        };
+
+        // What the cache holds is exactly C^t from here on (the view's share is part of it).
+        let cache: BTreeSet<SampleId> = self.placement.caches()[me].clone();
+        drop_outside(store, &cache);
+        let share: BTreeSet<SampleId> = self.placement.shares(from).remove(me);
+        let lacking: Vec<SampleId> = cache
+            .difference(&share)
+            .copied()
+            .filter(|&id| !store.contains(id))
+            .collect();
+        let req = Request::Want {
+            epoch: target,
+            ids: lacking,
+        };
+        send_request(world, &req, abort).map_err(|e| comm_err(target, e))?;
+        let (n, bytes) = self.receive_plain(world, store, target, abort)?;
+        report.cache_fill_samples = n;
+        report.plain_bytes_received += bytes;
+
+        let inst: Instance = self.placement.next_instance();
+        let txs = plan(&inst, self.scheme);
+        report.packets_planned = txs.len() as u64;
+        let missing: u64 = inst.missing(me).count() as u64;
+        tracker.update(target, |r| {
+            r.samples_to_receive = missing;
+            r.coded = Some(report.clone());
+        });
+        let mut failed: Vec<SampleId> = Vec::new();
+        for tx in &txs {
+            let channel = self.routes.route(&tx.group);
+            if !self.routes.is_member(channel, me) {
+                continue;
+            }
+            let packet = (self.routes)
+                .broadcast(world, channel, Vec::new())
+                .map_err(|e| comm_err(target, e))?;
+            report.packets_received += 1;
+            report.packet_bytes_received += packet.len() as u64;
+            let Some(&(want, _)) = tx.parts.iter().find(|&&(_, r)| r == me) else {
+                continue; // in the group, nothing to decode
+            };
+            let mut cached = |s: SampleId| store.contains(s).then(|| store.read(s).ok()).flatten();
+            match wire::decode_packet(&packet, me, &mut cached) {
+                Ok(samples) if samples.iter().any(|(s, _)| *s == want) => {
+                    for (s, bytes) in samples {
+                        match store_bytes(store, s, &bytes, crc32c::crc32c(&bytes)) {
+                            Ok(()) => report.samples_decoded += 1,
+                            Err(e) => {
+                                tracing::warn!(sample = s, error = %e, "cannot store a decoded sample; asking the server for it");
+                                failed.push(s);
+                            }
+                        }
+                    }
+                }
+                Ok(_) | Err(PacketError::Malformed) => {
+                    report.decode_failures += 1;
+                    failed.push(want);
+                }
+                Err(e @ (PacketError::NotCached { .. } | PacketError::Crc { .. })) => {
+                    tracing::debug!(sample = want, error = %e, "cannot decode a packet; asking the server for the plain sample");
+                    report.decode_failures += 1;
+                    failed.push(want);
+                }
+            }
+        }
+        tracker.update(target, |r| r.coded = Some(report.clone()));
+
+        let asked = failed.len() as u64;
+        let req = Request::Want {
+            epoch: target,
+            ids: failed,
+        };
+        send_request(world, &req, abort).map_err(|e| comm_err(target, e))?;
+        let (n, bytes) = self.receive_plain(world, store, target, abort)?;
+        if n < asked {
+            tracing::warn!(
+                asked,
+                got = n,
+                "the server could not send every sample asked for; the rest come from the source"
+            );
+        }
+        report.fallback_samples = n;
+        report.plain_bytes_received += bytes;
+        let received = report.samples_decoded + report.fallback_samples;
+        let bytes = report.packet_bytes_received + report.plain_bytes_received;
+        tracker.update(target, |r| {
+            r.samples_received = received;
+            r.bytes_received = bytes;
+            r.bytes_across_hosts = bytes;
+            r.coded = Some(report);
+        });
+        if let Err(e) = store.sync() {
+            return Err(ExchangeError::Sync(e));
+        }
+        Ok(())
+    }
+
+    /// Receives the server's plain samples until its last piece; returns how many were
+    /// stored and the bytes received. A stop ends the coded exchange for good.
+    fn receive_plain(
+        &mut self,
+        world: &mut dyn Comm,
+        store: &SampleStore,
+        target: u64,
+        abort: &AtomicBool,
+    ) -> Result<(u64, u64), ExchangeError> {
+        let (mut n, mut bytes) = (0u64, 0u64);
+        loop {
+            let (more, bundle) = recv_piece(world, abort).map_err(|e| comm_err(target, e))?;
+            if more == STOP {
+                let why = "the coded-shuffle server stopped serving (a compute rank left or the ranks disagree on the epoch); what the exchange lacks comes from the source".to_string();
+                self.stopped = Some(why.clone());
+                return Err(ExchangeError::Local(why));
+            }
+            bytes += bundle.len() as u64;
+            let entries = wire::unbundle(&bundle)
+                .map_err(|e| ExchangeError::Local(format!("plain samples from the server: {e}")))?;
+            for p in entries {
+                let Some(b) = p.bytes else { continue };
+                match store_bytes(store, p.id, b, p.crc) {
+                    Ok(()) => n += 1,
+                    Err(e) => {
+                        tracing::warn!(sample = p.id, error = %e, "cannot store a sample from the server")
+                    }
+                }
+            }
+            if more != MORE {
+                debug_assert_eq!(more, LAST);
+                return Ok((n, bytes));
+            }
+        }
+    }
+
+    /// Tells the server this rank is leaving (unless the coded exchange already ended).
+    pub fn goodbye(&mut self, world: &mut dyn Comm, abort: &AtomicBool) {
+        if self.stopped.is_some() {
+            return;
+        }
+        self.stopped = Some("this rank is leaving".into());
+        if let Err(e) = send_request(world, &Request::Bye, abort) {
+            tracing::warn!(error = %e, "could not tell the coded-shuffle server this rank leaves");
+        }
+        let _ = BYE;
+    }
+}
+
+/// Writes `bytes` as sample `id`, checked against `crc` and the sample's known size.
+fn store_bytes(store: &SampleStore, id: SampleId, bytes: &[u8], crc: u32) -> std::io::Result<()> {
+    if store.contains(id) {
+        return Ok(());
+    }
+    store
+        .insert_with(id, |out: &mut dyn Write| {
+            out.write_all(bytes)?;
+            Ok(Some(crc))
+        })
+        .map(|_| ())
+}
+
+/// Drops every cached sample outside `keep`.
+fn drop_outside(store: &SampleStore, keep: &BTreeSet<SampleId>) {
+    for id in (0..store.manifest().len()).filter(|&id| store.contains(id) && !keep.contains(&id)) {
+        if let Err(e) = store.remove(id) {
+            tracing::warn!(sample = id, error = %e, "could not drop a sample that left the cache");
+        }
+    }
+}
