@@ -21,13 +21,16 @@
 //! XOR of those samples) and the group it is multicast to. [`verify`] is the decoder check:
 //! every missing demand arrives exactly once and each receiver caches every other sample of
 //! its packet. [`placement`] draws the seeded random caches and shares the calculator
-//! ([`calc`]) averages over. Not built yet (issue 16 continues): the server rank, the
-//! multicast communicators and the exchange that moves the bytes.
+//! ([`calc`]) averages over. [`packet`] is the wire format of one transmission (samples of
+//! different sizes XORed with zero padding, CRC-checked on decode). Not built yet in this
+//! module (issue 16 continues): the server rank, the multicast communicators and the exchange
+//! that moves the bytes.
 
 pub mod calc;
 pub mod carpool;
 pub mod encode;
 pub mod index;
+pub mod packet;
 pub mod placement;
 
 use std::collections::{BTreeMap, BTreeSet};
