@@ -5,11 +5,10 @@ use std::io::Write;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-use super::wire::{self, PacketError};
-use super::{
-    BYE, CodedReport, LAST, MORE, Request, Routes, STOP, comm_err, recv_piece, send_request,
-};
+use super::wire;
+use super::{CodedReport, LAST, MORE, Request, Routes, STOP, comm_err, recv_piece, send_request};
 use crate::cache::SampleStore;
+use crate::coded::packet::{self, DecodeError};
 use crate::coded::placement::RandomPlacement;
 use crate::coded::{Instance, Node, Scheme, plan};
 use crate::comm::Comm;
@@ -139,7 +138,7 @@ impl CodedClient {
                 continue; // in the group, nothing to decode
             };
             let mut cached = |s: SampleId| store.contains(s).then(|| store.read(s).ok()).flatten();
-            match wire::decode_packet(&packet, me, &mut cached) {
+            match packet::decode(&packet, me, &mut cached) {
                 Ok(samples) if samples.iter().any(|(s, _)| *s == want) => {
                     for (s, bytes) in samples {
                         match store_bytes(store, s, &bytes, crc32c::crc32c(&bytes)) {
@@ -151,11 +150,15 @@ impl CodedClient {
                         }
                     }
                 }
-                Ok(_) | Err(PacketError::Malformed) => {
+                Ok(_) => {
                     report.decode_failures += 1;
                     failed.push(want);
                 }
-                Err(e @ (PacketError::NotCached { .. } | PacketError::Crc { .. })) => {
+                Err(e) => {
+                    if let DecodeError::Stale { sample, .. } = e {
+                        // Our copy differs from the server's: it must not serve reads either.
+                        let _ = store.remove(sample);
+                    }
                     tracing::debug!(sample = want, error = %e, "cannot decode a packet; asking the server for the plain sample");
                     report.decode_failures += 1;
                     failed.push(want);
@@ -231,15 +234,16 @@ impl CodedClient {
     }
 
     /// Tells the server this rank is leaving (unless the coded exchange already ended).
-    pub fn goodbye(&mut self, world: &mut dyn Comm, abort: &AtomicBool) {
+    /// The server waits for every rank's next hello between steps, so this small send always
+    /// finds its receive; it ignores the daemon's abort flag, which a shutdown may have set.
+    pub fn goodbye(&mut self, world: &mut dyn Comm) {
         if self.stopped.is_some() {
             return;
         }
         self.stopped = Some("this rank is leaving".into());
-        if let Err(e) = send_request(world, &Request::Bye, abort) {
+        if let Err(e) = send_request(world, &Request::Bye, &AtomicBool::new(false)) {
             tracing::warn!(error = %e, "could not tell the coded-shuffle server this rank leaves");
         }
-        let _ = BYE;
     }
 }
 

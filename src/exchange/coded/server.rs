@@ -11,8 +11,9 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-use super::wire::{self, Bundle};
+use super::wire::Bundle;
 use super::{BUNDLE, LAST, MORE, Request, Routes, STOP, recv_requests, send_head};
+use crate::coded::packet;
 use crate::coded::placement::RandomPlacement;
 use crate::coded::{Scheme, plan};
 use crate::comm::{Comm, CommError};
@@ -118,16 +119,16 @@ impl Server {
             for tx in &txs {
                 let channel = self.routes.route(&tx.group);
                 let samples = &mut self.samples;
-                let packet = wire::encode_packet(tx, &mut |s| samples.get(s).map(|b| b.to_vec()))
+                let packet = packet::encode(tx, &mut |s| samples.get(s).map(|b| b.to_vec()))
                     .unwrap_or_else(|e| {
-                        tracing::warn!(error = %e, "cannot read a sample of a packet; its receivers will ask for it plainly");
+                        tracing::warn!(error = %e, "cannot build a packet; its receivers will ask for their samples plainly");
                         Vec::new()
                     });
                 packet_bytes += packet.len() as u64;
                 self.routes.broadcast(world, channel, packet)?;
             }
             let fallbacks = recv_requests(world, abort)?;
-            if fallbacks.iter().any(|r| *r == Request::Bye) {
+            if fallbacks.contains(&Request::Bye) {
                 // Not part of the protocol: a rank leaves only between steps.
                 return Ok(Ended::Disagree(
                     "a rank left in the middle of a step".into(),
