@@ -111,6 +111,7 @@ pub fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, StartE
                 .map_err(|e| e.to_string()),
             _ => Ok(()),
         })
+        .and_then(|()| coded_options(args))
         .and_then(|()| CacheDir::open(&cache_path).map_err(|e| e.to_string()));
     let (local, dir) = match local {
         Ok(dir) => (Ok(()), Some(dir)),
@@ -212,16 +213,20 @@ pub fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, StartE
         .unwrap_or(0);
     dir.save_state(&CacheState { epoch, ..expected })?;
 
-    let plan = Plan::with_scope(
-        PlanParams {
-            samples: manifest.len(),
-            world,
-            fraction: args.fraction,
-            seed,
-        },
-        args.exchange_scope,
-        comm.hosts(),
-    )?;
+    let params = PlanParams {
+        samples: manifest.len(),
+        world,
+        fraction: args.fraction,
+        seed,
+    };
+    let plan = match args
+        .cache_fraction
+        .filter(|_| args.coded_scheme().is_some())
+    {
+        // A coded job (`daemon::coded`): fresh shares every epoch, caches of alpha.
+        Some(alpha) => Plan::coded(params, alpha)?,
+        None => Plan::with_scope(params, args.exchange_scope, comm.hosts())?,
+    };
     if let Some(layout) = plan.layout() {
         tracing::info!(layout = %layout.describe(), "exchange scope node: samples move only between ranks of one host");
     }
@@ -312,6 +317,14 @@ fn shared_settings(args: &MountArgs) -> Vec<(&'static str, String)> {
             args.seed.map_or("(default)".into(), |s| s.to_string()),
         ),
         ("--reset-cache", args.reset_cache.to_string()),
+        ("--exchange", format!("{:?}", args.exchange).to_lowercase()),
+        (
+            "--cache-fraction",
+            args.cache_fraction
+                .map_or("(none)".into(), |a| a.to_string()),
+        ),
+        ("--scheme", format!("{:?}", args.scheme).to_lowercase()),
+        ("--nu", args.nu.to_string()),
     ]
 }
 
@@ -342,6 +355,18 @@ fn same_settings(comm: &mut dyn Comm, args: &MountArgs) -> Result<Result<(), Str
             diffs.join("\n")
         ))
     })
+}
+
+/// Options that contradict `--exchange coded` (or need it).
+fn coded_options(args: &MountArgs) -> Result<(), String> {
+    let coded = args.coded_scheme().is_some();
+    if coded && args.exchange_scope == ExchangeScope::Node {
+        return Err("--exchange-scope node keeps samples on their host, --exchange coded reshuffles the whole dataset every epoch: choose one".into());
+    }
+    if !coded && args.cache_fraction.is_some() {
+        return Err("--cache-fraction applies to --exchange coded only (partial-local shuffling caches (1+--fraction) x the share)".into());
+    }
+    Ok(())
 }
 
 fn random_seed() -> u64 {
@@ -403,7 +428,7 @@ mod tests {
             ]);
             match cli.command {
                 Command::Mount(args) => args,
-                Command::Unmount(_) | Command::Plan(_) => unreachable!(),
+                Command::Unmount(_) | Command::Plan(_) | Command::Serve(_) => unreachable!(),
             }
         }
 

@@ -1,0 +1,428 @@
+//! Start-up of a coded job: one MPI job, MPMD, the server first:
+//!
+//! ```text
+//! mpirun -np 1 shufflefs serve --source SRC : -np M shufflefs mount --exchange coded ...
+//! ```
+//!
+//! World rank 0 serves; world ranks `1..=M` are the compute ranks, which split off their own
+//! communicator so that everything that exists without a server (settings agreement,
+//! manifest, resume, mount, views, status) runs unchanged on it, rank = compute rank. The
+//! world communicator is kept for the exchange with the server.
+//!
+//! Phases on the world communicator, each a collective every rank reaches whatever happened
+//! before it, so a failure anywhere stops every rank with a message and no rank waits forever:
+//! 1. *Roles* (every `mount` under MPI takes part, coded or not): each rank says whether it
+//!    serves or mounts, with which `--exchange`, and its version; every rank judges the same
+//!    list ([`verdict`]): a server must be world rank 0 and alone, have compute ranks, and
+//!    every compute rank must mount with `--exchange coded`; `--exchange coded` needs a server.
+//! 2. *Split*: the compute ranks' communicator.
+//! 3. *Settings* (after the compute ranks' own start-up): compute rank 0 broadcasts the run's
+//!    settings and manifest, or why the compute ranks did not start. The server checks them
+//!    against its own options and source and answers in an all-gather; a refusal stops the
+//!    compute ranks before they mount.
+//! 4. *Mounted*: the compute ranks tell the server whether they all mounted (if not, they
+//!    unmounted again and the server exits too).
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cli::{ExchangeMode, MountArgs, ServeArgs};
+use crate::coded::Scheme;
+use crate::comm::Comm;
+use crate::dataset::Manifest;
+use crate::exchange::coded::server::Ended;
+use crate::exchange::coded::{Routes, SERVER, ServeSettings, Server, ServerSamples};
+use crate::plan::{CodedShares, Plan};
+
+/// Split colors of phase 2.
+const SERVER_COLOR: u32 = 0;
+pub const COMPUTE_COLOR: u32 = 1;
+
+/// What phase 1 decided.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// No server: today's job, every rank a compute rank on the world communicator.
+    Plain,
+    /// A server at world rank 0 and coded compute ranks after it.
+    Coded,
+}
+
+/// What each rank says of itself in phase 1.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Role {
+    pub serve: bool,
+    pub coded: bool,
+    pub version: String,
+}
+
+impl Role {
+    pub fn mount(args: &MountArgs) -> Role {
+        Role {
+            serve: false,
+            coded: args.exchange == ExchangeMode::Coded,
+            version: env!("CARGO_PKG_VERSION").into(),
+        }
+    }
+
+    fn server() -> Role {
+        Role {
+            serve: true,
+            coded: true,
+            version: env!("CARGO_PKG_VERSION").into(),
+        }
+    }
+}
+
+const LAUNCH: &str = "start the server first in one MPMD job: mpirun -np 1 shufflefs serve --source SRC : -np M shufflefs mount --exchange coded --cache-fraction ALPHA ...";
+
+fn list(ranks: &[usize]) -> String {
+    let v: Vec<String> = ranks.iter().map(ToString::to_string).collect();
+    v.join(", ")
+}
+
+/// Phase 1's judgement of the world's roles (the same on every rank).
+pub fn verdict(roles: &[Role]) -> Result<Layout, String> {
+    let servers: Vec<usize> = (roles.iter().enumerate())
+        .filter(|(_, r)| r.serve)
+        .map(|(i, _)| i)
+        .collect();
+    let coded: Vec<usize> = (roles.iter().enumerate())
+        .filter(|(_, r)| !r.serve && r.coded)
+        .map(|(i, _)| i)
+        .collect();
+    let plain: Vec<usize> = (roles.iter().enumerate())
+        .filter(|(_, r)| !r.serve && !r.coded)
+        .map(|(i, _)| i)
+        .collect();
+    if let Some(other) = roles.iter().find(|r| r.version != roles[0].version) {
+        return Err(format!(
+            "ranks run different shufflefs versions ({} and {}); install the same build everywhere",
+            roles[0].version, other.version
+        ));
+    }
+    if servers.is_empty() {
+        return match coded.is_empty() {
+            true => Ok(Layout::Plain),
+            false => Err(format!(
+                "--exchange coded needs a `shufflefs serve` rank, and this job has none (world ranks {} mount with --exchange coded); {LAUNCH}",
+                list(&coded)
+            )),
+        };
+    }
+    if servers != [0] {
+        return Err(format!(
+            "`shufflefs serve` runs at world ranks {}; exactly one server, world rank 0, is supported: {LAUNCH}",
+            list(&servers)
+        ));
+    }
+    if roles.len() == 1 {
+        return Err(format!(
+            "a `shufflefs serve` rank without compute ranks has nothing to serve; {LAUNCH}"
+        ));
+    }
+    if !plain.is_empty() {
+        return Err(format!(
+            "world rank 0 is a `shufflefs serve` server, but world ranks {} mount without --exchange coded; start every compute rank with --exchange coded --cache-fraction ALPHA",
+            list(&plain)
+        ));
+    }
+    Ok(Layout::Coded)
+}
+
+/// Phase 1 on this rank.
+pub fn roles(world: &mut dyn Comm, mine: &Role) -> Result<Layout, String> {
+    let bytes = serde_json::to_vec(mine).expect("a role serializes");
+    let all = world
+        .all_gather(&bytes)
+        .map_err(|e| format!("learning the roles of the job's ranks: {e}"))?;
+    let roles: Vec<Role> = all
+        .iter()
+        .map(|b| serde_json::from_slice(b))
+        .collect::<Result<_, _>>()
+        .map_err(|_| "a rank of this job is not shufflefs, or another version of it".to_string())?;
+    verdict(&roles)
+}
+
+/// Phase 2 on a compute rank: its own communicator.
+pub fn split_compute(world: &mut dyn Comm) -> Result<Box<dyn Comm>, String> {
+    world
+        .split(COMPUTE_COLOR)
+        .map_err(|e| format!("splitting the compute ranks off the server: {e}"))
+}
+
+/// The run as compute rank 0 describes it to the server (phase 3).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Offer {
+    pub samples: u32,
+    pub ranks: u32,
+    pub seed: u64,
+    pub alpha: f64,
+    pub scheme: String,
+    pub nu: usize,
+    pub epoch: u64,
+    pub format: String,
+    pub manifest_fingerprint: u32,
+}
+
+impl Offer {
+    pub fn new(args: &MountArgs, plan: &Plan, manifest_fingerprint: u32, epoch: u64) -> Offer {
+        let scheme = args.coded_scheme().expect("a coded mount");
+        Offer {
+            samples: plan.params().samples,
+            ranks: plan.params().world,
+            seed: plan.params().seed,
+            alpha: plan.coded_shares().map_or(0.0, CodedShares::alpha),
+            scheme: scheme.name().into(),
+            nu: args.nu,
+            epoch,
+            format: format!("{:?}", args.format).to_lowercase(),
+            manifest_fingerprint,
+        }
+    }
+
+    fn scheme(&self) -> Result<Scheme, String> {
+        match self.scheme.as_str() {
+            "uncoded" => Ok(Scheme::Uncoded),
+            "coded" => Ok(Scheme::Coded),
+            "ubershuffle" => Ok(Scheme::Ubershuffle { nu: self.nu }),
+            s => Err(format!("unknown scheme {s:?}")),
+        }
+    }
+}
+
+/// Phase 3 on a compute rank: compute rank 0 sends `offer` (the others pass anything) or
+/// the compute ranks' start-up error; returns the server's verdict.
+pub fn offer(
+    world: &mut dyn Comm,
+    compute_rank: u32,
+    offer: Result<(Offer, Vec<u8>), String>,
+) -> Result<(), String> {
+    let failed = offer.is_err();
+    let msg = match (compute_rank, offer) {
+        (0, Ok((o, manifest))) => {
+            let json = serde_json::to_vec(&o).expect("an offer serializes");
+            let mut m = vec![0u8];
+            m.extend_from_slice(&(json.len() as u64).to_le_bytes());
+            m.extend_from_slice(&json);
+            m.extend_from_slice(&manifest);
+            m
+        }
+        (0, Err(e)) => [&[1u8][..], e.as_bytes()].concat(),
+        _ => Vec::new(),
+    };
+    world
+        .broadcast(1, msg)
+        .map_err(|e| format!("sending the settings to the server: {e}"))?;
+    if failed {
+        return Ok(()); // the caller reports its own start-up error; the server has it too
+    }
+    let all = world
+        .all_gather(&[])
+        .map_err(|e| format!("hearing from the server: {e}"))?;
+    match all.first().filter(|m| !m.is_empty()) {
+        None => Ok(()),
+        Some(m) => Err(format!(
+            "the coded-shuffle server (world rank 0) refused: {}",
+            String::from_utf8_lossy(m)
+        )),
+    }
+}
+
+/// Phase 4 on a compute rank.
+pub fn mounted(world: &mut dyn Comm, ok: bool) -> Result<(), String> {
+    let mine: &[u8] = if ok { b"" } else { b"not mounted" };
+    world
+        .all_gather(mine)
+        .map(|_| ())
+        .map_err(|e| format!("telling the server the mounts are up: {e}"))
+}
+
+/// The server's whole life: phases 1-4, then serving until the compute ranks leave.
+pub fn serve(args: &ServeArgs, world: &mut dyn Comm) -> Result<(), String> {
+    match roles(world, &Role::server())? {
+        Layout::Coded => {}
+        Layout::Plain => unreachable!("a server makes the layout coded or refused"),
+    }
+    drop(
+        world
+            .split(SERVER_COLOR)
+            .map_err(|e| format!("splitting the compute ranks off the server: {e}"))?,
+    );
+    let msg = world
+        .broadcast(1, Vec::new())
+        .map_err(|e| format!("receiving the settings from compute rank 0: {e}"))?;
+    let (offer, manifest_bytes) = match msg.split_first() {
+        Some((0, rest)) if rest.len() >= 8 => {
+            let len = u64::from_le_bytes(rest[..8].try_into().expect("8")) as usize;
+            let json = rest
+                .get(8..8 + len)
+                .ok_or("compute rank 0 sent cut settings")?;
+            let offer: Offer = serde_json::from_slice(json)
+                .map_err(|e| format!("compute rank 0 sent unreadable settings: {e}"))?;
+            (offer, &rest[8 + len..])
+        }
+        Some((1, why)) => {
+            return Err(format!(
+                "the compute ranks did not start, so there is nothing to serve: {}",
+                String::from_utf8_lossy(why)
+            ));
+        }
+        _ => return Err("compute rank 0 sent malformed settings".into()),
+    };
+    let checked = check(args, &offer, manifest_bytes, world.size() - 1);
+    let verdict = checked.as_ref().err().cloned().unwrap_or_default();
+    world
+        .all_gather(verdict.as_bytes())
+        .map_err(|e| format!("answering the compute ranks: {e}"))?;
+    let (settings, manifest) = checked?;
+    let mounts = world
+        .all_gather(&[])
+        .map_err(|e| format!("hearing whether the compute ranks mounted: {e}"))?;
+    if mounts.iter().skip(1).any(|m| !m.is_empty()) {
+        return Err("the compute ranks did not all mount (they say why); nothing to serve".into());
+    }
+    tracing::info!(
+        ranks = offer.ranks,
+        samples = offer.samples,
+        alpha = offer.alpha,
+        scheme = settings.scheme.name(),
+        epoch = offer.epoch,
+        memory = args.memory,
+        "serving the coded shuffle"
+    );
+    let dataset = args.format.open(&args.source, Arc::new(manifest));
+    let samples = ServerSamples::new(dataset, offer.samples, args.memory);
+    let routes = Routes::world(offer.ranks as usize);
+    let mut server = Server::new(settings, routes, samples);
+    match server.serve(world, &AtomicBool::new(false)) {
+        Ok(Ended::RankLeft(r)) => {
+            tracing::info!(world_rank = r, "a compute rank left; the server stops");
+            Ok(())
+        }
+        Ok(Ended::Disagree(why)) => Err(format!("stopped serving: {why}")),
+        Err(e) => Err(format!("talking to the compute ranks: {e}")),
+    }
+}
+
+/// The server's checks of an offer against its own options and source.
+fn check(
+    args: &ServeArgs,
+    offer: &Offer,
+    manifest_bytes: &[u8],
+    ranks: u32,
+) -> Result<(ServeSettings, Manifest), String> {
+    if offer.ranks != ranks {
+        return Err(format!(
+            "compute rank 0 plans for {} ranks, the job has {ranks}",
+            offer.ranks
+        ));
+    }
+    if let Some(seed) = args.seed.filter(|&s| s != offer.seed) {
+        return Err(format!(
+            "the server was started with --seed {seed}, the compute ranks use {}; give both the same --seed, or none to the server",
+            offer.seed
+        ));
+    }
+    let format = format!("{:?}", args.format).to_lowercase();
+    if format != offer.format {
+        return Err(format!(
+            "the server reads --format {format}, the compute ranks {}",
+            offer.format
+        ));
+    }
+    if crc32c::crc32c(manifest_bytes) != offer.manifest_fingerprint {
+        return Err("the manifest from compute rank 0 arrived damaged".into());
+    }
+    let manifest = Manifest::decode(manifest_bytes)
+        .map_err(|e| format!("the manifest from compute rank 0 is unreadable: {e}"))?;
+    args.format
+        .check_source(&args.source)
+        .map_err(|e| format!("--source {}: {e}", args.source.display()))?;
+    let shares = CodedShares::new(offer.samples, offer.ranks, offer.alpha, offer.seed)
+        .map_err(|e| e.to_string())?;
+    let scheme = offer.scheme()?;
+    // A few samples read as a check that the server's source is the compute ranks' dataset.
+    let n = manifest.len();
+    let dataset = args.format.open(
+        &args.source,
+        Arc::new(Manifest::decode(manifest_bytes).expect("decoded above")),
+    );
+    for id in [0, n / 2, n.saturating_sub(1)]
+        .into_iter()
+        .filter(|&i| i < n)
+    {
+        let mut bytes = Vec::new();
+        let got = dataset.copy_to(id, &mut bytes).map_err(|e| {
+            format!(
+                "the server's --source {} does not hold the compute ranks' dataset: {}: {e}",
+                args.source.display(),
+                dataset.describe(id)
+            )
+        })?;
+        if let Some(want) = manifest.size(id).filter(|&w| w != got.len) {
+            return Err(format!(
+                "the server's --source {} does not hold the compute ranks' dataset: {} is {} bytes, {want} in their index",
+                args.source.display(),
+                dataset.describe(id),
+                got.len
+            ));
+        }
+    }
+    let _ = SERVER;
+    Ok((
+        ServeSettings {
+            shares,
+            scheme,
+            epoch: offer.epoch,
+        },
+        manifest,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn role(serve: bool, coded: bool) -> Role {
+        Role {
+            serve,
+            coded,
+            version: "1".into(),
+        }
+    }
+
+    #[test]
+    fn the_job_layout_is_judged_with_clear_refusals() {
+        let (s, c, p) = (role(true, true), role(false, true), role(false, false));
+        assert_eq!(verdict(&[p.clone(), p.clone()]), Ok(Layout::Plain));
+        assert_eq!(
+            verdict(&[s.clone(), c.clone(), c.clone()]),
+            Ok(Layout::Coded)
+        );
+        let no_server = verdict(&[c.clone(), c.clone()]).unwrap_err();
+        assert!(
+            no_server.contains("needs a `shufflefs serve` rank"),
+            "{no_server}"
+        );
+        assert!(
+            no_server.contains("mpirun -np 1 shufflefs serve"),
+            "{no_server}"
+        );
+        let alone = verdict(std::slice::from_ref(&s)).unwrap_err();
+        assert!(alone.contains("without compute ranks"), "{alone}");
+        let late = verdict(&[c.clone(), s.clone()]).unwrap_err();
+        assert!(late.contains("world rank 0"), "{late}");
+        let two = verdict(&[s.clone(), s.clone(), c.clone()]).unwrap_err();
+        assert!(two.contains("world ranks 0, 1"), "{two}");
+        let mixed = verdict(&[s.clone(), c.clone(), p.clone()]).unwrap_err();
+        assert!(
+            mixed.contains("world ranks 2 mount without --exchange coded"),
+            "{mixed}"
+        );
+        let mut old = c.clone();
+        old.version = "0".into();
+        assert!(verdict(&[s, c, old]).unwrap_err().contains("versions"));
+    }
+}
