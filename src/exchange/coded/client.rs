@@ -83,6 +83,17 @@ impl CodedClient {
         if let Some(why) = &self.stopped {
             return Err(ExchangeError::Local(why.clone()));
         }
+        // The daemon is going away: start nothing (its goodbye follows, so the server stops
+        // waiting for this rank). An exchange already under way is not given up: once every
+        // rank said hello it ends in bounded time (each step is collective over ranks that
+        // are all in it, and a rank that dies makes the launcher end the job), while giving
+        // up would leave MPI transfers in flight and cost the whole job (see `comm`).
+        if abort.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(ExchangeError::Local(
+                "the daemon is shutting down; the exchange did not start".into(),
+            ));
+        }
+        let abort = &AtomicBool::new(false);
         let from = target - 1;
         if self.placement.epoch() > from {
             return Err(ExchangeError::Local(format!(
