@@ -22,13 +22,15 @@
 //! every missing demand arrives exactly once and each receiver caches every other sample of
 //! its packet. [`placement`] draws the seeded random caches and shares the calculator
 //! ([`calc`]) averages over. [`packet`] is the wire format of one transmission (samples of
-//! different sizes XORed with zero padding, CRC-checked on decode). Not built yet in this
-//! module (issue 16 continues): the server rank, the multicast communicators and the exchange
-//! that moves the bytes.
+//! different sizes XORed with zero padding, CRC-checked on decode); [`groups`] is the fixed,
+//! bounded set of MPI communicators every multicast group rides on (communicator merging,
+//! Section 4.3). Not in this module (issue 16 continues elsewhere): the server rank, the
+//! transport and the exchange that moves the bytes.
 
 pub mod calc;
 pub mod carpool;
 pub mod encode;
+pub mod groups;
 pub mod index;
 pub mod packet;
 pub mod placement;
