@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use clap::builder::TypedValueParser as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::coded::calc::{CalcInput, Storage};
@@ -221,6 +222,12 @@ pub struct MountArgs {
     /// With --exchange coded: which packets the server sends.
     #[arg(long, value_enum, default_value_t = MountScheme::Ubershuffle, help_heading = "Coded shuffling")]
     pub scheme: MountScheme,
+
+    /// With --exchange coded: at most this many MPI communicators carry the multicasts
+    /// (created once at start-up; groups share them when all 2^ranks would not fit, see
+    /// README "Coded shuffling"). 1 sends every packet to every rank.
+    #[arg(long, value_name = "N", default_value_t = crate::coded::groups::DEFAULT_LIMIT, value_parser = clap::value_parser!(u32).range(1..=16384).map(|v| v as usize), help_heading = "Coded shuffling")]
+    pub communicators: usize,
 
     /// With --scheme ubershuffle: how many set sizes up the carpool search goes.
     #[arg(long, default_value_t = DEFAULT_NU, value_parser = parse_nu, help_heading = "Coded shuffling")]

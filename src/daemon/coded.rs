@@ -30,6 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cli::{ExchangeMode, MountArgs, ServeArgs};
 use crate::coded::Scheme;
+use crate::coded::groups::Communicators;
 use crate::comm::Comm;
 use crate::dataset::Manifest;
 use crate::exchange::coded::server::Ended;
@@ -161,6 +162,7 @@ pub struct Offer {
     pub alpha: f64,
     pub scheme: String,
     pub nu: usize,
+    pub communicators: usize,
     pub epoch: u64,
     pub format: String,
     pub manifest_fingerprint: u32,
@@ -176,6 +178,7 @@ impl Offer {
             alpha: plan.coded_shares().map_or(0.0, CodedShares::alpha),
             scheme: scheme.name().into(),
             nu: args.nu,
+            communicators: args.communicators,
             epoch,
             format: format!("{:?}", args.format).to_lowercase(),
             manifest_fingerprint,
@@ -193,12 +196,15 @@ impl Offer {
 }
 
 /// Phase 3 on a compute rank: compute rank 0 sends `offer` (the others pass anything) or
-/// the compute ranks' start-up error; returns the server's verdict.
+/// the compute ranks' start-up error; on the server's consent, creates the multicast
+/// communicators (`routes`: `--communicators`, `--cache-fraction` and the rank count are
+/// shared settings, so every rank builds the same set).
 pub fn offer(
     world: &mut dyn Comm,
     compute_rank: u32,
     offer: Result<(Offer, Vec<u8>), String>,
-) -> Result<(), String> {
+    routes: impl FnOnce() -> Result<Communicators, String>,
+) -> Result<Option<Routes>, String> {
     let failed = offer.is_err();
     let msg = match (compute_rank, offer) {
         (0, Ok((o, manifest))) => {
@@ -216,18 +222,27 @@ pub fn offer(
         .broadcast(1, msg)
         .map_err(|e| format!("sending the settings to the server: {e}"))?;
     if failed {
-        return Ok(()); // the caller reports its own start-up error; the server has it too
+        return Ok(None); // the caller reports its own start-up error; the server has it too
     }
     let all = world
         .all_gather(&[])
         .map_err(|e| format!("hearing from the server: {e}"))?;
-    match all.first().filter(|m| !m.is_empty()) {
-        None => Ok(()),
-        Some(m) => Err(format!(
+    if let Some(m) = all.first().filter(|m| !m.is_empty()) {
+        return Err(format!(
             "the coded-shuffle server (world rank 0) refused: {}",
             String::from_utf8_lossy(m)
-        )),
+        ));
     }
+    let comms = routes()?;
+    Routes::create(world, Some(compute_rank as usize), comms)
+        .map(Some)
+        .map_err(|e| format!("creating the multicast communicators: {e}"))
+}
+
+/// The communicator set of a run (the same on every rank of it).
+pub fn communicators(ranks: u32, limit: usize, alpha: f64) -> Result<Communicators, String> {
+    Communicators::for_cache(ranks as usize, limit, alpha)
+        .map_err(|e| format!("--communicators: {e}"))
 }
 
 /// Phase 4 on a compute rank.
@@ -277,6 +292,9 @@ pub fn serve(args: &ServeArgs, world: &mut dyn Comm) -> Result<(), String> {
         .all_gather(verdict.as_bytes())
         .map_err(|e| format!("answering the compute ranks: {e}"))?;
     let (settings, manifest) = checked?;
+    let comms = communicators(offer.ranks, offer.communicators, offer.alpha)?;
+    let routes = Routes::create(world, None, comms)
+        .map_err(|e| format!("creating the multicast communicators: {e}"))?;
     let mounts = world
         .all_gather(&[])
         .map_err(|e| format!("hearing whether the compute ranks mounted: {e}"))?;
@@ -294,7 +312,11 @@ pub fn serve(args: &ServeArgs, world: &mut dyn Comm) -> Result<(), String> {
     );
     let dataset = args.format.open(&args.source, Arc::new(manifest));
     let samples = ServerSamples::new(dataset, offer.samples, args.memory);
-    let routes = Routes::world(offer.ranks as usize);
+    tracing::info!(
+        communicators = routes.created(),
+        exact_upto = routes.communicators().exact_upto(),
+        "multicast communicators created"
+    );
     let mut server = Server::new(settings, routes, samples);
     match server.serve(world, &AtomicBool::new(false)) {
         Ok(Ended::RankLeft(r)) => {

@@ -83,6 +83,7 @@ fn run_rank(
     on_ready: &mut dyn FnMut(&str),
 ) -> Result<(), DaemonError> {
     let prepared = startup::prepare(args, comm);
+    let mut routes = None;
     if let Some(world) = world.as_deref_mut() {
         let offer = prepared.as_ref().map_err(ToString::to_string).map(|p| {
             let manifest = p.store.manifest().encode();
@@ -90,7 +91,12 @@ fn run_rank(
             let offer = coded::Offer::new(args, &p.plan, fingerprint, p.resumed.current.epoch);
             (offer, manifest)
         });
-        coded::offer(world, comm.rank(), offer).map_err(DaemonError::Coded)?;
+        let (rank, size) = (comm.rank(), comm.size());
+        let comms = || {
+            let alpha = args.cache_fraction.unwrap_or(0.0);
+            coded::communicators(size, args.communicators, alpha)
+        };
+        routes = coded::offer(world, rank, offer, comms).map_err(DaemonError::Coded)?;
     }
     let startup::Prepared {
         store,
@@ -99,11 +105,10 @@ fn run_rank(
         mountpoint,
     } = prepared?;
     let rank = comm.rank();
-    let coded_client = world.is_some().then(|| {
+    let coded_client = routes.map(|routes| {
         let scheme = args
             .coded_scheme()
             .expect("a coded job's ranks mount coded");
-        let routes = crate::exchange::coded::Routes::world(comm.size() as usize);
         CodedClient::new(&plan, rank, scheme, routes, resumed.current.epoch)
     });
     let exchange_cfg = ExchangeConfig {

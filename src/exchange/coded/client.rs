@@ -136,12 +136,12 @@ impl CodedClient {
         });
         let mut failed: Vec<SampleId> = Vec::new();
         for tx in &txs {
-            let channel = self.routes.route(&tx.group);
-            if !self.routes.is_member(channel, me) {
+            let route = self.routes.route(tx);
+            if !self.routes.reaches(route, me) {
                 continue;
             }
             let packet = (self.routes)
-                .broadcast(world, channel, Vec::new())
+                .deliver(world, route, Vec::new(), abort)
                 .map_err(|e| comm_err(target, e))?;
             report.packets_received += 1;
             report.packet_bytes_received += packet.len() as u64;

@@ -117,7 +117,7 @@ impl Server {
             let txs = plan(&inst, self.settings.scheme);
             let mut packet_bytes = 0u64;
             for tx in &txs {
-                let channel = self.routes.route(&tx.group);
+                let route = self.routes.route(tx);
                 let samples = &mut self.samples;
                 let packet = packet::encode(tx, &mut |s| samples.get(s).map(|b| b.to_vec()))
                     .unwrap_or_else(|e| {
@@ -125,7 +125,7 @@ impl Server {
                         Vec::new()
                     });
                 packet_bytes += packet.len() as u64;
-                self.routes.broadcast(world, channel, packet)?;
+                self.routes.deliver(world, route, packet, abort)?;
             }
             let fallbacks = recv_requests(world, abort)?;
             if fallbacks.contains(&Request::Bye) {
