@@ -175,7 +175,7 @@ fn calculator_report_for_a_small_case() {
         "coded",
         "ubershuffle(nu=2)",
         "Theorem 1",
-        "not built yet",
+        "shufflefs serve",
     ] {
         assert!(text.contains(name), "{name} missing from\n{text}");
     }
