@@ -171,6 +171,79 @@ fn a_server_and_four_ranks_walk_three_epochs_with_exact_bytes() {
     );
 }
 
+/// SIGKILL to the `shufflefs serve` process reading `src` (it has no status file).
+fn kill_server(src: &Path) {
+    let want = src.to_string_lossy().into_owned();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = (cmdline.split(|&b| b == 0))
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if args.iter().any(|a| a == "serve") && args.contains(&want) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+fn advance(job: &MpiJob, epoch: u64) {
+    for m in &job.mounts {
+        std::fs::write(m.join(".shufflefs/epoch"), format!("{epoch}\n")).unwrap();
+    }
+    wait_all(job, "the epoch", |st| st["epoch"] == epoch);
+}
+
+/// Everything SIGKILLed at epoch 2 (the exchange into 3 under way or done), then the same
+/// job again: it resumes at epoch 2 with the planned listings and goes on to epoch 3.
+#[test]
+fn a_killed_coded_job_resumes_at_its_epoch() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    source(tmp.path());
+    let src = tmp.path().join("src");
+    let extra = [
+        "--exchange",
+        "coded",
+        "--cache-fraction",
+        "0.5",
+        "--scheme",
+        "coded",
+    ];
+    let job = MpiJob::start_with(launcher(tmp.path()), tmp.path(), RANKS, SEED, 0.3, &extra);
+    advance(&job, 1);
+    advance(&job, 2);
+    assert_eq!(listing(&job, &src, 2), planned(&src, 2));
+    kill_server(&src);
+    job.kill();
+
+    let mut job = MpiJob::start_with(launcher(tmp.path()), tmp.path(), RANKS, SEED, 0.3, &extra);
+    wait_all(&job, "the resumed epoch", |st| st["epoch"] == 2);
+    assert_eq!(listing(&job, &src, 2), planned(&src, 2), "resumed epoch 2");
+    advance(&job, 3);
+    assert_eq!(
+        listing(&job, &src, 3),
+        planned(&src, 3),
+        "epoch 3 after the resume"
+    );
+    for r in 0..RANKS as usize {
+        let st = job.status(r);
+        let x = exchange(&st, 3).unwrap();
+        assert_eq!(x["state"], "done", "rank {r}: {x}");
+        assert_eq!(x["coded"]["scheme"], "coded");
+    }
+    let status = job.unmount_within(Duration::from_secs(60));
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+}
+
 /// Runs a job that must be refused; returns its log.
 fn refused(mut cmd: Command, dir: &Path, mounts: u32) -> String {
     let log = dir.join("job.log");
@@ -217,6 +290,44 @@ fn a_coded_job_without_a_server_or_without_compute_ranks_is_refused() {
     let log = refused(no_server, tmp.path(), 2);
     assert!(log.contains("needs a `shufflefs serve` rank"), "{log}");
     assert!(log.contains("mpirun -np 1 shufflefs serve"), "{log}");
+
+    // A server whose --seed differs from the compute ranks': refused before anything mounts.
+    let mut seeds = Command::new("mpirun");
+    seeds
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .args([
+            "--oversubscribe",
+            "-np",
+            "1",
+            BIN,
+            "serve",
+            "--seed",
+            "1",
+            "--source",
+        ])
+        .arg(tmp.path().join("src"))
+        .args([
+            ":",
+            "-np",
+            "2",
+            BIN,
+            "mount",
+            "--seed",
+            "2",
+            "--exchange",
+            "coded",
+        ])
+        .args(["--cache-fraction", "0.5", "--source"])
+        .arg(tmp.path().join("src"))
+        .arg("--cache")
+        .arg(tmp.path().join("cache{rank}"))
+        .arg(tmp.path().join("mnt{rank}"));
+    let log = refused(seeds, tmp.path(), 2);
+    assert!(
+        log.contains("the server was started with --seed 1, the compute ranks use 2"),
+        "{log}"
+    );
 
     let mut alone = common::mpi_job::mpirun(1);
     alone

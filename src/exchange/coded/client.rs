@@ -108,9 +108,11 @@ impl CodedClient {
             ..CodedReport::default()
         };
 
-        // What the cache holds is exactly C^t from here on (the view's share is part of it).
+        // The cache holds C^t from here on (the view's share is part of it), plus whatever of
+        // the next share an interrupted attempt (before a crash) already brought.
         let cache: BTreeSet<SampleId> = self.placement.caches()[me].clone();
-        drop_outside(store, &cache);
+        let next: BTreeSet<SampleId> = self.placement.shares(target).remove(me);
+        drop_outside(store, &cache, &next);
         let share: BTreeSet<SampleId> = self.placement.shares(from).remove(me);
         let lacking: Vec<SampleId> = cache
             .difference(&share)
@@ -271,9 +273,10 @@ fn store_bytes(store: &SampleStore, id: SampleId, bytes: &[u8], crc: u32) -> std
         .map(|_| ())
 }
 
-/// Drops every cached sample outside `keep`.
-fn drop_outside(store: &SampleStore, keep: &BTreeSet<SampleId>) {
-    for id in (0..store.manifest().len()).filter(|&id| store.contains(id) && !keep.contains(&id)) {
+/// Drops every cached sample outside `cache` and `next`.
+fn drop_outside(store: &SampleStore, cache: &BTreeSet<SampleId>, next: &BTreeSet<SampleId>) {
+    let keep = |id: &SampleId| cache.contains(id) || next.contains(id);
+    for id in (0..store.manifest().len()).filter(|&id| store.contains(id) && !keep(&id)) {
         if let Err(e) = store.remove(id) {
             tracing::warn!(sample = id, error = %e, "could not drop a sample that left the cache");
         }
