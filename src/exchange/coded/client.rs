@@ -151,7 +151,10 @@ impl CodedClient {
                 continue; // in the group, nothing to decode
             };
             let mut cached = |s: SampleId| store.contains(s).then(|| store.read(s).ok()).flatten();
-            match packet::decode(&packet, me, &mut cached) {
+            let decoding = Instant::now();
+            let decoded = packet::decode(&packet, me, &mut cached);
+            report.decode_seconds += decoding.elapsed().as_secs_f64();
+            match decoded {
                 Ok(samples) if samples.iter().any(|(s, _)| *s == want) => {
                     for (s, bytes) in samples {
                         match store_bytes(store, s, &bytes, crc32c::crc32c(&bytes)) {

@@ -76,6 +76,8 @@ pub struct CodedReport {
     /// them: the initial cache fill, or what a crash lost.
     pub cache_fill_samples: u64,
     pub plain_bytes_received: u64,
+    /// Seconds spent decoding packets (reading the cached parts, XOR, CRC).
+    pub decode_seconds: f64,
 }
 
 /// A request from a compute rank: the target epoch and sample ids, or leaving.

@@ -75,12 +75,26 @@ pub struct ServeSettings {
     pub epoch: u64,
 }
 
+/// What the server sent in one step.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepStats {
+    pub target_epoch: u64,
+    pub packets: u64,
+    pub packet_bytes: u64,
+    /// Samples sent plainly: cache fills and fallbacks.
+    pub plain_samples: u64,
+    pub fallback_samples: u64,
+    /// Seconds spent building packets (reading samples and XOR).
+    pub encode_seconds: f64,
+}
+
 /// The server's loop state.
 pub struct Server {
     settings: ServeSettings,
     placement: RandomPlacement,
     routes: Routes,
     samples: ServerSamples,
+    steps: Vec<StepStats>,
 }
 
 /// Why the server stopped serving.
@@ -99,7 +113,13 @@ impl Server {
             settings,
             routes,
             samples,
+            steps: Vec::new(),
         }
+    }
+
+    /// What each step served so far sent, oldest first.
+    pub fn steps(&self) -> &[StepStats] {
+        &self.steps
     }
 
     /// Serves step after step until a compute rank leaves or the transport fails.
@@ -116,14 +136,17 @@ impl Server {
             let inst = self.placement.next_instance();
             let txs = plan(&inst, self.settings.scheme);
             let mut packet_bytes = 0u64;
+            let mut encode_seconds = 0.0;
             for tx in &txs {
                 let route = self.routes.route(tx);
                 let samples = &mut self.samples;
+                let encoding = Instant::now();
                 let packet = packet::encode(tx, &mut |s| samples.get(s).map(|b| b.to_vec()))
                     .unwrap_or_else(|e| {
                         tracing::warn!(error = %e, "cannot build a packet; its receivers will ask for their samples plainly");
                         Vec::new()
                     });
+                encode_seconds += encoding.elapsed().as_secs_f64();
                 packet_bytes += packet.len() as u64;
                 self.routes.deliver(world, route, packet, abort)?;
             }
@@ -135,6 +158,14 @@ impl Server {
                 ));
             }
             let fell_back = self.answer(world, &fallbacks, abort)?;
+            self.steps.push(StepStats {
+                target_epoch: target,
+                packets: txs.len() as u64,
+                packet_bytes,
+                plain_samples: plain + fell_back,
+                fallback_samples: fell_back,
+                encode_seconds,
+            });
             tracing::info!(
                 epoch = target,
                 scheme = self.settings.scheme.name(),
