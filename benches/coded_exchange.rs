@@ -118,7 +118,7 @@ fn main() {
         };
         // The server's samples in memory before the clock starts (both paths send from it).
         let mut held = (me == 0).then(|| {
-            let mut held = ServerSamples::new(source.clone(), samples, u64::MAX);
+            let mut held = ServerSamples::new(source.clone(), manifest.clone(), u64::MAX);
             for id in 0..samples {
                 held.get(id).unwrap();
             }

@@ -124,7 +124,7 @@ fn run(scheme: Scheme, limit: usize) -> Vec<Vec<CodedReport>> {
                 Arc::new(SyntheticSource {
                     manifest: manifest.clone(),
                 }),
-                manifest.len(),
+                manifest.clone(),
                 10_000, // less than the dataset: some samples are re-read every time
             );
             let routes = routes(&mut comm, None, limit);

@@ -310,8 +310,9 @@ pub fn serve(args: &ServeArgs, world: &mut dyn Comm) -> Result<(), String> {
         memory = args.memory,
         "serving the coded shuffle"
     );
-    let dataset = args.format.open(&args.source, Arc::new(manifest));
-    let samples = ServerSamples::new(dataset, offer.samples, args.memory);
+    let manifest = Arc::new(manifest);
+    let dataset = args.format.open(&args.source, manifest.clone());
+    let samples = ServerSamples::new(dataset, manifest, args.memory);
     tracing::info!(
         communicators = routes.created(),
         exact_upto = routes.communicators().exact_upto(),

@@ -5,8 +5,8 @@ use std::io::Write;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-use super::wire;
 use super::{CodedReport, LAST, MORE, Request, Routes, STOP, comm_err, recv_piece, send_request};
+use super::{routes, wire};
 use crate::cache::SampleStore;
 use crate::coded::packet::{self, DecodeError};
 use crate::coded::placement::RandomPlacement;
@@ -137,47 +137,53 @@ impl CodedClient {
             r.coded = Some(report.clone());
         });
         let mut failed: Vec<SampleId> = Vec::new();
-        for tx in &txs {
-            let route = self.routes.route(tx);
-            if !self.routes.reaches(route, me) {
+        let size = |id: SampleId| store.manifest().size(id);
+        for burst in self.routes.bursts(&txs, size) {
+            if !self.routes.reaches(burst.route, me) {
                 continue;
             }
-            let packet = (self.routes)
-                .deliver(world, route, Vec::new(), abort)
+            let msg = (self.routes)
+                .deliver(world, burst.route, Vec::new(), abort)
                 .map_err(|e| comm_err(target, e))?;
-            report.packets_received += 1;
-            report.packet_bytes_received += packet.len() as u64;
-            let Some(&(want, _)) = tx.parts.iter().find(|&&(_, r)| r == me) else {
-                continue; // in the group, nothing to decode
-            };
-            let mut cached = |s: SampleId| store.contains(s).then(|| store.read(s).ok()).flatten();
-            let decoding = Instant::now();
-            let decoded = packet::decode(&packet, me, &mut cached);
-            report.decode_seconds += decoding.elapsed().as_secs_f64();
-            match decoded {
-                Ok(samples) if samples.iter().any(|(s, _)| *s == want) => {
-                    for (s, bytes) in samples {
-                        match store_bytes(store, s, &bytes, crc32c::crc32c(&bytes)) {
-                            Ok(()) => report.samples_decoded += 1,
-                            Err(e) => {
-                                tracing::warn!(sample = s, error = %e, "cannot store a decoded sample; asking the server for it");
-                                failed.push(s);
+            let txs = &txs[burst.packets.clone()];
+            let packets = routes::unpack(&msg, txs.len());
+            for (i, tx) in txs.iter().enumerate() {
+                let packet = packets.as_ref().map_or(&[][..], |p| p[i]);
+                report.packets_received += 1;
+                report.packet_bytes_received += packet.len() as u64;
+                let Some(&(want, _)) = tx.parts.iter().find(|&&(_, r)| r == me) else {
+                    continue; // in the group, nothing to decode
+                };
+                let mut cached =
+                    |s: SampleId| store.contains(s).then(|| store.read(s).ok()).flatten();
+                let decoding = Instant::now();
+                let decoded = packet::decode(packet, me, &mut cached);
+                report.decode_seconds += decoding.elapsed().as_secs_f64();
+                match decoded {
+                    Ok(samples) if samples.iter().any(|(s, _)| *s == want) => {
+                        for (s, bytes) in samples {
+                            match store_bytes(store, s, &bytes, crc32c::crc32c(&bytes)) {
+                                Ok(()) => report.samples_decoded += 1,
+                                Err(e) => {
+                                    tracing::warn!(sample = s, error = %e, "cannot store a decoded sample; asking the server for it");
+                                    failed.push(s);
+                                }
                             }
                         }
                     }
-                }
-                Ok(_) => {
-                    report.decode_failures += 1;
-                    failed.push(want);
-                }
-                Err(e) => {
-                    if let DecodeError::Stale { sample, .. } = e {
-                        // Our copy differs from the server's: it must not serve reads either.
-                        let _ = store.remove(sample);
+                    Ok(_) => {
+                        report.decode_failures += 1;
+                        failed.push(want);
                     }
-                    tracing::debug!(sample = want, error = %e, "cannot decode a packet; asking the server for the plain sample");
-                    report.decode_failures += 1;
-                    failed.push(want);
+                    Err(e) => {
+                        if let DecodeError::Stale { sample, .. } = e {
+                            // Our copy differs from the server's: it must not serve reads either.
+                            let _ = store.remove(sample);
+                        }
+                        tracing::debug!(sample = want, error = %e, "cannot decode a packet; asking the server for the plain sample");
+                        report.decode_failures += 1;
+                        failed.push(want);
+                    }
                 }
             }
         }

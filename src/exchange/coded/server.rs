@@ -11,18 +11,20 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
+use super::routes;
 use super::wire::Bundle;
 use super::{BUNDLE, LAST, MORE, Request, Routes, STOP, recv_requests, send_head};
 use crate::coded::packet;
 use crate::coded::placement::RandomPlacement;
 use crate::coded::{Scheme, plan};
 use crate::comm::{Comm, CommError};
-use crate::dataset::Dataset;
+use crate::dataset::{Dataset, Manifest};
 use crate::plan::{CodedShares, Rank, SampleId};
 
 /// The source behind the server, with the memory rule of the module docs.
 pub struct ServerSamples {
     dataset: Arc<dyn Dataset>,
+    manifest: Arc<Manifest>,
     held: Vec<Option<Arc<Vec<u8>>>>,
     budget: u64,
     used: u64,
@@ -30,10 +32,11 @@ pub struct ServerSamples {
 }
 
 impl ServerSamples {
-    pub fn new(dataset: Arc<dyn Dataset>, samples: u32, budget: u64) -> ServerSamples {
+    pub fn new(dataset: Arc<dyn Dataset>, manifest: Arc<Manifest>, budget: u64) -> ServerSamples {
         ServerSamples {
             dataset,
-            held: vec![None; samples as usize],
+            held: vec![None; manifest.len() as usize],
+            manifest,
             budget,
             used: 0,
             reads: 0,
@@ -58,6 +61,11 @@ impl ServerSamples {
             *slot = Some(bytes.clone());
         }
         Ok(bytes)
+    }
+
+    /// The index both sides share (sizes for cutting bursts).
+    pub fn manifest(&self) -> Arc<Manifest> {
+        self.manifest.clone()
     }
 
     /// Bytes held in memory.
@@ -137,18 +145,24 @@ impl Server {
             let txs = plan(&inst, self.settings.scheme);
             let mut packet_bytes = 0u64;
             let mut encode_seconds = 0.0;
-            for tx in &txs {
-                let route = self.routes.route(tx);
-                let samples = &mut self.samples;
+            let manifest = self.samples.manifest();
+            for burst in self.routes.bursts(&txs, |id| manifest.size(id)) {
                 let encoding = Instant::now();
-                let packet = packet::encode(tx, &mut |s| samples.get(s).map(|b| b.to_vec()))
-                    .unwrap_or_else(|e| {
-                        tracing::warn!(error = %e, "cannot build a packet; its receivers will ask for their samples plainly");
-                        Vec::new()
-                    });
+                let packets: Vec<Vec<u8>> = txs[burst.packets.clone()]
+                    .iter()
+                    .map(|tx| {
+                        let samples = &mut self.samples;
+                        packet::encode(tx, &mut |s| samples.get(s).map(|b| b.to_vec()))
+                            .unwrap_or_else(|e| {
+                                tracing::warn!(error = %e, "cannot build a packet; its receivers will ask for their samples plainly");
+                                Vec::new()
+                            })
+                    })
+                    .collect();
                 encode_seconds += encoding.elapsed().as_secs_f64();
-                packet_bytes += packet.len() as u64;
-                self.routes.deliver(world, route, packet, abort)?;
+                packet_bytes += packets.iter().map(|p| p.len() as u64).sum::<u64>();
+                let msg = routes::pack(&packets);
+                self.routes.deliver(world, burst.route, msg, abort)?;
             }
             let fallbacks = recv_requests(world, abort)?;
             if fallbacks.contains(&Request::Bye) {
