@@ -336,3 +336,47 @@ fn a_coded_job_without_a_server_or_without_compute_ranks_is_refused() {
     let log = refused(alone, tmp.path(), 0);
     assert!(log.contains("without compute ranks"), "{log}");
 }
+
+/// Without a launcher there can be no server: refused, naming the way to start one, in the
+/// background and in the foreground; wrong option combinations are refused too.
+#[test]
+fn a_coded_mount_started_alone_is_refused() {
+    if !require_fuse() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    source(tmp.path());
+    let mnt = tmp.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let (src, cache) = (tmp.path().join("src"), tmp.path().join("cache"));
+    let coded = ["--exchange", "coded", "--cache-fraction", "0.5"];
+    for foreground in [false, true] {
+        let args = common::mount_args(&src, &cache, &mnt, &coded);
+        let r = common::mount_refused(&mnt, &args, foreground);
+        let text = format!("{}{}", r.stdout, r.stderr);
+        assert!(text.contains("needs a `shufflefs serve` rank"), "{text}");
+    }
+    for (extra, needle) in [
+        (&["--exchange", "coded"][..], "--cache-fraction"),
+        (
+            &["--cache-fraction", "0.5"][..],
+            "--cache-fraction applies to --exchange coded only",
+        ),
+    ] {
+        let args = common::mount_args(&src, &cache, &mnt, extra);
+        let r = common::mount_refused(&mnt, &args, false);
+        let text = format!("{}{}", r.stdout, r.stderr);
+        assert!(text.contains(needle), "{extra:?}: {text}");
+    }
+    let out = common::shufflefs()
+        .args(["serve", "--source"])
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        text.contains("runs as world rank 0 of an MPI job"),
+        "{text}"
+    );
+}

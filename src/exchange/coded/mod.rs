@@ -15,9 +15,11 @@
 //!    says the rank is leaving. The server answers each rank with plain samples (bundles, see
 //!    [`wire`]) or, if any rank left or the ranks disagree on `e`, with *stop*: the coded
 //!    exchange ends for good and every later epoch reads what it lacks from the source.
-//! 2. *Packets*: in plan order, the server broadcasts each packet on the communicator its
-//!    group routes to ([`routes`]); every member takes part (collectives in one global order
-//!    cannot deadlock), receivers decode and store what passes its CRC.
+//! 2. *Packets*: in plan order, in bursts of consecutive packets of one route, the server
+//!    broadcasts each burst on the communicator its group routes to, or sends it
+//!    point-to-point to a one-rank group ([`routes`]); every rank the route reaches takes
+//!    part (steps in one global order cannot deadlock), receivers decode (`coded::packet`)
+//!    and store what passes its CRC; the others drop the packet.
 //! 3. *Fallback*: each compute rank sends `[e, n]` and the ids it could not decode (a cached
 //!    sample missing or corrupt, a packet the server could not fill); the server sends them
 //!    plainly. Only then is the exchange settled.
@@ -25,7 +27,14 @@
 //! Plain replies go as a sequence of bundles of at most [`BUNDLE`] bytes, each announced by
 //! `[more, len]`, so no message nears MPI's size limit and no side holds a whole epoch.
 //! Every rank's cache between steps is `C^t` (plus `D^{t+1}` once received): at the start of
-//! a step a rank drops what is not in `C^t`; the current view `D^t` is part of it.
+//! a step a rank drops what is in neither `C^t` nor `D^{t+1}`; the current view `D^t` is part
+//! of `C^t`.
+//!
+//! # Giving up
+//! A step is not given up once started: every rank it involves said hello, so it ends in
+//! bounded time, and a rank that dies makes the launcher end the job; giving up mid-step
+//! would leave MPI transfers in flight (see `comm`). A daemon that is shutting down starts no
+//! new step and says goodbye instead.
 
 use std::sync::atomic::AtomicBool;
 
