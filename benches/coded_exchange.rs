@@ -12,7 +12,9 @@
 //! it does not cache, all ranks at once, from memory, one message per rank (what reading them
 //! from an NFS server at link speed costs, with no coding); the same bytes are written into
 //! the cache and synced. `floor`: the server's bytes of that scheme at `SHUFFLEFS_LINK_BYTES_PER_S`.
-//! CPU: the server's encode seconds (reading samples from memory and XOR) and the slowest
+//! `measured`: what the server's host actually sent on its link (`/proc/self/net/dev`), which
+//! shows how many copies MPI's broadcast makes leave the root (a binomial tree sends one per
+//! child of the root, a pipeline one in all). CPU: the server's encode seconds (reading samples from memory and XOR) and the slowest
 //! rank's decode seconds (reading cached parts from disk, XOR, CRC), per epoch.
 
 use std::collections::BTreeSet;
@@ -45,6 +47,19 @@ fn gather_f64(world: &mut dyn Comm, x: f64) -> Vec<f64> {
         .iter()
         .map(|b| f64::from_le_bytes(b.as_slice().try_into().unwrap()))
         .collect()
+}
+
+/// Bytes this process's network namespace sent on `eth0` so far (`/proc/self/net/dev`, which
+/// shows the namespace of the reader; the emulated hosts' link is `eth0`), if there is one.
+fn tx_bytes() -> Option<u64> {
+    let dev = std::fs::read_to_string("/proc/self/net/dev").ok()?;
+    let line = dev.lines().find(|l| l.trim_start().starts_with("eth0:"))?;
+    line.split_once(':')?
+        .1
+        .split_whitespace()
+        .nth(8)?
+        .parse()
+        .ok()
 }
 
 fn main() {
@@ -81,21 +96,26 @@ fn main() {
             (alpha * f64::from(samples)).floor()
         );
         println!(
-            "| scheme | epoch 0->1 time (s) | server bytes (MB) | link floor (s) | packets | plain samples | encode CPU (s) | decode CPU, slowest rank (s) |"
+            "| scheme | epoch 0->1 time (s) | server payload (MB) | server link sent, measured (MB) | link floor (s) | packets | plain samples | encode CPU (s) | decode CPU, slowest rank (s) |"
         );
-        println!("|---|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|---|");
     }
+    // (name, scheme or direct, communicator limit): 1024 gives every group of up to 10 ranks
+    // its own communicator; 1 sends every multicast to every rank on the world communicator.
+    let uber = Scheme::Ubershuffle { nu: 2 };
     let schemes = [
-        ("uncoded", Some(Scheme::Uncoded)),
-        ("coded", Some(Scheme::Coded)),
-        ("ubershuffle", Some(Scheme::Ubershuffle { nu: 2 })),
-        ("direct", None),
+        ("uncoded", Some(Scheme::Uncoded), 1024),
+        ("coded", Some(Scheme::Coded), 1024),
+        ("ubershuffle", Some(uber), 1024),
+        ("coded, 1 communicator", Some(Scheme::Coded), 1),
+        ("ubershuffle, 1 communicator", Some(uber), 1),
+        ("direct", None, 1),
     ];
-    for (name, scheme) in schemes {
-        let comms = Communicators::for_cache(ranks as usize, 1024, alpha).unwrap();
+    for (name, scheme, limit) in schemes {
+        let comms = Communicators::for_cache(ranks as usize, limit, alpha).unwrap();
         let node = (me > 0).then(|| (me - 1) as usize);
         let routes = Routes::create(&mut world, node, comms).unwrap();
-        let cache_dir = dir.join(format!("coded-bench-{me}-{name}"));
+        let cache_dir = dir.join(format!("coded-bench-{me}-{}", name.replace([' ', ','], "")));
         let _ = std::fs::remove_dir_all(&cache_dir);
         let store = (me > 0).then(|| {
             let store = SampleStore::new(
@@ -125,6 +145,7 @@ fn main() {
             held
         });
         world.all_gather(&[]).unwrap();
+        let tx_before = tx_bytes();
         let started = Instant::now();
         let (mut server_bytes, mut packets, mut plain, mut encode, mut decode) =
             (0u64, 0u64, 0u64, 0.0f64, 0.0f64);
@@ -204,6 +225,10 @@ fn main() {
         let decode = gather_f64(&mut world, decode)
             .into_iter()
             .fold(0.0, f64::max);
+        let sent = match (tx_before, tx_bytes()) {
+            (Some(a), Some(b)) => format!("{:.1}", (b - a) as f64 / 1e6),
+            _ => "-".into(),
+        };
         if me == 0 {
             let total = server_bytes + plain * size;
             let floor = if link > 0.0 {
@@ -212,7 +237,7 @@ fn main() {
                 "-".into()
             };
             println!(
-                "| {name} | {time:.2} | {:.1} | {floor} | {packets} | {plain} | {encode:.2} | {decode:.2} |",
+                "| {name} | {time:.2} | {:.1} | {sent} | {floor} | {packets} | {plain} | {encode:.2} | {decode:.2} |",
                 total as f64 / 1e6
             );
         }

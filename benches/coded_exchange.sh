@@ -32,7 +32,9 @@ for ranks in ${RANKS:-4 8}; do
   echo "### server link $rate, $ranks compute ranks (one per host, unshaped links)"
   "$cluster" up "$name" --hosts $(( ranks + 1 )) --rate none >/dev/null
   "$cluster" shape "$name" h0 "$rate" >/dev/null
-  "$cluster" mpirun "$name" -- -np $(( ranks + 1 )) -x SHUFFLEFS_LINK_BYTES_PER_S \
+  # Ranks waiting in MPI yield the core: with every emulated host on the same 2 cores,
+  # spinning waiters would starve the ranks with work (all schemes alike).
+  "$cluster" mpirun "$name" -- -np $(( ranks + 1 )) --mca mpi_yield_when_idle 1 -x SHUFFLEFS_LINK_BYTES_PER_S \
     -x SHUFFLEFS_BENCH_DIR -x SHUFFLEFS_BENCH_SAMPLES -x SHUFFLEFS_BENCH_SAMPLE_BYTES \
     ${ALPHA:+-x SHUFFLEFS_BENCH_ALPHA=$ALPHA} "$bin"
   "$cluster" down "$name" >/dev/null
