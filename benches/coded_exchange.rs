@@ -30,6 +30,7 @@ use shufflefs::comm::{Batch, Comm, MpiComm, launched_by_mpi};
 use shufflefs::dataset::manifest::Manifest;
 use shufflefs::dataset::{Dataset, SyntheticSource};
 use shufflefs::exchange::ExchangeTracker;
+use shufflefs::exchange::coded::routes::Multicast;
 use shufflefs::exchange::coded::{CodedClient, Routes, ServeSettings, Server, ServerSamples};
 use shufflefs::plan::{Plan, PlanParams, SampleId};
 
@@ -103,18 +104,25 @@ fn main() {
     // (name, scheme or direct, communicator limit): 1024 gives every group of up to 10 ranks
     // its own communicator; 1 sends every multicast to every rank on the world communicator.
     let uber = Scheme::Ubershuffle { nu: 2 };
+    let (ring, bcast) = (Multicast::Ring, Multicast::Broadcast);
     let schemes = [
-        ("uncoded", Some(Scheme::Uncoded), 1024),
-        ("coded", Some(Scheme::Coded), 1024),
-        ("ubershuffle", Some(uber), 1024),
-        ("coded, 1 communicator", Some(Scheme::Coded), 1),
-        ("ubershuffle, 1 communicator", Some(uber), 1),
-        ("direct", None, 1),
+        ("uncoded", Some(Scheme::Uncoded), 1024, ring),
+        ("coded, ring", Some(Scheme::Coded), 1024, ring),
+        ("ubershuffle, ring", Some(uber), 1024, ring),
+        ("coded, broadcast", Some(Scheme::Coded), 1024, bcast),
+        ("ubershuffle, broadcast", Some(uber), 1024, bcast),
+        (
+            "ubershuffle, broadcast, 1 communicator",
+            Some(uber),
+            1,
+            bcast,
+        ),
+        ("direct", None, 1, ring),
     ];
-    for (name, scheme, limit) in schemes {
+    for (name, scheme, limit, how) in schemes {
         let comms = Communicators::for_cache(ranks as usize, limit, alpha).unwrap();
         let node = (me > 0).then(|| (me - 1) as usize);
-        let routes = Routes::create(&mut world, node, comms).unwrap();
+        let routes = Routes::create(&mut world, node, comms, how).unwrap();
         let cache_dir = dir.join(format!("coded-bench-{me}-{}", name.replace([' ', ','], "")));
         let _ = std::fs::remove_dir_all(&cache_dir);
         let store = (me > 0).then(|| {

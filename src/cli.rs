@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::coded::calc::{CalcInput, Storage};
 use crate::coded::{DEFAULT_NU, Scheme};
 use crate::dataset::Format;
+use crate::exchange::coded::routes::Multicast;
 use crate::plan::ExchangeScope;
 
 #[derive(Parser, Debug)]
@@ -228,6 +229,13 @@ pub struct MountArgs {
     /// README "Coded shuffling"). 1 sends every packet to every rank.
     #[arg(long, value_name = "N", default_value_t = crate::coded::groups::DEFAULT_LIMIT, value_parser = clap::value_parser!(u32).range(1..=16384).map(|v| v as usize), help_heading = "Coded shuffling")]
     pub communicators: usize,
+
+    /// With --exchange coded: how a packet for several ranks leaves the server: `ring` (the
+    /// server scatters it, one chunk per receiver, and the receivers pass the chunks around:
+    /// every byte leaves the server once) or `broadcast` (MPI's broadcast on the
+    /// --communicators set, whose algorithm may send a packet from the server several times).
+    #[arg(long, value_enum, default_value_t = Multicast::Ring, help_heading = "Coded shuffling")]
+    pub multicast: Multicast,
 
     /// With --scheme ubershuffle: how many set sizes up the carpool search goes.
     #[arg(long, default_value_t = DEFAULT_NU, value_parser = parse_nu, help_heading = "Coded shuffling")]

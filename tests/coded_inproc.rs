@@ -14,6 +14,7 @@ use shufflefs::coded::{self, Scheme};
 use shufflefs::comm::{Comm, LocalComm};
 use shufflefs::dataset::manifest::Manifest;
 use shufflefs::dataset::{SyntheticSource, synthetic_byte};
+use shufflefs::exchange::coded::routes::Multicast;
 use shufflefs::exchange::coded::server::Ended;
 use shufflefs::exchange::coded::{
     CodedClient, CodedReport, Routes, ServeSettings, Server, ServerSamples,
@@ -93,17 +94,20 @@ fn faults(plan: &Plan, scheme: Scheme) -> (Option<SampleId>, SampleId) {
 
 /// Every rank's routes: the communicators of `coded::groups` under `limit`, created over
 /// the world (collective).
-fn routes(world: &mut LocalComm, me: Option<usize>, limit: usize) -> Routes {
+fn routes(world: &mut LocalComm, me: Option<usize>, limit: usize, how: Multicast) -> Routes {
     let comms = Communicators::for_cache(RANKS as usize, limit, ALPHA).unwrap();
     assert!(comms.len() <= limit);
-    let routes = Routes::create(world, me, comms).unwrap();
-    assert!(routes.created() >= 1, "sub-communicators are in use");
+    let routes = Routes::create(world, me, comms, how).unwrap();
+    match how {
+        Multicast::Broadcast => assert!(routes.created() >= 1, "sub-communicators in use"),
+        Multicast::Ring => assert_eq!(routes.created(), 0, "a ring needs no communicator"),
+    }
     routes
 }
 
 /// Runs 3 epochs under `scheme` with at most `limit` communicators; returns every rank's
 /// per-epoch coded reports.
-fn run(scheme: Scheme, limit: usize) -> Vec<Vec<CodedReport>> {
+fn run(scheme: Scheme, limit: usize, how: Multicast) -> Vec<Vec<CodedReport>> {
     let manifest = manifest(120);
     let plan = plan(manifest.len());
     let cache_size = (ALPHA * f64::from(manifest.len())).floor() as u64;
@@ -127,7 +131,7 @@ fn run(scheme: Scheme, limit: usize) -> Vec<Vec<CodedReport>> {
                 manifest.clone(),
                 10_000, // less than the dataset: some samples are re-read every time
             );
-            let routes = routes(&mut comm, None, limit);
+            let routes = routes(&mut comm, None, limit, how);
             let mut server = Server::new(settings, routes, samples);
             server.serve(&mut comm, &AtomicBool::new(false)).unwrap()
         })
@@ -148,7 +152,7 @@ fn run(scheme: Scheme, limit: usize) -> Vec<Vec<CodedReport>> {
                 for &id in cur.share(me) {
                     store.ensure(id).unwrap(); // what staging does
                 }
-                let routes = routes(&mut world, Some(me as usize), limit);
+                let routes = routes(&mut world, Some(me as usize), limit, how);
                 let mut client = CodedClient::new(&plan, me, scheme, routes, 0);
                 let tracker = ExchangeTracker::default();
                 let abort = AtomicBool::new(false);
@@ -223,9 +227,17 @@ fn run(scheme: Scheme, limit: usize) -> Vec<Vec<CodedReport>> {
 fn every_scheme_delivers_exact_bytes_over_three_epochs() {
     // 4 ranks have 11 groups of two or more: 1024 gives each its own communicator, 3 merges
     // them into unions of blocks (members outside a group drop its packets).
-    let uncoded = run(Scheme::Uncoded, 1024);
-    let coded = run(Scheme::Coded, 1024);
-    let uber = run(Scheme::Ubershuffle { nu: 2 }, 3);
+    let uncoded = run(Scheme::Uncoded, 1024, Multicast::Ring);
+    let coded = run(Scheme::Coded, 1024, Multicast::Broadcast);
+    let uber = run(Scheme::Ubershuffle { nu: 2 }, 3, Multicast::Broadcast);
+    // Theorem 4's scatter-and-ring, on exact groups and on merged ones.
+    let ring = run(Scheme::Coded, 1024, Multicast::Ring);
+    let merged_ring = run(Scheme::Ubershuffle { nu: 2 }, 3, Multicast::Ring);
+    assert_eq!(ring[0][2].packets_planned, coded[0][2].packets_planned);
+    assert_eq!(
+        merged_ring[0][2].packets_planned,
+        uber[0][2].packets_planned
+    );
     // One packet per missing demand uncoded; coding sends fewer (paper, Theorem 2).
     for e in 0..3 {
         let (u, c, b) = (

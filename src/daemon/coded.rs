@@ -33,8 +33,9 @@ use crate::coded::Scheme;
 use crate::coded::groups::Communicators;
 use crate::comm::Comm;
 use crate::dataset::Manifest;
+use crate::exchange::coded::routes::Multicast;
 use crate::exchange::coded::server::Ended;
-use crate::exchange::coded::{Routes, SERVER, ServeSettings, Server, ServerSamples};
+use crate::exchange::coded::{Routes, ServeSettings, Server, ServerSamples};
 use crate::plan::{CodedShares, Plan};
 
 /// Split colors of phase 2.
@@ -163,6 +164,7 @@ pub struct Offer {
     pub scheme: String,
     pub nu: usize,
     pub communicators: usize,
+    pub multicast: String,
     pub epoch: u64,
     pub format: String,
     pub manifest_fingerprint: u32,
@@ -179,9 +181,18 @@ impl Offer {
             scheme: scheme.name().into(),
             nu: args.nu,
             communicators: args.communicators,
+            multicast: args.multicast.name().into(),
             epoch,
             format: format!("{:?}", args.format).to_lowercase(),
             manifest_fingerprint,
+        }
+    }
+
+    fn multicast(&self) -> Result<Multicast, String> {
+        match self.multicast.as_str() {
+            "ring" => Ok(Multicast::Ring),
+            "broadcast" => Ok(Multicast::Broadcast),
+            m => Err(format!("unknown multicast {m:?}")),
         }
     }
 
@@ -204,6 +215,7 @@ pub fn offer(
     compute_rank: u32,
     offer: Result<(Offer, Vec<u8>), String>,
     routes: impl FnOnce() -> Result<Communicators, String>,
+    multicast: Multicast,
 ) -> Result<Option<Routes>, String> {
     let failed = offer.is_err();
     let msg = match (compute_rank, offer) {
@@ -234,7 +246,7 @@ pub fn offer(
         ));
     }
     let comms = routes()?;
-    Routes::create(world, Some(compute_rank as usize), comms)
+    Routes::create(world, Some(compute_rank as usize), comms, multicast)
         .map(Some)
         .map_err(|e| format!("creating the multicast communicators: {e}"))
 }
@@ -291,9 +303,8 @@ pub fn serve(args: &ServeArgs, world: &mut dyn Comm) -> Result<(), String> {
     world
         .all_gather(verdict.as_bytes())
         .map_err(|e| format!("answering the compute ranks: {e}"))?;
-    let (settings, manifest) = checked?;
-    let comms = communicators(offer.ranks, offer.communicators, offer.alpha)?;
-    let routes = Routes::create(world, None, comms)
+    let (settings, manifest, comms, multicast) = checked?;
+    let routes = Routes::create(world, None, comms, multicast)
         .map_err(|e| format!("creating the multicast communicators: {e}"))?;
     let mounts = world
         .all_gather(&[])
@@ -315,6 +326,7 @@ pub fn serve(args: &ServeArgs, world: &mut dyn Comm) -> Result<(), String> {
     let samples = ServerSamples::new(dataset, manifest, args.memory);
     tracing::info!(
         communicators = routes.created(),
+        multicast = multicast.name(),
         exact_upto = routes.communicators().exact_upto(),
         "multicast communicators created"
     );
@@ -335,7 +347,7 @@ fn check(
     offer: &Offer,
     manifest_bytes: &[u8],
     ranks: u32,
-) -> Result<(ServeSettings, Manifest), String> {
+) -> Result<(ServeSettings, Manifest, Communicators, Multicast), String> {
     if offer.ranks != ranks {
         return Err(format!(
             "compute rank 0 plans for {} ranks, the job has {ranks}",
@@ -366,6 +378,8 @@ fn check(
     let shares = CodedShares::new(offer.samples, offer.ranks, offer.alpha, offer.seed)
         .map_err(|e| e.to_string())?;
     let scheme = offer.scheme()?;
+    let comms = communicators(offer.ranks, offer.communicators, offer.alpha)?;
+    let multicast = offer.multicast()?;
     // A few samples read as a check that the server's source is the compute ranks' dataset.
     let n = manifest.len();
     let dataset = args.format.open(
@@ -393,15 +407,12 @@ fn check(
             ));
         }
     }
-    let _ = SERVER;
-    Ok((
-        ServeSettings {
-            shares,
-            scheme,
-            epoch: offer.epoch,
-        },
-        manifest,
-    ))
+    let settings = ServeSettings {
+        shares,
+        scheme,
+        epoch: offer.epoch,
+    };
+    Ok((settings, manifest, comms, multicast))
 }
 
 #[cfg(test)]

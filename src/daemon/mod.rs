@@ -96,7 +96,8 @@ fn run_rank(
             let alpha = args.cache_fraction.unwrap_or(0.0);
             coded::communicators(size, args.communicators, alpha)
         };
-        routes = coded::offer(world, rank, offer, comms).map_err(DaemonError::Coded)?;
+        routes =
+            coded::offer(world, rank, offer, comms, args.multicast).map_err(DaemonError::Coded)?;
     }
     let startup::Prepared {
         store,

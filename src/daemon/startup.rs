@@ -326,6 +326,7 @@ fn shared_settings(args: &MountArgs) -> Vec<(&'static str, String)> {
         ("--scheme", format!("{:?}", args.scheme).to_lowercase()),
         ("--nu", args.nu.to_string()),
         ("--communicators", args.communicators.to_string()),
+        ("--multicast", args.multicast.name().to_string()),
     ]
 }
 

@@ -278,3 +278,30 @@ impl Server {
         Ok(sent)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataset::SyntheticSource;
+
+    #[test]
+    fn samples_stay_in_memory_until_the_budget_is_used() {
+        let names = (0..4).map(|i| (format!("{i}").into_bytes(), 100)).collect();
+        let manifest = Arc::new(Manifest::from_parts(vec![(b"c".to_vec(), names)]).unwrap());
+        let source = Arc::new(SyntheticSource {
+            manifest: manifest.clone(),
+        });
+        let mut s = ServerSamples::new(source, manifest, 250);
+        for round in 1..=3 {
+            for id in 0..4 {
+                let b = s.get(id).unwrap();
+                assert_eq!(b.len(), 100);
+                assert_eq!(b[7], crate::dataset::synthetic_byte(id, 7));
+            }
+            // Samples 0 and 1 were read once and kept; 2 and 3 are read every time.
+            assert_eq!(s.reads, 2 + 2 * round);
+        }
+        assert_eq!(s.held_bytes(), 200);
+        assert!(s.get(9).is_err(), "no such sample");
+    }
+}
