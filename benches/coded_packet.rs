@@ -11,17 +11,30 @@
 //! well above that to keep its link busy. The XOR alone (`xor`) is reported for reference.
 //! `SHUFFLEFS_BENCH_MB` sets the payload volume per case (default 256).
 //!
+//!
+//! A second table shows what zero padding costs on real plans: UberShuffle packets for `n`
+//! ranks (q = 20000 samples, alpha = 2/n) with sample sizes drawn from a log-normal of mean
+//! 100 KB and coefficient of variation `cv` (0: all equal; ImageNet JPEGs are around 0.5-0.8).
+//! `server bytes` is the coded packets' bytes (header and padding included) over the uncoded
+//! scheme's bytes for the same epoch, with `plan`'s pairing (by sample id); `by size` the
+//! same with `plan_by_size` (longest samples of a set's columns share packets); `packets` is
+//! the ratio in packets, what both would be with equal sizes. The gaps are the padding.
+//!
 //! Last results (this VM, 2 cores shared with other builds, `cargo bench --bench
 //! coded_packet`, 2026-11-23): encode 3.6 / 1.9 / 0.9 GB/s and decode 5.3 / 2.1 / 1.1 GB/s
 //! for 100 KB samples and k = 2 / 4 / 8 parts; the XOR alone runs at 20-50 GB/s, so the cost
 //! is the CRC-32C and the copy of each part, which grow with k. Every case is far above a
-//! 1-10 Gbit/s link (125-1250 MB/s) except k = 8 with 1 MB samples against 10 Gbit/s.
+//! 1-10 Gbit/s link (125-1250 MB/s) except k = 8 with 1 MB samples against 10 Gbit/s. A
+//! second run with the machine's load at 14 (other builds) gave about half of every rate
+//! (100 KB: encode 1.8 / 0.8 / 0.4 GB/s, decode 2.1 / 0.9 / 0.5 GB/s).
+//! Padding table (deterministic): see `src/coded/packet.rs`'s docs and the README.
 
 use std::hint::black_box;
 use std::time::Instant;
 
-use shufflefs::coded::Transmission;
-use shufflefs::coded::packet::{decode, encode, xor_into};
+use shufflefs::coded::packet::{decode, encode, packet_len, xor_into};
+use shufflefs::coded::placement::RandomPlacement;
+use shufflefs::coded::{Scheme, Transmission, plan, plan_by_size};
 
 fn sample(s: u32, len: usize) -> Vec<u8> {
     (0..len)
@@ -68,6 +81,55 @@ fn main() {
             }
             let xor = (rounds * len) as f64 / t.elapsed().as_secs_f64() / 1e6;
             println!("{len:>10} {k:>3} {enc:>14.0} {dec:>14.0} {xor:>14.0}");
+        }
+    }
+    padding_table();
+}
+
+/// A log-normal sample size of mean 100 KB and coefficient of variation `cv`, a pure
+/// function of the sample id.
+fn size(s: u32, cv: f64) -> u64 {
+    let h = |k: u64| {
+        let x = (u64::from(s) << 8 ^ k).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    };
+    let z = (-2.0 * h(1).ln()).sqrt() * (std::f64::consts::TAU * h(2)).cos();
+    let var = (1.0 + cv * cv).ln();
+    (100_000.0 * (z * var.sqrt() - var / 2.0).exp()) as u64
+}
+
+fn padding_table() {
+    println!();
+    println!(
+        "{:>3} {:>5} {:>14} {:>14} {:>9}",
+        "n", "cv", "server bytes", "by size", "packets"
+    );
+    for n in [4usize, 8, 20] {
+        let inst = RandomPlacement::new(20_000, n, 2.0 / n as f64, 1)
+            .expect("placement")
+            .next_instance();
+        let uncoded = plan(&inst, Scheme::Uncoded);
+        let uber = plan(&inst, Scheme::Ubershuffle { nu: 2 });
+        for cv in [0.0, 0.25, 0.5, 1.0, 2.0] {
+            let bytes = |txs: &[Transmission]| -> u64 {
+                txs.iter()
+                    .map(|t| {
+                        packet_len(
+                            &t.parts
+                                .iter()
+                                .map(|&(s, _)| size(s, cv))
+                                .collect::<Vec<_>>(),
+                        )
+                    })
+                    .sum()
+            };
+            let sized = plan_by_size(&inst, Scheme::Ubershuffle { nu: 2 }, &|s| size(s, cv));
+            println!(
+                "{n:>3} {cv:>5.2} {:>14.3} {:>14.3} {:>9.3}",
+                bytes(&uber) as f64 / bytes(&uncoded) as f64,
+                bytes(&sized) as f64 / bytes(&uncoded) as f64,
+                uber.len() as f64 / uncoded.len() as f64
+            );
         }
     }
 }

@@ -181,6 +181,9 @@ pub struct MountArgs {
     pub format: Format,
 
     /// Local cache folder for this rank's share (local SSD). `{rank}` is replaced by the rank.
+    /// A job started again with another number of ranks goes on from these folders at the
+    /// epoch it reached, and removes those of ranks gone from a host (README, "Elastic
+    /// restarts").
     #[arg(long, help_heading = "Data")]
     pub cache: String,
 
@@ -204,7 +207,8 @@ pub struct MountArgs {
             shuffling at host granularity, which loses accuracy on some datasets and at \
             scale); within a host it is partial-local with --fraction. For slow networks \
             with several ranks per host; with one rank per host nothing ever moves. A cache \
-            made under node scope resumes only with the same ranks sharing a host."
+            made under node scope resumes only with the same ranks sharing a host (so never \
+            with another number of ranks)."
     )]
     pub exchange_scope: ExchangeScope,
 

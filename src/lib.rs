@@ -3,7 +3,8 @@
 //!
 //! The folders are the layers, from pure to outside-facing (README "Architecture" has the
 //! tree and the path a sample's bytes take):
-//! - [`plan`]: who owns which sample in every epoch (pure, deterministic, no I/O).
+//! - [`plan`]: who owns which sample in every epoch (pure, deterministic, no I/O), also
+//!   across restarts with another number of ranks (`plan::elastic`).
 //! - [`coded`]: coded shuffling (UberShuffle) planning: which XOR packets the server sends,
 //!   their bytes, the communicator set (pure); the `shufflefs plan` calculator. The coded
 //!   exchange that moves them is `exchange::coded`, its job layout `daemon::coded`.

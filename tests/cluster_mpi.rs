@@ -631,6 +631,94 @@ fn rank_killed_on_one_host_ends_the_job_everywhere_and_resumes() {
     eprintln!("killed rank 3: the job ended on every host in {ended:.1?}");
 }
 
+/// Elastic restart across hosts: 2 hosts x 2 ranks, then 2 hosts x 1 rank (rank 1 moves to
+/// the second host). The second job goes on at the epoch reached, lists the plan's shares
+/// for that history on every rank (a partition, every byte checked) and fetches nothing from
+/// the source: what a rank lacks that the other host holds crosses the link. (The emulated
+/// hosts share one filesystem, so the gone ranks' folders are visible on both.)
+#[test]
+fn four_ranks_on_two_hosts_restart_as_two() {
+    if !require_cluster() {
+        return;
+    }
+    const SEED: u64 = 13;
+    const Q: f64 = 0.5;
+    let ds = four_classes(20, |i| 10_000 + 97 * i as u64);
+    let cluster = Cluster::up("celast", "10.213.206.0/24", 2);
+    let predicted = |history: &shufflefs::plan::elastic::History, epoch: u64, rank: u32| {
+        let m = shufflefs::dataset::manifest::scan(&ds.root).unwrap();
+        let params = shufflefs::plan::PlanParams {
+            samples: m.len(),
+            world: history.world(),
+            fraction: Q,
+            seed: SEED,
+        };
+        let plan = shufflefs::plan::elastic::ElasticPlan::new(params, history.clone()).unwrap();
+        (plan.shares_at(epoch).share(rank).iter())
+            .map(|&id| m.relative_path(id).to_string_lossy().into_owned())
+            .collect::<BTreeSet<String>>()
+    };
+
+    let four = shufflefs::plan::elastic::History::new(4);
+    let mut job = MpiJob::start_with(cluster.mpirun(2), &ds.base, 4, SEED, Q, &[]);
+    daemons_on_their_hosts(&cluster, &job, 2);
+    for epoch in 0..2 {
+        for r in 0..4 {
+            assert_eq!(
+                listing(&ds, &job.mounts[r as usize], epoch),
+                predicted(&four, epoch, r)
+            );
+        }
+    }
+    // A job ended mid-exchange exits 3 (see `daemon::run`): let the exchange finish.
+    wait_all(&job, "the exchange into epoch 2", |st| {
+        exchange(st, 2).is_some_and(|x| x["state"] == "done")
+    });
+    let status = job.unmount_within(END_TIMEOUT);
+    let log = || fs::read_to_string(ds.base.join("job.log")).unwrap_or_default();
+    assert!(status.is_some_and(|s| s.success()), "{status:?}\n{}", log());
+
+    let two = four.resized(1, 2).unwrap();
+    let mut job = MpiJob::start_with(cluster.mpirun(1), &ds.base, 2, SEED, Q, &[]);
+    let daemons = daemons_on_their_hosts(&cluster, &job, 1);
+    for r in 0..2 {
+        let st = job.status(r);
+        assert_eq!(st["epoch"], 1, "rank {r} resumed at the wrong epoch");
+        let x = &st["resize"];
+        let received: u64 = x["received"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|v| v.as_u64().unwrap())
+            .sum();
+        let parts = x["kept"].as_u64().unwrap() + x["adopted"].as_u64().unwrap() + received;
+        assert_eq!(Some(parts), x["share_samples"].as_u64(), "rank {r}: {x}");
+        assert_eq!(x["from_source"], 0, "rank {r}: {x}");
+    }
+    for epoch in 1..4 {
+        let mut all = BTreeSet::new();
+        for r in 0..2 {
+            let got = listing(&ds, &job.mounts[r as usize], epoch);
+            assert_eq!(got, predicted(&two, epoch, r), "rank {r} epoch {epoch}");
+            all.extend(got);
+        }
+        assert_eq!(
+            all.len(),
+            ds.samples.len(),
+            "epoch {epoch} partitions the dataset"
+        );
+    }
+    for r in 0..2 {
+        assert_eq!(job.status(r)["cache"]["fetched_from_source"], 0, "rank {r}");
+    }
+    wait_all(&job, "the exchange into epoch 4", |st| {
+        exchange(st, 4).is_some_and(|x| x["state"] == "done")
+    });
+    let status = job.unmount_within(END_TIMEOUT);
+    assert!(status.is_some_and(|s| s.success()), "{status:?}\n{}", log());
+    all_gone(&cluster, &job.mounts, &daemons);
+}
+
 /// One host's link shaped to 2mbit against the others' 1gbit. On 2 cores the "fast"
 /// streams are CPU-bound at a few MB/s while the test reads views beside them, and the slow
 /// host's streams share its link unevenly (one can get most of it), so a tenth, or even a

@@ -379,6 +379,7 @@ impl World {
                     epoch: 0,
                     exchange_scope: Default::default(),
                     hosts: None,
+                    world_history: Vec::new(),
                 })
                 .unwrap();
                 d

@@ -4,6 +4,8 @@
 //! CACHE/LOCK            flock held for the daemon's life; holds its pid for error messages
 //! CACHE/state.json      settings + current epoch, replaced atomically (tmp, fsync, rename)
 //! CACHE/manifest.bin    the dataset manifest, so a remount need not rescan the source
+//! CACHE/job-token       written at start-up by a job whose number of ranks changed: marks
+//!                       the folder as a live rank's (see `daemon::resize`)
 //! CACHE/samples/<id>    one file per cached sample (the file backend, `files.rs`)
 //! CACHE/tmp/<id>        samples being written; emptied at startup
 //! ```
@@ -29,7 +31,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::dataset::manifest::Manifest;
-use crate::plan::{ExchangeScope, HostLayout};
+use crate::plan::elastic::{Era, History};
+use crate::plan::{ExchangeScope, HostLayout, PlanError};
 
 mod backend;
 mod files;
@@ -83,9 +86,40 @@ pub struct CacheState {
     /// built. The plan's history depends on it, so a resume must find the same layout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hosts: Option<Vec<u32>>,
+    /// The job's world sizes over time once it changed (elastic restarts, see
+    /// `plan::elastic`); the plan's history depends on them. Empty for a job that always
+    /// ran on `world_size` ranks, so such state files stay as they were.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub world_history: Vec<Era>,
 }
 
 impl CacheState {
+    /// The world sizes the cache's job ran with (checked: the last is `world_size`).
+    pub fn history(&self) -> Result<History, PlanError> {
+        if self.world_history.is_empty() {
+            return Ok(History::new(self.world_size));
+        }
+        let history = History::from_eras(self.world_history.clone())?;
+        if history.world() != self.world_size {
+            return Err(PlanError::History(format!(
+                "the last era has {} ranks, the state file says {}",
+                history.world(),
+                self.world_size
+            )));
+        }
+        Ok(history)
+    }
+
+    /// Records `history`: its world size, and its eras once it changed.
+    pub fn set_history(&mut self, history: &History) {
+        self.world_size = history.world();
+        self.world_history = if history.is_resized() {
+            history.eras().to_vec()
+        } else {
+            Vec::new()
+        };
+    }
+
     /// Human-readable list of the settings that differ (epoch excluded).
     pub fn differences(&self, other: &CacheState) -> Vec<String> {
         let mut out = Vec::new();
@@ -307,7 +341,33 @@ mod tests {
             epoch: 3,
             exchange_scope: ExchangeScope::Global,
             hosts: None,
+            world_history: Vec::new(),
         }
+    }
+
+    /// A resized job records its eras; the world size stays the current one, and a state
+    /// whose eras contradict it is refused.
+    #[test]
+    fn world_history_round_trips_and_is_checked() {
+        let mut s = state();
+        let history = History::new(4)
+            .resized(2, 2)
+            .unwrap()
+            .resized(5, 3)
+            .unwrap();
+        s.set_history(&history);
+        assert_eq!(s.world_size, 3);
+        let text = serde_json::to_string(&s).unwrap();
+        assert!(
+            text.contains(r#""world_history":[{"epoch":0,"world":4}"#),
+            "{text}"
+        );
+        let loaded: CacheState = serde_json::from_str(&text).unwrap();
+        assert_eq!(loaded.history().unwrap(), history);
+        s.world_size = 2;
+        assert!(s.history().is_err());
+        s.set_history(&History::new(2));
+        assert!(s.world_history.is_empty() && s.history().unwrap() == History::new(2));
     }
 
     /// A state file written before `--exchange-scope` existed loads as global scope, and a

@@ -9,6 +9,7 @@
 
 use std::fmt::Write;
 
+use super::groups::{Communicators, DEFAULT_LIMIT, GroupsError, group_mask, route_all};
 use super::placement::{PlacementError, RandomPlacement};
 use super::{Scheme, plan};
 use crate::plan::{Plan, PlanError, PlanParams};
@@ -45,6 +46,8 @@ pub enum CalcError {
     TooFewSamples { ranks: usize },
     #[error("--epochs must be at least 1")]
     NoEpochs,
+    #[error(transparent)]
+    Groups(#[from] GroupsError),
 }
 
 /// Theorem 1: uncoded transmissions per epoch, `q (1 - s/q)`.
@@ -195,6 +198,31 @@ pub fn report(input: &CalcInput) -> Result<String, CalcError> {
                 bytes((c.received_per_rank * b as f64) as u64)
             ),
             "0"
+        );
+    }
+    let coded = input.schemes.iter().rev().find(|s| **s != Scheme::Uncoded);
+    if let Some(&scheme) = coded.filter(|_| n >= 2) {
+        let comms = Communicators::for_cache(n, DEFAULT_LIMIT, alpha)?;
+        let inst = RandomPlacement::new(q, n, alpha, input.seed)?.next_instance();
+        let txs = plan(&inst, scheme);
+        let (_, merge) = route_all(&comms, txs.iter().map(|t| (group_mask(t), b)))?;
+        let _ = writeln!(
+            w,
+            "multicast: {} MPI communicators (limit {DEFAULT_LIMIT}; {}); with {}, ranks in a packet's communicator that are not its receivers also get it: {:.2} extra receptions per needed one (epoch 1, not counted in the table above)",
+            comms.len(),
+            match comms.exact_upto() {
+                k if k >= n => "one per group".to_owned(),
+                k if k < 2 => format!(
+                    "groups merged into unions of {} blocks of ranks",
+                    comms.blocks().len()
+                ),
+                k => format!(
+                    "groups of up to {k} ranks exact, larger ones merged into unions of {} blocks",
+                    comms.blocks().len()
+                ),
+            },
+            scheme.name(),
+            merge.extra_ratio()
         );
     }
     let _ = writeln!(

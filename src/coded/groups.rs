@@ -72,6 +72,15 @@
 //! the default limit it costs nothing. `cargo test --lib coded::groups -- --ignored
 //! --nocapture` prints these numbers and the shape chosen for other `n` and limits.
 //!
+//! # For the transport
+//!
+//! A packet's route is a function of its group alone, so every rank that runs
+//! [`plan`](super::plan) on the epoch's instance knows, in order, which packets travel on each
+//! communicator it belongs to (the server may pair samples with
+//! [`plan_by_size`](super::plan_by_size): same groups, same order, other parts). Consecutive
+//! packets on one communicator can go as one broadcast of their concatenation
+//! ([`packet::split`](super::packet::split)), as the paper does.
+//!
 //! An epoch-dependent merge (choosing communicators from the epoch's actual groups) could do
 //! better, but would create communicators every epoch, which is what the paper avoids.
 
@@ -83,6 +92,10 @@ use super::{MAX_NODES, Node, Transmission};
 /// Communicators created at most, by default (module docs explain the choice).
 pub const DEFAULT_LIMIT: usize = 1024;
 
+/// The most a limit may be: ob1's whole context-id space (65535), which the job's other
+/// communicators share.
+pub const MAX_LIMIT: usize = 65_535;
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum GroupsError {
     #[error("{0} compute nodes: between 1 and {MAX_NODES} are supported")]
@@ -91,6 +104,10 @@ pub enum GroupsError {
         "a communicator limit of 0 cannot carry a multicast: use at least 1 (one broadcast communicator)"
     )]
     ZeroLimit,
+    #[error(
+        "a communicator limit of {0} exceeds Open MPI's {MAX_LIMIT} context ids (ob1), which the whole job shares: use at most a few thousand (default {DEFAULT_LIMIT})"
+    )]
+    LimitTooHigh(usize),
     #[error("group {group:#x} is not a non-empty set of nodes 0..{nodes}")]
     BadGroup { group: NodeSet, nodes: usize },
 }
@@ -142,11 +159,15 @@ impl Communicators {
         if limit == 0 {
             return Err(GroupsError::ZeroLimit);
         }
+        if limit > MAX_LIMIT {
+            return Err(GroupsError::LimitTooHigh(limit));
+        }
         if nodes < 63 && (1u64 << nodes) - nodes as u64 - 1 <= limit as u64 {
             return Ok(Communicators::shape(nodes, nodes, nodes));
         }
         // Block unions alone number about 2^b: no b above log2(limit + n) + 1 can fit.
         let b_max = nodes.min((usize::BITS - (limit + nodes).leading_zeros()) as usize + 1);
+        debug_assert!(b_max <= 18, "limit <= MAX_LIMIT bounds the block count");
         let mut best: Option<(f64, Communicators)> = None;
         for k in 1..nodes {
             if exact_count(nodes, k) >= limit as u64 {
@@ -235,6 +256,13 @@ impl Communicators {
     /// Member masks in creation order (ascending mask), the same on every rank.
     pub fn iter(&self) -> impl Iterator<Item = NodeSet> + '_ {
         self.comms.iter().copied()
+    }
+
+    /// The communicators node `node` belongs to (and must take part in creating), ascending.
+    pub fn containing(&self, node: Node) -> impl Iterator<Item = usize> + '_ {
+        (self.comms.iter().enumerate())
+            .filter(move |&(_, &m)| node < 64 && m >> node & 1 == 1)
+            .map(|(i, _)| i)
     }
 
     /// World ranks of communicator `i` in its rank order: the server first (rank 0, the root

@@ -175,6 +175,26 @@ pub fn plan(inst: &Instance, scheme: Scheme) -> Vec<Transmission> {
     }
 }
 
+/// [`plan`] with the samples of each packet matched by length (`len` gives a sample's
+/// bytes), so packets of samples with different sizes carry little zero padding; the same
+/// packets per group as [`plan`] (see [`encode::encode_by_size`]). Uncoded plans are the
+/// same.
+pub fn plan_by_size(
+    inst: &Instance,
+    scheme: Scheme,
+    len: &dyn Fn(SampleId) -> u64,
+) -> Vec<Transmission> {
+    match scheme {
+        Scheme::Uncoded => uncoded(inst),
+        Scheme::Coded => encode::encode_by_size(&index::index(inst), len),
+        Scheme::Ubershuffle { nu } => {
+            let mut table = index::index(inst);
+            carpool::carpool(&mut table, nu);
+            encode::encode_by_size(&table, len)
+        }
+    }
+}
+
 /// Section 2.1: node by node, each missing demand as a unicast.
 fn uncoded(inst: &Instance) -> Vec<Transmission> {
     (0..inst.nodes())

@@ -175,6 +175,7 @@ fn calculator_report_for_a_small_case() {
         "coded",
         "ubershuffle(nu=2)",
         "Theorem 1",
+        "multicast: 4 MPI communicators (limit 1024; one per group)",
         "shufflefs serve",
     ] {
         assert!(text.contains(name), "{name} missing from\n{text}");
@@ -227,6 +228,41 @@ proptest! {
             prop_assert!(c.len() <= u.len());
             prop_assert!(ub.len() <= c.len());
             prop_assert_eq!(plan(&inst, Scheme::Ubershuffle { nu }), ub.clone());
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Pairing by size changes which samples share a packet, never how many packets each
+    /// group gets, and never sends more payload bytes than pairing by id.
+    #[test]
+    fn plan_by_size_keeps_the_groups_and_cuts_padding(
+        n in 2usize..=8,
+        q in 20u32..300,
+        seed in any::<u64>(),
+        salt in any::<u64>(),
+        nu in 0usize..3,
+    ) {
+        let q = q.max(n as u32);
+        let alpha = ((q as usize).div_ceil(n) as f64 / f64::from(q) * 1.5).min(1.0);
+        let inst = RandomPlacement::new(q, n, alpha, seed).unwrap().next_instance();
+        let len = |s: SampleId| (u64::from(s) ^ salt).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 48;
+        for scheme in [Scheme::Uncoded, Scheme::Coded, Scheme::Ubershuffle { nu }] {
+            let by_id = plan(&inst, scheme);
+            let by_size = plan_by_size(&inst, scheme, &len);
+            prop_assert_eq!(verify(&inst, &by_size), Ok(()));
+            // Same groups in the same order: ranks can follow the server's broadcasts
+            // with plain plan().
+            let groups = |txs: &[Transmission]| -> Vec<Vec<Node>> {
+                txs.iter().map(|t| t.group.clone()).collect()
+            };
+            prop_assert_eq!(groups(&by_id), groups(&by_size));
+            let payload = |txs: &[Transmission]| -> u64 {
+                txs.iter().map(|t| t.parts.iter().map(|&(s, _)| len(s)).max().unwrap_or(0)).sum()
+            };
+            prop_assert!(payload(&by_size) <= payload(&by_id));
         }
     }
 }

@@ -27,7 +27,11 @@ use crate::sys::{mounts, readahead};
 use crate::vfs::inodes;
 
 pub mod coded;
+mod resize;
 mod startup;
+
+#[cfg(test)]
+mod elastic_tests;
 
 pub use startup::StartError;
 use startup::everyone_ok;

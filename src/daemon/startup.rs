@@ -7,11 +7,13 @@
 //! 2. the same settings everywhere;
 //! 3. seed and index, decided by rank 0 (the index is reused from rank 0's cache when its
 //!    settings match, else built by the dataset format);
-//! 4. does each cache belong to these settings? resume at the furthest epoch any rank saved;
+//! 4. does each cache belong to these settings? resume at the furthest epoch any rank saved
+//!    (with another number of ranks too: an elastic restart, see `resize`);
 //!    under `--exchange-scope node` the settings include the host layout (which ranks share
 //!    a host), because the plan's history depends on it: a cache built on another layout is
 //!    refused like one built with another seed (see "Host layout on resume" below);
-//! 5. finish whatever a crash interrupted (see `node::resume`).
+//! 5. finish whatever a crash interrupted (see `node::resume`), or fill the new shares of a
+//!    job whose number of ranks changed (`node::regrow`).
 //!
 //! Mounting is the last phase and lives in `daemon::run`.
 //!
@@ -35,9 +37,14 @@ use crate::cache::{CacheDir, CacheError, CacheState, FORMAT_VERSION, SampleStore
 use crate::cli::{MountArgs, for_rank};
 use crate::comm::{Comm, CommError, agree, decide};
 use crate::dataset::Manifest;
+use crate::exchange::ExchangeConfig;
+use crate::node::regrow::{self, RegrowConfig};
 use crate::node::resume::{self, Resumed};
+use crate::plan::elastic::ElasticPlan;
 use crate::plan::{ExchangeScope, Plan, PlanError, PlanParams, Rank};
 use crate::sys::mounts;
+
+use super::resize;
 
 /// Why the daemon did not start.
 #[derive(Debug, thiserror::Error)]
@@ -170,16 +177,28 @@ pub fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, StartE
             ExchangeScope::Global => None,
             ExchangeScope::Node => Some(comm.hosts().to_vec()),
         },
+        world_history: Vec::new(), // set once the job's history is known
     };
     let backend = dir.file_backend(manifest.len());
-    let local_epoch = backend.map_err(|e| e.to_string()).and_then(|backend| {
-        let epoch = match &state {
-            Some(s) if s.differences(&expected).is_empty() => s.epoch,
+    let local = backend.map_err(|e| e.to_string()).and_then(|backend| {
+        let mine = match state {
+            // Another world size is an elastic restart (`resize`), not a mismatch.
+            Some(s) if resize::belongs(&s, &expected) => {
+                s.history().map_err(|e| {
+                    CacheError::Corrupt {
+                        path: cache_path.clone(),
+                        what: "a state file",
+                        detail: e.to_string(),
+                    }
+                    .to_string()
+                })?;
+                Some(s)
+            }
             Some(s) if !args.reset_cache => {
                 return Err(format!(
                     "cache folder {} was built with other settings; pass --reset-cache to rebuild it, or use the old settings:\n  {}",
                     cache_path.display(),
-                    s.differences(&expected).join("\n  ")
+                    resize::differences(&s, &expected).join("\n  ")
                 ));
             }
             _ => {
@@ -192,26 +211,32 @@ pub fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, StartE
                     .to_string()
                 })?;
                 dir.forget_state().map_err(|e| e.to_string())?;
-                0
+                None
             }
         };
-        Ok((epoch, backend))
+        Ok((mine, backend))
     });
-    everyone_ok(comm, local_epoch.as_ref().map(|_| ()).map_err(Clone::clone))?;
-    let (local_epoch, backend) = local_epoch.expect("checked above");
+    everyone_ok(comm, local.as_ref().map(|_| ()).map_err(Clone::clone))?;
+    let (mine, backend) = local.expect("checked above");
     // Only a shortcut for the next start, so a failure is a warning (see `save_manifest`).
     if let Err(e) = dir.save_manifest(&manifest_bytes) {
         tracing::warn!(error = %e, "could not save the manifest; the next start rescans the source");
     }
     drop(manifest_bytes); // saved; the manifest itself is all that is needed from here
-    // After a crash ranks may be one epoch apart; training had reached the furthest one.
-    let epoch = comm
-        .all_gather(&local_epoch.to_le_bytes())?
-        .iter()
-        .filter_map(|b| b.as_slice().try_into().ok().map(u64::from_le_bytes))
-        .max()
-        .unwrap_or(0);
-    dir.save_state(&CacheState { epoch, ..expected })?;
+    // After a crash ranks may be one epoch apart; training had reached the furthest one. A
+    // restart with another number of ranks goes on from there as well (see `resize`).
+    let job = resize::find_job(comm, args, mine.as_ref(), &expected)?;
+    let refusal = match (&job, rank) {
+        (Err(e), 0) => Err(e.clone()), // the same on every rank: said once
+        _ => Ok(()),
+    };
+    everyone_ok(comm, refusal)?;
+    // Refused above on every rank if on any (each computed it from the same gathered lists).
+    let job = job.map_err(|_| StartError::Malformed("job history"))?;
+    let epoch = job.epoch;
+    let mut state = CacheState { epoch, ..expected };
+    state.set_history(&job.history);
+    dir.save_state(&state)?;
 
     let params = PlanParams {
         samples: manifest.len(),
@@ -219,13 +244,24 @@ pub fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, StartE
         fraction: args.fraction,
         seed,
     };
-    let plan = match args
+    // A coded job (`daemon::coded`): fresh shares every epoch, caches of alpha.
+    let coded = args
         .cache_fraction
-        .filter(|_| args.coded_scheme().is_some())
-    {
-        // A coded job (`daemon::coded`): fresh shares every epoch, caches of alpha.
-        Some(alpha) => Plan::coded(params, alpha)?,
-        None => Plan::with_scope(params, args.exchange_scope, comm.hosts())?,
+        .filter(|_| args.coded_scheme().is_some());
+    let elastic = match job.history.is_resized() {
+        true if coded.is_some() => {
+            return Err(StartError::Refused {
+                failures: vec![(0, "this cache was built by a coded run with another number of compute ranks; a coded run cannot change it yet: start it with the ranks it had, or pass --reset-cache".into())],
+                world,
+            });
+        }
+        true => Some(ElasticPlan::new(params, job.history.clone())?),
+        false => None,
+    };
+    let plan = match (&elastic, coded) {
+        (Some(elastic), _) => elastic.current().clone(),
+        (None, Some(alpha)) => Plan::coded(params, alpha)?,
+        (None, None) => Plan::with_scope(params, args.exchange_scope, comm.hosts())?,
     };
     if let Some(layout) = plan.layout() {
         tracing::info!(layout = %layout.describe(), "exchange scope node: samples move only between ranks of one host");
@@ -235,11 +271,24 @@ pub fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, StartE
     let store = Arc::new(SampleStore::with_backend(
         dir,
         Box::new(backend),
-        manifest,
-        dataset,
+        manifest.clone(),
+        dataset.clone(),
     )?);
-    // Phase 5: finish whatever a crash interrupted.
-    let resumed = resume::resume(comm, &store, &plan, epoch)?;
+    // Phase 5: finish whatever a crash interrupted, or fill the shares of a resized job.
+    let resumed = match &elastic {
+        Some(elastic) => {
+            let orphans = resize::open_orphans(job.orphans, &manifest, &dataset);
+            let cfg = RegrowConfig {
+                exchange: ExchangeConfig {
+                    rate: args.exchange_rate,
+                    ..ExchangeConfig::default()
+                },
+                share_disk: args.share_disk == crate::cli::ShareDisk::Auto,
+            };
+            regrow::regrow(comm, &store, elastic, epoch, orphans, &cfg)?
+        }
+        None => resume::resume(comm, &store, &plan, epoch)?,
+    };
     Ok(Prepared {
         store,
         plan,

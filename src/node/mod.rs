@@ -1,5 +1,6 @@
 //! One rank's moving parts, without the kernel: the epoch [`coordinator`], background
-//! [`staging`] from the source, the [`status`] document, and [`resume`] after a crash.
+//! [`staging`] from the source, the [`status`] document, [`resume`] after a crash, and
+//! [`regrow`] after a restart with another number of ranks.
 //!
 //! [`Node::start`] wires them for one rank: the daemon puts a FUSE session in front of the
 //! node's [`ShuffleFs`] and runs [`serve_exchanges`] on the thread that owns MPI; tests run
@@ -19,6 +20,7 @@ use crate::plan::{Plan, Rank, SampleId, Step};
 use crate::vfs::ShuffleFs;
 
 pub mod coordinator;
+pub mod regrow;
 pub mod resume;
 pub mod staging;
 pub mod status;
@@ -87,6 +89,7 @@ impl Node {
         staging.send(StagingCmd::Epoch {
             current: Arc::new(resumed.current.clone()),
         });
+        let resize = resumed.resize.clone();
         let coordinator = Coordinator::start(
             plan,
             rank,
@@ -102,6 +105,7 @@ impl Node {
             epochs: coordinator.clone(),
             staging: staging.progress.clone(),
             exchange: tracker.clone(),
+            resize,
         });
         let node = Node {
             store,

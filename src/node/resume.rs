@@ -19,7 +19,7 @@ use std::sync::atomic::AtomicBool;
 use crate::cache::SampleStore;
 use crate::comm::{Comm, CommError};
 use crate::exchange::{self, ExchangeConfig, ExchangeTracker};
-use crate::plan::{EpochShares, Plan, SampleId, Step};
+use crate::plan::{EpochShares, Plan, Rank, SampleId, Step};
 
 /// Where the plan walk of [`resume`] ended: the shares of the epoch resumed at and the step
 /// out of it. The daemon starts its `Epochs` from these, so start-up walks the plan once
@@ -28,6 +28,8 @@ use crate::plan::{EpochShares, Plan, SampleId, Step};
 pub struct Resumed {
     pub current: EpochShares,
     pub next: Step,
+    /// How a resized job's share was filled (see `regrow`), for the status.
+    pub resize: Option<super::regrow::RegrowReport>,
 }
 
 /// Completes the exchange into `epoch` for the samples some rank still lacks, then drops
@@ -50,9 +52,26 @@ pub fn resume(
     let next = plan.step(&current);
     // A coded run's cache also keeps retained samples (`plan::coded`).
     let retained = plan.retained(rank, current.epoch);
+    trim(store, rank, &current, &next.next, &retained);
+    Ok(Resumed {
+        current,
+        next,
+        resize: None,
+    })
+}
+
+/// Drops what belongs to neither `current` nor `next`'s share of `rank`, nor `retained`
+/// (ascending: the samples a coded run's cache keeps beyond the share, `Plan::retained`).
+pub(crate) fn trim(
+    store: &SampleStore,
+    rank: Rank,
+    current: &EpochShares,
+    next: &EpochShares,
+    retained: &[SampleId],
+) {
     let keep = |id: &SampleId| {
         current.share(rank).binary_search(id).is_ok()
-            || next.next.share(rank).binary_search(id).is_ok()
+            || next.share(rank).binary_search(id).is_ok()
             || retained.binary_search(id).is_ok()
     };
     let mut dropped = 0u64;
@@ -69,7 +88,6 @@ pub fn resume(
             "dropped cached samples that belong to no current or next share"
         );
     }
-    Ok(Resumed { current, next })
 }
 
 /// Sends again, per `step`, the samples some rank still lacks of its share after `step`.

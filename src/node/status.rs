@@ -10,6 +10,7 @@ use crate::cache::SampleStore;
 use crate::dataset::manifest::Skipped;
 use crate::exchange::{ExchangeReport, ExchangeTracker};
 use crate::node::coordinator::Coordinator;
+use crate::node::regrow::RegrowReport;
 use crate::node::staging::{StagingProgress, StagingSnapshot};
 
 pub trait StatusReport: Send + Sync {
@@ -56,6 +57,9 @@ struct Status<'a> {
     exchange: Vec<ExchangeReport>,
     cache: CacheSnapshot,
     skipped: &'a [Skipped],
+    /// Only for a job whose number of ranks changed: how this start filled the share.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resize: Option<&'a RegrowReport>,
 }
 
 pub struct DaemonStatus {
@@ -66,6 +70,8 @@ pub struct DaemonStatus {
     pub epochs: Coordinator,
     pub staging: Arc<StagingProgress>,
     pub exchange: Arc<ExchangeTracker>,
+    /// How a resized job's share was filled at start-up (see `node::regrow`).
+    pub resize: Option<RegrowReport>,
 }
 
 impl StatusReport for DaemonStatus {
@@ -110,6 +116,7 @@ impl StatusReport for DaemonStatus {
                 problems: stats.problems(),
             },
             skipped: &manifest.skipped,
+            resize: self.resize.as_ref(),
         };
         let mut out = serde_json::to_vec_pretty(&status).expect("status serializes");
         out.push(b'\n');

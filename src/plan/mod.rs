@@ -42,6 +42,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 
 pub mod coded;
+pub mod elastic;
 
 pub use coded::CodedShares;
 
@@ -197,6 +198,8 @@ pub enum PlanError {
     Hosts { hosts: usize, world: u32 },
     #[error("--cache-fraction: {0}")]
     Coded(#[from] crate::coded::placement::PlacementError),
+    #[error("invalid history of world sizes ({0})")]
+    History(String),
 }
 
 /// Domain tags keep the random streams for different purposes independent.

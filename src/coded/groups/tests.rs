@@ -85,6 +85,11 @@ fn bad_input_is_named() {
     assert_eq!(Communicators::new(0, 10), Err(GroupsError::Nodes(0)));
     assert_eq!(Communicators::new(65, 10), Err(GroupsError::Nodes(65)));
     assert_eq!(Communicators::new(4, 0), Err(GroupsError::ZeroLimit));
+    assert_eq!(
+        Communicators::new(64, 1 << 20),
+        Err(GroupsError::LimitTooHigh(1 << 20))
+    );
+    assert_eq!(Communicators::new(64, MAX_LIMIT).unwrap().len(), 65_535);
     let c = Communicators::new(4, 100).unwrap();
     assert_eq!(
         c.route(0),
@@ -107,6 +112,9 @@ fn ranks_put_the_server_first() {
         panic!("a pair is a multicast")
     };
     assert_eq!(c.ranks(i, 0, |n| n + 1), vec![0, 2, 4]);
+    // Node 3 is in the 2^3 - 1 sets of two or more nodes that contain it.
+    assert_eq!(c.containing(3).count(), 7);
+    assert!(c.containing(3).all(|j| c.members(j) & 0b1000 != 0));
 }
 
 #[test]

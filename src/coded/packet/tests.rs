@@ -68,6 +68,7 @@ fn example_2_packet_decodes_at_both_ends_with_unequal_sizes() {
     let packet = encode(&tx(&[(5, 0), (2, 2)]), &mut source(&lens)).unwrap();
     assert_eq!(packet.len(), FIXED + 2 * PART + 70_001);
     assert_eq!(padding(&header(&packet).unwrap()), 70_001 - 13);
+    assert_eq!(packet_len(&[13, 70_001]), packet.len() as u64);
     let mut cache = |s| Some(bytes(7, s, lens[&s]));
     assert_eq!(
         decode(&packet, 0, &mut cache).unwrap(),
@@ -223,6 +224,26 @@ fn malformed_packets_are_named() {
         encode(&tx(&[(1, 64)]), &mut source(&lens)),
         Err(PacketError::BadReceiver { .. })
     ));
+}
+
+#[test]
+fn concatenated_packets_split_back() {
+    let lens = BTreeMap::from([(1, 300), (2, 0), (3, 70_000)]);
+    let a = encode(&tx(&[(1, 0), (2, 1)]), &mut source(&lens)).unwrap();
+    let b = encode(&tx(&[(2, 5)]), &mut source(&lens)).unwrap();
+    let c = encode(&tx(&[(3, 2), (1, 4)]), &mut source(&lens)).unwrap();
+    let all = [a.clone(), b.clone(), c.clone()].concat();
+    assert_eq!(frame_len(&all).unwrap(), a.len());
+    assert_eq!(split(&all).unwrap(), vec![&a[..], &b[..], &c[..]]);
+    assert_eq!(split(&[]).unwrap(), Vec::<&[u8]>::new());
+    assert_eq!(
+        split(&all[..all.len() - 1]),
+        Err(PacketError::Truncated {
+            len: c.len() - 1,
+            need: c.len()
+        })
+    );
+    assert!(matches!(split(&all[1..]), Err(PacketError::Magic(_))));
 }
 
 #[test]

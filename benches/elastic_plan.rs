@@ -1,0 +1,67 @@
+//! What the plan side of an elastic restart costs at start-up: walking the plan to the epoch
+//! resumed at, with and without a change of world size on the way, and the remap alone.
+//! Pure CPU, one thread, fixed seeds; the data movement of a resize is the exchange's (see
+//! `exchange_mpi`) and the disk's.
+//!
+//! `cargo bench --bench elastic_plan` (release). Last results, 2-core VM shared with other
+//! builds (load ~12, so timings are loose), 1 M samples, Q = 0.3, best of 5:
+//!
+//! | what                                                  | seconds |
+//! |-------------------------------------------------------|---------|
+//! | walk to epoch 10, 8 ranks                             | 0.563   |
+//! | walk to epoch 10, 8 -> 6 at epoch 5                   | 0.464   |
+//! | remap 8 -> 6 alone (750000 kept, 250000 moved)        | 0.030   |
+//!
+//! A resized history costs no more to walk than a plain one (the remap is one pass over the
+//! shares; steps under fewer ranks are no dearer), so a restart's start-up stays what a
+//! resume's is.
+
+use std::time::Instant;
+
+use shufflefs::plan::elastic::{ElasticPlan, History, remap};
+use shufflefs::plan::{Plan, PlanParams};
+
+const SAMPLES: u32 = 1_000_000;
+const RUNS: usize = 5;
+
+fn best(mut f: impl FnMut()) -> f64 {
+    (0..RUNS)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+fn main() {
+    let params = PlanParams {
+        samples: SAMPLES,
+        world: 8,
+        fraction: 0.3,
+        seed: 42,
+    };
+    let plain = Plan::new(params).unwrap();
+    let walk = best(|| {
+        std::hint::black_box(plain.shares_at(10));
+    });
+    let history = History::new(8).resized(5, 6).unwrap();
+    let elastic = ElasticPlan::new(params, history).unwrap();
+    let walk_resized = best(|| {
+        std::hint::black_box(elastic.shares_at(10));
+    });
+    let at5 = plain.shares_at(5);
+    let remap_only = best(|| {
+        std::hint::black_box(remap(&at5, 6, params.seed));
+    });
+    let r = remap(&at5, 6, params.seed);
+    println!("| what | seconds |");
+    println!("|---|---|");
+    println!("| walk to epoch 10, 8 ranks | {walk:.3} |");
+    println!("| walk to epoch 10, 8 -> 6 at epoch 5 | {walk_resized:.3} |");
+    println!(
+        "| remap 8 -> 6 alone ({} kept, {} moved) | {remap_only:.3} |",
+        r.kept,
+        r.transfers.len()
+    );
+}
