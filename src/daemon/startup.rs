@@ -180,10 +180,12 @@ pub fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, StartE
         world_history: Vec::new(), // set once the job's history is known
     };
     let backend = dir.file_backend(manifest.len());
+    // Coded or partial-local, and alpha: recorded beside the state (`coded::check_mode`).
+    let same_mode = super::coded::check_mode(dir.root(), args);
     let local = backend.map_err(|e| e.to_string()).and_then(|backend| {
         let mine = match state {
             // Another world size is an elastic restart (`resize`), not a mismatch.
-            Some(s) if resize::belongs(&s, &expected) => {
+            Some(s) if resize::belongs(&s, &expected) && same_mode.is_ok() => {
                 s.history().map_err(|e| {
                     CacheError::Corrupt {
                         path: cache_path.clone(),
@@ -193,6 +195,9 @@ pub fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, StartE
                     .to_string()
                 })?;
                 Some(s)
+            }
+            Some(_) if !args.reset_cache && same_mode.is_err() => {
+                return Err(same_mode.clone().expect_err("checked in the guard"));
             }
             Some(s) if !args.reset_cache => {
                 return Err(format!(
@@ -237,6 +242,10 @@ pub fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, StartE
     let mut state = CacheState { epoch, ..expected };
     state.set_history(&job.history);
     dir.save_state(&state)?;
+    super::coded::record_mode(dir.root(), args).map_err(|source| CacheError::Io {
+        path: cache_path.clone(),
+        source,
+    })?;
 
     let params = PlanParams {
         samples: manifest.len(),
@@ -485,7 +494,10 @@ mod tests {
 
         /// Runs start-up on every rank of a world on `hosts`: each rank's plan, or the error.
         fn start(&self, scope: &str, hosts: &[u32]) -> Vec<Result<Plan, String>> {
-            let args = self.args(scope);
+            self.start_with(self.args(scope), hosts)
+        }
+
+        fn start_with(&self, args: MountArgs, hosts: &[u32]) -> Vec<Result<Plan, String>> {
             let handles: Vec<_> = LocalComm::world_on_hosts(hosts)
                 .into_iter()
                 .map(|mut comm| {
@@ -544,6 +556,59 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    /// A cache remembers whether a coded run built it and with which cache fraction: another
+    /// kind of run is refused naming both, until --reset-cache.
+    #[test]
+    fn a_coded_cache_is_refused_by_another_kind_of_run() {
+        let folders = Folders::new(2);
+        let coded = |alpha: f64, reset: bool| {
+            let mut a = folders.args("global");
+            a.exchange = crate::cli::ExchangeMode::Coded;
+            a.cache_fraction = Some(alpha);
+            a.reset_cache = reset;
+            a
+        };
+        for plan in folders.start_with(coded(0.5, false), &[0, 0]) {
+            assert!(plan.unwrap().coded_shares().is_some());
+        }
+        assert!(
+            folders
+                .start_with(coded(0.5, false), &[0, 0])
+                .iter()
+                .all(Result::is_ok)
+        );
+        for err in folders.start("global", &[0, 0]) {
+            let err = err.unwrap_err();
+            assert!(
+                err.contains("--exchange coded --cache-fraction 0.5, now --exchange partial"),
+                "{err}"
+            );
+            assert!(err.contains("--reset-cache"), "{err}");
+        }
+        for err in folders.start_with(coded(0.75, false), &[0, 0]) {
+            assert!(
+                err.unwrap_err()
+                    .contains("now --exchange coded --cache-fraction 0.75")
+            );
+        }
+        assert!(
+            folders
+                .start_with(coded(0.75, true), &[0, 0])
+                .iter()
+                .all(Result::is_ok)
+        );
+        let mut partial = folders.args("global");
+        partial.reset_cache = true;
+        assert!(
+            folders
+                .start_with(partial, &[0, 0])
+                .iter()
+                .all(Result::is_ok)
+        );
+        // Back to partial-local: no coded record left, a plain remount resumes.
+        assert!(folders.start("global", &[0, 0]).iter().all(Result::is_ok));
     }
 
     #[test]
