@@ -19,24 +19,26 @@
 //! 3. *Settings* (after the compute ranks' own start-up): compute rank 0 broadcasts the run's
 //!    settings and manifest, or why the compute ranks did not start. The server checks them
 //!    against its own options and source and answers in an all-gather; a refusal stops the
-//!    compute ranks before they mount.
+//!    compute ranks before they mount. On consent every rank creates the multicast
+//!    communicators (`--multicast broadcast`; a ring needs none), one collective split each.
 //! 4. *Mounted*: the compute ranks tell the server whether they all mounted (if not, they
 //!    unmounted again and the server exits too).
 
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
-
 use serde::{Deserialize, Serialize};
 
-use crate::cli::{ExchangeMode, MountArgs, ServeArgs};
+use crate::cli::{ExchangeMode, MountArgs};
 use crate::coded::Scheme;
 use crate::coded::groups::Communicators;
 use crate::comm::Comm;
-use crate::dataset::Manifest;
+use crate::exchange::coded::Routes;
 use crate::exchange::coded::routes::Multicast;
-use crate::exchange::coded::server::Ended;
-use crate::exchange::coded::{Routes, ServeSettings, Server, ServerSamples};
 use crate::plan::{CodedShares, Plan};
+
+mod mode;
+mod server;
+
+pub use mode::{check_mode, record_mode};
+pub use server::serve;
 
 /// Split colors of phase 2.
 const SERVER_COLOR: u32 = 0;
@@ -266,155 +268,6 @@ pub fn mounted(world: &mut dyn Comm, ok: bool) -> Result<(), String> {
         .map_err(|e| format!("telling the server the mounts are up: {e}"))
 }
 
-/// The server's whole life: phases 1-4, then serving until the compute ranks leave.
-pub fn serve(args: &ServeArgs, world: &mut dyn Comm) -> Result<(), String> {
-    match roles(world, &Role::server())? {
-        Layout::Coded => {}
-        Layout::Plain => unreachable!("a server makes the layout coded or refused"),
-    }
-    drop(
-        world
-            .split(SERVER_COLOR)
-            .map_err(|e| format!("splitting the compute ranks off the server: {e}"))?,
-    );
-    let msg = world
-        .broadcast(1, Vec::new())
-        .map_err(|e| format!("receiving the settings from compute rank 0: {e}"))?;
-    let (offer, manifest_bytes) = match msg.split_first() {
-        Some((0, rest)) if rest.len() >= 8 => {
-            let len = u64::from_le_bytes(rest[..8].try_into().expect("8")) as usize;
-            let json = rest
-                .get(8..8 + len)
-                .ok_or("compute rank 0 sent cut settings")?;
-            let offer: Offer = serde_json::from_slice(json)
-                .map_err(|e| format!("compute rank 0 sent unreadable settings: {e}"))?;
-            (offer, &rest[8 + len..])
-        }
-        Some((1, why)) => {
-            return Err(format!(
-                "the compute ranks did not start, so there is nothing to serve: {}",
-                String::from_utf8_lossy(why)
-            ));
-        }
-        _ => return Err("compute rank 0 sent malformed settings".into()),
-    };
-    let checked = check(args, &offer, manifest_bytes, world.size() - 1);
-    let verdict = checked.as_ref().err().cloned().unwrap_or_default();
-    world
-        .all_gather(verdict.as_bytes())
-        .map_err(|e| format!("answering the compute ranks: {e}"))?;
-    let (settings, manifest, comms, multicast) = checked?;
-    let routes = Routes::create(world, None, comms, multicast)
-        .map_err(|e| format!("creating the multicast communicators: {e}"))?;
-    let mounts = world
-        .all_gather(&[])
-        .map_err(|e| format!("hearing whether the compute ranks mounted: {e}"))?;
-    if mounts.iter().skip(1).any(|m| !m.is_empty()) {
-        return Err("the compute ranks did not all mount (they say why); nothing to serve".into());
-    }
-    tracing::info!(
-        ranks = offer.ranks,
-        samples = offer.samples,
-        alpha = offer.alpha,
-        scheme = settings.scheme.name(),
-        epoch = offer.epoch,
-        memory = args.memory,
-        "serving the coded shuffle"
-    );
-    let manifest = Arc::new(manifest);
-    let dataset = args.format.open(&args.source, manifest.clone());
-    let samples = ServerSamples::new(dataset, manifest, args.memory);
-    tracing::info!(
-        communicators = routes.created(),
-        multicast = multicast.name(),
-        exact_upto = routes.communicators().exact_upto(),
-        "multicast communicators created"
-    );
-    let mut server = Server::new(settings, routes, samples);
-    match server.serve(world, &AtomicBool::new(false)) {
-        Ok(Ended::RankLeft(r)) => {
-            tracing::info!(world_rank = r, "a compute rank left; the server stops");
-            Ok(())
-        }
-        Ok(Ended::Disagree(why)) => Err(format!("stopped serving: {why}")),
-        Err(e) => Err(format!("talking to the compute ranks: {e}")),
-    }
-}
-
-/// The server's checks of an offer against its own options and source.
-fn check(
-    args: &ServeArgs,
-    offer: &Offer,
-    manifest_bytes: &[u8],
-    ranks: u32,
-) -> Result<(ServeSettings, Manifest, Communicators, Multicast), String> {
-    if offer.ranks != ranks {
-        return Err(format!(
-            "compute rank 0 plans for {} ranks, the job has {ranks}",
-            offer.ranks
-        ));
-    }
-    if let Some(seed) = args.seed.filter(|&s| s != offer.seed) {
-        return Err(format!(
-            "the server was started with --seed {seed}, the compute ranks use {}; give both the same --seed, or none to the server",
-            offer.seed
-        ));
-    }
-    let format = format!("{:?}", args.format).to_lowercase();
-    if format != offer.format {
-        return Err(format!(
-            "the server reads --format {format}, the compute ranks {}",
-            offer.format
-        ));
-    }
-    if crc32c::crc32c(manifest_bytes) != offer.manifest_fingerprint {
-        return Err("the manifest from compute rank 0 arrived damaged".into());
-    }
-    let manifest = Manifest::decode(manifest_bytes)
-        .map_err(|e| format!("the manifest from compute rank 0 is unreadable: {e}"))?;
-    args.format
-        .check_source(&args.source)
-        .map_err(|e| format!("--source {}: {e}", args.source.display()))?;
-    let shares = CodedShares::new(offer.samples, offer.ranks, offer.alpha, offer.seed)
-        .map_err(|e| e.to_string())?;
-    let scheme = offer.scheme()?;
-    let comms = communicators(offer.ranks, offer.communicators, offer.alpha)?;
-    let multicast = offer.multicast()?;
-    // A few samples read as a check that the server's source is the compute ranks' dataset.
-    let n = manifest.len();
-    let dataset = args.format.open(
-        &args.source,
-        Arc::new(Manifest::decode(manifest_bytes).expect("decoded above")),
-    );
-    for id in [0, n / 2, n.saturating_sub(1)]
-        .into_iter()
-        .filter(|&i| i < n)
-    {
-        let mut bytes = Vec::new();
-        let got = dataset.copy_to(id, &mut bytes).map_err(|e| {
-            format!(
-                "the server's --source {} does not hold the compute ranks' dataset: {}: {e}",
-                args.source.display(),
-                dataset.describe(id)
-            )
-        })?;
-        if let Some(want) = manifest.size(id).filter(|&w| w != got.len) {
-            return Err(format!(
-                "the server's --source {} does not hold the compute ranks' dataset: {} is {} bytes, {want} in their index",
-                args.source.display(),
-                dataset.describe(id),
-                got.len
-            ));
-        }
-    }
-    let settings = ServeSettings {
-        shares,
-        scheme,
-        epoch: offer.epoch,
-    };
-    Ok((settings, manifest, comms, multicast))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -458,65 +311,5 @@ mod tests {
         let mut old = c.clone();
         old.version = "0".into();
         assert!(verdict(&[s, c, old]).unwrap_err().contains("versions"));
-    }
-}
-
-/// The file in a cache folder that says the cache was built by a coded run, and with which
-/// cache fraction (the plan's history depends on it, like on the seed). Absent: partial-local.
-const MODE_FILE: &str = "coded.json";
-
-#[derive(Serialize, Deserialize, PartialEq, Debug)]
-struct Mode {
-    cache_fraction: f64,
-}
-
-fn mode_of(args: &MountArgs) -> Option<Mode> {
-    args.coded_scheme()
-        .and(args.cache_fraction)
-        .map(|cache_fraction| Mode { cache_fraction })
-}
-
-/// Whether the cache folder `root`, which has a saved state, was built by a run of the same
-/// kind as `args` (coded with the same `--cache-fraction`, or partial-local). The state file
-/// predates `--exchange coded`, so this rides beside it.
-pub fn check_mode(root: &std::path::Path, args: &MountArgs) -> Result<(), String> {
-    let recorded: Option<Mode> = match std::fs::read(root.join(MODE_FILE)) {
-        Ok(bytes) => Some(serde_json::from_slice(&bytes).map_err(|e| {
-            format!(
-                "{}: unreadable ({e}); pass --reset-cache to rebuild the cache",
-                root.join(MODE_FILE).display()
-            )
-        })?),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(format!("{}: {e}", root.join(MODE_FILE).display())),
-    };
-    let now = mode_of(args);
-    if recorded == now {
-        return Ok(());
-    }
-    let describe = |m: &Option<Mode>| match m {
-        Some(m) => format!("--exchange coded --cache-fraction {}", m.cache_fraction),
-        None => "--exchange partial".to_string(),
-    };
-    Err(format!(
-        "cache folder {} was built with {}, now {}; pass --reset-cache to rebuild it, or use the old settings",
-        root.display(),
-        describe(&recorded),
-        describe(&now)
-    ))
-}
-
-/// Records the kind of run `args` starts in the cache folder `root` (see [`check_mode`]).
-pub fn record_mode(root: &std::path::Path, args: &MountArgs) -> std::io::Result<()> {
-    match mode_of(args) {
-        Some(m) => crate::cache::write_atomic(
-            root,
-            MODE_FILE,
-            &serde_json::to_vec(&m).expect("a mode serializes"),
-        ),
-        None => match std::fs::remove_file(root.join(MODE_FILE)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
-        },
     }
 }
