@@ -96,20 +96,35 @@ fn planned(src: &Path, epoch: u64) -> BTreeMap<String, u32> {
 
 #[test]
 fn a_server_and_four_ranks_walk_three_epochs_with_exact_bytes() {
+    walk("ubershuffle", &["--multicast", "ring"]);
+}
+
+/// The same over MPI broadcasts on merged sub-communicators (4 for the 11 groups of 4 ranks).
+#[test]
+fn the_walk_over_merged_broadcast_communicators() {
+    walk(
+        "coded",
+        &["--multicast", "broadcast", "--communicators", "4"],
+    );
+}
+
+fn walk(scheme: &str, how: &[&str]) {
     if !require_fuse() || !require_mpi() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
     source(tmp.path());
     let src = tmp.path().join("src");
-    let extra = [
+    let alpha = ALPHA.to_string();
+    let mut extra = vec![
         "--exchange",
         "coded",
         "--cache-fraction",
-        &ALPHA.to_string(),
+        &alpha,
         "--scheme",
-        "ubershuffle",
+        scheme,
     ];
+    extra.extend_from_slice(how);
     let mut job = MpiJob::start_with(launcher(tmp.path()), tmp.path(), RANKS, SEED, 0.3, &extra);
     for epoch in 0..=3u64 {
         if epoch > 0 {
@@ -130,7 +145,8 @@ fn a_server_and_four_ranks_walk_three_epochs_with_exact_bytes() {
                 let x = exchange(&st, epoch).unwrap_or_else(|| panic!("rank {r}: {st}"));
                 assert_eq!(x["state"], "done", "rank {r} epoch {epoch}: {x}");
                 let coded = &x["coded"];
-                assert_eq!(coded["scheme"], "ubershuffle");
+                assert_eq!(coded["scheme"], scheme);
+                assert_eq!(coded["multicast"], how[1]);
                 assert_eq!(coded["decode_failures"], 0, "{coded}");
                 assert!(coded["samples_decoded"].as_u64().unwrap() > 0, "{coded}");
                 // Every sample of the share arrived from the server, none from the source.
@@ -169,6 +185,15 @@ fn a_server_and_four_ranks_walk_three_epochs_with_exact_bytes() {
         log.contains("a compute rank left; the server stops"),
         "{log}"
     );
+    if how.contains(&"broadcast") {
+        assert!(log.contains("multicast=\"broadcast\""), "{log}");
+        assert!(
+            !log.contains("communicators=0 "),
+            "sub-communicators in use: {log}"
+        );
+    } else {
+        assert!(log.contains("communicators=0 "), "a ring needs none: {log}");
+    }
 }
 
 /// SIGKILL to the `shufflefs serve` process reading `src` (it has no status file).

@@ -105,6 +105,7 @@ impl CodedClient {
         let me = self.node;
         let mut report = CodedReport {
             scheme: self.scheme.name(),
+            multicast: self.routes.multicast().name(),
             ..CodedReport::default()
         };
 

@@ -70,6 +70,8 @@ pub const BUNDLE: usize = 32 << 20;
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct CodedReport {
     pub scheme: &'static str,
+    /// `ring` or `broadcast` (`--multicast`).
+    pub multicast: &'static str,
     /// Packets the plan sends in this step (all groups).
     pub packets_planned: u64,
     /// Packets this rank received (those of its communicators) and their bytes.

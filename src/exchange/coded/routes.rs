@@ -158,6 +158,10 @@ impl Routes {
             .count()
     }
 
+    pub fn multicast(&self) -> Multicast {
+        self.multicast
+    }
+
     pub fn communicators(&self) -> &Communicators {
         &self.comms
     }
