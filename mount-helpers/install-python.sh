@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Makes a Python venv with the real loaders (torch, torchvision, tensorflow-cpu, pillow) when
+# Makes a Python venv with the real loaders (torch, torchvision, tensorflow-cpu, pillow; for
+# record sources scikit-learn, pandas and webdataset) when
 # missing, and exports SHUFFLEFS_PYTHON=its python. Sourced by tests/run.sh and demo.sh.
 #
 # The venv lives outside the checkout (SHUFFLEFS_VENV, default ~/.cache/shufflefs/venv) so a
@@ -8,10 +9,10 @@
 # unless SHUFFLEFS_REQUIRE_LOADERS=1 makes that a failure).
 venv=${SHUFFLEFS_VENV:-$HOME/.cache/shufflefs/venv}
 loaders_ok() {
-  "$venv/bin/python" -c "import torch, torchvision, tensorflow, PIL" >/dev/null 2>&1
+  "$venv/bin/python" -c "import torch, torchvision, tensorflow, PIL, sklearn, pandas, webdataset" >/dev/null 2>&1
 }
 if [ "${SHUFFLEFS_NO_LOADERS:-0}" != 1 ] && ! loaders_ok; then
-  echo "== installing torch, torchvision, tensorflow-cpu, pillow into $venv (about 5 GB, once)"
+  echo "== installing torch, torchvision, tensorflow-cpu, pillow, scikit-learn, pandas, webdataset into $venv (about 5 GB, once)"
   if ! python3 -c "import venv, ensurepip" >/dev/null 2>&1; then
     SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq
@@ -19,7 +20,7 @@ if [ "${SHUFFLEFS_NO_LOADERS:-0}" != 1 ] && ! loaders_ok; then
   fi
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q --upgrade pip
-  "$venv/bin/pip" install -q torch torchvision tensorflow-cpu pillow
+  "$venv/bin/pip" install -q torch torchvision tensorflow-cpu pillow scikit-learn pandas webdataset
   loaders_ok || { echo "install-python.sh: the loaders in $venv do not import" >&2; return 1 2>/dev/null || exit 1; }
 fi
 if loaders_ok; then

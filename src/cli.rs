@@ -7,7 +7,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::coded::calc::{CalcInput, Storage};
 use crate::coded::{DEFAULT_NU, Scheme};
-use crate::dataset::Format;
+use crate::dataset::records::MAX_RECORD;
+use crate::dataset::{Format, Framing, Grouping, RecordParams};
 use crate::exchange::coded::routes::Multicast;
 use crate::plan::ExchangeScope;
 
@@ -15,7 +16,7 @@ use crate::plan::ExchangeScope;
 #[command(
     name = "shufflefs",
     version,
-    about = "Per-rank epoch views of an ImageFolder dataset with partial-local shuffling"
+    about = "Per-rank epoch views of an ImageFolder or packed-record dataset with partial-local shuffling"
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -172,13 +173,51 @@ pub enum ReadPath {
 
 #[derive(Args, Debug, Clone)]
 pub struct MountArgs {
-    /// ImageFolder-style dataset: one sub-folder per class, samples inside. Read by rank 0 for
-    /// the scan, and by every rank for the samples it holds.
+    /// ImageFolder-style dataset: one sub-folder per class, samples inside; with --format
+    /// records, one record file or a folder of shard files. Read by rank 0 for the index, and
+    /// by every rank for the samples it holds.
     #[arg(long, help_heading = "Data")]
     pub source: PathBuf,
-    /// Layout of the source: how its samples are found and read.
+    /// Layout of the source: how its samples are found and read. `records`: one file or a
+    /// folder of shard files of packed records (see --framing), shown as `epoch-N/part-*`.
     #[arg(long, value_enum, default_value_t = Format::Imagefolder, help_heading = "Data")]
     pub format: Format,
+
+    /// How records lie in the files (--format records) [default: lines].
+    #[arg(
+        long,
+        value_enum,
+        help_heading = "Records",
+        long_help = "How records lie in the source files (--format records).\n\n\
+            fixed: records of --record-size bytes back to back (binary rows); no pass over the \
+            data is needed.\n\n\
+            lines: one record per line ending in \\n (LIBSVM/svmlight, CSV, JSON lines); a last \
+            line without \\n is a record too. See --header-line for CSV.\n\n\
+            tfrecord: TFRecord files (length, CRC, data, CRC); both CRCs are checked.\n\n\
+            tar: tar shards as webdataset writes them; consecutive members with the same key \
+            (the name up to its first dot) form one record. [default: lines]"
+    )]
+    pub framing: Option<Framing>,
+
+    /// Bytes per record for `--framing fixed` (1 to 2 GiB).
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..=MAX_RECORD), help_heading = "Records")]
+    pub record_size: Option<u64>,
+
+    /// The unit of the shuffle: `pages` moves and orders records starting in the same 4 KiB
+    /// page together (fewer page reads for small records, LIRS page-aware shuffling);
+    /// `records` shuffles single records.
+    #[arg(long, value_enum, default_value_t = Grouping::Pages, help_heading = "Records")]
+    pub group: Grouping,
+
+    /// `--framing lines`: each file's first line is a header (CSV column names); it is not
+    /// a record, and every part starts with it so `pandas.read_csv` reads each part alone.
+    #[arg(long, help_heading = "Records")]
+    pub header_line: bool,
+
+    /// Target size of the `part-NNNNN` files of an epoch view: a part ends with the first
+    /// record that reaches it (records are never split). Suffixes K, M, G (powers of 1024).
+    #[arg(long, value_name = "BYTES", default_value = "128M", value_parser = parse_bytes, help_heading = "Records")]
+    pub part_size: u64,
 
     /// Local cache folder for this rank's share (local SSD). `{rank}` is replaced by the rank.
     /// A job started again with another number of ranks goes on from these folders at the
@@ -344,6 +383,33 @@ fn parse_nu(s: &str) -> Result<usize, String> {
     }
 }
 
+/// A byte count with an optional K/M/G suffix (powers of 1024), at least 1.
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (digits, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => t.split_at(i),
+        None => (t, ""),
+    };
+    let shift = match unit.to_ascii_uppercase().trim_end_matches(['B', 'I']) {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        _ => {
+            return Err(format!(
+                "{s:?}: unknown unit {unit:?}; write bytes, e.g. 65536, 64K, 128M or 1G"
+            ));
+        }
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size; write e.g. 65536, 64K, 128M or 1G"))?;
+    match n.checked_mul(1 << shift) {
+        Some(v) if v > 0 => Ok(v),
+        _ => Err(format!("{s:?} is out of range; a size is at least 1 byte")),
+    }
+}
+
 /// Replaces `{rank}` in a path template.
 pub fn for_rank(template: &str, rank: u32) -> PathBuf {
     PathBuf::from(template.replace("{rank}", &rank.to_string()))
@@ -356,6 +422,48 @@ impl MountArgs {
             MountScheme::Uncoded => Scheme::Uncoded,
             MountScheme::Coded => Scheme::Coded,
             MountScheme::Ubershuffle => Scheme::Ubershuffle { nu: self.nu },
+        })
+    }
+
+    /// The record settings, checked against `--format` and each other.
+    pub fn record_params(&self) -> Result<RecordParams, String> {
+        if self.format != Format::Records {
+            let given = [
+                (self.framing.is_some(), "--framing"),
+                (self.record_size.is_some(), "--record-size"),
+                (self.header_line, "--header-line"),
+            ];
+            if let Some((_, flag)) = given.iter().find(|g| g.0) {
+                return Err(format!(
+                    "{flag} applies to record sources; add --format records or drop {flag}"
+                ));
+            }
+            return Ok(RecordParams::default());
+        }
+        let framing = self.framing.unwrap_or_default();
+        let record_size = match (framing, self.record_size) {
+            (Framing::Fixed, Some(size)) => size,
+            (Framing::Fixed, None) => {
+                return Err(
+                    "--framing fixed needs --record-size BYTES (the size of one record)".into(),
+                );
+            }
+            (_, Some(_)) => {
+                return Err(format!(
+                    "--record-size applies to --framing fixed only; {} records carry their own lengths",
+                    framing.name()
+                ));
+            }
+            (_, None) => 0,
+        };
+        if self.header_line && framing != Framing::Lines {
+            return Err("--header-line applies to --framing lines only".into());
+        }
+        Ok(RecordParams {
+            framing,
+            record_size,
+            grouping: self.group,
+            header_line: self.header_line,
         })
     }
 
@@ -393,7 +501,61 @@ fn non_negative(v: &str) -> Result<f64, String> {
 mod tests {
     use clap::Parser;
 
-    use super::{Cli, Command, non_negative};
+    use super::{Cli, Command, non_negative, parse_bytes};
+
+    #[test]
+    fn sizes_take_suffixes_and_reject_nonsense() {
+        assert_eq!(parse_bytes("65536"), Ok(65536));
+        assert_eq!(parse_bytes("64K"), Ok(64 << 10));
+        assert_eq!(parse_bytes("128MiB"), Ok(128 << 20));
+        assert_eq!(parse_bytes("1g"), Ok(1 << 30));
+        // The documented default of --part-size is the view's.
+        assert_eq!(parse_bytes("128M"), Ok(crate::vfs::DEFAULT_PART_SIZE));
+        for bad in ["", "0", "12X", "-5", "99999999999G"] {
+            assert!(parse_bytes(bad).is_err(), "{bad}");
+        }
+    }
+
+    fn mount(extra: &[&str]) -> super::MountArgs {
+        let mut argv = vec!["shufflefs", "mount", "--source", "/s", "--cache", "/c"];
+        argv.extend_from_slice(extra);
+        argv.push("/m");
+        match Cli::try_parse_from(argv).unwrap().command {
+            Command::Mount(args) => args,
+            _ => panic!("not mount"),
+        }
+    }
+
+    #[test]
+    fn record_flags_are_checked_together() {
+        let fixed = mount(&[
+            "--format",
+            "records",
+            "--framing",
+            "fixed",
+            "--record-size",
+            "8",
+        ]);
+        assert_eq!(fixed.record_params().unwrap().record_size, 8);
+        for (extra, needle) in [
+            (
+                &["--format", "records", "--framing", "fixed"][..],
+                "needs --record-size",
+            ),
+            (
+                &["--format", "records", "--record-size", "8"][..],
+                "fixed only",
+            ),
+            (&["--framing", "tar"][..], "--format records"),
+            (
+                &["--format", "records", "--framing", "tar", "--header-line"][..],
+                "lines only",
+            ),
+        ] {
+            let err = mount(extra).record_params().unwrap_err();
+            assert!(err.contains(needle), "{extra:?}: {err}");
+        }
+    }
 
     #[test]
     fn plan_subcommand_formats_a_small_case() {

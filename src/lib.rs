@@ -8,14 +8,15 @@
 //! - [`coded`]: coded shuffling (UberShuffle) planning: which XOR packets the server sends,
 //!   their bytes, the communicator set (pure); the `shufflefs plan` calculator. The coded
 //!   exchange that moves them is `exchange::coded`, its job layout `daemon::coded`.
-//! - [`dataset`]: what a source is (its index, how a sample's bytes are read); ImageFolder
-//!   trees today, packed-record files later.
+//! - [`dataset`]: what a source is (its index, how a sample's bytes are read): ImageFolder
+//!   trees, or packed-record files (an offset table; a unit is a group of records).
 //! - [`cache`]: this rank's local copy of its share, behind the `CacheBackend` trait.
 //! - [`comm`]: the other ranks (MPI, or in-process ranks and fault-injecting doubles for tests).
 //! - [`exchange`]: moving samples between ranks: a schedule (strategy) and its executor.
 //! - [`node`]: one rank's moving parts without the kernel: the epoch coordinator, staging,
 //!   status, resume after a crash.
-//! - [`vfs`]: the filesystem's behaviour as plain Rust (names, nodes, bytes, errors).
+//! - [`vfs`]: the filesystem's behaviour as plain Rust (names, nodes, bytes, errors; the
+//!   per-epoch part files of a record source).
 //! - [`fuse`]: the thin fuser binding over [`vfs`].
 //! - [`sys`]: the host: mount table, kernel probes, the mount's readahead window.
 //! - [`daemon`], [`launch`], [`cli`]: wiring, process life and the command line.

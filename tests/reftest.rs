@@ -620,7 +620,9 @@ fn read(fs: &ShuffleFs, id: SampleId, offset: u64, len: usize) -> Result<Vec<u8>
             let end = (offset as usize).saturating_add(len).min(bytes.len());
             Ok(bytes[start..end].to_vec())
         }
-        Opened::EpochControl => panic!("a sample opened as the control file"),
+        Opened::EpochControl | Opened::Part(..) => {
+            panic!("a sample opened as the control file or a part")
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test: installs what is missing (fuse3, Open MPI, clang for rsmpi; a Python venv
-# with torch, torchvision, tensorflow-cpu and pillow, about 5 GB the first time), then format,
+# with torch, torchvision, tensorflow-cpu, pillow, scikit-learn, pandas and webdataset, about
+# 5 GB the first time), then format,
 # lint, unit/property tests, real FUSE mounts, real mpirun runs and the real loaders.
 #
 #   bash tests/run.sh

@@ -147,7 +147,7 @@ fn run_rank(
             hosts: comm.hosts().to_vec(),
         },
     );
-    let fs = node.fs();
+    let fs = node.fs().with_part_size(args.part_size);
     // Without opens (page-cache mode) the status is read through a link; see `fuse`.
     let fs = Arc::new(match args.read_path {
         ReadPath::PageCache => fs.with_status_link(),

@@ -109,8 +109,9 @@ pub fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, StartE
     let mountpoint = for_rank(&args.mountpoint, rank);
 
     // Phase 1: local checks on every rank.
-    let local = mounts::mountpoint(&mountpoint)
-        .map_err(|e| e.to_string())
+    let local = args
+        .record_params()
+        .and_then(|_| mounts::mountpoint(&mountpoint).map_err(|e| e.to_string()))
         .and_then(|()| match rank {
             0 => args
                 .format
@@ -318,9 +319,15 @@ fn index(
     reusable: Option<&CacheState>,
 ) -> Result<(Manifest, Vec<u8>), StartError> {
     let mut built = None;
+    let params = args.record_params().map_err(|e| StartError::Refused {
+        failures: vec![(comm.rank(), e)],
+        world: comm.size(),
+    })?;
     let bytes = decide(comm, || -> Result<Vec<u8>, String> {
-        let cached =
-            reusable.and_then(|s| dir.load_manifest(s.manifest_fingerprint).ok().flatten());
+        // A cached index built with another format or framing is not reused.
+        let cached = reusable
+            .and_then(|s| dir.load_manifest(s.manifest_fingerprint).ok().flatten())
+            .filter(|m| args.format.fits(m, &params));
         let m = match cached {
             Some(m) => {
                 tracing::info!(
@@ -333,10 +340,11 @@ fn index(
                 let started = std::time::Instant::now();
                 let m = args
                     .format
-                    .build_index(&args.source)
+                    .build_index(&args.source, &params)
                     .map_err(|e| e.to_string())?;
                 tracing::info!(
                     classes = m.class_count(),
+                    records = m.records().map(|r| r.records()),
                     samples = m.len(),
                     skipped = m.skipped.len(),
                     secs = started.elapsed().as_secs_f64(),
@@ -385,6 +393,11 @@ fn shared_settings(args: &MountArgs) -> Vec<(&'static str, String)> {
         ("--nu", args.nu.to_string()),
         ("--communicators", args.communicators.to_string()),
         ("--multicast", args.multicast.name().to_string()),
+        (
+            "record settings",
+            args.record_params().map_or_else(|e| e, |p| p.describe()),
+        ),
+        ("--part-size", args.part_size.to_string()),
     ]
 }
 
@@ -647,6 +660,55 @@ mod tests {
             let err = h.join().unwrap().unwrap_err();
             assert!(
                 err.contains("rank 1 was started with --exchange-scope global, rank 0 with node"),
+                "{err}"
+            );
+        }
+    }
+
+    /// A record source's index is built by rank 0 and shipped: every rank plans over its
+    /// groups. Ranks started with other record settings are refused, naming them.
+    #[test]
+    fn record_sources_are_indexed_once_and_settings_agree() {
+        use crate::dataset::{Format, Grouping};
+        let folders = Folders::new(2);
+        let rec = folders.root.path().join("rec.svm");
+        let lines: String = (0..500).map(|i| format!("1 1:{i} 2:0.5\n")).collect();
+        std::fs::write(&rec, lines).unwrap();
+        let args = |grouping| {
+            let mut a = folders.args("global");
+            a.format = Format::Records;
+            a.source = rec.clone();
+            a.group = grouping;
+            a.reset_cache = true;
+            a
+        };
+        let run = |per_rank: Vec<MountArgs>| -> Vec<Result<Prepared, String>> {
+            let handles: Vec<_> = LocalComm::world(2)
+                .into_iter()
+                .zip(per_rank)
+                .map(|(mut comm, a)| {
+                    std::thread::spawn(move || prepare(&a, &mut comm).map_err(|e| e.to_string()))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        };
+        let started = run(vec![args(Grouping::Pages), args(Grouping::Pages)]);
+        let groups: Vec<u32> = started
+            .iter()
+            .map(|p| {
+                let p = p.as_ref().unwrap();
+                let index = p.store.manifest().records().expect("a record index");
+                assert_eq!(index.records(), 500);
+                assert_eq!(p.plan.params().samples, index.groups());
+                index.groups()
+            })
+            .collect();
+        assert!(groups[0] < 500 && groups[0] == groups[1], "{groups:?}");
+        drop(started);
+        for err in run(vec![args(Grouping::Pages), args(Grouping::Records)]) {
+            let err = err.err().unwrap();
+            assert!(
+                err.contains("rank 1 was started with record settings --framing lines --group records, rank 0 with --framing lines --group pages"),
                 "{err}"
             );
         }

@@ -22,6 +22,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::dataset::records::RecordIndex;
+use crate::dataset::records::scan::RecordError;
 pub use crate::dataset::scan::scan;
 use crate::plan::SampleId;
 
@@ -45,6 +47,8 @@ pub enum ManifestError {
     Decode(String),
     #[error("manifest holds an unsafe name {0:?} (empty, '.', '..', '/', NUL or over 255 bytes)")]
     UnsafeName(OsString),
+    #[error(transparent)]
+    Records(#[from] RecordError),
 }
 
 /// Something left out of the manifest, with the reason; reported in the status and the log.
@@ -72,6 +76,11 @@ pub struct Manifest {
     /// Each sample's size plus one; 0 if unknown (one byte each when encoded).
     size_plus_one: Vec<u64>,
     pub skipped: Vec<Skipped>,
+    /// A record source's index (`--format records`): its units are groups of records, with
+    /// no classes or names. Encoded after the rest (see `encode`), so an ImageFolder
+    /// manifest's bytes, and its fingerprint in existing caches, are what they were.
+    #[serde(skip)]
+    records: Option<Box<RecordIndex>>,
 }
 
 /// Whether a single path component is safe to use as a file name under a folder we own.
@@ -86,11 +95,28 @@ pub fn is_safe_name(name: &[u8]) -> bool {
 
 impl Manifest {
     pub fn len(&self) -> u32 {
-        self.size_plus_one.len() as u32
+        match &self.records {
+            Some(r) => r.groups(),
+            None => self.size_plus_one.len() as u32,
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.size_plus_one.is_empty()
+        self.len() == 0
+    }
+
+    /// The manifest of a record source: units are `index`'s groups.
+    pub fn from_records(index: RecordIndex, skipped: Vec<Skipped>) -> Manifest {
+        Manifest {
+            records: Some(Box::new(index)),
+            skipped,
+            ..Manifest::empty()
+        }
+    }
+
+    /// The record index, for a record source.
+    pub fn records(&self) -> Option<&RecordIndex> {
+        self.records.as_deref()
     }
 
     pub fn class_count(&self) -> u32 {
@@ -129,6 +155,9 @@ impl Manifest {
 
     /// The size recorded for `id`, if the manifest was built knowing it.
     pub fn size(&self, id: SampleId) -> Option<u64> {
+        if let Some(r) = &self.records {
+            return Some(r.group_len(id));
+        }
         self.size_plus_one[id as usize].checked_sub(1)
     }
 
@@ -214,13 +243,22 @@ impl Manifest {
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        postcard::to_allocvec(self).expect("manifest serialization cannot fail")
+        let mut bytes = postcard::to_allocvec(self).expect("manifest serialization cannot fail");
+        if let Some(r) = &self.records {
+            bytes = postcard::to_extend(r, bytes).expect("record index serialization cannot fail");
+        }
+        bytes
     }
 
     /// Decodes bytes from the cache or a peer, refusing anything inconsistent or unsafe.
     pub fn decode(bytes: &[u8]) -> Result<Manifest, ManifestError> {
-        let m: Manifest =
-            postcard::from_bytes(bytes).map_err(|e| ManifestError::Decode(e.to_string()))?;
+        let decode_err = |e: postcard::Error| ManifestError::Decode(e.to_string());
+        let (mut m, rest): (Manifest, _) = postcard::take_from_bytes(bytes).map_err(decode_err)?;
+        if !rest.is_empty() {
+            let index: RecordIndex = postcard::from_bytes(rest).map_err(decode_err)?;
+            index.validate().map_err(ManifestError::Decode)?;
+            m.records = Some(Box::new(index));
+        }
         m.validate()?;
         Ok(m)
     }
@@ -233,6 +271,9 @@ impl Manifest {
             || self.class_start.windows(2).any(|w| w[0] > w[1])
         {
             return bad("class ranges are inconsistent");
+        }
+        if self.records.is_some() && (!self.classes.is_empty() || !self.size_plus_one.is_empty()) {
+            return bad("a record manifest has classes");
         }
         if self.name_end.len() != self.size_plus_one.len()
             || self.name_end.windows(2).any(|w| w[0] > w[1])
@@ -248,7 +289,7 @@ impl Manifest {
                 return Err(ManifestError::UnsafeName(OsString::from_vec(c.clone())));
             }
         }
-        for id in 0..self.len() {
+        for id in 0..self.size_plus_one.len() as u32 {
             if !is_safe_name(self.name(id).as_bytes()) {
                 return Err(ManifestError::UnsafeName(self.name(id).to_owned()));
             }

@@ -4,9 +4,9 @@
 //! [`Dataset`] for their bytes; the index itself is a [`Manifest`] (names in view order,
 //! class ranges, sizes where known), built once by rank 0 and shipped to the other ranks.
 //! The [`Format`] chosen on the command line (`--format`) decides how the index is built
-//! and which `Dataset` reads the source. Today: ImageFolder trees, one file per sample.
-//! Packed-record formats (an offset table into large record files) plug in here: their
-//! `read_at` and `read_batch` coalesce reads by file and offset.
+//! and which `Dataset` reads the source: ImageFolder trees, one file per sample, or packed
+//! [`records`] (an offset table into large record files, whose units are groups of records;
+//! their `read_batch` coalesces reads by file and offset).
 
 use std::io::{self, Write};
 use std::path::Path;
@@ -17,11 +17,13 @@ use crate::plan::SampleId;
 
 pub mod imagefolder;
 pub mod manifest;
+pub mod records;
 pub mod scan;
 pub mod synthetic;
 
 pub use imagefolder::ImageFolder;
 pub use manifest::{Manifest, ManifestError};
+pub use records::{Framing, Grouping, RecordParams, RecordSource};
 pub use synthetic::{SyntheticSource, synthetic_byte};
 
 /// What a whole-sample copy learned about the sample.
@@ -59,6 +61,8 @@ pub enum Format {
     /// A folder of class folders of sample files (torchvision's ImageFolder).
     #[default]
     Imagefolder,
+    /// Packed records in one file or a folder of shard files (see `--framing`).
+    Records,
 }
 
 impl Format {
@@ -67,13 +71,26 @@ impl Format {
     pub fn check_source(self, source: &Path) -> Result<(), ManifestError> {
         match self {
             Format::Imagefolder => imagefolder::check_source(source),
+            Format::Records => {
+                records::scan::list_files(source, &mut Vec::new())?;
+                Ok(())
+            }
         }
     }
 
-    /// Builds the index of `source` (rank 0's one pass over it).
-    pub fn build_index(self, source: &Path) -> Result<Manifest, ManifestError> {
+    /// Builds the index of `source` (rank 0's one pass over it); `records` are the record
+    /// settings (`--framing` and the rest), used by `Format::Records` only.
+    pub fn build_index(
+        self,
+        source: &Path,
+        records: &RecordParams,
+    ) -> Result<Manifest, ManifestError> {
         match self {
             Format::Imagefolder => scan::scan(source),
+            Format::Records => {
+                let (index, skipped) = records::build_index(source, records)?;
+                Ok(Manifest::from_records(index, skipped))
+            }
         }
     }
 
@@ -81,6 +98,16 @@ impl Format {
     pub fn open(self, source: &Path, manifest: Arc<Manifest>) -> Arc<dyn Dataset> {
         match self {
             Format::Imagefolder => Arc::new(ImageFolder::new(source.to_path_buf(), manifest)),
+            Format::Records => Arc::new(RecordSource::new(source.to_path_buf(), manifest)),
+        }
+    }
+
+    /// Whether a manifest (from the cache, say) fits this format and these record settings.
+    pub fn fits(self, manifest: &Manifest, records: &RecordParams) -> bool {
+        match (self, manifest.records()) {
+            (Format::Imagefolder, None) => true,
+            (Format::Records, Some(index)) => index.params == *records,
+            _ => false,
         }
     }
 }

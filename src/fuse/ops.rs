@@ -190,10 +190,16 @@ impl Filesystem for FuseAdapter {
         reply: ReplyData,
     ) {
         if self.files.opens() {
-            return self.answer_data(ino, self.files.read(fh.0, offset, size), reply);
+            // A record source's part may wait on the source; a cache file never does.
+            return match self.files.read_wait(fh.0) {
+                Wait::No => self.answer_data(ino, self.files.read(fh.0, offset, size), reply),
+                wait => self.answer(wait, move |a| {
+                    a.answer_data(ino, a.files.read(fh.0, offset, size), reply)
+                }),
+            };
         }
         // No opens on this mount: a read comes by inode, and may fetch the sample.
-        self.answer(self.fs().wait_ino(ino.0), move |a| {
+        self.answer(self.fs().read_wait_ino(ino.0), move |a| {
             a.answer_data(ino, a.files.read_unopened(ino.0, offset, size), reply)
         });
     }

@@ -28,6 +28,51 @@ struct CacheSnapshot {
     problems: Vec<String>,
 }
 
+/// What the mount serves: `imagefolder`, or `records` with its framing and counts.
+#[derive(Serialize)]
+struct DatasetSnapshot {
+    format: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    framing: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    record_size: Option<u64>,
+    /// `pages` or `records` (`--group`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    group: Option<crate::dataset::Grouping>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    records: Option<u32>,
+    /// The units of the plan: groups of records (`samples` counts the same).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    groups: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    files: Option<usize>,
+}
+
+impl DatasetSnapshot {
+    fn of(manifest: &crate::dataset::Manifest) -> DatasetSnapshot {
+        match manifest.records() {
+            None => DatasetSnapshot {
+                format: "imagefolder",
+                framing: None,
+                record_size: None,
+                group: None,
+                records: None,
+                groups: None,
+                files: None,
+            },
+            Some(r) => DatasetSnapshot {
+                format: "records",
+                framing: Some(r.params.framing.name()),
+                record_size: (r.params.record_size > 0).then_some(r.params.record_size),
+                group: Some(r.params.grouping),
+                records: Some(r.records()),
+                groups: Some(r.groups()),
+                files: Some(r.files.len()),
+            },
+        }
+    }
+}
+
 #[derive(Serialize)]
 struct Status<'a> {
     version: &'static str,
@@ -48,6 +93,7 @@ struct Status<'a> {
     hosts: &'a [u32],
     source: &'a str,
     mountpoint: &'a str,
+    dataset: DatasetSnapshot,
     classes: u32,
     samples: u32,
     share_samples: usize,
@@ -100,6 +146,7 @@ impl StatusReport for DaemonStatus {
             hosts: &self.hosts,
             source: &self.source,
             mountpoint: &self.mountpoint,
+            dataset: DatasetSnapshot::of(manifest),
             classes: manifest.class_count(),
             samples: manifest.len(),
             share_samples: share.len(),

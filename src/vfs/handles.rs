@@ -40,6 +40,8 @@ enum Handle {
         _attached: Option<Attached>,
     },
     Snapshot(Arc<[u8]>),
+    /// A record source's part: read group by group through the store.
+    Part(Arc<crate::vfs::PartLayout>, u32),
     EpochControl,
 }
 
@@ -127,6 +129,8 @@ impl OpenFiles {
                 )
             }
             Opened::Snapshot(bytes) => (Handle::Snapshot(bytes.into()), None, false),
+            // A part never changes: its inode is its epoch's own.
+            Opened::Part(layout, p) => (Handle::Part(layout, p), None, true),
             Opened::EpochControl => (Handle::EpochControl, None, false),
         };
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
@@ -143,10 +147,23 @@ impl OpenFiles {
         let file = match self.table().get(&fh) {
             Some(Handle::Snapshot(bytes)) => return Ok(window(bytes, offset, size).to_vec()),
             Some(Handle::Sample { file, .. }) => file.clone(),
+            Some(Handle::Part(layout, p)) => {
+                let (layout, p) = (layout.clone(), *p);
+                return self.fs.read_part(&layout, p, offset, size);
+            }
             Some(Handle::EpochControl) | None => return Err(FsError::BadHandle),
         };
         // Read without holding the table: other opens and reads go on meanwhile.
         Ok(read_full(&file, offset, size)?)
+    }
+
+    /// Whether a read through handle `fh` may wait on the source (a part's groups may not be
+    /// cached yet), so the binding runs it where waiting is allowed.
+    pub fn read_wait(&self, fh: u64) -> crate::vfs::Wait {
+        match self.table().get(&fh) {
+            Some(Handle::Part(..)) => crate::vfs::Wait::Source,
+            _ => crate::vfs::Wait::No,
+        }
     }
 
     /// A write through handle `fh`: only the epoch control file takes one, and it advances.
@@ -195,8 +212,12 @@ impl OpenFiles {
                     Ok(data)
                 }
                 Opened::Snapshot(bytes) => Ok(window(&bytes, offset, size).to_vec()),
-                Opened::EpochControl => Err(FsError::BadHandle),
+                Opened::EpochControl | Opened::Part(..) => Err(FsError::BadHandle),
             },
+            Some(Node::Part(e, p)) => {
+                let layout = self.fs.layout(e)?;
+                self.fs.read_part(&layout, p, offset, size)
+            }
             _ => Err(FsError::BadHandle),
         }
     }

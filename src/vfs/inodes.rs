@@ -9,7 +9,11 @@
 //! /epoch-N/                      kind 1: (1 << 62) | N
 //! /epoch-N/<class>/              kind 2: (2 << 62) | N << 32 | class
 //! /epoch-N/<class>/<sample>      kind 3: (3 << 62) | sample id
+//! /epoch-N/part-<P>.<ext>        kind 3: (3 << 62) | (N + 1) << 32 | P   (record sources)
 //! ```
+//! A part's bytes differ every epoch, so its inode names the epoch (kind 3 with a non-zero
+//! epoch field; a sample's is zero). The field holds N + 1 in 30 bits, so the last epoch
+//! that can show parts is `MAX_EPOCH - 1`.
 //! Every inode number *is* its node: nothing is allocated on lookup, so `forget` has nothing
 //! to free and the daemon's memory does not grow with the number of files the kernel caches.
 //! Views never change once published, so the kernel may cache entries and attributes for as
@@ -40,6 +44,8 @@ pub enum Node {
     EpochDir(u64),
     ClassDir(u64, u32),
     Sample(SampleId),
+    /// Part `.1` of epoch `.0`'s view of a record source (see `vfs::parts`).
+    Part(u64, u32),
 }
 
 impl Node {
@@ -53,6 +59,7 @@ impl Node {
             Node::EpochDir(e) => 1 << 62 | e,
             Node::ClassDir(e, c) => 2 << 62 | e << 32 | u64::from(c),
             Node::Sample(s) => 3 << 62 | u64::from(s),
+            Node::Part(e, p) => 3 << 62 | (e + 1) << 32 | u64::from(p),
         }
     }
 
@@ -71,6 +78,7 @@ impl Node {
             1 if low <= MAX_EPOCH => Node::EpochDir(low),
             2 => Node::ClassDir(epoch, index),
             3 if epoch == 0 => Node::Sample(index),
+            3 => Node::Part(epoch - 1, index),
             _ => return None,
         })
     }
@@ -85,7 +93,7 @@ impl Node {
     /// The epoch a view node belongs to, if any.
     pub fn epoch(self) -> Option<u64> {
         match self {
-            Node::EpochDir(e) | Node::ClassDir(e, _) => Some(e),
+            Node::EpochDir(e) | Node::ClassDir(e, _) | Node::Part(e, _) => Some(e),
             _ => None,
         }
     }
@@ -129,11 +137,13 @@ mod tests {
             Node::ClassDir(MAX_EPOCH, u32::MAX),
             Node::Sample(0),
             Node::Sample(u32::MAX),
+            Node::Part(0, 0),
+            Node::Part(MAX_EPOCH - 1, u32::MAX),
         ] {
             assert_eq!(Node::from_ino(node.ino()), Some(node), "{node:?}");
         }
         assert_eq!(Node::from_ino(0), None);
-        assert_eq!(Node::from_ino(3 << 62 | 1 << 32), None);
+        assert_eq!(Node::from_ino(3 << 62 | 1 << 32), Some(Node::Part(0, 0)));
         assert_eq!(Node::from_ino(6), None);
     }
 

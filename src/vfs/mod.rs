@@ -8,18 +8,20 @@
 //! Only the current epoch exists. Looking up `epoch-(N+1)` advances to it (as writing N+1
 //! to `.shufflefs/epoch` does) and `epoch-N` is gone afterwards. Every `epoch-N/` lists all
 //! classes, even those this rank holds no sample of, so class indices agree everywhere.
+//! A record source (`--format records`) has no classes: `epoch-N/` holds the epoch's part
+//! files instead (`parts`), laid out once per epoch.
 
 use std::borrow::Cow;
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::cache::SampleStore;
 use crate::node::coordinator::Coordinator;
 use crate::node::status::StatusReport;
-use crate::plan::share_in_range;
+use crate::plan::{SampleId, share_in_range};
 use crate::vfs::error::FsError;
 use crate::vfs::inodes::{CTL_DIR_NAME, CURRENT_NAME, EPOCH_CTL_NAME, Node, STATUS_NAME};
 
@@ -27,11 +29,13 @@ pub mod attr;
 pub mod error;
 pub mod handles;
 pub mod inodes;
+pub mod parts;
 pub mod statfs;
 pub mod wait;
 
 pub use attr::{Entry, Kind};
 pub use handles::{OpenFile, OpenFiles};
+pub use parts::PartLayout;
 pub use statfs::StatFs;
 pub use wait::Wait;
 
@@ -39,10 +43,18 @@ pub use wait::Wait;
 /// page-cache read path every read request re-reads the whole sample, so this stays small.
 pub const UNCACHED_MAX: u64 = 16 << 20;
 
+/// Default `--part-size`.
+pub const DEFAULT_PART_SIZE: u64 = 128 << 20;
+
+/// The domain of the view order's seeded stream (see `plan::stream`).
+const VIEW_ORDER_DOMAIN: u64 = 0x7061_7274; // "part"
+
 /// What an `open` hands back.
 pub enum Opened {
     /// A cached sample file, to pass through or to read from.
     Sample(File),
+    /// Part `.1` of a record source's view, read group by group through the store.
+    Part(Arc<PartLayout>, u32),
     /// Bytes frozen at open time (status, current epoch), so chunked reads agree.
     Snapshot(Vec<u8>),
     /// The epoch control file opened for writing.
@@ -56,6 +68,17 @@ pub struct ShuffleFs {
     /// Page-cache mode: `.shufflefs/status` is a link to `status_file` (see there).
     status_link: bool,
     renders: AtomicU64,
+    /// Record sources: the current epoch's part layout, made on first use.
+    parts: Mutex<Option<Arc<PartLayout>>>,
+    part_size: u64,
+}
+
+/// The part of `bytes` from `offset` on copied into `out`; returns how much.
+fn copy_window(bytes: &[u8], offset: u64, out: &mut [u8]) -> usize {
+    let from = (offset as usize).min(bytes.len());
+    let n = (bytes.len() - from).min(out.len());
+    out[..n].copy_from_slice(&bytes[from..from + n]);
+    n
 }
 
 /// Where `status_file` publishes the status document, under the cache folder.
@@ -73,7 +96,78 @@ impl ShuffleFs {
             status,
             status_link: false,
             renders: AtomicU64::new(0),
+            parts: Mutex::new(None),
+            part_size: DEFAULT_PART_SIZE,
         }
+    }
+
+    /// Sets the target size of a record source's part files (`--part-size`).
+    pub fn with_part_size(mut self, bytes: u64) -> ShuffleFs {
+        self.part_size = bytes.max(1);
+        self
+    }
+
+    /// Epoch `epoch`'s part layout, if this is a record source and `epoch` is current.
+    pub fn layout(&self, epoch: u64) -> Result<Arc<PartLayout>, FsError> {
+        let manifest = self.store.manifest();
+        let index = manifest.records().ok_or(FsError::NotFound)?;
+        let cur = self.epochs.current();
+        // A part's inode holds epoch + 1 in 30 bits (see `inodes`).
+        if cur.epoch != epoch || epoch >= inodes::MAX_EPOCH {
+            return Err(FsError::NotFound);
+        }
+        let mut slot = self.parts.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(l) = slot.as_ref().filter(|l| l.epoch == epoch) {
+            return Ok(l.clone());
+        }
+        let rank = self.epochs.rank();
+        let mut order = cur.share(rank).to_vec();
+        let seed = self.epochs.plan().params().seed;
+        crate::plan::shuffle(
+            &mut order,
+            &mut crate::plan::stream(seed, VIEW_ORDER_DOMAIN, epoch, u64::from(rank)),
+        );
+        let layout = Arc::new(PartLayout::new(
+            epoch,
+            order,
+            |g| (index.group_len(g), index.needs_newline(g)),
+            self.part_size,
+            index.header.clone(),
+            index.trailer_len(),
+            index.ext.clone(),
+        ));
+        *slot = Some(layout.clone());
+        Ok(layout)
+    }
+
+    /// Reads part `p` of `layout` at `offset`: each group from the cache (fetched into it
+    /// first if need be), or from the source if the cache cannot take it.
+    pub fn read_part(
+        &self,
+        layout: &PartLayout,
+        p: u32,
+        offset: u64,
+        size: u32,
+    ) -> Result<Vec<u8>, FsError> {
+        let mut buf = vec![0u8; size as usize];
+        let mut held: Option<(SampleId, Vec<u8>)> = None;
+        let n = layout.read(p, offset, &mut buf, |g, off, out| {
+            if let Some((id, bytes)) = &held
+                && *id == g
+            {
+                return Ok(copy_window(bytes, off, out));
+            }
+            match self.fetch(g).map_err(std::io::Error::other)? {
+                None => self.store.read_at(g, off, out),
+                Some(bytes) => {
+                    let n = copy_window(&bytes, off, out);
+                    held = Some((g, bytes));
+                    Ok(n)
+                }
+            }
+        })?;
+        buf.truncate(n);
+        Ok(buf)
     }
 
     /// Shows `.shufflefs/status` as a link to `status_file` instead of a file.
@@ -153,6 +247,20 @@ impl ShuffleFs {
             },
             Node::EpochDir(e) if e == current => dir(true),
             Node::ClassDir(e, c) if e == current && c < manifest.class_count() => dir(true),
+            Node::Part(e, p) if e == current => {
+                let layout = self.layout(e)?;
+                if p >= layout.parts() {
+                    return Err(FsError::NotFound);
+                }
+                Entry {
+                    node,
+                    kind: Kind::File,
+                    size: layout.size(p),
+                    perm: 0o444,
+                    immutable: true,
+                    mtime: None,
+                }
+            }
             // A size not known yet is listed as 0 and not cacheable, so the kernel asks
             // again (LOOKUP or GETATTR, which resolve it) before anything uses it.
             // One read of the size: staging may learn it meanwhile, and a size-0 entry
@@ -245,6 +353,11 @@ impl ShuffleFs {
             }
             Node::CtlDir if name == STATUS_NAME => Node::Status,
             Node::CtlDir if name == EPOCH_CTL_NAME => Node::EpochCtl,
+            Node::EpochDir(e) if self.store.manifest().records().is_some() => {
+                let layout = self.layout(e)?;
+                let name = name.to_str().ok_or(FsError::NotFound)?;
+                Node::Part(e, layout.parse_name(name).ok_or(FsError::NotFound)?)
+            }
             Node::EpochDir(e) => Node::ClassDir(
                 e,
                 self.store
@@ -297,6 +410,10 @@ impl ShuffleFs {
                 Box::new([Node::CtlDir, Node::Current, Node::EpochDir(e)].into_iter())
             }
             Node::CtlDir => Box::new([Node::Status, Node::EpochCtl].into_iter()),
+            Node::EpochDir(e) if manifest.records().is_some() => {
+                let parts = self.layout(e)?.parts();
+                Box::new((0..parts).map(move |p| Node::Part(e, p)))
+            }
             Node::EpochDir(e) => {
                 Box::new((0..manifest.class_count()).map(move |c| Node::ClassDir(e, c)))
             }
@@ -328,6 +445,7 @@ impl ShuffleFs {
                 Node::EpochCtl => OsStr::new(EPOCH_CTL_NAME).into(),
                 Node::ClassDir(_, c) => manifest.class_name(c).into(),
                 Node::Sample(id) => manifest.name(id).into(),
+                Node::Part(e, p) => OsString::from(self.layout(e)?.name(p)).into(),
                 Node::Root => continue,
             };
             if add(self.entry(child)?, &name, i + 1) {
@@ -362,6 +480,7 @@ impl ShuffleFs {
             )),
             _ if write => Err(FsError::ReadOnly),
             Node::Status => Ok(Opened::Snapshot(self.status.render())),
+            Node::Part(e, p) => Ok(Opened::Part(self.layout(e)?, p)),
             Node::Sample(id) => match self.fetch(id)? {
                 // A backend without a file per sample is read through the store.
                 None => match self.store.file(id) {

@@ -48,6 +48,14 @@ impl ShuffleFs {
         Node::from_ino(ino).map_or(Wait::No, |node| self.wait(node))
     }
 
+    /// Whether a read of `ino` without an open may wait: a part's groups may not be cached.
+    pub fn read_wait_ino(&self, ino: u64) -> Wait {
+        match Node::from_ino(ino) {
+            Some(Node::Part(..)) => Wait::Source,
+            _ => self.wait_ino(ino),
+        }
+    }
+
     /// Whether answering a request about `node` may wait at all (see [`ShuffleFs::wait`]).
     pub fn may_wait(&self, node: Node) -> bool {
         self.wait(node) != Wait::No

@@ -11,6 +11,7 @@
 #![allow(dead_code)]
 
 pub mod mpi_job;
+pub mod records;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
