@@ -10,7 +10,7 @@ use super::{routes, wire};
 use crate::cache::SampleStore;
 use crate::coded::packet::{self, DecodeError};
 use crate::coded::placement::RandomPlacement;
-use crate::coded::{Instance, Node, Scheme, plan};
+use crate::coded::{Instance, Node, Scheme, Transmission, plan};
 use crate::comm::Comm;
 use crate::exchange::{ExchangeError, ExchangeState, ExchangeTracker};
 use crate::plan::{Plan, Rank, SampleId, Step};
@@ -150,42 +150,7 @@ impl CodedClient {
             let packets = routes::unpack(&msg, txs.len());
             for (i, tx) in txs.iter().enumerate() {
                 let packet = packets.as_ref().map_or(&[][..], |p| p[i]);
-                report.packets_received += 1;
-                report.packet_bytes_received += packet.len() as u64;
-                let Some(&(want, _)) = tx.parts.iter().find(|&&(_, r)| r == me) else {
-                    continue; // in the group, nothing to decode
-                };
-                let mut cached =
-                    |s: SampleId| store.contains(s).then(|| store.read(s).ok()).flatten();
-                let decoding = Instant::now();
-                let decoded = packet::decode(packet, me, &mut cached);
-                report.decode_seconds += decoding.elapsed().as_secs_f64();
-                match decoded {
-                    Ok(samples) if samples.iter().any(|(s, _)| *s == want) => {
-                        for (s, bytes) in samples {
-                            match store_bytes(store, s, &bytes, crc32c::crc32c(&bytes)) {
-                                Ok(()) => report.samples_decoded += 1,
-                                Err(e) => {
-                                    tracing::warn!(sample = s, error = %e, "cannot store a decoded sample; asking the server for it");
-                                    failed.push(s);
-                                }
-                            }
-                        }
-                    }
-                    Ok(_) => {
-                        report.decode_failures += 1;
-                        failed.push(want);
-                    }
-                    Err(e) => {
-                        if let DecodeError::Stale { sample, .. } = e {
-                            // Our copy differs from the server's: it must not serve reads either.
-                            let _ = store.remove(sample);
-                        }
-                        tracing::debug!(sample = want, error = %e, "cannot decode a packet; asking the server for the plain sample");
-                        report.decode_failures += 1;
-                        failed.push(want);
-                    }
-                }
+                take_packet(store, me, tx, packet, &mut report, &mut failed);
             }
         }
         tracker.update(target, |r| r.coded = Some(report.clone()));
@@ -266,6 +231,54 @@ impl CodedClient {
         self.stopped = Some("this rank is leaving".into());
         if let Err(e) = send_request(world, &Request::Bye, &AtomicBool::new(false)) {
             tracing::warn!(error = %e, "could not tell the coded-shuffle server this rank leaves");
+        }
+    }
+}
+
+/// Takes one packet this rank received: decodes its part for `me` (if any) from the cache,
+/// stores it once its CRC passed, or notes the sample in `failed` for a plain re-request.
+fn take_packet(
+    store: &SampleStore,
+    me: Node,
+    tx: &Transmission,
+    packet: &[u8],
+    report: &mut CodedReport,
+    failed: &mut Vec<SampleId>,
+) {
+    report.packets_received += 1;
+    report.packet_bytes_received += packet.len() as u64;
+    let Some(&(want, _)) = tx.parts.iter().find(|&&(_, r)| r == me) else {
+        return; // in the group, nothing to decode
+    };
+    let mut cached = |s: SampleId| store.contains(s).then(|| store.read(s).ok()).flatten();
+    let decoding = Instant::now();
+    let decoded = packet::decode(packet, me, &mut cached);
+    report.decode_seconds += decoding.elapsed().as_secs_f64();
+    match decoded {
+        Ok(samples) if samples.iter().any(|(s, _)| *s == want) => {
+            for (s, bytes) in samples {
+                match store_bytes(store, s, &bytes, crc32c::crc32c(&bytes)) {
+                    Ok(()) => report.samples_decoded += 1,
+                    Err(e) => {
+                        tracing::warn!(sample = s, error = %e, "cannot store a decoded sample; asking the server for it");
+                        failed.push(s);
+                    }
+                }
+            }
+        }
+        Ok(_) => {
+            report.decode_failures += 1;
+            failed.push(want);
+        }
+        Err(e) => {
+            if let DecodeError::Stale { sample, .. } = e {
+                // Our copy differs from the server's: it must not serve reads either (a
+                // reader of it gets it from the source).
+                let _ = store.remove(sample);
+            }
+            tracing::debug!(sample = want, error = %e, "cannot decode a packet; asking the server for the plain sample");
+            report.decode_failures += 1;
+            failed.push(want);
         }
     }
 }
