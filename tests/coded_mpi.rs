@@ -405,3 +405,69 @@ fn a_coded_mount_started_alone_is_refused() {
         "{text}"
     );
 }
+
+/// A record source (`--format records`, lines grouped by page) under the coded exchange:
+/// every epoch the ranks' parts hold every record exactly once, and the server serves it.
+#[test]
+fn record_sources_shuffle_coded_too() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    let mut lines: Vec<String> = (0..3000)
+        .map(|i| format!("{i} {}", "x".repeat(10 + (i * 37) % 290)))
+        .collect();
+    std::fs::write(src.join("data.txt"), lines.join("\n") + "\n").unwrap();
+    lines.sort();
+    let ranks = 3;
+    let mut cmd = Command::new("mpirun");
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .args([
+            "--oversubscribe",
+            "-np",
+            "1",
+            BIN,
+            "serve",
+            "--format",
+            "records",
+        ])
+        .arg("--source")
+        .arg(&src)
+        .args([":", "-np", &ranks.to_string()]);
+    let extra = [
+        "--exchange",
+        "coded",
+        "--cache-fraction",
+        "0.5",
+        "--format",
+        "records",
+        "--framing",
+        "lines",
+    ];
+    let mut job = MpiJob::start_with(cmd, tmp.path(), ranks, SEED, 0.3, &extra);
+    for epoch in 0..=2u64 {
+        if epoch > 0 {
+            advance(&job, epoch);
+        }
+        let mut got: Vec<String> = Vec::new();
+        for m in &job.mounts {
+            let dir = m.join(format!("epoch-{epoch}"));
+            for part in std::fs::read_dir(&dir).unwrap() {
+                let text = std::fs::read_to_string(part.unwrap().path()).unwrap();
+                got.extend(text.lines().map(str::to_string));
+            }
+        }
+        got.sort();
+        assert!(
+            got == lines,
+            "epoch {epoch}: the ranks' parts are not the source's records"
+        );
+    }
+    let status = job.unmount_within(Duration::from_secs(60));
+    let log = std::fs::read_to_string(tmp.path().join("job.log")).unwrap_or_default();
+    assert!(status.is_some_and(|s| s.success()), "{status:?}\n{log}");
+    assert!(log.contains("coded exchange served"), "{log}");
+}
