@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use clap::builder::TypedValueParser as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::cache::CacheLayout;
@@ -9,6 +10,7 @@ use crate::coded::calc::{CalcInput, Storage};
 use crate::coded::{DEFAULT_NU, Scheme};
 use crate::dataset::records::MAX_RECORD;
 use crate::dataset::{Format, Framing, Grouping, RecordParams};
+use crate::exchange::coded::routes::Multicast;
 use crate::plan::ExchangeScope;
 
 #[derive(Parser, Debug)]
@@ -29,8 +31,52 @@ pub enum Command {
     /// Unmount a view and wait for its daemon to exit.
     Unmount(UnmountArgs),
     /// Print what a shuffle would cost (storage, samples and bytes moved, transmissions per
-    /// scheme) without running anything. Coded shuffling itself is not built yet (issue 16).
+    /// scheme) without running anything.
     Plan(PlanArgs),
+    /// Run the server rank of a coded shuffle (`mount --exchange coded`): world rank 0 of the
+    /// same MPI job, it mounts nothing and multicasts coded packets of the source's samples.
+    Serve(ServeArgs),
+}
+
+/// `--exchange` of `shufflefs mount`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExchangeMode {
+    /// Partial-local shuffling between the ranks (--fraction, --exchange-scope).
+    Partial,
+    /// A full reshuffle every epoch, sent by a `shufflefs serve` rank as XOR-coded multicast
+    /// (--cache-fraction, --scheme).
+    Coded,
+}
+
+/// `--scheme` of `shufflefs mount --exchange coded`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MountScheme {
+    /// The server unicasts what each rank lacks.
+    Uncoded,
+    /// XOR-coded multicast (the paper's Alg. 1-3).
+    Coded,
+    /// Coded plus carpool reallocation (Alg. 4, depth --nu).
+    Ubershuffle,
+}
+
+/// `shufflefs serve`: what the server needs of its own; the rest comes from compute rank 0.
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// The dataset, as the compute ranks' --source names it (the same files; the path may
+    /// differ on the server's host). The server reads every sample it sends from here.
+    #[arg(long)]
+    pub source: PathBuf,
+    /// Layout of the source.
+    #[arg(long, value_enum, default_value_t = Format::Imagefolder)]
+    pub format: Format,
+    /// Refuse to serve compute ranks whose seed differs (default: take theirs).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Bytes of samples the server keeps in memory: the first samples it reads stay there
+    /// until this is used up; any other sample is read from the source every time it is
+    /// sent. Give at least the dataset's size to read each sample once for the whole run.
+    #[arg(long, value_name = "BYTES", default_value_t = 4 << 30)]
+    pub memory: u64,
 }
 
 /// `--scheme` of `shufflefs plan`.
@@ -226,6 +272,39 @@ pub struct MountArgs {
     )]
     pub exchange_scope: ExchangeScope,
 
+    /// How each epoch's share reaches a rank: `partial` (partial-local shuffling between the
+    /// ranks, see --fraction) or `coded` (a full reshuffle every epoch, sent by a
+    /// `shufflefs serve` rank started first in the same job; see README "Coded shuffling").
+    #[arg(long, value_enum, default_value_t = ExchangeMode::Partial, help_heading = "Shuffling")]
+    pub exchange: ExchangeMode,
+
+    /// With --exchange coded: the fraction alpha of the whole dataset each rank caches (its
+    /// share plus samples retained from earlier epochs); at least 1/ranks. More cache, more
+    /// packets several ranks decode at once.
+    #[arg(long, value_name = "ALPHA", value_parser = parse_fraction, required_if_eq("exchange", "coded"), help_heading = "Coded shuffling")]
+    pub cache_fraction: Option<f64>,
+
+    /// With --exchange coded: which packets the server sends.
+    #[arg(long, value_enum, default_value_t = MountScheme::Ubershuffle, help_heading = "Coded shuffling")]
+    pub scheme: MountScheme,
+
+    /// With --exchange coded: at most this many MPI communicators carry the multicasts
+    /// (created once at start-up; groups share them when all 2^ranks would not fit, see
+    /// README "Coded shuffling"). 1 sends every packet to every rank.
+    #[arg(long, value_name = "N", default_value_t = crate::coded::groups::DEFAULT_LIMIT, value_parser = clap::value_parser!(u32).range(1..=16384).map(|v| v as usize), help_heading = "Coded shuffling")]
+    pub communicators: usize,
+
+    /// With --exchange coded: how a packet for several ranks leaves the server: `ring` (the
+    /// server scatters it, one chunk per receiver, and the receivers pass the chunks around:
+    /// every byte leaves the server once) or `broadcast` (MPI's broadcast on the
+    /// --communicators set, whose algorithm may send a packet from the server several times).
+    #[arg(long, value_enum, default_value_t = Multicast::Ring, help_heading = "Coded shuffling")]
+    pub multicast: Multicast,
+
+    /// With --scheme ubershuffle: how many set sizes up the carpool search goes.
+    #[arg(long, default_value_t = DEFAULT_NU, value_parser = parse_nu, help_heading = "Coded shuffling")]
+    pub nu: usize,
+
     /// Seed for the partition and every exchange. Default: chosen by rank 0 (or reused from
     /// the cache on remount) and shown in `.shufflefs/status`.
     #[arg(long, help_heading = "Shuffling")]
@@ -315,6 +394,16 @@ fn parse_fraction(s: &str) -> Result<f64, String> {
     }
 }
 
+fn parse_nu(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(nu) if (1..crate::coded::MAX_NODES).contains(&nu) => Ok(nu),
+        _ => Err(format!(
+            "{s:?}: --nu is how many set sizes up UberShuffle searches, 1 to {} (the paper uses 2)",
+            crate::coded::MAX_NODES - 1
+        )),
+    }
+}
+
 /// A byte count with an optional K/M/G suffix (powers of 1024), at least 1.
 fn parse_bytes(s: &str) -> Result<u64, String> {
     let t = s.trim();
@@ -348,6 +437,15 @@ pub fn for_rank(template: &str, rank: u32) -> PathBuf {
 }
 
 impl MountArgs {
+    /// The coded scheme, under `--exchange coded`.
+    pub fn coded_scheme(&self) -> Option<Scheme> {
+        (self.exchange == ExchangeMode::Coded).then_some(match self.scheme {
+            MountScheme::Uncoded => Scheme::Uncoded,
+            MountScheme::Coded => Scheme::Coded,
+            MountScheme::Ubershuffle => Scheme::Ubershuffle { nu: self.nu },
+        })
+    }
+
     /// The record settings, checked against `--format` and each other.
     pub fn record_params(&self) -> Result<RecordParams, String> {
         if self.format != Format::Records {

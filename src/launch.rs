@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use tracing_subscriber::EnvFilter;
 
-use crate::cli::{MountArgs, UnmountArgs};
+use crate::cli::{MountArgs, ServeArgs, UnmountArgs};
 use crate::comm::{self, Comm, MpiComm, launched_by_mpi};
 use crate::daemon;
 
@@ -50,6 +50,26 @@ pub fn mount(args: MountArgs) -> ExitCode {
         return report(result);
     }
     detached(&args)
+}
+
+/// `shufflefs serve`: the server rank of a coded job (see `daemon::coded`). Only under an MPI
+/// launcher: it serves compute ranks of its own job.
+pub fn serve(args: &ServeArgs) -> ExitCode {
+    if !launched_by_mpi() {
+        eprintln!(
+            "shufflefs serve: runs as world rank 0 of an MPI job with the compute ranks: mpirun -np 1 shufflefs serve --source SRC : -np M shufflefs mount --exchange coded --cache-fraction ALPHA ..."
+        );
+        return ExitCode::FAILURE;
+    }
+    init_logging();
+    let mut world = match MpiComm::init() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("shufflefs serve: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    report(daemon::coded::serve(args, &mut world))
 }
 
 fn report<E: std::fmt::Display>(result: Result<(), E>) -> ExitCode {

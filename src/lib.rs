@@ -5,8 +5,9 @@
 //! tree and the path a sample's bytes take):
 //! - [`plan`]: who owns which sample in every epoch (pure, deterministic, no I/O), also
 //!   across restarts with another number of ranks (`plan::elastic`).
-//! - [`coded`]: coded shuffling (UberShuffle) planning: which XOR packets a server would
-//!   send (pure); the `shufflefs plan` calculator. The exchange itself is not built yet.
+//! - [`coded`]: coded shuffling (UberShuffle) planning: which XOR packets the server sends,
+//!   their bytes, the communicator set (pure); the `shufflefs plan` calculator. The coded
+//!   exchange that moves them is `exchange::coded`, its job layout `daemon::coded`.
 //! - [`dataset`]: what a source is (its index, how a sample's bytes are read): ImageFolder
 //!   trees, or packed-record files (an offset table; a unit is a group of records).
 //! - [`cache`]: this rank's local copy of its share, behind the `CacheBackend` trait.

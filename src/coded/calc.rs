@@ -231,7 +231,7 @@ pub fn report(input: &CalcInput) -> Result<String, CalcError> {
     );
     let _ = writeln!(
         w,
-        "not built yet (issue 16): the server rank and the coded exchange; this is a plan only."
+        "to run it: mpirun -np 1 shufflefs serve --source SRC : -np M shufflefs mount --exchange coded --cache-fraction ALPHA --scheme S ... (README \"Coded shuffling\")."
     );
     Ok(out)
 }

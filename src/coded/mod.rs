@@ -24,8 +24,8 @@
 //! ([`calc`]) averages over. [`packet`] is the wire format of one transmission (samples of
 //! different sizes XORed with zero padding, CRC-checked on decode); [`groups`] is the fixed,
 //! bounded set of MPI communicators every multicast group rides on (communicator merging,
-//! Section 4.3). Not in this module (issue 16 continues elsewhere): the server rank, the
-//! transport and the exchange that moves the bytes.
+//! Section 4.3). Not in this module: the server rank, the transport and the exchange that
+//! moves the bytes (`exchange::coded`, following the plan variant `plan::coded`).
 
 pub mod calc;
 pub mod carpool;

@@ -110,8 +110,27 @@ impl RandomPlacement {
         self.cache_size
     }
 
-    /// Epoch `epoch`'s balanced shares.
-    fn shares(&self, epoch: u64) -> Vec<BTreeSet<SampleId>> {
+    /// The epoch whose caches [`caches`](Self::caches) holds (the next instance moves out
+    /// of it).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Every node's cache `C_i` at [`epoch`](Self::epoch).
+    pub fn caches(&self) -> &[BTreeSet<SampleId>] {
+        &self.caches
+    }
+
+    /// Applies the update rule until the caches are those of `epoch` (no-op if already
+    /// there or past it): what a restart at `epoch` re-derives.
+    pub fn advance_to(&mut self, epoch: u64) {
+        while self.epoch < epoch {
+            self.next_instance();
+        }
+    }
+
+    /// Epoch `epoch`'s balanced shares (a pure function of the seed and `epoch`).
+    pub fn shares(&self, epoch: u64) -> Vec<BTreeSet<SampleId>> {
         let mut perm: Vec<SampleId> = (0..self.samples).collect();
         shuffle(&mut perm, &mut stream(self.seed, DOMAIN_SHARES, epoch, 0));
         let (q, n) = (self.samples as usize, self.nodes);

@@ -176,7 +176,7 @@ fn calculator_report_for_a_small_case() {
         "ubershuffle(nu=2)",
         "Theorem 1",
         "multicast: 4 MPI communicators (limit 1024; one per group)",
-        "not built yet",
+        "shufflefs serve",
     ] {
         assert!(text.contains(name), "{name} missing from\n{text}");
     }

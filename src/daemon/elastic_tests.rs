@@ -77,7 +77,7 @@ impl Folders {
         ]);
         match cli.command {
             Command::Mount(args) => args,
-            Command::Unmount(_) | Command::Plan(_) => unreachable!(),
+            Command::Unmount(_) | Command::Plan(_) | Command::Serve(_) => unreachable!(),
         }
     }
 

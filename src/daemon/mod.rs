@@ -19,12 +19,14 @@ use fuser::{Config, MountOption, SessionACL};
 
 use crate::cli::{MountArgs, ReadPath, for_rank};
 use crate::comm::Comm;
+use crate::exchange::coded::CodedClient;
 use crate::exchange::{ExchangeConfig, Peers, SlowPeers};
 use crate::fuse::FuseAdapter;
-use crate::node::{ExchangeCmd, Node, NodeConfig, serve_exchanges};
+use crate::node::{ExchangeCmd, Exchanger, Node, NodeConfig, serve, serve_exchanges};
 use crate::sys::{mounts, readahead};
 use crate::vfs::inodes;
 
+pub mod coded;
 mod resize;
 mod startup;
 
@@ -50,6 +52,9 @@ pub enum DaemonError {
     Panicked,
     #[error("learning where the other ranks' caches are: {0}")]
     Peers(#[source] crate::comm::CommError),
+    /// The coded job's layout or its server (see `coded`).
+    #[error("{0}")]
+    Coded(String),
 }
 
 fn thread_error(what: &'static str) -> impl FnOnce(std::io::Error) -> DaemonError {
@@ -57,19 +62,60 @@ fn thread_error(what: &'static str) -> impl FnOnce(std::io::Error) -> DaemonErro
 }
 
 /// Runs one rank's daemon: prepares, mounts, reports readiness through `on_ready`, then
-/// serves until the folder is unmounted or a signal arrives.
+/// serves until the folder is unmounted or a signal arrives. `world` is the whole job: in a
+/// coded job (a `shufflefs serve` rank at world rank 0, see `coded`) the compute ranks split
+/// off their own communicator and keep `world` for the exchange with the server.
 pub fn run(
     args: &MountArgs,
-    comm: &mut dyn Comm,
+    world: &mut dyn Comm,
     on_ready: &mut dyn FnMut(&str),
 ) -> Result<(), DaemonError> {
+    match coded::roles(world, &coded::Role::mount(args)).map_err(DaemonError::Coded)? {
+        coded::Layout::Plain => run_rank(args, world, None, on_ready),
+        coded::Layout::Coded => {
+            let mut compute = coded::split_compute(world).map_err(DaemonError::Coded)?;
+            run_rank(args, compute.as_mut(), Some(world), on_ready)
+        }
+    }
+}
+
+/// One compute rank on `comm`; `world` (server included) in a coded job.
+fn run_rank(
+    args: &MountArgs,
+    comm: &mut dyn Comm,
+    mut world: Option<&mut dyn Comm>,
+    on_ready: &mut dyn FnMut(&str),
+) -> Result<(), DaemonError> {
+    let prepared = startup::prepare(args, comm);
+    let mut routes = None;
+    if let Some(world) = world.as_deref_mut() {
+        let offer = prepared.as_ref().map_err(ToString::to_string).map(|p| {
+            let manifest = p.store.manifest().encode();
+            let fingerprint = crc32c::crc32c(&manifest);
+            let offer = coded::Offer::new(args, &p.plan, fingerprint, p.resumed.current.epoch);
+            (offer, manifest)
+        });
+        let (rank, size) = (comm.rank(), comm.size());
+        let comms = || {
+            let alpha = args.cache_fraction.unwrap_or(0.0);
+            coded::communicators(size, args.communicators, alpha)
+        };
+        routes =
+            coded::offer(world, rank, offer, comms, args.multicast).map_err(DaemonError::Coded)?;
+    }
     let startup::Prepared {
         store,
         plan,
         resumed,
         mountpoint,
-    } = startup::prepare(args, comm)?;
+    } = prepared?;
     let rank = comm.rank();
+    let coded_client = routes.map(|routes| {
+        let scheme = args
+            .coded_scheme()
+            .expect("a coded job's ranks mount coded");
+        CodedClient::new(&plan, rank, scheme, routes, resumed.current.epoch)
+    });
     let exchange_cfg = ExchangeConfig {
         rate: args.exchange_rate,
         slow_peers: SlowPeers {
@@ -83,7 +129,11 @@ pub fn run(
     // Which ranks of this host can take samples from each other's caches (collective).
     // A packed cache has no sample files a peer could take: its host exchanges through MPI.
     let share = args.share_disk == crate::cli::ShareDisk::Auto && args.layout().is_files();
-    let peers = Peers::discover(comm, store.dir().root(), share).map_err(DaemonError::Peers)?;
+    let peers = match world {
+        // The server sends everything: no rank takes samples from another's cache.
+        Some(_) => Peers::separate(comm.size()),
+        None => Peers::discover(comm, store.dir().root(), share).map_err(DaemonError::Peers)?,
+    };
     let (node, exchanges) = Node::start(
         store.clone(),
         plan,
@@ -113,7 +163,11 @@ pub fn run(
                 .map_err(|e| format!("mounting {} failed: {e}", mountpoint.display()))
         });
     let mounted = session.as_ref().map(|_| ()).map_err(Clone::clone);
-    let mut session = match everyone_ok(comm, mounted) {
+    let mounted = everyone_ok(comm, mounted);
+    if let Some(world) = world.as_deref_mut() {
+        coded::mounted(world, mounted.is_ok()).map_err(DaemonError::Coded)?;
+    }
+    let mut session = match mounted {
         Ok(()) => session.expect("checked above"),
         Err(e) => {
             drop(session); // unmounts where the mount succeeded
@@ -151,8 +205,12 @@ pub fn run(
     let signals = watch_signals(&mut session, &mountpoint, &abort)?;
 
     let current = node.coordinator.current();
+    let how = match args.coded_scheme() {
+        Some(s) if world.is_some() => format!(", {} exchange from the server", s.name()),
+        _ => String::new(),
+    };
     on_ready(&format!(
-        "shufflefs: rank {rank} of {} mounted {} (epoch {}, {} samples of {})",
+        "shufflefs: rank {rank} of {} mounted {} (epoch {}, {} samples of {}{how})",
         comm.size(),
         mountpoint.display(),
         current.epoch,
@@ -169,7 +227,17 @@ pub fn run(
             result
         })
         .map_err(thread_error("FUSE session"))?;
-    if let Err(e) = serve_exchanges(comm, &node, &exchanges, exchange_cfg, &peers, &abort) {
+    let served_exchanges = match (world, coded_client) {
+        (Some(world), Some(mut client)) => serve(
+            world,
+            &node,
+            &exchanges,
+            Exchanger::Coded(&mut client),
+            &abort,
+        ),
+        _ => serve_exchanges(comm, &node, &exchanges, exchange_cfg, &peers, &abort),
+    };
+    if let Err(e) = served_exchanges {
         // MPI cannot withdraw a half-done transfer: leave without finalizing, which makes
         // the launcher end the job (the other ranks unmount on its SIGTERM). The mount was
         // detached before `abort` was set, so nothing is left behind.

@@ -119,6 +119,7 @@ pub fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, StartE
                 .map_err(|e| e.to_string()),
             _ => Ok(()),
         })
+        .and_then(|()| coded_options(args))
         .and_then(|()| CacheDir::open(&cache_path).map_err(|e| e.to_string()));
     let (local, dir) = match local {
         Ok(dir) => (Ok(()), Some(dir)),
@@ -182,9 +183,11 @@ pub fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, StartE
     };
     // Refused before the backend opens: opening creates its folders (another layout's, for
     // a cache refused for its layout).
+    // Coded or partial-local, and alpha: recorded beside the state (`coded::check_mode`).
+    let same_mode = super::coded::check_mode(dir.root(), args);
     let kept = match state {
         // Another world size is an elastic restart (`resize`), not a mismatch.
-        Some(s) if resize::belongs(&s, &expected) => match s.history() {
+        Some(s) if resize::belongs(&s, &expected) && same_mode.is_ok() => match s.history() {
             Ok(_) => Ok(Some(s)),
             Err(e) => Err(CacheError::Corrupt {
                 path: cache_path.clone(),
@@ -193,6 +196,9 @@ pub fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, StartE
             }
             .to_string()),
         },
+        Some(_) if !args.reset_cache && same_mode.is_err() => {
+            Err(same_mode.clone().expect_err("checked in the guard"))
+        }
         Some(s) if !args.reset_cache => Err(format!(
             "cache folder {} was built with other settings; pass --reset-cache to rebuild it, or use the old settings:\n  {}",
             cache_path.display(),
@@ -239,6 +245,10 @@ pub fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, StartE
     let mut state = CacheState { epoch, ..expected };
     state.set_history(&job.history);
     dir.save_state(&state)?;
+    super::coded::record_mode(dir.root(), args).map_err(|source| CacheError::Io {
+        path: cache_path.clone(),
+        source,
+    })?;
 
     let params = PlanParams {
         samples: manifest.len(),
@@ -246,13 +256,24 @@ pub fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, StartE
         fraction: args.fraction,
         seed,
     };
+    // A coded job (`daemon::coded`): fresh shares every epoch, caches of alpha.
+    let coded = args
+        .cache_fraction
+        .filter(|_| args.coded_scheme().is_some());
     let elastic = match job.history.is_resized() {
+        true if coded.is_some() => {
+            return Err(StartError::Refused {
+                failures: vec![(0, "this cache was built by a coded run with another number of compute ranks; a coded run cannot change it yet: start it with the ranks it had, or pass --reset-cache".into())],
+                world,
+            });
+        }
         true => Some(ElasticPlan::new(params, job.history.clone())?),
         false => None,
     };
-    let plan = match &elastic {
-        Some(elastic) => elastic.current().clone(),
-        None => Plan::with_scope(params, args.exchange_scope, comm.hosts())?,
+    let plan = match (&elastic, coded) {
+        (Some(elastic), _) => elastic.current().clone(),
+        (None, Some(alpha)) => Plan::coded(params, alpha)?,
+        (None, None) => Plan::with_scope(params, args.exchange_scope, comm.hosts())?,
     };
     if let Some(layout) = plan.layout() {
         tracing::info!(layout = %layout.describe(), "exchange scope node: samples move only between ranks of one host");
@@ -365,6 +386,16 @@ fn shared_settings(args: &MountArgs) -> Vec<(&'static str, String)> {
             args.seed.map_or("(default)".into(), |s| s.to_string()),
         ),
         ("--reset-cache", args.reset_cache.to_string()),
+        ("--exchange", format!("{:?}", args.exchange).to_lowercase()),
+        (
+            "--cache-fraction",
+            args.cache_fraction
+                .map_or("(none)".into(), |a| a.to_string()),
+        ),
+        ("--scheme", format!("{:?}", args.scheme).to_lowercase()),
+        ("--nu", args.nu.to_string()),
+        ("--communicators", args.communicators.to_string()),
+        ("--multicast", args.multicast.name().to_string()),
         (
             "record settings",
             args.record_params().map_or_else(|e| e, |p| p.describe()),
@@ -400,6 +431,18 @@ fn same_settings(comm: &mut dyn Comm, args: &MountArgs) -> Result<Result<(), Str
             diffs.join("\n")
         ))
     })
+}
+
+/// Options that contradict `--exchange coded` (or need it).
+fn coded_options(args: &MountArgs) -> Result<(), String> {
+    let coded = args.coded_scheme().is_some();
+    if coded && args.exchange_scope == ExchangeScope::Node {
+        return Err("--exchange-scope node keeps samples on their host, --exchange coded reshuffles the whole dataset every epoch: choose one".into());
+    }
+    if !coded && args.cache_fraction.is_some() {
+        return Err("--cache-fraction applies to --exchange coded only (partial-local shuffling caches (1+--fraction) x the share)".into());
+    }
+    Ok(())
 }
 
 fn random_seed() -> u64 {
@@ -469,13 +512,16 @@ mod tests {
             );
             match cli.command {
                 Command::Mount(args) => args,
-                Command::Unmount(_) | Command::Plan(_) => unreachable!(),
+                Command::Unmount(_) | Command::Plan(_) | Command::Serve(_) => unreachable!(),
             }
         }
 
         /// Runs start-up on every rank of a world on `hosts`: each rank's plan, or the error.
         fn start(&self, scope: &str, hosts: &[u32]) -> Vec<Result<Plan, String>> {
-            let args = self.args(scope);
+            self.start_with(self.args(scope), hosts)
+        }
+
+        fn start_with(&self, args: MountArgs, hosts: &[u32]) -> Vec<Result<Plan, String>> {
             let handles: Vec<_> = LocalComm::world_on_hosts(hosts)
                 .into_iter()
                 .map(|mut comm| {
@@ -534,6 +580,59 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    /// A cache remembers whether a coded run built it and with which cache fraction: another
+    /// kind of run is refused naming both, until --reset-cache.
+    #[test]
+    fn a_coded_cache_is_refused_by_another_kind_of_run() {
+        let folders = Folders::new(2);
+        let coded = |alpha: f64, reset: bool| {
+            let mut a = folders.args("global");
+            a.exchange = crate::cli::ExchangeMode::Coded;
+            a.cache_fraction = Some(alpha);
+            a.reset_cache = reset;
+            a
+        };
+        for plan in folders.start_with(coded(0.5, false), &[0, 0]) {
+            assert!(plan.unwrap().coded_shares().is_some());
+        }
+        assert!(
+            folders
+                .start_with(coded(0.5, false), &[0, 0])
+                .iter()
+                .all(Result::is_ok)
+        );
+        for err in folders.start("global", &[0, 0]) {
+            let err = err.unwrap_err();
+            assert!(
+                err.contains("--exchange coded --cache-fraction 0.5, now --exchange partial"),
+                "{err}"
+            );
+            assert!(err.contains("--reset-cache"), "{err}");
+        }
+        for err in folders.start_with(coded(0.75, false), &[0, 0]) {
+            assert!(
+                err.unwrap_err()
+                    .contains("now --exchange coded --cache-fraction 0.75")
+            );
+        }
+        assert!(
+            folders
+                .start_with(coded(0.75, true), &[0, 0])
+                .iter()
+                .all(Result::is_ok)
+        );
+        let mut partial = folders.args("global");
+        partial.reset_cache = true;
+        assert!(
+            folders
+                .start_with(partial, &[0, 0])
+                .iter()
+                .all(Result::is_ok)
+        );
+        // Back to partial-local: no coded record left, a plain remount resumes.
+        assert!(folders.start("global", &[0, 0]).iter().all(Result::is_ok));
     }
 
     #[test]

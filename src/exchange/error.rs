@@ -16,6 +16,8 @@ pub enum Phase {
     Sizes,
     Samples,
     Confirm,
+    /// Talking to the server of the coded exchange.
+    Coded,
 }
 
 impl fmt::Display for Phase {
@@ -24,6 +26,7 @@ impl fmt::Display for Phase {
             Phase::Sizes => "exchanging sample sizes",
             Phase::Samples => "exchanging samples",
             Phase::Confirm => "confirming the exchange",
+            Phase::Coded => "coded exchange with the server",
         })
     }
 }

@@ -21,6 +21,7 @@ use crate::cache::SampleStore;
 use crate::comm::Comm;
 use crate::plan::{SampleId, Step};
 
+pub mod coded;
 pub mod deadline;
 mod error;
 mod executor;

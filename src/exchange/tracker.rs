@@ -67,6 +67,9 @@ pub struct ExchangeReport {
     pub error: Option<String>,
     /// Per peer, in the order the schedule lists them.
     pub peers: Vec<PeerReport>,
+    /// Under `--exchange coded`: packets, decoding and plain samples from the server.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub coded: Option<super::coded::CodedReport>,
 }
 
 /// One peer of an exchange as the status shows it.

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use crate::cache::SampleStore;
 use crate::comm::Comm;
+use crate::exchange::coded::CodedClient;
 use crate::exchange::{self, ExchangeConfig, ExchangeError, ExchangeTracker, Peers};
 use crate::plan::{Plan, Rank, SampleId, Step};
 use crate::vfs::ShuffleFs;
@@ -145,10 +146,23 @@ impl Node {
     }
 }
 
+/// How the exchange between epochs runs: which implementation sits behind the seam.
+pub enum Exchanger<'a> {
+    /// Partial-local shuffling between the ranks (`exchange::run_with`), over the compute
+    /// ranks' communicator.
+    Partial {
+        cfg: ExchangeConfig,
+        peers: &'a Peers,
+    },
+    /// Coded multicast from the server rank (`exchange::coded`), over the world communicator
+    /// (server included). The client keeps the cache at exactly `C^t` itself, so the
+    /// coordinator's evictions (samples that left the share) are not applied: a coded cache
+    /// retains some of them.
+    Coded(&'a mut CodedClient),
+}
+
 /// Runs the exchanges of `queue` on the calling thread, which owns `comm`, until told to
-/// shut down. A failed exchange is reported to the coordinator (advancing then fetches from
-/// the source); a transport that had to abandon transfers in flight ends the loop with its
-/// error, since nothing more can go through it.
+/// shut down: [`serve`] with the partial-local exchange.
 pub fn serve_exchanges(
     comm: &mut dyn Comm,
     node: &Node,
@@ -157,13 +171,30 @@ pub fn serve_exchanges(
     peers: &Peers,
     abort: &AtomicBool,
 ) -> Result<(), ExchangeError> {
+    serve(comm, node, queue, Exchanger::Partial { cfg, peers }, abort)
+}
+
+/// Runs the exchanges of `queue` on the calling thread, which owns `comm`, until told to
+/// shut down. A failed exchange is reported to the coordinator (advancing then fetches from
+/// the source); a transport that had to abandon transfers in flight ends the loop with its
+/// error, since nothing more can go through it. A coded client says goodbye to its server
+/// on the way out.
+pub fn serve(
+    comm: &mut dyn Comm,
+    node: &Node,
+    queue: &Receiver<ExchangeCmd>,
+    mut exchanger: Exchanger<'_>,
+    abort: &AtomicBool,
+) -> Result<(), ExchangeError> {
     for cmd in queue {
         let ExchangeCmd::Run { evict, step } = cmd else {
             break;
         };
-        for id in evict {
-            if let Err(e) = node.store.remove(id) {
-                tracing::warn!(sample = id, error = %e, "could not drop a sample that left the share");
+        if let Exchanger::Partial { .. } = exchanger {
+            for id in evict {
+                if let Err(e) = node.store.remove(id) {
+                    tracing::warn!(sample = id, error = %e, "could not drop a sample that left the share");
+                }
             }
         }
         let target = step.next.epoch;
@@ -180,22 +211,30 @@ pub fn serve_exchanges(
             };
             node.coordinator.exchange_ended(target, outcome);
         };
-        let result = exchange::run_with(
-            comm,
-            &node.store,
-            &step,
-            cfg,
-            peers,
-            &node.tracker,
-            abort,
-            &mut settled,
-        );
+        let result = match &mut exchanger {
+            Exchanger::Partial { cfg, peers } => exchange::run_with(
+                comm,
+                &node.store,
+                &step,
+                *cfg,
+                peers,
+                &node.tracker,
+                abort,
+                &mut settled,
+            ),
+            Exchanger::Coded(client) => {
+                client.run(comm, &node.store, &step, &node.tracker, abort, &mut settled)
+            }
+        };
         if let Err(e) = result {
             if e.is_abandoned() {
                 return Err(e);
             }
             tracing::warn!("exchange into epoch {target} ended with: {e}");
         }
+    }
+    if let Exchanger::Coded(client) = exchanger {
+        client.goodbye(comm);
     }
     Ok(())
 }

@@ -139,7 +139,7 @@ pub fn regrow(
     report.from_source = share.iter().filter(|&&id| !store.contains(id)).count() as u64;
 
     // 5. Trim, make durable, and reclaim once everybody is durable.
-    trim(store, rank, &current, &next.next);
+    trim(store, rank, &current, &next.next, &[]);
     let synced = store.sync().map_err(|e| e.to_string());
     let failures = agree(comm, synced)?;
     if failures.is_empty() {

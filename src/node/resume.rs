@@ -50,7 +50,9 @@ pub fn resume(
         step.next
     };
     let next = plan.step(&current);
-    trim(store, rank, &current, &next.next);
+    // A coded run's cache also keeps retained samples (`plan::coded`).
+    let retained = plan.retained(rank, current.epoch);
+    trim(store, rank, &current, &next.next, &retained);
     Ok(Resumed {
         current,
         next,
@@ -58,10 +60,19 @@ pub fn resume(
     })
 }
 
-/// Drops what belongs to neither `current` nor `next`'s share of `rank`.
-pub(crate) fn trim(store: &SampleStore, rank: Rank, current: &EpochShares, next: &EpochShares) {
+/// Drops what belongs to neither `current` nor `next`'s share of `rank`, nor `retained`
+/// (ascending: the samples a coded run's cache keeps beyond the share, `Plan::retained`).
+pub(crate) fn trim(
+    store: &SampleStore,
+    rank: Rank,
+    current: &EpochShares,
+    next: &EpochShares,
+    retained: &[SampleId],
+) {
     let keep = |id: &SampleId| {
-        current.share(rank).binary_search(id).is_ok() || next.share(rank).binary_search(id).is_ok()
+        current.share(rank).binary_search(id).is_ok()
+            || next.share(rank).binary_search(id).is_ok()
+            || retained.binary_search(id).is_ok()
     };
     let mut dropped = 0u64;
     for id in (0..store.manifest().len()).filter(|&id| store.contains(id) && !keep(&id)) {

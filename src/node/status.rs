@@ -84,6 +84,10 @@ struct Status<'a> {
     epoch: u64,
     ready_epochs: Vec<u64>,
     fraction: f64,
+    /// Under `--exchange coded`: the fraction of the dataset each rank caches (the scheme and
+    /// the packets are in each `exchange` entry's `coded`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_fraction: Option<f64>,
     seed: u64,
     /// `"global"` or `"node"` (see `--exchange-scope`).
     exchange_scope: crate::plan::ExchangeScope,
@@ -138,6 +142,7 @@ impl StatusReport for DaemonStatus {
                 vec![cur.epoch]
             },
             fraction: params.fraction,
+            cache_fraction: self.epochs.plan().coded_shares().map(|c| c.alpha()),
             seed: params.seed,
             exchange_scope: self.epochs.plan().scope(),
             hosts: &self.hosts,

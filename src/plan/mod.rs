@@ -41,7 +41,10 @@ use std::sync::Arc;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 
+pub mod coded;
 pub mod elastic;
+
+pub use coded::CodedShares;
 
 /// Index of a sample in the manifest (samples sorted by class, then name).
 pub type SampleId = u32;
@@ -193,6 +196,8 @@ pub enum PlanError {
     EmptyWorld,
     #[error("the host layout names {hosts} ranks, but the world has {world}")]
     Hosts { hosts: usize, world: u32 },
+    #[error("--cache-fraction: {0}")]
+    Coded(#[from] crate::coded::placement::PlacementError),
     #[error("invalid history of world sizes ({0})")]
     History(String),
 }
@@ -237,6 +242,8 @@ pub struct Plan {
     params: PlanParams,
     /// `Some` under node scope: moves stay within each host. Shared, so a clone stays cheap.
     layout: Option<Arc<HostLayout>>,
+    /// `Some` under `--exchange coded`: a full reshuffle every epoch ([`coded`]).
+    coded: Option<Arc<CodedShares>>,
 }
 
 impl Plan {
@@ -251,7 +258,33 @@ impl Plan {
         Ok(Plan {
             params,
             layout: None,
+            coded: None,
         })
+    }
+
+    /// The plan of a coded run: fresh random balanced shares every epoch, caches of `alpha`
+    /// of the dataset (`params.fraction` is ignored).
+    pub fn coded(params: PlanParams, alpha: f64) -> Result<Plan, PlanError> {
+        let shares = CodedShares::new(params.samples, params.world, alpha, params.seed)?;
+        let mut plan = Plan::new(PlanParams {
+            fraction: 1.0,
+            ..params
+        })?;
+        plan.coded = Some(Arc::new(shares));
+        Ok(plan)
+    }
+
+    /// The coded variant's shares and caches, if this is one.
+    pub fn coded_shares(&self) -> Option<&CodedShares> {
+        self.coded.as_deref()
+    }
+
+    /// Samples `rank` keeps cached at `epoch` beyond its share: the retained samples of a
+    /// coded run, none otherwise. Ascending.
+    pub fn retained(&self, rank: Rank, epoch: u64) -> Vec<SampleId> {
+        self.coded
+            .as_deref()
+            .map_or_else(Vec::new, |c| c.cache(rank, epoch))
     }
 
     /// The plan for `scope`. `hosts[r]` is rank `r`'s host (as `Comm::hosts` gives it): used
@@ -299,6 +332,9 @@ impl Plan {
 
     /// Epoch 0: a seeded permutation dealt into balanced contiguous chunks.
     pub fn initial(&self) -> EpochShares {
+        if let Some(c) = &self.coded {
+            return c.shares(0);
+        }
         let n = self.params.samples;
         let m = self.params.world;
         let mut perm: Vec<SampleId> = (0..n).collect();
@@ -321,6 +357,9 @@ impl Plan {
 
     /// Algorithm 1: ownership in `cur.epoch + 1` and the transfers that get there.
     pub fn step(&self, cur: &EpochShares) -> Step {
+        if let Some(c) = &self.coded {
+            return c.step(cur);
+        }
         let m = self.params.world as usize;
         let k = self.exchange_count();
         let seed = self.params.seed;

@@ -1,0 +1,315 @@
+//! Start-up of a coded job: one MPI job, MPMD, the server first:
+//!
+//! ```text
+//! mpirun -np 1 shufflefs serve --source SRC : -np M shufflefs mount --exchange coded ...
+//! ```
+//!
+//! World rank 0 serves; world ranks `1..=M` are the compute ranks, which split off their own
+//! communicator so that everything that exists without a server (settings agreement,
+//! manifest, resume, mount, views, status) runs unchanged on it, rank = compute rank. The
+//! world communicator is kept for the exchange with the server.
+//!
+//! Phases on the world communicator, each a collective every rank reaches whatever happened
+//! before it, so a failure anywhere stops every rank with a message and no rank waits forever:
+//! 1. *Roles* (every `mount` under MPI takes part, coded or not): each rank says whether it
+//!    serves or mounts, with which `--exchange`, and its version; every rank judges the same
+//!    list ([`verdict`]): a server must be world rank 0 and alone, have compute ranks, and
+//!    every compute rank must mount with `--exchange coded`; `--exchange coded` needs a server.
+//! 2. *Split*: the compute ranks' communicator.
+//! 3. *Settings* (after the compute ranks' own start-up): compute rank 0 broadcasts the run's
+//!    settings and manifest, or why the compute ranks did not start. The server checks them
+//!    against its own options and source and answers in an all-gather; a refusal stops the
+//!    compute ranks before they mount. On consent every rank creates the multicast
+//!    communicators (`--multicast broadcast`; a ring needs none), one collective split each.
+//! 4. *Mounted*: the compute ranks tell the server whether they all mounted (if not, they
+//!    unmounted again and the server exits too).
+
+use serde::{Deserialize, Serialize};
+
+use crate::cli::{ExchangeMode, MountArgs};
+use crate::coded::Scheme;
+use crate::coded::groups::Communicators;
+use crate::comm::Comm;
+use crate::exchange::coded::Routes;
+use crate::exchange::coded::routes::Multicast;
+use crate::plan::{CodedShares, Plan};
+
+mod mode;
+mod server;
+
+pub use mode::{check_mode, record_mode};
+pub use server::serve;
+
+/// Split colors of phase 2.
+const SERVER_COLOR: u32 = 0;
+pub const COMPUTE_COLOR: u32 = 1;
+
+/// What phase 1 decided.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// No server: today's job, every rank a compute rank on the world communicator.
+    Plain,
+    /// A server at world rank 0 and coded compute ranks after it.
+    Coded,
+}
+
+/// What each rank says of itself in phase 1.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Role {
+    pub serve: bool,
+    pub coded: bool,
+    pub version: String,
+}
+
+impl Role {
+    pub fn mount(args: &MountArgs) -> Role {
+        Role {
+            serve: false,
+            coded: args.exchange == ExchangeMode::Coded,
+            version: env!("CARGO_PKG_VERSION").into(),
+        }
+    }
+
+    fn server() -> Role {
+        Role {
+            serve: true,
+            coded: true,
+            version: env!("CARGO_PKG_VERSION").into(),
+        }
+    }
+}
+
+const LAUNCH: &str = "start the server first in one MPMD job: mpirun -np 1 shufflefs serve --source SRC : -np M shufflefs mount --exchange coded --cache-fraction ALPHA ...";
+
+fn list(ranks: &[usize]) -> String {
+    let v: Vec<String> = ranks.iter().map(ToString::to_string).collect();
+    v.join(", ")
+}
+
+/// Phase 1's judgement of the world's roles (the same on every rank).
+pub fn verdict(roles: &[Role]) -> Result<Layout, String> {
+    let servers: Vec<usize> = (roles.iter().enumerate())
+        .filter(|(_, r)| r.serve)
+        .map(|(i, _)| i)
+        .collect();
+    let coded: Vec<usize> = (roles.iter().enumerate())
+        .filter(|(_, r)| !r.serve && r.coded)
+        .map(|(i, _)| i)
+        .collect();
+    let plain: Vec<usize> = (roles.iter().enumerate())
+        .filter(|(_, r)| !r.serve && !r.coded)
+        .map(|(i, _)| i)
+        .collect();
+    if let Some(other) = roles.iter().find(|r| r.version != roles[0].version) {
+        return Err(format!(
+            "ranks run different shufflefs versions ({} and {}); install the same build everywhere",
+            roles[0].version, other.version
+        ));
+    }
+    if servers.is_empty() {
+        return match coded.is_empty() {
+            true => Ok(Layout::Plain),
+            false => Err(format!(
+                "--exchange coded needs a `shufflefs serve` rank, and this job has none (world ranks {} mount with --exchange coded); {LAUNCH}",
+                list(&coded)
+            )),
+        };
+    }
+    if servers != [0] {
+        return Err(format!(
+            "`shufflefs serve` runs at world ranks {}; exactly one server, world rank 0, is supported: {LAUNCH}",
+            list(&servers)
+        ));
+    }
+    if roles.len() == 1 {
+        return Err(format!(
+            "a `shufflefs serve` rank without compute ranks has nothing to serve; {LAUNCH}"
+        ));
+    }
+    if !plain.is_empty() {
+        return Err(format!(
+            "world rank 0 is a `shufflefs serve` server, but world ranks {} mount without --exchange coded; start every compute rank with --exchange coded --cache-fraction ALPHA",
+            list(&plain)
+        ));
+    }
+    Ok(Layout::Coded)
+}
+
+/// Phase 1 on this rank.
+pub fn roles(world: &mut dyn Comm, mine: &Role) -> Result<Layout, String> {
+    let bytes = serde_json::to_vec(mine).expect("a role serializes");
+    let all = world
+        .all_gather(&bytes)
+        .map_err(|e| format!("learning the roles of the job's ranks: {e}"))?;
+    let roles: Vec<Role> = all
+        .iter()
+        .map(|b| serde_json::from_slice(b))
+        .collect::<Result<_, _>>()
+        .map_err(|_| "a rank of this job is not shufflefs, or another version of it".to_string())?;
+    verdict(&roles)
+}
+
+/// Phase 2 on a compute rank: its own communicator.
+pub fn split_compute(world: &mut dyn Comm) -> Result<Box<dyn Comm>, String> {
+    world
+        .split(COMPUTE_COLOR)
+        .map_err(|e| format!("splitting the compute ranks off the server: {e}"))
+}
+
+/// The run as compute rank 0 describes it to the server (phase 3).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Offer {
+    pub samples: u32,
+    pub ranks: u32,
+    pub seed: u64,
+    pub alpha: f64,
+    pub scheme: String,
+    pub nu: usize,
+    pub communicators: usize,
+    pub multicast: String,
+    pub epoch: u64,
+    pub format: String,
+    pub manifest_fingerprint: u32,
+}
+
+impl Offer {
+    pub fn new(args: &MountArgs, plan: &Plan, manifest_fingerprint: u32, epoch: u64) -> Offer {
+        let scheme = args.coded_scheme().expect("a coded mount");
+        Offer {
+            samples: plan.params().samples,
+            ranks: plan.params().world,
+            seed: plan.params().seed,
+            alpha: plan.coded_shares().map_or(0.0, CodedShares::alpha),
+            scheme: scheme.name().into(),
+            nu: args.nu,
+            communicators: args.communicators,
+            multicast: args.multicast.name().into(),
+            epoch,
+            format: format!("{:?}", args.format).to_lowercase(),
+            manifest_fingerprint,
+        }
+    }
+
+    fn multicast(&self) -> Result<Multicast, String> {
+        match self.multicast.as_str() {
+            "ring" => Ok(Multicast::Ring),
+            "broadcast" => Ok(Multicast::Broadcast),
+            m => Err(format!("unknown multicast {m:?}")),
+        }
+    }
+
+    fn scheme(&self) -> Result<Scheme, String> {
+        match self.scheme.as_str() {
+            "uncoded" => Ok(Scheme::Uncoded),
+            "coded" => Ok(Scheme::Coded),
+            "ubershuffle" => Ok(Scheme::Ubershuffle { nu: self.nu }),
+            s => Err(format!("unknown scheme {s:?}")),
+        }
+    }
+}
+
+/// Phase 3 on a compute rank: compute rank 0 sends `offer` (the others pass anything) or
+/// the compute ranks' start-up error; on the server's consent, creates the multicast
+/// communicators (`routes`: `--communicators`, `--cache-fraction` and the rank count are
+/// shared settings, so every rank builds the same set).
+pub fn offer(
+    world: &mut dyn Comm,
+    compute_rank: u32,
+    offer: Result<(Offer, Vec<u8>), String>,
+    routes: impl FnOnce() -> Result<Communicators, String>,
+    multicast: Multicast,
+) -> Result<Option<Routes>, String> {
+    let failed = offer.is_err();
+    let msg = match (compute_rank, offer) {
+        (0, Ok((o, manifest))) => {
+            let json = serde_json::to_vec(&o).expect("an offer serializes");
+            let mut m = vec![0u8];
+            m.extend_from_slice(&(json.len() as u64).to_le_bytes());
+            m.extend_from_slice(&json);
+            m.extend_from_slice(&manifest);
+            m
+        }
+        (0, Err(e)) => [&[1u8][..], e.as_bytes()].concat(),
+        _ => Vec::new(),
+    };
+    world
+        .broadcast(1, msg)
+        .map_err(|e| format!("sending the settings to the server: {e}"))?;
+    if failed {
+        return Ok(None); // the caller reports its own start-up error; the server has it too
+    }
+    let all = world
+        .all_gather(&[])
+        .map_err(|e| format!("hearing from the server: {e}"))?;
+    if let Some(m) = all.first().filter(|m| !m.is_empty()) {
+        return Err(format!(
+            "the coded-shuffle server (world rank 0) refused: {}",
+            String::from_utf8_lossy(m)
+        ));
+    }
+    let comms = routes()?;
+    Routes::create(world, Some(compute_rank as usize), comms, multicast)
+        .map(Some)
+        .map_err(|e| format!("creating the multicast communicators: {e}"))
+}
+
+/// The communicator set of a run (the same on every rank of it).
+pub fn communicators(ranks: u32, limit: usize, alpha: f64) -> Result<Communicators, String> {
+    Communicators::for_cache(ranks as usize, limit, alpha)
+        .map_err(|e| format!("--communicators: {e}"))
+}
+
+/// Phase 4 on a compute rank.
+pub fn mounted(world: &mut dyn Comm, ok: bool) -> Result<(), String> {
+    let mine: &[u8] = if ok { b"" } else { b"not mounted" };
+    world
+        .all_gather(mine)
+        .map(|_| ())
+        .map_err(|e| format!("telling the server the mounts are up: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn role(serve: bool, coded: bool) -> Role {
+        Role {
+            serve,
+            coded,
+            version: "1".into(),
+        }
+    }
+
+    #[test]
+    fn the_job_layout_is_judged_with_clear_refusals() {
+        let (s, c, p) = (role(true, true), role(false, true), role(false, false));
+        assert_eq!(verdict(&[p.clone(), p.clone()]), Ok(Layout::Plain));
+        assert_eq!(
+            verdict(&[s.clone(), c.clone(), c.clone()]),
+            Ok(Layout::Coded)
+        );
+        let no_server = verdict(&[c.clone(), c.clone()]).unwrap_err();
+        assert!(
+            no_server.contains("needs a `shufflefs serve` rank"),
+            "{no_server}"
+        );
+        assert!(
+            no_server.contains("mpirun -np 1 shufflefs serve"),
+            "{no_server}"
+        );
+        let alone = verdict(std::slice::from_ref(&s)).unwrap_err();
+        assert!(alone.contains("without compute ranks"), "{alone}");
+        let late = verdict(&[c.clone(), s.clone()]).unwrap_err();
+        assert!(late.contains("world rank 0"), "{late}");
+        let two = verdict(&[s.clone(), s.clone(), c.clone()]).unwrap_err();
+        assert!(two.contains("world ranks 0, 1"), "{two}");
+        let mixed = verdict(&[s.clone(), c.clone(), p.clone()]).unwrap_err();
+        assert!(
+            mixed.contains("world ranks 2 mount without --exchange coded"),
+            "{mixed}"
+        );
+        let mut old = c.clone();
+        old.version = "0".into();
+        assert!(verdict(&[s, c, old]).unwrap_err().contains("versions"));
+    }
+}

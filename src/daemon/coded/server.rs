@@ -1,0 +1,164 @@
+//! The server rank's side of a coded job's start-up (phases 1-4 of the parent module), then
+//! its serving loop (`exchange::coded::server`) until the compute ranks leave.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use super::{Layout, Offer, Role, SERVER_COLOR, communicators, roles};
+use crate::cli::ServeArgs;
+use crate::coded::groups::Communicators;
+use crate::comm::Comm;
+use crate::dataset::Manifest;
+use crate::exchange::coded::routes::Multicast;
+use crate::exchange::coded::server::Ended;
+use crate::exchange::coded::{Routes, ServeSettings, Server, ServerSamples};
+use crate::plan::CodedShares;
+
+/// The server's whole life: phases 1-4, then serving until the compute ranks leave.
+pub fn serve(args: &ServeArgs, world: &mut dyn Comm) -> Result<(), String> {
+    match roles(world, &Role::server())? {
+        Layout::Coded => {}
+        Layout::Plain => unreachable!("a server makes the layout coded or refused"),
+    }
+    drop(
+        world
+            .split(SERVER_COLOR)
+            .map_err(|e| format!("splitting the compute ranks off the server: {e}"))?,
+    );
+    let msg = world
+        .broadcast(1, Vec::new())
+        .map_err(|e| format!("receiving the settings from compute rank 0: {e}"))?;
+    let (offer, manifest_bytes) = match msg.split_first() {
+        Some((0, rest)) if rest.len() >= 8 => {
+            let len = u64::from_le_bytes(rest[..8].try_into().expect("8")) as usize;
+            let json = rest
+                .get(8..8 + len)
+                .ok_or("compute rank 0 sent cut settings")?;
+            let offer: Offer = serde_json::from_slice(json)
+                .map_err(|e| format!("compute rank 0 sent unreadable settings: {e}"))?;
+            (offer, &rest[8 + len..])
+        }
+        Some((1, why)) => {
+            return Err(format!(
+                "the compute ranks did not start, so there is nothing to serve: {}",
+                String::from_utf8_lossy(why)
+            ));
+        }
+        _ => return Err("compute rank 0 sent malformed settings".into()),
+    };
+    let checked = check(args, &offer, manifest_bytes, world.size() - 1);
+    let verdict = checked.as_ref().err().cloned().unwrap_or_default();
+    world
+        .all_gather(verdict.as_bytes())
+        .map_err(|e| format!("answering the compute ranks: {e}"))?;
+    let (settings, manifest, comms, multicast) = checked?;
+    let routes = Routes::create(world, None, comms, multicast)
+        .map_err(|e| format!("creating the multicast communicators: {e}"))?;
+    let mounts = world
+        .all_gather(&[])
+        .map_err(|e| format!("hearing whether the compute ranks mounted: {e}"))?;
+    if mounts.iter().skip(1).any(|m| !m.is_empty()) {
+        return Err("the compute ranks did not all mount (they say why); nothing to serve".into());
+    }
+    tracing::info!(
+        ranks = offer.ranks,
+        samples = offer.samples,
+        alpha = offer.alpha,
+        scheme = settings.scheme.name(),
+        epoch = offer.epoch,
+        memory = args.memory,
+        "serving the coded shuffle"
+    );
+    let manifest = Arc::new(manifest);
+    let dataset = args.format.open(&args.source, manifest.clone());
+    let samples = ServerSamples::new(dataset, manifest, args.memory);
+    tracing::info!(
+        communicators = routes.created(),
+        multicast = multicast.name(),
+        exact_upto = routes.communicators().exact_upto(),
+        "multicast communicators created"
+    );
+    let mut server = Server::new(settings, routes, samples);
+    match server.serve(world, &AtomicBool::new(false)) {
+        Ok(Ended::RankLeft(r)) => {
+            tracing::info!(world_rank = r, "a compute rank left; the server stops");
+            Ok(())
+        }
+        Ok(Ended::Disagree(why)) => Err(format!("stopped serving: {why}")),
+        Err(e) => Err(format!("talking to the compute ranks: {e}")),
+    }
+}
+
+/// The server's checks of an offer against its own options and source.
+fn check(
+    args: &ServeArgs,
+    offer: &Offer,
+    manifest_bytes: &[u8],
+    ranks: u32,
+) -> Result<(ServeSettings, Manifest, Communicators, Multicast), String> {
+    if offer.ranks != ranks {
+        return Err(format!(
+            "compute rank 0 plans for {} ranks, the job has {ranks}",
+            offer.ranks
+        ));
+    }
+    if let Some(seed) = args.seed.filter(|&s| s != offer.seed) {
+        return Err(format!(
+            "the server was started with --seed {seed}, the compute ranks use {}; give both the same --seed, or none to the server",
+            offer.seed
+        ));
+    }
+    let format = format!("{:?}", args.format).to_lowercase();
+    if format != offer.format {
+        return Err(format!(
+            "the server reads --format {format}, the compute ranks {}",
+            offer.format
+        ));
+    }
+    if crc32c::crc32c(manifest_bytes) != offer.manifest_fingerprint {
+        return Err("the manifest from compute rank 0 arrived damaged".into());
+    }
+    let manifest = Manifest::decode(manifest_bytes)
+        .map_err(|e| format!("the manifest from compute rank 0 is unreadable: {e}"))?;
+    args.format
+        .check_source(&args.source)
+        .map_err(|e| format!("--source {}: {e}", args.source.display()))?;
+    let shares = CodedShares::new(offer.samples, offer.ranks, offer.alpha, offer.seed)
+        .map_err(|e| e.to_string())?;
+    let scheme = offer.scheme()?;
+    let comms = communicators(offer.ranks, offer.communicators, offer.alpha)?;
+    let multicast = offer.multicast()?;
+    // A few samples read as a check that the server's source is the compute ranks' dataset.
+    let n = manifest.len();
+    let dataset = args.format.open(
+        &args.source,
+        Arc::new(Manifest::decode(manifest_bytes).expect("decoded above")),
+    );
+    for id in [0, n / 2, n.saturating_sub(1)]
+        .into_iter()
+        .filter(|&i| i < n)
+    {
+        let mut bytes = Vec::new();
+        let got = dataset.copy_to(id, &mut bytes).map_err(|e| {
+            format!(
+                "the server's --source {} does not hold the compute ranks' dataset: {}: {e}",
+                args.source.display(),
+                dataset.describe(id)
+            )
+        })?;
+        if let Some(want) = manifest.size(id).filter(|&w| w != got.len) {
+            return Err(format!(
+                "the server's --source {} does not hold the compute ranks' dataset: {} is {} bytes, {want} in their index",
+                args.source.display(),
+                dataset.describe(id),
+                got.len
+            ));
+        }
+    }
+    let settings = ServeSettings {
+        shares,
+        scheme,
+        epoch: offer.epoch,
+    };
+    Ok((settings, manifest, comms, multicast))
+}

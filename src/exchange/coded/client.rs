@@ -1,0 +1,307 @@
+//! A compute rank's side of the coded exchange (protocol in the parent module).
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use super::{CodedReport, LAST, MORE, Request, Routes, STOP, comm_err, recv_piece, send_request};
+use super::{routes, wire};
+use crate::cache::SampleStore;
+use crate::coded::packet::{self, DecodeError};
+use crate::coded::placement::RandomPlacement;
+use crate::coded::{Instance, Node, Scheme, Transmission, plan};
+use crate::comm::Comm;
+use crate::exchange::{ExchangeError, ExchangeState, ExchangeTracker};
+use crate::plan::{Plan, Rank, SampleId, Step};
+
+/// One compute rank's coded exchanges, epoch after epoch.
+pub struct CodedClient {
+    node: Node,
+    scheme: Scheme,
+    /// Every rank's cache at the epoch before the next exchange.
+    placement: RandomPlacement,
+    routes: Routes,
+    /// Why the coded exchange ended for good (the server stopped it), if it did.
+    stopped: Option<String>,
+}
+
+impl CodedClient {
+    /// Compute rank `rank` of a coded `plan`, whose next exchange leaves `epoch`.
+    pub fn new(plan: &Plan, rank: Rank, scheme: Scheme, routes: Routes, epoch: u64) -> Self {
+        let shares = plan
+            .coded_shares()
+            .expect("a coded client needs the coded plan");
+        CodedClient {
+            node: rank as Node,
+            scheme,
+            placement: shares.placement_at(epoch),
+            routes,
+            stopped: None,
+        }
+    }
+
+    /// This rank's part of the exchange into `step.next.epoch`; must be called by every
+    /// compute rank for the same step while the server serves it, on the thread that owns
+    /// `world`. Calls `settled` once, when this rank holds what the exchange brings or it
+    /// failed.
+    pub fn run(
+        &mut self,
+        world: &mut dyn Comm,
+        store: &SampleStore,
+        step: &Step,
+        tracker: &ExchangeTracker,
+        abort: &AtomicBool,
+        settled: &mut dyn FnMut(Result<(), &ExchangeError>),
+    ) -> Result<(), ExchangeError> {
+        let target = step.next.epoch;
+        let started = Instant::now();
+        tracker.update(target, |r| r.state = ExchangeState::Running);
+        let result = self.exchange(world, store, target, tracker, abort);
+        let seconds = started.elapsed().as_secs_f64();
+        tracker.update(target, |r| {
+            r.state = match result {
+                Ok(()) => ExchangeState::Done,
+                Err(_) => ExchangeState::Failed,
+            };
+            r.error = result.as_ref().err().map(ToString::to_string);
+            r.settled_seconds = seconds;
+            r.seconds = seconds;
+        });
+        settled(result.as_ref().map(|_| ()));
+        result
+    }
+
+    fn exchange(
+        &mut self,
+        world: &mut dyn Comm,
+        store: &SampleStore,
+        target: u64,
+        tracker: &ExchangeTracker,
+        abort: &AtomicBool,
+    ) -> Result<(), ExchangeError> {
+        if let Some(why) = &self.stopped {
+            return Err(ExchangeError::Local(why.clone()));
+        }
+        // The daemon is going away: start nothing (its goodbye follows, so the server stops
+        // waiting for this rank). An exchange already under way is not given up: once every
+        // rank said hello it ends in bounded time (each step is collective over ranks that
+        // are all in it, and a rank that dies makes the launcher end the job), while giving
+        // up would leave MPI transfers in flight and cost the whole job (see `comm`).
+        if abort.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(ExchangeError::Local(
+                "the daemon is shutting down; the exchange did not start".into(),
+            ));
+        }
+        let abort = &AtomicBool::new(false);
+        let from = target - 1;
+        if self.placement.epoch() > from {
+            return Err(ExchangeError::Local(format!(
+                "coded exchange into epoch {target} asked after epoch {} was planned",
+                self.placement.epoch()
+            )));
+        }
+        self.placement.advance_to(from);
+        let me = self.node;
+        let mut report = CodedReport {
+            scheme: self.scheme.name(),
+            multicast: self.routes.multicast().name(),
+            ..CodedReport::default()
+        };
+
+        // The cache holds C^t from here on (the view's share is part of it), plus whatever of
+        // the next share an interrupted attempt (before a crash) already brought.
+        let cache: BTreeSet<SampleId> = self.placement.caches()[me].clone();
+        let next: BTreeSet<SampleId> = self.placement.shares(target).remove(me);
+        drop_outside(store, &cache, &next);
+        let share: BTreeSet<SampleId> = self.placement.shares(from).remove(me);
+        let lacking: Vec<SampleId> = cache
+            .difference(&share)
+            .copied()
+            .filter(|&id| !store.contains(id))
+            .collect();
+        let req = Request::Want {
+            epoch: target,
+            ids: lacking,
+        };
+        send_request(world, &req, abort).map_err(|e| comm_err(target, e))?;
+        let (n, bytes) = self.receive_plain(world, store, target, abort)?;
+        report.cache_fill_samples = n;
+        report.plain_bytes_received += bytes;
+
+        let inst: Instance = self.placement.next_instance();
+        let txs = plan(&inst, self.scheme);
+        report.packets_planned = txs.len() as u64;
+        let missing: u64 = inst.missing(me).count() as u64;
+        tracker.update(target, |r| {
+            r.samples_to_receive = missing;
+            r.coded = Some(report.clone());
+        });
+        let mut failed: Vec<SampleId> = Vec::new();
+        let size = |id: SampleId| store.manifest().size(id);
+        for burst in self.routes.bursts(&txs, size) {
+            if !self.routes.reaches(burst.route, me) {
+                continue;
+            }
+            let msg = (self.routes)
+                .deliver(world, burst.route, Vec::new(), abort)
+                .map_err(|e| comm_err(target, e))?;
+            let txs = &txs[burst.packets.clone()];
+            let packets = routes::unpack(&msg, txs.len());
+            for (i, tx) in txs.iter().enumerate() {
+                let packet = packets.as_ref().map_or(&[][..], |p| p[i]);
+                take_packet(store, me, tx, packet, &mut report, &mut failed);
+            }
+        }
+        tracker.update(target, |r| r.coded = Some(report.clone()));
+
+        let asked = failed.len() as u64;
+        let req = Request::Want {
+            epoch: target,
+            ids: failed,
+        };
+        send_request(world, &req, abort).map_err(|e| comm_err(target, e))?;
+        let (n, bytes) = self.receive_plain(world, store, target, abort)?;
+        if n < asked {
+            tracing::warn!(
+                asked,
+                got = n,
+                "the server could not send every sample asked for; the rest come from the source"
+            );
+        }
+        report.fallback_samples = n;
+        report.plain_bytes_received += bytes;
+        let received = report.samples_decoded + report.fallback_samples;
+        let bytes = report.packet_bytes_received + report.plain_bytes_received;
+        tracker.update(target, |r| {
+            r.samples_received = received;
+            r.bytes_received = bytes;
+            r.bytes_across_hosts = bytes;
+            r.coded = Some(report);
+        });
+        if let Err(e) = store.sync() {
+            return Err(ExchangeError::Sync(e));
+        }
+        Ok(())
+    }
+
+    /// Receives the server's plain samples until its last piece; returns how many were
+    /// stored and the bytes received. A stop ends the coded exchange for good.
+    fn receive_plain(
+        &mut self,
+        world: &mut dyn Comm,
+        store: &SampleStore,
+        target: u64,
+        abort: &AtomicBool,
+    ) -> Result<(u64, u64), ExchangeError> {
+        let (mut n, mut bytes) = (0u64, 0u64);
+        loop {
+            let (more, bundle) = recv_piece(world, abort).map_err(|e| comm_err(target, e))?;
+            if more == STOP {
+                let why = "the coded-shuffle server stopped serving (a compute rank left or the ranks disagree on the epoch); what the exchange lacks comes from the source".to_string();
+                self.stopped = Some(why.clone());
+                return Err(ExchangeError::Local(why));
+            }
+            bytes += bundle.len() as u64;
+            let entries = wire::unbundle(&bundle)
+                .map_err(|e| ExchangeError::Local(format!("plain samples from the server: {e}")))?;
+            for p in entries {
+                let Some(b) = p.bytes else { continue };
+                match store_bytes(store, p.id, b, p.crc) {
+                    Ok(()) => n += 1,
+                    Err(e) => {
+                        tracing::warn!(sample = p.id, error = %e, "cannot store a sample from the server")
+                    }
+                }
+            }
+            if more != MORE {
+                debug_assert_eq!(more, LAST);
+                return Ok((n, bytes));
+            }
+        }
+    }
+
+    /// Tells the server this rank is leaving (unless the coded exchange already ended).
+    /// The server waits for every rank's next hello between steps, so this small send always
+    /// finds its receive; it ignores the daemon's abort flag, which a shutdown may have set.
+    pub fn goodbye(&mut self, world: &mut dyn Comm) {
+        if self.stopped.is_some() {
+            return;
+        }
+        self.stopped = Some("this rank is leaving".into());
+        if let Err(e) = send_request(world, &Request::Bye, &AtomicBool::new(false)) {
+            tracing::warn!(error = %e, "could not tell the coded-shuffle server this rank leaves");
+        }
+    }
+}
+
+/// Takes one packet this rank received: decodes its part for `me` (if any) from the cache,
+/// stores it once its CRC passed, or notes the sample in `failed` for a plain re-request.
+fn take_packet(
+    store: &SampleStore,
+    me: Node,
+    tx: &Transmission,
+    packet: &[u8],
+    report: &mut CodedReport,
+    failed: &mut Vec<SampleId>,
+) {
+    report.packets_received += 1;
+    report.packet_bytes_received += packet.len() as u64;
+    let Some(&(want, _)) = tx.parts.iter().find(|&&(_, r)| r == me) else {
+        return; // in the group, nothing to decode
+    };
+    let mut cached = |s: SampleId| store.contains(s).then(|| store.read(s).ok()).flatten();
+    let decoding = Instant::now();
+    let decoded = packet::decode(packet, me, &mut cached);
+    report.decode_seconds += decoding.elapsed().as_secs_f64();
+    match decoded {
+        Ok(samples) if samples.iter().any(|(s, _)| *s == want) => {
+            for (s, bytes) in samples {
+                match store_bytes(store, s, &bytes, crc32c::crc32c(&bytes)) {
+                    Ok(()) => report.samples_decoded += 1,
+                    Err(e) => {
+                        tracing::warn!(sample = s, error = %e, "cannot store a decoded sample; asking the server for it");
+                        failed.push(s);
+                    }
+                }
+            }
+        }
+        Ok(_) => {
+            report.decode_failures += 1;
+            failed.push(want);
+        }
+        Err(e) => {
+            if let DecodeError::Stale { sample, .. } = e {
+                // Our copy differs from the server's: it must not serve reads either (a
+                // reader of it gets it from the source).
+                let _ = store.remove(sample);
+            }
+            tracing::debug!(sample = want, error = %e, "cannot decode a packet; asking the server for the plain sample");
+            report.decode_failures += 1;
+            failed.push(want);
+        }
+    }
+}
+
+/// Writes `bytes` as sample `id`, checked against `crc` and the sample's known size.
+fn store_bytes(store: &SampleStore, id: SampleId, bytes: &[u8], crc: u32) -> std::io::Result<()> {
+    if store.contains(id) {
+        return Ok(());
+    }
+    store
+        .insert_with(id, |out: &mut dyn Write| {
+            out.write_all(bytes)?;
+            Ok(Some(crc))
+        })
+        .map(|_| ())
+}
+
+/// Drops every cached sample outside `cache` and `next`.
+fn drop_outside(store: &SampleStore, cache: &BTreeSet<SampleId>, next: &BTreeSet<SampleId>) {
+    let keep = |id: &SampleId| cache.contains(id) || next.contains(id);
+    for id in (0..store.manifest().len()).filter(|&id| store.contains(id) && !keep(&id)) {
+        if let Err(e) = store.remove(id) {
+            tracing::warn!(sample = id, error = %e, "could not drop a sample that left the cache");
+        }
+    }
+}
