@@ -50,13 +50,21 @@ fn list(var: &str, default: &[f64]) -> Vec<f64> {
 }
 
 fn main() {
-    let qs = list("SHUFFLEFS_FIG5_Q", &[1e4, 1e5]);
-    let alphas = list(
-        "SHUFFLEFS_FIG5_ALPHAS",
-        &(0..12)
-            .map(|i| f64::from(100 + 75 * i) / 1000.0)
-            .collect::<Vec<_>>(),
-    );
+    // `cargo bench` passes --bench; under `cargo test --all-targets` (a debug build), a smoke
+    // run of two rows.
+    let full = std::env::args().any(|a| a == "--bench");
+    let (qs, alphas) = match full {
+        true => (
+            list("SHUFFLEFS_FIG5_Q", &[1e4, 1e5]),
+            list(
+                "SHUFFLEFS_FIG5_ALPHAS",
+                &(0..12)
+                    .map(|i| f64::from(100 + 75 * i) / 1000.0)
+                    .collect::<Vec<_>>(),
+            ),
+        ),
+        false => (vec![1e3], vec![0.25, 0.55]),
+    };
     println!("n = {N}, nu = {NU}, one seeded epoch per row (seed 1)");
     println!(
         "{:>8} {:>6} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>7} {:>8}",

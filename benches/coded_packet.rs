@@ -43,10 +43,13 @@ fn sample(s: u32, len: usize) -> Vec<u8> {
 }
 
 fn main() {
+    // `cargo bench` passes --bench; under `cargo test --all-targets` (a debug build), a smoke
+    // run of 1 MB per row.
+    let full = std::env::args().any(|a| a == "--bench");
     let volume: usize = std::env::var("SHUFFLEFS_BENCH_MB")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(256)
+        .unwrap_or(if full { 256 } else { 1 })
         << 20;
     println!(
         "{:>10} {:>3} {:>14} {:>14} {:>14}",
