@@ -11,7 +11,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use common::mpi_job::{MpiJob, exchange, wait_all};
+use common::mpi_job::{MpiJob, checked_listing, exchange, wait_all};
 use common::*;
 use serde_json::Value;
 use shufflefs::plan::PlanParams;
@@ -22,32 +22,6 @@ const FRACTION: f64 = 0.5;
 const CLASSES: u32 = 4;
 const PER_CLASS: u32 = 30;
 const SAMPLES: u64 = (CLASSES * PER_CLASS) as u64;
-
-/// `class/name` of every file of `epoch` on `mnt` (looking it up advances to it), each read
-/// and compared with the source.
-fn listing(dir: &Path, mnt: &Path, epoch: u64) -> BTreeSet<String> {
-    let view = mnt.join(format!("epoch-{epoch}"));
-    let mut out = BTreeSet::new();
-    for class in std::fs::read_dir(&view).unwrap() {
-        let class = class.unwrap();
-        for f in std::fs::read_dir(class.path()).unwrap() {
-            let f = f.unwrap();
-            let rel = format!(
-                "{}/{}",
-                class.file_name().to_string_lossy(),
-                f.file_name().to_string_lossy()
-            );
-            let got = std::fs::read(f.path()).unwrap();
-            assert!(
-                got == std::fs::read(dir.join("src").join(&rel)).unwrap(),
-                "{rel} on {} differs from the source",
-                mnt.display()
-            );
-            out.insert(rel);
-        }
-    }
-    out
-}
 
 /// What the pure plan gives `rank` at `epoch` for `history`.
 fn predicted(src: &Path, history: &History, epoch: u64, rank: u32) -> BTreeSet<String> {
@@ -71,7 +45,7 @@ fn check_epoch(dir: &Path, job: &MpiJob, history: &History, epoch: u64) {
     let mut all = BTreeSet::new();
     let mut total = 0;
     for r in 0..job.mounts.len() {
-        let got = listing(dir, &job.mounts[r], epoch);
+        let got = checked_listing(dir, &job.mounts[r], epoch);
         assert_eq!(
             got,
             predicted(&dir.join("src"), history, epoch, r as u32),

@@ -1,25 +1,13 @@
 //! Properties of elastic restarts (the pure remap and the plan over a history of world
 //! sizes) over many datasets, seeds and chains of resizes M -> M' -> M'' -> ...
 
+#[path = "common/shares.rs"]
+mod shares;
+
 use proptest::prelude::*;
+use shares::assert_partition;
 use shufflefs::plan::elastic::{ElasticPlan, History, remap};
 use shufflefs::plan::{EpochShares, PlanParams};
-
-fn assert_partition(shares: &EpochShares, n: u32) {
-    let mut owner = vec![None; n as usize];
-    for (r, share) in shares.shares.iter().enumerate() {
-        assert!(
-            share.windows(2).all(|w| w[0] < w[1]),
-            "share {r} not sorted/unique"
-        );
-        for &s in share {
-            assert!(s < n, "sample {s} out of range");
-            assert_eq!(owner[s as usize], None, "sample {s} owned twice");
-            owner[s as usize] = Some(r);
-        }
-    }
-    assert!(owner.iter().all(Option::is_some), "a sample has no owner");
-}
 
 fn assert_balanced(shares: &EpochShares) {
     let sizes: Vec<usize> = shares.shares.iter().map(Vec::len).collect();

@@ -1,7 +1,11 @@
 //! Properties of the pure plan over many (samples, ranks, Q, seed, epochs), in both exchange
 //! scopes (and, for node scope, many host layouts).
 
+#[path = "common/shares.rs"]
+mod shares;
+
 use proptest::prelude::*;
+use shares::assert_partition;
 use shufflefs::plan::{EpochShares, ExchangeScope, HostLayout, Plan, PlanParams, Step};
 
 fn params() -> impl Strategy<Value = PlanParams> {
@@ -23,22 +27,6 @@ fn params_on_hosts() -> impl Strategy<Value = (PlanParams, Vec<u32>)> {
         (Just(p), labels)
             .prop_flat_map(|(p, n)| (Just(p), prop::collection::vec(0..n, p.world as usize)))
     })
-}
-
-fn assert_partition(shares: &EpochShares, n: u32) {
-    let mut owner = vec![None; n as usize];
-    for (r, share) in shares.shares.iter().enumerate() {
-        assert!(
-            share.windows(2).all(|w| w[0] < w[1]),
-            "share {r} not sorted/unique"
-        );
-        for &s in share {
-            assert!(s < n, "sample {s} out of range");
-            assert_eq!(owner[s as usize], None, "sample {s} owned twice");
-            owner[s as usize] = Some(r);
-        }
-    }
-    assert!(owner.iter().all(Option::is_some), "a sample has no owner");
 }
 
 fn assert_balanced(shares: &EpochShares) {

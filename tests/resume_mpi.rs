@@ -8,11 +8,10 @@
 
 mod common;
 
-use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::mpi_job::{MpiJob, exchange, planned, wait_all};
+use common::mpi_job::{MpiJob, checked_listing, exchange, planned, wait_all};
 use common::*;
 use shufflefs::sys::mounts::is_mounted;
 
@@ -20,36 +19,10 @@ const RANKS: u32 = 4;
 const SEED: u64 = 9;
 const FRACTION: f64 = 0.5;
 
-/// `class/name` of every file of `epoch` on `mnt` (looking it up advances to it), each read
-/// and compared with the source.
-fn listing(dir: &Path, mnt: &Path, epoch: u64) -> BTreeSet<String> {
-    let view = mnt.join(format!("epoch-{epoch}"));
-    let mut out = BTreeSet::new();
-    for class in std::fs::read_dir(&view).unwrap() {
-        let class = class.unwrap();
-        for f in std::fs::read_dir(class.path()).unwrap() {
-            let f = f.unwrap();
-            let rel = format!(
-                "{}/{}",
-                class.file_name().to_string_lossy(),
-                f.file_name().to_string_lossy()
-            );
-            let got = std::fs::read(f.path()).unwrap();
-            assert!(
-                got == std::fs::read(dir.join("src").join(&rel)).unwrap(),
-                "{rel} on {} differs from the source",
-                mnt.display()
-            );
-            out.insert(rel);
-        }
-    }
-    out
-}
-
 fn check_epoch(dir: &Path, job: &MpiJob, epoch: u64) {
     for r in 0..RANKS {
         assert_eq!(
-            listing(dir, &job.mounts[r as usize], epoch),
+            checked_listing(dir, &job.mounts[r as usize], epoch),
             planned(&dir.join("src"), (RANKS, SEED, FRACTION), epoch, r),
             "rank {r} epoch {epoch} differs from an uninterrupted run"
         );

@@ -1,5 +1,6 @@
 //! A real `mpirun` job of shufflefs daemons for the multi-rank tests.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -196,4 +197,31 @@ pub fn planned(
         .iter()
         .map(|&id| m.relative_path(id).to_string_lossy().into_owned())
         .collect()
+}
+
+/// `class/name` of every file of `epoch` on `mnt` (looking it up advances to it), each read
+/// and compared with `dir/src`, the source of
+/// `DatasetBuilder` trees.
+pub fn checked_listing(dir: &Path, mnt: &Path, epoch: u64) -> BTreeSet<String> {
+    let view = mnt.join(format!("epoch-{epoch}"));
+    let mut out = BTreeSet::new();
+    for class in std::fs::read_dir(&view).unwrap() {
+        let class = class.unwrap();
+        for f in std::fs::read_dir(class.path()).unwrap() {
+            let f = f.unwrap();
+            let rel = format!(
+                "{}/{}",
+                class.file_name().to_string_lossy(),
+                f.file_name().to_string_lossy()
+            );
+            let got = std::fs::read(f.path()).unwrap();
+            assert!(
+                got == std::fs::read(dir.join("src").join(&rel)).unwrap(),
+                "{rel} on {} differs from the source",
+                mnt.display()
+            );
+            out.insert(rel);
+        }
+    }
+    out
 }
