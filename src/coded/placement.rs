@@ -32,10 +32,12 @@ pub enum PlacementError {
     #[error("{nodes} nodes: between 1 and {} are supported", super::MAX_NODES)]
     Nodes { nodes: usize },
     #[error(
-        "a cache of {cache} samples (alpha = {alpha}) cannot hold a share of {share}: alpha must be at least 1/n"
+        "a cache of {cache} samples (alpha = {alpha} of {samples} samples) cannot hold a share of {share} ({nodes} ranks): alpha must be at least 1/{nodes}, and a dataset smaller than expected may be the index an earlier source left in the cache (--reset-cache rebuilds it)"
     )]
     CacheTooSmall {
         alpha: f64,
+        samples: u32,
+        nodes: usize,
         cache: usize,
         share: usize,
     },
@@ -72,6 +74,8 @@ impl RandomPlacement {
         if cache_size < share {
             return Err(PlacementError::CacheTooSmall {
                 alpha,
+                samples,
+                nodes,
                 cache: cache_size,
                 share,
             });
