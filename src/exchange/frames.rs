@@ -84,7 +84,40 @@ pub(super) fn write_stream(
         pos: 0,
     };
     let mut progress = Progress::new(tracker, target, Some(peer));
-    for &(id, size) in ids {
+    let mut i = 0;
+    while i < ids.len() {
+        // A run of small samples lying whole (with their checksums) in the current frame
+        // goes in as one batch, straight from the frame.
+        let have = input.chunk().len();
+        let (mut end, mut at) = (i, 0usize);
+        while end < ids.len() && end - i < BATCH {
+            let size = ids[end].1;
+            if size > BATCH_SAMPLE || at + size as usize + 4 > have {
+                break;
+            }
+            at += size as usize + 4;
+            end += 1;
+        }
+        if end > i {
+            let run = &ids[i..end];
+            let bytes = &input.buf[input.pos..input.pos + at];
+            let mut batch = Vec::with_capacity(run.len());
+            let mut off = 0;
+            for &(id, size) in run {
+                let (data, rest) = bytes[off..].split_at(size as usize);
+                let crc = u32::from_le_bytes(rest[..4].try_into().expect("4 bytes"));
+                batch.push((id, data, crc));
+                off += size as usize + 4;
+            }
+            let results = store.insert_batch(&batch);
+            input.pos += at;
+            for (result, &(id, size)) in results.into_iter().zip(run) {
+                received(result, id, size, &mut progress)?;
+            }
+            i = end;
+            continue;
+        }
+        let (id, size) = ids[i];
         let stored = store.insert_with(id, |file| {
             input.copy_to(size, file)?;
             let mut crc = [0u8; 4];
@@ -92,9 +125,15 @@ pub(super) fn write_stream(
             Ok(Some(u32::from_le_bytes(crc)))
         });
         received(stored, id, size, &mut progress)?;
+        i += 1;
     }
     Ok(())
 }
+
+/// Samples at most this large are written in batches when they lie whole in a frame.
+const BATCH_SAMPLE: u64 = 64 << 10;
+/// Samples in one batch at most.
+const BATCH: usize = 256;
 
 /// Counts what became of a received sample; `Err` if the cache cannot take it.
 fn received(
