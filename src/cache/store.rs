@@ -584,6 +584,23 @@ impl SampleStore {
         self.backend.open(id)
     }
 
+    /// [`open_checked`](Self::open_checked) for each of `ids`, whole, handed to `each` in
+    /// order with its position in `ids` (through [`CacheBackend::read_each`]): what the
+    /// exchange's sender uses for runs of small samples.
+    pub fn read_each(
+        &self,
+        ids: &[SampleId],
+        each: &mut dyn FnMut(usize, io::Result<super::Borrowed<'_>>),
+    ) {
+        let mut failed: Vec<Option<io::Error>> =
+            ids.iter().map(|&id| self.ensure(id).err()).collect();
+        self.backend
+            .read_each(ids, &mut |i, read| match failed[i].take() {
+                Some(e) => each(i, Err(e)),
+                None => each(i, read),
+            });
+    }
+
     /// Reads up to `buf.len()` bytes of cached sample `id` at `offset`.
     pub fn read_at(&self, id: SampleId, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
         self.backend.read_at(id, offset, buf)

@@ -31,7 +31,48 @@ pub(super) fn read_stream(
     };
     let mut unreadable = Vec::new();
     let mut progress = Progress::new(tracker, target, None);
-    for &(id, size) in ids {
+    let mut i = 0;
+    while i < ids.len() {
+        // A run of small samples is read as one (`SampleStore::read_each`).
+        let end = (i..ids.len().min(i + BATCH))
+            .find(|&k| ids[k].1 > BATCH_SAMPLE)
+            .unwrap_or(ids.len().min(i + BATCH));
+        if end > i {
+            let run = &ids[i..end];
+            let run_ids: Vec<SampleId> = run.iter().map(|s| s.0).collect();
+            let mut shipped = Ok(());
+            store.read_each(&run_ids, &mut |k, read| {
+                if shipped.is_err() {
+                    return;
+                }
+                let (id, size) = run[k];
+                let mut crc = 0;
+                let (sent, recorded, error) = match read {
+                    Ok(stored) => {
+                        let n = stored.bytes.len().min(size as usize);
+                        if let Err(e) = out.put(&stored.bytes[..n], &mut crc) {
+                            shipped = Err(e);
+                            return;
+                        }
+                        (n as u64, stored.recorded_crc, None)
+                    }
+                    Err(e) => (0, None, Some(e)),
+                };
+                let sample = Sample {
+                    id,
+                    size,
+                    sent,
+                    crc,
+                    recorded,
+                    error,
+                };
+                shipped = sample.end(store, &mut out, &mut unreadable, &mut progress);
+            });
+            shipped.map_err(stopped)?;
+            i = end;
+            continue;
+        }
+        let (id, size) = ids[i];
         let mut crc = 0;
         let (sent, recorded, error) = match store.open_checked(id) {
             Ok(mut stored) => {
@@ -42,6 +83,53 @@ pub(super) fn read_stream(
             }
             Err(e) => (0, None, Some(e)),
         };
+        let sample = Sample {
+            id,
+            size,
+            sent,
+            crc,
+            recorded,
+            error,
+        };
+        sample
+            .end(store, &mut out, &mut unreadable, &mut progress)
+            .map_err(stopped)?;
+        i += 1;
+    }
+    progress.publish();
+    out.finish().map_err(stopped)?;
+    Ok(unreadable)
+}
+
+/// A sample being sent, once what could be read of it is in the frame.
+struct Sample {
+    id: SampleId,
+    size: u64,
+    /// Bytes of it in the frame so far, and their checksum.
+    sent: u64,
+    crc: u32,
+    /// The checksum recorded when it was cached, and why it could not be read whole.
+    recorded: Option<u32>,
+    error: Option<io::Error>,
+}
+
+impl Sample {
+    /// Pads what could not be read with zeros and writes the checksum (see `read_stream`).
+    fn end(
+        self,
+        store: &SampleStore,
+        out: &mut FrameWriter,
+        unreadable: &mut Vec<SampleId>,
+        progress: &mut Progress,
+    ) -> io::Result<()> {
+        let Sample {
+            id,
+            size,
+            sent,
+            mut crc,
+            recorded,
+            error,
+        } = self;
         if sent < size {
             let error = error.map_or_else(|| "file is short".to_string(), |e| e.to_string());
             tracing::warn!(
@@ -49,7 +137,7 @@ pub(super) fn read_stream(
                 error,
                 "cannot read a sample to send; receiver will refetch"
             );
-            out.fill_zeros(size - sent, &mut crc).map_err(stopped)?;
+            out.fill_zeros(size - sent, &mut crc)?;
             crc = !crc;
             unreadable.push(id);
         } else if let Some(recorded) = recorded.filter(|&r| r != crc) {
@@ -60,11 +148,8 @@ pub(super) fn read_stream(
             progress.sent += 1;
             progress.tick(size);
         }
-        out.write_all(&crc.to_le_bytes()).map_err(stopped)?;
+        out.write_all(&crc.to_le_bytes())
     }
-    progress.publish();
-    out.finish().map_err(stopped)?;
-    Ok(unreadable)
 }
 
 /// Turns incoming frames back into one cache file per sample, checking each against the
@@ -307,6 +392,12 @@ impl FrameWriter<'_> {
             self.ship_if_full()?;
         }
         Ok((done, None))
+    }
+
+    /// Adds `data` to the frames and to the checksum `crc`.
+    fn put(&mut self, data: &[u8], crc: &mut u32) -> io::Result<()> {
+        *crc = crc32c::crc32c_append(*crc, data);
+        self.write_all(data)
     }
 
     fn fill_zeros(&mut self, len: u64, crc: &mut u32) -> io::Result<()> {

@@ -75,7 +75,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, SystemTime};
 
-use super::backend::{CacheBackend, Claim, ClaimSet, Commit, Recovered, SampleWriter, Stored};
+use super::backend::{
+    Borrowed, CacheBackend, Claim, ClaimSet, Commit, Recovered, SampleWriter, Stored,
+};
 use super::store::Bitset;
 use crate::plan::SampleId;
 use crate::sys::io::read_full_at;
@@ -722,6 +724,80 @@ impl CacheBackend for PackedBackend {
             }),
             recorded_crc: Some(h.crc),
         })
+    }
+
+    /// Looks every id up under one read lock of the index, then lends each record's bytes
+    /// straight from its segment's mapping (after the checks [`open`](Self::open) makes);
+    /// a record outside a mapping is read through `open`.
+    fn read_each(&self, ids: &[SampleId], each: &mut dyn FnMut(usize, io::Result<Borrowed<'_>>)) {
+        let mut segs: Vec<Arc<SegFile>> = Vec::new();
+        let located: Vec<Option<(Entry, usize)>> = {
+            let st = self.inner.read();
+            ids.iter()
+                .map(|&id| match st.index.get(id as usize) {
+                    Some(&e) if e.seg != 0 => {
+                        if segs.last().is_none_or(|s| s.num != e.seg) {
+                            segs.push(st.segments[&e.seg].file.clone());
+                        }
+                        Some((e, segs.len() - 1))
+                    }
+                    _ => None,
+                })
+                .collect()
+        };
+        let mut scratch = Vec::new();
+        for (i, (&id, found)) in ids.iter().zip(located).enumerate() {
+            let Some((e, k)) = found else {
+                each(
+                    i,
+                    Err(io::Error::new(
+                        io::ErrorKind::NotFound,
+                        format!("sample {id} is not in the packed cache"),
+                    )),
+                );
+                continue;
+            };
+            let seg = &segs[k];
+            let start = u64::from(e.off);
+            let end = start + HEADER as u64 + e.len;
+            let mapped = seg.map.as_ref().filter(|m| end as usize <= m.len());
+            let Some(map) = mapped else {
+                let read = self.open(id).and_then(|mut s| {
+                    scratch.clear();
+                    s.reader.read_to_end(&mut scratch)?;
+                    Ok(s.recorded_crc)
+                });
+                each(
+                    i,
+                    read.map(|recorded_crc| Borrowed {
+                        bytes: &scratch,
+                        recorded_crc,
+                    }),
+                );
+                continue;
+            };
+            let record = self.inner.ensure_written(seg, end).and_then(|()| {
+                let header = &map[start as usize..start as usize + HEADER];
+                let h = Header::decode(header.try_into().expect("HEADER bytes"))?;
+                if h.kind != Kind::Data || h.id != id || h.len != e.len {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "segment {} at {start} holds another record than sample {id}",
+                            seg_name(seg.num)
+                        ),
+                    ));
+                }
+                Ok(h.crc)
+            });
+            each(
+                i,
+                record.map(|crc| Borrowed {
+                    bytes: &map[start as usize + HEADER..end as usize],
+                    recorded_crc: Some(crc),
+                }),
+            );
+        }
     }
 
     fn writer<'a>(&'a self, claim: &Claim<'_>) -> io::Result<Box<dyn SampleWriter + 'a>> {

@@ -808,3 +808,42 @@ fn concurrent_batches_of_the_same_samples_each_store_them_whole() {
         );
     }
 }
+
+/// `read_each` gives what `open_checked` and reading to the end give, sample by sample:
+/// bytes and recorded checksum, and a fetch from the source for what is not cached.
+#[test]
+fn read_each_gives_what_open_checked_gives() {
+    for layout in LAYOUTS {
+        let tmp = tempfile::tempdir().unwrap();
+        let m = manifest();
+        let store = store_with_layout(tmp.path(), &m, layout);
+        for id in [0, 2, 5] {
+            store.ensure(id).unwrap();
+        }
+        let ids = [5, 0, 1, 2, 9];
+        let mut seen = Vec::new();
+        store.read_each(&ids, &mut |k, read| {
+            let read = read.unwrap();
+            seen.push((k, read.bytes.to_vec(), read.recorded_crc));
+        });
+        assert_eq!(seen.len(), ids.len());
+        for (k, bytes, recorded) in seen {
+            let id = ids[k];
+            let mut stored = store.open_checked(id).unwrap();
+            let mut want = Vec::new();
+            stored.reader.read_to_end(&mut want).unwrap();
+            assert_eq!(bytes, want, "{layout:?} sample {id}");
+            assert_eq!(bytes, bytes_of(id, m.size(id).unwrap()));
+            assert_eq!(recorded, stored.recorded_crc);
+        }
+        // A removed sample is fetched from the source again, in its place.
+        store.remove(0).unwrap();
+        let mut results = Vec::new();
+        store.read_each(&[2, 0], &mut |k, read| results.push((k, read.is_ok())));
+        assert_eq!(
+            results,
+            vec![(0, true), (1, true)],
+            "{layout:?}: 0 is fetched again"
+        );
+    }
+}
