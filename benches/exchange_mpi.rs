@@ -26,6 +26,14 @@
 //! | ext4  | 244 MB/s | 521 MB/s | 55 MB/s, 0.23x / 0.18x | 416 MB/s, 0.80x / 0.73x | 9 MB/s, 0.04x / 0.01x | 321 MB/s (887k rec/s), 0.62x / 0.31x |
 //! | tmpfs | 439 MB/s | 510 MB/s | 166 MB/s, 0.38x / 0.35x | 634 MB/s, 1.24x / 0.67x | 18 MB/s, 0.04x / 0.04x | 218 MB/s (603k rec/s), 0.43x / 0.41x |
 //! | ext4, f86327b | 583 MB/s | 458 MB/s | 68 MB/s, 0.12x / 0.22x | 441 MB/s, 0.96x / 0.85x | 4 MB/s, 0.01x / 0.01x | 325 MB/s (897k rec/s), 0.71x / 0.37x |
+//!
+//! After 6cc3422 (tracker counts per 512 samples, batch insert of received runs, batch read
+//! of sent runs), packed only, `SCENARIOS=100KB,362B LAYOUTS=packed mpirun -np 4
+//! --oversubscribe` this binary, ext4, 2-core VM shared with other work, alternating with
+//! main's (7ea41ea) binary, seven runs each: 362 B packed 402-530 MB/s (mean 484), 0.49x-0.61x
+//! wall (mean 0.57x) / 0.41x-0.52x per CPU-s (mean 0.48x) of 100 KB packed (822-898 MB/s);
+//! main in the same sequences 397-500 MB/s (mean 446), 0.47x-0.56x (mean 0.52x) / 0.35x-0.45x
+//! (mean 0.40x), 100 KB 818-907 MB/s. Still short of 0.8x; see the README.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;

@@ -68,6 +68,13 @@ pub struct Stored {
     pub recorded_crc: Option<u32>,
 }
 
+/// A stored sample's bytes, borrowed for the length of a call, with the checksum recorded
+/// when it was committed (if kept).
+pub struct Borrowed<'a> {
+    pub bytes: &'a [u8],
+    pub recorded_crc: Option<u32>,
+}
+
 /// Storage of sample bytes by id. Implementations are shared between threads.
 pub trait CacheBackend: Send + Sync {
     /// Indexes what storage already holds, dropping whatever is not a complete sample or
@@ -82,8 +89,47 @@ pub trait CacheBackend: Send + Sync {
     fn read_at(&self, id: SampleId, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
     /// Sample `id` as a stream, for sending it whole.
     fn open(&self, id: SampleId) -> io::Result<Stored>;
+    /// Each of samples `ids` whole, in order, handed to `each` with its position in `ids`:
+    /// what [`open`](Self::open) and reading to the end give, for less per sample where a
+    /// backend can (the packed one looks the lot up at once and lends its mapped bytes).
+    fn read_each(&self, ids: &[SampleId], each: &mut dyn FnMut(usize, io::Result<Borrowed<'_>>)) {
+        let mut buf = Vec::new();
+        for (i, &id) in ids.iter().enumerate() {
+            let read = self.open(id).and_then(|mut s| {
+                buf.clear();
+                s.reader.read_to_end(&mut buf)?;
+                Ok(s.recorded_crc)
+            });
+            each(
+                i,
+                read.map(|recorded_crc| Borrowed {
+                    bytes: &buf,
+                    recorded_crc,
+                }),
+            );
+        }
+    }
     /// A writer for sample `claim.id()`; replaces a stored copy on commit.
     fn writer<'a>(&'a self, claim: &Claim<'_>) -> io::Result<Box<dyn SampleWriter + 'a>>;
+    /// Writes and commits several whole samples, each `(id, bytes, commit)` with its id
+    /// claimed in `claims`: what [`writer`](Self::writer), `write_all` and `commit` do for
+    /// each, one result per sample in order. A backend may do it for less per sample (the
+    /// packed one takes its append lock once for the lot).
+    fn commit_batch(
+        &self,
+        claims: &ClaimSet<'_>,
+        batch: &[(SampleId, &[u8], Commit)],
+    ) -> Vec<io::Result<()>> {
+        batch
+            .iter()
+            .map(|&(id, bytes, commit)| {
+                let claim = claims.get(id)?;
+                let mut w = self.writer(&claim)?;
+                w.write_all(bytes)?;
+                w.commit(commit)
+            })
+            .collect()
+    }
     /// Stores sample `claim.id()` by taking the committed sample file `from` (another cache
     /// folder's, on this host) without copying its bytes, the file becoming indistinguishable
     /// from one this backend committed with `recorded` (checksum, length, time). Replaces a
@@ -138,6 +184,62 @@ impl Claims {
         }
         held.ids.insert(id);
         Claim { id, claims: self }
+    }
+
+    /// Claims every sample of `ids` (distinct) at once, waiting while another writer holds
+    /// any of them: one lock for the lot. All or none are taken, so two claimers of
+    /// overlapping sets cannot each hold a part the other waits for.
+    pub fn claim_all(&self, ids: &[SampleId]) -> ClaimSet<'_> {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        while ids.iter().any(|id| held.ids.contains(id)) {
+            held.waiting += 1;
+            held = self.released.wait(held).unwrap_or_else(|e| e.into_inner());
+            held.waiting -= 1;
+        }
+        held.ids.extend(ids.iter().copied());
+        ClaimSet {
+            ids: ids.to_vec(),
+            claims: self,
+        }
+    }
+}
+
+/// The right to write several samples ([`Claims::claim_all`]); released on drop.
+pub struct ClaimSet<'a> {
+    ids: Vec<SampleId>,
+    claims: &'a Claims,
+}
+
+impl ClaimSet<'_> {
+    pub fn contains(&self, id: SampleId) -> bool {
+        self.ids.contains(&id)
+    }
+
+    /// The claim on `id` as a [`Claim`] borrowed from this set (dropping it releases
+    /// nothing); an error if the set does not hold `id`.
+    pub fn get(&self, id: SampleId) -> io::Result<std::mem::ManuallyDrop<Claim<'_>>> {
+        if !self.contains(id) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("sample {id} is not claimed"),
+            ));
+        }
+        Ok(std::mem::ManuallyDrop::new(Claim {
+            id,
+            claims: self.claims,
+        }))
+    }
+}
+
+impl Drop for ClaimSet<'_> {
+    fn drop(&mut self) {
+        let mut held = self.claims.held.lock().unwrap_or_else(|e| e.into_inner());
+        for id in &self.ids {
+            held.ids.remove(id);
+        }
+        if held.waiting > 0 {
+            self.claims.released.notify_all();
+        }
     }
 }
 

@@ -42,7 +42,9 @@ mod layout;
 mod packed;
 mod store;
 
-pub use backend::{CacheBackend, Claim, Claims, Commit, Recovered, SampleWriter, Stored};
+pub use backend::{
+    Borrowed, CacheBackend, Claim, ClaimSet, Claims, Commit, Recovered, SampleWriter, Stored,
+};
 pub use files::FileBackend;
 pub use layout::CacheLayout;
 pub use packed::{PackedBackend, PackedConfig};

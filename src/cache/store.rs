@@ -365,6 +365,33 @@ impl SampleStore {
         };
         let expected = fill(&mut out)?;
         let (crc, len) = (out.crc, out.len);
+        self.check_written(id, crc, len, expected, origin)?;
+        let mtime = match origin {
+            Origin::Stream => self.mtime(id),
+            Origin::PeerFile { mtime, .. } => mtime.or(self.mtime(id)),
+        };
+        writer.commit(Commit { crc, len, mtime })?;
+        if let Origin::PeerFile { .. } = origin {
+            self.learn_mtime(id, mtime);
+        }
+        self.learn_size(id, len);
+        if !was_present {
+            self.count_in(id);
+        }
+        Ok(crc)
+    }
+
+    /// What every way in checks before a sample is committed: `len` is its known size, and
+    /// `crc` (of the bytes written) is `expected` where given. A mismatch is an error
+    /// (`InvalidData` for a checksum, counted unless it is the sender's unreadable mark).
+    fn check_written(
+        &self,
+        id: SampleId,
+        crc: u32,
+        len: u64,
+        expected: Option<u32>,
+        origin: Origin<'_>,
+    ) -> io::Result<()> {
         if let Some(want) = self.size(id).filter(|&w| w != len) {
             return Err(io::Error::other(format!(
                 "sample is {len} bytes, it was {want} when first listed or read; it changed since"
@@ -404,19 +431,53 @@ impl SampleStore {
             self.checksum_failed(problem);
             return Err(io::Error::new(io::ErrorKind::InvalidData, error));
         }
-        let mtime = match origin {
-            Origin::Stream => self.mtime(id),
-            Origin::PeerFile { mtime, .. } => mtime.or(self.mtime(id)),
-        };
-        writer.commit(Commit { crc, len, mtime })?;
-        if let Origin::PeerFile { .. } = origin {
-            self.learn_mtime(id, mtime);
+        Ok(())
+    }
+
+    /// [`insert_with`](Self::insert_with) for several whole samples at once, each
+    /// `(id, bytes, checksum they must have)` with distinct ids: the same checks and results
+    /// (one per sample, in order), for less per sample: the ids are claimed together and the
+    /// backend commits the lot ([`CacheBackend::commit_batch`]; the packed one under one
+    /// lock). What the exchange's receiver uses for runs of small samples in a frame.
+    pub fn insert_batch(&self, batch: &[(SampleId, &[u8], u32)]) -> Vec<io::Result<u32>> {
+        let ids: Vec<SampleId> = batch.iter().map(|b| b.0).collect();
+        let claims = self.claims.claim_all(&ids);
+        let mut results: Vec<io::Result<u32>> = Vec::with_capacity(batch.len());
+        let mut commits = Vec::with_capacity(batch.len());
+        let mut was_present = Vec::with_capacity(batch.len());
+        for &(id, bytes, expected) in batch {
+            let (crc, len) = (crc32c::crc32c(bytes), bytes.len() as u64);
+            let checked = if id >= self.manifest.len() {
+                Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("sample {id} is past the dataset"),
+                ))
+            } else {
+                self.check_written(id, crc, len, Some(expected), Origin::Stream)
+            };
+            if checked.is_ok() {
+                let mtime = self.mtime(id);
+                commits.push((id, bytes, Commit { crc, len, mtime }));
+                was_present.push(self.contains(id));
+            }
+            results.push(checked.map(|()| crc));
         }
-        self.learn_size(id, len);
-        if !was_present {
-            self.count_in(id);
+        let committed = self.backend.commit_batch(&claims, &commits);
+        let mut committed = committed.into_iter().zip(was_present).zip(&commits);
+        for result in results.iter_mut().filter(|r| r.is_ok()) {
+            let ((done, was_present), &(id, _, commit)) =
+                committed.next().expect("one result per commit");
+            match done {
+                Ok(()) => {
+                    self.learn_size(id, commit.len);
+                    if !was_present {
+                        self.count_in(id);
+                    }
+                }
+                Err(e) => *result = Err(e),
+            }
         }
-        Ok(crc)
+        results
     }
 
     /// Takes sample `id` from the cache folder `peer_root` of another rank on this host (its
@@ -521,6 +582,23 @@ impl SampleStore {
     pub fn open_checked(&self, id: SampleId) -> io::Result<Stored> {
         self.ensure(id)?;
         self.backend.open(id)
+    }
+
+    /// [`open_checked`](Self::open_checked) for each of `ids`, whole, handed to `each` in
+    /// order with its position in `ids` (through [`CacheBackend::read_each`]): what the
+    /// exchange's sender uses for runs of small samples.
+    pub fn read_each(
+        &self,
+        ids: &[SampleId],
+        each: &mut dyn FnMut(usize, io::Result<super::Borrowed<'_>>),
+    ) {
+        let mut failed: Vec<Option<io::Error>> =
+            ids.iter().map(|&id| self.ensure(id).err()).collect();
+        self.backend
+            .read_each(ids, &mut |i, read| match failed[i].take() {
+                Some(e) => each(i, Err(e)),
+                None => each(i, read),
+            });
     }
 
     /// Reads up to `buf.len()` bytes of cached sample `id` at `offset`.

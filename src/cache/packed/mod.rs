@@ -68,14 +68,16 @@
 
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read};
+use std::io::{self, Read, Write as _};
 use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, SystemTime};
 
-use super::backend::{CacheBackend, Claim, Recovered, SampleWriter, Stored};
+use super::backend::{
+    Borrowed, CacheBackend, Claim, ClaimSet, Commit, Recovered, SampleWriter, Stored,
+};
 use super::store::Bitset;
 use crate::plan::SampleId;
 use crate::sys::io::read_full_at;
@@ -512,6 +514,73 @@ impl Inner {
         Ok(())
     }
 
+    /// [`append`](Self::append) for several data records (`h.kind` is data, `data` at most
+    /// `spill_bytes`), indexing them under one hold of the index's write lock rather than
+    /// one per record: each is indexed before any flush or roll that could drop it, so a
+    /// failed write unindexes it as it would one appended alone. One result per record:
+    /// an error means that record is not stored (the others are as if appended one by one).
+    fn append_data(&self, a: &mut Active, recs: &[(Header, &[u8])]) -> Vec<io::Result<()>> {
+        let mut results = Vec::with_capacity(recs.len());
+        let mut staged: Vec<(u32, &Header)> = Vec::with_capacity(recs.len());
+        for (h, data) in recs {
+            let rec = h.record_len();
+            if a.len > 0 && a.len + rec > self.cfg.segment_bytes {
+                self.index_staged(a, &mut staged);
+            }
+            let placed = self
+                .place(a, rec)
+                .and_then(|off| self.reserve(a, u64::from(off) + rec).map(|()| off));
+            let off = match placed {
+                Ok(off) => off,
+                Err(e) => {
+                    results.push(Err(e));
+                    continue;
+                }
+            };
+            a.buf.extend_from_slice(&h.encode());
+            a.buf.extend_from_slice(data);
+            a.len += rec;
+            a.pending.push((h.id, off));
+            staged.push((off, h));
+            if a.buf.len() >= self.cfg.batch_bytes {
+                self.index_staged(a, &mut staged);
+                results.push(self.flush(a));
+            } else {
+                results.push(Ok(()));
+            }
+        }
+        self.index_staged(a, &mut staged);
+        results
+    }
+
+    /// Points the index at `staged` records (offset, header), all in the active segment's
+    /// batch buffer.
+    fn index_staged(&self, a: &Active, staged: &mut Vec<(u32, &Header)>) {
+        if staged.is_empty() {
+            return;
+        }
+        let num = a.seg.num;
+        let mut worth = false;
+        let mut st = self.write();
+        for (off, h) in staged.drain(..) {
+            let info = st.segments.get_mut(&num).expect("active segment listed");
+            info.bytes += h.record_len();
+            info.min_seq = info.min_seq.min(h.seq);
+            let entry = Entry {
+                seg: num,
+                off,
+                len: h.len,
+            };
+            let old = std::mem::replace(&mut st.index[h.id as usize], entry);
+            self.present.set(h.id);
+            worth |= st.mark_dead(old, &self.cfg, num);
+        }
+        drop(st);
+        if worth {
+            self.nudge_if_worthwhile();
+        }
+    }
+
     /// Reserves disk space in the active segment's file up to `end` (in steps of
     /// `RESERVE_STEP`, else exactly), so that a full disk fails the commit that needs the
     /// space, when the store can still serve the sample from the source, rather than the
@@ -657,6 +726,80 @@ impl CacheBackend for PackedBackend {
         })
     }
 
+    /// Looks every id up under one read lock of the index, then lends each record's bytes
+    /// straight from its segment's mapping (after the checks [`open`](Self::open) makes);
+    /// a record outside a mapping is read through `open`.
+    fn read_each(&self, ids: &[SampleId], each: &mut dyn FnMut(usize, io::Result<Borrowed<'_>>)) {
+        let mut segs: Vec<Arc<SegFile>> = Vec::new();
+        let located: Vec<Option<(Entry, usize)>> = {
+            let st = self.inner.read();
+            ids.iter()
+                .map(|&id| match st.index.get(id as usize) {
+                    Some(&e) if e.seg != 0 => {
+                        if segs.last().is_none_or(|s| s.num != e.seg) {
+                            segs.push(st.segments[&e.seg].file.clone());
+                        }
+                        Some((e, segs.len() - 1))
+                    }
+                    _ => None,
+                })
+                .collect()
+        };
+        let mut scratch = Vec::new();
+        for (i, (&id, found)) in ids.iter().zip(located).enumerate() {
+            let Some((e, k)) = found else {
+                each(
+                    i,
+                    Err(io::Error::new(
+                        io::ErrorKind::NotFound,
+                        format!("sample {id} is not in the packed cache"),
+                    )),
+                );
+                continue;
+            };
+            let seg = &segs[k];
+            let start = u64::from(e.off);
+            let end = start + HEADER as u64 + e.len;
+            let mapped = seg.map.as_ref().filter(|m| end as usize <= m.len());
+            let Some(map) = mapped else {
+                let read = self.open(id).and_then(|mut s| {
+                    scratch.clear();
+                    s.reader.read_to_end(&mut scratch)?;
+                    Ok(s.recorded_crc)
+                });
+                each(
+                    i,
+                    read.map(|recorded_crc| Borrowed {
+                        bytes: &scratch,
+                        recorded_crc,
+                    }),
+                );
+                continue;
+            };
+            let record = self.inner.ensure_written(seg, end).and_then(|()| {
+                let header = &map[start as usize..start as usize + HEADER];
+                let h = Header::decode(header.try_into().expect("HEADER bytes"))?;
+                if h.kind != Kind::Data || h.id != id || h.len != e.len {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "segment {} at {start} holds another record than sample {id}",
+                            seg_name(seg.num)
+                        ),
+                    ));
+                }
+                Ok(h.crc)
+            });
+            each(
+                i,
+                record.map(|crc| Borrowed {
+                    bytes: &map[start as usize + HEADER..end as usize],
+                    recorded_crc: Some(crc),
+                }),
+            );
+        }
+    }
+
     fn writer<'a>(&'a self, claim: &Claim<'_>) -> io::Result<Box<dyn SampleWriter + 'a>> {
         let id = claim.id();
         if id >= self.inner.samples {
@@ -666,6 +809,64 @@ impl CacheBackend for PackedBackend {
             ));
         }
         Ok(Box::new(writer::PackedWriter::new(&self.inner, id)))
+    }
+
+    /// Appends the lot under one hold of the `active` lock (each record as a commit through
+    /// a writer appends it); a sample over `spill_bytes` goes through its writer.
+    fn commit_batch(
+        &self,
+        claims: &ClaimSet<'_>,
+        batch: &[(SampleId, &[u8], Commit)],
+    ) -> Vec<io::Result<()>> {
+        let inner = &self.inner;
+        // Checked first; what passes is appended in runs between samples that spill.
+        let mut results: Vec<Option<io::Result<()>>> = Vec::with_capacity(batch.len());
+        let mut run: Vec<(usize, Header, &[u8])> = Vec::new();
+        let mut a = lock(&inner.active);
+        for (i, &(id, bytes, commit)) in batch.iter().enumerate() {
+            let refused = if !claims.contains(id) {
+                Some(format!("sample {id} is not claimed"))
+            } else if id >= inner.samples {
+                Some(format!("sample {id} is past the dataset"))
+            } else if bytes.len() as u64 != commit.len {
+                Some(format!(
+                    "sample {id}: {} bytes written, commit says {}",
+                    bytes.len(),
+                    commit.len
+                ))
+            } else {
+                None
+            };
+            if let Some(why) = refused {
+                results.push(Some(Err(io::Error::new(io::ErrorKind::InvalidInput, why))));
+            } else if bytes.len() > inner.cfg.spill_bytes {
+                Self::append_run(inner, &mut a, &mut run, &mut results);
+                drop(a);
+                results.push(Some(claims.get(id).and_then(|claim| {
+                    let mut w = self.writer(&claim)?;
+                    w.write_all(bytes)?;
+                    w.commit(commit)
+                })));
+                a = lock(&inner.active);
+            } else {
+                let h = Header {
+                    kind: Kind::Data,
+                    id,
+                    crc: commit.crc,
+                    len: commit.len,
+                    seq: a.next_seq,
+                    mtime: to_nanos(commit.mtime),
+                };
+                a.next_seq += 1;
+                run.push((i, h, bytes));
+                results.push(None);
+            }
+        }
+        Self::append_run(inner, &mut a, &mut run, &mut results);
+        results
+            .into_iter()
+            .map(|r| r.expect("every result filled"))
+            .collect()
     }
 
     fn remove(&self, id: SampleId) -> io::Result<bool> {
@@ -719,6 +920,25 @@ impl CacheBackend for PackedBackend {
 
     fn layout(&self) -> super::CacheLayout {
         super::CacheLayout::Packed
+    }
+}
+
+impl PackedBackend {
+    /// Appends `run`'s records, filling in their results.
+    fn append_run(
+        inner: &Inner,
+        a: &mut Active,
+        run: &mut Vec<(usize, Header, &[u8])>,
+        results: &mut [Option<io::Result<()>>],
+    ) {
+        if run.is_empty() {
+            return;
+        }
+        let recs: Vec<(Header, &[u8])> = run.iter().map(|&(_, h, d)| (h, d)).collect();
+        let done = inner.append_data(a, &recs);
+        for ((i, _, _), r) in run.drain(..).zip(done) {
+            results[i] = Some(r);
+        }
     }
 }
 

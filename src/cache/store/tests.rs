@@ -714,3 +714,136 @@ fn concurrent_fetches_and_receives_bring_each_sample_in_once_on_either_layout() 
         }
     }
 }
+
+/// A batch insert keeps every check of `insert_with`, sample by sample: good samples are
+/// stored and counted, a checksum mismatch is refused and counted, the sender's unreadable
+/// mark is refused and not counted, a wrong length and an id past the dataset are refused;
+/// nothing refused becomes visible.
+#[test]
+fn a_batch_insert_checks_each_sample_like_insert_with() {
+    for layout in LAYOUTS {
+        let tmp = tempfile::tempdir().unwrap();
+        let m = manifest();
+        let store = store_with_layout(tmp.path(), &m, layout);
+        let size = |id: SampleId| m.size(id).unwrap();
+        let good: Vec<Vec<u8>> = (0..4).map(|id| bytes_of(id, size(id))).collect();
+        let crc = |b: &[u8]| crc32c::crc32c(b);
+        let short = bytes_of(5, size(5) - 1);
+        let batch: Vec<(SampleId, &[u8], u32)> = vec![
+            (0, &good[0], crc(&good[0])),
+            (1, &good[1], crc(&good[1]) ^ 1), // corrupt
+            (2, &good[2], !crc(&good[2])),    // the sender could not read it
+            (3, &good[3], crc(&good[3])),
+            (5, &short, crc(&short)), // not its listed size
+            (SAMPLES, &good[0], crc(&good[0])),
+        ];
+        let results = store.insert_batch(&batch);
+        assert_eq!(results.len(), batch.len());
+        assert_eq!(results[0].as_ref().unwrap(), &crc(&good[0]), "{layout:?}");
+        assert_eq!(
+            results[1].as_ref().unwrap_err().kind(),
+            io::ErrorKind::InvalidData
+        );
+        assert_eq!(
+            results[2].as_ref().unwrap_err().kind(),
+            io::ErrorKind::InvalidData
+        );
+        assert_eq!(results[3].as_ref().unwrap(), &crc(&good[3]));
+        assert!(results[4].is_err());
+        assert!(results[5].is_err());
+        for id in [0, 3] {
+            assert!(store.contains(id));
+            assert_eq!(store.read(id).unwrap(), good[id as usize], "{layout:?}");
+        }
+        for id in [1, 2, 5] {
+            assert!(
+                !store.contains(id),
+                "{layout:?}: refused sample {id} is visible"
+            );
+        }
+        assert_eq!(store.stats.files.load(Ordering::Relaxed), 2);
+        assert_eq!(store.stats.checksum_failures.load(Ordering::Relaxed), 1);
+        // Inserting a stored sample again replaces it and counts it once.
+        let again = store.insert_batch(&[(0, &good[0], crc(&good[0]))]);
+        assert!(again[0].is_ok());
+        assert_eq!(store.stats.files.load(Ordering::Relaxed), 2);
+    }
+}
+
+/// Two batches over the same ids, from two threads, each write every sample whole: the
+/// claims keep one writer per sample.
+#[test]
+fn concurrent_batches_of_the_same_samples_each_store_them_whole() {
+    for layout in LAYOUTS {
+        let tmp = tempfile::tempdir().unwrap();
+        let m = manifest();
+        let store = store_with_layout(tmp.path(), &m, layout);
+        let data: Vec<Vec<u8>> = (0..SAMPLES)
+            .map(|id| bytes_of(id, m.size(id).unwrap()))
+            .collect();
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    for _ in 0..5 {
+                        let batch: Vec<(SampleId, &[u8], u32)> = (0..SAMPLES)
+                            .map(|id| {
+                                (
+                                    id,
+                                    &data[id as usize][..],
+                                    crc32c::crc32c(&data[id as usize]),
+                                )
+                            })
+                            .collect();
+                        assert!(store.insert_batch(&batch).iter().all(Result::is_ok));
+                    }
+                });
+            }
+        });
+        for id in 0..SAMPLES {
+            assert_eq!(store.read(id).unwrap(), data[id as usize], "{layout:?}");
+        }
+        assert_eq!(
+            store.stats.files.load(Ordering::Relaxed),
+            u64::from(SAMPLES)
+        );
+    }
+}
+
+/// `read_each` gives what `open_checked` and reading to the end give, sample by sample:
+/// bytes and recorded checksum, and a fetch from the source for what is not cached.
+#[test]
+fn read_each_gives_what_open_checked_gives() {
+    for layout in LAYOUTS {
+        let tmp = tempfile::tempdir().unwrap();
+        let m = manifest();
+        let store = store_with_layout(tmp.path(), &m, layout);
+        for id in [0, 2, 5] {
+            store.ensure(id).unwrap();
+        }
+        let ids = [5, 0, 1, 2, 9];
+        let mut seen = Vec::new();
+        store.read_each(&ids, &mut |k, read| {
+            let read = read.unwrap();
+            seen.push((k, read.bytes.to_vec(), read.recorded_crc));
+        });
+        assert_eq!(seen.len(), ids.len());
+        for (k, bytes, recorded) in seen {
+            let id = ids[k];
+            let mut stored = store.open_checked(id).unwrap();
+            let mut want = Vec::new();
+            stored.reader.read_to_end(&mut want).unwrap();
+            assert_eq!(bytes, want, "{layout:?} sample {id}");
+            assert_eq!(bytes, bytes_of(id, m.size(id).unwrap()));
+            assert_eq!(recorded, stored.recorded_crc);
+        }
+        // A removed sample is fetched from the source again, in its place.
+        store.remove(0).unwrap();
+        let mut results = Vec::new();
+        store.read_each(&[2, 0], &mut |k, read| results.push((k, read.is_ok())));
+        assert_eq!(
+            results,
+            vec![(0, true), (1, true)],
+            "{layout:?}: 0 is fetched again"
+        );
+    }
+}
