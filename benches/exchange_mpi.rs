@@ -14,7 +14,7 @@
 //! Rates are total bytes (or samples) moved by all ranks divided by the slowest rank's time.
 //! Every scenario runs once per cache layout (`LAYOUTS=files,packed`, the default), and each
 //! row's byte rate is also given as a share of the 100 KB scenario's with the same layout and
-//! with `files` (run 100KB first: `SCENARIOS` keeps the order 100KB, 4KB, 362B), which is how
+//! with `files` (run 100KB first: `SCENARIOS` keeps the order 100KB, 4KB, 362B, 362B-pages), which is how
 //! issue 17's target reads: small records should cost no more per byte than 100 KB samples
 //! (at least 0.8x their byte rate) with the packed layout.
 //!
@@ -34,6 +34,11 @@
 //! wall (mean 0.57x) / 0.41x-0.52x per CPU-s (mean 0.48x) of 100 KB packed (822-898 MB/s);
 //! main in the same sequences 397-500 MB/s (mean 446), 0.47x-0.56x (mean 0.52x) / 0.35x-0.45x
 //! (mean 0.40x), 100 KB 818-907 MB/s. Still short of 0.8x; see the README.
+//!
+//! `362B-pages` is the same 400000 records as `--group pages` (the default) exchanges them:
+//! page groups of ~11 records. Two runs, packed, ext4, idle 2-core VM: 1.00x / 0.87x wall,
+//! 0.91x / 0.85x per CPU-s of 100 KB packed (target met), while `362B` (`--group records`)
+//! measured 0.59x / 0.68x wall in the same runs.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -43,6 +48,7 @@ use shufflefs::cache::{CacheDir, CacheLayout, SampleStore};
 use shufflefs::comm::{Comm, MpiComm, Op, launched_by_mpi};
 use shufflefs::dataset::SyntheticSource;
 use shufflefs::dataset::manifest::Manifest;
+use shufflefs::dataset::records::PAGE;
 use shufflefs::exchange::{self, ExchangeConfig, ExchangeTracker, FRAME, StrategyKind};
 use shufflefs::plan::{Plan, PlanParams, Step};
 
@@ -212,9 +218,26 @@ fn disk_floor(
 /// One scenario's size and the layout it runs with.
 struct Scenario<'a> {
     name: &'a str,
-    samples: u32,
-    size: u64,
+    /// Every sample's size, in id order.
+    sizes: &'a [u64],
+    /// How the dataset column describes them.
+    label: &'a str,
     layout: CacheLayout,
+}
+
+/// The units `--group pages` (the default) makes of `records` fixed-size records laid end to
+/// end in one file: the records starting in each 4 KiB page form one group (as
+/// `RecordIndex::group_records` does), so 362 B records travel ~11 at a time.
+fn page_groups(records: u64, size: u64) -> Vec<u64> {
+    let end = records * size;
+    (0..end.div_ceil(PAGE))
+        .map(|p| {
+            let first = (p * PAGE).div_ceil(size);
+            let last = ((p + 1) * PAGE).div_ceil(size).min(records);
+            (last - first) * size
+        })
+        .filter(|&len| len > 0)
+        .collect()
 }
 
 /// The exchange's byte rates: per second of the slowest rank, and per CPU second of all
@@ -235,17 +258,22 @@ fn scenario(
 ) -> Rates {
     let Scenario {
         name,
-        samples,
-        size,
+        sizes,
+        label,
         layout,
     } = *sc;
     let world = comm.size();
-    let classes = (0..10)
-        .map(|c| {
+    let per_class = sizes.len().div_ceil(10);
+    let classes = sizes
+        .chunks(per_class)
+        .enumerate()
+        .map(|(c, sizes)| {
             (
                 format!("c{c}").into_bytes(),
-                (0..samples / 10)
-                    .map(|i| (format!("{i:07}").into_bytes(), size))
+                sizes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &size)| (format!("{i:07}").into_bytes(), size))
                     .collect(),
             )
         })
@@ -335,7 +363,7 @@ fn scenario(
                 })
         };
         println!(
-            "| {name} | {layout} | {samples} x {size} B, Q={fraction} | {moved:.0} | {:.0} MB/s | {:.0} MB/s | {:.0} MB/s | {:.2}x | {:.2}x | {vs_link} | {:.0} | {cpu:.2} s, {:.0} MB/CPU-s | {} | {} |",
+            "| {name} | {layout} | {label}, Q={fraction} | {moved:.0} | {:.0} MB/s | {:.0} MB/s | {:.0} MB/s | {:.2}x | {:.2}x | {vs_link} | {:.0} | {cpu:.2} s, {:.0} MB/CPU-s | {} | {} |",
             rate(base),
             rate(floor),
             rate(exch),
@@ -367,7 +395,7 @@ fn main() {
         );
         println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     }
-    // SCENARIOS=100KB,4KB,362B (the default; any subset, run in this order), LAYOUTS=files,packed.
+    // SCENARIOS=100KB,4KB,362B,362B-pages (the default; any subset, run in this order), LAYOUTS=files,packed.
     let only = std::env::var("SCENARIOS").unwrap_or_default();
     let wanted = |name: &str| only.is_empty() || only.split(',').any(|s| s == name);
     let layouts: Vec<CacheLayout> = match std::env::var("LAYOUTS").as_deref() {
@@ -381,19 +409,30 @@ fn main() {
         _ => vec![CacheLayout::Files, CacheLayout::Packed],
     };
     let mut per_100kb = Vec::new();
-    for (name, samples, size) in [
-        ("100KB", 8000, 100_000),
-        ("4KB", 100_000, 4096),
-        ("362B", 400_000, 362),
-    ] {
+    let scenarios = [
+        ("100KB", vec![100_000; 8000], "8000 x 100000 B".to_string()),
+        ("4KB", vec![4096; 100_000], "100000 x 4096 B".to_string()),
+        // `--group records`: every 362 B record is its own unit.
+        ("362B", vec![362; 400_000], "400000 x 362 B".to_string()),
+        // The default `--group pages`: the same records in page groups.
+        ("362B-pages", page_groups(400_000, 362), String::new()),
+    ];
+    for (name, sizes, label) in &scenarios {
+        let name = *name;
         if !wanted(name) {
             continue;
         }
+        let label = if label.is_empty() {
+            let mean = sizes.iter().sum::<u64>() / sizes.len() as u64;
+            format!("400000 x 362 B in {} page groups of ~{mean} B", sizes.len())
+        } else {
+            label.clone()
+        };
         for &layout in &layouts {
             let sc = Scenario {
                 name,
-                samples,
-                size,
+                sizes,
+                label: &label,
                 layout,
             };
             let rate = scenario(&mut comm, &sc, 1.0, &tmp, &per_100kb);

@@ -176,6 +176,22 @@ fn run(scheme: Scheme, limit: usize, how: Multicast) -> Vec<Vec<CodedReport>> {
                     assert_eq!(settled, Some(true));
                     let report = tracker.snapshot().into_iter().last().unwrap();
                     assert_eq!(report.state, ExchangeState::Done, "{:?}", report.error);
+                    // What it lacked of the new share, in samples and their bytes.
+                    let share_bytes: u64 = step
+                        .next
+                        .share(me)
+                        .iter()
+                        .map(|&id| store.manifest().size(id).unwrap())
+                        .sum();
+                    assert_eq!(
+                        report.samples_to_receive == 0,
+                        report.bytes_to_receive == 0,
+                        "rank {me}: {report:?}"
+                    );
+                    assert!(
+                        report.bytes_to_receive <= share_bytes,
+                        "rank {me}: {report:?}"
+                    );
                     // The exchange alone delivered the whole share: nothing from the source.
                     for &id in step.next.share(me) {
                         assert!(store.contains(id), "rank {me}: sample {id} not delivered");

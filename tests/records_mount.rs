@@ -260,6 +260,13 @@ fn record_options_are_checked_and_a_cached_index_needs_the_same_settings() {
     // Built once, reused by a remount with the same settings...
     let d = mount(dir.path(), &src, "svm", &[]);
     let groups = d.status()["dataset"]["groups"].clone();
+    // One rank holds every record; the ready line counts records and their page groups.
+    let want = format!("300 records of 300 in {groups} page groups of {groups}");
+    assert!(
+        d.ready_line.contains(&want),
+        "{} lacks {want}",
+        d.ready_line
+    );
     d.unmount().assert_clean();
     let d = mount(dir.path(), &src, "svm", &[]);
     assert!(
@@ -278,6 +285,11 @@ fn record_options_are_checked_and_a_cached_index_needs_the_same_settings() {
     assert_eq!(st["dataset"]["group"], "records");
     assert_eq!(st["dataset"]["groups"], 300);
     assert_ne!(st["dataset"]["groups"], groups);
+    assert!(
+        d.ready_line.contains("300 records of 300)"),
+        "{}",
+        d.ready_line
+    );
     d.unmount().assert_clean();
 }
 

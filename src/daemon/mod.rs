@@ -210,12 +210,11 @@ fn run_rank(
         _ => String::new(),
     };
     on_ready(&format!(
-        "shufflefs: rank {rank} of {} mounted {} (epoch {}, {} samples of {}{how})",
+        "shufflefs: rank {rank} of {} mounted {} (epoch {}, {}{how})",
         comm.size(),
         mountpoint.display(),
         current.epoch,
-        current.share(rank).len(),
-        store.manifest().len()
+        share_words(store.manifest(), current.share(rank)),
     ));
     let (session_abort, session_tx) = (abort.clone(), node.exchange_queue());
     let served = thread::Builder::new()
@@ -313,5 +312,24 @@ pub fn log_path(args: &MountArgs) -> PathBuf {
 pub fn ensure_parent(path: &Path) {
     if let Some(p) = path.parent() {
         let _ = std::fs::create_dir_all(p);
+    }
+}
+
+/// "N samples of T", or for a record source the records too: its units are page groups.
+fn share_words(
+    manifest: &crate::dataset::manifest::Manifest,
+    share: &[crate::plan::SampleId],
+) -> String {
+    let (n, total) = (share.len(), manifest.len());
+    match manifest.records() {
+        Some(index) if index.groups() != index.records() => {
+            let records: usize = share.iter().map(|&g| index.group_records(g).len()).sum();
+            format!(
+                "{records} records of {} in {n} page groups of {total}",
+                index.records()
+            )
+        }
+        Some(_) => format!("{n} records of {total}"),
+        None => format!("{n} samples of {total}"),
     }
 }

@@ -132,9 +132,14 @@ impl CodedClient {
         let inst: Instance = self.placement.next_instance();
         let txs = plan(&inst, self.scheme);
         report.packets_planned = txs.len() as u64;
-        let missing: u64 = inst.missing(me).count() as u64;
+        // What this rank lacks of its next share: the samples (and their bytes) that packets
+        // or the fallback must bring, whatever the packets themselves weigh.
+        let (missing, missing_bytes) = inst.missing(me).fold((0u64, 0u64), |(n, b), id| {
+            (n + 1, b + store.manifest().size(id).unwrap_or(0))
+        });
         tracker.update(target, |r| {
             r.samples_to_receive = missing;
+            r.bytes_to_receive = missing_bytes;
             r.coded = Some(report.clone());
         });
         let mut failed: Vec<SampleId> = Vec::new();
