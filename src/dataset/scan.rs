@@ -7,7 +7,7 @@
 //! 1.8x `find` warm, 2-3x cold on this project's VM). Only entries the type does not settle
 //! are stat'ed: a symlink is followed (a dangling one is skipped), and a filesystem that
 //! reports no types (`DT_UNKNOWN`) gets an `lstat` per entry, as `std::fs` would.
-//! - class folders are scanned by a few threads at once ([`THREADS`]), each taking the next
+//! - class folders are scanned by a few threads at once (`THREADS`), each taking the next
 //!   unscanned class, so two cores list, and cold folder reads overlap;
 //! - the stats that remain run relative to the open class folder, in inode-number order;
 //! - names go into one arena per class, sorted through an index, and each finished class is

@@ -5,7 +5,7 @@
 //! share (`prepare`: fetch from the source whatever the exchange did not deliver), the new
 //! epoch is saved (`persist`, so a crash resumes there) and published; the kernel is then told
 //! to forget the old epoch's names (invalidated). One worker thread owns these states and is
-//! fed [`Command`]s, foyer-style: an advance carries the channel its answer goes to, and the
+//! fed `Command`s, foyer-style: an advance carries the channel its answer goes to, and the
 //! exchange and the kernel invalidation report back through the same queue. Nothing else
 //! writes the current epoch, so there is no lock order to get wrong and no state compared as
 //! a string.
