@@ -15,8 +15,8 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::PathBuf;
+use std::process::Command;
 use std::time::Duration;
 
 use common::mpi_job::mpirun;
@@ -27,51 +27,15 @@ const RANKS: usize = 4;
 const EPOCHS: usize = 3;
 const LOADER_TIMEOUT: Duration = Duration::from_secs(600);
 
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
 /// The venv's python, or `None` (skip) when the loaders are not installed.
 fn require_loaders() -> Option<PathBuf> {
     if !require_fuse() || !require_mpi() {
         return None;
     }
-    let python = std::env::var_os("SHUFFLEFS_PYTHON")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .map(|h| PathBuf::from(h).join(".cache/shufflefs/venv/bin/python"))
-        })
-        .filter(|p| p.exists());
-    let usable = python.as_ref().is_some_and(|p| {
-        Command::new(p)
-            .args(["-c", "import torch, torchvision, tensorflow, PIL"])
-            .env("TF_CPP_MIN_LOG_LEVEL", "3")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    });
-    if usable {
-        return python;
-    }
-    let why = "no Python venv with torch, torchvision, tensorflow and pillow; run `source mount-helpers/install-python.sh`";
-    assert!(
-        std::env::var("SHUFFLEFS_REQUIRE_LOADERS").as_deref() != Ok("1"),
-        "SHUFFLEFS_REQUIRE_LOADERS=1 but {why}"
-    );
-    eprintln!("SKIPPED: {why}; set SHUFFLEFS_REQUIRE_LOADERS=1 to fail instead");
-    None
-}
-
-/// Panics with both streams unless `out` succeeded.
-fn check(what: &str, out: &Output) -> String {
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{what} failed ({})\nstdout:\n{stdout}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
+    venv_python(
+        "import torch, torchvision, tensorflow, PIL",
+        "torch, torchvision, tensorflow and pillow",
+    )
 }
 
 /// A 4-rank job started and torn down with the mount helpers, as the README shows.

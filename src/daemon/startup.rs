@@ -522,24 +522,30 @@ mod tests {
         }
 
         fn start_with(&self, args: MountArgs, hosts: &[u32]) -> Vec<Result<Plan, String>> {
-            let handles: Vec<_> = LocalComm::world_on_hosts(hosts)
-                .into_iter()
-                .map(|mut comm| {
-                    let args = args.clone();
-                    std::thread::spawn(move || {
-                        prepare(&args, &mut comm)
-                            .map(|p| p.plan)
-                            .map_err(|e| e.to_string())
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
+            start_each(vec![args; hosts.len()], hosts)
         }
 
         fn state(&self, rank: u32) -> CacheState {
             let path = self.root.path().join(format!("cache-{rank}/state.json"));
             serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
         }
+    }
+
+    /// Runs start-up on every rank of a world on `hosts`, rank r with `args[r]`: each rank's
+    /// plan, or the error.
+    fn start_each(args: Vec<MountArgs>, hosts: &[u32]) -> Vec<Result<Plan, String>> {
+        let handles: Vec<_> = LocalComm::world_on_hosts(hosts)
+            .into_iter()
+            .zip(args)
+            .map(|(mut comm, args)| {
+                std::thread::spawn(move || {
+                    prepare(&args, &mut comm)
+                        .map(|p| p.plan)
+                        .map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
     }
 
     /// Node scope plans with the hosts the ranks run on and records them; a resume on the
@@ -697,19 +703,8 @@ mod tests {
             folders.args("global"),
             folders.args_with("global", &["--cache-layout", "packed"]),
         );
-        let handles: Vec<_> = LocalComm::world(2)
-            .into_iter()
-            .zip([files, packed])
-            .map(|(mut comm, args)| {
-                std::thread::spawn(move || {
-                    prepare(&args, &mut comm)
-                        .map(|_| ())
-                        .map_err(|e| e.to_string())
-                })
-            })
-            .collect();
-        for h in handles {
-            let err = h.join().unwrap().unwrap_err();
+        for result in start_each(vec![files, packed], &[0, 0]) {
+            let err = result.expect_err("refused on every rank");
             assert!(
                 err.contains("rank 1 was started with --cache-layout packed, rank 0 with files"),
                 "{err}"
@@ -721,19 +716,8 @@ mod tests {
     fn ranks_must_agree_on_the_scope() {
         let folders = Folders::new(2);
         let (node, global) = (folders.args("node"), folders.args("global"));
-        let handles: Vec<_> = LocalComm::world(2)
-            .into_iter()
-            .zip([node, global])
-            .map(|(mut comm, args)| {
-                std::thread::spawn(move || {
-                    prepare(&args, &mut comm)
-                        .map(|_| ())
-                        .map_err(|e| e.to_string())
-                })
-            })
-            .collect();
-        for h in handles {
-            let err = h.join().unwrap().unwrap_err();
+        for result in start_each(vec![node, global], &[0, 0]) {
+            let err = result.expect_err("refused on every rank");
             assert!(
                 err.contains("rank 1 was started with --exchange-scope global, rank 0 with node"),
                 "{err}"

@@ -4,10 +4,10 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::Duration;
 
-use super::run_with_timeout;
+use super::{check, repo, run_with_timeout, venv_python};
 
 /// The kinds `make_dataset.py --records` makes, with the mount flags that read them.
 pub const KINDS: [(&str, &[&str]); 5] = [
@@ -18,52 +18,13 @@ pub const KINDS: [(&str, &[&str]); 5] = [
     ("tar", &["--framing", "tar"]),
 ];
 
-pub fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
 /// The venv's python with the record loaders (sklearn, pandas, numpy, tensorflow,
 /// webdataset), or `None` (skip) when they are not installed.
 pub fn loaders_python() -> Option<PathBuf> {
-    let python = std::env::var_os("SHUFFLEFS_PYTHON")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .map(|h| PathBuf::from(h).join(".cache/shufflefs/venv/bin/python"))
-        })
-        .filter(|p| p.exists());
-    let usable = python.as_ref().is_some_and(|p| {
-        Command::new(p)
-            .args([
-                "-c",
-                "import sklearn, pandas, numpy, tensorflow, webdataset",
-            ])
-            .env("TF_CPP_MIN_LOG_LEVEL", "3")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    });
-    if usable {
-        return python;
-    }
-    let why = "no Python venv with scikit-learn, pandas, numpy, tensorflow and webdataset; run `source mount-helpers/install-python.sh`";
-    assert!(
-        std::env::var("SHUFFLEFS_REQUIRE_LOADERS").as_deref() != Ok("1"),
-        "SHUFFLEFS_REQUIRE_LOADERS=1 but {why}"
-    );
-    eprintln!("SKIPPED: {why}; set SHUFFLEFS_REQUIRE_LOADERS=1 to fail instead");
-    None
-}
-
-/// Panics with both streams unless `out` succeeded.
-pub fn check(what: &str, out: &Output) -> String {
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{what} failed ({})\nstdout:\n{stdout}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
+    venv_python(
+        "import sklearn, pandas, numpy, tensorflow, webdataset",
+        "scikit-learn, pandas, numpy, tensorflow and webdataset",
+    )
 }
 
 /// `make_dataset.py OUT --records KIND --count N --files F` (with a last line left without
