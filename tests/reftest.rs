@@ -444,7 +444,7 @@ impl World {
             .map(|((fail, abort, comm_thread), s)| {
                 let (node, store) = s.unwrap();
                 RankNode {
-                    fs: Arc::new(node.fs()),
+                    fs: Arc::new(ShuffleFs::of(&node)),
                     node,
                     store,
                     fail,

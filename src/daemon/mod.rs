@@ -24,7 +24,7 @@ use crate::exchange::{ExchangeConfig, Partial, Peers, SlowPeers};
 use crate::fuse::FuseAdapter;
 use crate::node::{ExchangeCmd, Node, NodeConfig, serve};
 use crate::sys::{mounts, readahead};
-use crate::vfs::inodes;
+use crate::vfs::{ShuffleFs, inodes};
 
 pub mod coded;
 mod resize;
@@ -148,7 +148,7 @@ fn run_rank(
             hosts: comm.hosts().to_vec(),
         },
     );
-    let fs = node.fs().with_part_size(args.part_size);
+    let fs = ShuffleFs::of(&node).with_part_size(args.part_size);
     // Without opens (page-cache mode) the status is read through a link; see `fuse`.
     let fs = Arc::new(match args.read_path {
         ReadPath::PageCache => fs.with_status_link(),

@@ -3,7 +3,7 @@
 //! [`regrow`] after a restart with another number of ranks.
 //!
 //! [`Node::start`] wires them for one rank: the daemon puts a FUSE session in front of the
-//! node's [`ShuffleFs`] and runs [`serve`] on the thread that owns MPI, with the exchange
+//! node's `vfs::ShuffleFs` and runs [`serve`] on the thread that owns MPI, with the exchange
 //! that the job's mode picks ([`EpochExchange`]); tests run
 //! several nodes in one process over `LocalComm`, with no kernel and no MPI.
 
@@ -17,7 +17,6 @@ use crate::cache::SampleStore;
 use crate::comm::Comm;
 use crate::exchange::{EpochExchange, ExchangeConfig, ExchangeCtx, ExchangeError, ExchangeTracker};
 use crate::plan::{Plan, Rank, SampleId, Step};
-use crate::vfs::ShuffleFs;
 
 pub mod coordinator;
 pub mod regrow;
@@ -116,15 +115,6 @@ impl Node {
             effects,
         };
         (node, exchange_rx)
-    }
-
-    /// The filesystem logic over this node.
-    pub fn fs(&self) -> ShuffleFs {
-        ShuffleFs::new(
-            self.store.clone(),
-            self.coordinator.clone(),
-            self.status.clone(),
-        )
     }
 
     /// Where to tell [`serve`] to stop ([`ExchangeCmd::Shutdown`]).

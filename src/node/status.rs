@@ -136,7 +136,7 @@ impl StatusReport for DaemonStatus {
             rank,
             world_size: params.world,
             epoch: cur.epoch,
-            ready_epochs: if self.exchange.is_done(cur.epoch + 1) {
+            ready_epochs: if self.epochs.is_ready(cur.epoch + 1) {
                 vec![cur.epoch, cur.epoch + 1]
             } else {
                 vec![cur.epoch]
