@@ -354,3 +354,50 @@ mod tests {
         assert!(Manifest::decode(b"junk").is_err());
     }
 }
+
+/// The encoding is what caches made by earlier versions hold (and its fingerprint names the
+/// data in them): these bytes must never change.
+#[cfg(test)]
+mod format {
+    use super::*;
+    use crate::dataset::records::{Framing, Grouping, RecordParams, build_index};
+
+    #[test]
+    fn folder_manifests_encode_as_they_always_did() {
+        let m = Manifest::from_parts(vec![
+            (
+                b"dog".to_vec(),
+                vec![(b"b.png".to_vec(), 3), (b"a.png".to_vec(), UNKNOWN_SIZE)],
+            ),
+            (b"cat".to_vec(), vec![(b"z.png".to_vec(), 7)]),
+        ])
+        .unwrap();
+        let golden: &[u8] = &[
+            2, 3, 99, 97, 116, 3, 100, 111, 103, 3, 0, 1, 3, 15, 122, 46, 112, 110, 103, 97, 46,
+            112, 110, 103, 98, 46, 112, 110, 103, 3, 5, 10, 15, 3, 8, 0, 4, 0,
+        ];
+        assert_eq!(m.encode(), golden);
+        assert_eq!(Manifest::decode(golden).unwrap(), m);
+    }
+
+    #[test]
+    fn record_manifests_encode_as_they_always_did() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.dat"), vec![1u8; 2000]).unwrap();
+        std::fs::write(dir.path().join("b.dat"), vec![2u8; 1000]).unwrap();
+        let params = RecordParams {
+            framing: Framing::Fixed,
+            record_size: 1000,
+            grouping: Grouping::Records,
+            header_line: false,
+        };
+        let (index, skipped) = build_index(dir.path(), &params).unwrap();
+        let m = Manifest::from_records(index, skipped);
+        let golden: &[u8] = &[
+            0, 1, 0, 0, 0, 0, 0, 0, 232, 7, 1, 0, 2, 5, 97, 46, 100, 97, 116, 208, 15, 0, 0, 0, 5,
+            98, 46, 100, 97, 116, 232, 7, 2, 2, 0, 0, 3, 3, 0, 3, 100, 97, 116,
+        ];
+        assert_eq!(m.encode(), golden);
+        assert_eq!(Manifest::decode(golden).unwrap(), m);
+    }
+}
