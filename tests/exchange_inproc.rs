@@ -16,7 +16,8 @@ use shufflefs::comm::{Comm, CommError, LocalComm};
 use shufflefs::dataset::manifest::Manifest;
 use shufflefs::dataset::{SyntheticSource, synthetic_byte};
 use shufflefs::exchange::{
-    self, ExchangeConfig, ExchangeError, ExchangeState, ExchangeTracker, Peers, SlowPeers,
+    self, EpochExchange, ExchangeConfig, ExchangeCtx, ExchangeError, ExchangeState,
+    ExchangeTracker, Partial, Peers, SlowPeers,
 };
 use shufflefs::plan::{Plan, PlanParams};
 
@@ -689,20 +690,21 @@ fn a_slow_peer_is_given_up_and_its_samples_come_from_the_source() {
                 let tracker = ExchangeTracker::default();
                 let started = std::time::Instant::now();
                 let mut settled_after = None;
-                exchange::run_with(
-                    comm.as_mut(),
-                    &store,
-                    &step,
+                let mut partial = Partial {
                     cfg,
-                    &Peers::separate(world),
-                    &tracker,
-                    &AtomicBool::new(false),
-                    &mut |r| {
+                    peers: Peers::separate(world),
+                };
+                let ctx = ExchangeCtx {
+                    store: &store,
+                    tracker: &tracker,
+                    abort: &AtomicBool::new(false),
+                };
+                partial
+                    .run(comm.as_mut(), &step, ctx, &mut |r| {
                         r.unwrap();
                         settled_after = Some(started.elapsed());
-                    },
-                )
-                .unwrap();
+                    })
+                    .unwrap();
                 let fetched =
                     shufflefs::node::fetch_missing(&store, me, &step, Duration::from_secs(30));
                 for &id in step.next.share(me) {

@@ -26,10 +26,10 @@ use shufflefs::comm::doubles::Failing;
 use shufflefs::comm::{Comm, LocalComm};
 use shufflefs::dataset::manifest::Manifest;
 use shufflefs::dataset::{SyntheticSource, synthetic_byte};
-use shufflefs::exchange::{ExchangeConfig, Peers, SlowPeers};
+use shufflefs::exchange::{ExchangeConfig, Partial, Peers, SlowPeers};
 use shufflefs::node::coordinator::{EpochState, ExchangeOutcome};
 use shufflefs::node::resume::resume;
-use shufflefs::node::{ExchangeCmd, Node, NodeConfig, serve_exchanges};
+use shufflefs::node::{ExchangeCmd, Node, NodeConfig, serve};
 use shufflefs::plan::{Plan, PlanParams, Rank, SampleId};
 use shufflefs::vfs::error::FsError;
 use shufflefs::vfs::inodes::{Node as Ino, ROOT};
@@ -258,7 +258,7 @@ struct RankNode {
     /// Arms a one-off failure of this rank's next transfer (`Failing::when_armed`).
     fail: Arc<AtomicBool>,
     abort: Arc<AtomicBool>,
-    /// The thread that owns the transport: `resume`, then `serve_exchanges`.
+    /// The thread that owns the transport: `resume`, then `serve`.
     comm_thread: Option<JoinHandle<Result<(), String>>>,
 }
 
@@ -328,8 +328,11 @@ fn rank_main(
         }
     };
     drop(started);
-    serve_exchanges(&mut comm, &node, &queue, exchange_cfg(), &peers, &abort)
-        .map_err(|e| e.to_string())
+    let mut partial = Partial {
+        cfg: exchange_cfg(),
+        peers,
+    };
+    serve(&mut comm, &node, &queue, &mut partial, &abort).map_err(|e| e.to_string())
 }
 
 /// Waits for `done`, at most `WAIT`.
@@ -441,7 +444,7 @@ impl World {
             .map(|((fail, abort, comm_thread), s)| {
                 let (node, store) = s.unwrap();
                 RankNode {
-                    fs: Arc::new(node.fs()),
+                    fs: Arc::new(ShuffleFs::of(&node)),
                     node,
                     store,
                     fail,

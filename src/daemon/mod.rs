@@ -6,7 +6,7 @@
 //! lifecycle in `node::coordinator`, the filesystem in `vfs`, the kernel binding in `fuse`.
 //!
 //! The calling thread owns the `Comm` (and so MPI) for the daemon's whole life: after
-//! mounting it runs the exchanges (`node::serve_exchanges`); the FUSE session runs on its own
+//! mounting it runs the exchanges (`node::serve`); the FUSE session runs on its own
 //! threads.
 
 use std::path::{Path, PathBuf};
@@ -20,11 +20,11 @@ use fuser::{Config, MountOption, SessionACL};
 use crate::cli::{MountArgs, ReadPath, for_rank};
 use crate::comm::Comm;
 use crate::exchange::coded::CodedClient;
-use crate::exchange::{ExchangeConfig, Peers, SlowPeers};
+use crate::exchange::{ExchangeConfig, Partial, Peers, SlowPeers};
 use crate::fuse::FuseAdapter;
-use crate::node::{ExchangeCmd, Exchanger, Node, NodeConfig, serve, serve_exchanges};
+use crate::node::{ExchangeCmd, Node, NodeConfig, serve};
 use crate::sys::{mounts, readahead};
-use crate::vfs::inodes;
+use crate::vfs::{ShuffleFs, inodes};
 
 pub mod coded;
 mod resize;
@@ -148,7 +148,7 @@ fn run_rank(
             hosts: comm.hosts().to_vec(),
         },
     );
-    let fs = node.fs().with_part_size(args.part_size);
+    let fs = ShuffleFs::of(&node).with_part_size(args.part_size);
     // Without opens (page-cache mode) the status is read through a link; see `fuse`.
     let fs = Arc::new(match args.read_path {
         ReadPath::PageCache => fs.with_status_link(),
@@ -227,14 +227,14 @@ fn run_rank(
         })
         .map_err(thread_error("FUSE session"))?;
     let served_exchanges = match (world, coded_client) {
-        (Some(world), Some(mut client)) => serve(
-            world,
-            &node,
-            &exchanges,
-            Exchanger::Coded(&mut client),
-            &abort,
-        ),
-        _ => serve_exchanges(comm, &node, &exchanges, exchange_cfg, &peers, &abort),
+        (Some(world), Some(mut client)) => serve(world, &node, &exchanges, &mut client, &abort),
+        _ => {
+            let mut partial = Partial {
+                cfg: exchange_cfg,
+                peers,
+            };
+            serve(comm, &node, &exchanges, &mut partial, &abort)
+        }
     };
     if let Err(e) = served_exchanges {
         // MPI cannot withdraw a half-done transfer: leave without finalizing, which makes

@@ -65,8 +65,26 @@ pub type ClassListing = (Vec<u8>, Vec<(Vec<u8>, u64)>);
 /// The size of a sample nobody has read yet.
 pub const UNKNOWN_SIZE: u64 = u64::MAX;
 
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+/// A dataset's units, what the source is made of, and what was left out.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Manifest {
+    index: Index,
+    pub skipped: Vec<Skipped>,
+}
+
+/// What a source's units are: one or the other, never both.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Index {
+    /// An ImageFolder source: named files in class folders.
+    Folders(Folders),
+    /// A record source (`--format records`): its units are groups of records, with no
+    /// classes or names.
+    Records(Box<RecordIndex>),
+}
+
+/// The classes and sample names of an ImageFolder source.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Folders {
     classes: Vec<Vec<u8>>,
     /// `class_start[c]..class_start[c+1]` are the ids of class `c` (len = classes + 1).
     class_start: Vec<u32>,
@@ -75,12 +93,51 @@ pub struct Manifest {
     name_end: Vec<u32>,
     /// Each sample's size plus one; 0 if unknown (one byte each when encoded).
     size_plus_one: Vec<u64>,
-    pub skipped: Vec<Skipped>,
-    /// A record source's index (`--format records`): its units are groups of records, with
-    /// no classes or names. Encoded after the rest (see `encode`), so an ImageFolder
-    /// manifest's bytes, and its fingerprint in existing caches, are what they were.
-    #[serde(skip)]
-    records: Option<Box<RecordIndex>>,
+}
+
+/// The folder tables a record source has: none (what `folders` lends for one, and what its
+/// encoding holds in their place).
+static NO_FOLDERS: Folders = Folders::empty();
+
+impl Folders {
+    const fn empty() -> Folders {
+        Folders {
+            classes: Vec::new(),
+            class_start: Vec::new(),
+            names: Vec::new(),
+            name_end: Vec::new(),
+            size_plus_one: Vec::new(),
+        }
+    }
+
+    /// No classes yet, ready to [`push_class`](Manifest::push_class) into.
+    fn new() -> Folders {
+        Folders {
+            class_start: vec![0],
+            ..Folders::empty()
+        }
+    }
+}
+
+/// The encoding: the folder tables (empty ones for a record source, as every earlier
+/// version wrote them), the skipped entries, then a record source's index. An ImageFolder
+/// manifest's bytes, and its fingerprint in existing caches, are what they always were.
+#[derive(Serialize)]
+struct WireRef<'a> {
+    folders: &'a Folders,
+    skipped: &'a [Skipped],
+}
+
+#[derive(Deserialize)]
+struct Wire {
+    folders: Folders,
+    skipped: Vec<Skipped>,
+}
+
+impl Default for Manifest {
+    fn default() -> Manifest {
+        Manifest::empty()
+    }
 }
 
 /// Whether a single path component is safe to use as a file name under a folder we own.
@@ -95,9 +152,9 @@ pub fn is_safe_name(name: &[u8]) -> bool {
 
 impl Manifest {
     pub fn len(&self) -> u32 {
-        match &self.records {
-            Some(r) => r.groups(),
-            None => self.size_plus_one.len() as u32,
+        match &self.index {
+            Index::Folders(f) => f.size_plus_one.len() as u32,
+            Index::Records(r) => r.groups(),
         }
     }
 
@@ -108,27 +165,42 @@ impl Manifest {
     /// The manifest of a record source: units are `index`'s groups.
     pub fn from_records(index: RecordIndex, skipped: Vec<Skipped>) -> Manifest {
         Manifest {
-            records: Some(Box::new(index)),
+            index: Index::Records(Box::new(index)),
             skipped,
-            ..Manifest::empty()
         }
+    }
+
+    /// What the source's units are.
+    pub fn index(&self) -> &Index {
+        &self.index
     }
 
     /// The record index, for a record source.
     pub fn records(&self) -> Option<&RecordIndex> {
-        self.records.as_deref()
+        match &self.index {
+            Index::Records(r) => Some(r),
+            Index::Folders(_) => None,
+        }
+    }
+
+    /// The class and name tables: empty ones for a record source, which has neither.
+    fn folders(&self) -> &Folders {
+        match &self.index {
+            Index::Folders(f) => f,
+            Index::Records(_) => &NO_FOLDERS,
+        }
     }
 
     pub fn class_count(&self) -> u32 {
-        self.classes.len() as u32
+        self.folders().classes.len() as u32
     }
 
     pub fn class_name(&self, class: u32) -> &OsStr {
-        OsStr::from_bytes(&self.classes[class as usize])
+        OsStr::from_bytes(&self.folders().classes[class as usize])
     }
 
     pub fn class_by_name(&self, name: &OsStr) -> Option<u32> {
-        self.classes
+        (self.folders().classes)
             .binary_search_by(|c| c.as_slice().cmp(name.as_bytes()))
             .ok()
             .map(|c| c as u32)
@@ -136,29 +208,31 @@ impl Manifest {
 
     /// Sample ids of `class`, in listing order.
     pub fn class_range(&self, class: u32) -> std::ops::Range<SampleId> {
-        self.class_start[class as usize]..self.class_start[class as usize + 1]
+        let starts = &self.folders().class_start;
+        starts[class as usize]..starts[class as usize + 1]
     }
 
     pub fn class_of(&self, id: SampleId) -> u32 {
-        (self.class_start.partition_point(|&s| s <= id) - 1) as u32
+        (self.folders().class_start.partition_point(|&s| s <= id) - 1) as u32
     }
 
     pub fn name(&self, id: SampleId) -> &OsStr {
-        let end = self.name_end[id as usize] as usize;
+        let f = self.folders();
+        let end = f.name_end[id as usize] as usize;
         let start = if id == 0 {
             0
         } else {
-            self.name_end[id as usize - 1] as usize
+            f.name_end[id as usize - 1] as usize
         };
-        OsStr::from_bytes(&self.names[start..end])
+        OsStr::from_bytes(&f.names[start..end])
     }
 
     /// The size recorded for `id`, if the manifest was built knowing it.
     pub fn size(&self, id: SampleId) -> Option<u64> {
-        if let Some(r) = &self.records {
-            return Some(r.group_len(id));
+        match &self.index {
+            Index::Folders(f) => f.size_plus_one[id as usize].checked_sub(1),
+            Index::Records(r) => Some(r.group_len(id)),
         }
-        self.size_plus_one[id as usize].checked_sub(1)
     }
 
     /// The sample called `name` in `class`.
@@ -184,8 +258,8 @@ impl Manifest {
     /// A manifest without classes, to [`push_class`](Self::push_class) into.
     pub(crate) fn empty() -> Manifest {
         Manifest {
-            class_start: vec![0],
-            ..Manifest::default()
+            index: Index::Folders(Folders::new()),
+            skipped: Vec::new(),
         }
     }
 
@@ -207,7 +281,8 @@ impl Manifest {
     }
 
     /// Appends the class after the last one, its samples already sorted by name: `names` holds
-    /// them back to back and `ends[i]` is where name `i` ends in `names`.
+    /// them back to back and `ends[i]` is where name `i` ends in `names`. Only for a
+    /// manifest of folders (as [`empty`](Self::empty) makes).
     pub(crate) fn push_class(
         &mut self,
         class: Vec<u8>,
@@ -215,54 +290,86 @@ impl Manifest {
         ends: &[u32],
         sizes: &[u64],
     ) -> Result<(), ManifestError> {
-        let too_many = || ManifestError::TooMany(self.size_plus_one.len() + sizes.len());
-        let base = u32::try_from(self.names.len()).map_err(|_| too_many())?;
-        u32::try_from(self.names.len() + names.len()).map_err(|_| too_many())?;
-        let count =
-            u32::try_from(self.size_plus_one.len() + sizes.len()).map_err(|_| too_many())?;
-        self.classes.push(class);
-        self.names.extend_from_slice(names);
-        self.name_end.extend(ends.iter().map(|&e| base + e));
-        self.size_plus_one
+        let Index::Folders(f) = &mut self.index else {
+            unreachable!("classes are pushed into a manifest of folders only");
+        };
+        let too_many = || ManifestError::TooMany(f.size_plus_one.len() + sizes.len());
+        let base = u32::try_from(f.names.len()).map_err(|_| too_many())?;
+        u32::try_from(f.names.len() + names.len()).map_err(|_| too_many())?;
+        let count = u32::try_from(f.size_plus_one.len() + sizes.len()).map_err(|_| too_many())?;
+        f.classes.push(class);
+        f.names.extend_from_slice(names);
+        f.name_end.extend(ends.iter().map(|&e| base + e));
+        f.size_plus_one
             .extend(sizes.iter().map(|&s| s.wrapping_add(1)));
-        self.class_start.push(count);
+        f.class_start.push(count);
         Ok(())
     }
 
     pub(crate) fn class_count_usize(&self) -> usize {
-        self.classes.len()
+        self.folders().classes.len()
     }
 
     /// Gives back the spare capacity left by growing while scanning.
     pub(crate) fn shrink_to_fit(&mut self) {
-        self.classes.shrink_to_fit();
-        self.class_start.shrink_to_fit();
-        self.names.shrink_to_fit();
-        self.name_end.shrink_to_fit();
-        self.size_plus_one.shrink_to_fit();
+        if let Index::Folders(f) = &mut self.index {
+            f.classes.shrink_to_fit();
+            f.class_start.shrink_to_fit();
+            f.names.shrink_to_fit();
+            f.name_end.shrink_to_fit();
+            f.size_plus_one.shrink_to_fit();
+        }
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        let mut bytes = postcard::to_allocvec(self).expect("manifest serialization cannot fail");
-        if let Some(r) = &self.records {
-            bytes = postcard::to_extend(r, bytes).expect("record index serialization cannot fail");
+        let records_folders = Folders::new();
+        let folders = match &self.index {
+            Index::Folders(f) => f,
+            Index::Records(_) => &records_folders,
+        };
+        let wire = WireRef {
+            folders,
+            skipped: &self.skipped,
+        };
+        let bytes = postcard::to_allocvec(&wire).expect("manifest serialization cannot fail");
+        match &self.index {
+            Index::Folders(_) => bytes,
+            Index::Records(r) => {
+                postcard::to_extend(r, bytes).expect("record index serialization cannot fail")
+            }
         }
-        bytes
     }
 
     /// Decodes bytes from the cache or a peer, refusing anything inconsistent or unsafe.
     pub fn decode(bytes: &[u8]) -> Result<Manifest, ManifestError> {
         let decode_err = |e: postcard::Error| ManifestError::Decode(e.to_string());
-        let (mut m, rest): (Manifest, _) = postcard::take_from_bytes(bytes).map_err(decode_err)?;
-        if !rest.is_empty() {
+        let (wire, rest): (Wire, _) = postcard::take_from_bytes(bytes).map_err(decode_err)?;
+        wire.folders.validate()?;
+        let index = if rest.is_empty() {
+            Index::Folders(wire.folders)
+        } else {
+            if !wire.folders.classes.is_empty() || !wire.folders.size_plus_one.is_empty() {
+                return Err(ManifestError::Decode(
+                    "a record manifest has classes".into(),
+                ));
+            }
             let index: RecordIndex = postcard::from_bytes(rest).map_err(decode_err)?;
             index.validate().map_err(ManifestError::Decode)?;
-            m.records = Some(Box::new(index));
-        }
-        m.validate()?;
-        Ok(m)
+            Index::Records(Box::new(index))
+        };
+        Ok(Manifest {
+            index,
+            skipped: wire.skipped,
+        })
     }
 
+    /// A short fingerprint of the manifest, to tell whether two caches describe the same data.
+    pub fn fingerprint(&self) -> u32 {
+        crc32c::crc32c(&self.encode())
+    }
+}
+
+impl Folders {
     fn validate(&self) -> Result<(), ManifestError> {
         let bad = |what: &str| Err(ManifestError::Decode(what.to_string()));
         if self.class_start.len() != self.classes.len() + 1
@@ -271,9 +378,6 @@ impl Manifest {
             || self.class_start.windows(2).any(|w| w[0] > w[1])
         {
             return bad("class ranges are inconsistent");
-        }
-        if self.records.is_some() && (!self.classes.is_empty() || !self.size_plus_one.is_empty()) {
-            return bad("a record manifest has classes");
         }
         if self.name_end.len() != self.size_plus_one.len()
             || self.name_end.windows(2).any(|w| w[0] > w[1])
@@ -289,17 +393,16 @@ impl Manifest {
                 return Err(ManifestError::UnsafeName(OsString::from_vec(c.clone())));
             }
         }
-        for id in 0..self.size_plus_one.len() as u32 {
-            if !is_safe_name(self.name(id).as_bytes()) {
-                return Err(ManifestError::UnsafeName(self.name(id).to_owned()));
+        for (i, &end) in self.name_end.iter().enumerate() {
+            let start = if i == 0 { 0 } else { self.name_end[i - 1] };
+            let name = &self.names[start as usize..end as usize];
+            if !is_safe_name(name) {
+                return Err(ManifestError::UnsafeName(
+                    OsStr::from_bytes(name).to_owned(),
+                ));
             }
         }
         Ok(())
-    }
-
-    /// A short fingerprint of the manifest, to tell whether two caches describe the same data.
-    pub fn fingerprint(&self) -> u32 {
-        crc32c::crc32c(&self.encode())
     }
 }
 
@@ -352,5 +455,52 @@ mod tests {
             Err(ManifestError::UnsafeName(_))
         ));
         assert!(Manifest::decode(b"junk").is_err());
+    }
+}
+
+/// The encoding is what caches made by earlier versions hold (and its fingerprint names the
+/// data in them): these bytes must never change.
+#[cfg(test)]
+mod format {
+    use super::*;
+    use crate::dataset::records::{Framing, Grouping, RecordParams, build_index};
+
+    #[test]
+    fn folder_manifests_encode_as_they_always_did() {
+        let m = Manifest::from_parts(vec![
+            (
+                b"dog".to_vec(),
+                vec![(b"b.png".to_vec(), 3), (b"a.png".to_vec(), UNKNOWN_SIZE)],
+            ),
+            (b"cat".to_vec(), vec![(b"z.png".to_vec(), 7)]),
+        ])
+        .unwrap();
+        let golden: &[u8] = &[
+            2, 3, 99, 97, 116, 3, 100, 111, 103, 3, 0, 1, 3, 15, 122, 46, 112, 110, 103, 97, 46,
+            112, 110, 103, 98, 46, 112, 110, 103, 3, 5, 10, 15, 3, 8, 0, 4, 0,
+        ];
+        assert_eq!(m.encode(), golden);
+        assert_eq!(Manifest::decode(golden).unwrap(), m);
+    }
+
+    #[test]
+    fn record_manifests_encode_as_they_always_did() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.dat"), vec![1u8; 2000]).unwrap();
+        std::fs::write(dir.path().join("b.dat"), vec![2u8; 1000]).unwrap();
+        let params = RecordParams {
+            framing: Framing::Fixed,
+            record_size: 1000,
+            grouping: Grouping::Records,
+            header_line: false,
+        };
+        let (index, skipped) = build_index(dir.path(), &params).unwrap();
+        let m = Manifest::from_records(index, skipped);
+        let golden: &[u8] = &[
+            0, 1, 0, 0, 0, 0, 0, 0, 232, 7, 1, 0, 2, 5, 97, 46, 100, 97, 116, 208, 15, 0, 0, 0, 5,
+            98, 46, 100, 97, 116, 232, 7, 2, 2, 0, 0, 3, 3, 0, 3, 100, 97, 116,
+        ];
+        assert_eq!(m.encode(), golden);
+        assert_eq!(Manifest::decode(golden).unwrap(), m);
     }
 }

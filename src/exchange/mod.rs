@@ -1,7 +1,9 @@
 //! The background exchange of partial-local shuffling: move the samples the plan assigns
 //! to other ranks for the next epoch, as raw bytes, while training reads the current one.
 //!
-//! Two halves, so the way samples travel can change without touching how bytes move:
+//! The node runs every exchange through one seam, [`EpochExchange`]: [`Partial`] (this
+//! module) or the [`coded`] client. The partial exchange has two halves, so the way samples
+//! travel can change without touching how bytes move:
 //! - [`schedule`]: a [`Strategy`] turns the plan step's transfers into rounds of streams
 //!   (pure, no I/O; [`Direct`], every peer at once, is the default, chosen by
 //!   [`ExchangeConfig::strategy`]); ranks that share a disk ([`Peers`]) hand samples over
@@ -14,7 +16,6 @@
 //! Failures are [`ExchangeError`]s; the status shows each exchange through the
 //! [`ExchangeTracker`].
 
-use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use crate::cache::SampleStore;
@@ -28,6 +29,7 @@ mod executor;
 mod frames;
 mod peers;
 pub mod schedule;
+mod seam;
 mod sizes;
 mod tracker;
 
@@ -35,6 +37,7 @@ pub use deadline::SlowPeers;
 pub use error::{ExchangeError, Phase};
 pub use peers::Peers;
 pub use schedule::{Direct, Ring, Schedule, Strategy, StrategyKind, Topology};
+pub use seam::{EpochExchange, ExchangeCtx, Partial, Settled};
 pub use tracker::{ExchangeReport, ExchangeState, ExchangeTracker, PeerReport};
 
 /// Bytes per message: large enough to amortise per-message cost, small enough to pipeline.
@@ -71,7 +74,7 @@ impl Default for ExchangeConfig {
 
 /// Runs this rank's part of the exchange into `step.next.epoch` over the transport alone
 /// (no rank takes samples from another's cache), returning once every message of it
-/// completed: [`run_with`] without the early word.
+/// completed: the [`Partial`] exchange without the early word, for tools and tests.
 pub fn run(
     comm: &mut dyn Comm,
     store: &SampleStore,
@@ -80,43 +83,16 @@ pub fn run(
     tracker: &ExchangeTracker,
     abort: &AtomicBool,
 ) -> Result<(), ExchangeError> {
-    let peers = Peers::separate(comm.size());
-    run_with(comm, store, step, cfg, &peers, tracker, abort, &mut |_| {})
-}
-
-/// Runs this rank's part of the exchange into `step.next.epoch`. Must be called by every
-/// rank for the same step, on the thread that owns `comm`. Calls `settled` once, as soon as
-/// this rank holds what it needs (or gave slow peers up; see `executor`) or with the error
-/// that ended the exchange first; returns once every message of it completed.
-#[allow(clippy::too_many_arguments)]
-pub fn run_with(
-    comm: &mut dyn Comm,
-    store: &SampleStore,
-    step: &Step,
-    cfg: ExchangeConfig,
-    peers: &Peers,
-    tracker: &ExchangeTracker,
-    abort: &AtomicBool,
-    settled: &mut dyn FnMut(Result<(), &ExchangeError>),
-) -> Result<(), ExchangeError> {
-    let hosts = comm.hosts().to_vec();
-    let topology = Topology {
-        me: comm.rank(),
-        hosts: &hosts,
-        disks: &peers.disks,
+    let mut partial = Partial {
+        cfg,
+        peers: Peers::separate(comm.size()),
     };
-    let schedule = cfg.strategy.strategy().schedule(topology, &step.transfers);
-    let ctx = executor::Ctx {
+    let ctx = ExchangeCtx {
         store,
         tracker,
-        peers,
-        hosts: &hosts,
-        me: comm.rank(),
-        target: step.next.epoch,
-        cfg,
         abort,
     };
-    executor::execute(comm, &ctx, &schedule, settled)
+    partial.run(comm, step, ctx, &mut |_| {})
 }
 
 /// Sample ids as little-endian bytes, for lists sent between ranks.
@@ -137,15 +113,4 @@ pub(crate) type Sized = (SampleId, u64);
 /// Bytes of the stream that carries `samples`: each followed by its 4-byte checksum.
 pub(crate) fn stream_len(samples: &[Sized]) -> u64 {
     samples.iter().map(|&(_, size)| size + 4).sum()
-}
-
-/// Commands for the thread that owns MPI.
-pub enum MpiCmd {
-    /// Drop the samples that left, then run the exchange for `step`.
-    Exchange {
-        evict: Vec<SampleId>,
-        step: Arc<Step>,
-    },
-    /// The FUSE session ended.
-    Shutdown,
 }

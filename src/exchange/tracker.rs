@@ -1,11 +1,15 @@
-//! What the status shows of recent exchanges, and how an advance waits for one to end.
+//! What the status shows of recent exchanges: progress counters, written by the exchange
+//! as it runs.
+//!
+//! Whether the next epoch is ready is not asked here: the node's coordinator owns that
+//! (`Coordinator::is_ready`), fed by the exchange's `settled` word. The `state` of a report
+//! is how far this run of the exchange got, shown per exchange in the status.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::Mutex;
 
 use serde::Serialize;
 
-/// Where an exchange is. The status shows it as the lowercase name (`"pending"`, ...).
+/// How far a run of the exchange got. The status shows it as the lowercase name (`"pending"`, ...).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ExchangeState {
@@ -25,11 +29,6 @@ impl ExchangeState {
             ExchangeState::Done => "done",
             ExchangeState::Failed => "failed",
         }
-    }
-
-    /// Whether the exchange ended (well or not).
-    pub fn is_over(self) -> bool {
-        matches!(self, ExchangeState::Done | ExchangeState::Failed)
     }
 }
 
@@ -110,15 +109,10 @@ impl ExchangeReport {
     }
 }
 
-/// Reports of recent exchanges, and a way to wait for one to finish.
+/// Reports of recent exchanges.
 #[derive(Default)]
 pub struct ExchangeTracker {
     reports: Mutex<Vec<ExchangeReport>>,
-    changed: Condvar,
-    /// Threads in [`wait`](Self::wait), counted under `reports`' lock. `update` runs for
-    /// every sample moved and `notify_all` is a system call even with nobody waiting: at
-    /// 362 B records that was a third of the exchange's CPU (issue 17's bench).
-    waiting: AtomicUsize,
 }
 
 impl ExchangeTracker {
@@ -137,10 +131,6 @@ impl ExchangeTracker {
             let excess = reports.len().saturating_sub(4);
             reports.drain(..excess);
         }
-        // Read under the lock a waiter increments it under: no wake-up is lost.
-        if self.waiting.load(Ordering::Relaxed) > 0 {
-            self.changed.notify_all();
-        }
     }
 
     pub fn snapshot(&self) -> Vec<ExchangeReport> {
@@ -150,32 +140,7 @@ impl ExchangeTracker {
             .clone()
     }
 
-    pub fn is_done(&self, target: u64) -> bool {
-        self.snapshot()
-            .iter()
-            .any(|r| r.target_epoch == target && r.state == ExchangeState::Done)
-    }
-
-    /// Blocks until the exchange into `target` ended; returns its report.
-    pub fn wait(&self, target: u64) -> ExchangeReport {
-        let mut reports = self.reports.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            if let Some(r) = reports
-                .iter()
-                .find(|r| r.target_epoch == target && r.state.is_over())
-            {
-                return r.clone();
-            }
-            self.waiting.fetch_add(1, Ordering::Relaxed);
-            reports = self
-                .changed
-                .wait(reports)
-                .unwrap_or_else(|e| e.into_inner());
-            self.waiting.fetch_sub(1, Ordering::Relaxed);
-        }
-    }
-
-    /// Records an exchange that will run, so waiters know it is coming.
+    /// Records an exchange that will run, shown as pending until it starts.
     pub fn announce(&self, target: u64) {
         self.update(target, |_| {});
     }
@@ -204,27 +169,6 @@ mod tests {
         tracker.announce(3);
         assert_eq!(tracker.snapshot()[0].state, ExchangeState::Pending);
         tracker.update(3, |r| r.state = ExchangeState::Done);
-        assert!(tracker.is_done(3));
-        assert_eq!(tracker.wait(3).state, ExchangeState::Done);
-    }
-
-    /// A waiter is woken by the update that ends its exchange, whatever came before it.
-    #[test]
-    fn a_waiter_wakes_when_its_exchange_ends() {
-        let tracker = std::sync::Arc::new(ExchangeTracker::default());
-        tracker.announce(5);
-        let waiter = {
-            let t = tracker.clone();
-            std::thread::spawn(move || t.wait(5))
-        };
-        while tracker.waiting.load(Ordering::Relaxed) == 0 {
-            std::thread::yield_now();
-        }
-        for _ in 0..100 {
-            tracker.update(5, |r| r.state = ExchangeState::Running);
-        }
-        tracker.update(5, |r| r.state = ExchangeState::Failed);
-        assert_eq!(waiter.join().unwrap().state, ExchangeState::Failed);
-        assert_eq!(tracker.waiting.load(Ordering::Relaxed), 0);
+        assert_eq!(tracker.snapshot()[0].state, ExchangeState::Done);
     }
 }

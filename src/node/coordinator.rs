@@ -10,6 +10,10 @@
 //! writes the current epoch, so there is no lock order to get wrong and no state compared as
 //! a string.
 //!
+//! The coordinator is also the one owner of "is the next epoch ready"
+//! ([`Coordinator::is_ready`], the status's `ready_epochs`): the exchange's tracker
+//! (`exchange::ExchangeTracker`) only counts what moved.
+//!
 //! Readers (every lookup) see the published epoch through [`Coordinator::current`], a
 //! read-mostly snapshot the worker swaps at publication. The slow parts (fetching missing
 //! samples) run on a thread of their own and report back, so the worker keeps answering
@@ -24,8 +28,6 @@ use std::thread;
 use std::time::Duration;
 
 use crate::plan::{EpochShares, Plan, Rank, Step};
-use crate::vfs::error::FsError;
-use crate::vfs::inodes::MAX_EPOCH;
 
 mod worker;
 
@@ -40,8 +42,8 @@ pub enum EpochState {
     Exchanging,
     /// Its exchange ended; an advance fetches from the source what it did not deliver.
     Exchanged(ExchangeOutcome),
-    /// An advance is making this rank hold its whole share.
-    Preparing,
+    /// An advance is making this rank hold its whole share; its exchange ended so.
+    Preparing(ExchangeOutcome),
     /// The current epoch.
     Published,
     /// Superseded, and the kernel was told to forget its names (or is being told).
@@ -73,20 +75,6 @@ pub enum AdvanceError {
     ShuttingDown,
 }
 
-impl From<AdvanceError> for FsError {
-    fn from(e: AdvanceError) -> FsError {
-        match e {
-            AdvanceError::Behind { .. } | AdvanceError::NotNext { .. } => {
-                FsError::Invalid(e.to_string())
-            }
-            AdvanceError::Prepare { .. } | AdvanceError::Persist { .. } => {
-                FsError::Io(std::io::Error::other(e.to_string()))
-            }
-            AdvanceError::ShuttingDown => FsError::ShuttingDown,
-        }
-    }
-}
-
 /// What a published epoch changed.
 pub struct EpochChange {
     pub previous: Arc<EpochShares>,
@@ -109,6 +97,10 @@ pub trait Effects: Send + Sync + 'static {
     /// of `change.previous` will be reported through [`Coordinator::invalidated`].
     fn published(&self, change: &EpochChange) -> bool;
 }
+
+/// The last epoch there can be: the view's inode numbers have room for 30 bits of it (a
+/// billion epochs).
+pub const MAX_EPOCH: u64 = (1 << 30) - 1;
 
 /// How long an advance by a control-file write waits for the kernel to forget the old epoch.
 const INVALIDATION_WAIT: Duration = Duration::from_secs(5);
@@ -223,9 +215,17 @@ impl Coordinator {
         self.shared.state(epoch)
     }
 
-    /// Whether the next epoch's exchange completed (the status's `ready_epochs`).
-    pub fn next_is_ready(&self) -> bool {
-        self.state(self.epoch() + 1) == Some(EpochState::Exchanged(ExchangeOutcome::Done))
+    /// Whether `epoch`'s exchange completed (for the epoch after the current one: the
+    /// status's `ready_epochs`). The one answer to "is the next epoch ready", whatever
+    /// exchange runs; the exchange's tracker only counts its progress.
+    pub fn is_ready(&self, epoch: u64) -> bool {
+        matches!(
+            self.state(epoch),
+            Some(
+                EpochState::Exchanged(ExchangeOutcome::Done)
+                    | EpochState::Preparing(ExchangeOutcome::Done)
+            )
+        )
     }
 
     /// Makes `target` the current epoch: `current` is a no-op, anything but `current + 1`
@@ -358,6 +358,29 @@ mod tests {
         assert_eq!(c.state(2), Some(EpochState::Announced));
         assert_eq!(*effects.started.lock().unwrap(), vec![1, 2]);
         c.advance_to(1).unwrap(); // the current epoch again: a no-op
+        c.shutdown();
+    }
+
+    /// The next epoch is ready once its exchange ended well, and stays so while an
+    /// advance prepares it, even one that fails.
+    #[test]
+    fn the_next_epoch_is_ready_once_its_exchange_is_done() {
+        let effects = Arc::new(Manual::default());
+        let c = start(effects.clone());
+        c.exchange_started(1);
+        assert!(!c.is_ready(1), "running");
+        c.exchange_ended(1, ExchangeOutcome::Done);
+        effects.fail.store(true, Ordering::SeqCst);
+        assert!(matches!(c.advance_to(1), Err(AdvanceError::Prepare { .. })));
+        assert!(
+            c.is_ready(1),
+            "a failed prepare keeps the exchange's outcome"
+        );
+        effects.fail.store(false, Ordering::SeqCst);
+        c.advance_to(1).unwrap();
+        assert!(!c.is_ready(2), "the exchange into 2 only just started");
+        c.exchange_ended(2, ExchangeOutcome::Failed("peer left".into()));
+        assert!(!c.is_ready(2), "a failed exchange leaves samples to fetch");
         c.shutdown();
     }
 

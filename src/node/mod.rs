@@ -3,7 +3,8 @@
 //! [`regrow`] after a restart with another number of ranks.
 //!
 //! [`Node::start`] wires them for one rank: the daemon puts a FUSE session in front of the
-//! node's [`ShuffleFs`] and runs [`serve_exchanges`] on the thread that owns MPI; tests run
+//! node's `vfs::ShuffleFs` and runs [`serve`] on the thread that owns MPI, with the exchange
+//! that the job's mode picks ([`EpochExchange`]); tests run
 //! several nodes in one process over `LocalComm`, with no kernel and no MPI.
 
 use std::collections::{BTreeMap, HashMap};
@@ -14,10 +15,8 @@ use std::time::Duration;
 
 use crate::cache::SampleStore;
 use crate::comm::Comm;
-use crate::exchange::coded::CodedClient;
-use crate::exchange::{self, ExchangeConfig, ExchangeError, ExchangeTracker, Peers};
+use crate::exchange::{EpochExchange, ExchangeConfig, ExchangeCtx, ExchangeError, ExchangeTracker};
 use crate::plan::{Plan, Rank, SampleId, Step};
-use crate::vfs::ShuffleFs;
 
 pub mod coordinator;
 pub mod regrow;
@@ -65,7 +64,7 @@ pub struct Node {
 
 impl Node {
     /// Starts rank `rank`'s node at `current` (resumed or epoch 0), and returns the queue
-    /// of exchanges for [`serve_exchanges`].
+    /// of exchanges for [`serve`].
     pub fn start(
         store: Arc<SampleStore>,
         plan: Plan,
@@ -118,16 +117,7 @@ impl Node {
         (node, exchange_rx)
     }
 
-    /// The filesystem logic over this node.
-    pub fn fs(&self) -> ShuffleFs {
-        ShuffleFs::new(
-            self.store.clone(),
-            self.coordinator.clone(),
-            self.status.clone(),
-        )
-    }
-
-    /// Where to tell [`serve_exchanges`] to stop ([`ExchangeCmd::Shutdown`]).
+    /// Where to tell [`serve`] to stop ([`ExchangeCmd::Shutdown`]).
     pub fn exchange_queue(&self) -> Sender<ExchangeCmd> {
         self.effects.exchange_tx.clone()
     }
@@ -146,57 +136,28 @@ impl Node {
     }
 }
 
-/// How the exchange between epochs runs: which implementation sits behind the seam.
-pub enum Exchanger<'a> {
-    /// Partial-local shuffling between the ranks (`exchange::run_with`), over the compute
-    /// ranks' communicator.
-    Partial {
-        cfg: ExchangeConfig,
-        peers: &'a Peers,
-    },
-    /// Coded multicast from the server rank (`exchange::coded`), over the world communicator
-    /// (server included). The client keeps the cache at exactly `C^t` itself, so the
-    /// coordinator's evictions (samples that left the share) are not applied: a coded cache
-    /// retains some of them.
-    Coded(&'a mut CodedClient),
-}
-
-/// Runs the exchanges of `queue` on the calling thread, which owns `comm`, until told to
-/// shut down: [`serve`] with the partial-local exchange.
-pub fn serve_exchanges(
-    comm: &mut dyn Comm,
-    node: &Node,
-    queue: &Receiver<ExchangeCmd>,
-    cfg: ExchangeConfig,
-    peers: &Peers,
-    abort: &AtomicBool,
-) -> Result<(), ExchangeError> {
-    serve(comm, node, queue, Exchanger::Partial { cfg, peers }, abort)
-}
-
-/// Runs the exchanges of `queue` on the calling thread, which owns `comm`, until told to
-/// shut down. A failed exchange is reported to the coordinator (advancing then fetches from
-/// the source); a transport that had to abandon transfers in flight ends the loop with its
-/// error, since nothing more can go through it. A coded client says goodbye to its server
-/// on the way out.
+/// Runs the exchanges of `queue` with `exchange` on the calling thread, which owns `comm`,
+/// until told to shut down; then [`EpochExchange::finish`]. A failed exchange is reported
+/// to the coordinator (advancing then fetches from the source); a transport that had to
+/// abandon transfers in flight ends the loop with its error, since nothing more can go
+/// through it.
 pub fn serve(
     comm: &mut dyn Comm,
     node: &Node,
     queue: &Receiver<ExchangeCmd>,
-    mut exchanger: Exchanger<'_>,
+    exchange: &mut dyn EpochExchange,
     abort: &AtomicBool,
 ) -> Result<(), ExchangeError> {
+    let ctx = ExchangeCtx {
+        store: &node.store,
+        tracker: &node.tracker,
+        abort,
+    };
     for cmd in queue {
         let ExchangeCmd::Run { evict, step } = cmd else {
             break;
         };
-        if let Exchanger::Partial { .. } = exchanger {
-            for id in evict {
-                if let Err(e) = node.store.remove(id) {
-                    tracing::warn!(sample = id, error = %e, "could not drop a sample that left the share");
-                }
-            }
-        }
+        exchange.evict(&node.store, evict);
         let target = step.next.epoch;
         node.coordinator.exchange_started(target);
         // The coordinator hears as soon as this rank holds what it needs; the exchange
@@ -211,31 +172,14 @@ pub fn serve(
             };
             node.coordinator.exchange_ended(target, outcome);
         };
-        let result = match &mut exchanger {
-            Exchanger::Partial { cfg, peers } => exchange::run_with(
-                comm,
-                &node.store,
-                &step,
-                *cfg,
-                peers,
-                &node.tracker,
-                abort,
-                &mut settled,
-            ),
-            Exchanger::Coded(client) => {
-                client.run(comm, &node.store, &step, &node.tracker, abort, &mut settled)
-            }
-        };
-        if let Err(e) = result {
+        if let Err(e) = exchange.run(comm, &step, ctx, &mut settled) {
             if e.is_abandoned() {
                 return Err(e);
             }
             tracing::warn!("exchange into epoch {target} ended with: {e}");
         }
     }
-    if let Exchanger::Coded(client) = exchanger {
-        client.goodbye(comm);
-    }
+    exchange.finish(comm);
     Ok(())
 }
 

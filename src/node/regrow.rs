@@ -15,7 +15,7 @@
 //!    holder on the receiver's host first, one with the sample in its own cache first, then
 //!    spread over the holders by sample id);
 //! 3. senders adopt from their orphans what they must send, and the exchange machinery
-//!    moves everything (`exchange::run_with`, a step from the holders to the new owners, so
+//!    moves everything (the [`Partial`] exchange, a step from the holders to the new owners, so
 //!    same-host ranks hand samples over through the disk);
 //! 4. what is still missing comes from the source (staging fetches the share in the
 //!    background, readers wait for the samples they open);
@@ -35,7 +35,9 @@ use serde::Serialize;
 use super::resume::{Resumed, trim};
 use crate::cache::SampleStore;
 use crate::comm::{Comm, CommError, agree};
-use crate::exchange::{self, ExchangeConfig, ExchangeTracker, Peers};
+use crate::exchange::{
+    self, EpochExchange, ExchangeConfig, ExchangeCtx, ExchangeTracker, Partial, Peers,
+};
 use crate::plan::elastic::{ElasticPlan, Era};
 use crate::plan::{Rank, SampleId, Step, Transfer};
 
@@ -118,16 +120,16 @@ pub fn regrow(
         transfers,
     };
     let peers = Peers::discover(comm, store.dir().root(), cfg.share_disk)?;
-    if let Err(e) = exchange::run_with(
-        comm,
+    let mut partial = Partial {
+        cfg: cfg.exchange,
+        peers,
+    };
+    let ctx = ExchangeCtx {
         store,
-        &step,
-        cfg.exchange,
-        &peers,
-        &ExchangeTracker::default(),
-        &AtomicBool::new(false),
-        &mut |_| {},
-    ) {
+        tracker: &ExchangeTracker::default(),
+        abort: &AtomicBool::new(false),
+    };
+    if let Err(e) = partial.run(comm, &step, ctx, &mut |_| {}) {
         tracing::warn!(error = %e, "moving samples to the new shares ended early; the rest comes from the source");
     }
     for t in step.transfers.iter().filter(|t| t.to == rank) {

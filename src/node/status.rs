@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use serde::Serialize;
 
 use crate::cache::SampleStore;
+use crate::dataset::manifest::Index;
 use crate::dataset::manifest::Skipped;
 use crate::exchange::{ExchangeReport, ExchangeTracker};
 use crate::node::coordinator::Coordinator;
@@ -52,8 +53,8 @@ struct DatasetSnapshot {
 
 impl DatasetSnapshot {
     fn of(manifest: &crate::dataset::Manifest) -> DatasetSnapshot {
-        match manifest.records() {
-            None => DatasetSnapshot {
+        match manifest.index() {
+            Index::Folders(_) => DatasetSnapshot {
                 format: "imagefolder",
                 framing: None,
                 record_size: None,
@@ -62,7 +63,7 @@ impl DatasetSnapshot {
                 groups: None,
                 files: None,
             },
-            Some(r) => DatasetSnapshot {
+            Index::Records(r) => DatasetSnapshot {
                 format: "records",
                 framing: Some(r.params.framing.name()),
                 record_size: (r.params.record_size > 0).then_some(r.params.record_size),
@@ -136,7 +137,7 @@ impl StatusReport for DaemonStatus {
             rank,
             world_size: params.world,
             epoch: cur.epoch,
-            ready_epochs: if self.exchange.is_done(cur.epoch + 1) {
+            ready_epochs: if self.epochs.is_ready(cur.epoch + 1) {
                 vec![cur.epoch, cur.epoch + 1]
             } else {
                 vec![cur.epoch]

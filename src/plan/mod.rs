@@ -237,13 +237,22 @@ pub struct Step {
     pub transfers: Vec<Transfer>,
 }
 
+/// Which plan this is: the variants exclude each other (a coded plan has no exchange
+/// scope). Shared parts sit behind an `Arc`, so a clone of the plan stays cheap.
+#[derive(Clone, Debug)]
+pub enum PlanKind {
+    /// Partial-local shuffling between any ranks.
+    Global,
+    /// Partial-local shuffling within each host of the layout (node scope).
+    Node(Arc<HostLayout>),
+    /// `--exchange coded`: a full reshuffle every epoch ([`coded`]).
+    Coded(Arc<CodedShares>),
+}
+
 #[derive(Clone, Debug)]
 pub struct Plan {
     params: PlanParams,
-    /// `Some` under node scope: moves stay within each host. Shared, so a clone stays cheap.
-    layout: Option<Arc<HostLayout>>,
-    /// `Some` under `--exchange coded`: a full reshuffle every epoch ([`coded`]).
-    coded: Option<Arc<CodedShares>>,
+    kind: PlanKind,
 }
 
 impl Plan {
@@ -257,8 +266,7 @@ impl Plan {
         }
         Ok(Plan {
             params,
-            layout: None,
-            coded: None,
+            kind: PlanKind::Global,
         })
     }
 
@@ -270,20 +278,26 @@ impl Plan {
             fraction: 1.0,
             ..params
         })?;
-        plan.coded = Some(Arc::new(shares));
+        plan.kind = PlanKind::Coded(Arc::new(shares));
         Ok(plan)
+    }
+
+    pub fn kind(&self) -> &PlanKind {
+        &self.kind
     }
 
     /// The coded variant's shares and caches, if this is one.
     pub fn coded_shares(&self) -> Option<&CodedShares> {
-        self.coded.as_deref()
+        match &self.kind {
+            PlanKind::Coded(c) => Some(c),
+            _ => None,
+        }
     }
 
     /// Samples `rank` keeps cached at `epoch` beyond its share: the retained samples of a
     /// coded run, none otherwise. Ascending.
     pub fn retained(&self, rank: Rank, epoch: u64) -> Vec<SampleId> {
-        self.coded
-            .as_deref()
+        self.coded_shares()
             .map_or_else(Vec::new, |c| c.cache(rank, epoch))
     }
 
@@ -303,7 +317,7 @@ impl Plan {
                     world: params.world,
                 });
             }
-            plan.layout = Some(Arc::new(HostLayout::new(hosts)));
+            plan.kind = PlanKind::Node(Arc::new(HostLayout::new(hosts)));
         }
         Ok(plan)
     }
@@ -312,16 +326,20 @@ impl Plan {
         &self.params
     }
 
+    /// The exchange scope (a coded plan shows as global: samples go anywhere).
     pub fn scope(&self) -> ExchangeScope {
-        match self.layout {
-            None => ExchangeScope::Global,
-            Some(_) => ExchangeScope::Node,
+        match self.kind {
+            PlanKind::Node(_) => ExchangeScope::Node,
+            PlanKind::Global | PlanKind::Coded(_) => ExchangeScope::Global,
         }
     }
 
     /// The hosts the plan keeps moves within: `Some` exactly under node scope.
     pub fn layout(&self) -> Option<&HostLayout> {
-        self.layout.as_deref()
+        match &self.kind {
+            PlanKind::Node(layout) => Some(layout),
+            _ => None,
+        }
     }
 
     /// Samples each rank sends (and receives) per epoch, moves to itself included.
@@ -332,7 +350,7 @@ impl Plan {
 
     /// Epoch 0: a seeded permutation dealt into balanced contiguous chunks.
     pub fn initial(&self) -> EpochShares {
-        if let Some(c) = &self.coded {
+        if let PlanKind::Coded(c) = &self.kind {
             return c.shares(0);
         }
         let n = self.params.samples;
@@ -357,9 +375,11 @@ impl Plan {
 
     /// Algorithm 1: ownership in `cur.epoch + 1` and the transfers that get there.
     pub fn step(&self, cur: &EpochShares) -> Step {
-        if let Some(c) = &self.coded {
-            return c.step(cur);
-        }
+        let layout = match &self.kind {
+            PlanKind::Coded(c) => return c.step(cur),
+            PlanKind::Node(layout) => Some(&**layout),
+            PlanKind::Global => None,
+        };
         let m = self.params.world as usize;
         let k = self.exchange_count();
         let seed = self.params.seed;
@@ -382,7 +402,7 @@ impl Plan {
         let mut group_dest: Vec<Rank> = Vec::new();
         for i in 0..k {
             // A fresh permutation per i, drawn from one shared stream (Algorithm 1, line 3).
-            match self.layout.as_deref() {
+            match layout {
                 None => {
                     dest.iter_mut()
                         .enumerate()

@@ -4,6 +4,8 @@
 
 use std::io;
 
+use crate::node::coordinator::AdvanceError;
+
 #[derive(Debug, thiserror::Error)]
 pub enum FsError {
     #[error("no such entry")]
@@ -54,5 +56,21 @@ impl FsError {
                 | FsError::BadHandle
                 | FsError::NoIoctl
         )
+    }
+}
+
+/// An advance asked through the view: a refused one is the caller's mistake (EINVAL), a
+/// failed one is the daemon's (EIO).
+impl From<AdvanceError> for FsError {
+    fn from(e: AdvanceError) -> FsError {
+        match e {
+            AdvanceError::Behind { .. } | AdvanceError::NotNext { .. } => {
+                FsError::Invalid(e.to_string())
+            }
+            AdvanceError::Prepare { .. } | AdvanceError::Persist { .. } => {
+                FsError::Io(io::Error::other(e.to_string()))
+            }
+            AdvanceError::ShuttingDown => FsError::ShuttingDown,
+        }
     }
 }

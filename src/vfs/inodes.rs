@@ -31,8 +31,9 @@ pub const CTL_DIR_NAME: &str = ".shufflefs";
 pub const CURRENT_NAME: &str = "current";
 pub const STATUS_NAME: &str = "status";
 pub const EPOCH_CTL_NAME: &str = "epoch";
-/// Epochs are limited to 30 bits by the inode layout (a billion epochs).
-pub const MAX_EPOCH: u64 = (1 << 30) - 1;
+/// Epochs are limited to 30 bits by the inode layout (a billion epochs); the coordinator
+/// publishes none beyond.
+pub use crate::node::coordinator::MAX_EPOCH;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Node {

@@ -101,6 +101,15 @@ impl ShuffleFs {
         }
     }
 
+    /// The filesystem logic over a started node.
+    pub fn of(node: &crate::node::Node) -> ShuffleFs {
+        ShuffleFs::new(
+            node.store.clone(),
+            node.coordinator.clone(),
+            node.status.clone(),
+        )
+    }
+
     /// Sets the target size of a record source's part files (`--part-size`).
     pub fn with_part_size(mut self, bytes: u64) -> ShuffleFs {
         self.part_size = bytes.max(1);

@@ -12,7 +12,9 @@ use crate::coded::packet::{self, DecodeError};
 use crate::coded::placement::RandomPlacement;
 use crate::coded::{Instance, Node, Scheme, Transmission, plan};
 use crate::comm::Comm;
-use crate::exchange::{ExchangeError, ExchangeState, ExchangeTracker};
+use crate::exchange::{
+    EpochExchange, ExchangeCtx, ExchangeError, ExchangeState, ExchangeTracker, Settled,
+};
 use crate::plan::{Plan, Rank, SampleId, Step};
 
 /// One compute rank's coded exchanges, epoch after epoch.
@@ -237,6 +239,37 @@ impl CodedClient {
         if let Err(e) = send_request(world, &Request::Bye, &AtomicBool::new(false)) {
             tracing::warn!(error = %e, "could not tell the coded-shuffle server this rank leaves");
         }
+    }
+}
+
+/// The coded exchange behind the node's seam, over the world communicator (server
+/// included).
+impl EpochExchange for CodedClient {
+    fn run(
+        &mut self,
+        world: &mut dyn Comm,
+        step: &Step,
+        ctx: ExchangeCtx<'_>,
+        settled: Settled<'_>,
+    ) -> Result<(), ExchangeError> {
+        CodedClient::run(
+            self,
+            world,
+            ctx.store,
+            step,
+            ctx.tracker,
+            ctx.abort,
+            settled,
+        )
+    }
+
+    /// Keeps them: the client keeps the cache at exactly `C^t` itself, which retains some
+    /// of the samples that left the share.
+    fn evict(&mut self, _: &SampleStore, _: Vec<SampleId>) {}
+
+    /// Says goodbye to the server.
+    fn finish(&mut self, world: &mut dyn Comm) {
+        self.goodbye(world);
     }
 }
 

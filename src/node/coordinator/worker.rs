@@ -136,7 +136,7 @@ impl Worker {
                 "exchange incomplete; fetching the rest from the source"
             );
         }
-        self.set(target, EpochState::Preparing);
+        self.set(target, EpochState::Preparing(outcome.clone()));
         let (effects, step, tx) = (self.effects.clone(), self.next.clone(), self.tx.clone());
         let spawned = thread::Builder::new()
             .name("prepare-epoch".into())
@@ -159,9 +159,13 @@ impl Worker {
             });
         if let Err(e) = persisted {
             tracing::warn!(error = %e, "advance failed; the current epoch stays");
-            // A later advance prepares again (what was fetched meanwhile stays cached); the
-            // exchange's own outcome was reported when this attempt began.
-            self.set(target, EpochState::Exchanged(ExchangeOutcome::Skipped));
+            // A later advance prepares again (what was fetched meanwhile stays cached); a
+            // failed exchange was reported when this attempt began, so it is not again.
+            let exchange = match self.state(target) {
+                Some(EpochState::Preparing(ExchangeOutcome::Done)) => ExchangeOutcome::Done,
+                _ => ExchangeOutcome::Skipped,
+            };
+            self.set(target, EpochState::Exchanged(exchange));
             for (reply, _) in self.waiting.drain(..) {
                 let _ = reply.send(Err(AdvanceError::Prepare {
                     target,
