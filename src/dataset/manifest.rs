@@ -22,9 +22,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::dataset::names::{Skipped, is_safe_name};
 use crate::dataset::records::RecordIndex;
 use crate::dataset::records::scan::RecordError;
-pub use crate::dataset::scan::scan;
 use crate::plan::SampleId;
 
 #[derive(Debug, thiserror::Error)]
@@ -51,13 +51,6 @@ pub enum ManifestError {
     Records(#[from] RecordError),
 }
 
-/// Something left out of the manifest, with the reason; reported in the status and the log.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct Skipped {
-    pub path: String,
-    pub reason: String,
-}
-
 /// A class folder's name and its `(sample name, size)` entries; [`UNKNOWN_SIZE`] for a size
 /// not known yet.
 pub type ClassListing = (Vec<u8>, Vec<(Vec<u8>, u64)>);
@@ -81,16 +74,6 @@ pub struct Manifest {
     /// manifest's bytes, and its fingerprint in existing caches, are what they were.
     #[serde(skip)]
     records: Option<Box<RecordIndex>>,
-}
-
-/// Whether a single path component is safe to use as a file name under a folder we own.
-pub fn is_safe_name(name: &[u8]) -> bool {
-    !name.is_empty()
-        && name.len() <= 255
-        && name != b"."
-        && name != b".."
-        && !name.contains(&b'/')
-        && !name.contains(&0)
 }
 
 impl Manifest {

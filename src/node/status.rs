@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use serde::Serialize;
 
 use crate::cache::SampleStore;
-use crate::dataset::manifest::Skipped;
+use crate::dataset::names::Skipped;
 use crate::exchange::{ExchangeReport, ExchangeTracker};
 use crate::node::coordinator::Coordinator;
 use crate::node::regrow::RegrowReport;
