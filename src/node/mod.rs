@@ -22,6 +22,7 @@ use crate::vfs::ShuffleFs;
 pub mod coordinator;
 pub mod regrow;
 pub mod resume;
+pub mod resumed;
 pub mod staging;
 pub mod status;
 
@@ -70,7 +71,7 @@ impl Node {
         store: Arc<SampleStore>,
         plan: Plan,
         rank: Rank,
-        resumed: resume::Resumed,
+        resumed: resumed::Resumed,
         cfg: NodeConfig,
     ) -> (Node, Receiver<ExchangeCmd>) {
         let (exchange_tx, exchange_rx) = channel();

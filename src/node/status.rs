@@ -10,7 +10,7 @@ use crate::cache::SampleStore;
 use crate::dataset::names::Skipped;
 use crate::exchange::{ExchangeReport, ExchangeTracker};
 use crate::node::coordinator::Coordinator;
-use crate::node::regrow::RegrowReport;
+use crate::node::resumed::RegrowReport;
 use crate::node::staging::{StagingProgress, StagingSnapshot};
 
 pub trait StatusReport: Send + Sync {
