@@ -1,5 +1,5 @@
 //! `shufflefs plan`: what a shuffle costs before any run, measured on seeded random
-//! placements ([`placement`](super::placement)) with Theorems 1 and 2 beside the counts.
+//! placements ([`placement`](crate::plan::placement)) with Theorems 1 and 2 beside the counts.
 //!
 //! Costs are in samples of a fixed size (`--sample-bytes`), as in the paper: a coded packet
 //! is as long as one sample. The server model has compute ranks that only receive; a
