@@ -29,8 +29,8 @@ use std::time::Instant;
 
 use shufflefs::coded::calc::{theorem1, theorem2};
 use shufflefs::coded::groups::{Communicators, DEFAULT_LIMIT, group_mask, route_all};
-use shufflefs::coded::placement::RandomPlacement;
-use shufflefs::coded::{Scheme, plan, verify};
+use shufflefs::coded::{Scheme, next_instance, plan, verify};
+use shufflefs::plan::placement::RandomPlacement;
 
 const N: usize = 20;
 const NU: usize = 2;
@@ -82,7 +82,7 @@ fn main() {
                 }
             };
             let s = placement.cache_size();
-            let inst = placement.next_instance();
+            let inst = next_instance(&mut placement);
             let u = plan(&inst, Scheme::Uncoded);
             let c = plan(&inst, Scheme::Coded);
             let ub = plan(&inst, Scheme::Ubershuffle { nu: NU });

@@ -33,8 +33,8 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use shufflefs::coded::packet::{decode, encode, packet_len, xor_into};
-use shufflefs::coded::placement::RandomPlacement;
-use shufflefs::coded::{Scheme, Transmission, plan, plan_by_size};
+use shufflefs::coded::{Scheme, Transmission, next_instance, plan, plan_by_size};
+use shufflefs::plan::placement::RandomPlacement;
 
 fn sample(s: u32, len: usize) -> Vec<u8> {
     (0..len)
@@ -108,9 +108,9 @@ fn padding_table() {
         "n", "cv", "server bytes", "by size", "packets"
     );
     for n in [4usize, 8, 20] {
-        let inst = RandomPlacement::new(20_000, n, 2.0 / n as f64, 1)
-            .expect("placement")
-            .next_instance();
+        let inst = next_instance(
+            &mut RandomPlacement::new(20_000, n, 2.0 / n as f64, 1).expect("placement"),
+        );
         let uncoded = plan(&inst, Scheme::Uncoded);
         let uber = plan(&inst, Scheme::Ubershuffle { nu: 2 });
         for cv in [0.0, 0.25, 0.5, 1.0, 2.0] {

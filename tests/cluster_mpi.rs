@@ -646,7 +646,7 @@ fn four_ranks_on_two_hosts_restart_as_two() {
     let ds = four_classes(20, |i| 10_000 + 97 * i as u64);
     let cluster = Cluster::up("celast", "10.213.206.0/24", 2);
     let predicted = |history: &shufflefs::plan::elastic::History, epoch: u64, rank: u32| {
-        let m = shufflefs::dataset::manifest::scan(&ds.root).unwrap();
+        let m = shufflefs::dataset::scan::scan(&ds.root).unwrap();
         let params = shufflefs::plan::PlanParams {
             samples: m.len(),
             world: history.world(),

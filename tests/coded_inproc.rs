@@ -82,7 +82,7 @@ fn faults(plan: &Plan, scheme: Scheme) -> (Option<SampleId>, SampleId) {
     let mut p = shares.placement_at(1);
     let share1: BTreeSet<SampleId> = p.shares(1).remove(1);
     let retained = *p.caches()[1].difference(&share1).next().unwrap();
-    let inst = p.next_instance();
+    let inst = coded::next_instance(&mut p);
     let needed = coded::plan(&inst, scheme)
         .into_iter()
         .filter(|tx| tx.receivers().any(|r| r == 1))

@@ -74,7 +74,7 @@ fn listing(job: &MpiJob, src: &Path, epoch: u64) -> BTreeMap<String, u32> {
 
 /// What the coded plan gives every sample in `epoch`.
 fn planned(src: &Path, epoch: u64) -> BTreeMap<String, u32> {
-    let m = shufflefs::dataset::manifest::scan(src).unwrap();
+    let m = shufflefs::dataset::scan::scan(src).unwrap();
     let params = shufflefs::plan::PlanParams {
         samples: m.len(),
         world: RANKS,

@@ -25,7 +25,7 @@ const SAMPLES: u64 = (CLASSES * PER_CLASS) as u64;
 
 /// What the pure plan gives `rank` at `epoch` for `history`.
 fn predicted(src: &Path, history: &History, epoch: u64, rank: u32) -> BTreeSet<String> {
-    let m = shufflefs::dataset::manifest::scan(src).unwrap();
+    let m = shufflefs::dataset::scan::scan(src).unwrap();
     let params = PlanParams {
         samples: m.len(),
         world: history.world(),

@@ -39,7 +39,7 @@ use std::path::{Path, PathBuf};
 use xattr::FileExt as _;
 
 use super::backend::{CacheBackend, Claim, Commit, Recovered, SampleWriter, Stored};
-use super::store::Bitset;
+use super::bitset::Bitset;
 use crate::plan::SampleId;
 use crate::sys::io::read_full_at;
 

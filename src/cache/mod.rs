@@ -37,6 +37,7 @@ use crate::plan::elastic::{Era, History};
 use crate::plan::{ExchangeScope, HostLayout, PlanError};
 
 mod backend;
+mod bitset;
 mod files;
 mod layout;
 mod packed;
@@ -45,10 +46,11 @@ mod store;
 pub use backend::{
     Borrowed, CacheBackend, Claim, ClaimSet, Claims, Commit, Recovered, SampleWriter, Stored,
 };
+pub use bitset::Bitset;
 pub use files::FileBackend;
 pub use layout::CacheLayout;
 pub use packed::{PackedBackend, PackedConfig};
-pub use store::{Adopted, Bitset, SampleStore, StoreStats};
+pub use store::{Adopted, SampleStore, StoreStats};
 
 /// Bump when the layout or the plan's output changes: old caches are then refused.
 pub const FORMAT_VERSION: u32 = 2;

@@ -1,5 +1,5 @@
 //! `shufflefs plan`: what a shuffle costs before any run, measured on seeded random
-//! placements ([`placement`](super::placement)) with Theorems 1 and 2 beside the counts.
+//! placements ([`placement`](crate::plan::placement)) with Theorems 1 and 2 beside the counts.
 //!
 //! Costs are in samples of a fixed size (`--sample-bytes`), as in the paper: a coded packet
 //! is as long as one sample. The server model has compute ranks that only receive; a
@@ -10,8 +10,8 @@
 use std::fmt::Write;
 
 use super::groups::{Communicators, DEFAULT_LIMIT, GroupsError, group_mask, route_all};
-use super::placement::{PlacementError, RandomPlacement};
-use super::{Scheme, plan};
+use super::{Scheme, next_instance, plan};
+use crate::plan::placement::{PlacementError, RandomPlacement};
 use crate::plan::{Plan, PlanError, PlanParams};
 
 /// How much each rank stores.
@@ -99,7 +99,7 @@ pub fn measure(
     let mut placement = RandomPlacement::new(samples, ranks, alpha, seed)?;
     let mut cost = SchemeCost::default();
     for _ in 0..epochs {
-        let txs = plan(&placement.next_instance(), scheme);
+        let txs = plan(&next_instance(&mut placement), scheme);
         cost.transmissions += txs.len() as f64;
         cost.received_per_rank += txs.iter().map(|t| t.group.len()).sum::<usize>() as f64;
     }
@@ -203,7 +203,7 @@ pub fn report(input: &CalcInput) -> Result<String, CalcError> {
     let coded = input.schemes.iter().rev().find(|s| **s != Scheme::Uncoded);
     if let Some(&scheme) = coded.filter(|_| n >= 2) {
         let comms = Communicators::for_cache(n, DEFAULT_LIMIT, alpha)?;
-        let inst = RandomPlacement::new(q, n, alpha, input.seed)?.next_instance();
+        let inst = next_instance(&mut RandomPlacement::new(q, n, alpha, input.seed)?);
         let txs = plan(&inst, scheme);
         let (_, merge) = route_all(&comms, txs.iter().map(|t| (group_mask(t), b)))?;
         let _ = writeln!(

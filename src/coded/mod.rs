@@ -20,8 +20,9 @@
 //! A [`Transmission`] is the list of `(sample, receiver)` pairs it carries (the packet is the
 //! XOR of those samples) and the group it is multicast to. [`verify`] is the decoder check:
 //! every missing demand arrives exactly once and each receiver caches every other sample of
-//! its packet. [`placement`] draws the seeded random caches and shares the calculator
-//! ([`calc`]) averages over. [`packet`] is the wire format of one transmission (samples of
+//! its packet. [`next_instance`] turns the seeded random caches and shares of
+//! `plan::placement` (the plan's, also averaged over by the calculator, [`calc`]) into one
+//! epoch's problem. [`packet`] is the wire format of one transmission (samples of
 //! different sizes XORed with zero padding, CRC-checked on decode); [`groups`] is the fixed,
 //! bounded set of MPI communicators every multicast group rides on (communicator merging,
 //! Section 4.3). Not in this module: the server rank, the transport and the exchange that
@@ -33,17 +34,15 @@ pub mod encode;
 pub mod groups;
 pub mod index;
 pub mod packet;
-pub mod placement;
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::plan::SampleId;
+pub use crate::plan::placement::MAX_NODES;
+use crate::plan::placement::RandomPlacement;
 
 /// A compute node, `0..n`.
 pub type Node = usize;
-
-/// At most this many compute nodes: a set of nodes is a `u64` bit mask.
-pub const MAX_NODES: usize = 64;
 
 /// UberShuffle's default search depth: the paper's simulations (Fig. 5) use `nu = 2`.
 pub const DEFAULT_NU: usize = 2;
@@ -143,6 +142,13 @@ impl Instance {
     pub fn missing_count(&self) -> usize {
         (0..self.nodes()).map(|i| self.missing(i).count()).sum()
     }
+}
+
+/// The problem of moving `placement` from its current epoch to the next, then applies the
+/// update rule so the following call plans the epoch after.
+pub fn next_instance(placement: &mut RandomPlacement) -> Instance {
+    let (caches, demands) = placement.advance();
+    Instance::new(caches, demands).expect("balanced shares of a permutation are disjoint")
 }
 
 /// One packet from the server: the XOR of `parts`' samples, multicast to `group`.

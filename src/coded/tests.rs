@@ -5,8 +5,8 @@ use std::collections::BTreeSet;
 use proptest::prelude::*;
 
 use super::calc::{CalcInput, Storage, report, theorem1, theorem2};
-use super::placement::RandomPlacement;
 use super::*;
+use crate::plan::placement::RandomPlacement;
 
 fn set(xs: &[SampleId]) -> BTreeSet<SampleId> {
     xs.iter().copied().collect()
@@ -109,9 +109,9 @@ fn placement_keeps_the_share_and_the_cache_size() {
     let mut p = RandomPlacement::new(103, 4, 0.4, 7).unwrap();
     let s = p.cache_size();
     assert_eq!(s, 41);
-    let mut prev = p.next_instance();
+    let mut prev = next_instance(&mut p);
     for _ in 0..3 {
-        let next = p.next_instance();
+        let next = next_instance(&mut p);
         for i in 0..4 {
             // The cache after an epoch holds that epoch's share and s samples in all.
             assert!(prev.demand(i).is_subset(next.cache(i)));
@@ -128,10 +128,13 @@ fn placement_keeps_the_share_and_the_cache_size() {
     }
     let again: Vec<_> = {
         let mut p = RandomPlacement::new(103, 4, 0.4, 7).unwrap();
-        (0..4).map(|_| p.next_instance()).collect()
+        (0..4).map(|_| next_instance(&mut p)).collect()
     };
     let mut p = RandomPlacement::new(103, 4, 0.4, 7).unwrap();
-    assert_eq!(again, (0..4).map(|_| p.next_instance()).collect::<Vec<_>>());
+    assert_eq!(
+        again,
+        (0..4).map(|_| next_instance(&mut p)).collect::<Vec<_>>()
+    );
     assert!(RandomPlacement::new(100, 4, 0.2, 0).is_err());
 }
 
@@ -207,7 +210,7 @@ proptest! {
         let alpha = min_alpha + (1.0 - min_alpha) * f64::from(alpha_milli) / 1000.0;
         let mut p = RandomPlacement::new(q, n, alpha, seed).unwrap();
         for _ in 0..2 {
-            let inst = p.next_instance();
+            let inst = next_instance(&mut p);
             let u = plan(&inst, Scheme::Uncoded);
             let c = plan(&inst, Scheme::Coded);
             let ub = plan(&inst, Scheme::Ubershuffle { nu });
@@ -247,7 +250,7 @@ proptest! {
     ) {
         let q = q.max(n as u32);
         let alpha = ((q as usize).div_ceil(n) as f64 / f64::from(q) * 1.5).min(1.0);
-        let inst = RandomPlacement::new(q, n, alpha, seed).unwrap().next_instance();
+        let inst = next_instance(&mut RandomPlacement::new(q, n, alpha, seed).unwrap());
         let len = |s: SampleId| (u64::from(s) ^ salt).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 48;
         for scheme in [Scheme::Uncoded, Scheme::Coded, Scheme::Ubershuffle { nu }] {
             let by_id = plan(&inst, scheme);

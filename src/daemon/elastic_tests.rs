@@ -13,7 +13,7 @@ use crate::cache::{CacheState, FileBackend};
 use crate::cli::{Cli, Command, MountArgs};
 use crate::comm::{Comm, LocalComm};
 use crate::exchange::{self, ExchangeConfig, ExchangeTracker};
-use crate::node::regrow::RegrowReport;
+use crate::node::resumed::RegrowReport;
 use crate::plan::elastic::{ElasticPlan, History};
 use crate::plan::{PlanParams, SampleId};
 

@@ -22,9 +22,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::dataset::names::{Skipped, is_safe_name};
 use crate::dataset::records::RecordIndex;
 use crate::dataset::records::scan::RecordError;
-pub use crate::dataset::scan::scan;
 use crate::plan::SampleId;
 
 #[derive(Debug, thiserror::Error)]
@@ -49,13 +49,6 @@ pub enum ManifestError {
     UnsafeName(OsString),
     #[error(transparent)]
     Records(#[from] RecordError),
-}
-
-/// Something left out of the manifest, with the reason; reported in the status and the log.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct Skipped {
-    pub path: String,
-    pub reason: String,
 }
 
 /// A class folder's name and its `(sample name, size)` entries; [`UNKNOWN_SIZE`] for a size
@@ -138,16 +131,6 @@ impl Default for Manifest {
     fn default() -> Manifest {
         Manifest::empty()
     }
-}
-
-/// Whether a single path component is safe to use as a file name under a folder we own.
-pub fn is_safe_name(name: &[u8]) -> bool {
-    !name.is_empty()
-        && name.len() <= 255
-        && name != b"."
-        && name != b".."
-        && !name.contains(&b'/')
-        && !name.contains(&0)
 }
 
 impl Manifest {

@@ -17,6 +17,7 @@ use crate::plan::SampleId;
 
 pub mod imagefolder;
 pub mod manifest;
+pub mod names;
 pub mod records;
 pub mod scan;
 pub mod synthetic;

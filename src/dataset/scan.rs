@@ -33,7 +33,8 @@ use nix::dir::{Dir, Type};
 use nix::fcntl::{AtFlags, OFlag};
 use nix::sys::stat::{FileStat, Mode, SFlag, fstatat};
 
-use crate::dataset::manifest::{Manifest, ManifestError, Skipped, UNKNOWN_SIZE};
+use crate::dataset::manifest::{Manifest, ManifestError, UNKNOWN_SIZE};
+use crate::dataset::names::Skipped;
 
 /// Threads listing class folders. Measured when every sample was stat'ed (1M files, 2-core
 /// VM): warm, two threads filled two cores; cold, 8 kept more reads in flight than 2 or 4.

@@ -21,6 +21,7 @@ use crate::plan::{Plan, Rank, SampleId, Step};
 pub mod coordinator;
 pub mod regrow;
 pub mod resume;
+pub mod resumed;
 pub mod staging;
 pub mod status;
 
@@ -69,7 +70,7 @@ impl Node {
         store: Arc<SampleStore>,
         plan: Plan,
         rank: Rank,
-        resumed: resume::Resumed,
+        resumed: resumed::Resumed,
         cfg: NodeConfig,
     ) -> (Node, Receiver<ExchangeCmd>) {
         let (exchange_tx, exchange_rx) = channel();

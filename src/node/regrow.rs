@@ -26,41 +26,18 @@
 //! same way: the state files already carry the new history, orphans are removed only after
 //! every rank holds its share durably, and a second run finds less to do.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 
-use serde::Serialize;
-
-use super::resume::{Resumed, trim};
+use super::resume::trim;
+use super::resumed::{RegrowReport, Resumed};
 use crate::cache::SampleStore;
 use crate::comm::{Comm, CommError, agree};
 use crate::exchange::{
     self, EpochExchange, ExchangeConfig, ExchangeCtx, ExchangeTracker, Partial, Peers,
 };
-use crate::plan::elastic::{ElasticPlan, Era};
+use crate::plan::elastic::ElasticPlan;
 use crate::plan::{Rank, SampleId, Step, Transfer};
-
-/// How a restart of a resized job filled this rank's share: `.shufflefs/status` "resize".
-#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
-pub struct RegrowReport {
-    /// The epoch the job went on at.
-    pub epoch: u64,
-    /// The job's world sizes (`world` ranks from `epoch` on).
-    pub history: Vec<Era>,
-    /// Samples of this rank's share at `epoch`.
-    pub share_samples: u64,
-    /// Already in this rank's cache.
-    pub kept: u64,
-    /// Taken from caches of gone ranks on this host.
-    pub adopted: u64,
-    /// Sent by other ranks, by sender.
-    pub received: BTreeMap<Rank, u64>,
-    /// Left to the source (fetched in the background, or when read).
-    pub from_source: u64,
-    /// Cache folders of gone ranks removed by this rank.
-    pub reclaimed: Vec<PathBuf>,
-}
 
 /// Settings of a regrow.
 pub struct RegrowConfig {

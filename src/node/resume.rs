@@ -16,21 +16,11 @@
 use std::collections::HashSet;
 use std::sync::atomic::AtomicBool;
 
+use super::resumed::Resumed;
 use crate::cache::SampleStore;
 use crate::comm::{Comm, CommError};
 use crate::exchange::{self, ExchangeConfig, ExchangeTracker};
 use crate::plan::{EpochShares, Plan, Rank, SampleId, Step};
-
-/// Where the plan walk of [`resume`] ended: the shares of the epoch resumed at and the step
-/// out of it. The daemon starts its `Epochs` from these, so start-up walks the plan once
-/// (at 1 M samples each walk costs tens of milliseconds, and resuming at epoch E walks E
-/// steps).
-pub struct Resumed {
-    pub current: EpochShares,
-    pub next: Step,
-    /// How a resized job's share was filled (see `regrow`), for the status.
-    pub resize: Option<super::regrow::RegrowReport>,
-}
 
 /// Completes the exchange into `epoch` for the samples some rank still lacks, then drops
 /// what belongs to neither `epoch` nor `epoch + 1`. Every rank must call it.

@@ -230,7 +230,7 @@ mod tests {
         for (i, len) in [300usize, 700].into_iter().enumerate() {
             std::fs::write(src.join(format!("c/{i}")), vec![7u8; len]).unwrap();
         }
-        let manifest = Arc::new(crate::dataset::manifest::scan(&src).unwrap());
+        let manifest = Arc::new(crate::dataset::scan::scan(&src).unwrap());
         let source = Arc::new(ImageFolder::new(src, manifest.clone()));
         let dir = CacheDir::open(&tmp.path().join("cache")).unwrap();
         let store = SampleStore::new(dir, manifest, source).unwrap();

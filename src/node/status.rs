@@ -8,10 +8,10 @@ use serde::Serialize;
 
 use crate::cache::SampleStore;
 use crate::dataset::manifest::Index;
-use crate::dataset::manifest::Skipped;
+use crate::dataset::names::Skipped;
 use crate::exchange::{ExchangeReport, ExchangeTracker};
 use crate::node::coordinator::Coordinator;
-use crate::node::regrow::RegrowReport;
+use crate::node::resumed::RegrowReport;
 use crate::node::staging::{StagingProgress, StagingSnapshot};
 
 pub trait StatusReport: Send + Sync {

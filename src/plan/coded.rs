@@ -15,8 +15,8 @@
 
 use std::collections::BTreeSet;
 
+use super::placement::{PlacementError, RandomPlacement};
 use super::{EpochShares, Rank, SampleId, Step};
-use crate::coded::placement::{PlacementError, RandomPlacement};
 
 /// The shares and caches of a coded run.
 #[derive(Clone, Debug)]

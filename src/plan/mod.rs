@@ -43,6 +43,7 @@ use rand_core::{Rng, SeedableRng};
 
 pub mod coded;
 pub mod elastic;
+pub mod placement;
 
 pub use coded::CodedShares;
 
@@ -197,7 +198,7 @@ pub enum PlanError {
     #[error("the host layout names {hosts} ranks, but the world has {world}")]
     Hosts { hosts: usize, world: u32 },
     #[error("--cache-fraction: {0}")]
-    Coded(#[from] crate::coded::placement::PlacementError),
+    Coded(#[from] placement::PlacementError),
     #[error("invalid history of world sizes ({0})")]
     History(String),
 }

@@ -184,7 +184,7 @@ pub fn planned(
     epoch: u64,
     rank: u32,
 ) -> std::collections::BTreeSet<String> {
-    let m = shufflefs::dataset::manifest::scan(src).unwrap();
+    let m = shufflefs::dataset::scan::scan(src).unwrap();
     let plan = shufflefs::plan::Plan::new(shufflefs::plan::PlanParams {
         samples: m.len(),
         world: ranks,

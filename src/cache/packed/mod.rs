@@ -78,7 +78,7 @@ use std::time::{Duration, SystemTime};
 use super::backend::{
     Borrowed, CacheBackend, Claim, ClaimSet, Commit, Recovered, SampleWriter, Stored,
 };
-use super::store::Bitset;
+use super::bitset::Bitset;
 use crate::plan::SampleId;
 use crate::sys::io::read_full_at;
 use format::{HEADER, Header, Kind};

@@ -3,8 +3,8 @@
 use proptest::prelude::*;
 
 use super::*;
-use crate::coded::placement::RandomPlacement;
-use crate::coded::{Scheme, plan};
+use crate::coded::{Scheme, next_instance, plan};
+use crate::plan::placement::RandomPlacement;
 
 fn set(nodes: &[Node]) -> NodeSet {
     nodes.iter().fold(0, |m, &i| m | 1 << i)
@@ -52,9 +52,7 @@ fn twenty_nodes_get_the_papers_pairs_or_exact_pairs_for_small_caches() {
         small.reached(small.route(set(&[3, 17])).unwrap()),
         set(&[3, 17])
     );
-    let inst = RandomPlacement::new(2000, 20, 0.06, 3)
-        .unwrap()
-        .next_instance();
+    let inst = next_instance(&mut RandomPlacement::new(2000, 20, 0.06, 3).unwrap());
     let txs = plan(&inst, Scheme::Ubershuffle { nu: 2 });
     let extra = |c: &Communicators| {
         let (_, cost) = route_all(c, txs.iter().map(|t| (group_mask(t), 1000))).unwrap();
@@ -185,7 +183,7 @@ proptest! {
     ) {
         let q = q.max(n as u32);
         let alpha = ((q as usize).div_ceil(n) as f64 / f64::from(q) * 2.0).min(1.0);
-        let inst = RandomPlacement::new(q, n, alpha, seed).unwrap().next_instance();
+        let inst = next_instance(&mut RandomPlacement::new(q, n, alpha, seed).unwrap());
         let txs = plan(&inst, Scheme::Ubershuffle { nu: 2 });
         let c = Communicators::new(n, limit).unwrap();
         let (routes, cost) = route_all(&c, txs.iter().map(|t| (group_mask(t), 1))).unwrap();
@@ -223,7 +221,7 @@ fn print_measured() {
     let n = 20;
     for alpha in [0.06, 0.1, 0.2, 0.35, 0.55, 0.8] {
         let mut p = RandomPlacement::new(4000, n, alpha, 1).unwrap();
-        let inst = p.next_instance();
+        let inst = next_instance(&mut p);
         let txs = plan(&inst, Scheme::Ubershuffle { nu: 2 });
         let sizes: Vec<usize> = txs.iter().map(|t| t.group.len()).collect();
         let mean = sizes.iter().sum::<usize>() as f64 / sizes.len() as f64;

@@ -7,8 +7,8 @@ use std::io;
 use proptest::prelude::*;
 
 use super::*;
-use crate::coded::placement::RandomPlacement;
-use crate::coded::{Instance, Scheme, plan};
+use crate::coded::{Instance, Scheme, next_instance, plan};
+use crate::plan::placement::RandomPlacement;
 
 /// Test bytes: a pure function of (salt, sample, offset).
 fn bytes(salt: u64, sample: SampleId, len: usize) -> Vec<u8> {
@@ -330,7 +330,7 @@ proptest! {
         let min_alpha = (q as usize).div_ceil(n) as f64 / f64::from(q);
         let alpha = min_alpha + (1.0 - min_alpha) * f64::from(alpha_milli) / 1000.0;
         let mut p = RandomPlacement::new(q, n, alpha, seed).unwrap();
-        let inst = p.next_instance();
+        let inst = next_instance(&mut p);
         for scheme in [Scheme::Uncoded, Scheme::Coded, Scheme::Ubershuffle { nu: 2 }] {
             check_scheme(&inst, scheme, mode, salt)?;
         }

@@ -407,7 +407,7 @@ impl RecordIndex {
 
 /// A file name inside the source folder: one safe component.
 fn is_relative_name(name: &str) -> bool {
-    super::manifest::is_safe_name(name.as_bytes())
+    super::names::is_safe_name(name.as_bytes())
 }
 
 /// Whether fixed-size records are one per group (`--group records`, or a page or more each).

@@ -17,7 +17,7 @@ use super::tar::{TarSamples, tar_samples};
 use super::{
     Framing, Grouping, MAX_RECORD, PAGE, RecordFile, RecordIndex, RecordParams, Table, fixed_groups,
 };
-use crate::dataset::manifest::Skipped;
+use crate::dataset::names::Skipped;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {

@@ -13,7 +13,7 @@ use std::path::Path;
 
 use super::MAX_RECORD;
 use super::scan::{Ahead, RecordError, TableBuilder, over_limit, path_of};
-use crate::dataset::manifest::Skipped;
+use crate::dataset::names::Skipped;
 
 /// Tar records (webdataset samples) of every file, kept until all files are read: a sample
 /// lacking a member the others have is only known once the common set is.

@@ -5,7 +5,8 @@ use proptest::prelude::*;
 
 use super::scan::masked_crc;
 use super::*;
-use crate::dataset::manifest::{Manifest, Skipped};
+use crate::dataset::manifest::Manifest;
+use crate::dataset::names::Skipped;
 use crate::dataset::{Dataset, RecordSource};
 
 fn params(framing: Framing, grouping: Grouping) -> RecordParams {

@@ -9,12 +9,12 @@ use super::{CodedReport, LAST, MORE, Request, Routes, STOP, comm_err, recv_piece
 use super::{routes, wire};
 use crate::cache::SampleStore;
 use crate::coded::packet::{self, DecodeError};
-use crate::coded::placement::RandomPlacement;
-use crate::coded::{Instance, Node, Scheme, Transmission, plan};
+use crate::coded::{Instance, Node, Scheme, Transmission, next_instance, plan};
 use crate::comm::Comm;
 use crate::exchange::{
     EpochExchange, ExchangeCtx, ExchangeError, ExchangeState, ExchangeTracker, Settled,
 };
+use crate::plan::placement::RandomPlacement;
 use crate::plan::{Plan, Rank, SampleId, Step};
 
 /// One compute rank's coded exchanges, epoch after epoch.
@@ -131,7 +131,7 @@ impl CodedClient {
         report.cache_fill_samples = n;
         report.plain_bytes_received += bytes;
 
-        let inst: Instance = self.placement.next_instance();
+        let inst: Instance = next_instance(&mut self.placement);
         let txs = plan(&inst, self.scheme);
         report.packets_planned = txs.len() as u64;
         // What this rank lacks of its next share: the samples (and their bytes) that packets

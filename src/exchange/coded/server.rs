@@ -15,10 +15,10 @@ use super::routes;
 use super::wire::Bundle;
 use super::{BUNDLE, LAST, MORE, Request, Routes, STOP, recv_requests, send_head};
 use crate::coded::packet;
-use crate::coded::placement::RandomPlacement;
-use crate::coded::{Scheme, plan};
+use crate::coded::{Scheme, next_instance, plan};
 use crate::comm::{Comm, CommError};
 use crate::dataset::{Dataset, Manifest};
+use crate::plan::placement::RandomPlacement;
 use crate::plan::{CodedShares, Rank, SampleId};
 
 /// The source behind the server, with the memory rule of the module docs.
@@ -141,7 +141,7 @@ impl Server {
             let mut plain = 0u64;
             self.placement.advance_to(target - 1);
             plain += self.answer(world, &hellos, abort)?;
-            let inst = self.placement.next_instance();
+            let inst = next_instance(&mut self.placement);
             let txs = plan(&inst, self.settings.scheme);
             let mut packet_bytes = 0u64;
             let mut encode_seconds = 0.0;

@@ -1,4 +1,5 @@
-//! Seeded random caches and shares for the calculator and the property tests.
+//! Seeded random caches and shares of coded shuffling: the plan variant `plan::coded`, the
+//! calculator and the property tests.
 //!
 //! Model (the paper's Section 2, and the cache rule issue 16 asks us to state):
 //! - `q` samples, `n` nodes, each node caches `s = floor(alpha * q)` samples, `s` at least
@@ -18,18 +19,25 @@
 //!
 //! Randomness is the project's ChaCha8 stream keyed by `(seed, domain, epoch, node)` with
 //! its own domain tags, and the project's own Fisher–Yates ([`crate::plan`] explains why).
+//!
+//! It lives in `plan`, not `coded`, because it is ownership (who holds and who is assigned
+//! which sample each epoch) and the plan holds it: `coded` builds its per-epoch problem from
+//! it ([`coded::next_instance`](crate::coded::next_instance)) and imports `plan`, never the
+//! other way round.
 
 use std::collections::BTreeSet;
 
-use super::Instance;
-use crate::plan::{SampleId, partial_shuffle, shuffle, stream};
+use super::{SampleId, partial_shuffle, shuffle, stream};
+
+/// At most this many compute nodes: a set of nodes is a `u64` bit mask (`coded::index`).
+pub const MAX_NODES: usize = 64;
 
 const DOMAIN_SHARES: u64 = 0xC0DE_0001;
 const DOMAIN_EXTRA: u64 = 0xC0DE_0002;
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum PlacementError {
-    #[error("{nodes} nodes: between 1 and {} are supported", super::MAX_NODES)]
+    #[error("{nodes} nodes: between 1 and {} are supported", MAX_NODES)]
     Nodes { nodes: usize },
     #[error(
         "a cache of {cache} samples (alpha = {alpha} of {samples} samples) cannot hold a share of {share} ({nodes} ranks): alpha must be at least 1/{nodes}, and a dataset smaller than expected may be the index an earlier source left in the cache (--reset-cache rebuilds it)"
@@ -63,7 +71,7 @@ impl RandomPlacement {
         alpha: f64,
         seed: u64,
     ) -> Result<RandomPlacement, PlacementError> {
-        if nodes == 0 || nodes > super::MAX_NODES {
+        if nodes == 0 || nodes > MAX_NODES {
             return Err(PlacementError::Nodes { nodes });
         }
         if !(alpha > 0.0 && alpha <= 1.0) {
@@ -129,7 +137,7 @@ impl RandomPlacement {
     /// there or past it): what a restart at `epoch` re-derives.
     pub fn advance_to(&mut self, epoch: u64) {
         while self.epoch < epoch {
-            self.next_instance();
+            self.advance();
         }
     }
 
@@ -143,14 +151,14 @@ impl RandomPlacement {
             .collect()
     }
 
-    /// The problem of moving from the current epoch to the next, then applies the update
-    /// rule so the following call plans the epoch after.
-    pub fn next_instance(&mut self) -> Instance {
+    /// Moves to the next epoch: returns the caches it leaves and the shares it enters (the
+    /// problem of moving from one to the other, `coded::next_instance`), then applies the
+    /// update rule so the following call moves to the epoch after.
+    pub fn advance(&mut self) -> (Vec<BTreeSet<SampleId>>, Vec<BTreeSet<SampleId>>) {
         self.epoch += 1;
         let demands = self.shares(self.epoch);
-        let inst = Instance::new(self.caches.clone(), demands.clone())
-            .expect("balanced shares of a permutation are disjoint");
-        for (node, (cache, share)) in self.caches.iter_mut().zip(demands).enumerate() {
+        let left = self.caches.clone();
+        for (node, (cache, share)) in self.caches.iter_mut().zip(demands.clone()).enumerate() {
             let mut old: Vec<SampleId> = cache.difference(&share).copied().collect();
             let keep = self.cache_size - share.len();
             partial_shuffle(
@@ -163,6 +171,6 @@ impl RandomPlacement {
                 .chain(old.into_iter().take(keep))
                 .collect();
         }
-        inst
+        (left, demands)
     }
 }
