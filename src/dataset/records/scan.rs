@@ -209,7 +209,9 @@ fn scanned_index(
                 let from = match params.header_line {
                     true => match header_line(data) {
                         Ok((line, end)) => {
-                            same_header(&mut header, line, &shown);
+                            if let Some(why) = same_header(&mut header, line, &shown) {
+                                skip(0, why);
+                            }
                             end
                         }
                         Err(max) => {
@@ -242,15 +244,29 @@ fn scanned_index(
     Ok(b.finish(params, header.map(|h| h.0).unwrap_or_default()))
 }
 
-/// Keeps the first file's header line; a file whose header differs is named in the log.
-fn same_header(header: &mut Option<(Vec<u8>, String)>, line: Vec<u8>, shown: &str) {
+/// Keeps the first file's header line. A file whose first line differs is named (in the
+/// log and the skipped list): `--header-line` takes it as that file's header, so if the
+/// file has none (a shard cut from a headed file), its first record is left out, and the
+/// user is told rather than left to miss it.
+fn same_header(
+    header: &mut Option<(Vec<u8>, String)>,
+    line: Vec<u8>,
+    shown: &str,
+) -> Option<String> {
     match header {
         None => *header = Some((line, shown.to_string())),
-        Some((first, from_file)) if *first != line => tracing::warn!(
-            file = %shown,
-            first = %from_file,
-            "header line differs from the first file's; parts repeat the first file's"
-        ),
+        Some((first, from_file)) if *first != line => {
+            tracing::warn!(
+                file = %shown,
+                first = %from_file,
+                "header line differs from the first file's; parts repeat the first file's"
+            );
+            return Some(format!(
+                "the first line ({} bytes) differs from the header of {from_file}; with --header-line it is taken as this file's header and left out (if this file has no header line, that is its first record)",
+                line.len()
+            ));
+        }
         Some(_) => {}
     }
+    None
 }

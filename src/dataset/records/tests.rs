@@ -761,3 +761,22 @@ fn a_long_line_is_scanned_in_bounded_memory() {
         "peak RSS grew by {grew} KiB scanning a 200 MB line"
     );
 }
+
+/// With `--header-line`, a later file whose first line is not the header (a shard cut from
+/// a headed file) loses that line as its header: it is named, not left to the log.
+#[test]
+fn a_first_line_unlike_the_header_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.csv"), b"id,x\n1,2\n").unwrap();
+    std::fs::write(dir.path().join("b.csv"), b"3,4\n5,6\n").unwrap();
+    let mut p = params(Framing::Lines, Grouping::Records);
+    p.header_line = true;
+    let (index, skipped) = build_index(dir.path(), &p).unwrap();
+    assert_eq!(index.records(), 2);
+    let text = reasons(&skipped);
+    assert_eq!(skipped.len(), 1, "{text}");
+    assert!(
+        text.contains("b.csv: byte offset 0: the first line (4 bytes) differs from the header of"),
+        "{text}"
+    );
+}
