@@ -39,7 +39,7 @@ pub(super) fn lines(
     let mut record = |b: &mut TableBuilder, start: usize, end: usize| {
         let len = (end - start) as u64;
         if len > MAX_RECORD {
-            skip(start as u64, over_limit(len));
+            skip(start as u64, over_limit(start as u64, end as u64));
             Ok(())
         } else {
             b.push(start as u64, len)

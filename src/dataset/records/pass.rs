@@ -38,19 +38,29 @@ pub(super) fn path_of(source: &Path, name: &str) -> PathBuf {
     }
 }
 
-pub(super) fn over_limit(len: u64) -> String {
-    format!("record of {len} bytes is over the 2 GiB limit; left out")
+/// Why the record at `from..to` is left out: it is over [`super::MAX_RECORD`].
+pub(super) fn over_limit(from: u64, to: u64) -> String {
+    format!(
+        "record of {} bytes is over the 2 GiB limit; {}",
+        to - from,
+        left_out(from, to)
+    )
 }
 
-/// The words for a lost byte range `from..to` of a file of `len` bytes: how many bytes,
-/// from where to where, and whether the walk found a record after them.
+/// The words for one lost record's byte range `from..to`.
+pub(super) fn left_out(from: u64, to: u64) -> String {
+    format!("bytes {from}..{to} ({} bytes) left out", to - from)
+}
+
+/// The words for a gap `from..to` of a file of `len` bytes: how many bytes, from where to
+/// where, and whether the walk found a record after them.
 pub(super) fn lost(from: u64, to: u64, len: u64) -> String {
     let after = if to < len {
         "resumed at the next valid record"
     } else {
         "to the end of the file"
     };
-    format!("bytes {from}..{to} ({} bytes) left out, {after}", to - from)
+    format!("{}, {after}", left_out(from, to))
 }
 
 /// Collects the offset table, grouping records by the page they start in.

@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use super::MAX_RECORD;
-use super::pass::{Ahead, RecordError, TableBuilder, lost, over_limit, path_of};
+use super::pass::{Ahead, RecordError, TableBuilder, left_out, lost, over_limit, path_of};
 use crate::dataset::manifest::Skipped;
 
 /// Tar records (webdataset samples) of every file, kept until all files are read: a sample
@@ -68,8 +68,8 @@ impl TarSamples {
                 skipped.push(Skipped {
                     path: path.display().to_string(),
                     reason: format!(
-                        "byte offset {start}: webdataset sample with members {} while the others have {}: a member without its pair; left out",
-                        names[set as usize], names[common]
+                        "byte offset {start}: webdataset sample with members {} while the others have {}: a member without its pair; {}",
+                        names[set as usize], names[common], left_out(start, end)
                     ),
                 });
                 continue;
@@ -77,7 +77,7 @@ impl TarSamples {
             if end - start > MAX_RECORD {
                 skipped.push(Skipped {
                     path: path.display().to_string(),
-                    reason: format!("byte offset {start}: {}", over_limit(end - start)),
+                    reason: format!("byte offset {start}: {}", over_limit(start, end)),
                 });
                 continue;
             }

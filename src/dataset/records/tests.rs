@@ -164,7 +164,12 @@ fn tfrecord_bad_crcs_and_truncation_lose_only_their_record() {
     assert_eq!(index.records(), 3, "{text}");
     let off = |i: usize| recs[..i].iter().map(Vec::len).sum::<usize>();
     assert!(
-        text.contains(&format!("a.tfrecord: byte offset {}: bad data CRC", off(1))),
+        text.contains(&format!(
+            "a.tfrecord: byte offset {}: bad data CRC; bytes {}..{} (117 bytes) left out",
+            off(1),
+            off(1),
+            off(2)
+        )),
         "{text}"
     );
     assert!(

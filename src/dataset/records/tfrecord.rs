@@ -15,7 +15,7 @@
 //! [`Skipped`]: crate::dataset::manifest::Skipped
 
 use super::MAX_RECORD;
-use super::pass::{Ahead, RecordError, TableBuilder, lost, over_limit};
+use super::pass::{Ahead, RecordError, TableBuilder, left_out, lost, over_limit};
 
 /// TFRecord's masked CRC-32C.
 pub fn masked_crc(bytes: &[u8]) -> u32 {
@@ -125,11 +125,12 @@ pub(super) fn tfrecords(
                 pos += total;
             }
             At::OverLimit(total) if boundary(pos + total) => {
-                skip(pos as u64, over_limit(total as u64));
+                skip(pos as u64, over_limit(pos as u64, (pos + total) as u64));
                 pos += total;
             }
             At::BadData(total) if boundary(pos + total) => {
-                skip(pos as u64, "bad data CRC; record left out".into());
+                let range = left_out(pos as u64, (pos + total) as u64);
+                skip(pos as u64, format!("bad data CRC; {range}"));
                 pos += total;
             }
             _ => {
