@@ -198,10 +198,11 @@ impl Ahead<'_> {
         a
     }
 
-    /// The pass reached `pos`: ask for what lies up to `DEPTH` beyond it, and drop what
-    /// lies more than a window behind it.
+    /// The pass reached `pos`: ask for what lies up to `DEPTH` beyond it (not for what it
+    /// jumped over, such as a record left out), and drop what lies over a window behind it.
     pub(super) fn at(&mut self, pos: usize) {
         let want = pos.saturating_add(Self::DEPTH).min(self.map.len());
+        self.asked = self.asked.max(pos.min(want));
         while self.asked < want {
             let len = Self::WINDOW.min(self.map.len() - self.asked);
             let _ = self
@@ -209,17 +210,18 @@ impl Ahead<'_> {
                 .advise_range(memmap2::Advice::WillNeed, self.asked, len);
             self.asked += len;
         }
-        while pos.saturating_sub(self.dropped) >= 2 * Self::WINDOW {
+        let keep = pos.saturating_sub(Self::WINDOW).min(self.map.len());
+        if keep >= self.dropped + Self::WINDOW {
             // SAFETY: the map is a read-only shared map of a file: MADV_DONTNEED only
             // unmaps its pages, and the next access reads the same bytes from the file.
             let _ = unsafe {
                 self.map.unchecked_advise_range(
                     memmap2::UncheckedAdvice::DontNeed,
                     self.dropped,
-                    Self::WINDOW,
+                    keep - self.dropped,
                 )
             };
-            self.dropped += Self::WINDOW;
+            self.dropped = keep;
         }
     }
 
