@@ -34,9 +34,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::plan::SampleId;
 
+mod lines;
+mod pass;
 pub mod scan;
 pub mod source;
 mod tar;
+mod tfrecord;
 
 pub use scan::build_index;
 pub use source::RecordSource;

@@ -7,12 +7,21 @@
 //! webdataset shards use is read: ustar/GNU headers, `L` and pax `path`. A sample lacking a
 //! member the others have (a member without its pair) is only known once every file is read,
 //! so samples are kept ([`TarSamples`]) until then and then put in the table.
+//!
+//! # Resynchronising
+//! A header block whose checksum fails, or whose size runs past the end of the file (a
+//! truncated member, or a hostile size with a valid checksum), starts a *gap*: the walk looks
+//! at each following 512-byte block for a valid header (checksum, size, ustar or old-style
+//! magic, member inside the file) and resumes there, reporting the gap's byte range. Zero
+//! blocks end the archive unless a valid header follows them (concatenated archives, or a
+//! header zeroed by damage). A gap also ends the sample being collected, so no record's range
+//! holds a gap's bytes.
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use super::MAX_RECORD;
-use super::scan::{Ahead, RecordError, TableBuilder, over_limit, path_of};
+use super::pass::{Ahead, RecordError, TableBuilder, left_out, lost, over_limit, path_of};
 use crate::dataset::names::Skipped;
 
 /// Tar records (webdataset samples) of every file, kept until all files are read: a sample
@@ -59,8 +68,8 @@ impl TarSamples {
                 skipped.push(Skipped {
                     path: path.display().to_string(),
                     reason: format!(
-                        "byte offset {start}: webdataset sample with members {} while the others have {}: a member without its pair; left out",
-                        names[set as usize], names[common]
+                        "byte offset {start}: webdataset sample with members {} while the others have {}: a member without its pair; {}",
+                        names[set as usize], names[common], left_out(start, end)
                     ),
                 });
                 continue;
@@ -68,7 +77,7 @@ impl TarSamples {
             if end - start > MAX_RECORD {
                 skipped.push(Skipped {
                     path: path.display().to_string(),
-                    reason: format!("byte offset {start}: {}", over_limit(end - start)),
+                    reason: format!("byte offset {start}: {}", over_limit(start, end)),
                 });
                 continue;
             }
@@ -148,58 +157,64 @@ fn pax_path(data: &[u8]) -> Option<String> {
         .find_map(|kv| kv.strip_prefix("path=").map(str::to_owned))
 }
 
-pub(super) fn tar_samples(
-    data: &[u8],
-    file: u32,
-    out: &mut TarSamples,
-    skip: &mut impl FnMut(u64, String),
-    ahead: &mut Ahead,
-) {
+/// Whether a valid header starts at `p`: a non-zero block with a valid checksum, a size,
+/// a ustar magic (or none, as old tars have), and a member that fits the file.
+fn header_at(data: &[u8], p: usize) -> bool {
     let n = data.len();
-    let mut pos = 0usize;
-    // Extension headers seen for the next member: where they start, and its long name.
-    let (mut ext_start, mut long_name): (Option<usize>, Option<String>) = (None, None);
-    // The sample being collected: key, start, end, member extensions.
-    let mut sample: Option<(String, usize, usize, Vec<String>)> = None;
-    let flush = |s: Option<(String, usize, usize, Vec<String>)>, out: &mut TarSamples| {
-        if let Some((_, start, end, exts)) = s {
+    if p + 512 > n {
+        return false;
+    }
+    let block = &data[p..p + 512];
+    let magic = &block[257..263];
+    block.iter().any(|&c| c != 0)
+        && (magic.starts_with(b"ustar") || magic.iter().all(|&c| c == 0))
+        && tar_checksum_ok(block)
+        && tar_size(&block[124..136]).is_some_and(|size| size <= (n - p - 512) as u64)
+}
+
+/// The first block from `from` on (in 512-byte steps) where a valid header starts, else
+/// the end of the file.
+fn resync(data: &[u8], from: usize, ahead: &mut Ahead) -> usize {
+    let mut p = from;
+    while p + 512 <= data.len() {
+        if p.is_multiple_of(Ahead::WINDOW) {
+            ahead.at(p);
+        }
+        if header_at(data, p) {
+            return p;
+        }
+        p += 512;
+    }
+    data.len()
+}
+
+/// The walk's state between headers.
+#[derive(Default)]
+struct Walk {
+    /// Extension headers seen for the next member: where they start, and its long name.
+    ext_start: Option<usize>,
+    long_name: Option<String>,
+    /// The sample being collected: key, start, end, member extensions.
+    sample: Option<(String, usize, usize, Vec<String>)>,
+}
+
+impl Walk {
+    /// Ends the sample being collected (at a new key, a gap, the end of the file).
+    fn flush(&mut self, file: u32, out: &mut TarSamples) {
+        if let Some((_, start, end, exts)) = self.sample.take() {
             out.push(file, start as u64, end as u64, exts);
         }
-    };
-    while pos < n {
-        ahead.at(pos);
-        if n - pos < 512 {
-            skip(
-                pos as u64,
-                format!("truncated tar header: {} bytes left of 512", n - pos),
-            );
-            break;
-        }
-        let block = &data[pos..pos + 512];
-        if block.iter().all(|&c| c == 0) {
-            break; // end of archive
-        }
-        let size = tar_size(&block[124..136]);
-        let (true, Some(size)) = (tar_checksum_ok(block), size) else {
-            let next = (pos + 512..n.saturating_sub(511))
-                .step_by(512)
-                .find(|&p| {
-                    data[p..p + 512].iter().any(|&c| c != 0) && tar_checksum_ok(&data[p..p + 512])
-                })
-                .unwrap_or(n);
-            skip(
-                pos as u64,
-                format!(
-                    "bad tar header checksum; the {} bytes up to offset {next} (the next valid header) are left out",
-                    next - pos
-                ),
-            );
-            (ext_start, long_name) = (None, None);
-            pos = next;
-            continue;
-        };
-        let data_start = pos + 512;
-        let name = long_name.take().unwrap_or_else(|| {
+    }
+
+    /// A gap: the sample ends, and extension headers before it belong to no member.
+    fn gap(&mut self, file: u32, out: &mut TarSamples) {
+        self.flush(file, out);
+        (self.ext_start, self.long_name) = (None, None);
+    }
+
+    /// The name of the member whose header is `block`.
+    fn name(&mut self, block: &[u8]) -> String {
+        self.long_name.take().unwrap_or_else(|| {
             let (name, prefix) = (cstr(&block[0..100]), cstr(&block[345..500]));
             let name = String::from_utf8_lossy(name);
             if prefix.is_empty() {
@@ -207,50 +222,47 @@ pub(super) fn tar_samples(
             } else {
                 format!("{}/{name}", String::from_utf8_lossy(prefix))
             }
-        });
-        let start = ext_start.unwrap_or(pos);
-        if size > (n - data_start) as u64 {
-            skip(
-                start as u64,
-                format!(
-                    "truncated tar member {name}: its header says {size} bytes, the file ends {} bytes after the header; left out",
-                    n - data_start
-                ),
-            );
-            break;
-        }
-        let end = data_start + (size as usize).div_ceil(512) * 512;
-        let end = end.min(n);
-        let body = &data[data_start..data_start + size as usize];
-        match block[156] {
+        })
+    }
+
+    /// A member of type `kind` named `name`, whose bytes (extension headers included) are
+    /// `start..end` and whose data is `body`.
+    fn member(
+        &mut self,
+        (kind, name, body): (u8, &str, &[u8]),
+        (pos, start, end): (usize, usize, usize),
+        (file, out): (u32, &mut TarSamples),
+        skip: &mut impl FnMut(u64, String),
+    ) {
+        match kind {
             b'L' => {
-                ext_start.get_or_insert(pos);
-                long_name = Some(String::from_utf8_lossy(cstr(body)).into_owned());
+                self.ext_start.get_or_insert(pos);
+                self.long_name = Some(String::from_utf8_lossy(cstr(body)).into_owned());
             }
             b'x' => {
-                ext_start.get_or_insert(pos);
-                long_name = pax_path(body);
+                self.ext_start.get_or_insert(pos);
+                self.long_name = pax_path(body);
             }
             b'K' => {
-                ext_start.get_or_insert(pos);
+                self.ext_start.get_or_insert(pos);
             }
-            b'g' | b'5' => ext_start = None, // global header, folder: no record's bytes
+            b'g' | b'5' => self.ext_start = None, // global header, folder: no record's bytes
             b'0' | 0 | b'7' => {
-                ext_start = None;
-                let (key, ext) = split_key(&name);
-                match &mut sample {
+                self.ext_start = None;
+                let (key, ext) = split_key(name);
+                match &mut self.sample {
                     Some((k, _, e, exts)) if k == key => {
                         *e = end;
                         exts.push(ext.to_string());
                     }
                     _ => {
-                        flush(sample.take(), out);
-                        sample = Some((key.to_string(), start, end, vec![ext.to_string()]));
+                        self.flush(file, out);
+                        self.sample = Some((key.to_string(), start, end, vec![ext.to_string()]));
                     }
                 }
             }
             other => {
-                ext_start = None;
+                self.ext_start = None;
                 skip(
                     start as u64,
                     format!(
@@ -260,7 +272,88 @@ pub(super) fn tar_samples(
                 );
             }
         }
+    }
+}
+
+/// The walk of one tar file: its samples into `out` (see the module docs).
+pub(super) fn tar_samples(
+    data: &[u8],
+    file: u32,
+    out: &mut TarSamples,
+    skip: &mut impl FnMut(u64, String),
+    ahead: &mut Ahead,
+) {
+    let n = data.len();
+    let mut pos = 0usize;
+    let mut w = Walk::default();
+    while pos < n {
+        ahead.at(pos);
+        if n - pos < 512 {
+            let range = lost(pos as u64, n as u64, n as u64);
+            skip(
+                pos as u64,
+                format!(
+                    "truncated tar header: {} bytes left of 512; {range}",
+                    n - pos
+                ),
+            );
+            break;
+        }
+        let block = &data[pos..pos + 512];
+        if block.iter().all(|&c| c == 0) {
+            let next = resync(data, pos + 512, ahead);
+            if next == n {
+                break; // end of archive
+            }
+            w.gap(file, out);
+            let range = lost(pos as u64, next as u64, n as u64);
+            skip(
+                pos as u64,
+                format!("zero blocks (an end of archive) with a valid header after them; {range}"),
+            );
+            pos = next;
+            continue;
+        }
+        let size = tar_size(&block[124..136]).filter(|_| tar_checksum_ok(block));
+        let start = w.ext_start.unwrap_or(pos);
+        let data_start = pos + 512;
+        let Some(size) = size.filter(|&size| size <= (n - data_start) as u64) else {
+            let next = resync(data, pos + 512, ahead);
+            let why = match size {
+                None => "bad tar header checksum".to_string(),
+                Some(size) => past_end(&w.name(block), size, n - data_start, next == n),
+            };
+            w.gap(file, out);
+            skip(
+                start as u64,
+                format!("{why}; {}", lost(start as u64, next as u64, n as u64)),
+            );
+            pos = next;
+            continue;
+        };
+        let name = w.name(block);
+        let end = (data_start + (size as usize).div_ceil(512) * 512).min(n);
+        let body = &data[data_start..data_start + size as usize];
+        w.member(
+            (block[156], &name, body),
+            (pos, start, end),
+            (file, out),
+            skip,
+        );
         pos = end;
     }
-    flush(sample, out);
+    w.flush(file, out);
+}
+
+/// Why a member whose size runs `left` bytes past its header's end is a gap.
+fn past_end(name: &str, size: u64, left: usize, at_end: bool) -> String {
+    if at_end {
+        format!(
+            "truncated tar member {name}: its header says {size} bytes, the file ends {left} bytes after the header"
+        )
+    } else {
+        format!(
+            "tar member {name}: its header says {size} bytes (its checksum holds), more than the {left} bytes left in the file"
+        )
+    }
 }

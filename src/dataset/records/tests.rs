@@ -165,7 +165,12 @@ fn tfrecord_bad_crcs_and_truncation_lose_only_their_record() {
     assert_eq!(index.records(), 3, "{text}");
     let off = |i: usize| recs[..i].iter().map(Vec::len).sum::<usize>();
     assert!(
-        text.contains(&format!("a.tfrecord: byte offset {}: bad data CRC", off(1))),
+        text.contains(&format!(
+            "a.tfrecord: byte offset {}: bad data CRC; bytes {}..{} (117 bytes) left out",
+            off(1),
+            off(1),
+            off(2)
+        )),
         "{text}"
     );
     assert!(
@@ -482,4 +487,302 @@ fn tar_long_names_stay_with_their_member() {
         "both long-named members, headers included"
     );
     assert_eq!(index.record(1), (0, 4096, 2048));
+}
+
+/// The bad regions of a walk, one `Skipped` a gap.
+fn gaps<'a>(skipped: &'a [Skipped], file: &str) -> Vec<&'a str> {
+    skipped
+        .iter()
+        .filter(|s| s.path.ends_with(file))
+        .map(|s| s.reason.as_str())
+        .collect()
+}
+
+/// A TFRecord header with a valid CRC for `len`, as a hostile or damaged file can hold.
+fn tf_header(len: u64) -> Vec<u8> {
+    let head = len.to_le_bytes();
+    [&head[..], &masked_crc(&head).to_le_bytes()].concat()
+}
+
+/// A length of 2^62 whose CRC holds is a gap, not the end of the file: the walk resumes at
+/// the next whole valid record, and the one gap is named with its byte range.
+#[test]
+fn tfrecord_resyncs_after_a_huge_length_with_a_valid_crc() {
+    let dir = tempfile::tempdir().unwrap();
+    let recs: Vec<Vec<u8>> = (0..60).map(|i| tf(&vec![i as u8; 30 + i])).collect();
+    let before: Vec<u8> = recs[..10].concat();
+    let bad_at = before.len();
+    let mut file = before;
+    file.extend(tf_header(1 << 62));
+    file.extend(b"junk!!!");
+    let good_at = file.len();
+    file.extend(recs[10..].concat());
+    std::fs::write(dir.path().join("a.tfrecord"), &file).unwrap();
+    let (index, skipped) =
+        build_index(dir.path(), &params(Framing::Tfrecord, Grouping::Pages)).unwrap();
+    let text = reasons(&skipped);
+    assert_eq!(index.records(), 60, "{text}");
+    let gaps = gaps(&skipped, "a.tfrecord");
+    assert_eq!(gaps.len(), 1, "{text}");
+    assert!(
+        gaps[0].starts_with(&format!(
+            "byte offset {bad_at}: bad record length: its header says {} data bytes",
+            1u64 << 62
+        )),
+        "{text}"
+    );
+    assert!(
+        gaps[0].contains(&format!(
+            "bytes {bad_at}..{good_at} (19 bytes) left out, resumed at the next valid record"
+        )),
+        "{text}"
+    );
+    assert_eq!(index.record(10), (0, good_at as u64, recs[10].len() as u64));
+    let mut expected = Vec::new();
+    let mut at = 0u64;
+    for (i, r) in recs.iter().enumerate() {
+        if i == 10 {
+            at = good_at as u64;
+        }
+        expected.push((0, at, r.len() as u64));
+        at += r.len() as u64;
+    }
+    check_index(&index, &expected);
+}
+
+/// A record whose length CRC holds but whose length is wrong (its data CRC then fails and
+/// no header stands where it would end) costs only its own bytes; several bad records in a
+/// row are one gap.
+#[test]
+fn tfrecord_lengths_are_trusted_only_as_far_as_the_next_header() {
+    let dir = tempfile::tempdir().unwrap();
+    let recs: Vec<Vec<u8>> = (0..8).map(|i| tf(&[b'a' + i as u8; 200])).collect();
+    // Record 2 claims 50 data bytes: a valid header, a bad data CRC, no header after it.
+    let mut short = recs[2].clone();
+    short[..12].copy_from_slice(&tf_header(50));
+    // Records 5 and 6 garbled: one gap from 5's start to 7's.
+    let mut garbled = [recs[5].clone(), recs[6].clone()].concat();
+    garbled[3] ^= 0x40;
+    garbled[recs[5].len() + 2] ^= 0x40;
+    let file = [
+        &recs[0][..],
+        &recs[1],
+        &short,
+        &recs[3],
+        &recs[4],
+        &garbled,
+        &recs[7],
+    ]
+    .concat();
+    std::fs::write(dir.path().join("a.tfrecord"), &file).unwrap();
+    let (index, skipped) =
+        build_index(dir.path(), &params(Framing::Tfrecord, Grouping::Records)).unwrap();
+    let text = reasons(&skipped);
+    assert_eq!(index.records(), 5, "{text}");
+    let off = |i: usize| recs[..i].iter().map(Vec::len).sum::<usize>();
+    let gaps = gaps(&skipped, "a.tfrecord");
+    assert_eq!(gaps.len(), 2, "{text}");
+    assert!(
+        gaps[0].starts_with(&format!(
+            "byte offset {}: bad data CRC, and no valid record",
+            off(2)
+        )),
+        "{text}"
+    );
+    assert!(
+        gaps[0].contains(&format!("bytes {}..{} (216 bytes)", off(2), off(3))),
+        "{text}"
+    );
+    assert!(
+        gaps[1].starts_with(&format!("byte offset {}: bad length CRC", off(5))),
+        "{text}"
+    );
+    assert!(
+        gaps[1].contains(&format!("bytes {}..{} (432 bytes)", off(5), off(7))),
+        "{text}"
+    );
+    assert_eq!(index.record(4), (0, off(7) as u64, 216));
+}
+
+/// Each shard is walked on its own: a shard cut in the middle of a record costs the next
+/// shard nothing, and the cut is named with its file and range.
+#[test]
+fn a_truncated_shard_costs_the_next_shard_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let recs: Vec<Vec<u8>> = (0..6).map(|i| tf(&[i as u8; 100])).collect();
+    let a = [&recs[0][..], &recs[1], &recs[2][..60]].concat();
+    std::fs::write(dir.path().join("a.tfrecord"), &a).unwrap();
+    std::fs::write(dir.path().join("b.tfrecord"), recs[3..].concat()).unwrap();
+    let (index, skipped) =
+        build_index(dir.path(), &params(Framing::Tfrecord, Grouping::Pages)).unwrap();
+    let text = reasons(&skipped);
+    assert_eq!(index.records(), 5, "{text}");
+    assert_eq!(index.record(2), (1, 0, 116), "b's first record");
+    let cut = 2 * 116;
+    assert_eq!(skipped.len(), 1, "{text}");
+    assert!(
+        text.contains(&format!("a.tfrecord: byte offset {cut}: truncated record: its header says 100 data bytes, the file ends 48 bytes after the header; bytes {cut}..{} (60 bytes) left out, to the end of the file", a.len())),
+        "{text}"
+    );
+
+    // The same for tar: a shard cut inside a member, then a whole shard.
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = [tar_member("s0.txt", b"0"), tar_member("s1.txt", b"1")].concat();
+    a.extend(&tar_member("s2.txt", &[7u8; 900])[..700]);
+    std::fs::write(dir.path().join("a.tar"), &a).unwrap();
+    let b = [tar_member("s3.txt", b"3"), tar_member("s4.txt", b"4")].concat();
+    std::fs::write(dir.path().join("b.tar"), &b).unwrap();
+    let (index, skipped) =
+        build_index(dir.path(), &params(Framing::Tar, Grouping::Records)).unwrap();
+    let text = reasons(&skipped);
+    assert_eq!(index.records(), 4, "{text}");
+    assert_eq!(index.record(2), (1, 0, 1024), "b's first sample");
+    assert!(
+        text.contains("a.tar: byte offset 2048: truncated tar member s2.txt: its header says 900 bytes, the file ends 188 bytes after the header; bytes 2048..2748 (700 bytes) left out"),
+        "{text}"
+    );
+}
+
+/// A damaged tar header (bad checksum, or a size past the end with a valid checksum) is a
+/// gap up to the next valid header; the members after it are served, and the sample that
+/// lost a member to the gap is named as one without its pair.
+#[test]
+fn tar_resyncs_after_a_damaged_header() {
+    let dir = tempfile::tempdir().unwrap();
+    let sample = |i: usize| {
+        [
+            tar_member(&format!("s{i}.txt"), format!("text {i}").as_bytes()),
+            tar_member(&format!("s{i}.cls"), b"1"),
+        ]
+        .concat()
+    };
+    let mut a: Vec<u8> = (0..3).flat_map(sample).collect();
+    let bad_at = a.len();
+    let mut s3 = sample(3);
+    s3[5] ^= 0x20; // s3.txt's name: the checksum fails
+    a.extend(s3);
+    a.extend((4..6).flat_map(sample));
+    let huge_at = a.len();
+    let mut s6 = sample(6);
+    s6[..512].copy_from_slice(&tar_header("s6.txt", 0o77_777_777_777));
+    a.extend(s6);
+    a.extend((7..9).flat_map(sample));
+    std::fs::write(dir.path().join("a.tar"), &a).unwrap();
+    let (index, skipped) =
+        build_index(dir.path(), &params(Framing::Tar, Grouping::Records)).unwrap();
+    let text = reasons(&skipped);
+    assert_eq!(index.records(), 7, "samples 0-2, 4, 5, 7, 8: {text}");
+    assert_eq!(index.record(3), (0, bad_at as u64 + 2048, 2048), "{text}");
+    assert_eq!(index.record(5), (0, huge_at as u64 + 2048, 2048), "{text}");
+    let gaps = gaps(&skipped, "a.tar");
+    assert_eq!(gaps.len(), 4, "{text}");
+    assert!(
+        text.contains(&format!("byte offset {bad_at}: bad tar header checksum; bytes {bad_at}..{} (1024 bytes) left out, resumed at the next valid record", bad_at + 1024)),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("byte offset {huge_at}: tar member s6.txt: its header says {} bytes (its checksum holds), more than the", 0o77_777_777_777u64)),
+        "{text}"
+    );
+    for at in [bad_at + 1024, huge_at + 1024] {
+        assert!(
+            text.contains(&format!(
+                "byte offset {at}: webdataset sample with members [.cls]"
+            )),
+            "{text}"
+        );
+    }
+}
+
+/// Zero blocks end an archive only if no valid header follows them: concatenated archives
+/// (or a header zeroed by damage) keep the members after them.
+#[test]
+fn tar_zero_blocks_followed_by_members_are_a_gap() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = [tar_member("s0.txt", b"0"), vec![0u8; 1024]].concat();
+    a.extend([tar_member("s1.txt", b"1"), vec![0u8; 10240]].concat());
+    std::fs::write(dir.path().join("a.tar"), &a).unwrap();
+    let (index, skipped) =
+        build_index(dir.path(), &params(Framing::Tar, Grouping::Records)).unwrap();
+    let text = reasons(&skipped);
+    assert_eq!(index.records(), 2, "{text}");
+    assert_eq!(index.record(1), (0, 2048, 1024));
+    assert_eq!(skipped.len(), 1, "the trailing zeros are the end: {text}");
+    assert!(text.contains("byte offset 1024: zero blocks (an end of archive) with a valid header after them; bytes 1024..2048"), "{text}");
+}
+
+/// A header line over 1 MiB is not held: the file is named and left out.
+#[test]
+fn a_huge_header_line_is_not_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut long = vec![b'h'; (1 << 20) + 5];
+    long.extend(b"\n1,2\n");
+    std::fs::write(dir.path().join("a.csv"), &long).unwrap();
+    std::fs::write(dir.path().join("b.csv"), b"x,y\n3,4\n").unwrap();
+    let mut p = params(Framing::Lines, Grouping::Records);
+    p.header_line = true;
+    let (index, skipped) = build_index(dir.path(), &p).unwrap();
+    assert_eq!(index.records(), 1);
+    assert_eq!(index.header, b"x,y\n");
+    assert!(
+        reasons(&skipped).contains(
+            "a.csv: byte offset 0: the header line (--header-line) is over 1048576 bytes"
+        )
+    );
+}
+
+fn max_rss_kib() -> i64 {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage fills the struct it is given.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) };
+    assert_eq!(rc, 0);
+    // SAFETY: filled above.
+    unsafe { usage.assume_init() }.ru_maxrss
+}
+
+/// The lines walk streams: a 200 MB line is not held in memory (the map behind the walk
+/// is dropped). Ignored by default (it writes 200 MB); run it alone, as in
+/// `cargo test --lib a_long_line_is_scanned -- --ignored --test-threads=1`, or under
+/// `/usr/bin/time -v` for the process's peak.
+#[test]
+#[ignore]
+fn a_long_line_is_scanned_in_bounded_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("one.txt");
+    {
+        let mut f = std::fs::File::create(&path).unwrap();
+        let chunk = vec![b'x'; 1 << 20];
+        for _ in 0..200 {
+            std::io::Write::write_all(&mut f, &chunk).unwrap();
+        }
+        std::io::Write::write_all(&mut f, b"\nshort\n").unwrap();
+    }
+    let before = max_rss_kib();
+    let (index, _) = build_index(dir.path(), &params(Framing::Lines, Grouping::Pages)).unwrap();
+    let grew = max_rss_kib() - before;
+    eprintln!("peak RSS grew by {grew} KiB over the scan");
+    assert_eq!(index.records(), 2);
+    assert!(
+        grew < 64 << 10,
+        "peak RSS grew by {grew} KiB scanning a 200 MB line"
+    );
+}
+
+/// With `--header-line`, a later file whose first line is not the header (a shard cut from
+/// a headed file) loses that line as its header: it is named, not left to the log.
+#[test]
+fn a_first_line_unlike_the_header_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.csv"), b"id,x\n1,2\n").unwrap();
+    std::fs::write(dir.path().join("b.csv"), b"3,4\n5,6\n").unwrap();
+    let mut p = params(Framing::Lines, Grouping::Records);
+    p.header_line = true;
+    let (index, skipped) = build_index(dir.path(), &p).unwrap();
+    assert_eq!(index.records(), 2);
+    let text = reasons(&skipped);
+    assert_eq!(skipped.len(), 1, "{text}");
+    assert!(
+        text.contains("b.csv: byte offset 0: the first line (4 bytes) differs from the header of"),
+        "{text}"
+    );
 }
