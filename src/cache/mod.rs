@@ -43,7 +43,8 @@ mod packed;
 mod store;
 
 pub use backend::{
-    Borrowed, CacheBackend, Claim, ClaimSet, Claims, Commit, Recovered, SampleWriter, Stored,
+    Borrowed, CacheBackend, ChecksumMismatch, Claim, ClaimSet, Claims, Commit, Recovered,
+    SampleWriter, Stored,
 };
 pub use files::FileBackend;
 pub use layout::CacheLayout;

@@ -76,7 +76,8 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuar
 use std::time::{Duration, SystemTime};
 
 use super::backend::{
-    Borrowed, CacheBackend, Claim, ClaimSet, Commit, Recovered, SampleWriter, Stored,
+    Borrowed, CacheBackend, ChecksumMismatch, Claim, ClaimSet, Commit, Recovered, SampleWriter,
+    Stored,
 };
 use super::store::Bitset;
 use crate::plan::SampleId;
@@ -126,6 +127,10 @@ impl Default for PackedConfig {
 pub struct PackedBackend {
     inner: Arc<Inner>,
     compactor: compact::Compactor,
+    /// Samples whose stored record matched its checksum since the mount: a record is
+    /// checked whole at its first read (`read_at`, `verify`). Records are never written in
+    /// place, so one check per mount holds until the sample is dropped.
+    checked: Bitset,
 }
 
 struct Inner {
@@ -326,7 +331,11 @@ impl PackedBackend {
             syncing: Mutex::new(()),
         });
         let compactor = compact::Compactor::start(inner.clone(), tx, rx)?;
-        Ok(PackedBackend { inner, compactor })
+        Ok(PackedBackend {
+            inner,
+            compactor,
+            checked: Bitset::new(samples),
+        })
     }
 
     /// Compacts every segment over the threshold now, on the calling thread; returns how
@@ -686,6 +695,9 @@ impl CacheBackend for PackedBackend {
     }
 
     fn read_at(&self, id: SampleId, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        if !self.checked.get(id) {
+            self.verify(id)?;
+        }
         let (e, seg) = self.inner.locate(id)?;
         if offset >= e.len {
             return Ok(0);
@@ -878,6 +890,7 @@ impl CacheBackend for PackedBackend {
         let seq = a.next_seq;
         a.next_seq += 1;
         inner.append(&mut a, &Header::tombstone(id, seq), &[], true)?;
+        self.checked.clear(id);
         Ok(true)
     }
 
@@ -896,6 +909,7 @@ impl CacheBackend for PackedBackend {
         st.index.iter_mut().for_each(|e| *e = Entry::default());
         for id in 0..inner.present.len() {
             inner.present.clear(id);
+            self.checked.clear(id);
         }
         let seg = create_segment(&inner.dir, a.next_seg, &inner.cfg)?;
         a.next_seg += 1;
@@ -916,6 +930,32 @@ impl CacheBackend for PackedBackend {
 
     fn file(&self, _id: SampleId) -> Option<io::Result<File>> {
         None
+    }
+
+    fn verify(&self, id: SampleId) -> io::Result<()> {
+        let mut stored = self.open(id)?;
+        let mut crc = 0u32;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match stored.reader.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => crc = crc32c::crc32c_append(crc, &buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        match stored.recorded_crc {
+            Some(recorded) if recorded != crc => Err(ChecksumMismatch {
+                id,
+                found: crc,
+                recorded,
+            }
+            .into_io()),
+            _ => {
+                self.checked.set(id);
+                Ok(())
+            }
+        }
     }
 
     fn layout(&self) -> super::CacheLayout {
