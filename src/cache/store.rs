@@ -615,12 +615,27 @@ impl SampleStore {
             Err(e) => e,
             done => return done,
         };
-        let Some(bad) = super::ChecksumMismatch::find(&e) else {
+        if super::ChecksumMismatch::find(&e).is_none() {
             return Err(e);
-        };
-        self.discard_corrupt(id, bad.found, bad.recorded);
+        }
+        self.drop_if_corrupt(id);
         self.ensure(id)?;
         read()
+    }
+
+    /// Drops sample `id`'s cached copy if it still fails its checksum; returns whether it
+    /// did. Under the sample's claim, so a reader and the scrub that both found one bad
+    /// copy drop and count it once, and neither drops the good copy that replaced it.
+    fn drop_if_corrupt(&self, id: SampleId) -> bool {
+        let _claim = self.claims.claim(id);
+        let Err(e) = self.backend.verify(id) else {
+            return false;
+        };
+        let Some(bad) = super::ChecksumMismatch::find(&e) else {
+            return false;
+        };
+        self.discard_corrupt(id, bad.found, bad.recorded);
+        true
     }
 
     /// Checks every cached sample against its recorded checksum (those not checked since
@@ -640,8 +655,7 @@ impl SampleStore {
             let Err(e) = self.backend.verify(id) else {
                 continue;
             };
-            if let Some(bad) = super::ChecksumMismatch::find(&e) {
-                self.discard_corrupt(id, bad.found, bad.recorded);
+            if super::ChecksumMismatch::find(&e).is_some() && self.drop_if_corrupt(id) {
                 failed += 1;
             }
         }

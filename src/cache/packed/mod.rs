@@ -400,6 +400,27 @@ impl Inner {
         }
     }
 
+    /// The header of sample `id`'s record at `e` in `seg` (written), checked to be that
+    /// record's.
+    fn header(&self, seg: &SegFile, e: Entry, id: SampleId) -> io::Result<Header> {
+        let start = u64::from(e.off);
+        let mut header = [0u8; HEADER];
+        if seg.read_at(start, &mut header)? < HEADER {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        let h = Header::decode(&header)?;
+        if h.kind != Kind::Data || h.id != id || h.len != e.len {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "segment {} at {start} holds another record than sample {id}",
+                    seg_name(seg.num)
+                ),
+            ));
+        }
+        Ok(h)
+    }
+
     /// Makes sure bytes up to `end` of `seg` are in the file (flushing the batch if needed).
     fn ensure_written(&self, seg: &SegFile, end: u64) -> io::Result<()> {
         if seg.written.load(Ordering::Acquire) >= end {
@@ -694,18 +715,34 @@ impl CacheBackend for PackedBackend {
             .map(|e| e.len)
     }
 
+    /// A read of the whole record is checked against its checksum every time (cheap beside
+    /// the copy); a part of one is read once its record was checked since the mount.
     fn read_at(&self, id: SampleId, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
-        if !self.checked.get(id) {
+        let (e, seg) = self.inner.locate(id)?;
+        let whole = offset == 0 && buf.len() as u64 >= e.len;
+        if !whole && !self.checked.get(id) {
             self.verify(id)?;
         }
-        let (e, seg) = self.inner.locate(id)?;
         if offset >= e.len {
             return Ok(0);
         }
         let n = buf.len().min((e.len - offset) as usize);
         let pos = u64::from(e.off) + HEADER as u64 + offset;
         self.inner.ensure_written(&seg, pos + n as u64)?;
-        seg.read_at(pos, &mut buf[..n])
+        let read = seg.read_at(pos, &mut buf[..n])?;
+        if whole {
+            let recorded = self.inner.header(&seg, e, id)?.crc;
+            let found = crc32c::crc32c(&buf[..read]);
+            if found != recorded {
+                return Err(ChecksumMismatch {
+                    id,
+                    found,
+                    recorded,
+                }
+                .into_io());
+            }
+        }
+        Ok(read)
     }
 
     fn open(&self, id: SampleId) -> io::Result<Stored> {
@@ -713,20 +750,7 @@ impl CacheBackend for PackedBackend {
         let start = u64::from(e.off);
         let end = start + HEADER as u64 + e.len;
         self.inner.ensure_written(&seg, end)?;
-        let mut header = [0u8; HEADER];
-        if seg.read_at(start, &mut header)? < HEADER {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        let h = Header::decode(&header)?;
-        if h.kind != Kind::Data || h.id != id || h.len != e.len {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "segment {} at {start} holds another record than sample {id}",
-                    seg_name(seg.num)
-                ),
-            ));
-        }
+        let h = self.inner.header(&seg, e, id)?;
         // Reads straight from the segment (its mapping, for most): no copy in between.
         Ok(Stored {
             reader: Box::new(SegReader {
