@@ -78,9 +78,8 @@ impl FileBackend {
         for sub in ["samples", "tmp"] {
             fs::create_dir_all(root.join(sub))?;
         }
-        for entry in fs::read_dir(root.join("tmp"))? {
-            let _ = fs::remove_file(entry?.path());
-        }
+        // Only names a writer gives (an id): a file of anyone else's is left alone.
+        super::own::remove_files(&root.join("tmp"), super::own::is_sample_name)?;
         Ok(FileBackend {
             root: root.to_path_buf(),
             present: Bitset::new(samples),
@@ -227,7 +226,8 @@ impl CacheBackend for FileBackend {
             let id = entry
                 .file_name()
                 .to_str()
-                .and_then(|s| s.parse::<SampleId>().ok());
+                .filter(|n| super::own::is_sample_name(n))
+                .and_then(|n| n.parse::<SampleId>().ok());
             let meta = entry.metadata().ok();
             // A file renamed in before a crash may have lost data the rename did not wait
             // for; the length recorded beside its checksum catches it coming back short.
@@ -237,7 +237,8 @@ impl CacheBackend for FileBackend {
                 .and_then(|v| Recorded::decode(&v));
             match (id, meta) {
                 (Some(id), Some(meta))
-                    if keep(id, meta.len())
+                    if meta.is_file()
+                        && keep(id, meta.len())
                         && recorded.is_none_or(|r| r.len.is_none_or(|l| l == meta.len())) =>
                 {
                     self.present.set(id);
@@ -247,9 +248,12 @@ impl CacheBackend for FileBackend {
                         mtime: meta.modified().ok(),
                     });
                 }
-                _ => {
+                // Named by us but not a whole sample: ours to drop.
+                (Some(_), _) => {
                     let _ = fs::remove_file(entry.path());
                 }
+                // Not a name we give: someone else's, left alone.
+                (None, _) => {}
             }
         }
         Ok(found)
@@ -332,8 +336,7 @@ impl CacheBackend for FileBackend {
 
     fn clear(&self) -> io::Result<()> {
         let samples = self.root.join("samples");
-        fs::remove_dir_all(&samples)?;
-        fs::create_dir_all(&samples)?;
+        super::own::remove_files(&samples, super::own::is_sample_name)?;
         for id in 0..self.present.len() {
             self.present.clear(id);
         }

@@ -294,7 +294,7 @@ impl PackedBackend {
         for entry in fs::read_dir(&dir)? {
             let name = entry?.file_name();
             let name = name.to_string_lossy();
-            if name.ends_with(".spill") {
+            if name.ends_with(".spill") && super::own::is_segment_name(&name) {
                 // A writer that never committed.
                 let _ = fs::remove_file(dir.join(&*name));
             } else if let Some(num) = recover::segment_number(&name) {
