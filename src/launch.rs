@@ -91,6 +91,11 @@ fn detached(args: &MountArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // The log goes into the cache folder: not into a folder that is not ours to take.
+    if let Err(e) = crate::cache::CacheDir::check_takeable(&crate::cli::for_rank(&args.cache, 0)) {
+        eprintln!("shufflefs: {e}");
+        return ExitCode::FAILURE;
+    }
     let log = daemon::log_path(args);
     // SAFETY: no other thread exists yet (nothing has been spawned and MPI is not initialised),
     // so the child may keep running arbitrary code after fork.

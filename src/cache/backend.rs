@@ -75,7 +75,41 @@ pub struct Borrowed<'a> {
     pub recorded_crc: Option<u32>,
 }
 
+/// A stored sample whose bytes no longer match the checksum recorded when it was committed
+/// (a bit flipped on disk, a write into the cache folder). A backend's reads return it
+/// inside their `io::Error` ([`into_io`](Self::into_io)); the store finds it there
+/// ([`find`](Self::find)), drops the copy, counts it and fetches the sample again, so the
+/// bad bytes never reach a reader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "cached copy of sample {id} failed its checksum (found {found:08x}, recorded {recorded:08x})"
+)]
+pub struct ChecksumMismatch {
+    pub id: SampleId,
+    pub found: u32,
+    pub recorded: u32,
+}
+
+impl ChecksumMismatch {
+    pub fn into_io(self) -> io::Error {
+        io::Error::new(io::ErrorKind::InvalidData, self)
+    }
+
+    /// The mismatch `e` carries, if it is one.
+    pub fn find(e: &io::Error) -> Option<ChecksumMismatch> {
+        e.get_ref()?.downcast_ref::<ChecksumMismatch>().copied()
+    }
+}
+
 /// Storage of sample bytes by id. Implementations are shared between threads.
+///
+/// # Reads are checked
+/// [`read_at`](Self::read_at) and [`file`](Self::file) hand out only bytes that matched
+/// their recorded checksum since they last changed: a backend checks a sample's bytes the
+/// first time they are read after a mount or after anything changed them, and answers
+/// [`ChecksumMismatch`] when they do not match. [`open`](Self::open) and
+/// [`read_each`](Self::read_each) return the recorded checksum instead, for callers that
+/// check as they stream (the exchange's sender).
 pub trait CacheBackend: Send + Sync {
     /// Indexes what storage already holds, dropping whatever is not a complete sample or
     /// fails `keep(id, len)` (an id past the dataset, a length the manifest contradicts).
@@ -86,6 +120,7 @@ pub trait CacheBackend: Send + Sync {
     /// The stored length of sample `id`, if stored.
     fn size(&self, id: SampleId) -> Option<u64>;
     /// Reads up to `buf.len()` bytes of sample `id` at `offset`; short only at its end.
+    /// Checked (see the trait's docs).
     fn read_at(&self, id: SampleId, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
     /// Sample `id` as a stream, for sending it whole.
     fn open(&self, id: SampleId) -> io::Result<Stored>;
@@ -149,8 +184,11 @@ pub trait CacheBackend: Send + Sync {
     fn sync(&self) -> io::Result<()>;
     /// A file holding exactly sample `id`'s bytes, for the kernel to read directly (FUSE
     /// passthrough). `None`: this backend has no such file (packed storage); readers then
-    /// go through [`read_at`](Self::read_at).
+    /// go through [`read_at`](Self::read_at). Checked (see the trait's docs).
     fn file(&self, id: SampleId) -> Option<io::Result<File>>;
+    /// Checks sample `id`'s stored bytes against its recorded checksum, unless they were
+    /// checked since they last changed: what a scrub after a remount runs over the cache.
+    fn verify(&self, id: SampleId) -> io::Result<()>;
     /// The `--cache-layout` this backend stores (the status shows it).
     fn layout(&self) -> CacheLayout {
         CacheLayout::Files

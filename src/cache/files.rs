@@ -26,19 +26,35 @@
 //! only its own name. Linking reads no bytes, so a linked sample is checked against its
 //! checksum when it leaves this rank, like any cached one, not on the way in.
 //!
+//! # Checked before a reader gets it
+//! A cache file can change behind the daemon's back (a bit flipped on disk, someone writing
+//! into the cache folder), and passthrough lets the kernel read it without the daemon seeing
+//! a byte. So before a file is handed out ([`CacheBackend::file`]) or read
+//! ([`CacheBackend::read_at`]), its bytes are checked against the recorded checksum unless
+//! they were checked since they last changed. "Changed" is the inode's ctime (with its
+//! number): every write, truncate, xattr change, rename or link moves it, and nobody can set
+//! it back. The ctime at the last check is kept in memory per sample, so a remount checks
+//! each file at its first read (and the store scrubs the cache in the background); a file
+//! this backend commits is checked by construction (its checksum was taken from the bytes
+//! written) and stamped after its rename. A file without a record (a filesystem without user
+//! xattrs) cannot be checked and is served as before.
+//!
 //! Durability: `link(2)` works only within one filesystem, so the peer's inode, its data
 //! and our two new directory entries (`tmp/<id>`, then `samples/<id>`) all belong to the
 //! filesystem of our cache folder, and the `syncfs` of [`CacheBackend::sync`] writes every
 //! dirty page and inode of that filesystem, the peer's not yet synced data included.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File, Metadata, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt as _;
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use xattr::FileExt as _;
 
-use super::backend::{CacheBackend, Claim, Commit, Recovered, SampleWriter, Stored};
+use super::backend::{
+    CacheBackend, ChecksumMismatch, Claim, Commit, Recovered, SampleWriter, Stored,
+};
 use super::bitset::Bitset;
 use crate::plan::SampleId;
 use crate::sys::io::read_full_at;
@@ -50,6 +66,9 @@ const CRC_XATTR: &str = "user.shufflefs.crc32c";
 pub struct FileBackend {
     root: PathBuf,
     present: Bitset,
+    /// Per sample, the [`change_stamp`] of its file when its bytes last matched their
+    /// record; 0: not checked since the mount (see the module docs).
+    checked: Vec<AtomicU64>,
 }
 
 impl FileBackend {
@@ -59,12 +78,12 @@ impl FileBackend {
         for sub in ["samples", "tmp"] {
             fs::create_dir_all(root.join(sub))?;
         }
-        for entry in fs::read_dir(root.join("tmp"))? {
-            let _ = fs::remove_file(entry?.path());
-        }
+        // Only names a writer gives (an id): a file of anyone else's is left alone.
+        super::own::remove_files(&root.join("tmp"), super::own::is_sample_name)?;
         Ok(FileBackend {
             root: root.to_path_buf(),
             present: Bitset::new(samples),
+            checked: (0..samples).map(|_| AtomicU64::new(0)).collect(),
         })
     }
 
@@ -79,6 +98,40 @@ impl FileBackend {
 
     fn tmp_path(&self, id: SampleId) -> PathBuf {
         self.root.join("tmp").join(id.to_string())
+    }
+
+    /// Sample `id`'s file, open, its bytes checked against their record unless they were
+    /// since they last changed (see the module docs).
+    fn checked_file(&self, id: SampleId) -> io::Result<File> {
+        let file = File::open(self.path(id))?;
+        let meta = file.metadata()?;
+        let stamp = change_stamp(&meta);
+        let slot = self.checked.get(id as usize);
+        if slot.is_some_and(|s| s.load(Ordering::Acquire) == stamp) {
+            return Ok(file);
+        }
+        if let Some(recorded) = record_of(&file)? {
+            let found = crc_of(&file)?;
+            if found != recorded.crc || recorded.len.is_some_and(|l| l != meta.len()) {
+                return Err(ChecksumMismatch {
+                    id,
+                    found,
+                    recorded: recorded.crc,
+                }
+                .into_io());
+            }
+        }
+        if let Some(slot) = slot {
+            slot.store(stamp, Ordering::Release);
+        }
+        Ok(file)
+    }
+
+    /// Notes that sample `id`'s file at `path` holds the bytes its record was taken from.
+    fn stamp_checked(&self, id: SampleId, path: &Path) {
+        if let (Some(slot), Ok(meta)) = (self.checked.get(id as usize), fs::metadata(path)) {
+            slot.store(change_stamp(&meta), Ordering::Release);
+        }
     }
 
     /// The checksum, length and modification time recorded on sample `id`'s file in the
@@ -113,11 +166,7 @@ impl FileBackend {
         if !meta.is_file() {
             return Err(refused("not a regular file".into()));
         }
-        let record = match file.get_xattr(CRC_XATTR) {
-            Ok(v) => v.and_then(|v| Recorded::decode(&v)),
-            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => None,
-            Err(e) => return Err(named(e)),
-        };
+        let record = record_of(&file).map_err(named)?;
         let Some(Recorded {
             crc,
             len: Some(len),
@@ -177,7 +226,8 @@ impl CacheBackend for FileBackend {
             let id = entry
                 .file_name()
                 .to_str()
-                .and_then(|s| s.parse::<SampleId>().ok());
+                .filter(|n| super::own::is_sample_name(n))
+                .and_then(|n| n.parse::<SampleId>().ok());
             let meta = entry.metadata().ok();
             // A file renamed in before a crash may have lost data the rename did not wait
             // for; the length recorded beside its checksum catches it coming back short.
@@ -187,7 +237,8 @@ impl CacheBackend for FileBackend {
                 .and_then(|v| Recorded::decode(&v));
             match (id, meta) {
                 (Some(id), Some(meta))
-                    if keep(id, meta.len())
+                    if meta.is_file()
+                        && keep(id, meta.len())
                         && recorded.is_none_or(|r| r.len.is_none_or(|l| l == meta.len())) =>
                 {
                     self.present.set(id);
@@ -197,9 +248,12 @@ impl CacheBackend for FileBackend {
                         mtime: meta.modified().ok(),
                     });
                 }
-                _ => {
+                // Named by us but not a whole sample: ours to drop.
+                (Some(_), _) => {
                     let _ = fs::remove_file(entry.path());
                 }
+                // Not a name we give: someone else's, left alone.
+                (None, _) => {}
             }
         }
         Ok(found)
@@ -217,7 +271,7 @@ impl CacheBackend for FileBackend {
     }
 
     fn read_at(&self, id: SampleId, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
-        read_full_at(&File::open(self.path(id))?, offset, buf)
+        read_full_at(&self.checked_file(id)?, offset, buf)
     }
 
     fn open(&self, id: SampleId) -> io::Result<Stored> {
@@ -242,7 +296,7 @@ impl CacheBackend for FileBackend {
             file: Some(file),
             tmp,
             dest: self.path(id),
-            present: &self.present,
+            backend: self,
             id,
         }))
     }
@@ -282,8 +336,7 @@ impl CacheBackend for FileBackend {
 
     fn clear(&self) -> io::Result<()> {
         let samples = self.root.join("samples");
-        fs::remove_dir_all(&samples)?;
-        fs::create_dir_all(&samples)?;
+        super::own::remove_files(&samples, super::own::is_sample_name)?;
         for id in 0..self.present.len() {
             self.present.clear(id);
         }
@@ -298,7 +351,11 @@ impl CacheBackend for FileBackend {
     }
 
     fn file(&self, id: SampleId) -> Option<io::Result<File>> {
-        Some(File::open(self.path(id)))
+        Some(self.checked_file(id))
+    }
+
+    fn verify(&self, id: SampleId) -> io::Result<()> {
+        self.checked_file(id).map(drop)
     }
 }
 
@@ -307,7 +364,7 @@ struct FileWriter<'a> {
     file: Option<File>,
     tmp: PathBuf,
     dest: PathBuf,
-    present: &'a Bitset,
+    backend: &'a FileBackend,
     id: SampleId,
 }
 
@@ -331,7 +388,9 @@ impl SampleWriter for FileWriter<'_> {
         }
         drop(file);
         fs::rename(&self.tmp, &self.dest)?;
-        self.present.set(self.id);
+        // The record was taken from the bytes just written: checked by construction.
+        self.backend.stamp_checked(self.id, &self.dest);
+        self.backend.present.set(self.id);
         Ok(())
     }
 }
@@ -363,6 +422,38 @@ impl Recorded {
     }
 }
 
+/// What `file`'s xattr records, if anything (`None` also on a filesystem without user
+/// xattrs, or for a record this version cannot read).
+fn record_of(file: &File) -> io::Result<Option<Recorded>> {
+    match file.get_xattr(CRC_XATTR) {
+        Ok(v) => Ok(v.and_then(|v| Recorded::decode(&v))),
+        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The CRC-32C of `file`'s bytes, read from its start.
+fn crc_of(file: &File) -> io::Result<u32> {
+    let mut buf = vec![0u8; 256 * 1024];
+    let (mut crc, mut pos) = (0u32, 0u64);
+    loop {
+        let n = read_full_at(file, pos, &mut buf)?;
+        if n == 0 {
+            return Ok(crc);
+        }
+        crc = crc32c::crc32c_append(crc, &buf[..n]);
+        pos += n as u64;
+    }
+}
+
+/// What identifies one state of a file's bytes: its inode and change time (ctime moves on
+/// every write, truncate, attribute change, rename and link, and cannot be set back). Never
+/// 0, which means "not checked".
+fn change_stamp(meta: &Metadata) -> u64 {
+    let nanos = (meta.ctime() as u64).wrapping_mul(1_000_000_007) ^ meta.ctime_nsec() as u64;
+    (nanos ^ meta.ino().rotate_left(29)) | 1
+}
+
 /// Records `crc` and `len` on a cache file; a filesystem without user xattrs just does not
 /// keep them.
 fn set_crc(file: &File, crc: u32, len: u64) -> io::Result<()> {
@@ -378,7 +469,6 @@ fn set_crc(file: &File, crc: u32, len: u64) -> io::Result<()> {
 mod tests {
     use super::*;
     use crate::cache::Claims;
-    use std::os::unix::fs::MetadataExt as _;
     use std::time::{Duration, SystemTime};
 
     /// A cache folder holding sample `id` with `bytes`, committed as the writer does.

@@ -40,15 +40,18 @@ mod backend;
 mod bitset;
 mod files;
 mod layout;
+pub(crate) mod own;
 mod packed;
 mod store;
 
 pub use backend::{
-    Borrowed, CacheBackend, Claim, ClaimSet, Claims, Commit, Recovered, SampleWriter, Stored,
+    Borrowed, CacheBackend, ChecksumMismatch, Claim, ClaimSet, Claims, Commit, Recovered,
+    SampleWriter, Stored,
 };
 pub use bitset::Bitset;
 pub use files::FileBackend;
 pub use layout::CacheLayout;
+pub(crate) use own::remove_owned;
 pub use packed::{PackedBackend, PackedConfig};
 pub use store::{Adopted, SampleStore, StoreStats};
 
@@ -67,6 +70,13 @@ pub enum CacheError {
     NotWritable { path: PathBuf, source: io::Error },
     #[error("cache folder {path}: {source}")]
     Io { path: PathBuf, source: io::Error },
+    #[error(
+        "cache folder {path} is not empty and was not made by shufflefs (it holds {}); \
+         shufflefs only takes an empty folder or its own cache, and changed nothing: pick a \
+         new or empty --cache folder (with {{rank}} in it for several ranks on one host)",
+        list_names(found)
+    )]
+    Foreign { path: PathBuf, found: Vec<String> },
     #[error(
         "cache folder {path} holds {what} that cannot be read ({detail}); remove the folder or pass --reset-cache"
     )]
@@ -196,12 +206,30 @@ pub struct CacheDir {
 }
 
 impl CacheDir {
-    /// Creates (if needed) and locks `root`. Fails if another daemon holds it.
+    /// Whether `root` may become (or is) a cache folder: missing, empty, or a shufflefs
+    /// cache already; otherwise [`CacheError::Foreign`] names what is in it (see `own`).
+    pub fn check_takeable(root: &Path) -> Result<(), CacheError> {
+        let found = own::foreign_entries(root).map_err(|source| CacheError::NotWritable {
+            path: root.to_path_buf(),
+            source,
+        })?;
+        if found.is_empty() {
+            return Ok(());
+        }
+        Err(CacheError::Foreign {
+            path: root.to_path_buf(),
+            found,
+        })
+    }
+
+    /// Creates (if needed) and locks `root`. Fails if another daemon holds it, or if it is a
+    /// folder of someone else's ([`check_takeable`](Self::check_takeable)).
     pub fn open(root: &Path) -> Result<CacheDir, CacheError> {
         let not_writable = |source| CacheError::NotWritable {
             path: root.to_path_buf(),
             source,
         };
+        Self::check_takeable(root)?;
         fs::create_dir_all(root).map_err(not_writable)?;
         let lock_path = root.join("LOCK");
         let mut lock = OpenOptions::new()
@@ -223,6 +251,14 @@ impl CacheDir {
         }
         lock.set_len(0).map_err(not_writable)?;
         write!(lock, "{}", std::process::id()).map_err(not_writable)?;
+        let marker = root.join(own::MARKER);
+        if !marker.exists() {
+            fs::write(
+                &marker,
+                "a shufflefs cache folder: shufflefs removes only its own files in it\n",
+            )
+            .map_err(not_writable)?;
+        }
         Ok(CacheDir {
             root: root.to_path_buf(),
             _lock: lock,
@@ -347,12 +383,21 @@ impl CacheDir {
             CacheLayout::Packed => &["samples", "tmp"],
         };
         for name in others {
-            match fs::remove_dir_all(self.root.join(name)) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(self.io_err()(e)),
-                _ => {}
+            let left = own::remove_sub(&self.root, name).map_err(self.io_err())?;
+            if !left.is_empty() {
+                tracing::warn!(folder = %self.root.display(), left = ?left, "left files shufflefs did not make");
             }
         }
         Ok(())
+    }
+}
+
+/// Up to five of `names`, and how many more.
+fn list_names(names: &[String]) -> String {
+    let shown: Vec<&str> = names.iter().take(5).map(String::as_str).collect();
+    match names.len() {
+        n if n > 5 => format!("{} and {} more", shown.join(", "), n - 5),
+        _ => shown.join(", "),
     }
 }
 

@@ -574,9 +574,65 @@ impl SampleStore {
             });
     }
 
-    /// Reads up to `buf.len()` bytes of cached sample `id` at `offset`.
+    /// Reads up to `buf.len()` bytes of cached sample `id` at `offset`; a cached copy that
+    /// fails its checksum is never read (see [`checked`](Self::checked)).
     pub fn read_at(&self, id: SampleId, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
-        self.backend.read_at(id, offset, buf)
+        self.checked(id, || self.backend.read_at(id, offset, buf))
+    }
+
+    /// Runs `read` (a checked read of the backend, see [`CacheBackend`]) on sample `id`;
+    /// when its cached copy failed its checksum, the copy is dropped and counted, the sample
+    /// fetched again from the source, and `read` runs once more.
+    fn checked<T>(&self, id: SampleId, mut read: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+        let e = match read() {
+            Err(e) => e,
+            done => return done,
+        };
+        if super::ChecksumMismatch::find(&e).is_none() {
+            return Err(e);
+        }
+        self.drop_if_corrupt(id);
+        self.ensure(id)?;
+        read()
+    }
+
+    /// Drops sample `id`'s cached copy if it still fails its checksum; returns whether it
+    /// did. Under the sample's claim, so a reader and the scrub that both found one bad
+    /// copy drop and count it once, and neither drops the good copy that replaced it.
+    fn drop_if_corrupt(&self, id: SampleId) -> bool {
+        let _claim = self.claims.claim(id);
+        let Err(e) = self.backend.verify(id) else {
+            return false;
+        };
+        let Some(bad) = super::ChecksumMismatch::find(&e) else {
+            return false;
+        };
+        self.discard_corrupt(id, bad.found, bad.recorded);
+        true
+    }
+
+    /// Checks every cached sample against its recorded checksum (those not checked since
+    /// they last changed; see [`CacheBackend::verify`]), dropping and counting the ones that
+    /// fail: what runs in the background after a remount, so a copy that rotted while the
+    /// daemon was away is found before a reader asks for it. Stops early once `go_on`
+    /// says so; returns how many samples failed.
+    pub fn scrub(&self, go_on: &dyn Fn() -> bool) -> u64 {
+        let mut failed = 0;
+        for id in 0..self.manifest.len() {
+            if !go_on() {
+                break;
+            }
+            if !self.contains(id) {
+                continue;
+            }
+            let Err(e) = self.backend.verify(id) else {
+                continue;
+            };
+            if super::ChecksumMismatch::find(&e).is_some() && self.drop_if_corrupt(id) {
+                failed += 1;
+            }
+        }
+        failed
     }
 
     /// The whole of cached sample `id`.
@@ -590,7 +646,16 @@ impl SampleStore {
     /// A file holding cached sample `id`'s bytes, for the kernel to read directly; `None`
     /// if the backend keeps none (see `CacheBackend::file`).
     pub fn file(&self, id: SampleId) -> Option<io::Result<std::fs::File>> {
-        self.backend.file(id)
+        let mut first = Some(self.backend.file(id)?);
+        Some(self.checked(id, || {
+            match first.take() {
+                Some(file) => file,
+                None => self
+                    .backend
+                    .file(id)
+                    .unwrap_or_else(|| Err(io::ErrorKind::NotFound.into())),
+            }
+        }))
     }
 
     /// Drops a cached sample whose bytes no longer match their checksum; it is fetched

@@ -246,10 +246,14 @@ fn reclaim(orphans: Vec<SampleStore>) -> Vec<PathBuf> {
     for orphan in orphans {
         // Removed while still locked, so no daemon starts on it meanwhile.
         let root = orphan.dir().root().to_path_buf();
-        match std::fs::remove_dir_all(&root) {
-            Ok(()) => {
+        // Only our own files: a folder holding anything else stays, with that in it.
+        match crate::cache::remove_owned(&root) {
+            Ok(left) if left.is_empty() => {
                 tracing::info!(folder = %root.display(), "removed the cache of a gone rank");
                 removed.push(root);
+            }
+            Ok(left) => {
+                tracing::warn!(folder = %root.display(), left = ?left, "removed shufflefs's files from the cache of a gone rank; left the files it did not make")
             }
             Err(e) => {
                 tracing::warn!(folder = %root.display(), error = %e, "could not remove the cache of a gone rank")

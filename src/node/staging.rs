@@ -7,7 +7,7 @@
 //! (`SampleStore::ensure` makes sure it is copied once).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError, channel};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
@@ -108,6 +108,7 @@ fn run(
     progress: &StagingProgress,
 ) {
     let mut pending = rx.recv().ok();
+    let mut scrubbed = false;
     while let Some(StagingCmd::Epoch { current }) = pending.take() {
         let mine = current.share(rank);
         progress.epoch.store(current.epoch, Ordering::Relaxed);
@@ -147,10 +148,39 @@ fn run(
                 "staging finished"
             );
         }
+        if pending.is_none() && !scrubbed {
+            scrubbed = true;
+            pending = scrub(store, rx);
+        }
         if pending.is_none() {
             pending = rx.recv().ok();
         }
     }
+}
+
+/// Checks the whole cache once, after the first share is staged (`SampleStore::scrub`):
+/// copies that rotted while no daemon ran are dropped (and fetched again when needed) before
+/// a reader asks for them. Returns early with the next command if one arrives; the scrub is
+/// then not resumed, as every read still checks a copy not checked since it changed.
+fn scrub(store: &SampleStore, rx: &Receiver<StagingCmd>) -> Option<StagingCmd> {
+    let next = std::cell::Cell::new(None);
+    let started = std::time::Instant::now();
+    let failed = store.scrub(&|| match rx.try_recv() {
+        Ok(cmd) => {
+            next.set(Some(cmd));
+            false
+        }
+        Err(TryRecvError::Empty) => true,
+        Err(TryRecvError::Disconnected) => false,
+    });
+    let next = next.into_inner();
+    tracing::info!(
+        failed,
+        complete = next.is_none(),
+        secs = started.elapsed().as_secs_f64(),
+        "cache scrub finished"
+    );
+    next
 }
 
 /// Copies `missing` into the cache; returns early with the next command if one arrives.

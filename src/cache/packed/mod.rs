@@ -76,7 +76,8 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuar
 use std::time::{Duration, SystemTime};
 
 use super::backend::{
-    Borrowed, CacheBackend, Claim, ClaimSet, Commit, Recovered, SampleWriter, Stored,
+    Borrowed, CacheBackend, ChecksumMismatch, Claim, ClaimSet, Commit, Recovered, SampleWriter,
+    Stored,
 };
 use super::bitset::Bitset;
 use crate::plan::SampleId;
@@ -126,6 +127,10 @@ impl Default for PackedConfig {
 pub struct PackedBackend {
     inner: Arc<Inner>,
     compactor: compact::Compactor,
+    /// Samples whose stored record matched its checksum since the mount: a record is
+    /// checked whole at its first read (`read_at`, `verify`). Records are never written in
+    /// place, so one check per mount holds until the sample is dropped.
+    checked: Bitset,
 }
 
 struct Inner {
@@ -289,7 +294,7 @@ impl PackedBackend {
         for entry in fs::read_dir(&dir)? {
             let name = entry?.file_name();
             let name = name.to_string_lossy();
-            if name.ends_with(".spill") {
+            if name.ends_with(".spill") && super::own::is_segment_name(&name) {
                 // A writer that never committed.
                 let _ = fs::remove_file(dir.join(&*name));
             } else if let Some(num) = recover::segment_number(&name) {
@@ -326,7 +331,11 @@ impl PackedBackend {
             syncing: Mutex::new(()),
         });
         let compactor = compact::Compactor::start(inner.clone(), tx, rx)?;
-        Ok(PackedBackend { inner, compactor })
+        Ok(PackedBackend {
+            inner,
+            compactor,
+            checked: Bitset::new(samples),
+        })
     }
 
     /// Compacts every segment over the threshold now, on the calling thread; returns how
@@ -389,6 +398,27 @@ impl Inner {
                 format!("sample {id} is not in the packed cache"),
             )),
         }
+    }
+
+    /// The header of sample `id`'s record at `e` in `seg` (written), checked to be that
+    /// record's.
+    fn header(&self, seg: &SegFile, e: Entry, id: SampleId) -> io::Result<Header> {
+        let start = u64::from(e.off);
+        let mut header = [0u8; HEADER];
+        if seg.read_at(start, &mut header)? < HEADER {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        let h = Header::decode(&header)?;
+        if h.kind != Kind::Data || h.id != id || h.len != e.len {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "segment {} at {start} holds another record than sample {id}",
+                    seg_name(seg.num)
+                ),
+            ));
+        }
+        Ok(h)
     }
 
     /// Makes sure bytes up to `end` of `seg` are in the file (flushing the batch if needed).
@@ -685,15 +715,34 @@ impl CacheBackend for PackedBackend {
             .map(|e| e.len)
     }
 
+    /// A read of the whole record is checked against its checksum every time (cheap beside
+    /// the copy); a part of one is read once its record was checked since the mount.
     fn read_at(&self, id: SampleId, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
         let (e, seg) = self.inner.locate(id)?;
+        let whole = offset == 0 && buf.len() as u64 >= e.len;
+        if !whole && !self.checked.get(id) {
+            self.verify(id)?;
+        }
         if offset >= e.len {
             return Ok(0);
         }
         let n = buf.len().min((e.len - offset) as usize);
         let pos = u64::from(e.off) + HEADER as u64 + offset;
         self.inner.ensure_written(&seg, pos + n as u64)?;
-        seg.read_at(pos, &mut buf[..n])
+        let read = seg.read_at(pos, &mut buf[..n])?;
+        if whole {
+            let recorded = self.inner.header(&seg, e, id)?.crc;
+            let found = crc32c::crc32c(&buf[..read]);
+            if found != recorded {
+                return Err(ChecksumMismatch {
+                    id,
+                    found,
+                    recorded,
+                }
+                .into_io());
+            }
+        }
+        Ok(read)
     }
 
     fn open(&self, id: SampleId) -> io::Result<Stored> {
@@ -701,20 +750,7 @@ impl CacheBackend for PackedBackend {
         let start = u64::from(e.off);
         let end = start + HEADER as u64 + e.len;
         self.inner.ensure_written(&seg, end)?;
-        let mut header = [0u8; HEADER];
-        if seg.read_at(start, &mut header)? < HEADER {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        let h = Header::decode(&header)?;
-        if h.kind != Kind::Data || h.id != id || h.len != e.len {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "segment {} at {start} holds another record than sample {id}",
-                    seg_name(seg.num)
-                ),
-            ));
-        }
+        let h = self.inner.header(&seg, e, id)?;
         // Reads straight from the segment (its mapping, for most): no copy in between.
         Ok(Stored {
             reader: Box::new(SegReader {
@@ -878,6 +914,7 @@ impl CacheBackend for PackedBackend {
         let seq = a.next_seq;
         a.next_seq += 1;
         inner.append(&mut a, &Header::tombstone(id, seq), &[], true)?;
+        self.checked.clear(id);
         Ok(true)
     }
 
@@ -896,6 +933,7 @@ impl CacheBackend for PackedBackend {
         st.index.iter_mut().for_each(|e| *e = Entry::default());
         for id in 0..inner.present.len() {
             inner.present.clear(id);
+            self.checked.clear(id);
         }
         let seg = create_segment(&inner.dir, a.next_seg, &inner.cfg)?;
         a.next_seg += 1;
@@ -916,6 +954,32 @@ impl CacheBackend for PackedBackend {
 
     fn file(&self, _id: SampleId) -> Option<io::Result<File>> {
         None
+    }
+
+    fn verify(&self, id: SampleId) -> io::Result<()> {
+        let mut stored = self.open(id)?;
+        let mut crc = 0u32;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match stored.reader.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => crc = crc32c::crc32c_append(crc, &buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        match stored.recorded_crc {
+            Some(recorded) if recorded != crc => Err(ChecksumMismatch {
+                id,
+                found: crc,
+                recorded,
+            }
+            .into_io()),
+            _ => {
+                self.checked.set(id);
+                Ok(())
+            }
+        }
     }
 
     fn layout(&self) -> super::CacheLayout {
