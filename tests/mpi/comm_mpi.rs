@@ -5,12 +5,10 @@
 //! environment variable; each rank prints a line once its checks pass. (Giving up with
 //! transfers in flight, `CommError::Abandoned`, is covered end to end by `signal_mpi.rs`.)
 
-mod common;
-
 use std::sync::atomic::AtomicBool;
 
-use common::mpi_job::mpirun;
-use common::require_mpi;
+use crate::common::mpi_job::mpirun;
+use crate::common::require_mpi;
 use shufflefs::comm::{Batch, Comm, MpiComm};
 
 const CHILD: &str = "SHUFFLEFS_COMM_MPI_CHILD";
