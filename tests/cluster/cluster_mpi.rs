@@ -27,7 +27,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::common::mpi_job::{MpiJob, exchange, planned, wait_all};
+use crate::common::mpi_job::{MpiJob, exchange, planned, test_name, wait_all};
 use crate::common::*;
 use shufflefs::comm::{Comm, MpiComm};
 
@@ -354,12 +354,8 @@ fn check_hosts(cluster: &Cluster, per_host: u32) {
             .arg("-x")
             .arg(CHILD)
             .arg(exe)
-            .args([
-                "rank_sees_hosts",
-                "--exact",
-                "--nocapture",
-                "--test-threads=1",
-            ]),
+            .arg(test_name(module_path!(), "rank_sees_hosts"))
+            .args(["--exact", "--nocapture", "--test-threads=1"]),
         Duration::from_secs(60),
     );
     let stdout = String::from_utf8_lossy(&out.stdout);

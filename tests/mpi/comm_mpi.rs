@@ -7,7 +7,7 @@
 
 use std::sync::atomic::AtomicBool;
 
-use crate::common::mpi_job::mpirun;
+use crate::common::mpi_job::{mpirun, test_name};
 use crate::common::require_mpi;
 use shufflefs::comm::{Batch, Comm, MpiComm};
 
@@ -24,7 +24,8 @@ fn split_hosts_and_batches_under_mpirun() {
         .arg("-x")
         .arg(CHILD)
         .arg(exe)
-        .args(["ranks", "--exact", "--nocapture", "--test-threads=1"])
+        .arg(test_name(module_path!(), "ranks"))
+        .args(["--exact", "--nocapture", "--test-threads=1"])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
