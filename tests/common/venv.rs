@@ -31,7 +31,7 @@ pub fn venv_python(imports: &str, what: &str) -> Option<PathBuf> {
     let missing = (!usable).then(|| {
         format!("no Python venv with {what}; run `source mount-helpers/install-python.sh`")
     });
-    require("the Python loaders", "SHUFFLEFS_REQUIRE_LOADERS", missing)
+    require("the loaders' venv", "SHUFFLEFS_REQUIRE_LOADERS", missing)
         .then_some(python)
         .flatten()
 }
