@@ -6,9 +6,24 @@
 #
 #   bash tests/run.sh
 #
+# The integration tests are five binaries, grouped by what they need from the machine (one
+# binary each, so the library is linked five times, not once per file); each file in a group
+# is a module, so a test is named `FILE::TEST` (`cargo test --test pure plan_props::`):
+#
+#   tests/pure/          nothing: plan and elastic properties, the model-based reftest, and
+#                        in-process exchange, coded exchange, resume and view logic
+#   tests/fuse/          real FUSE mounts from one process: bad input, host calls, single
+#                        mounts, the packed cache, the page cache, a slow source
+#   tests/mpi/           real mpirun (and FUSE): comm, exchange, coded, elastic, resume,
+#                        signals, stress, a full disk
+#   tests/cluster/       emulated hosts (mount-helpers/shufflefs-cluster)
+#   tests/loaders_real/  the real Python loaders of the venv (tests/loaders/*.py): real
+#                        loaders, record mounts, records under mpirun
+#   tests/common/        helpers, one file per concern (skip.rs holds every skip)
+#
 # Tests that need /dev/fuse, mpirun or the loaders skip on machines without them, unless
 # SHUFFLEFS_REQUIRE_FUSE=1 / SHUFFLEFS_REQUIRE_MPI=1 / SHUFFLEFS_REQUIRE_LOADERS=1 (set by
-# .ci/run) turn a skip into a failure. The emulated-host tests (tests/cluster_mpi.rs, through
+# .ci/run) turn a skip into a failure. The emulated-host tests (tests/cluster/, through
 # mount-helpers/shufflefs-cluster) also need root, iproute2 (ip, tc), nsenter and python3;
 # SHUFFLEFS_REQUIRE_CLUSTER=1 (set by .ci/run) makes their skip a failure too.
 # SHUFFLEFS_NO_LOADERS=1 skips the venv install.

@@ -19,6 +19,15 @@ pub fn mpirun(ranks: u32) -> Command {
     cmd
 }
 
+/// The harness's name for test `name` of the module at `module` (pass `module_path!()`): the
+/// path without the crate, so a test can re-run one of its own tests (`--exact`) per rank.
+pub fn test_name(module: &str, name: &str) -> String {
+    match module.split_once("::") {
+        Some((_, m)) => format!("{m}::{name}"),
+        None => name.to_string(),
+    }
+}
+
 /// An `mpirun -np N shufflefs mount` job over `DIR/src`, caches `DIR/cache{rank}` and mounts
 /// `DIR/mnt{rank}` (created if missing); stderr goes to `DIR/job.log`. Drop unmounts.
 pub struct MpiJob {

@@ -4,8 +4,6 @@
 //! Every test makes its own dataset, cache and mount point in a temp folder, and its
 //! `Daemon` guard unmounts even when an assertion fails.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions, Permissions};
@@ -15,7 +13,7 @@ use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 
 fn set<const N: usize>(items: [&str; N]) -> BTreeSet<String> {

@@ -2,14 +2,12 @@
 //! a request that has to copy a sample from the source waits off the request threads, so
 //! cached samples and the control files keep answering, even with one request thread.
 
-mod common;
-
 use std::fs;
 use std::io::Write;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 #[test]
 fn a_sample_stuck_on_the_source_does_not_stall_other_reads() {

@@ -1,11 +1,8 @@
 //! Properties of the pure plan over many (samples, ranks, Q, seed, epochs), in both exchange
 //! scopes (and, for node scope, many host layouts).
 
-#[path = "common/shares.rs"]
-mod shares;
-
+use crate::common::shares::assert_partition;
 use proptest::prelude::*;
-use shares::assert_partition;
 use shufflefs::plan::{EpochShares, ExchangeScope, HostLayout, Plan, PlanParams, Step};
 
 fn params() -> impl Strategy<Value = PlanParams> {

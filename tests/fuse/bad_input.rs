@@ -1,13 +1,11 @@
 //! Bad input: every refusal exits non-zero, names the offending thing on stderr and leaves
 //! no mount behind; problems that are not fatal (a dangling link) are reported instead.
 
-mod common;
-
 use std::fs;
 use std::path::Path;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 /// A mount of `source` that must be refused (foreground and detached alike).
 #[track_caller]

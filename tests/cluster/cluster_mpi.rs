@@ -18,8 +18,6 @@
 //! `SHUFFLEFS_REQUIRE_CLUSTER=1`. Each test has its own cluster name and subnet (tests run two at
 //! a time) and a lock on the name, so two runs of this file on one machine take turns.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::os::fd::AsRawFd;
@@ -29,8 +27,8 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::mpi_job::{MpiJob, exchange, planned, wait_all};
-use common::*;
+use crate::common::mpi_job::{MpiJob, exchange, planned, test_name, wait_all};
+use crate::common::*;
 use shufflefs::comm::{Comm, MpiComm};
 
 const HARNESS: &str = concat!(
@@ -277,7 +275,7 @@ fn rank_sees_hosts() {
 /// compared with the source; every class must be listed.
 fn listing(ds: &Dataset, mnt: &Path, epoch: u64) -> BTreeSet<String> {
     let view = mnt.join(format!("epoch-{epoch}"));
-    let got = common::listing(&view);
+    let got = crate::common::listing(&view);
     assert_eq!(
         got.keys().cloned().collect::<Vec<_>>(),
         ds.classes,
@@ -356,12 +354,8 @@ fn check_hosts(cluster: &Cluster, per_host: u32) {
             .arg("-x")
             .arg(CHILD)
             .arg(exe)
-            .args([
-                "rank_sees_hosts",
-                "--exact",
-                "--nocapture",
-                "--test-threads=1",
-            ]),
+            .arg(test_name(module_path!(), "rank_sees_hosts"))
+            .args(["--exact", "--nocapture", "--test-threads=1"]),
         Duration::from_secs(60),
     );
     let stdout = String::from_utf8_lossy(&out.stdout);

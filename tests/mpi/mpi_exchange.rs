@@ -9,23 +9,9 @@ use std::time::{Duration, Instant};
 
 use shufflefs::sys::mounts::is_mounted;
 
-const RANKS: u32 = 4;
+use crate::common::{require_fuse, require_mpi};
 
-fn require_mpi() -> bool {
-    let have = Path::new("/dev/fuse").exists()
-        && Command::new("mpirun")
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success());
-    if !have {
-        assert!(
-            std::env::var("SHUFFLEFS_REQUIRE_MPI").as_deref() != Ok("1"),
-            "mpirun or /dev/fuse missing and SHUFFLEFS_REQUIRE_MPI=1"
-        );
-        eprintln!("skipping: needs mpirun and /dev/fuse");
-    }
-    have
-}
+const RANKS: u32 = 4;
 
 fn mpirun() -> Command {
     let mut cmd = Command::new("mpirun");
@@ -210,7 +196,7 @@ fn four_ranks_partition_and_exchange_over_epochs_with_packed_caches() {
 }
 
 fn partition_and_exchange_over_epochs(layout: &str) {
-    if !require_mpi() {
+    if !require_fuse() || !require_mpi() {
         return;
     }
     let job = Job::start_in(
@@ -269,7 +255,7 @@ fn partition_and_exchange_over_epochs(layout: &str) {
 
 #[test]
 fn zero_fraction_keeps_every_listing() {
-    if !require_mpi() {
+    if !require_fuse() || !require_mpi() {
         return;
     }
     let job = Job::start(0.0, &[("a", 20, 1000), ("b", 21, 500)]);
@@ -282,7 +268,7 @@ fn zero_fraction_keeps_every_listing() {
 
 #[test]
 fn rank_with_other_seed_is_refused_everywhere() {
-    if !require_mpi() {
+    if !require_fuse() || !require_mpi() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -335,7 +321,7 @@ fn rank_with_other_seed_is_refused_everywhere() {
 fn sample_over_two_gib_moves_between_ranks() {
     use shufflefs::plan::{Plan, PlanParams};
     use std::os::unix::fs::FileExt;
-    if !require_mpi() {
+    if !require_fuse() || !require_mpi() {
         return;
     }
     const BIG: u64 = (2 << 30) + 12_345;

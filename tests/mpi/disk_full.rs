@@ -4,14 +4,12 @@
 //! mount down, and the job unmounts cleanly. And a single rank whose cache cannot even hold its
 //! share still serves every byte of it, from the source. Needs root for the tmpfs mounts.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::mpi_job::mpirun;
-use common::*;
+use crate::common::mpi_job::mpirun;
+use crate::common::*;
 use serde_json::Value;
 use shufflefs::sys::mounts::is_mounted;
 
@@ -66,13 +64,7 @@ fn disk_full_during_exchange_keeps_the_current_view_serving() {
     if !require_fuse() || !require_mpi() {
         return;
     }
-    if !nix::unistd::geteuid().is_root() {
-        let why = "needs root to mount a small tmpfs as the cache";
-        assert!(
-            std::env::var("SHUFFLEFS_REQUIRE_FUSE").as_deref() != Ok("1"),
-            "SHUFFLEFS_REQUIRE_FUSE=1 but this test {why}"
-        );
-        eprintln!("SKIPPED: {why}");
+    if !require_root("mounts a small tmpfs as the cache") {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -187,12 +179,7 @@ fn a_cache_smaller_than_the_share_still_serves_every_byte() {
     if !require_fuse() {
         return;
     }
-    if !nix::unistd::geteuid().is_root() {
-        assert!(
-            std::env::var("SHUFFLEFS_REQUIRE_FUSE").as_deref() != Ok("1"),
-            "SHUFFLEFS_REQUIRE_FUSE=1 but this test needs root to mount a small tmpfs"
-        );
-        eprintln!("SKIPPED: needs root to mount a small tmpfs as the cache");
+    if !require_root("mounts a small tmpfs as the cache") {
         return;
     }
     let data = DatasetBuilder::new()

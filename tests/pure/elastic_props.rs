@@ -1,11 +1,8 @@
 //! Properties of elastic restarts (the pure remap and the plan over a history of world
 //! sizes) over many datasets, seeds and chains of resizes M -> M' -> M'' -> ...
 
-#[path = "common/shares.rs"]
-mod shares;
-
+use crate::common::shares::assert_partition;
 use proptest::prelude::*;
-use shares::assert_partition;
 use shufflefs::plan::elastic::{ElasticPlan, History, remap};
 use shufflefs::plan::{EpochShares, PlanParams};
 

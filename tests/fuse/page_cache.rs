@@ -5,15 +5,13 @@
 //! to write. Plus one property of every mode: a sample kept from one epoch to the next is
 //! the same inode, so what the kernel cached for it carries over.
 
-mod common;
-
 use std::fs::{self, File};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 
-use common::*;
+use crate::common::*;
 
 const PAGE_CACHE: [&str; 2] = ["--read-path", "page-cache"];
 

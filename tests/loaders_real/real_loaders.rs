@@ -11,16 +11,14 @@
 //! Needs the venv of `mount-helpers/install-python.sh` (torch, torchvision, tensorflow-cpu,
 //! pillow): skipped without it unless SHUFFLEFS_REQUIRE_LOADERS=1 (set by `.ci/run`).
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use common::mpi_job::mpirun;
-use common::*;
+use crate::common::mpi_job::mpirun;
+use crate::common::*;
 use shufflefs::sys::mounts::is_mounted;
 
 const RANKS: usize = 4;

@@ -2,16 +2,14 @@
 //! (`tests/loaders/check_records.py`) for 3 epochs, bad records reported and left out, and
 //! part bytes through the kernel equal to the groups laid end to end.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::records::*;
-use common::*;
+use crate::common::records::*;
+use crate::common::*;
 
 const COUNT: u32 = 600;
 const EPOCHS: u32 = 3;

@@ -6,13 +6,11 @@
 //! fetched from the source again, the gone ranks' caches are adopted and then removed, and
 //! the status says where each rank's samples came from.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use common::mpi_job::{MpiJob, checked_listing, exchange, wait_all};
-use common::*;
+use crate::common::mpi_job::{MpiJob, checked_listing, exchange, wait_all};
+use crate::common::*;
 use serde_json::Value;
 use shufflefs::plan::PlanParams;
 use shufflefs::plan::elastic::{ElasticPlan, History};

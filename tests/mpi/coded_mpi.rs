@@ -4,15 +4,13 @@
 //! what the packets brought. Then jobs that cannot run (no server; a server alone) are
 //! refused with a clear message and leave nothing mounted.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::mpi_job::{MpiJob, exchange, wait_all};
-use common::{BIN, is_mounted, require_fuse, require_mpi};
+use crate::common::mpi_job::{MpiJob, exchange, wait_all};
+use crate::common::{BIN, is_mounted, require_fuse, require_mpi};
 
 const RANKS: u32 = 4;
 const SEED: u64 = 11;
@@ -294,7 +292,7 @@ fn a_coded_job_without_a_server_or_without_compute_ranks_is_refused() {
     }
     let tmp = tempfile::tempdir().unwrap();
     source(tmp.path());
-    let mut no_server = common::mpi_job::mpirun(2);
+    let mut no_server = crate::common::mpi_job::mpirun(2);
     no_server.args([
         BIN,
         "mount",
@@ -354,7 +352,7 @@ fn a_coded_job_without_a_server_or_without_compute_ranks_is_refused() {
         "{log}"
     );
 
-    let mut alone = common::mpi_job::mpirun(1);
+    let mut alone = crate::common::mpi_job::mpirun(1);
     alone
         .args([BIN, "serve", "--source"])
         .arg(tmp.path().join("src"));
@@ -376,8 +374,8 @@ fn a_coded_mount_started_alone_is_refused() {
     let (src, cache) = (tmp.path().join("src"), tmp.path().join("cache"));
     let coded = ["--exchange", "coded", "--cache-fraction", "0.5"];
     for foreground in [false, true] {
-        let args = common::mount_args(&src, &cache, &mnt, &coded);
-        let r = common::mount_refused(&mnt, &args, foreground);
+        let args = crate::common::mount_args(&src, &cache, &mnt, &coded);
+        let r = crate::common::mount_refused(&mnt, &args, foreground);
         let text = format!("{}{}", r.stdout, r.stderr);
         assert!(text.contains("needs a `shufflefs serve` rank"), "{text}");
     }
@@ -388,12 +386,12 @@ fn a_coded_mount_started_alone_is_refused() {
             "--cache-fraction applies to --exchange coded only",
         ),
     ] {
-        let args = common::mount_args(&src, &cache, &mnt, extra);
-        let r = common::mount_refused(&mnt, &args, false);
+        let args = crate::common::mount_args(&src, &cache, &mnt, extra);
+        let r = crate::common::mount_refused(&mnt, &args, false);
         let text = format!("{}{}", r.stdout, r.stderr);
         assert!(text.contains(needle), "{extra:?}: {text}");
     }
-    let out = common::shufflefs()
+    let out = crate::common::shufflefs()
         .args(["serve", "--source"])
         .arg(&src)
         .output()

@@ -5,12 +5,10 @@
 //! environment variable; each rank prints a line once its checks pass. (Giving up with
 //! transfers in flight, `CommError::Abandoned`, is covered end to end by `signal_mpi.rs`.)
 
-mod common;
-
 use std::sync::atomic::AtomicBool;
 
-use common::mpi_job::mpirun;
-use common::require_mpi;
+use crate::common::mpi_job::{mpirun, test_name};
+use crate::common::require_mpi;
 use shufflefs::comm::{Batch, Comm, MpiComm};
 
 const CHILD: &str = "SHUFFLEFS_COMM_MPI_CHILD";
@@ -26,7 +24,8 @@ fn split_hosts_and_batches_under_mpirun() {
         .arg("-x")
         .arg(CHILD)
         .arg(exe)
-        .args(["ranks", "--exact", "--nocapture", "--test-threads=1"])
+        .arg(test_name(module_path!(), "ranks"))
+        .args(["--exact", "--nocapture", "--test-threads=1"])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -4,15 +4,13 @@
 //! that keep reading are running when every rank is unmounted (`shufflefs unmount --lazy`, as
 //! `shufflefs-teardown` does): the readers end, the daemons exit, nothing stays mounted.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::mpi_job::MpiJob;
-use common::*;
+use crate::common::mpi_job::MpiJob;
+use crate::common::*;
 use shufflefs::sys::mounts::is_mounted;
 
 const RANKS: u32 = 4;

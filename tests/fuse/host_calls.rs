@@ -3,8 +3,6 @@
 //! misbehaved for a new user: 111,000 WARN lines about ioctl in a 2-rank run, a `df` of all
 //! zeros, and a WARN "Failed to umount filesystem" after every clean unmount.
 
-mod common;
-
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::Path;
@@ -12,7 +10,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 /// Lines of a daemon's log at WARN level or above.
 fn warnings(log: &str) -> Vec<&str> {

@@ -3,13 +3,11 @@
 //! under mpirun too) reads 3 epochs of its views with the real readers, and every record is
 //! read exactly once per epoch across the ranks while the exchange moves groups between them.
 
-mod common;
-
 use std::time::Duration;
 
-use common::mpi_job::{MpiJob, mpirun};
-use common::records::*;
-use common::*;
+use crate::common::mpi_job::{MpiJob, mpirun};
+use crate::common::records::*;
+use crate::common::*;
 
 const RANKS: u32 = 4;
 const COUNT: u32 = 3000;

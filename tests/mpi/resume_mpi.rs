@@ -6,13 +6,11 @@
 //! plan's for an uninterrupted run, including the epochs that follow, and nothing that was
 //! cached is fetched from the source again.
 
-mod common;
-
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::mpi_job::{MpiJob, checked_listing, exchange, planned, wait_all};
-use common::*;
+use crate::common::mpi_job::{MpiJob, checked_listing, exchange, planned, wait_all};
+use crate::common::*;
 use shufflefs::sys::mounts::is_mounted;
 
 const RANKS: u32 = 4;

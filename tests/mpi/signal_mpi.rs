@@ -7,13 +7,11 @@
 //! daemon would wait forever. Afterwards the reader has its answer, no mount is left on
 //! either rank and the job has ended.
 
-mod common;
-
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::mpi_job::MpiJob;
-use common::*;
+use crate::common::mpi_job::MpiJob;
+use crate::common::*;
 use shufflefs::sys::mounts::is_mounted;
 
 #[test]

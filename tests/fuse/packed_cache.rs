@@ -2,14 +2,12 @@
 //! segment files (no file per record), and a real mount with `--cache-layout packed` serving
 //! every sample's bytes through the daemon, surviving a remount and refusing the other layout.
 
-mod common;
-
 use std::fs;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 
-use common::*;
+use crate::common::*;
 use shufflefs::cache::{CacheDir, CacheLayout, SampleStore};
 use shufflefs::comm::{Comm, LocalComm};
 use shufflefs::dataset::manifest::Manifest;

@@ -1,0 +1,49 @@
+//! The repository's own files and the Python venv of `mount-helpers/install-python.sh`, for
+//! tests that run scripts or real loaders.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use super::skip::require;
+
+pub fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The venv's python (`SHUFFLEFS_PYTHON`, else `mount-helpers/install-python.sh`'s) if it
+/// runs `imports`, else `None` (skip; a failure under SHUFFLEFS_REQUIRE_LOADERS=1). `what`
+/// names the packages in the message.
+pub fn venv_python(imports: &str, what: &str) -> Option<PathBuf> {
+    let python = std::env::var_os("SHUFFLEFS_PYTHON")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .map(|h| PathBuf::from(h).join(".cache/shufflefs/venv/bin/python"))
+        })
+        .filter(|p| p.exists());
+    let usable = python.as_ref().is_some_and(|p| {
+        Command::new(p)
+            .args(["-c", imports])
+            .env("TF_CPP_MIN_LOG_LEVEL", "3")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    let missing = (!usable).then(|| {
+        format!("no Python venv with {what}; run `source mount-helpers/install-python.sh`")
+    });
+    require("the loaders' venv", "SHUFFLEFS_REQUIRE_LOADERS", missing)
+        .then_some(python)
+        .flatten()
+}
+
+/// Panics with both streams unless `out` succeeded.
+pub fn check(what: &str, out: &Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{what} failed ({})\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}

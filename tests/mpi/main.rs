@@ -1,0 +1,19 @@
+//! Integration tests under a real `mpirun` on this machine: several ranks, each with a real
+//! FUSE mount. They need `mpirun` and FUSE and skip without them, unless
+//! `SHUFFLEFS_REQUIRE_MPI=1` / `SHUFFLEFS_REQUIRE_FUSE=1` (CI) turn the skip into a failure.
+//! `disk_full` also needs root (its caches sit on small tmpfs mounts).
+//!
+//! Each file below is one of the old `tests/*.rs` binaries; see `tests/pure/main.rs` for why
+//! they share a binary.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod coded_mpi;
+mod comm_mpi;
+mod disk_full;
+mod elastic_mpi;
+mod mpi_exchange;
+mod resume_mpi;
+mod signal_mpi;
+mod stress_mpi;
