@@ -10,6 +10,8 @@
 mod common;
 
 mod bad_input;
+mod cache_safety;
+mod corrupt_cache;
 mod host_calls;
 mod mount_single;
 mod packed_cache;

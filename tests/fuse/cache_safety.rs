@@ -3,12 +3,10 @@
 //! `--reset-cache`, and leaves no mount and no change behind; inside a shufflefs cache,
 //! a rebuild removes only shufflefs's own files.
 
-mod common;
-
 use std::fs;
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 
 /// A scratch folder with a `tmp/` and a `samples/` of someone else's.
 fn scratch(root: &Path) {

@@ -3,13 +3,11 @@
 //! through a real mount; every sample read through the view has its source's bytes and the
 //! status counts each bad copy.
 
-mod common;
-
 use std::fs;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 
 /// Flips byte 7 of every cached sample of 8 bytes or more, in place, as a stray write or
 /// bit rot would; returns how many were flipped. Files layout: every file under `samples/`;
