@@ -15,6 +15,7 @@ use tracing_subscriber::EnvFilter;
 
 use crate::cli::{MountArgs, ServeArgs, UnmountArgs};
 use crate::comm::{self, Comm, MpiComm, launched_by_mpi};
+use crate::config::{MountConfig, ServeConfig};
 use crate::daemon;
 
 fn init_logging() {
@@ -29,6 +30,14 @@ fn init_logging() {
 }
 
 pub fn mount(args: MountArgs) -> ExitCode {
+    // Contradictory options are refused alone on each rank, before MPI or a fork.
+    let args = match MountConfig::try_from(args) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("shufflefs: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let under_mpi = launched_by_mpi();
     if under_mpi || args.foreground {
         init_logging();
@@ -54,7 +63,7 @@ pub fn mount(args: MountArgs) -> ExitCode {
 
 /// `shufflefs serve`: the server rank of a coded job (see `daemon::coded`). Only under an MPI
 /// launcher: it serves compute ranks of its own job.
-pub fn serve(args: &ServeArgs) -> ExitCode {
+pub fn serve(args: ServeArgs) -> ExitCode {
     if !launched_by_mpi() {
         eprintln!(
             "shufflefs serve: runs as world rank 0 of an MPI job with the compute ranks: mpirun -np 1 shufflefs serve --source SRC : -np M shufflefs mount --exchange coded --cache-fraction ALPHA ..."
@@ -69,7 +78,7 @@ pub fn serve(args: &ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    report(daemon::coded::serve(args, &mut world))
+    report(daemon::coded::serve(&ServeConfig::from(args), &mut world))
 }
 
 fn report<E: std::fmt::Display>(result: Result<(), E>) -> ExitCode {
@@ -83,7 +92,7 @@ fn report<E: std::fmt::Display>(result: Result<(), E>) -> ExitCode {
     }
 }
 
-fn detached(args: &MountArgs) -> ExitCode {
+fn detached(args: &MountConfig) -> ExitCode {
     let (read_end, write_end) = match nix::unistd::pipe() {
         Ok(p) => p,
         Err(e) => {

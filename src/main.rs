@@ -7,7 +7,7 @@ fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Mount(args) => shufflefs::launch::mount(args),
         Command::Unmount(args) => shufflefs::launch::unmount(&args),
-        Command::Serve(args) => shufflefs::launch::serve(&args),
+        Command::Serve(args) => shufflefs::launch::serve(args),
         Command::Plan(args) => match shufflefs::coded::calc::report(&args.input()) {
             Ok(text) => {
                 print!("{text}");

@@ -13,12 +13,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
-use std::time::Duration;
 
 use fuser::{Config, MountOption, SessionACL};
 
-use crate::cli::{MountArgs, ReadPath, for_rank};
 use crate::comm::Comm;
+use crate::config::{ExchangeMode, MountConfig, ReadPath, for_rank};
 use crate::exchange::coded::CodedClient;
 use crate::exchange::{ExchangeConfig, Peers, SlowPeers};
 use crate::fuse::FuseAdapter;
@@ -34,7 +33,7 @@ mod startup;
 mod elastic_tests;
 
 pub use startup::StartError;
-use startup::everyone_ok;
+use startup::{PhaseError, agreed};
 
 /// Why a daemon stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -66,7 +65,7 @@ fn thread_error(what: &'static str) -> impl FnOnce(std::io::Error) -> DaemonErro
 /// coded job (a `shufflefs serve` rank at world rank 0, see `coded`) the compute ranks split
 /// off their own communicator and keep `world` for the exchange with the server.
 pub fn run(
-    args: &MountArgs,
+    args: &MountConfig,
     world: &mut dyn Comm,
     on_ready: &mut dyn FnMut(&str),
 ) -> Result<(), DaemonError> {
@@ -81,7 +80,7 @@ pub fn run(
 
 /// One compute rank on `comm`; `world` (server included) in a coded job.
 fn run_rank(
-    args: &MountArgs,
+    args: &MountConfig,
     comm: &mut dyn Comm,
     mut world: Option<&mut dyn Comm>,
     on_ready: &mut dyn FnMut(&str),
@@ -89,19 +88,25 @@ fn run_rank(
     let prepared = startup::prepare(args, comm);
     let mut routes = None;
     if let Some(world) = world.as_deref_mut() {
+        let ExchangeMode::Coded {
+            alpha,
+            communicators,
+            multicast,
+            ..
+        } = args.exchange
+        else {
+            return Err(DaemonError::Coded("a coded job's ranks mount coded".into()));
+        };
         let offer = prepared.as_ref().map_err(ToString::to_string).map(|p| {
             let manifest = p.store.manifest().encode();
             let fingerprint = crc32c::crc32c(&manifest);
-            let offer = coded::Offer::new(args, &p.plan, fingerprint, p.resumed.current.epoch);
-            (offer, manifest)
+            let epoch = p.resumed.current.epoch;
+            let offer = coded::Offer::new(args, &p.plan, fingerprint, epoch);
+            (offer.expect("a coded mount makes an offer"), manifest)
         });
         let (rank, size) = (comm.rank(), comm.size());
-        let comms = || {
-            let alpha = args.cache_fraction.unwrap_or(0.0);
-            coded::communicators(size, args.communicators, alpha)
-        };
-        routes =
-            coded::offer(world, rank, offer, comms, args.multicast).map_err(DaemonError::Coded)?;
+        let comms = || coded::communicators(size, communicators, alpha);
+        routes = coded::offer(world, rank, offer, comms, multicast).map_err(DaemonError::Coded)?;
     }
     let startup::Prepared {
         store,
@@ -116,19 +121,22 @@ fn run_rank(
             .expect("a coded job's ranks mount coded");
         CodedClient::new(&plan, rank, scheme, routes, resumed.current.epoch)
     });
+    let (slow_peers, share_disk) = match &args.exchange {
+        ExchangeMode::Partial {
+            slow_peers,
+            share_disk,
+            ..
+        } => (*slow_peers, *share_disk),
+        ExchangeMode::Coded { .. } => (SlowPeers::default(), false),
+    };
     let exchange_cfg = ExchangeConfig {
         rate: args.exchange_rate,
-        slow_peers: SlowPeers {
-            // Both checked finite and in [0, 1e6] by the command line.
-            factor: args.slow_peer_factor,
-            grace: Duration::from_secs_f64(args.slow_peer_grace),
-            ..SlowPeers::default()
-        },
+        slow_peers,
         ..ExchangeConfig::default()
     };
     // Which ranks of this host can take samples from each other's caches (collective).
     // A packed cache has no sample files a peer could take: its host exchanges through MPI.
-    let share = args.share_disk == crate::cli::ShareDisk::Auto && args.layout().is_files();
+    let share = share_disk && args.layout.is_files();
     let peers = match world {
         // The server sends everything: no rank takes samples from another's cache.
         Some(_) => Peers::separate(comm.size()),
@@ -141,14 +149,14 @@ fn run_rank(
         resumed,
         NodeConfig {
             exchange: exchange_cfg,
-            staging_threads: usize::from(args.staging_threads),
+            staging_threads: args.staging_threads,
             source: args.source.display().to_string(),
             mountpoint: mountpoint.display().to_string(),
             exchanges: true,
             hosts: comm.hosts().to_vec(),
         },
     );
-    let fs = node.fs().with_part_size(args.part_size);
+    let fs = node.fs().with_part_size(args.source_config.part_size());
     // Without opens (page-cache mode) the status is read through a link; see `fuse`.
     let fs = Arc::new(match args.read_path {
         ReadPath::PageCache => fs.with_status_link(),
@@ -162,8 +170,11 @@ fn run_rank(
             crate::fuse::mount(adapter, &mountpoint, &fuse_config(args))
                 .map_err(|e| format!("mounting {} failed: {e}", mountpoint.display()))
         });
-    let mounted = session.as_ref().map(|_| ()).map_err(Clone::clone);
-    let mounted = everyone_ok(comm, mounted);
+    let mounted = session
+        .as_ref()
+        .map(|_| ())
+        .map_err(|e| PhaseError::Mine(e.clone()));
+    let mounted = agreed(comm, mounted);
     if let Some(world) = world.as_deref_mut() {
         coded::mounted(world, mounted.is_ok()).map_err(DaemonError::Coded)?;
     }
@@ -252,7 +263,7 @@ fn run_rank(
 }
 
 /// The FUSE mount's settings.
-fn fuse_config(args: &MountArgs) -> Config {
+fn fuse_config(args: &MountConfig) -> Config {
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::FSName("shufflefs".into()),
@@ -305,7 +316,7 @@ fn watch_signals(
 }
 
 /// The log file of a detached daemon: in its cache folder.
-pub fn log_path(args: &MountArgs) -> PathBuf {
+pub fn log_path(args: &MountConfig) -> PathBuf {
     for_rank(&args.cache, 0).join("shufflefs.log")
 }
 

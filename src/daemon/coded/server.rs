@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use super::{Layout, Offer, Role, SERVER_COLOR, communicators, roles};
-use crate::cli::ServeArgs;
 use crate::coded::groups::Communicators;
 use crate::comm::Comm;
+use crate::config::ServeConfig;
 use crate::dataset::Manifest;
 use crate::exchange::coded::routes::Multicast;
 use crate::exchange::coded::server::Ended;
@@ -15,7 +15,7 @@ use crate::exchange::coded::{Routes, ServeSettings, Server, ServerSamples};
 use crate::plan::CodedShares;
 
 /// The server's whole life: phases 1-4, then serving until the compute ranks leave.
-pub fn serve(args: &ServeArgs, world: &mut dyn Comm) -> Result<(), String> {
+pub fn serve(args: &ServeConfig, world: &mut dyn Comm) -> Result<(), String> {
     match roles(world, &Role::server())? {
         Layout::Coded => {}
         Layout::Plain => unreachable!("a server makes the layout coded or refused"),
@@ -91,7 +91,7 @@ pub fn serve(args: &ServeArgs, world: &mut dyn Comm) -> Result<(), String> {
 
 /// The server's checks of an offer against its own options and source.
 fn check(
-    args: &ServeArgs,
+    args: &ServeConfig,
     offer: &Offer,
     manifest_bytes: &[u8],
     ranks: u32,
