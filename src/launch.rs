@@ -56,7 +56,7 @@ pub fn mount(args: MountArgs) -> ExitCode {
             println!("{msg}");
             let _ = std::io::stdout().flush();
         });
-        return report(result);
+        return exit_code(result);
     }
     detached(&args)
 }
@@ -80,6 +80,22 @@ pub fn serve(args: ServeArgs) -> ExitCode {
     };
     report(daemon::coded::serve(&ServeConfig::from(args), &mut world))
 }
+
+/// The exit code of a rank's daemon: 0 after a clean stop, [`ABANDONED`] when it gave up an
+/// exchange with MPI transfers in flight (it must not finalize MPI; a non-zero exit makes
+/// the launcher end the job, and the other ranks unmount on its SIGTERM), else 1.
+fn exit_code(result: Result<(), daemon::DaemonError>) -> ExitCode {
+    match result {
+        Err(e @ daemon::DaemonError::Abandoned(_)) => {
+            tracing::error!("{e}");
+            ExitCode::from(ABANDONED)
+        }
+        other => report(other),
+    }
+}
+
+/// See [`exit_code`].
+pub const ABANDONED: u8 = 3;
 
 fn report<E: std::fmt::Display>(result: Result<(), E>) -> ExitCode {
     match result {
@@ -128,7 +144,7 @@ fn detached(args: &MountConfig) -> ExitCode {
                 let _ = pipe.write_all(format!("err {e}").as_bytes());
             }
             drop(pipe);
-            report(result)
+            exit_code(result)
         }
     }
 }

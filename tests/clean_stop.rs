@@ -1,0 +1,178 @@
+//! Stopping is clean at any moment, under real `mpirun`: `shufflefs unmount` on every rank
+//! while the ranks stage from the source, while a partial exchange runs, or while the coded
+//! server multicasts. Every rank exits 0 (so the launcher does), nothing stays mounted or
+//! running, and the same command mounts again, resuming the caches.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::mpi_job::{MpiJob, exchange, mpirun, wait_all};
+use common::*;
+
+const SEED: u64 = 7;
+const FRACTION: f64 = 0.5;
+const RANKS: u32 = 2;
+
+/// `classes` x `per_class` samples of about `bytes` bytes under `dir/src`.
+fn source(dir: &Path, classes: u32, per_class: u32, bytes: usize) {
+    for c in 0..classes {
+        let class = dir.join(format!("src/class{c}"));
+        std::fs::create_dir_all(&class).unwrap();
+        for i in 0..per_class {
+            let len = bytes + i as usize * 97;
+            let data: Vec<u8> = (0..len).map(|o| (o as u32 ^ (i * 31 + c)) as u8).collect();
+            std::fs::write(class.join(format!("s{i:03}.bin")), data).unwrap();
+        }
+    }
+}
+
+/// Every rank's daemon pid, from its status.
+fn pids(job: &MpiJob) -> Vec<i32> {
+    (0..job.mounts.len())
+        .map(|r| job.status(r)["pid"].as_i64().unwrap() as i32)
+        .collect()
+}
+
+/// Unmounts every rank and checks the stop was clean: the launcher exits 0 (every rank
+/// did), no mount and no daemon is left.
+fn stop_cleanly(mut job: MpiJob, dir: &Path) {
+    let pids = pids(&job);
+    let status = job.unmount_within(Duration::from_secs(90));
+    let log = std::fs::read_to_string(dir.join("job.log")).unwrap_or_default();
+    let status = status.unwrap_or_else(|| panic!("the job did not end after unmount\n{log}"));
+    assert!(status.success(), "the job ended with {status}\n{log}");
+    for m in &job.mounts {
+        assert!(!is_mounted(m), "{} is still mounted", m.display());
+    }
+    for pid in pids {
+        assert!(
+            wait_pid_gone(pid, Duration::from_secs(10)),
+            "daemon {pid} still runs"
+        );
+    }
+}
+
+/// The same command mounts again without `--reset-cache`, at the epoch it had reached.
+fn remount_resumes(dir: &Path, epoch: u64, extra: &[&str]) {
+    let job = MpiJob::start(dir, RANKS, SEED, FRACTION, extra);
+    for r in 0..RANKS as usize {
+        assert_eq!(job.status(r)["epoch"], epoch, "rank {r} resumed elsewhere");
+    }
+    stop_cleanly(job, dir);
+}
+
+#[test]
+fn unmount_during_a_partial_exchange_exits_zero_everywhere() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    source(dir, 2, 40, 20_000);
+    // Over MPI and slowed down, so the exchange into epoch 1 (started at mount) runs for
+    // many seconds.
+    let slow = ["--exchange-rate", "50000", "--share-disk", "never"];
+    let job = MpiJob::start(dir, RANKS, SEED, FRACTION, &slow);
+    wait_all(&job, "the exchange into epoch 1 to run", |st| {
+        exchange(st, 1).is_some_and(|x| x["state"] == "running")
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    stop_cleanly(job, dir);
+    remount_resumes(dir, 0, &[]);
+}
+
+#[test]
+fn unmount_during_staging_exits_zero_everywhere() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // Many samples staged by one thread, so staging is still going when the ranks stop.
+    source(dir, 4, 500, 40_000);
+    let args = ["--fraction", "0", "--staging-threads", "1"];
+    let job = MpiJob::start(dir, RANKS, SEED, FRACTION, &args);
+    let staging = job.status(0)["staging"].clone();
+    stop_cleanly(job, dir);
+    assert_ne!(staging["state"], "done", "staging ended before the stop");
+    remount_resumes(dir, 0, &args);
+}
+
+/// `mpirun -np 1 shufflefs serve : -np 2 shufflefs mount --exchange coded`, with mounts
+/// `DIR/mnt{rank}` for the two compute ranks.
+fn coded_job(dir: &Path) -> MpiJob {
+    let mut launcher = mpirun(1);
+    launcher
+        .args([common::BIN, "serve", "--source"])
+        .arg(dir.join("src"))
+        .args([":", "-np", &RANKS.to_string()]);
+    let coded = ["--exchange", "coded", "--cache-fraction", "0.75"];
+    MpiJob::start_with(launcher, dir, RANKS, SEED, FRACTION, &coded)
+}
+
+#[test]
+fn unmount_during_a_coded_burst_exits_zero_everywhere() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    source(dir, 2, 200, 50_000);
+    let job = coded_job(dir);
+    wait_all(&job, "the coded exchange into epoch 1 to run", |st| {
+        exchange(st, 1).is_some_and(|x| x["state"] == "running")
+    });
+    stop_cleanly(job, dir);
+    let job = coded_job(dir);
+    for r in 0..RANKS as usize {
+        assert_eq!(job.status(r)["epoch"], 0, "rank {r} resumed elsewhere");
+    }
+    stop_cleanly(job, dir);
+}
+
+/// SIGTERM to every rank (as a scheduler ending a job would) during the partial exchange:
+/// the same clean stop.
+#[test]
+fn sigterm_during_a_partial_exchange_exits_zero_everywhere() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    source(dir, 2, 40, 20_000);
+    let slow = ["--exchange-rate", "50000", "--share-disk", "never"];
+    let mut job = MpiJob::start(dir, RANKS, SEED, FRACTION, &slow);
+    wait_all(&job, "the exchange into epoch 1 to run", |st| {
+        exchange(st, 1).is_some_and(|x| x["state"] == "running")
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let pids = pids(&job);
+    for &pid in &pids {
+        let _ = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .stderr(Stdio::null())
+            .status();
+    }
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let status = loop {
+        if let Some(s) = job.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the job did not end on SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let log = std::fs::read_to_string(dir.join("job.log")).unwrap_or_default();
+    assert!(status.success(), "the job ended with {status}\n{log}");
+    for m in &job.mounts {
+        assert!(!is_mounted(m), "{} is still mounted", m.display());
+    }
+    for pid in pids {
+        assert!(wait_pid_gone(pid, Duration::from_secs(10)), "daemon {pid}");
+    }
+    job.mounts.clear();
+    drop(job);
+    remount_resumes(dir, 0, &[]);
+}
