@@ -56,8 +56,8 @@ fn stop_cleanly(mut job: MpiJob, dir: &Path) {
 }
 
 /// The same command mounts again without `--reset-cache`, at the epoch it had reached.
-fn remount_resumes(dir: &Path, epoch: u64, extra: &[&str]) {
-    let job = MpiJob::start(dir, RANKS, SEED, FRACTION, extra);
+fn remount_resumes(dir: &Path, epoch: u64, fraction: f64, extra: &[&str]) {
+    let job = MpiJob::start(dir, RANKS, SEED, fraction, extra);
     for r in 0..RANKS as usize {
         assert_eq!(job.status(r)["epoch"], epoch, "rank {r} resumed elsewhere");
     }
@@ -81,7 +81,7 @@ fn unmount_during_a_partial_exchange_exits_zero_everywhere() {
     });
     std::thread::sleep(Duration::from_millis(500));
     stop_cleanly(job, dir);
-    remount_resumes(dir, 0, &[]);
+    remount_resumes(dir, 0, FRACTION, &[]);
 }
 
 #[test]
@@ -93,12 +93,12 @@ fn unmount_during_staging_exits_zero_everywhere() {
     let dir = tmp.path();
     // Many samples staged by one thread, so staging is still going when the ranks stop.
     source(dir, 4, 500, 40_000);
-    let args = ["--fraction", "0", "--staging-threads", "1"];
-    let job = MpiJob::start(dir, RANKS, SEED, FRACTION, &args);
+    let args = ["--staging-threads", "1"];
+    let job = MpiJob::start(dir, RANKS, SEED, 0.0, &args);
     let staging = job.status(0)["staging"].clone();
     stop_cleanly(job, dir);
     assert_ne!(staging["state"], "done", "staging ended before the stop");
-    remount_resumes(dir, 0, &args);
+    remount_resumes(dir, 0, 0.0, &args);
 }
 
 /// `mpirun -np 1 shufflefs serve : -np 2 shufflefs mount --exchange coded`, with mounts
@@ -174,5 +174,5 @@ fn sigterm_during_a_partial_exchange_exits_zero_everywhere() {
     }
     job.mounts.clear();
     drop(job);
-    remount_resumes(dir, 0, &[]);
+    remount_resumes(dir, 0, FRACTION, &[]);
 }
