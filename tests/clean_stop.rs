@@ -176,3 +176,106 @@ fn sigterm_during_a_partial_exchange_exits_zero_everywhere() {
     drop(job);
     remount_resumes(dir, 0, FRACTION, &[]);
 }
+
+/// Pids of the `shufflefs mount` processes of the job over `dir` (read from /proc: before
+/// they mount there is no status file to ask).
+fn mount_pids(dir: &Path) -> Vec<i32> {
+    let cache = dir.join("cache{rank}").display().to_string();
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|&b| b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let ours = args.first().is_some_and(|a| a.ends_with("shufflefs"));
+        if ours && args.iter().any(|a| a == "mount") && args.contains(&cache) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// SIGTERM to every rank while a job restarted with another number of ranks moves samples
+/// to the new shares (start-up, before any rank mounts): the move finishes, no rank mounts,
+/// every rank exits 0, and the next start resumes.
+#[test]
+fn sigterm_during_a_resize_exits_zero_everywhere() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    source(dir, 2, 40, 20_000);
+    let job = MpiJob::start(dir, RANKS, SEED, FRACTION, &[]);
+    wait_all(&job, "staging", |st| st["staging"]["state"] == "done");
+    stop_cleanly(job, dir);
+
+    // Three ranks on the two caches: the new rank's share comes over MPI, slowly.
+    for r in 0..3 {
+        let _ = std::fs::create_dir(dir.join(format!("mnt{r}")));
+    }
+    let mut child = mpirun(3)
+        .args([common::BIN, "mount", "--seed", &SEED.to_string()])
+        .args(["--fraction", &FRACTION.to_string(), "--source"])
+        .arg(dir.join("src"))
+        .arg("--cache")
+        .arg(dir.join("cache{rank}"))
+        .args(["--exchange-rate", "20000", "--share-disk", "never"])
+        .arg(dir.join("mnt{rank}"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("job.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let log = || std::fs::read_to_string(dir.join("job.log")).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !log().contains("moving samples to the owners of the new shares") {
+        assert!(
+            Instant::now() < deadline,
+            "the resize never started\n{}",
+            log()
+        );
+        assert!(child.try_wait().unwrap().is_none(), "{}", log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pids = mount_pids(dir);
+    assert_eq!(pids.len(), 3, "{pids:?}");
+    for &pid in &pids {
+        let _ = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
+    }
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!(
+                "the job did not end on SIGTERM during the resize\n{}",
+                log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "the job ended with {status}\n{}", log());
+    for r in 0..3 {
+        let m = dir.join(format!("mnt{r}"));
+        assert!(!is_mounted(&m), "{} is mounted", m.display());
+    }
+    for pid in pids {
+        assert!(wait_pid_gone(pid, Duration::from_secs(10)), "daemon {pid}");
+    }
+    // The next start of the three ranks resumes the resized job.
+    let job = MpiJob::start(dir, 3, SEED, FRACTION, &[]);
+    for r in 0..3 {
+        assert_eq!(job.status(r)["epoch"], 0, "rank {r} resumed elsewhere");
+    }
+    stop_cleanly(job, dir);
+}

@@ -65,6 +65,7 @@ pub fn run(
     world: &mut dyn Comm,
     on_ready: &mut dyn FnMut(&str),
 ) -> Result<(), DaemonError> {
+    mounted::listen_for_stop()?;
     match coded::roles(world, &coded::Role::mount(args)).map_err(DaemonError::Coded)? {
         coded::Layout::Plain => run_rank(args, world, None, on_ready),
         coded::Layout::Coded => {
@@ -157,20 +158,31 @@ fn coded_offer(
 }
 
 /// The last phase of start-up: mount everywhere, or nowhere (a rank whose mount succeeded
-/// unmounts again, by dropping its session, when another's failed).
+/// unmounts again, by dropping its session, when another's failed). `None`: a rank was
+/// told to stop during start-up, so none mounts (see `mounted`, "A stop before the mount").
 fn mount_everywhere<'w>(
     config: &MountConfig,
     fs: crate::vfs::ShuffleFs,
     mountpoint: &Path,
     comm: &mut dyn Comm,
     world: Option<&mut (dyn Comm + 'w)>,
-) -> Result<mounted::Session, DaemonError> {
+) -> Result<Option<mounted::Session>, DaemonError> {
+    let stops = comm
+        .all_gather(&[u8::from(mounted::stop_requested())])
+        .map_err(StartError::from)?;
+    if stops.iter().any(|s| s.first() == Some(&1)) {
+        tracing::info!("a rank was told to stop during start-up; not mounting");
+        if let Some(world) = world {
+            coded::mounted(world, false).map_err(DaemonError::Coded)?;
+        }
+        return Ok(None);
+    }
     let session = mounted::mount(fs, config, mountpoint).map_err(PhaseError::Mine);
     let session = agreed(comm, session);
     if let Some(world) = world {
         coded::mounted(world, session.is_ok()).map_err(DaemonError::Coded)?;
     }
-    Ok(session?)
+    Ok(Some(session?))
 }
 
 /// The line that says this rank is up.

@@ -23,6 +23,14 @@
 //! epoch), the rank gives it up and the daemon ends with [`super::DaemonError::Abandoned`],
 //! for which `launch` picks the exit code that ends the job.
 //!
+//! # A stop before the mount
+//! A signal that arrives during start-up (a long index scan, or the regrow of a job whose
+//! number of ranks changed, which moves samples over MPI) must not kill the rank in the
+//! middle of a collective. [`listen_for_stop`] records it instead; the phase in flight
+//! finishes, the ranks agree whether any of them was told to stop, and if so none mounts
+//! and each exits 0 (`super::mount_everywhere`). A signal between that agreement and the
+//! watcher unmounts as soon as the watcher runs.
+//!
 //! # Teardown order (`stop`, and `Drop` for an early return)
 //! 1. the session: already ended (that is what ended the exchange loop), or unmounted now
 //!    (`Drop` on an error path); its thread is joined, which also ends the drain watch;
@@ -33,9 +41,9 @@
 //! the lock) returns only once nothing writes the cache any more.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, OnceLock};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -51,6 +59,26 @@ use crate::vfs::{ShuffleFs, inodes};
 /// it up. Rate-capped exchanges send frames of at least 1 MiB, so this is long enough for a
 /// frame at 20 kB/s.
 pub const DRAIN_IDLE: Duration = Duration::from_secs(60);
+
+/// Set by SIGTERM, SIGINT or SIGHUP from [`listen_for_stop`] on.
+static STOP_REQUESTED: OnceLock<Arc<AtomicBool>> = OnceLock::new();
+
+/// From now on a signal that would end the process is recorded instead (see "A stop before
+/// the mount"); once mounted, the signal watcher unmounts on it.
+pub fn listen_for_stop() -> Result<(), DaemonError> {
+    let flag = STOP_REQUESTED.get_or_init(|| Arc::new(AtomicBool::new(false)));
+    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+        signal_hook::flag::register(sig, flag.clone()).map_err(thread_error("signal"))?;
+    }
+    Ok(())
+}
+
+/// Whether a signal asked this rank to stop (see [`listen_for_stop`]).
+pub fn stop_requested() -> bool {
+    STOP_REQUESTED
+        .get()
+        .is_some_and(|f| f.load(Ordering::Relaxed))
+}
 
 /// What the mounted rank needs of the node behind it (see `super::node_seam`).
 pub struct Hooks {
@@ -115,6 +143,13 @@ impl Mounted {
         let invalidation =
             invalidation_thread(&session, hooks.invalidations, hooks.invalidated, &closing)?;
         let (signals, signal_thread) = watch_signals(&mut session, mountpoint, &abort)?;
+        if stop_requested() {
+            // Told to stop after the ranks agreed to mount, before the watcher listened.
+            tracing::info!("signal received during start-up; unmounting");
+            if let Err(e) = session.unmount_callable().unmount() {
+                tracing::warn!(error = %e, "unmount on a signal during start-up failed");
+            }
+        }
         let (stop, progress) = (hooks.stop, hooks.progress);
         let (abort2, drained2) = (abort.clone(), drained.clone());
         let session = thread::Builder::new()

@@ -49,6 +49,11 @@ pub fn run_node(
     let fs = node.fs().with_part_size(config.source_config.part_size());
     let session = super::mount_everywhere(config, fs, &mountpoint, comm, world.as_deref_mut())
         .inspect_err(|_| node.coordinator.shutdown())?;
+    let Some(session) = session else {
+        node.coordinator.shutdown();
+        store.dir().unlock();
+        return Ok(());
+    };
     let (queue_tx, tracker, coordinator) = (
         node.exchange_queue(),
         node.tracker.clone(),
