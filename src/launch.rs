@@ -94,7 +94,8 @@ fn exit_code(result: Result<(), daemon::DaemonError>) -> ExitCode {
     }
 }
 
-/// See [`exit_code`].
+/// The exit code of a rank that gave up an exchange with MPI transfers in flight (see
+/// `exit_code`).
 pub const ABANDONED: u8 = 3;
 
 fn report<E: std::fmt::Display>(result: Result<(), E>) -> ExitCode {

@@ -2,14 +2,14 @@
 //! serve until unmounted.
 //!
 //! Start-up runs in phases that every rank agrees on (`startup/`); the mount itself is the
-//! last phase ([`mount_everywhere`]): if any rank failed to mount, the ranks that did
+//! last phase (`mount_everywhere`): if any rank failed to mount, the ranks that did
 //! unmount again before exiting, so a refused start leaves no mount behind. Policy lives in
 //! the parts: the epoch lifecycle in `node::coordinator`, the filesystem in `vfs`, the
 //! kernel binding in `fuse`.
 //!
 //! The calling thread owns the `Comm` (and so MPI) for the daemon's whole life: after
 //! mounting it runs the exchanges (`serving`, the one seam to `node`); the FUSE session and
-//! its threads belong to a [`mounted::Mounted`], which stops them in order. Nothing here
+//! its threads belong to a `mounted::Mounted`, which stops them in order. Nothing here
 //! ends the process: an error comes back to `launch`, which picks the exit code.
 
 use std::path::{Path, PathBuf};

@@ -80,7 +80,7 @@ pub fn stop_requested() -> bool {
         .is_some_and(|f| f.load(Ordering::Relaxed))
 }
 
-/// What the mounted rank needs of the node behind it (see `super::node_seam`).
+/// What the mounted rank needs of the node behind it (see `super::serving`).
 pub struct Hooks {
     /// Asks the exchange loop to finish once the exchange in flight drained.
     pub stop: Box<dyn FnOnce() + Send>,
@@ -92,7 +92,7 @@ pub struct Hooks {
 }
 
 /// A session mounted, before it serves: the last phase of start-up is whether every rank
-/// got here (`super::run_rank`).
+/// got here (`super::mount_everywhere`).
 pub type Session = fuser::Session<FuseAdapter>;
 
 /// Mounts `fs` at `mountpoint` (the session does not serve yet).
