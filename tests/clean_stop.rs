@@ -180,7 +180,12 @@ fn sigterm_during_a_partial_exchange_exits_zero_everywhere() {
 /// Pids of the `shufflefs mount` processes of the job over `dir` (read from /proc: before
 /// they mount there is no status file to ask).
 fn mount_pids(dir: &Path) -> Vec<i32> {
-    let cache = dir.join("cache{rank}").display().to_string();
+    job_pids("mount", &dir.join("cache{rank}"))
+}
+
+/// Pids of the `shufflefs SUBCOMMAND` processes with `arg` among their arguments.
+fn job_pids(subcommand: &str, arg: &Path) -> Vec<i32> {
+    let cache = arg.display().to_string();
     let mut pids = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
@@ -194,7 +199,7 @@ fn mount_pids(dir: &Path) -> Vec<i32> {
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect();
         let ours = args.first().is_some_and(|a| a.ends_with("shufflefs"));
-        if ours && args.iter().any(|a| a == "mount") && args.contains(&cache) {
+        if ours && args.iter().any(|a| a == subcommand) && args.contains(&cache) {
             pids.push(pid);
         }
     }
@@ -278,4 +283,39 @@ fn sigterm_during_a_resize_exits_zero_everywhere() {
         assert_eq!(job.status(r)["epoch"], 0, "rank {r} resumed elsewhere");
     }
     stop_cleanly(job, dir);
+}
+
+/// SIGTERM to every process of a coded job, the server included (as a scheduler ending
+/// the job does), during a burst: the compute ranks unmount, the server serves on until
+/// they leave, and the launcher exits 0.
+#[test]
+fn sigterm_to_a_whole_coded_job_exits_zero_everywhere() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    source(dir, 2, 200, 50_000);
+    let mut job = coded_job(dir);
+    wait_all(&job, "the coded exchange into epoch 1 to run", |st| {
+        exchange(st, 1).is_some_and(|x| x["state"] == "running")
+    });
+    let mut pids = pids(&job);
+    pids.extend(job_pids("serve", &dir.join("src")));
+    assert_eq!(pids.len(), RANKS as usize + 1, "{pids:?}");
+    for &pid in &pids {
+        let _ = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
+    }
+    let status = job.wait_within(Duration::from_secs(90));
+    let log = std::fs::read_to_string(dir.join("job.log")).unwrap_or_default();
+    let status = status.unwrap_or_else(|| panic!("the job did not end on SIGTERM\n{log}"));
+    assert!(status.success(), "the job ended with {status}\n{log}");
+    for m in &job.mounts {
+        assert!(!is_mounted(m), "{} is still mounted", m.display());
+    }
+    for pid in pids {
+        assert!(wait_pid_gone(pid, Duration::from_secs(10)), "process {pid}");
+    }
 }

@@ -20,7 +20,7 @@ use crate::exchange::coded::{CodedClient, Routes};
 use crate::exchange::{ExchangeConfig, ExchangeError, Peers, SlowPeers};
 
 pub mod coded;
-mod mounted;
+pub(crate) mod mounted;
 mod resize;
 mod serving;
 mod startup;
@@ -173,14 +173,18 @@ fn mount_everywhere<'w>(
     if stops.iter().any(|s| s.first() == Some(&1)) {
         tracing::info!("a rank was told to stop during start-up; not mounting");
         if let Some(world) = world {
-            coded::mounted(world, false).map_err(DaemonError::Coded)?;
+            coded::mounted(world, coded::Mount::Stopped).map_err(DaemonError::Coded)?;
         }
         return Ok(None);
     }
     let session = mounted::mount(fs, config, mountpoint).map_err(PhaseError::Mine);
     let session = agreed(comm, session);
     if let Some(world) = world {
-        coded::mounted(world, session.is_ok()).map_err(DaemonError::Coded)?;
+        let mount = match session {
+            Ok(_) => coded::Mount::Up,
+            Err(_) => coded::Mount::Failed,
+        };
+        coded::mounted(world, mount).map_err(DaemonError::Coded)?;
     }
     Ok(Some(session?))
 }

@@ -274,9 +274,25 @@ pub fn communicators(ranks: u32, limit: usize, alpha: f64) -> Result<Communicato
         .map_err(|e| format!("--communicators: {e}"))
 }
 
+/// What a compute rank tells the server in phase 4.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mount {
+    Up,
+    Failed,
+    /// Told to stop during start-up: no compute rank mounts, and the server ends cleanly.
+    Stopped,
+}
+
+/// Phase 4's word of a rank that was told to stop.
+const STOPPED: &[u8] = b"stopped";
+
 /// Phase 4 on a compute rank.
-pub fn mounted(world: &mut dyn Comm, ok: bool) -> Result<(), String> {
-    let mine: &[u8] = if ok { b"" } else { b"not mounted" };
+pub fn mounted(world: &mut dyn Comm, mount: Mount) -> Result<(), String> {
+    let mine: &[u8] = match mount {
+        Mount::Up => b"",
+        Mount::Failed => b"not mounted",
+        Mount::Stopped => STOPPED,
+    };
     world
         .all_gather(mine)
         .map(|_| ())
