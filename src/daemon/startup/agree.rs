@@ -70,3 +70,42 @@ pub fn decided(
 ) -> Result<Vec<u8>, StartError> {
     outcome?.map_err(|e| refusal(vec![(0, e)], comm.size()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::comm::LocalComm;
+
+    /// Runs `mine(rank)` through `agreed` on every rank of a world of three.
+    fn run(mine: fn(u32) -> Result<u32, PhaseError>) -> Vec<Result<u32, String>> {
+        let handles: Vec<_> = LocalComm::world(3)
+            .into_iter()
+            .map(|mut comm| {
+                std::thread::spawn(move || {
+                    let rank = comm.rank();
+                    agreed(&mut comm, mine(rank)).map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    }
+
+    #[test]
+    fn every_rank_gets_its_value_or_the_same_refusal() {
+        assert_eq!(run(|r| Ok(r * 10)), [Ok(0), Ok(10), Ok(20)]);
+        let own = run(|r| match r {
+            1 => Err(PhaseError::Mine("busy".into())),
+            _ => Ok(r),
+        });
+        assert!(
+            own.iter().all(|r| r == &Err("rank 1: busy".into())),
+            "{own:?}"
+        );
+        // A verdict all ranks reached alike is said once, by rank 0.
+        let shared = run(|_| Err(PhaseError::Shared("differ".into())));
+        assert!(
+            shared.iter().all(|r| r == &Err("rank 0: differ".into())),
+            "{shared:?}"
+        );
+    }
+}
