@@ -10,8 +10,7 @@ use clap::builder::TypedValueParser as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::cache::CacheLayout;
-use crate::coded::calc::{CalcInput, Storage};
-use crate::coded::{DEFAULT_NU, Scheme};
+use crate::coded::DEFAULT_NU;
 use crate::dataset::records::MAX_RECORD;
 use crate::dataset::{Format, Framing, Grouping};
 use crate::exchange::coded::routes::Multicast;
@@ -127,33 +126,6 @@ pub struct PlanArgs {
     /// UberShuffle's search depth nu (the paper uses 2).
     #[arg(long, default_value_t = DEFAULT_NU)]
     pub nu: usize,
-}
-
-impl PlanArgs {
-    /// The calculator's input (see `coded::calc::report`).
-    pub fn input(&self) -> CalcInput {
-        let storage = match (self.fraction, self.cache_fraction) {
-            (Some(q), _) => Storage::Fraction(q),
-            (None, Some(a)) => Storage::CacheFraction(a),
-            (None, None) => unreachable!("clap requires --fraction or --cache-fraction"),
-        };
-        let uber = Scheme::Ubershuffle { nu: self.nu };
-        let schemes = match self.scheme {
-            PlanScheme::Uncoded => vec![Scheme::Uncoded],
-            PlanScheme::Coded => vec![Scheme::Coded],
-            PlanScheme::Ubershuffle => vec![uber],
-            PlanScheme::All => vec![Scheme::Uncoded, Scheme::Coded, uber],
-        };
-        CalcInput {
-            samples: self.samples,
-            ranks: self.ranks as usize,
-            storage,
-            schemes,
-            seed: self.seed,
-            sample_bytes: self.sample_bytes,
-            epochs: self.epochs,
-        }
-    }
 }
 
 /// Default exchange fraction: the paper's ImageNet-1K and CIFAR-100 runs reach global-shuffle
@@ -477,7 +449,8 @@ mod tests {
         let Command::Plan(args) = cli.command else {
             panic!("not the plan subcommand");
         };
-        let text = crate::coded::calc::report(&args.input()).unwrap();
+        let input = crate::config::plan_input(&args);
+        let text = crate::coded::calc::report(&input).unwrap();
         assert!(
             text.contains("cache s = floor(alpha q) = 30 samples each (30.0 kB)"),
             "{text}"

@@ -12,8 +12,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::cache::CacheLayout;
-use crate::cli::{self, MountArgs, MountScheme, ServeArgs};
+use crate::cli::{self, MountArgs, MountScheme, PlanArgs, PlanScheme, ServeArgs};
 use crate::coded::Scheme;
+use crate::coded::calc::{CalcInput, Storage};
 use crate::dataset::{Format, Framing, RecordParams};
 use crate::exchange::SlowPeers;
 use crate::exchange::coded::routes::Multicast;
@@ -297,6 +298,31 @@ impl From<ServeArgs> for ServeConfig {
             seed: args.seed,
             memory: args.memory,
         }
+    }
+}
+
+/// `shufflefs plan`'s settings as the calculator takes them (see `coded::calc::report`).
+pub fn plan_input(args: &PlanArgs) -> CalcInput {
+    let storage = match (args.fraction, args.cache_fraction) {
+        (Some(q), _) => Storage::Fraction(q),
+        (None, Some(a)) => Storage::CacheFraction(a),
+        (None, None) => unreachable!("clap requires --fraction or --cache-fraction"),
+    };
+    let uber = Scheme::Ubershuffle { nu: args.nu };
+    let schemes = match args.scheme {
+        PlanScheme::Uncoded => vec![Scheme::Uncoded],
+        PlanScheme::Coded => vec![Scheme::Coded],
+        PlanScheme::Ubershuffle => vec![uber],
+        PlanScheme::All => vec![Scheme::Uncoded, Scheme::Coded, uber],
+    };
+    CalcInput {
+        samples: args.samples,
+        ranks: args.ranks as usize,
+        storage,
+        schemes,
+        seed: args.seed,
+        sample_bytes: args.sample_bytes,
+        epochs: args.epochs,
     }
 }
 

@@ -61,16 +61,16 @@ pub enum DaemonError {
 /// coded job (a `shufflefs serve` rank at world rank 0, see `coded`) the compute ranks split
 /// off their own communicator and keep `world` for the exchange with the server.
 pub fn run(
-    args: &MountConfig,
+    config: &MountConfig,
     world: &mut dyn Comm,
     on_ready: &mut dyn FnMut(&str),
 ) -> Result<(), DaemonError> {
     mounted::listen_for_stop()?;
-    match coded::roles(world, &coded::Role::mount(args)).map_err(DaemonError::Coded)? {
-        coded::Layout::Plain => run_rank(args, world, None, on_ready),
+    match coded::roles(world, &coded::Role::mount(config)).map_err(DaemonError::Coded)? {
+        coded::Layout::Plain => run_rank(config, world, None, on_ready),
         coded::Layout::Coded => {
             let mut compute = coded::split_compute(world).map_err(DaemonError::Coded)?;
-            run_rank(args, compute.as_mut(), Some(world), on_ready)
+            run_rank(config, compute.as_mut(), Some(world), on_ready)
         }
     }
 }
