@@ -1,4 +1,8 @@
-//! Command line: `shufflefs mount`, `shufflefs unmount` and `shufflefs plan`.
+//! Command line: `shufflefs mount`, `shufflefs unmount`, `shufflefs plan` and `shufflefs serve`.
+//!
+//! Clap only: the options, their ranges and their help. How options relate (what applies
+//! to which mode, what contradicts what) is checked in `config`, which turns `MountArgs`
+//! into the `MountConfig` the daemon runs on.
 
 use std::path::PathBuf;
 
@@ -6,10 +10,9 @@ use clap::builder::TypedValueParser as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::cache::CacheLayout;
-use crate::coded::calc::{CalcInput, Storage};
-use crate::coded::{DEFAULT_NU, Scheme};
+use crate::coded::DEFAULT_NU;
 use crate::dataset::records::MAX_RECORD;
-use crate::dataset::{Format, Framing, Grouping, RecordParams};
+use crate::dataset::{Format, Framing, Grouping};
 use crate::exchange::coded::routes::Multicast;
 use crate::plan::ExchangeScope;
 
@@ -125,52 +128,12 @@ pub struct PlanArgs {
     pub nu: usize,
 }
 
-impl PlanArgs {
-    /// The calculator's input (see `coded::calc::report`).
-    pub fn input(&self) -> CalcInput {
-        let storage = match (self.fraction, self.cache_fraction) {
-            (Some(q), _) => Storage::Fraction(q),
-            (None, Some(a)) => Storage::CacheFraction(a),
-            (None, None) => unreachable!("clap requires --fraction or --cache-fraction"),
-        };
-        let uber = Scheme::Ubershuffle { nu: self.nu };
-        let schemes = match self.scheme {
-            PlanScheme::Uncoded => vec![Scheme::Uncoded],
-            PlanScheme::Coded => vec![Scheme::Coded],
-            PlanScheme::Ubershuffle => vec![uber],
-            PlanScheme::All => vec![Scheme::Uncoded, Scheme::Coded, uber],
-        };
-        CalcInput {
-            samples: self.samples,
-            ranks: self.ranks as usize,
-            storage,
-            schemes,
-            seed: self.seed,
-            sample_bytes: self.sample_bytes,
-            epochs: self.epochs,
-        }
-    }
-}
-
 /// Default exchange fraction: the paper's ImageNet-1K and CIFAR-100 runs reach global-shuffle
 /// accuracy at Q = 0.3, with each rank storing only 1.3x its share.
 pub const DEFAULT_FRACTION: f64 = 0.3;
 
-/// How the kernel reads a sample's bytes.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReadPath {
-    /// Each open asks the daemon, which hands the kernel the cache file (FUSE passthrough,
-    /// Linux 6.9+): reads never enter the daemon and no page is cached twice. Falls back to
-    /// `daemon` where the kernel lacks passthrough.
-    Passthrough,
-    /// Opens never reach the daemon; the first read of a page does, and from then on the
-    /// kernel's page cache serves it at native speed, across opens and across epochs for the
-    /// samples this rank keeps. Best for many small files read more than once.
-    PageCache,
-    /// Each open asks the daemon, and reads are served by the daemon from the cache file,
-    /// kept in the page cache across opens.
-    Daemon,
-}
+/// `--read-path` (the type lives with the configuration, which the kernel binding reads).
+pub use crate::config::ReadPath;
 
 #[derive(Args, Debug, Clone)]
 pub struct MountArgs {
@@ -431,83 +394,6 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
     }
 }
 
-/// Replaces `{rank}` in a path template.
-pub fn for_rank(template: &str, rank: u32) -> PathBuf {
-    PathBuf::from(template.replace("{rank}", &rank.to_string()))
-}
-
-impl MountArgs {
-    /// The coded scheme, under `--exchange coded`.
-    pub fn coded_scheme(&self) -> Option<Scheme> {
-        (self.exchange == ExchangeMode::Coded).then_some(match self.scheme {
-            MountScheme::Uncoded => Scheme::Uncoded,
-            MountScheme::Coded => Scheme::Coded,
-            MountScheme::Ubershuffle => Scheme::Ubershuffle { nu: self.nu },
-        })
-    }
-
-    /// The record settings, checked against `--format` and each other.
-    pub fn record_params(&self) -> Result<RecordParams, String> {
-        if self.format != Format::Records {
-            let given = [
-                (self.framing.is_some(), "--framing"),
-                (self.record_size.is_some(), "--record-size"),
-                (self.header_line, "--header-line"),
-            ];
-            if let Some((_, flag)) = given.iter().find(|g| g.0) {
-                return Err(format!(
-                    "{flag} applies to record sources; add --format records or drop {flag}"
-                ));
-            }
-            return Ok(RecordParams::default());
-        }
-        let framing = self.framing.unwrap_or_default();
-        let record_size = match (framing, self.record_size) {
-            (Framing::Fixed, Some(size)) => size,
-            (Framing::Fixed, None) => {
-                return Err(
-                    "--framing fixed needs --record-size BYTES (the size of one record)".into(),
-                );
-            }
-            (_, Some(_)) => {
-                return Err(format!(
-                    "--record-size applies to --framing fixed only; {} records carry their own lengths",
-                    framing.name()
-                ));
-            }
-            (_, None) => 0,
-        };
-        if self.header_line && framing != Framing::Lines {
-            return Err("--header-line applies to --framing lines only".into());
-        }
-        Ok(RecordParams {
-            framing,
-            record_size,
-            grouping: self.group,
-            header_line: self.header_line,
-        })
-    }
-
-    /// `--cache-layout`, or the default for `--format`.
-    pub fn layout(&self) -> CacheLayout {
-        self.cache_layout
-            .unwrap_or_else(|| CacheLayout::default_for(self.format))
-    }
-
-    /// `--fuse-threads`, or its default for this machine and whether reads will pass
-    /// through (see `sys::kernel::may_pass_through`).
-    pub fn fuse_threads(&self, passes_through: bool) -> usize {
-        let default = || {
-            if passes_through {
-                std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8))
-            } else {
-                8
-            }
-        };
-        self.fuse_threads.map_or_else(default, usize::from)
-    }
-}
-
 /// See `--share-disk`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum ShareDisk {
@@ -543,47 +429,6 @@ mod tests {
         }
     }
 
-    fn mount(extra: &[&str]) -> super::MountArgs {
-        let mut argv = vec!["shufflefs", "mount", "--source", "/s", "--cache", "/c"];
-        argv.extend_from_slice(extra);
-        argv.push("/m");
-        match Cli::try_parse_from(argv).unwrap().command {
-            Command::Mount(args) => args,
-            _ => panic!("not mount"),
-        }
-    }
-
-    #[test]
-    fn record_flags_are_checked_together() {
-        let fixed = mount(&[
-            "--format",
-            "records",
-            "--framing",
-            "fixed",
-            "--record-size",
-            "8",
-        ]);
-        assert_eq!(fixed.record_params().unwrap().record_size, 8);
-        for (extra, needle) in [
-            (
-                &["--format", "records", "--framing", "fixed"][..],
-                "needs --record-size",
-            ),
-            (
-                &["--format", "records", "--record-size", "8"][..],
-                "fixed only",
-            ),
-            (&["--framing", "tar"][..], "--format records"),
-            (
-                &["--format", "records", "--framing", "tar", "--header-line"][..],
-                "lines only",
-            ),
-        ] {
-            let err = mount(extra).record_params().unwrap_err();
-            assert!(err.contains(needle), "{extra:?}: {err}");
-        }
-    }
-
     #[test]
     fn plan_subcommand_formats_a_small_case() {
         let cli = Cli::try_parse_from([
@@ -604,7 +449,8 @@ mod tests {
         let Command::Plan(args) = cli.command else {
             panic!("not the plan subcommand");
         };
-        let text = crate::coded::calc::report(&args.input()).unwrap();
+        let input = crate::config::plan_input(&args);
+        let text = crate::coded::calc::report(&input).unwrap();
         assert!(
             text.contains("cache s = floor(alpha q) = 30 samples each (30.0 kB)"),
             "{text}"
@@ -631,35 +477,6 @@ mod tests {
             both.is_err(),
             "--fraction and --cache-fraction exclude each other"
         );
-    }
-
-    #[test]
-    fn the_cache_layout_defaults_by_format_and_can_be_chosen() {
-        use crate::cache::CacheLayout;
-        let layout = |extra: &[&str]| {
-            let args = [
-                "shufflefs",
-                "mount",
-                "--source",
-                "/s",
-                "--cache",
-                "/c",
-                "/m",
-            ];
-            match Cli::try_parse_from(args.iter().chain(extra)).map(|c| c.command) {
-                Ok(Command::Mount(m)) => Ok(m.layout()),
-                Ok(_) => unreachable!(),
-                Err(e) => Err(e.to_string()),
-            }
-        };
-        assert_eq!(layout(&[]), Ok(CacheLayout::Files));
-        assert_eq!(
-            layout(&["--cache-layout", "packed"]),
-            Ok(CacheLayout::Packed)
-        );
-        assert_eq!(layout(&["--cache-layout", "files"]), Ok(CacheLayout::Files));
-        let err = layout(&["--cache-layout", "pack"]).unwrap_err();
-        assert!(err.contains("files") && err.contains("packed"), "{err}");
     }
 
     #[test]

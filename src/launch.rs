@@ -15,6 +15,7 @@ use tracing_subscriber::EnvFilter;
 
 use crate::cli::{MountArgs, ServeArgs, UnmountArgs};
 use crate::comm::{self, Comm, MpiComm, launched_by_mpi};
+use crate::config::{MountConfig, ServeConfig};
 use crate::daemon;
 
 fn init_logging() {
@@ -29,6 +30,14 @@ fn init_logging() {
 }
 
 pub fn mount(args: MountArgs) -> ExitCode {
+    // Contradictory options are refused alone on each rank, before MPI or a fork.
+    let args = match MountConfig::try_from(args) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("shufflefs: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let under_mpi = launched_by_mpi();
     if under_mpi || args.foreground {
         init_logging();
@@ -47,14 +56,14 @@ pub fn mount(args: MountArgs) -> ExitCode {
             println!("{msg}");
             let _ = std::io::stdout().flush();
         });
-        return report(result);
+        return exit_code(result);
     }
     detached(&args)
 }
 
 /// `shufflefs serve`: the server rank of a coded job (see `daemon::coded`). Only under an MPI
 /// launcher: it serves compute ranks of its own job.
-pub fn serve(args: &ServeArgs) -> ExitCode {
+pub fn serve(args: ServeArgs) -> ExitCode {
     if !launched_by_mpi() {
         eprintln!(
             "shufflefs serve: runs as world rank 0 of an MPI job with the compute ranks: mpirun -np 1 shufflefs serve --source SRC : -np M shufflefs mount --exchange coded --cache-fraction ALPHA ..."
@@ -69,8 +78,25 @@ pub fn serve(args: &ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    report(daemon::coded::serve(args, &mut world))
+    report(daemon::coded::serve(&ServeConfig::from(args), &mut world))
 }
+
+/// The exit code of a rank's daemon: 0 after a clean stop, [`ABANDONED`] when it gave up an
+/// exchange with MPI transfers in flight (it must not finalize MPI; a non-zero exit makes
+/// the launcher end the job, and the other ranks unmount on its SIGTERM), else 1.
+fn exit_code(result: Result<(), daemon::DaemonError>) -> ExitCode {
+    match result {
+        Err(e @ daemon::DaemonError::Abandoned(_)) => {
+            tracing::error!("{e}");
+            ExitCode::from(ABANDONED)
+        }
+        other => report(other),
+    }
+}
+
+/// The exit code of a rank that gave up an exchange with MPI transfers in flight (see
+/// `exit_code`).
+pub const ABANDONED: u8 = 3;
 
 fn report<E: std::fmt::Display>(result: Result<(), E>) -> ExitCode {
     match result {
@@ -83,7 +109,7 @@ fn report<E: std::fmt::Display>(result: Result<(), E>) -> ExitCode {
     }
 }
 
-fn detached(args: &MountArgs) -> ExitCode {
+fn detached(args: &MountConfig) -> ExitCode {
     let (read_end, write_end) = match nix::unistd::pipe() {
         Ok(p) => p,
         Err(e) => {
@@ -92,7 +118,8 @@ fn detached(args: &MountArgs) -> ExitCode {
         }
     };
     // The log goes into the cache folder: not into a folder that is not ours to take.
-    if let Err(e) = crate::cache::CacheDir::check_takeable(&crate::cli::for_rank(&args.cache, 0)) {
+    if let Err(e) = crate::cache::CacheDir::check_takeable(&crate::config::for_rank(&args.cache, 0))
+    {
         eprintln!("shufflefs: {e}");
         return ExitCode::FAILURE;
     }
@@ -124,7 +151,7 @@ fn detached(args: &MountArgs) -> ExitCode {
                 let _ = pipe.write_all(format!("err {e}").as_bytes());
             }
             drop(pipe);
-            report(result)
+            exit_code(result)
         }
     }
 }

@@ -19,13 +19,15 @@
 //!   per-epoch part files of a record source).
 //! - [`fuse`]: the thin fuser binding over [`vfs`].
 //! - [`sys`]: the host: mount table, kernel probes, the mount's readahead window.
-//! - [`daemon`], [`launch`], [`cli`]: wiring, process life and the command line.
+//! - [`daemon`], [`launch`], [`config`], [`cli`]: wiring, process life, the validated
+//!   settings and the command line (clap only; nothing below `daemon` imports it).
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod cache;
 pub mod cli;
 pub mod coded;
 pub mod comm;
+pub mod config;
 pub mod daemon;
 pub mod dataset;
 pub mod exchange;

@@ -10,8 +10,9 @@ use clap::Parser;
 
 use super::startup::{Prepared, prepare};
 use crate::cache::{CacheState, FileBackend};
-use crate::cli::{Cli, Command, MountArgs};
+use crate::cli::{Cli, Command};
 use crate::comm::{Comm, LocalComm};
+use crate::config::MountConfig;
 use crate::exchange::{self, ExchangeConfig, ExchangeTracker};
 use crate::node::resumed::RegrowReport;
 use crate::plan::elastic::{ElasticPlan, History};
@@ -58,7 +59,7 @@ impl Folders {
         self.root.path().join(format!("cache-{rank}"))
     }
 
-    fn args(&self, scope: &str) -> MountArgs {
+    fn args(&self, scope: &str) -> MountConfig {
         let p = |name: &str| self.root.path().join(name).display().to_string();
         let cli = Cli::parse_from([
             "shufflefs",
@@ -76,7 +77,7 @@ impl Folders {
             &p("mnt-{rank}"),
         ]);
         match cli.command {
-            Command::Mount(args) => args,
+            Command::Mount(args) => MountConfig::try_from(args).expect("valid settings"),
             Command::Unmount(_) | Command::Plan(_) | Command::Serve(_) => unreachable!(),
         }
     }

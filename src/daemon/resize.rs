@@ -24,8 +24,8 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::cache::{CacheDir, CacheError, CacheState, SampleStore};
-use crate::cli::{MountArgs, for_rank};
 use crate::comm::{Comm, decide};
+use crate::config::{MountConfig, for_rank};
 use crate::dataset::{Dataset, Manifest};
 use crate::plan::ExchangeScope;
 use crate::plan::elastic::{Era, History};
@@ -73,11 +73,11 @@ impl Seen {
 /// size aside), `expected` the state this start would write.
 pub fn find_job(
     comm: &mut dyn Comm,
-    args: &MountArgs,
+    config: &MountConfig,
     mine: Option<&CacheState>,
     expected: &CacheState,
 ) -> Result<Result<Job, String>, StartError> {
-    let template = args.cache.as_str();
+    let template = config.cache.as_str();
     let world = comm.size();
     let mine = mine.and_then(Seen::of);
     let live = gather(comm, &[mine].into_iter().flatten().collect::<Vec<_>>())?;
@@ -99,7 +99,7 @@ pub fn find_job(
         )));
     }
     let resizing = longest.world() != world;
-    if let Some(why) = fixed_world(args).filter(|_| resizing) {
+    if let Some(why) = fixed_world(config).filter(|_| resizing) {
         return Ok(Err(format!(
             "the cache was built by {} {why}, so the number of ranks cannot change; start {} \
              ranks as before, or pass --reset-cache",
@@ -208,8 +208,8 @@ fn mark_live(comm: &mut dyn Comm, own: &Path) -> Result<String, StartError> {
 
 /// Why a job of these settings can never change its number of ranks, if it cannot: the one
 /// place where a mode that pins the world size says so (see the module docs).
-fn fixed_world(args: &MountArgs) -> Option<&'static str> {
-    match args.exchange_scope {
+fn fixed_world(config: &MountConfig) -> Option<&'static str> {
+    match config.scope() {
         ExchangeScope::Node => Some(
             "under --exchange-scope node, which keeps each host's samples where epoch 0 put \
              them (with the same ranks per host)",

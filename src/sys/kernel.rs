@@ -1,10 +1,10 @@
 //! What the running kernel offers this process, read from `/proc`.
 //!
 //! Probed before mounting, because the request thread count depends on whether reads will
-//! pass through (see `cli::MountArgs::fuse_threads`); the FUSE handshake still has the last
+//! pass through (see `config::MountConfig::fuse_threads`); the FUSE handshake still has the last
 //! word, since a kernel built without passthrough only says so there.
 
-use crate::cli::ReadPath;
+use crate::config::ReadPath;
 
 /// Whether reads can pass through with `read_path`: the kernel has FUSE passthrough from
 /// Linux 6.9, and registers backing files only for a daemon with CAP_SYS_ADMIN (6.9 to at

@@ -9,6 +9,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod clean_stop;
 mod coded_mpi;
 mod comm_mpi;
 mod disk_full;

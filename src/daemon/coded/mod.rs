@@ -26,10 +26,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::cli::{ExchangeMode, MountArgs};
 use crate::coded::Scheme;
 use crate::coded::groups::Communicators;
 use crate::comm::Comm;
+use crate::config::{ExchangeMode, MountConfig};
 use crate::exchange::coded::Routes;
 use crate::exchange::coded::routes::Multicast;
 use crate::plan::{CodedShares, Plan};
@@ -62,10 +62,10 @@ pub struct Role {
 }
 
 impl Role {
-    pub fn mount(args: &MountArgs) -> Role {
+    pub fn mount(config: &MountConfig) -> Role {
         Role {
             serve: false,
-            coded: args.exchange == ExchangeMode::Coded,
+            coded: config.coded_scheme().is_some(),
             version: env!("CARGO_PKG_VERSION").into(),
         }
     }
@@ -173,21 +173,36 @@ pub struct Offer {
 }
 
 impl Offer {
-    pub fn new(args: &MountArgs, plan: &Plan, manifest_fingerprint: u32, epoch: u64) -> Offer {
-        let scheme = args.coded_scheme().expect("a coded mount");
-        Offer {
+    /// The offer of a coded run (`None` for a partial-local one, which makes none).
+    pub fn new(
+        config: &MountConfig,
+        plan: &Plan,
+        manifest_fingerprint: u32,
+        epoch: u64,
+    ) -> Option<Offer> {
+        let ExchangeMode::Coded {
+            scheme,
+            nu,
+            multicast,
+            communicators,
+            ..
+        } = &config.exchange
+        else {
+            return None;
+        };
+        Some(Offer {
             samples: plan.params().samples,
             ranks: plan.params().world,
             seed: plan.params().seed,
             alpha: plan.coded_shares().map_or(0.0, CodedShares::alpha),
             scheme: scheme.name().into(),
-            nu: args.nu,
-            communicators: args.communicators,
-            multicast: args.multicast.name().into(),
+            nu: *nu,
+            communicators: *communicators,
+            multicast: multicast.name().into(),
             epoch,
-            format: format!("{:?}", args.format).to_lowercase(),
+            format: format!("{:?}", config.format()).to_lowercase(),
             manifest_fingerprint,
-        }
+        })
     }
 
     fn multicast(&self) -> Result<Multicast, String> {
@@ -259,9 +274,25 @@ pub fn communicators(ranks: u32, limit: usize, alpha: f64) -> Result<Communicato
         .map_err(|e| format!("--communicators: {e}"))
 }
 
+/// What a compute rank tells the server in phase 4.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mount {
+    Up,
+    Failed,
+    /// Told to stop during start-up: no compute rank mounts, and the server ends cleanly.
+    Stopped,
+}
+
+/// Phase 4's word of a rank that was told to stop.
+const STOPPED: &[u8] = b"stopped";
+
 /// Phase 4 on a compute rank.
-pub fn mounted(world: &mut dyn Comm, ok: bool) -> Result<(), String> {
-    let mine: &[u8] = if ok { b"" } else { b"not mounted" };
+pub fn mounted(world: &mut dyn Comm, mount: Mount) -> Result<(), String> {
+    let mine: &[u8] = match mount {
+        Mount::Up => b"",
+        Mount::Failed => b"not mounted",
+        Mount::Stopped => STOPPED,
+    };
     world
         .all_gather(mine)
         .map(|_| ())

@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::cli::MountArgs;
+use crate::config::MountConfig;
 
 /// The file that says the cache was built by a coded run. Absent: partial-local.
 const MODE_FILE: &str = "coded.json";
@@ -15,16 +15,16 @@ struct Mode {
     cache_fraction: f64,
 }
 
-fn mode_of(args: &MountArgs) -> Option<Mode> {
-    args.coded_scheme()
-        .and(args.cache_fraction)
+fn mode_of(config: &MountConfig) -> Option<Mode> {
+    config
+        .coded_alpha()
         .map(|cache_fraction| Mode { cache_fraction })
 }
 
 /// Whether the cache folder `root`, which has a saved state, was built by a run of the same
-/// kind as `args` (coded with the same `--cache-fraction`, or partial-local). The state file
+/// kind as `config` (coded with the same `--cache-fraction`, or partial-local). The state file
 /// predates `--exchange coded`, so this rides beside it.
-pub fn check_mode(root: &std::path::Path, args: &MountArgs) -> Result<(), String> {
+pub fn check_mode(root: &std::path::Path, config: &MountConfig) -> Result<(), String> {
     let recorded: Option<Mode> = match std::fs::read(root.join(MODE_FILE)) {
         Ok(bytes) => Some(serde_json::from_slice(&bytes).map_err(|e| {
             format!(
@@ -35,7 +35,7 @@ pub fn check_mode(root: &std::path::Path, args: &MountArgs) -> Result<(), String
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(format!("{}: {e}", root.join(MODE_FILE).display())),
     };
-    let now = mode_of(args);
+    let now = mode_of(config);
     if recorded == now {
         return Ok(());
     }
@@ -51,9 +51,9 @@ pub fn check_mode(root: &std::path::Path, args: &MountArgs) -> Result<(), String
     ))
 }
 
-/// Records the kind of run `args` starts in the cache folder `root` (see [`check_mode`]).
-pub fn record_mode(root: &std::path::Path, args: &MountArgs) -> std::io::Result<()> {
-    match mode_of(args) {
+/// Records the kind of run `config` starts in the cache folder `root` (see [`check_mode`]).
+pub fn record_mode(root: &std::path::Path, config: &MountConfig) -> std::io::Result<()> {
+    match mode_of(config) {
         Some(m) => crate::cache::write_atomic(
             root,
             MODE_FILE,

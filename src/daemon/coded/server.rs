@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use super::{Layout, Offer, Role, SERVER_COLOR, communicators, roles};
-use crate::cli::ServeArgs;
 use crate::coded::groups::Communicators;
 use crate::comm::Comm;
+use crate::config::ServeConfig;
 use crate::dataset::Manifest;
 use crate::exchange::coded::routes::Multicast;
 use crate::exchange::coded::server::Ended;
@@ -15,7 +15,10 @@ use crate::exchange::coded::{Routes, ServeSettings, Server, ServerSamples};
 use crate::plan::CodedShares;
 
 /// The server's whole life: phases 1-4, then serving until the compute ranks leave.
-pub fn serve(args: &ServeArgs, world: &mut dyn Comm) -> Result<(), String> {
+pub fn serve(args: &ServeConfig, world: &mut dyn Comm) -> Result<(), String> {
+    // A signal (a scheduler ending the job) does not kill the server mid-collective: it
+    // serves on until the compute ranks, which unmount on the same signal, leave.
+    crate::daemon::mounted::listen_for_stop().map_err(|e| e.to_string())?;
     match roles(world, &Role::server())? {
         Layout::Coded => {}
         Layout::Plain => unreachable!("a server makes the layout coded or refused"),
@@ -57,6 +60,10 @@ pub fn serve(args: &ServeArgs, world: &mut dyn Comm) -> Result<(), String> {
     let mounts = world
         .all_gather(&[])
         .map_err(|e| format!("hearing whether the compute ranks mounted: {e}"))?;
+    if mounts.iter().skip(1).all(|m| m == super::STOPPED) {
+        tracing::info!("the compute ranks were told to stop before mounting; nothing to serve");
+        return Ok(());
+    }
     if mounts.iter().skip(1).any(|m| !m.is_empty()) {
         return Err("the compute ranks did not all mount (they say why); nothing to serve".into());
     }
@@ -91,7 +98,7 @@ pub fn serve(args: &ServeArgs, world: &mut dyn Comm) -> Result<(), String> {
 
 /// The server's checks of an offer against its own options and source.
 fn check(
-    args: &ServeArgs,
+    args: &ServeConfig,
     offer: &Offer,
     manifest_bytes: &[u8],
     ranks: u32,

@@ -1,19 +1,20 @@
-//! Start-up in phases, after each of which all ranks agree (a collective) on whether every
-//! rank succeeded. A failure on any rank — a busy mount point, a locked cache, an empty
+//! Start-up in phases, one file each, after each of which all ranks agree (a collective,
+//! [`agree::agreed`]) on whether every rank succeeded. A failure on any rank — a busy mount point, a locked cache, an empty
 //! source seen by rank 0, settings that differ — therefore stops *all* ranks with the same
 //! message instead of leaving some blocked in a collective.
 //!
-//! 1. local checks (mount point, source on rank 0, the cache folder and its lock);
-//! 2. the same settings everywhere;
+//! 0. the command line's own consistency was checked before (`config`), alone on each rank;
+//! 1. local checks (mount point, source on rank 0, the cache folder and its lock): `local`;
+//! 2. the same settings everywhere: `settings`;
 //! 3. seed and index, decided by rank 0 (the index is reused from rank 0's cache when its
-//!    settings match, else built by the dataset format);
-//! 4. does each cache belong to these settings? resume at the furthest epoch any rank saved
+//!    settings match, else built by the dataset format): `index`;
+//! 4. does each cache belong to these settings? (`cache`) resume at the furthest epoch any rank saved
 //!    (with another number of ranks too: an elastic restart, see `resize`);
 //!    under `--exchange-scope node` the settings include the host layout (which ranks share
 //!    a host), because the plan's history depends on it: a cache built on another layout is
 //!    refused like one built with another seed (see "Host layout on resume" below);
-//! 5. finish whatever a crash interrupted (see `node::resume`), or fill the new shares of a
-//!    job whose number of ranks changed (`node::regrow`).
+//! 5. the plan; finish whatever a crash interrupted (see `node::resume`), or fill the new
+//!    shares of a job whose number of ranks changed (`node::regrow`): `fill`.
 //!
 //! Mounting is the last phase and lives in `daemon::run`.
 //!
@@ -29,28 +30,28 @@
 //! per host resumes. The message names both layouts; the ways out are starting the ranks
 //! on hosts as before, or `--reset-cache`.
 
-use std::io::Read;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::cache::{CacheDir, CacheError, CacheState, FORMAT_VERSION, SampleStore};
-use crate::cli::{MountArgs, for_rank};
-use crate::comm::{Comm, CommError, agree, decide};
-use crate::dataset::Manifest;
-use crate::exchange::ExchangeConfig;
-use crate::node::regrow::{self, RegrowConfig};
-use crate::node::resume;
+use crate::cache::{CacheError, CacheState, FORMAT_VERSION, SampleStore};
+use crate::comm::{Comm, CommError};
+use crate::config::{MountConfig, for_rank};
 use crate::node::resumed::Resumed;
-use crate::plan::elastic::ElasticPlan;
 use crate::plan::{ExchangeScope, Plan, PlanError, PlanParams, Rank};
-use crate::sys::mounts;
 
-use super::resize;
+mod agree;
+mod cache;
+mod fill;
+mod index;
+mod local;
+mod settings;
+
+pub use agree::{PhaseError, agreed};
 
 /// Why the daemon did not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// Some ranks failed a phase; every rank reports the same list.
+    /// Some ranks failed a phase; every rank reports the same list (built by `agree` only).
     #[error("{}", describe_failures(.failures, *.world))]
     Refused {
         failures: Vec<(Rank, String)>,
@@ -80,21 +81,6 @@ fn describe_failures(failures: &[(Rank, String)], world: u32) -> String {
         .join("\n")
 }
 
-/// Fails every rank if any rank failed, naming the ranks and their reasons.
-pub fn everyone_ok<E: std::fmt::Display>(
-    comm: &mut dyn Comm,
-    mine: Result<(), E>,
-) -> Result<(), StartError> {
-    let failures = agree(comm, mine.map_err(|e| e.to_string()))?;
-    if failures.is_empty() {
-        return Ok(());
-    }
-    Err(StartError::Refused {
-        failures,
-        world: comm.size(),
-    })
-}
-
 /// Everything needed to serve, once the start-up phases passed.
 pub struct Prepared {
     pub store: Arc<SampleStore>,
@@ -103,205 +89,59 @@ pub struct Prepared {
     pub mountpoint: PathBuf,
 }
 
-pub fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, StartError> {
-    let rank = comm.rank();
-    let world = comm.size();
-    let cache_path = for_rank(&args.cache, rank);
-    let mountpoint = for_rank(&args.mountpoint, rank);
+/// Runs the phases in order on this rank (collective): each one's value, or the refusal
+/// every rank reports.
+pub fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepared, StartError> {
+    let (rank, world) = (comm.rank(), comm.size());
+    let cache_path = for_rank(&config.cache, rank);
+    let mountpoint = for_rank(&config.mountpoint, rank);
 
-    // Phase 1: local checks on every rank.
-    let local = args
-        .record_params()
-        .and_then(|_| mounts::mountpoint(&mountpoint).map_err(|e| e.to_string()))
-        .and_then(|()| match rank {
-            0 => args
-                .format
-                .check_source(&args.source)
-                .map_err(|e| e.to_string()),
-            _ => Ok(()),
-        })
-        .and_then(|()| coded_options(args))
-        .and_then(|()| CacheDir::open(&cache_path).map_err(|e| e.to_string()));
-    let (local, dir) = match local {
-        Ok(dir) => (Ok(()), Some(dir)),
-        Err(e) => (Err(e), None),
-    };
-    everyone_ok(comm, local)?;
-    let dir = dir.expect("checked above");
+    let dir = agreed(comm, local::check(config, rank, &mountpoint, &cache_path))?;
+    let same = settings::compare(comm, config)?;
+    agreed(comm, same)?;
 
-    // Phase 2: the same settings everywhere.
-    let settings = same_settings(comm, args)?;
-    everyone_ok(comm, settings)?;
-
-    // Phase 3: seed and manifest, decided by rank 0. An unreadable state file is refused,
-    // unless the user asked to rebuild the cache.
-    let state = dir
-        .load_state()
-        .or_else(|e| if args.reset_cache { Ok(None) } else { Err(e) });
-    everyone_ok(comm, state.as_ref().map(|_| ()).map_err(|e| e.to_string()))?;
-    let state = state.expect("checked above");
-    let reusable = state.as_ref().filter(|s| {
-        !args.reset_cache
-            && s.source == args.source.display().to_string()
-            && s.format == FORMAT_VERSION
+    // An unreadable state file is refused, unless the user asked to rebuild the cache.
+    let state = dir.load_state().or_else(|e| match config.reset_cache {
+        true => Ok(None),
+        false => Err(PhaseError::mine(e)),
     });
-    let seed_bytes = decide(comm, || {
-        let seed = args
-            .seed
-            .or(reusable.map(|s| s.seed))
-            .unwrap_or_else(random_seed);
-        Ok::<_, String>(seed.to_le_bytes())
-    })?;
-    let seed = u64::from_le_bytes(
-        seed_bytes
-            .map_err(|e| StartError::Refused {
-                failures: vec![(0, e)],
-                world,
-            })?
-            .try_into()
-            .map_err(|_| StartError::Malformed("seed"))?,
-    );
-    let (manifest, manifest_bytes) = index(args, comm, &dir, reusable)?;
+    let state = agreed(comm, state)?;
+    let reusable = index::reusable(config, state.as_ref());
+    let seed = index::seed(comm, config, reusable)?;
+    let (manifest, manifest_bytes) = index::index(config, comm, &dir, reusable)?;
 
-    // Phase 4: does this cache belong to these settings? Resume its epoch if so.
     let expected = CacheState {
         format: FORMAT_VERSION,
-        source: args.source.display().to_string(),
+        source: config.source.display().to_string(),
         seed,
-        fraction: args.fraction,
+        fraction: config.fraction,
         world_size: world,
         rank,
         manifest_fingerprint: crc32c::crc32c(&manifest_bytes),
         epoch: 0,
-        exchange_scope: args.exchange_scope,
+        exchange_scope: config.scope(),
         // Global scope ignores hosts, so its state does not depend on where ranks run.
-        hosts: match args.exchange_scope {
+        hosts: match config.scope() {
             ExchangeScope::Global => None,
             ExchangeScope::Node => Some(comm.hosts().to_vec()),
         },
         world_history: Vec::new(), // set once the job's history is known
-        layout: args.layout(),
+        layout: config.layout,
     };
-    // Refused before the backend opens: opening creates its folders (another layout's, for
-    // a cache refused for its layout).
-    // Coded or partial-local, and alpha: recorded beside the state (`coded::check_mode`).
-    let same_mode = super::coded::check_mode(dir.root(), args);
-    let kept = match state {
-        // Another world size is an elastic restart (`resize`), not a mismatch.
-        Some(s) if resize::belongs(&s, &expected) && same_mode.is_ok() => match s.history() {
-            Ok(_) => Ok(Some(s)),
-            Err(e) => Err(CacheError::Corrupt {
-                path: cache_path.clone(),
-                what: "a state file",
-                detail: e.to_string(),
-            }
-            .to_string()),
-        },
-        Some(_) if !args.reset_cache && same_mode.is_err() => {
-            Err(same_mode.clone().expect_err("checked in the guard"))
-        }
-        Some(s) if !args.reset_cache => Err(format!(
-            "cache folder {} was built with other settings; pass --reset-cache to rebuild it, or use the old settings:\n  {}",
-            cache_path.display(),
-            resize::differences(&s, &expected).join("\n  ")
-        )),
-        _ => Ok(None),
-    };
-    let local = kept.and_then(|kept| {
-        let backend = dir
-            .backend(args.layout(), manifest.len())
-            .map_err(|e| e.to_string())?;
-        if kept.is_none() {
-            backend.clear().map_err(|e| {
-                CacheError::Io {
-                    path: cache_path.clone(),
-                    source: e,
-                }
-                .to_string()
-            })?;
-            dir.remove_other_layouts(args.layout())
-                .map_err(|e| e.to_string())?;
-            dir.forget_state().map_err(|e| e.to_string())?;
-        }
-        Ok((kept, backend))
-    });
-    everyone_ok(comm, local.as_ref().map(|_| ()).map_err(Clone::clone))?;
-    let (mine, backend) = local.expect("checked above");
-    // Only a shortcut for the next start, so a failure is a warning (see `save_manifest`).
-    if let Err(e) = dir.save_manifest(&manifest_bytes) {
-        tracing::warn!(error = %e, "could not save the manifest; the next start rescans the source");
-    }
+    let samples = manifest.len();
+    let (job, backend) = cache::belongs(comm, config, &dir, state, &expected, samples)?;
+    cache::save_manifest(&dir, &manifest_bytes);
     drop(manifest_bytes); // saved; the manifest itself is all that is needed from here
-    // After a crash ranks may be one epoch apart; training had reached the furthest one. A
-    // restart with another number of ranks goes on from there as well (see `resize`).
-    let job = resize::find_job(comm, args, mine.as_ref(), &expected)?;
-    let refusal = match (&job, rank) {
-        (Err(e), 0) => Err(e.clone()), // the same on every rank: said once
-        _ => Ok(()),
-    };
-    everyone_ok(comm, refusal)?;
-    // Refused above on every rank if on any (each computed it from the same gathered lists).
-    let job = job.map_err(|_| StartError::Malformed("job history"))?;
-    let epoch = job.epoch;
-    let mut state = CacheState { epoch, ..expected };
-    state.set_history(&job.history);
-    dir.save_state(&state)?;
-    super::coded::record_mode(dir.root(), args).map_err(|source| CacheError::Io {
-        path: cache_path.clone(),
-        source,
-    })?;
 
     let params = PlanParams {
-        samples: manifest.len(),
+        samples,
         world,
-        fraction: args.fraction,
+        fraction: config.fraction,
         seed,
     };
-    // A coded job (`daemon::coded`): fresh shares every epoch, caches of alpha.
-    let coded = args
-        .cache_fraction
-        .filter(|_| args.coded_scheme().is_some());
-    let elastic = match job.history.is_resized() {
-        true if coded.is_some() => {
-            return Err(StartError::Refused {
-                failures: vec![(0, "this cache was built by a coded run with another number of compute ranks; a coded run cannot change it yet: start it with the ranks it had, or pass --reset-cache".into())],
-                world,
-            });
-        }
-        true => Some(ElasticPlan::new(params, job.history.clone())?),
-        false => None,
-    };
-    let plan = match (&elastic, coded) {
-        (Some(elastic), _) => elastic.current().clone(),
-        (None, Some(alpha)) => Plan::coded(params, alpha)?,
-        (None, None) => Plan::with_scope(params, args.exchange_scope, comm.hosts())?,
-    };
-    if let Some(layout) = plan.layout() {
-        tracing::info!(layout = %layout.describe(), "exchange scope node: samples move only between ranks of one host");
-    }
-    let manifest = Arc::new(manifest);
-    let dataset = args.format.open(&args.source, manifest.clone());
-    let store = Arc::new(SampleStore::with_backend(
-        dir,
-        backend,
-        manifest.clone(),
-        dataset.clone(),
-    )?);
-    // Phase 5: finish whatever a crash interrupted, or fill the shares of a resized job.
-    let resumed = match &elastic {
-        Some(elastic) => {
-            let orphans = resize::open_orphans(job.orphans, &manifest, &dataset);
-            let cfg = RegrowConfig {
-                exchange: ExchangeConfig {
-                    rate: args.exchange_rate,
-                    ..ExchangeConfig::default()
-                },
-                share_disk: args.share_disk == crate::cli::ShareDisk::Auto,
-            };
-            regrow::regrow(comm, &store, elastic, epoch, orphans, &cfg)?
-        }
-        None => resume::resume(comm, &store, &plan, epoch)?,
-    };
+    let (plan, elastic) = fill::plan(comm, config, params, &job)?;
+    let plans = (&plan, elastic.as_ref());
+    let (store, resumed) = fill::fill(comm, config, (dir, backend), manifest, plans, job)?;
     Ok(Prepared {
         store,
         plan,
@@ -310,158 +150,16 @@ pub fn prepare(args: &MountArgs, comm: &mut dyn Comm) -> Result<Prepared, StartE
     })
 }
 
-/// Rank 0's index (loaded from its cache when reusable, else built from the source) and
-/// its encoding, on every rank. Rank 0 keeps the manifest it built and ships its encoding;
-/// only the other ranks decode, so no rank holds more than one manifest and one encoding.
-/// Rank 0's names need no check: a scan's come from the kernel (no '/', NUL, '.', '..' or
-/// over 255 bytes), the cache's were checked on load.
-fn index(
-    args: &MountArgs,
-    comm: &mut dyn Comm,
-    dir: &CacheDir,
-    reusable: Option<&CacheState>,
-) -> Result<(Manifest, Vec<u8>), StartError> {
-    let mut built = None;
-    let params = args.record_params().map_err(|e| StartError::Refused {
-        failures: vec![(comm.rank(), e)],
-        world: comm.size(),
-    })?;
-    let bytes = decide(comm, || -> Result<Vec<u8>, String> {
-        // A cached index built with another format or framing is not reused.
-        let cached = reusable
-            .and_then(|s| dir.load_manifest(s.manifest_fingerprint).ok().flatten())
-            .filter(|m| args.format.fits(m, &params));
-        let m = match cached {
-            Some(m) => {
-                tracing::info!(
-                    samples = m.len(),
-                    "manifest loaded from the cache; source not rescanned"
-                );
-                m
-            }
-            None => {
-                let started = std::time::Instant::now();
-                let m = args
-                    .format
-                    .build_index(&args.source, &params)
-                    .map_err(|e| e.to_string())?;
-                tracing::info!(
-                    classes = m.class_count(),
-                    records = m.records().map(|r| r.records()),
-                    samples = m.len(),
-                    skipped = m.skipped.len(),
-                    secs = started.elapsed().as_secs_f64(),
-                    "source scanned"
-                );
-                for s in &m.skipped {
-                    tracing::warn!(path = %s.path, reason = %s.reason, "sample skipped");
-                }
-                m
-            }
-        };
-        let bytes = m.encode();
-        built = Some(m);
-        Ok(bytes)
-    })?
-    .map_err(|e| StartError::Refused {
-        failures: vec![(0, e)],
-        world: comm.size(),
-    })?;
-    let manifest = match built {
-        Some(m) => m,
-        None => Manifest::decode(&bytes).map_err(|_| StartError::Malformed("manifest"))?,
-    };
-    Ok((manifest, bytes))
-}
-
-/// The settings every rank must share, as `(name, value)`.
-fn shared_settings(args: &MountArgs) -> Vec<(&'static str, String)> {
-    vec![
-        ("--source", args.source.display().to_string()),
-        ("--format", format!("{:?}", args.format).to_lowercase()),
-        ("--fraction", args.fraction.to_string()),
-        ("--exchange-scope", args.exchange_scope.to_string()),
-        ("--cache-layout", args.layout().to_string()),
-        (
-            "--seed",
-            args.seed.map_or("(default)".into(), |s| s.to_string()),
-        ),
-        ("--reset-cache", args.reset_cache.to_string()),
-        ("--exchange", format!("{:?}", args.exchange).to_lowercase()),
-        (
-            "--cache-fraction",
-            args.cache_fraction
-                .map_or("(none)".into(), |a| a.to_string()),
-        ),
-        ("--scheme", format!("{:?}", args.scheme).to_lowercase()),
-        ("--nu", args.nu.to_string()),
-        ("--communicators", args.communicators.to_string()),
-        ("--multicast", args.multicast.name().to_string()),
-        (
-            "record settings",
-            args.record_params().map_or_else(|e| e, |p| p.describe()),
-        ),
-        ("--part-size", args.part_size.to_string()),
-    ]
-}
-
-/// Rank 0's settings against everyone's: `Err` on a rank names what differs from rank 0.
-fn same_settings(comm: &mut dyn Comm, args: &MountArgs) -> Result<Result<(), String>, StartError> {
-    let mine = serde_json::to_vec(&shared_settings(args)).expect("settings serialize");
-    let all = comm.all_gather(&mine)?;
-    let parse = |bytes: &[u8]| -> Result<Vec<(String, String)>, StartError> {
-        serde_json::from_slice(bytes).map_err(|_| StartError::Malformed("settings list"))
-    };
-    let root = parse(&all[0])?;
-    let mut diffs = Vec::new();
-    for (rank, bytes) in all.iter().enumerate().skip(1) {
-        for ((name, a), (_, b)) in root.iter().zip(&parse(bytes)?) {
-            if a != b {
-                diffs.push(format!(
-                    "rank {rank} was started with {name} {b}, rank 0 with {a}"
-                ));
-            }
-        }
-    }
-    // Every rank computed the same list; rank 0 alone reports it, once.
-    Ok(if diffs.is_empty() || comm.rank() != 0 {
-        Ok(())
-    } else {
-        Err(format!(
-            "ranks disagree on settings; start every rank with the same options:\n{}",
-            diffs.join("\n")
-        ))
-    })
-}
-
-/// Options that contradict `--exchange coded` (or need it).
-fn coded_options(args: &MountArgs) -> Result<(), String> {
-    let coded = args.coded_scheme().is_some();
-    if coded && args.exchange_scope == ExchangeScope::Node {
-        return Err("--exchange-scope node keeps samples on their host, --exchange coded reshuffles the whole dataset every epoch: choose one".into());
-    }
-    if !coded && args.cache_fraction.is_some() {
-        return Err("--cache-fraction applies to --exchange coded only (partial-local shuffling caches (1+--fraction) x the share)".into());
-    }
-    Ok(())
-}
-
-fn random_seed() -> u64 {
-    let mut buf = [0u8; 8];
-    match std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut buf)) {
-        Ok(()) => u64::from_le_bytes(buf),
-        Err(_) => std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use clap::Parser;
 
     use super::*;
-    use crate::cli::{Cli, Command};
+    use crate::cli::{Cli, Command, MountArgs};
+
+    fn cfg(args: MountArgs) -> MountConfig {
+        MountConfig::try_from(args).expect("valid settings")
+    }
     use crate::comm::LocalComm;
     use crate::plan::HostLayout;
 
@@ -540,7 +238,7 @@ mod tests {
             .zip(args)
             .map(|(mut comm, args)| {
                 std::thread::spawn(move || {
-                    prepare(&args, &mut comm)
+                    prepare(&cfg(args), &mut comm)
                         .map(|p| p.plan)
                         .map_err(|e| e.to_string())
                 })
@@ -667,7 +365,7 @@ mod tests {
         let folders = Folders::new(1);
         let start = |extra: &[&str]| {
             let mut comm = LocalComm::world(1).pop().unwrap();
-            prepare(&folders.args_with("global", extra), &mut comm)
+            prepare(&cfg(folders.args_with("global", extra)), &mut comm)
                 .map(|_| ())
                 .map_err(|e| e.to_string())
         };
@@ -748,7 +446,9 @@ mod tests {
                 .into_iter()
                 .zip(per_rank)
                 .map(|(mut comm, a)| {
-                    std::thread::spawn(move || prepare(&a, &mut comm).map_err(|e| e.to_string()))
+                    std::thread::spawn(move || {
+                        prepare(&cfg(a), &mut comm).map_err(|e| e.to_string())
+                    })
                 })
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()

@@ -1,0 +1,417 @@
+//! The validated configuration of a mount (and of a coded server), between the command line
+//! and the daemon.
+//!
+//! `cli` is clap only: it parses, with ranges and help text. Everything that relates two
+//! options lives here, once: [`MountConfig::try_from`] refuses contradictory settings with
+//! the message the user sees, and the result holds only settings that make sense together.
+//! Options of one exchange mode sit inside that mode's variant of [`ExchangeMode`], and the
+//! record options inside [`SourceConfig::Records`], so code below the daemon never asks
+//! "is this set, and does it apply?". Nothing below `daemon/` imports `cli`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::cache::CacheLayout;
+use crate::cli::{self, MountArgs, MountScheme, PlanArgs, PlanScheme, ServeArgs};
+use crate::coded::Scheme;
+use crate::coded::calc::{CalcInput, Storage};
+use crate::dataset::{Format, Framing, RecordParams};
+use crate::exchange::SlowPeers;
+use crate::exchange::coded::routes::Multicast;
+use crate::plan::ExchangeScope;
+
+/// How the kernel reads a sample's bytes.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadPath {
+    /// Each open asks the daemon, which hands the kernel the cache file (FUSE passthrough,
+    /// Linux 6.9+): reads never enter the daemon and no page is cached twice. Falls back to
+    /// `daemon` where the kernel lacks passthrough.
+    Passthrough,
+    /// Opens never reach the daemon; the first read of a page does, and from then on the
+    /// kernel's page cache serves it at native speed, across opens and across epochs for the
+    /// samples this rank keeps. Best for many small files read more than once.
+    PageCache,
+    /// Each open asks the daemon, and reads are served by the daemon from the cache file,
+    /// kept in the page cache across opens.
+    Daemon,
+}
+
+/// What the source is and how its samples are found.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SourceConfig {
+    /// One sub-folder per class, one file per sample.
+    ImageFolder,
+    /// Packed records, shown as `epoch-N/part-*` files of about `part_size` bytes.
+    Records {
+        params: RecordParams,
+        part_size: u64,
+    },
+}
+
+impl SourceConfig {
+    pub fn format(&self) -> Format {
+        match self {
+            SourceConfig::ImageFolder => Format::Imagefolder,
+            SourceConfig::Records { .. } => Format::Records,
+        }
+    }
+
+    /// The record settings (an image folder has none: the defaults, which nothing reads).
+    pub fn params(&self) -> RecordParams {
+        match self {
+            SourceConfig::ImageFolder => RecordParams::default(),
+            SourceConfig::Records { params, .. } => params.clone(),
+        }
+    }
+
+    /// Target size of a record view's parts (an image folder has no parts: the default).
+    pub fn part_size(&self) -> u64 {
+        match self {
+            SourceConfig::ImageFolder => crate::vfs::DEFAULT_PART_SIZE,
+            SourceConfig::Records { part_size, .. } => *part_size,
+        }
+    }
+}
+
+/// How each epoch's share reaches a rank, with the options of that way only.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ExchangeMode {
+    /// Partial-local shuffling between the ranks (the fraction is [`MountConfig::fraction`]).
+    Partial {
+        scope: ExchangeScope,
+        /// Ranks of one host may take samples from each other's cache folders.
+        share_disk: bool,
+        slow_peers: SlowPeers,
+    },
+    /// A full reshuffle every epoch, multicast by a `shufflefs serve` rank.
+    Coded {
+        /// Fraction of the whole dataset each rank caches.
+        alpha: f64,
+        scheme: Scheme,
+        /// `--nu` as given (also inside `scheme` for UberShuffle), told to the server.
+        nu: usize,
+        multicast: Multicast,
+        communicators: usize,
+    },
+}
+
+/// One rank's validated mount settings.
+#[derive(Clone, Debug)]
+pub struct MountConfig {
+    pub source: PathBuf,
+    pub source_config: SourceConfig,
+    /// Cache folder template (`{rank}` is replaced, see [`for_rank`]).
+    pub cache: String,
+    pub layout: CacheLayout,
+    /// Mount point template (`{rank}` is replaced).
+    pub mountpoint: String,
+    /// `--fraction`: the partial exchange's Q. A coded run records it in the cache state too
+    /// (as it always did), so it stays here rather than inside [`ExchangeMode::Partial`].
+    pub fraction: f64,
+    pub exchange: ExchangeMode,
+    pub seed: Option<u64>,
+    pub foreground: bool,
+    pub allow_other: bool,
+    pub reset_cache: bool,
+    /// Bytes per second the background exchange may send (None: uncapped).
+    pub exchange_rate: Option<u64>,
+    pub staging_threads: usize,
+    fuse_threads: Option<u16>,
+    pub read_path: ReadPath,
+}
+
+impl TryFrom<MountArgs> for MountConfig {
+    type Error = String;
+
+    /// Every refusal of the command line's combinations, with the message the user reads.
+    fn try_from(args: MountArgs) -> Result<MountConfig, String> {
+        let source_config = source_config(&args)?;
+        let exchange = exchange_mode(&args)?;
+        let layout = args
+            .cache_layout
+            .unwrap_or_else(|| CacheLayout::default_for(args.format));
+        Ok(MountConfig {
+            source: args.source,
+            source_config,
+            cache: args.cache,
+            layout,
+            mountpoint: args.mountpoint,
+            fraction: args.fraction,
+            exchange,
+            seed: args.seed,
+            foreground: args.foreground,
+            allow_other: args.allow_other,
+            reset_cache: args.reset_cache,
+            exchange_rate: args.exchange_rate,
+            staging_threads: usize::from(args.staging_threads),
+            fuse_threads: args.fuse_threads,
+            read_path: args.read_path,
+        })
+    }
+}
+
+/// The record settings, checked against `--format` and each other.
+fn source_config(args: &MountArgs) -> Result<SourceConfig, String> {
+    if args.format != Format::Records {
+        let given = [
+            (args.framing.is_some(), "--framing"),
+            (args.record_size.is_some(), "--record-size"),
+            (args.header_line, "--header-line"),
+        ];
+        if let Some((_, flag)) = given.iter().find(|g| g.0) {
+            return Err(format!(
+                "{flag} applies to record sources; add --format records or drop {flag}"
+            ));
+        }
+        return Ok(SourceConfig::ImageFolder);
+    }
+    let framing = args.framing.unwrap_or_default();
+    let record_size = match (framing, args.record_size) {
+        (Framing::Fixed, Some(size)) => size,
+        (Framing::Fixed, None) => {
+            return Err(
+                "--framing fixed needs --record-size BYTES (the size of one record)".into(),
+            );
+        }
+        (_, Some(_)) => {
+            return Err(format!(
+                "--record-size applies to --framing fixed only; {} records carry their own lengths",
+                framing.name()
+            ));
+        }
+        (_, None) => 0,
+    };
+    if args.header_line && framing != Framing::Lines {
+        return Err("--header-line applies to --framing lines only".into());
+    }
+    let params = RecordParams {
+        framing,
+        record_size,
+        grouping: args.group,
+        header_line: args.header_line,
+    };
+    Ok(SourceConfig::Records {
+        params,
+        part_size: args.part_size,
+    })
+}
+
+/// `--exchange` and the options that belong to it (or contradict it).
+fn exchange_mode(args: &MountArgs) -> Result<ExchangeMode, String> {
+    match args.exchange {
+        cli::ExchangeMode::Partial => {
+            if args.cache_fraction.is_some() {
+                return Err("--cache-fraction applies to --exchange coded only (partial-local shuffling caches (1+--fraction) x the share)".into());
+            }
+            Ok(ExchangeMode::Partial {
+                scope: args.exchange_scope,
+                share_disk: args.share_disk == cli::ShareDisk::Auto,
+                slow_peers: SlowPeers {
+                    // Both checked finite and in [0, 1e6] by the command line.
+                    factor: args.slow_peer_factor,
+                    grace: Duration::from_secs_f64(args.slow_peer_grace),
+                    ..SlowPeers::default()
+                },
+            })
+        }
+        cli::ExchangeMode::Coded => {
+            if args.exchange_scope == ExchangeScope::Node {
+                return Err("--exchange-scope node keeps samples on their host, --exchange coded reshuffles the whole dataset every epoch: choose one".into());
+            }
+            let alpha = args
+                .cache_fraction
+                .ok_or("--exchange coded needs --cache-fraction ALPHA")?;
+            let scheme = match args.scheme {
+                MountScheme::Uncoded => Scheme::Uncoded,
+                MountScheme::Coded => Scheme::Coded,
+                MountScheme::Ubershuffle => Scheme::Ubershuffle { nu: args.nu },
+            };
+            Ok(ExchangeMode::Coded {
+                alpha,
+                scheme,
+                nu: args.nu,
+                multicast: args.multicast,
+                communicators: args.communicators,
+            })
+        }
+    }
+}
+
+impl MountConfig {
+    pub fn format(&self) -> Format {
+        self.source_config.format()
+    }
+
+    /// Which ranks exchange samples (a coded run reshuffles globally).
+    pub fn scope(&self) -> ExchangeScope {
+        match &self.exchange {
+            ExchangeMode::Partial { scope, .. } => *scope,
+            ExchangeMode::Coded { .. } => ExchangeScope::Global,
+        }
+    }
+
+    /// The coded scheme, under `--exchange coded`.
+    pub fn coded_scheme(&self) -> Option<Scheme> {
+        match &self.exchange {
+            ExchangeMode::Coded { scheme, .. } => Some(*scheme),
+            ExchangeMode::Partial { .. } => None,
+        }
+    }
+
+    /// The cache fraction alpha, under `--exchange coded`.
+    pub fn coded_alpha(&self) -> Option<f64> {
+        match &self.exchange {
+            ExchangeMode::Coded { alpha, .. } => Some(*alpha),
+            ExchangeMode::Partial { .. } => None,
+        }
+    }
+
+    /// `--fuse-threads`, or its default for this machine and whether reads will pass
+    /// through (see `sys::kernel::may_pass_through`).
+    pub fn fuse_threads(&self, passes_through: bool) -> usize {
+        let default = || {
+            if passes_through {
+                std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8))
+            } else {
+                8
+            }
+        };
+        self.fuse_threads.map_or_else(default, usize::from)
+    }
+}
+
+/// `shufflefs serve`'s settings (nothing to relate: a plain copy, so the server's code does
+/// not import the command line either).
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    pub source: PathBuf,
+    pub format: Format,
+    pub seed: Option<u64>,
+    pub memory: u64,
+}
+
+impl From<ServeArgs> for ServeConfig {
+    fn from(args: ServeArgs) -> ServeConfig {
+        ServeConfig {
+            source: args.source,
+            format: args.format,
+            seed: args.seed,
+            memory: args.memory,
+        }
+    }
+}
+
+/// `shufflefs plan`'s settings as the calculator takes them (see `coded::calc::report`).
+pub fn plan_input(args: &PlanArgs) -> CalcInput {
+    let storage = match (args.fraction, args.cache_fraction) {
+        (Some(q), _) => Storage::Fraction(q),
+        (None, Some(a)) => Storage::CacheFraction(a),
+        (None, None) => unreachable!("clap requires --fraction or --cache-fraction"),
+    };
+    let uber = Scheme::Ubershuffle { nu: args.nu };
+    let schemes = match args.scheme {
+        PlanScheme::Uncoded => vec![Scheme::Uncoded],
+        PlanScheme::Coded => vec![Scheme::Coded],
+        PlanScheme::Ubershuffle => vec![uber],
+        PlanScheme::All => vec![Scheme::Uncoded, Scheme::Coded, uber],
+    };
+    CalcInput {
+        samples: args.samples,
+        ranks: args.ranks as usize,
+        storage,
+        schemes,
+        seed: args.seed,
+        sample_bytes: args.sample_bytes,
+        epochs: args.epochs,
+    }
+}
+
+/// Replaces `{rank}` in a path template.
+pub fn for_rank(template: &str, rank: u32) -> PathBuf {
+    PathBuf::from(template.replace("{rank}", &rank.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::MountConfig;
+    use crate::cli::{Cli, Command};
+
+    fn mount(extra: &[&str]) -> Result<MountConfig, String> {
+        let mut argv = vec!["shufflefs", "mount", "--source", "/s", "--cache", "/c"];
+        argv.extend_from_slice(extra);
+        argv.push("/m");
+        match Cli::try_parse_from(argv).unwrap().command {
+            Command::Mount(args) => MountConfig::try_from(args),
+            _ => panic!("not mount"),
+        }
+    }
+
+    #[test]
+    fn record_flags_are_checked_together() {
+        let fixed = mount(&[
+            "--format",
+            "records",
+            "--framing",
+            "fixed",
+            "--record-size",
+            "8",
+        ]);
+        assert_eq!(fixed.unwrap().source_config.params().record_size, 8);
+        for (extra, needle) in [
+            (
+                &["--format", "records", "--framing", "fixed"][..],
+                "needs --record-size",
+            ),
+            (
+                &["--format", "records", "--record-size", "8"][..],
+                "fixed only",
+            ),
+            (&["--framing", "tar"][..], "--format records"),
+            (
+                &["--format", "records", "--framing", "tar", "--header-line"][..],
+                "lines only",
+            ),
+        ] {
+            let err = mount(extra).unwrap_err();
+            assert!(err.contains(needle), "{extra:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn coded_options_need_the_coded_exchange() {
+        let err = mount(&["--cache-fraction", "0.5"]).unwrap_err();
+        assert!(err.contains("--cache-fraction applies to --exchange coded only"));
+        let err = mount(&[
+            "--exchange",
+            "coded",
+            "--cache-fraction",
+            "0.5",
+            "--exchange-scope",
+            "node",
+        ])
+        .unwrap_err();
+        assert!(err.contains("choose one"), "{err}");
+        let coded = mount(&["--exchange", "coded", "--cache-fraction", "0.5"]).unwrap();
+        assert_eq!(coded.coded_alpha(), Some(0.5));
+        assert_eq!(coded.scope(), crate::plan::ExchangeScope::Global);
+    }
+
+    #[test]
+    fn the_cache_layout_defaults_by_format_and_can_be_chosen() {
+        use crate::cache::CacheLayout;
+        let layout = |extra: &[&str]| mount(extra).map(|m| m.layout);
+        assert_eq!(layout(&[]), Ok(CacheLayout::Files));
+        assert_eq!(
+            layout(&["--cache-layout", "packed"]),
+            Ok(CacheLayout::Packed)
+        );
+        assert_eq!(layout(&["--cache-layout", "files"]), Ok(CacheLayout::Files));
+        let bad = ["shufflefs", "mount", "--source", "/s", "--cache", "/c"];
+        let err = Cli::try_parse_from(bad.iter().chain(&["--cache-layout", "pack", "/m"]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("files") && err.contains("packed"), "{err}");
+    }
+}

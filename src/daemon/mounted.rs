@@ -1,0 +1,338 @@
+//! A mounted rank: the FUSE session and the threads that live with it, owned by one value
+//! with an ordered teardown.
+//!
+//! Threads, all named:
+//! - `fuse`: runs the session until the folder is unmounted (by `shufflefs unmount`,
+//!   `fusermount3 -u` or a signal). When it ends it asks the exchange loop to finish (the
+//!   `stop` hook), then watches that loop drain: see "Stopping" below.
+//! - `invalidate`: tells the kernel to forget an old epoch's names (the kernel takes the
+//!   root's lock for it, which the lookup that advanced still holds, so not on a request
+//!   thread).
+//! - `signals`: SIGTERM, SIGINT or SIGHUP unmount; with files still open the unmount is
+//!   refused, so the mount is detached instead and the exchange given up at once (a reader
+//!   may wait on an advance whose exchange waits on a peer that already left).
+//!
+//! # Stopping
+//! An unmount may come at any moment, also while the background exchange into the next
+//! epoch runs. Under MPI a transfer cannot be withdrawn, and a rank that leaves one behind
+//! cannot finalize MPI (the whole job ends with it, see `comm`). So a stopping rank *drains*
+//! the exchange in flight instead of giving it up: when every rank stops (the usual end of a
+//! job) every rank is in the same exchange, it completes, and every rank exits 0 with its
+//! cache at a consistent, resumable epoch. The drain is bounded: if the exchange moves no
+//! byte for [`DRAIN_IDLE`] (a peer that never joins it: it stopped before reaching that
+//! epoch), the rank gives it up and the daemon ends with [`super::DaemonError::Abandoned`],
+//! for which `launch` picks the exit code that ends the job.
+//!
+//! # A stop before the mount
+//! A signal that arrives during start-up (a long index scan, or the regrow of a job whose
+//! number of ranks changed, which moves samples over MPI) must not kill the rank in the
+//! middle of a collective. [`listen_for_stop`] records it instead; the phase in flight
+//! finishes, the ranks agree whether any of them was told to stop, and if so none mounts
+//! and each exits 0 (`super::mount_everywhere`). A signal between that agreement and the
+//! watcher unmounts as soon as the watcher runs.
+//!
+//! # Teardown order (`stop`, and `Drop` for an early return)
+//! 1. the session: already ended (that is what ended the exchange loop), or unmounted now
+//!    (`Drop` on an error path); its thread is joined, which also ends the drain watch;
+//! 2. the invalidation thread: told to stop and joined (the kernel connection is gone);
+//! 3. the signal watcher: closed and joined.
+//!
+//! The caller releases the cache lock after `stop`, so `shufflefs unmount` (which waits for
+//! the lock) returns only once nothing writes the cache any more.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, OnceLock};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use fuser::{Config, MountOption, SessionACL};
+
+use super::DaemonError;
+use crate::config::MountConfig;
+use crate::fuse::FuseAdapter;
+use crate::sys::{mounts, readahead};
+use crate::vfs::{ShuffleFs, inodes};
+
+/// How long a stopping rank waits for the exchange in flight to move a byte before giving
+/// it up. Rate-capped exchanges send frames of at least 1 MiB, so this is long enough for a
+/// frame at 20 kB/s.
+pub const DRAIN_IDLE: Duration = Duration::from_secs(60);
+
+/// Set by SIGTERM, SIGINT or SIGHUP from [`listen_for_stop`] on.
+static STOP_REQUESTED: OnceLock<Arc<AtomicBool>> = OnceLock::new();
+
+/// From now on a signal that would end the process is recorded instead (see "A stop before
+/// the mount"); once mounted, the signal watcher unmounts on it.
+pub fn listen_for_stop() -> Result<(), DaemonError> {
+    let flag = STOP_REQUESTED.get_or_init(|| Arc::new(AtomicBool::new(false)));
+    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+        signal_hook::flag::register(sig, flag.clone()).map_err(thread_error("signal"))?;
+    }
+    Ok(())
+}
+
+/// Whether a signal asked this rank to stop (see [`listen_for_stop`]).
+pub fn stop_requested() -> bool {
+    STOP_REQUESTED
+        .get()
+        .is_some_and(|f| f.load(Ordering::Relaxed))
+}
+
+/// What the mounted rank needs of the node behind it (see `super::serving`).
+pub struct Hooks {
+    /// Asks the exchange loop to finish once the exchange in flight drained.
+    pub stop: Box<dyn FnOnce() + Send>,
+    /// A counter that grows while the exchange moves data (bytes and samples).
+    pub progress: Box<dyn Fn() -> u64 + Send>,
+    /// Old epochs whose kernel entries must go; each is reported done through `invalidated`.
+    pub invalidations: Receiver<u64>,
+    pub invalidated: Box<dyn Fn(u64) + Send>,
+}
+
+/// A session mounted, before it serves: the last phase of start-up is whether every rank
+/// got here (`super::mount_everywhere`).
+pub type Session = fuser::Session<FuseAdapter>;
+
+/// Mounts `fs` at `mountpoint` (the session does not serve yet).
+pub fn mount(fs: ShuffleFs, config: &MountConfig, mountpoint: &Path) -> Result<Session, String> {
+    // Without opens (page-cache mode) the status is read through a link; see `fuse`.
+    let fs = Arc::new(match config.read_path {
+        crate::config::ReadPath::PageCache => fs.with_status_link(),
+        _ => fs,
+    });
+    let adapter = FuseAdapter::new(fs, config.read_path)
+        .map_err(|e| format!("starting the threads that answer the kernel: {e}"))?;
+    crate::fuse::mount(adapter, mountpoint, &fuse_config(config))
+        .map_err(|e| format!("mounting {} failed: {e}", mountpoint.display()))
+}
+
+/// A rank's mount while it serves, with its threads.
+pub struct Mounted {
+    mountpoint: PathBuf,
+    session: Option<JoinHandle<std::io::Result<()>>>,
+    invalidation: Option<JoinHandle<()>>,
+    signals: signal_hook::iterator::Handle,
+    signal_thread: Option<JoinHandle<()>>,
+    /// Set when the exchange in flight must be given up (a detached mount, or a drain that
+    /// stopped moving).
+    abort: Arc<AtomicBool>,
+    /// Set once the exchange loop returned: the drain watch ends.
+    drained: Arc<AtomicBool>,
+    /// Set when the threads must end.
+    closing: Arc<AtomicBool>,
+}
+
+impl Mounted {
+    /// Starts serving `session` and the threads around it.
+    pub fn serve(
+        mut session: Session,
+        mountpoint: &Path,
+        hooks: Hooks,
+    ) -> Result<Mounted, DaemonError> {
+        match readahead::raise(mountpoint, readahead::WINDOW_KB) {
+            Ok(kb) => tracing::debug!(kb, "readahead window of the mount"),
+            Err(e) => {
+                tracing::info!(error = %e, "could not raise the mount's readahead window (needs root); large samples stream in 128 KiB requests without passthrough")
+            }
+        }
+        let abort = Arc::new(AtomicBool::new(false));
+        let drained = Arc::new(AtomicBool::new(false));
+        let closing = Arc::new(AtomicBool::new(false));
+        let invalidation =
+            invalidation_thread(&session, hooks.invalidations, hooks.invalidated, &closing)?;
+        let (signals, signal_thread) = watch_signals(&mut session, mountpoint, &abort)?;
+        if stop_requested() {
+            // Told to stop after the ranks agreed to mount, before the watcher listened.
+            tracing::info!("signal received during start-up; unmounting");
+            if let Err(e) = session.unmount_callable().unmount() {
+                tracing::warn!(error = %e, "unmount on a signal during start-up failed");
+            }
+        }
+        let (stop, progress) = (hooks.stop, hooks.progress);
+        let (abort2, drained2) = (abort.clone(), drained.clone());
+        let session = thread::Builder::new()
+            .name("fuse".into())
+            .spawn(move || {
+                let result = session.run();
+                stop();
+                watch_drain(&*progress, &drained2, &abort2);
+                result
+            })
+            .map_err(thread_error("FUSE session"))?;
+        Ok(Mounted {
+            mountpoint: mountpoint.to_path_buf(),
+            session: Some(session),
+            invalidation: Some(invalidation),
+            signals,
+            signal_thread: Some(signal_thread),
+            abort,
+            drained,
+            closing,
+        })
+    }
+
+    /// What the exchange in flight watches to give up (see "Stopping").
+    pub fn abort_flag(&self) -> &AtomicBool {
+        &self.abort
+    }
+
+    /// Tears down in order (see the module docs) once the exchange loop returned, which it
+    /// does after the session ended; the session's outcome.
+    pub fn stop(mut self) -> Result<(), DaemonError> {
+        self.drained.store(true, Ordering::Relaxed);
+        let session = self.session.take().map(JoinHandle::join);
+        self.close_threads();
+        tracing::info!(mountpoint = %self.mountpoint.display(), "unmounted; daemon exiting");
+        match session {
+            Some(Ok(result)) => result.map_err(DaemonError::Session),
+            Some(Err(_)) => Err(DaemonError::Panicked),
+            None => Ok(()),
+        }
+    }
+
+    fn close_threads(&mut self) {
+        self.closing.store(true, Ordering::Relaxed);
+        if let Some(t) = self.invalidation.take() {
+            let _ = t.join();
+        }
+        self.signals.close();
+        if let Some(t) = self.signal_thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Mounted {
+    /// An early return (the exchange loop failed before the session ended): unmount, so the
+    /// session thread ends, then the same order as `stop`.
+    fn drop(&mut self) {
+        if let Some(session) = self.session.take() {
+            self.drained.store(true, Ordering::Relaxed);
+            if !session.is_finished() && !mounts::detach(&self.mountpoint) {
+                tracing::debug!(mountpoint = %self.mountpoint.display(), "already detached");
+            }
+            // A detached session ends once its last open file closes: wait a little, but
+            // never on a reader that keeps a file open (the process ends without it).
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !session.is_finished() && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(20));
+            }
+            if session.is_finished() {
+                let _ = session.join();
+            }
+        }
+        self.close_threads();
+    }
+}
+
+/// After the session ended: until the exchange loop returned, give the exchange in flight
+/// up if it moves nothing for [`DRAIN_IDLE`].
+fn watch_drain(progress: &dyn Fn() -> u64, drained: &AtomicBool, abort: &AtomicBool) {
+    let (mut last, mut since) = (progress(), Instant::now());
+    let mut said = false;
+    while !drained.load(Ordering::Relaxed) && !abort.load(Ordering::Relaxed) {
+        thread::sleep(Duration::from_millis(100));
+        let now = progress();
+        if now != last {
+            (last, since) = (now, Instant::now());
+        } else if since.elapsed() >= DRAIN_IDLE {
+            tracing::warn!(
+                idle_s = DRAIN_IDLE.as_secs(),
+                "the exchange in flight stopped moving while stopping (a peer never joined it); giving it up"
+            );
+            abort.store(true, Ordering::Relaxed);
+        } else if !said && since.elapsed() >= Duration::from_secs(1) {
+            tracing::info!("stopping: finishing the exchange in flight first");
+            said = true;
+        }
+    }
+}
+
+fn invalidation_thread(
+    session: &Session,
+    invalidations: Receiver<u64>,
+    invalidated: Box<dyn Fn(u64) + Send>,
+    closing: &Arc<AtomicBool>,
+) -> Result<JoinHandle<()>, DaemonError> {
+    let notifier = session.notifier();
+    let closing = closing.clone();
+    thread::Builder::new()
+        .name("invalidate".into())
+        .spawn(move || {
+            loop {
+                let old = match invalidations.recv_timeout(Duration::from_millis(100)) {
+                    Ok(old) => old,
+                    Err(RecvTimeoutError::Timeout) if !closing.load(Ordering::Relaxed) => {
+                        continue;
+                    }
+                    Err(_) => return,
+                };
+                let root = fuser::INodeNo(inodes::ROOT);
+                let name = inodes::epoch_dir_name(old);
+                let _ = notifier.inval_entry(root, std::ffi::OsStr::new(&name));
+                let _ = notifier.inval_entry(root, std::ffi::OsStr::new(inodes::CURRENT_NAME));
+                invalidated(old);
+            }
+        })
+        .map_err(thread_error("invalidation"))
+}
+
+/// Unmounts on SIGTERM, SIGINT or SIGHUP. With files still open (readers that have not
+/// stopped) the unmount is refused: the mount is detached instead, so the daemon exits once
+/// they close rather than never. A reader may be waiting on an advance whose exchange waits
+/// on a peer that already left: `abort` gives up the exchange too (after detaching, so a
+/// daemon that exits for it leaves no mount behind), or that reader, and with it this
+/// daemon, would wait forever.
+fn watch_signals(
+    session: &mut Session,
+    mountpoint: &Path,
+    abort: &Arc<AtomicBool>,
+) -> Result<(signal_hook::iterator::Handle, JoinHandle<()>), DaemonError> {
+    let mut unmounter = session.unmount_callable();
+    let (mountpoint, abort) = (mountpoint.to_path_buf(), abort.clone());
+    let mut signals =
+        signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGHUP])
+            .map_err(thread_error("signal"))?;
+    let handle = signals.handle();
+    let thread = thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                tracing::info!(signal = sig, "signal received; unmounting");
+                if let Err(e) = unmounter.unmount() {
+                    let detached = mounts::detach(&mountpoint);
+                    tracing::warn!(error = %e, detached, "unmount on signal failed; detached the mount instead");
+                    abort.store(true, Ordering::Relaxed);
+                }
+            }
+        })
+        .map_err(thread_error("signal"))?;
+    Ok((handle, thread))
+}
+
+/// The FUSE mount's settings.
+fn fuse_config(config: &MountConfig) -> Config {
+    let mut c = Config::default();
+    c.mount_options = vec![
+        MountOption::FSName("shufflefs".into()),
+        MountOption::Subtype("shufflefs".into()),
+        MountOption::NoDev,
+        MountOption::NoSuid,
+        MountOption::NoAtime,
+    ];
+    c.acl = if config.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    let passes_through = crate::fuse::may_pass_through(config.read_path);
+    c.n_threads = Some(config.fuse_threads(passes_through));
+    c.clone_fd = true;
+    c
+}
+
+fn thread_error(what: &'static str) -> impl FnOnce(std::io::Error) -> DaemonError {
+    move |source| DaemonError::Thread { what, source }
+}

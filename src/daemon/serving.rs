@@ -1,0 +1,107 @@
+//! The seam between the daemon and `node`: the one function that starts a rank's node,
+//! puts the mount in front of it and runs its exchanges on the thread that owns MPI, until
+//! the mount ends. Every call from `daemon` into `node` is here, so a change of the
+//! exchange's entry points touches this file only.
+
+use crate::comm::Comm;
+use crate::config::MountConfig;
+use crate::exchange::coded::CodedClient;
+use crate::exchange::{ExchangeConfig, Partial, Peers};
+use crate::node::{ExchangeCmd, Node, NodeConfig, serve};
+use crate::vfs::ShuffleFs;
+
+use super::DaemonError;
+use super::mounted::{Hooks, Mounted};
+use super::startup::Prepared;
+
+/// How this rank's exchanges run: partial-local over `comm` with these settings, or coded
+/// from the server over `world`.
+pub struct Exchanges {
+    pub cfg: ExchangeConfig,
+    pub peers: Peers,
+    pub coded: Option<CodedClient>,
+}
+
+/// Runs one prepared rank: node, mount (`mount_everywhere`, the agreed last phase of
+/// start-up), readiness, exchanges until unmounted, then the ordered teardown.
+pub fn run_node(
+    config: &MountConfig,
+    prepared: Prepared,
+    exchanges: Exchanges,
+    (comm, mut world): (&mut dyn Comm, Option<&mut dyn Comm>),
+    on_ready: &mut dyn FnMut(&str),
+) -> Result<(), DaemonError> {
+    let Prepared {
+        store,
+        plan,
+        resumed,
+        mountpoint,
+    } = prepared;
+    let rank = comm.rank();
+    let node_cfg = NodeConfig {
+        exchange: exchanges.cfg,
+        staging_threads: config.staging_threads,
+        source: config.source.display().to_string(),
+        mountpoint: mountpoint.display().to_string(),
+        exchanges: true,
+        hosts: comm.hosts().to_vec(),
+    };
+    let (node, queue) = Node::start(store.clone(), plan, rank, resumed, node_cfg);
+    let fs = ShuffleFs::of(&node).with_part_size(config.source_config.part_size());
+    let session = super::mount_everywhere(config, fs, &mountpoint, comm, world.as_deref_mut())
+        .inspect_err(|_| node.coordinator.shutdown())?;
+    let Some(session) = session else {
+        node.coordinator.shutdown();
+        store.dir().unlock();
+        return Ok(());
+    };
+    let (queue_tx, tracker, coordinator) = (
+        node.exchange_queue(),
+        node.tracker.clone(),
+        node.coordinator.clone(),
+    );
+    let hooks = Hooks {
+        stop: Box::new(move || {
+            let _ = queue_tx.send(ExchangeCmd::Shutdown);
+        }),
+        progress: Box::new(move || {
+            let reports = tracker.snapshot();
+            let moved = |r: &crate::exchange::ExchangeReport| {
+                r.bytes_sent + r.bytes_received + r.samples_sent + r.samples_received
+            };
+            reports.iter().map(moved).sum()
+        }),
+        invalidations: node.invalidations(),
+        invalidated: Box::new(move |old| coordinator.invalidated(old)),
+    };
+    let mounted = Mounted::serve(session, &mountpoint, hooks)?;
+    let current = node.coordinator.current();
+    on_ready(&super::ready_line(
+        config,
+        comm,
+        &store,
+        &current,
+        world.is_some(),
+    ));
+    let abort = mounted.abort_flag();
+    let served = match (world, exchanges.coded) {
+        (Some(world), Some(mut client)) => serve(world, &node, &queue, &mut client, abort),
+        _ => {
+            let mut partial = Partial {
+                cfg: exchanges.cfg,
+                peers: exchanges.peers,
+            };
+            serve(comm, &node, &queue, &mut partial, abort)
+        }
+    };
+    node.coordinator.shutdown();
+    let stopped = match served {
+        Ok(()) => mounted.stop(),
+        Err(e) => {
+            drop(mounted);
+            Err(DaemonError::Abandoned(e))
+        }
+    };
+    store.dir().unlock();
+    stopped
+}

@@ -1,0 +1,115 @@
+//! Phase 3: the seed and the index, decided by rank 0. The index is reused from rank 0's
+//! cache when its settings match, else built by the dataset format; rank 0 ships it.
+
+use std::io::Read;
+
+use super::StartError;
+use super::agree::decided;
+use crate::cache::{CacheDir, CacheState, FORMAT_VERSION};
+use crate::comm::{Comm, decide};
+use crate::config::MountConfig;
+use crate::dataset::Manifest;
+
+/// The seed: `--seed`, else the one rank 0's reusable cache was built with, else random.
+pub fn seed(
+    comm: &mut dyn Comm,
+    config: &MountConfig,
+    reusable: Option<&CacheState>,
+) -> Result<u64, StartError> {
+    let outcome = decide(comm, || {
+        let seed = config
+            .seed
+            .or(reusable.map(|s| s.seed))
+            .unwrap_or_else(random_seed);
+        Ok::<_, String>(seed.to_le_bytes())
+    });
+    let bytes = decided(comm, outcome)?;
+    let bytes = bytes
+        .try_into()
+        .map_err(|_| StartError::Malformed("seed"))?;
+    Ok(u64::from_le_bytes(bytes))
+}
+
+/// A state rank 0 may take the seed and index from: same source and cache format, and no
+/// `--reset-cache`.
+pub fn reusable<'a>(config: &MountConfig, state: Option<&'a CacheState>) -> Option<&'a CacheState> {
+    state.filter(|s| {
+        !config.reset_cache
+            && s.source == config.source.display().to_string()
+            && s.format == FORMAT_VERSION
+    })
+}
+
+/// Rank 0's index (loaded from its cache when reusable, else built from the source) and
+/// its encoding, on every rank. Rank 0 keeps the manifest it built and ships its encoding;
+/// only the other ranks decode, so no rank holds more than one manifest and one encoding.
+/// Rank 0's names need no check: a scan's come from the kernel (no '/', NUL, '.', '..' or
+/// over 255 bytes), the cache's were checked on load.
+pub fn index(
+    config: &MountConfig,
+    comm: &mut dyn Comm,
+    dir: &CacheDir,
+    reusable: Option<&CacheState>,
+) -> Result<(Manifest, Vec<u8>), StartError> {
+    let mut built = None;
+    let outcome = decide(comm, || -> Result<Vec<u8>, String> {
+        let m = match cached(config, dir, reusable) {
+            Some(m) => m,
+            None => scan(config)?,
+        };
+        let bytes = m.encode();
+        built = Some(m);
+        Ok(bytes)
+    });
+    let bytes = decided(comm, outcome)?;
+    let manifest = match built {
+        Some(m) => m,
+        None => Manifest::decode(&bytes).map_err(|_| StartError::Malformed("manifest"))?,
+    };
+    Ok((manifest, bytes))
+}
+
+/// The index saved in rank 0's cache, if it was built with the same format and framing.
+fn cached(config: &MountConfig, dir: &CacheDir, reusable: Option<&CacheState>) -> Option<Manifest> {
+    let params = config.source_config.params();
+    let m = reusable
+        .and_then(|s| dir.load_manifest(s.manifest_fingerprint).ok().flatten())
+        .filter(|m| config.format().fits(m, &params))?;
+    tracing::info!(
+        samples = m.len(),
+        "manifest loaded from the cache; source not rescanned"
+    );
+    Some(m)
+}
+
+/// The index built from the source.
+fn scan(config: &MountConfig) -> Result<Manifest, String> {
+    let started = std::time::Instant::now();
+    let params = config.source_config.params();
+    let m = config
+        .format()
+        .build_index(&config.source, &params)
+        .map_err(|e| e.to_string())?;
+    tracing::info!(
+        classes = m.class_count(),
+        records = m.records().map(|r| r.records()),
+        samples = m.len(),
+        skipped = m.skipped.len(),
+        secs = started.elapsed().as_secs_f64(),
+        "source scanned"
+    );
+    for s in &m.skipped {
+        tracing::warn!(path = %s.path, reason = %s.reason, "sample skipped");
+    }
+    Ok(m)
+}
+
+fn random_seed() -> u64 {
+    let mut buf = [0u8; 8];
+    match std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut buf)) {
+        Ok(()) => u64::from_le_bytes(buf),
+        Err(_) => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64),
+    }
+}
