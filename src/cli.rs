@@ -133,7 +133,7 @@ pub struct PlanArgs {
 pub const DEFAULT_FRACTION: f64 = 0.3;
 
 /// `--read-path` (the type lives with the configuration, which the kernel binding reads).
-pub use crate::config::ReadPath;
+pub use crate::sys::kernel::ReadPath;
 
 #[derive(Args, Debug, Clone)]
 pub struct MountArgs {
@@ -412,9 +412,7 @@ fn non_negative(v: &str) -> Result<f64, String> {
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
-
-    use super::{Cli, Command, non_negative, parse_bytes};
+    use super::{non_negative, parse_bytes};
 
     #[test]
     fn sizes_take_suffixes_and_reject_nonsense() {
@@ -427,56 +425,6 @@ mod tests {
         for bad in ["", "0", "12X", "-5", "99999999999G"] {
             assert!(parse_bytes(bad).is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn plan_subcommand_formats_a_small_case() {
-        let cli = Cli::try_parse_from([
-            "shufflefs",
-            "plan",
-            "--samples",
-            "60",
-            "--ranks",
-            "3",
-            "--cache-fraction",
-            "0.5",
-            "--scheme",
-            "all",
-            "--sample-bytes",
-            "1000",
-        ])
-        .unwrap();
-        let Command::Plan(args) = cli.command else {
-            panic!("not the plan subcommand");
-        };
-        let input = crate::config::plan_input(&args);
-        let text = crate::coded::calc::report(&input).unwrap();
-        assert!(
-            text.contains("cache s = floor(alpha q) = 30 samples each (30.0 kB)"),
-            "{text}"
-        );
-        assert_eq!(
-            text.lines().filter(|l| l.starts_with("uncoded ")).count(),
-            1,
-            "{text}"
-        );
-        assert!(text.contains("ubershuffle(nu=2)"), "{text}");
-        let both = Cli::try_parse_from([
-            "shufflefs",
-            "plan",
-            "--samples",
-            "60",
-            "--ranks",
-            "3",
-            "--fraction",
-            "0.3",
-            "--cache-fraction",
-            "0.5",
-        ]);
-        assert!(
-            both.is_err(),
-            "--fraction and --cache-fraction exclude each other"
-        );
     }
 
     #[test]

@@ -20,21 +20,7 @@ use crate::exchange::SlowPeers;
 use crate::exchange::coded::routes::Multicast;
 use crate::plan::ExchangeScope;
 
-/// How the kernel reads a sample's bytes.
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ReadPath {
-    /// Each open asks the daemon, which hands the kernel the cache file (FUSE passthrough,
-    /// Linux 6.9+): reads never enter the daemon and no page is cached twice. Falls back to
-    /// `daemon` where the kernel lacks passthrough.
-    Passthrough,
-    /// Opens never reach the daemon; the first read of a page does, and from then on the
-    /// kernel's page cache serves it at native speed, across opens and across epochs for the
-    /// samples this rank keeps. Best for many small files read more than once.
-    PageCache,
-    /// Each open asks the daemon, and reads are served by the daemon from the cache file,
-    /// kept in the page cache across opens.
-    Daemon,
-}
+pub use crate::sys::kernel::ReadPath;
 
 /// What the source is and how its samples are found.
 #[derive(Clone, Debug, PartialEq)]
@@ -413,5 +399,55 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("files") && err.contains("packed"), "{err}");
+    }
+
+    #[test]
+    fn plan_subcommand_formats_a_small_case() {
+        let cli = Cli::try_parse_from([
+            "shufflefs",
+            "plan",
+            "--samples",
+            "60",
+            "--ranks",
+            "3",
+            "--cache-fraction",
+            "0.5",
+            "--scheme",
+            "all",
+            "--sample-bytes",
+            "1000",
+        ])
+        .unwrap();
+        let Command::Plan(args) = cli.command else {
+            panic!("not the plan subcommand");
+        };
+        let input = super::plan_input(&args);
+        let text = crate::coded::calc::report(&input).unwrap();
+        assert!(
+            text.contains("cache s = floor(alpha q) = 30 samples each (30.0 kB)"),
+            "{text}"
+        );
+        assert_eq!(
+            text.lines().filter(|l| l.starts_with("uncoded ")).count(),
+            1,
+            "{text}"
+        );
+        assert!(text.contains("ubershuffle(nu=2)"), "{text}");
+        let both = Cli::try_parse_from([
+            "shufflefs",
+            "plan",
+            "--samples",
+            "60",
+            "--ranks",
+            "3",
+            "--fraction",
+            "0.3",
+            "--cache-fraction",
+            "0.5",
+        ]);
+        assert!(
+            both.is_err(),
+            "--fraction and --cache-fraction exclude each other"
+        );
     }
 }

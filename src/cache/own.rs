@@ -17,6 +17,9 @@ use std::path::Path;
 
 use crate::plan::SampleId;
 
+/// The folder under the cache root holding the segments.
+pub const SEGMENTS: &str = "segments";
+
 /// Written into every cache folder shufflefs creates: says the folder is ours.
 pub(crate) const MARKER: &str = ".shufflefs-cache";
 
@@ -113,7 +116,7 @@ pub(crate) fn remove_files(dir: &Path, ours: impl Fn(&str) -> bool) -> io::Resul
 /// Removes a sub-folder of a cache (`samples`, `tmp`, `segments`): our files in it, then the
 /// folder if that emptied it. Returns what was left, as paths relative to the cache.
 pub(crate) fn remove_sub(root: &Path, sub: &str) -> io::Result<Vec<String>> {
-    let ours: fn(&str) -> bool = if sub == crate::cache::packed::SEGMENTS {
+    let ours: fn(&str) -> bool = if sub == SEGMENTS {
         is_segment_name
     } else {
         is_sample_name
@@ -134,10 +137,10 @@ pub(crate) fn remove_sub(root: &Path, sub: &str) -> io::Result<Vec<String>> {
 /// (relative paths); the folder stays when that is not empty.
 pub(crate) fn remove_owned(root: &Path) -> io::Result<Vec<String>> {
     let mut left = Vec::new();
-    for sub in ["samples", "tmp", crate::cache::packed::SEGMENTS] {
+    for sub in ["samples", "tmp", SEGMENTS] {
         left.extend(remove_sub(root, sub)?);
     }
-    let subs = ["samples", "tmp", crate::cache::packed::SEGMENTS];
+    let subs = ["samples", "tmp", SEGMENTS];
     let top = remove_files(root, is_top_file)?;
     left.extend(top.into_iter().filter(|n| !subs.contains(&n.as_str())));
     if left.is_empty() {

@@ -4,7 +4,21 @@
 //! pass through (see `config::MountConfig::fuse_threads`); the FUSE handshake still has the last
 //! word, since a kernel built without passthrough only says so there.
 
-use crate::config::ReadPath;
+/// How the kernel reads a sample's bytes.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadPath {
+    /// Each open asks the daemon, which hands the kernel the cache file (FUSE passthrough,
+    /// Linux 6.9+): reads never enter the daemon and no page is cached twice. Falls back to
+    /// `daemon` where the kernel lacks passthrough.
+    Passthrough,
+    /// Opens never reach the daemon; the first read of a page does, and from then on the
+    /// kernel's page cache serves it at native speed, across opens and across epochs for the
+    /// samples this rank keeps. Best for many small files read more than once.
+    PageCache,
+    /// Each open asks the daemon, and reads are served by the daemon from the cache file,
+    /// kept in the page cache across opens.
+    Daemon,
+}
 
 /// Whether reads can pass through with `read_path`: the kernel has FUSE passthrough from
 /// Linux 6.9, and registers backing files only for a daemon with CAP_SYS_ADMIN (6.9 to at

@@ -80,6 +80,7 @@ use super::backend::{
     Stored,
 };
 use super::bitset::Bitset;
+pub use super::own::SEGMENTS;
 use crate::plan::SampleId;
 use crate::sys::io::read_full_at;
 use format::{HEADER, Header, Kind};
@@ -90,9 +91,6 @@ mod recover;
 #[cfg(test)]
 mod tests;
 mod writer;
-
-/// The folder under the cache root holding the segments.
-pub const SEGMENTS: &str = "segments";
 
 /// Sizes and thresholds; [`Default`] is what the daemon uses.
 #[derive(Clone, Copy, Debug)]
