@@ -37,6 +37,8 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --all-targets -- -D warnings
+echo "== import circles"
+python3 .ci/import-cycles.py
 echo "== cargo test"
 # Mount tests start daemons; a few at a time is plenty on small machines.
 cargo test --all-targets -- --test-threads=2
