@@ -107,9 +107,16 @@ fn a_writer_waiting_on_a_peer_can_be_killed_and_is_released_by_an_unmount() {
     assert!(job.status(0).get("advance_waiting").is_none());
 
     // (a) SIGKILL: reaped within seconds, not left in state D. (c) Meanwhile the status
-    // says what the advance waits for.
+    // and the log say what the advance waits for.
     let mut writer = Writer::start(&[], &mnt0);
-    writer.assert_waits(Duration::from_millis(1500));
+    writer.assert_waits(Duration::from_millis(2500));
+    let log = std::fs::read_to_string(ds.base.join("job.log")).unwrap();
+    assert!(
+        log.lines().any(|l| l.contains("an advance is waiting")
+            && l.contains("target_epoch=2")
+            && l.contains("peers=[1]")),
+        "the log does not say what the advance waits for:\n{log}"
+    );
     let waiting = job.status(0)["advance_waiting"].clone();
     assert_eq!(waiting["target_epoch"], 2, "{waiting}");
     assert_eq!(waiting["waiting_for"], "exchange", "{waiting}");
@@ -126,6 +133,24 @@ fn a_writer_waiting_on_a_peer_can_be_killed_and_is_released_by_an_unmount() {
     wait_for_status(&mnt0, "the killed writer's advance to be withdrawn", |s| {
         s.get("advance_waiting").is_none()
     });
+
+    // A lookup of `epoch-2` waits the same way, and dies the same way.
+    let mut lookup = Writer(
+        Command::new("stat")
+            .arg(mnt0.join("epoch-2"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    lookup.assert_waits(Duration::from_millis(1000));
+    kill(lookup.pid(), Signal::SIGKILL).unwrap();
+    let status = lookup.exited_within(Duration::from_secs(5));
+    assert!(
+        status.is_some(),
+        "the lookup is still there 5 s after SIGKILL (state {})",
+        lookup.state()
+    );
 
     // (b) `timeout 2`: SIGTERM after 2 s ends the writer, and timeout says so (124).
     let mut writer = Writer::start(&["timeout", "2"], &mnt0);

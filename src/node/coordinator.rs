@@ -139,7 +139,7 @@ const INVALIDATION_WAIT: Duration = Duration::from_secs(5);
 const CANCEL_POLL: Duration = Duration::from_millis(50);
 
 /// When a waiting advance first says in the log what it waits for, and how often again.
-const WAIT_LOG_AFTER: Duration = Duration::from_secs(5);
+const WAIT_LOG_AFTER: Duration = Duration::from_secs(2);
 const WAIT_LOG_EVERY: Duration = Duration::from_secs(30);
 
 enum Command {
@@ -354,13 +354,13 @@ impl Coordinator {
     /// Says in the log what advances wait for (see [`Coordinator::waiting`]).
     fn log_wait(&self) {
         if let Some(w) = self.waiting() {
-            tracing::warn!(
+            tracing::info!(
                 target_epoch = w.target_epoch,
                 waiting_for = w.waiting_for,
                 peers = ?w.peers,
                 requests = w.requests,
                 seconds = w.seconds.round(),
-                "an advance is still waiting"
+                "an advance is waiting"
             );
         }
     }
