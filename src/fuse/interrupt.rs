@@ -39,6 +39,8 @@ struct State {
     closed: Option<Cancelled>,
     /// The mount's device (`MAJ:MIN`), to tell whether it is still in the mount table.
     device: Option<String>,
+    /// The adapter is gone: the watcher ends.
+    stopped: bool,
 }
 
 /// The requests that wait, and the watcher that cancels them.
@@ -104,6 +106,12 @@ impl Waiters {
         }
     }
 
+    /// Ends the watcher thread (the adapter is dropped).
+    pub(super) fn stop(&self) {
+        self.state().stopped = true;
+        self.wake.notify_all();
+    }
+
     /// Cancels every wait, now and later (the mount is gone, or the session ends).
     pub(super) fn close(&self, why: Cancelled) {
         let mut state = self.state();
@@ -139,10 +147,14 @@ impl Waiters {
     }
 }
 
-/// The watcher: sleeps while nothing waits, looks every [`POLL`] otherwise.
+/// The watcher: sleeps while nothing waits, looks every [`POLL`] otherwise; ends when
+/// stopped (or the waiters are gone).
 fn watch(waiters: &Weak<Waiters>) {
     while let Some(w) = waiters.upgrade() {
         let state = w.state();
+        if state.stopped {
+            return;
+        }
         let idle = state.waiting.is_empty();
         // Wake up now and then even when idle, to notice that the waiters are gone.
         let timeout = if idle { Duration::from_secs(5) } else { POLL };

@@ -121,6 +121,7 @@ impl Drop for FuseAdapter {
         if let Some(rt) = self.waiting.take() {
             rt.shutdown_background();
         }
+        self.waiters.stop();
     }
 }
 
