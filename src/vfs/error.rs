@@ -80,3 +80,18 @@ impl From<AdvanceError> for FsError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A caller whose wait was given up for a signal sees EINTR, one given up because the
+    /// mount goes away EIO; neither is worth a warning.
+    #[test]
+    fn a_given_up_advance_answers_eintr_or_eio() {
+        let interrupted = FsError::from(AdvanceError::Interrupted { target: 2 });
+        assert_eq!(interrupted.errno(), libc::EINTR);
+        assert!(interrupted.is_routine());
+        assert_eq!(FsError::from(AdvanceError::ShuttingDown).errno(), libc::EIO);
+    }
+}
