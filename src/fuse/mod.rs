@@ -63,9 +63,12 @@ use crate::config::ReadPath;
 use crate::vfs::error::FsError;
 use crate::vfs::handles::Attached;
 use crate::vfs::inodes::Node;
-use crate::vfs::{Entry, Kind, OpenFiles, ShuffleFs, Wait};
+use crate::vfs::{Cancel, Cancelled, Entry, Kind, OpenFiles, ShuffleFs, Wait};
 
+mod interrupt;
 mod ops;
+
+use interrupt::Waiters;
 
 /// Re-exported for the daemon's wiring (it sizes the request threads by it).
 pub use crate::sys::kernel::may_pass_through;
@@ -99,6 +102,9 @@ pub struct FuseAdapter {
     waiting: Option<tokio::runtime::Runtime>,
     /// The session's unmounter, once mounted (see the module docs).
     unmounter: Arc<Mutex<Option<SessionUnmounter>>>,
+    /// Requests that may wait on an advance, answered when their caller is signalled or
+    /// the mount goes away (see `interrupt`).
+    waiters: Arc<Waiters>,
 }
 
 impl std::ops::Deref for FuseAdapter {
@@ -115,6 +121,7 @@ impl Drop for FuseAdapter {
         if let Some(rt) = self.waiting.take() {
             rt.shutdown_background();
         }
+        self.waiters.stop();
     }
 }
 
@@ -125,9 +132,10 @@ pub fn mount(
     mountpoint: &Path,
     config: &Config,
 ) -> std::io::Result<Session<FuseAdapter>> {
-    let slot = adapter.unmounter.clone();
+    let (slot, waiters) = (adapter.unmounter.clone(), adapter.waiters.clone());
     let mut session = Session::new(adapter, mountpoint, config)?;
     *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(session.unmount_callable());
+    waiters.mounted(crate::sys::mounts::fuse_device(mountpoint));
     Ok(session)
 }
 
@@ -141,24 +149,33 @@ impl FuseAdapter {
             inner: Arc::new(Adapter::new(fs, read_path)),
             waiting: Some(waiting),
             unmounter: Arc::default(),
+            waiters: Waiters::start()?,
         })
     }
 
     /// Runs `job` where a request that may wait as `wait` says is answered: at once on this
     /// request thread, in the pool for fetches, or on a thread of its own for an advance.
-    fn answer(&self, wait: Wait, job: impl FnOnce(&Adapter) + Send + 'static) {
+    /// An advance's job gets a token that its caller's signals and the mount's end set
+    /// (`interrupt`); the others get one nobody sets.
+    fn answer(
+        &self,
+        req: &fuser::Request,
+        wait: Wait,
+        job: impl FnOnce(&Adapter, &Cancel) + Send + 'static,
+    ) {
         match (wait, &self.waiting) {
-            (Wait::No, _) | (Wait::Source, None) => job(&self.inner),
+            (Wait::No, _) | (Wait::Source, None) => job(&self.inner, &Cancel::never()),
             (Wait::Source, Some(rt)) => {
                 let inner = self.inner.clone();
-                drop(rt.spawn_blocking(move || job(&inner)));
+                drop(rt.spawn_blocking(move || job(&inner, &Cancel::never())));
             }
             (Wait::Advance, _) => {
                 let inner = self.inner.clone();
+                let waiting = self.waiters.register(req.unique().0, req.pid());
                 // A failed spawn drops the reply, which fuser answers with EIO.
                 if let Err(e) = std::thread::Builder::new()
                     .name("shufflefs-advance".into())
-                    .spawn(move || job(&inner))
+                    .spawn(move || job(&inner, waiting.cancel()))
                 {
                     tracing::error!(error = %e, "no thread for a request that advances the epoch");
                 }
@@ -166,8 +183,10 @@ impl FuseAdapter {
         }
     }
 
-    /// The end of the session: unmount unless the mount is gone already (module docs).
+    /// The end of the session: answer every waiting request, and unmount unless the mount
+    /// is gone already (module docs).
     fn unmount_at_end(&mut self) {
+        self.waiters.close(Cancelled::ShuttingDown);
         let unmounter = self
             .unmounter
             .lock()
@@ -269,8 +288,8 @@ impl Adapter {
         }
     }
 
-    fn answer_lookup(&self, parent: INodeNo, node: Node, reply: ReplyEntry) {
-        match self.files.lookup_node(node) {
+    fn answer_lookup(&self, parent: INodeNo, node: Node, cancel: &Cancel, reply: ReplyEntry) {
+        match self.files.lookup_node_until(node, cancel) {
             Ok(e) => reply.entry_with_ttls(&e.ttl(), &e.ttl(), &self.attr(&e), Generation(0)),
             Err(err) => reply.error(fail("lookup", parent.0, &err)),
         }
@@ -313,11 +332,18 @@ impl Adapter {
         }
     }
 
-    fn answer_write(&self, ino: INodeNo, fh: FileHandle, data: &[u8], reply: ReplyWrite) {
+    fn answer_write(
+        &self,
+        ino: INodeNo,
+        fh: FileHandle,
+        data: &[u8],
+        cancel: &Cancel,
+        reply: ReplyWrite,
+    ) {
         let written = if self.files.opens() {
-            self.files.write(fh.0, data)
+            self.files.write_until(fh.0, data, cancel)
         } else {
-            self.files.write_unopened(ino.0, data)
+            self.files.write_unopened_until(ino.0, data, cancel)
         };
         // The write returns once the kernel forgot the old epoch's names (`vfs::write_epoch`).
         match written {

@@ -46,17 +46,17 @@ impl Filesystem for FuseAdapter {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.fs().child(parent.0, name) {
             Err(err) => reply.error(fail("lookup", parent.0, &err)),
-            Ok(node) => self.answer(self.fs().wait(node), move |a| {
-                a.answer_lookup(parent, node, reply)
+            Ok(node) => self.answer(req, self.fs().wait(node), move |a, cancel| {
+                a.answer_lookup(parent, node, cancel, reply)
             }),
         }
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.answer(self.fs().wait_ino(ino.0), move |a| {
+    fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.answer(req, self.fs().wait_ino(ino.0), move |a, _| {
             a.answer_getattr(ino, reply)
         });
     }
@@ -172,15 +172,15 @@ impl Filesystem for FuseAdapter {
         reply.error(fail("create", parent.0, &FsError::ReadOnly));
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        self.answer(self.fs().wait_ino(ino.0), move |a| {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        self.answer(req, self.fs().wait_ino(ino.0), move |a, _| {
             a.answer_open(ino, flags, reply)
         });
     }
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -193,20 +193,20 @@ impl Filesystem for FuseAdapter {
             // A record source's part may wait on the source; a cache file never does.
             return match self.files.read_wait(fh.0) {
                 Wait::No => self.answer_data(ino, self.files.read(fh.0, offset, size), reply),
-                wait => self.answer(wait, move |a| {
+                wait => self.answer(req, wait, move |a, _| {
                     a.answer_data(ino, a.files.read(fh.0, offset, size), reply)
                 }),
             };
         }
         // No opens on this mount: a read comes by inode, and may fetch the sample.
-        self.answer(self.fs().read_wait_ino(ino.0), move |a| {
+        self.answer(req, self.fs().read_wait_ino(ino.0), move |a, _| {
             a.answer_data(ino, a.files.read_unopened(ino.0, offset, size), reply)
         });
     }
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         _offset: u64,
@@ -218,8 +218,8 @@ impl Filesystem for FuseAdapter {
     ) {
         // Only the epoch control file takes writes, and a write there advances: it waits.
         let data = data.to_vec();
-        self.answer(Wait::Advance, move |a| {
-            a.answer_write(ino, fh, &data, reply)
+        self.answer(req, Wait::Advance, move |a, cancel| {
+            a.answer_write(ino, fh, &data, cancel, reply)
         });
     }
 

@@ -22,15 +22,20 @@
 //! invalidation) is the daemon's business, behind [`Effects`].
 
 use std::collections::BTreeMap;
-use std::sync::mpsc::{Sender, channel};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{RecvTimeoutError, Sender, channel};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
 
 use crate::plan::{EpochShares, Plan, Rank, Step};
 
+mod cancel;
 mod worker;
 
+pub use cancel::{Cancel, Cancelled};
 use worker::Worker;
 
 /// Where an epoch is in its life, on this rank.
@@ -73,6 +78,10 @@ pub enum AdvanceError {
     Persist { target: u64, reason: String },
     #[error("the daemon is shutting down")]
     ShuttingDown,
+    /// The caller gave up waiting (it was signalled); the advance goes on only if another
+    /// request still waits for it.
+    #[error("the advance to epoch {target} was interrupted")]
+    Interrupted { target: u64 },
 }
 
 /// What a published epoch changed.
@@ -96,6 +105,27 @@ pub trait Effects: Send + Sync + 'static {
     /// After publication (staging, kernel invalidation). Returns whether the invalidation
     /// of `change.previous` will be reported through [`Coordinator::invalidated`].
     fn published(&self, change: &EpochChange) -> bool;
+    /// The peers whose part of the exchange into `target` has not arrived yet, for the
+    /// status and the log of a waiting advance; empty if not known.
+    fn awaited_peers(&self, _target: u64) -> Vec<u32> {
+        Vec::new()
+    }
+}
+
+/// What advances wait for, as the status shows it (`advance_waiting`) and the log says.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AdvanceWait {
+    pub target_epoch: u64,
+    /// `"exchange"` (peers must send their part; they may not have reached the current
+    /// epoch yet), `"source"` (fetching what the exchange did not deliver) or
+    /// `"invalidation"` (published; the kernel is forgetting the old epoch's names).
+    pub waiting_for: &'static str,
+    /// For `"exchange"`: the ranks whose part has not arrived.
+    pub peers: Vec<u32>,
+    /// Requests waiting (lookups of the folder, writes to the control file).
+    pub requests: usize,
+    /// How long the oldest of them has waited.
+    pub seconds: f64,
 }
 
 /// The last epoch there can be: the view's inode numbers have room for 30 bits of it (a
@@ -105,8 +135,17 @@ pub const MAX_EPOCH: u64 = (1 << 30) - 1;
 /// How long an advance by a control-file write waits for the kernel to forget the old epoch.
 const INVALIDATION_WAIT: Duration = Duration::from_secs(5);
 
+/// How often a waiting advance looks at its cancellation token.
+const CANCEL_POLL: Duration = Duration::from_millis(50);
+
+/// When a waiting advance first says in the log what it waits for, and how often again.
+const WAIT_LOG_AFTER: Duration = Duration::from_secs(2);
+const WAIT_LOG_EVERY: Duration = Duration::from_secs(30);
+
 enum Command {
     Advance {
+        /// Names the request, so that a caller that gives up can withdraw it.
+        id: u64,
         target: u64,
         /// Answer only once the kernel forgot the old epoch (a control-file write: the
         /// writer expects `epoch-N` gone when `write` returns; a lookup cannot wait for
@@ -118,6 +157,8 @@ enum Command {
     ExchangeEnded(u64, ExchangeOutcome),
     Prepared(u64, Result<(), String>),
     Invalidated(u64),
+    /// The caller of advance `id` stopped waiting (see [`Cancel`]).
+    Withdraw(u64),
     Shutdown,
 }
 
@@ -127,6 +168,11 @@ struct Shared {
     rank: Rank,
     current: RwLock<Arc<EpochShares>>,
     states: Mutex<BTreeMap<u64, EpochState>>,
+    /// Advances whose callers wait: id -> (target, since).
+    waits: Mutex<BTreeMap<u64, (u64, Instant)>>,
+    /// The ranks the exchange into the next epoch moves samples with (from the plan).
+    exchange_peers: Mutex<Vec<Rank>>,
+    next_id: AtomicU64,
 }
 
 impl Shared {
@@ -144,6 +190,8 @@ impl Shared {
 pub struct Coordinator {
     shared: Arc<Shared>,
     tx: Sender<Command>,
+    /// Asked which peers a waiting advance waits for.
+    effects: Arc<dyn Effects>,
 }
 
 impl Coordinator {
@@ -165,11 +213,15 @@ impl Coordinator {
             rank,
             current: RwLock::new(Arc::new(current)),
             states: Mutex::new(BTreeMap::from([(epoch, EpochState::Published)])),
+            waits: Mutex::default(),
+            exchange_peers: Mutex::default(),
+            next_id: AtomicU64::new(0),
         });
         let (tx, rx) = channel();
         let handle = Coordinator {
             shared: shared.clone(),
             tx: tx.clone(),
+            effects: effects.clone(),
         };
         let mut worker = Worker {
             shared,
@@ -231,23 +283,123 @@ impl Coordinator {
     /// Makes `target` the current epoch: `current` is a no-op, anything but `current + 1`
     /// is refused (the current view keeps working). Blocks until published.
     pub fn advance_to(&self, target: u64) -> Result<(), AdvanceError> {
-        self.advance(target, false)
+        self.advance(target, false, &Cancel::never())
+    }
+
+    /// [`advance_to`](Self::advance_to), giving up when `cancel` is set (its caller was
+    /// signalled, or the mount goes away).
+    pub fn advance_to_until(&self, target: u64, cancel: &Cancel) -> Result<(), AdvanceError> {
+        self.advance(target, false, cancel)
     }
 
     /// [`advance_to`](Self::advance_to), returning only once the kernel was told to forget
     /// the old epoch (bounded by a few seconds).
     pub fn advance_and_forget(&self, target: u64) -> Result<(), AdvanceError> {
-        self.advance(target, true)
+        self.advance(target, true, &Cancel::never())
     }
 
-    fn advance(&self, target: u64, after_invalidation: bool) -> Result<(), AdvanceError> {
+    /// [`advance_and_forget`](Self::advance_and_forget), giving up when `cancel` is set.
+    pub fn advance_and_forget_until(
+        &self,
+        target: u64,
+        cancel: &Cancel,
+    ) -> Result<(), AdvanceError> {
+        self.advance(target, true, cancel)
+    }
+
+    /// Asks the worker to advance and waits for its answer, or for `cancel`: then the
+    /// request is withdrawn (an advance nobody waits for any more does not start preparing;
+    /// one already preparing still publishes).
+    fn advance(
+        &self,
+        target: u64,
+        after_invalidation: bool,
+        cancel: &Cancel,
+    ) -> Result<(), AdvanceError> {
         let (reply, answer) = channel();
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let _waiting = WaitEntry::new(&self.shared, id, target);
         self.send(Command::Advance {
+            id,
             target,
             after_invalidation,
             reply,
         });
-        answer.recv().unwrap_or(Err(AdvanceError::ShuttingDown))
+        let mut log_at = Instant::now() + WAIT_LOG_AFTER;
+        loop {
+            match answer.recv_timeout(CANCEL_POLL) {
+                Ok(result) => return result,
+                Err(RecvTimeoutError::Disconnected) => return Err(AdvanceError::ShuttingDown),
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            if let Some(why) = cancel.cancelled() {
+                self.send(Command::Withdraw(id));
+                // It may have been answered meanwhile: then that answer stands; and one
+                // published already (waiting for the kernel to forget the old epoch) did
+                // what was asked.
+                if let Ok(result) = answer.try_recv() {
+                    return result;
+                }
+                if self.epoch() >= target {
+                    return Ok(());
+                }
+                tracing::info!(target_epoch = target, reason = ?why, "a waiting advance was given up by its caller");
+                return Err(match why {
+                    Cancelled::Interrupted => AdvanceError::Interrupted { target },
+                    Cancelled::ShuttingDown => AdvanceError::ShuttingDown,
+                });
+            }
+            if Instant::now() >= log_at {
+                log_at += WAIT_LOG_EVERY;
+                self.log_wait();
+            }
+        }
+    }
+
+    /// Says in the log what advances wait for (see [`Coordinator::waiting`]).
+    fn log_wait(&self) {
+        if let Some(w) = self.waiting() {
+            tracing::info!(
+                target_epoch = w.target_epoch,
+                waiting_for = w.waiting_for,
+                peers = ?w.peers,
+                requests = w.requests,
+                seconds = w.seconds.round(),
+                "an advance is waiting"
+            );
+        }
+    }
+
+    /// What advances wait for, if any does: the status's `advance_waiting`.
+    pub fn waiting(&self) -> Option<AdvanceWait> {
+        let (target, since, requests) = {
+            let waits = self.shared.waits.lock().unwrap_or_else(|e| e.into_inner());
+            let &(target, since) = waits.values().min_by_key(|(_, since)| *since)?;
+            (target, since, waits.len())
+        };
+        let waiting_for = match self.state(target) {
+            Some(EpochState::Exchanged(_) | EpochState::Preparing(_)) => "source",
+            Some(EpochState::Published | EpochState::Invalidated) => "invalidation",
+            _ => "exchange",
+        };
+        let peers = match waiting_for {
+            "exchange" => Some(self.effects.awaited_peers(target))
+                .filter(|p| !p.is_empty())
+                .unwrap_or_else(|| {
+                    // Not known to the exchange yet (it has not started): every peer it
+                    // will move samples with.
+                    let peers = self.shared.exchange_peers.lock();
+                    peers.unwrap_or_else(|e| e.into_inner()).clone()
+                }),
+            _ => Vec::new(),
+        };
+        Some(AdvanceWait {
+            target_epoch: target,
+            waiting_for,
+            peers,
+            requests,
+            seconds: since.elapsed().as_secs_f64(),
+        })
     }
 
     /// The exchange into `target` started.
@@ -272,6 +424,33 @@ impl Coordinator {
 
     fn send(&self, cmd: Command) {
         let _ = self.tx.send(cmd);
+    }
+}
+
+/// A caller waiting on an advance, listed in `Shared::waits` while it waits.
+struct WaitEntry<'a> {
+    shared: &'a Shared,
+    id: u64,
+}
+
+impl<'a> WaitEntry<'a> {
+    fn new(shared: &'a Shared, id: u64, target: u64) -> WaitEntry<'a> {
+        shared
+            .waits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, (target, Instant::now()));
+        WaitEntry { shared, id }
+    }
+}
+
+impl Drop for WaitEntry<'_> {
+    fn drop(&mut self) {
+        self.shared
+            .waits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.id);
     }
 }
 
@@ -404,5 +583,48 @@ mod tests {
         ));
         c.shutdown();
         assert!(matches!(c.advance_to(2), Err(AdvanceError::ShuttingDown)));
+    }
+
+    /// A caller that gives up is answered at once; its advance is withdrawn, so the end
+    /// of the exchange does not publish an epoch nobody asked for any more.
+    #[test]
+    fn a_cancelled_advance_answers_at_once_and_is_withdrawn() {
+        let c = start(Arc::new(Manual::default()));
+        let cancel = Cancel::never();
+        let advancing = {
+            let (c, cancel) = (c.clone(), cancel.clone());
+            thread::spawn(move || c.advance_and_forget_until(1, &cancel))
+        };
+        thread::sleep(Duration::from_millis(100));
+        let w = c.waiting().expect("the advance waits");
+        assert_eq!(
+            (w.target_epoch, w.waiting_for, w.requests),
+            (1, "exchange", 1)
+        );
+        assert!(!w.peers.is_empty(), "the plan's exchange peers: {w:?}");
+        let asked = std::time::Instant::now();
+        cancel.cancel(Cancelled::Interrupted);
+        assert!(matches!(
+            advancing.join().unwrap(),
+            Err(AdvanceError::Interrupted { target: 1 })
+        ));
+        assert!(asked.elapsed() < Duration::from_secs(1));
+        assert_eq!(c.waiting(), None);
+        c.exchange_ended(1, ExchangeOutcome::Done);
+        thread::sleep(Duration::from_millis(100));
+        assert_eq!(c.epoch(), 0, "published for nobody");
+        assert_eq!(
+            c.state(1),
+            Some(EpochState::Exchanged(ExchangeOutcome::Done))
+        );
+        // A later caller finds it prepared; one cancelled for a shutdown is told so.
+        c.advance_to_until(1, &Cancel::never()).unwrap();
+        let cancel = Cancel::never();
+        cancel.cancel(Cancelled::ShuttingDown);
+        assert!(matches!(
+            c.advance_to_until(2, &cancel),
+            Err(AdvanceError::ShuttingDown)
+        ));
+        c.shutdown();
     }
 }

@@ -231,6 +231,18 @@ impl Effects for NodeEffects {
         dir.save_state(&state).map_err(|e| e.to_string())
     }
 
+    /// The peers whose stream into `target` is not complete and not given up.
+    fn awaited_peers(&self, target: u64) -> Vec<u32> {
+        let reports = self.tracker.snapshot();
+        let Some(report) = reports.iter().find(|r| r.target_epoch == target) else {
+            return Vec::new();
+        };
+        (report.peers.iter())
+            .filter(|p| p.seconds == 0.0 && !p.given_up)
+            .map(|p| p.rank)
+            .collect()
+    }
+
     fn published(&self, change: &EpochChange) -> bool {
         self.staging.send(StagingCmd::Epoch {
             current: change.current.clone(),

@@ -10,7 +10,7 @@ use crate::cache::SampleStore;
 use crate::dataset::manifest::Index;
 use crate::dataset::names::Skipped;
 use crate::exchange::{ExchangeReport, ExchangeTracker};
-use crate::node::coordinator::Coordinator;
+use crate::node::coordinator::{AdvanceWait, Coordinator};
 use crate::node::resumed::RegrowReport;
 use crate::node::staging::{StagingProgress, StagingSnapshot};
 
@@ -109,6 +109,9 @@ struct Status<'a> {
     /// Only for a job whose number of ranks changed: how this start filled the share.
     #[serde(skip_serializing_if = "Option::is_none")]
     resize: Option<&'a RegrowReport>,
+    /// Only while an advance waits: for which epoch, on what, and which peers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    advance_waiting: Option<AdvanceWait>,
 }
 
 pub struct DaemonStatus {
@@ -168,6 +171,7 @@ impl StatusReport for DaemonStatus {
             },
             skipped: &manifest.skipped,
             resize: self.resize.as_ref(),
+            advance_waiting: self.epochs.waiting(),
         };
         let mut out = serde_json::to_vec_pretty(&status).expect("status serializes");
         out.push(b'\n');

@@ -131,6 +131,13 @@ pub fn fuse_device(path: &Path) -> Option<String> {
         .map(|m| m.device)
 }
 
+/// Whether a mount of device `device` (`MAJ:MIN`, as [`fuse_device`] gives it) is still in
+/// this process's mount table: a lazily detached mount is not, though its connection
+/// lives on while files are open there.
+pub fn device_mounted(device: &str) -> bool {
+    mounts().any(|m| m.device == device)
+}
+
 /// One line of `/proc/self/mountinfo`: where, what type, from what, on which device.
 struct MountEntry {
     device: String,

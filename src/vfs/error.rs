@@ -28,6 +28,9 @@ pub enum FsError {
     /// (Python's `open()` does, for each sample), so this is routine.
     #[error("no ioctl commands on a view")]
     NoIoctl,
+    /// The caller was signalled while its request waited (an advance): EINTR.
+    #[error("interrupted while waiting: {0}")]
+    Interrupted(String),
 }
 
 impl FsError {
@@ -42,6 +45,7 @@ impl FsError {
             FsError::ShuttingDown => libc::EIO,
             FsError::BadHandle => libc::EBADF,
             FsError::NoIoctl => libc::ENOTTY,
+            FsError::Interrupted(_) => libc::EINTR,
         }
     }
 
@@ -55,6 +59,7 @@ impl FsError {
                 | FsError::IsDir
                 | FsError::BadHandle
                 | FsError::NoIoctl
+                | FsError::Interrupted(_)
         )
     }
 }
@@ -71,6 +76,22 @@ impl From<AdvanceError> for FsError {
                 FsError::Io(io::Error::other(e.to_string()))
             }
             AdvanceError::ShuttingDown => FsError::ShuttingDown,
+            AdvanceError::Interrupted { .. } => FsError::Interrupted(e.to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A caller whose wait was given up for a signal sees EINTR, one given up because the
+    /// mount goes away EIO; neither is worth a warning.
+    #[test]
+    fn a_given_up_advance_answers_eintr_or_eio() {
+        let interrupted = FsError::from(AdvanceError::Interrupted { target: 2 });
+        assert_eq!(interrupted.errno(), libc::EINTR);
+        assert!(interrupted.is_routine());
+        assert_eq!(FsError::from(AdvanceError::ShuttingDown).errno(), libc::EIO);
     }
 }

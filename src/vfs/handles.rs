@@ -26,7 +26,7 @@ use std::time::{Duration, SystemTime};
 use crate::sys::io::read_full_at;
 use crate::vfs::error::FsError;
 use crate::vfs::inodes::Node;
-use crate::vfs::{Entry, Opened, ShuffleFs};
+use crate::vfs::{Cancel, Entry, Opened, ShuffleFs};
 
 /// What the binding keeps with a handle for as long as it is open (passthrough's backing
 /// registration), so one table holds everything an open file needs.
@@ -168,11 +168,16 @@ impl OpenFiles {
 
     /// A write through handle `fh`: only the epoch control file takes one, and it advances.
     pub fn write(&self, fh: u64, data: &[u8]) -> Result<usize, FsError> {
+        self.write_until(fh, data, &Cancel::never())
+    }
+
+    /// [`OpenFiles::write`], giving up the advance's wait when `cancel` is set.
+    pub fn write_until(&self, fh: u64, data: &[u8], cancel: &Cancel) -> Result<usize, FsError> {
         let is_control = matches!(self.table().get(&fh), Some(Handle::EpochControl));
         if !is_control {
             return Err(FsError::ReadOnly);
         }
-        self.fs.write_epoch(data)
+        self.fs.write_epoch_until(data, cancel)
     }
 
     /// Forgets handle `fh`; its file closes once no read uses it any more.
@@ -225,10 +230,20 @@ impl OpenFiles {
     /// A write without an open (mount without opens): the kernel checked write access at
     /// its open, which only the epoch control file grants.
     pub fn write_unopened(&self, ino: u64, data: &[u8]) -> Result<usize, FsError> {
+        self.write_unopened_until(ino, data, &Cancel::never())
+    }
+
+    /// [`OpenFiles::write_unopened`], giving up the advance's wait when `cancel` is set.
+    pub fn write_unopened_until(
+        &self,
+        ino: u64,
+        data: &[u8],
+        cancel: &Cancel,
+    ) -> Result<usize, FsError> {
         if Node::from_ino(ino) != Some(Node::EpochCtl) {
             return Err(FsError::ReadOnly);
         }
-        self.fs.write_epoch(data)
+        self.fs.write_epoch_until(data, cancel)
     }
 
     /// `ShuffleFs::getattr`, with the epoch file's attributes fresh (see `rendered`).
@@ -238,7 +253,14 @@ impl OpenFiles {
 
     /// `ShuffleFs::lookup_node`, with the epoch file's attributes fresh (see `rendered`).
     pub fn lookup_node(&self, node: Node) -> Result<Entry, FsError> {
-        self.fs.lookup_node(node).map(|e| self.rendered(e))
+        self.lookup_node_until(node, &Cancel::never())
+    }
+
+    /// [`OpenFiles::lookup_node`], giving up an advance's wait when `cancel` is set.
+    pub fn lookup_node_until(&self, node: Node, cancel: &Cancel) -> Result<Entry, FsError> {
+        self.fs
+            .lookup_node_until(node, cancel)
+            .map(|e| self.rendered(e))
     }
 
     /// Without opens the epoch file is rendered when the kernel asks for its attributes: its

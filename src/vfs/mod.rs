@@ -37,7 +37,7 @@ pub use attr::{Entry, Kind};
 pub use handles::{OpenFile, OpenFiles};
 pub use parts::PartLayout;
 pub use statfs::StatFs;
-pub use wait::Wait;
+pub use wait::{Cancel, Cancelled, Wait};
 
 /// Largest sample served straight from the source when the cache cannot hold it. In the
 /// page-cache read path every read request re-reads the whole sample, so this stays small.
@@ -389,11 +389,17 @@ impl ShuffleFs {
     /// Finishes looking up `node` (from `child`): the next epoch's folder advances to it,
     /// and a sample of unknown size is fetched to learn it.
     pub fn lookup_node(&self, node: Node) -> Result<Entry, FsError> {
+        self.lookup_node_until(node, &Cancel::never())
+    }
+
+    /// [`ShuffleFs::lookup_node`]; an advance it waits on gives up when `cancel` is set
+    /// (see `vfs::wait`).
+    pub fn lookup_node_until(&self, node: Node, cancel: &Cancel) -> Result<Entry, FsError> {
         if let Node::EpochDir(e) = node
             && e > self.epochs.epoch()
         {
             // Looking at the next epoch is how a loader says it is done with this one.
-            self.epochs.advance_to(e)?;
+            self.epochs.advance_to_until(e, cancel)?;
         }
         self.resolved(self.entry(node)?)
     }
@@ -505,12 +511,18 @@ impl ShuffleFs {
 
     /// A write to `.shufflefs/epoch`: the number to advance to.
     pub fn write_epoch(&self, data: &[u8]) -> Result<usize, FsError> {
+        self.write_epoch_until(data, &Cancel::never())
+    }
+
+    /// [`ShuffleFs::write_epoch`]; the advance gives up when `cancel` is set (the writer
+    /// was signalled, or the mount goes away: see `vfs::wait`).
+    pub fn write_epoch_until(&self, data: &[u8], cancel: &Cancel) -> Result<usize, FsError> {
         let target = inodes::parse_epoch_value(data).ok_or_else(|| {
             FsError::Invalid(format!("{:?} is not an epoch number; write the next epoch, e.g. `echo N+1 > .shufflefs/epoch`", String::from_utf8_lossy(data)))
         })?;
         // The write returns once the kernel forgot the old epoch's names, so the writer
         // finds `epoch-N` gone.
-        self.epochs.advance_and_forget(target)?;
+        self.epochs.advance_and_forget_until(target, cancel)?;
         Ok(data.len())
     }
 

@@ -9,7 +9,15 @@
 //! still waits for the samples the next share needs (an advance makes sure this rank holds
 //! all of them). Advances are few (one per reader that reaches the next epoch) and run one
 //! at a time.
+//!
+//! A request that advances may wait for as long as a peer takes to reach the current epoch:
+//! forever, if its trainer died. Its caller sits in the kernel until the daemon answers (a
+//! FUSE request cannot be withdrawn from the kernel's side, not even by SIGKILL), so every
+//! such request carries a [`Cancel`] token, and the wait answers (EINTR, or EIO when the
+//! mount goes away) as soon as the binding sets it: when the caller is signalled, and for
+//! every waiter when the mount is unmounted or detached.
 
+pub use crate::node::coordinator::{Cancel, Cancelled};
 use crate::vfs::ShuffleFs;
 use crate::vfs::inodes::Node;
 

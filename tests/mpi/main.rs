@@ -14,6 +14,7 @@ mod coded_mpi;
 mod comm_mpi;
 mod disk_full;
 mod elastic_mpi;
+mod interrupt_mpi;
 mod mpi_exchange;
 mod resume_mpi;
 mod signal_mpi;

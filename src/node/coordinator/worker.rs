@@ -21,8 +21,8 @@ pub(super) struct Worker {
     pub(super) tx: Sender<Command>,
     /// The plan's step out of the current epoch.
     pub(super) next: Arc<Step>,
-    /// Advances into `next` waiting for it to be prepared: (reply, after_invalidation).
-    pub(super) waiting: Vec<(Reply, bool)>,
+    /// Advances into `next` waiting for it to be prepared: (id, reply, after_invalidation).
+    pub(super) waiting: Vec<(u64, Reply, bool)>,
     /// Advances published, waiting for the kernel to forget `epoch` (or the deadline).
     pub(super) after_invalidation: Vec<(Reply, u64, Instant)>,
 }
@@ -40,10 +40,12 @@ impl Worker {
             };
             match cmd {
                 Command::Advance {
+                    id,
                     target,
                     after_invalidation,
                     reply,
-                } => self.advance(target, after_invalidation, reply),
+                } => self.advance(id, target, after_invalidation, reply),
+                Command::Withdraw(id) => self.waiting.retain(|(i, ..)| *i != id),
                 Command::ExchangeStarted(target) => {
                     self.set_if(target, EpochState::Exchanging, |s| {
                         *s == EpochState::Announced
@@ -69,7 +71,7 @@ impl Worker {
                 Command::Shutdown => break,
             }
         }
-        for (reply, _) in self.waiting.drain(..) {
+        for (_, reply, _) in self.waiting.drain(..) {
             let _ = reply.send(Err(AdvanceError::ShuttingDown));
         }
         for (reply, ..) in self.after_invalidation.drain(..) {
@@ -103,7 +105,7 @@ impl Worker {
         self.shared.states().retain(|&e, _| e >= old);
     }
 
-    fn advance(&mut self, target: u64, after_invalidation: bool, reply: Reply) {
+    fn advance(&mut self, id: u64, target: u64, after_invalidation: bool, reply: Reply) {
         let current = self.current();
         let refused = if target == current {
             let _ = reply.send(Ok(()));
@@ -113,7 +115,7 @@ impl Worker {
         } else if target != current + 1 || target > MAX_EPOCH {
             AdvanceError::NotNext { target, current }
         } else {
-            self.waiting.push((reply, after_invalidation));
+            self.waiting.push((id, reply, after_invalidation));
             self.prepare_if_asked();
             return;
         };
@@ -166,7 +168,7 @@ impl Worker {
                 _ => ExchangeOutcome::Skipped,
             };
             self.set(target, EpochState::Exchanged(exchange));
-            for (reply, _) in self.waiting.drain(..) {
+            for (_, reply, _) in self.waiting.drain(..) {
                 let _ = reply.send(Err(AdvanceError::Prepare {
                     target,
                     reason: e.to_string(),
@@ -212,7 +214,7 @@ impl Worker {
         let reports_invalidation = self.effects.published(&change);
         self.start_next_exchange(evict);
         let deadline = Instant::now() + INVALIDATION_WAIT;
-        for (reply, after_invalidation) in self.waiting.drain(..) {
+        for (_, reply, after_invalidation) in self.waiting.drain(..) {
             if after_invalidation && reports_invalidation {
                 self.after_invalidation
                     .push((reply, previous.epoch, deadline));
@@ -224,6 +226,21 @@ impl Worker {
 
     pub(super) fn start_next_exchange(&mut self, evict: Vec<u32>) {
         let target = self.next.next.epoch;
+        let rank = self.shared.rank;
+        let mut peers: Vec<_> = (self.next.transfers.iter())
+            .filter_map(|t| match (t.from == rank, t.to == rank) {
+                (true, false) => Some(t.to),
+                (false, true) => Some(t.from),
+                _ => None,
+            })
+            .collect();
+        peers.sort_unstable();
+        peers.dedup();
+        *self
+            .shared
+            .exchange_peers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = peers;
         self.set(target, EpochState::Announced);
         if !self.effects.start_exchange(self.next.clone(), evict) {
             self.set(target, EpochState::Exchanged(ExchangeOutcome::Skipped));
