@@ -25,11 +25,15 @@
 //!   should end the process soon (the daemon exits with code 3, which makes the launcher end
 //!   the job: the other ranks unmount on its SIGTERM).
 
+#[cfg(any(test, feature = "testing"))]
 pub mod doubles;
 mod local;
 mod mpi;
 
+#[cfg(feature = "testing")]
 pub use local::LocalComm;
+#[cfg(not(feature = "testing"))]
+pub(crate) use local::LocalComm;
 pub use mpi::{MpiComm, launched_by_mpi};
 
 use std::sync::atomic::AtomicBool;
