@@ -148,7 +148,10 @@ fn run_rank(
             hosts: comm.hosts().to_vec(),
         },
     );
-    let fs = node.fs().with_part_size(args.part_size);
+    let fs = node
+        .fs()
+        .with_part_size(args.part_size)
+        .with_access(crate::vfs::access::Access::of_source(&args.source));
     // Without opens (page-cache mode) the status is read through a link; see `fuse`.
     let fs = Arc::new(match args.read_path {
         ReadPath::PageCache => fs.with_status_link(),
@@ -261,7 +264,10 @@ fn fuse_config(args: &MountArgs) -> Config {
         MountOption::NoSuid,
         MountOption::NoAtime,
     ];
+    // Other users see the view only with --allow-other, and then the kernel checks the
+    // owners and modes it shows (the source's; see `vfs::access`).
     config.acl = if args.allow_other {
+        config.mount_options.push(MountOption::DefaultPermissions);
         SessionACL::All
     } else {
         SessionACL::Owner

@@ -46,9 +46,13 @@ impl Filesystem for FuseAdapter {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.fs().child(parent.0, name) {
             Err(err) => reply.error(fail("lookup", parent.0, &err)),
+            // Looking up the next epoch advances: only the mounting user and root may.
+            Ok(node) if self.fs().wait(node) == Wait::Advance && !self.fs().may_control(req.uid()) => {
+                reply.error(fail("lookup", parent.0, &FsError::NotPermitted))
+            }
             Ok(node) => self.answer(self.fs().wait(node), move |a| {
                 a.answer_lookup(parent, node, reply)
             }),
@@ -206,7 +210,7 @@ impl Filesystem for FuseAdapter {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         _offset: u64,
@@ -216,7 +220,11 @@ impl Filesystem for FuseAdapter {
         _lock: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        // Only the epoch control file takes writes, and a write there advances: it waits.
+        // Only the epoch control file takes writes, and a write there advances: it waits,
+        // and only the mounting user and root may.
+        if !self.fs().may_control(req.uid()) {
+            return reply.error(fail("write", ino.0, &FsError::NotPermitted));
+        }
         let data = data.to_vec();
         self.answer(Wait::Advance, move |a| {
             a.answer_write(ino, fh, &data, reply)

@@ -26,6 +26,9 @@ pub enum FsError {
     /// (Python's `open()` does, for each sample), so this is routine.
     #[error("no ioctl commands on a view")]
     NoIoctl,
+    /// Advancing the epoch by another user than the one who mounted (or root).
+    #[error("only the mounting user and root may advance the epoch")]
+    NotPermitted,
 }
 
 impl FsError {
@@ -40,6 +43,7 @@ impl FsError {
             FsError::ShuttingDown => libc::EIO,
             FsError::BadHandle => libc::EBADF,
             FsError::NoIoctl => libc::ENOTTY,
+            FsError::NotPermitted => libc::EACCES,
         }
     }
 
@@ -53,6 +57,7 @@ impl FsError {
                 | FsError::IsDir
                 | FsError::BadHandle
                 | FsError::NoIoctl
+                | FsError::NotPermitted
         )
     }
 }
