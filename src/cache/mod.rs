@@ -254,7 +254,9 @@ impl CacheDir {
         if !marker.exists() {
             private::create_file(&marker)
                 .and_then(|mut f| {
-                    f.write_all(b"a shufflefs cache folder: shufflefs removes only its own files in it\n")
+                    f.write_all(
+                        b"a shufflefs cache folder: shufflefs removes only its own files in it\n",
+                    )
                 })
                 .map_err(not_writable)?;
         }

@@ -50,7 +50,9 @@ impl Filesystem for FuseAdapter {
         match self.fs().child(parent.0, name) {
             Err(err) => reply.error(fail("lookup", parent.0, &err)),
             // Looking up the next epoch advances: only the mounting user and root may.
-            Ok(node) if self.fs().wait(node) == Wait::Advance && !self.fs().may_control(req.uid()) => {
+            Ok(node)
+                if self.fs().wait(node) == Wait::Advance && !self.fs().may_control(req.uid()) =>
+            {
                 reply.error(fail("lookup", parent.0, &FsError::NotPermitted))
             }
             Ok(node) => self.answer(self.fs().wait(node), move |a| {

@@ -44,7 +44,10 @@ impl Access {
     /// Everything the mounting user's, files 0444 and folders 0555: a view without a
     /// source to learn from (tests), and the fallback when the root cannot be examined.
     pub fn mounter() -> Access {
-        let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
+        let (uid, gid) = (
+            nix::unistd::getuid().as_raw(),
+            nix::unistd::getgid().as_raw(),
+        );
         Access {
             uid,
             gid,
