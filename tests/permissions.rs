@@ -116,6 +116,35 @@ fn an_older_cache_folder_is_made_private_when_remounted() {
     d.unmount().assert_clean();
 }
 
+#[test]
+fn a_detached_daemons_log_is_private() {
+    if !require_fuse() {
+        return;
+    }
+    let data = standard_dataset();
+    let cache = data.path("cache");
+    let mnt = data.dir("mnt");
+    let out = run_with_timeout(
+        shufflefs()
+            .arg("mount")
+            .args(mount_args(&data.root, &cache, &mnt, &["--seed", "3"])),
+        MOUNT_TIMEOUT,
+    );
+    let mut guard = DetachedMount {
+        mnt: mnt.clone(),
+        pid: None,
+    };
+    assert!(
+        out.status.success(),
+        "detached mount failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    guard.pid = read_status(&mnt)["pid"].as_i64().map(|p| p as i32);
+    assert_eq!(mode(&cache.join("shufflefs.log")), 0o600);
+    assert_private(&cache, 5);
+    drop(guard);
+}
+
 /// The second user's uid and gid, creating the user if needed; `None` (skip) when not
 /// root, or a panic where a `SHUFFLEFS_REQUIRE_*` says a skip is a failure.
 fn other_user() -> Option<(u32, u32)> {
