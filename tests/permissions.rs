@@ -51,8 +51,12 @@ fn walk(root: &Path) -> Vec<PathBuf> {
 fn assert_private(cache: &Path, min_files: usize) {
     let mut files = 0;
     for p in walk(cache) {
-        let m = mode(&p);
-        if p.is_dir() {
+        // A temporary file may be renamed away meanwhile.
+        let Ok(meta) = fs::symlink_metadata(&p) else {
+            continue;
+        };
+        let m = meta.mode() & 0o7777;
+        if meta.is_dir() {
             assert_eq!(m, 0o700, "folder {}", p.display());
         } else {
             files += 1;
@@ -140,6 +144,7 @@ fn a_detached_daemons_log_is_private() {
         String::from_utf8_lossy(&out.stderr)
     );
     guard.pid = read_status(&mnt)["pid"].as_i64().map(|p| p as i32);
+    wait_staging_done(&mnt);
     assert_eq!(mode(&cache.join("shufflefs.log")), 0o600);
     assert_private(&cache, 5);
     drop(guard);
@@ -291,5 +296,31 @@ fn a_public_dataset_is_readable_but_only_the_mounting_user_advances() {
     // The mounting user advances as before.
     write_epoch(&mnt, "1\n").expect("the mounting user advances");
     assert_eq!(read_epoch(&mnt), 1);
+    d.unmount().assert_clean();
+}
+
+#[test]
+fn a_public_dataset_in_a_private_folder_stays_private() {
+    if !require_fuse() {
+        return;
+    }
+    let Some(other) = other_user() else { return };
+    // A 0755 dataset of 0644 files, in a 0700 folder (a home folder, say).
+    let data = dataset_with_modes(0o755, 0o644);
+    fs::set_permissions(&data.base, Permissions::from_mode(0o700)).unwrap();
+    let outside = tempfile::Builder::new()
+        .prefix("shufflefs-test-")
+        .tempdir()
+        .unwrap();
+    fs::set_permissions(outside.path(), Permissions::from_mode(0o755)).unwrap();
+    let mnt = outside.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let cache = data.path("cache");
+    let d = Daemon::mount(&data.root, &cache, &mnt, &["--seed", "3", "--allow-other"]);
+    let s = data.sample("cat", "a.jpg");
+    let sample = mnt.join("epoch-0").join(s.rel());
+    assert_eq!(fs::read(&sample).unwrap(), s.bytes());
+    assert_eq!(mode(&sample), 0o400);
+    assert_refused(&as_other(other, "cat \"$1\"", &sample), "reading a sample");
     d.unmount().assert_clean();
 }

@@ -12,15 +12,17 @@
 //! source file of a sample a peer sent it, so a per-file mode would be known for some
 //! samples and not others, and would differ between ranks and between epochs. The
 //! kernel keeps a view's attributes for a day, so they must be right the first time and
-//! never change. The root's mode is one `stat` per rank at mount time, the same
-//! everywhere, and it bounds what anyone can read through the source: a user who cannot
+//! never change. The root's mode (and its ancestors') is a few `stat`s per rank at mount
+//! time, the same everywhere, and it bounds what anyone can read through the source: a user who cannot
 //! list and enter the dataset folder cannot reach a file in it by its name either.
 //!
 //! The mapping is conservative: a class of users (owner, group, others) may read view
 //! files and list view folders only if the root grants it both read and search (`r-x`) on
-//! a folder, or read on a single record file. A file more private than its dataset folder
-//! (a 0600 file in a 0755 folder) is therefore shown with the folder's mode: keep private
-//! files in a private folder, or mount without `--allow-other`.
+//! a folder, or read on a single record file, and every folder above the root grants it
+//! search (a 0755 dataset in a 0700 home folder is private: [`search_classes`]). A file
+//! more private than its dataset folder (a 0600 file in a 0755 folder) is shown with the
+//! folder's mode: keep private files in a private folder, or mount without
+//! `--allow-other`.
 
 use std::os::unix::fs::MetadataExt as _;
 use std::path::Path;
@@ -62,8 +64,11 @@ impl Access {
     /// user's (files 0400, folders 0500): a view never grants what it cannot check.
     pub fn of_source(root: &Path) -> Access {
         let me = Access::mounter();
-        match std::fs::metadata(root) {
-            Ok(meta) => me.derived(meta.uid(), meta.gid(), meta.mode(), meta.is_dir()),
+        match examine(root) {
+            Ok((meta, above)) => {
+                let derived = me.derived(meta.uid(), meta.gid(), meta.mode(), meta.is_dir());
+                derived.reachable_by(search_classes(meta.uid(), meta.gid(), &above))
+            }
             Err(e) => {
                 tracing::warn!(source = %root.display(), error = %e, "cannot read the source's owner and mode; the view is the mounting user's alone");
                 Access {
@@ -95,10 +100,67 @@ impl Access {
         }
     }
 
+    /// `self` with read (and search) kept only for the classes in `classes` (bits 0o100
+    /// owner, 0o010 group, 0o001 others).
+    fn reachable_by(self, classes: u32) -> Access {
+        let keep = (classes * 0o7) as u16;
+        Access {
+            file_perm: self.file_perm & keep,
+            dir_perm: self.dir_perm & keep,
+            ..self
+        }
+    }
+
     /// Whether user `uid` may steer the mount (advance the epoch): the mounting user or root.
     pub fn may_control(&self, uid: u32) -> bool {
         uid == 0 || uid == self.mounter_uid
     }
+}
+
+/// A folder's owner, group and mode.
+type Folder = (u32, u32, u32);
+
+/// The source root's metadata, and every folder above it.
+fn examine(root: &Path) -> std::io::Result<(std::fs::Metadata, Vec<Folder>)> {
+    let root = std::fs::canonicalize(root)?;
+    let meta = std::fs::metadata(&root)?;
+    let above = root
+        .ancestors()
+        .skip(1)
+        .map(|dir| std::fs::metadata(dir).map(|m| (m.uid(), m.gid(), m.mode())))
+        .collect::<std::io::Result<_>>()?;
+    Ok((meta, above))
+}
+
+/// Which classes of users of a view owned by `uid`/`gid` (bits 0o100 owner, 0o010 group,
+/// 0o001 others) may search every folder of `above` (each as owner, group, mode).
+///
+/// Who a class's member is to a folder of another owner or group is not known (the view's
+/// group member may own the folder, or not be in its group), so a class keeps search only
+/// if every set of bits that may apply to its members grants it.
+fn search_classes(uid: u32, gid: u32, above: &[Folder]) -> u32 {
+    let mut classes = 0o111;
+    for &(dir_uid, dir_gid, mode) in above {
+        let x = |shift: u32| (mode >> shift) & 1 == 1;
+        let (owner_x, group_x, other_x) = (x(6), x(3), x(0));
+        // Anyone but the view's owner may be this folder's owner, if the view's owner is not.
+        let as_owner_ok = dir_uid == uid || owner_x;
+        let view_owner = if dir_uid == uid {
+            owner_x
+        } else {
+            group_x && other_x
+        };
+        let (group, others) = if dir_gid == gid {
+            (group_x, other_x)
+        } else {
+            (group_x && other_x, group_x && other_x)
+        };
+        let allowed = u32::from(view_owner) << 6
+            | u32::from(as_owner_ok && group) << 3
+            | u32::from(as_owner_ok && others);
+        classes &= allowed;
+    }
+    classes
 }
 
 #[cfg(test)]
@@ -127,6 +189,54 @@ mod tests {
         assert_eq!(of(0o644, false), (0o444, 0o555));
         assert_eq!(of(0o600, false), (0o400, 0o500));
         assert_eq!(of(0o640, false), (0o440, 0o550));
+    }
+
+    #[test]
+    fn a_folder_above_that_others_cannot_search_hides_the_view() {
+        let (alice, staff, root) = (1000, 100, 0);
+        // /data (root 0755) above a dataset of alice's: nothing hidden.
+        assert_eq!(
+            search_classes(alice, staff, &[(root, root, 0o40755)]),
+            0o111
+        );
+        // /home/alice (alice 0700): only alice passes.
+        let home = (alice, staff, 0o40700);
+        assert_eq!(
+            search_classes(alice, staff, &[home, (root, root, 0o755)]),
+            0o100
+        );
+        // 0710 of the view's group: the group passes too, others not.
+        assert_eq!(
+            search_classes(alice, staff, &[(alice, staff, 0o710)]),
+            0o110
+        );
+        // 0710 of another group: members of the view's group may not be in it.
+        assert_eq!(search_classes(alice, staff, &[(alice, 7, 0o710)]), 0o100);
+        // Root's 0700 folder above alice's dataset: nobody but root.
+        assert_eq!(search_classes(alice, staff, &[(root, root, 0o700)]), 0);
+        // 1777 (/tmp): everyone.
+        assert_eq!(
+            search_classes(alice, staff, &[(root, root, 0o41777)]),
+            0o111
+        );
+        let a = Access::mounter()
+            .derived(alice, staff, 0o755, true)
+            .reachable_by(0o100);
+        assert_eq!((a.file_perm, a.dir_perm), (0o400, 0o500));
+    }
+
+    #[test]
+    fn the_source_is_examined_up_to_the_root_folder() {
+        let t = tempfile::tempdir().unwrap();
+        let ds = t.path().join("ds");
+        std::fs::create_dir(&ds).unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&ds, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        // Whatever lies above the temp folder, its 0700 hides the 0755 dataset.
+        let a = Access::of_source(&ds);
+        assert_eq!((a.file_perm, a.dir_perm), (0o400, 0o500));
+        std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     }
 
     #[test]
