@@ -8,6 +8,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{IsTerminal, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -192,9 +193,11 @@ fn wait_for_child(read_end: OwnedFd, log: &std::path::Path) -> ExitCode {
 
 fn redirect_stdio(log: &std::path::Path) {
     daemon::ensure_parent(log);
+    // Private, as everything in the cache folder (see `cache::private`).
     let out = OpenOptions::new()
         .create(true)
         .append(true)
+        .mode(0o600)
         .open(log)
         .or_else(|_| OpenOptions::new().write(true).open("/dev/null"));
     if let Ok(out) = out {

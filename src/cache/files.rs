@@ -76,7 +76,7 @@ impl FileBackend {
     /// folders and empties `tmp/` (leftovers of a crash mid-write).
     pub fn open(root: &Path, samples: u32) -> io::Result<FileBackend> {
         for sub in ["samples", "tmp"] {
-            fs::create_dir_all(root.join(sub))?;
+            super::private::create_dir(&root.join(sub))?;
         }
         // Only names a writer gives (an id): a file of anyone else's is left alone.
         super::own::remove_files(&root.join("tmp"), super::own::is_sample_name)?;
@@ -291,7 +291,7 @@ impl CacheBackend for FileBackend {
     fn writer<'a>(&'a self, claim: &Claim<'_>) -> io::Result<Box<dyn SampleWriter + 'a>> {
         let id = claim.id();
         let tmp = self.tmp_path(id);
-        let file = File::create(&tmp)?;
+        let file = super::private::create_file(&tmp)?;
         Ok(Box::new(FileWriter {
             file: Some(file),
             tmp,

@@ -26,7 +26,7 @@
 //! it is the peer's own committed file, shared and never written again, and is checked when
 //! it leaves this rank like every cached sample.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
@@ -42,6 +42,7 @@ mod files;
 mod layout;
 pub(crate) mod own;
 mod packed;
+pub(crate) mod private;
 mod store;
 
 pub use backend::{
@@ -230,9 +231,9 @@ impl CacheDir {
             source,
         };
         Self::check_takeable(root)?;
-        fs::create_dir_all(root).map_err(not_writable)?;
+        private::create_dir(root).map_err(not_writable)?;
         let lock_path = root.join("LOCK");
-        let mut lock = OpenOptions::new()
+        let mut lock = private::file_options()
             .read(true)
             .write(true)
             .create(true)
@@ -253,11 +254,13 @@ impl CacheDir {
         write!(lock, "{}", std::process::id()).map_err(not_writable)?;
         let marker = root.join(own::MARKER);
         if !marker.exists() {
-            fs::write(
-                &marker,
-                "a shufflefs cache folder: shufflefs removes only its own files in it\n",
-            )
-            .map_err(not_writable)?;
+            private::create_file(&marker)
+                .and_then(|mut f| {
+                    f.write_all(
+                        b"a shufflefs cache folder: shufflefs removes only its own files in it\n",
+                    )
+                })
+                .map_err(not_writable)?;
         }
         Ok(CacheDir {
             root: root.to_path_buf(),
@@ -411,7 +414,7 @@ pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
 /// old content, the new, or an empty file).
 fn replace(dir: &Path, name: &str, bytes: &[u8], durable: bool) -> io::Result<()> {
     let tmp = dir.join(format!(".{name}.tmp"));
-    let mut file = File::create(&tmp)?;
+    let mut file = private::create_file(&tmp)?;
     file.write_all(bytes)?;
     if durable {
         file.sync_all()?;

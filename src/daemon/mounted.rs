@@ -322,7 +322,10 @@ fn fuse_config(config: &MountConfig) -> Config {
         MountOption::NoSuid,
         MountOption::NoAtime,
     ];
+    // Other users see the view only with --allow-other, and then the kernel checks the
+    // owners and modes it shows (the source's; see `vfs::access`).
     c.acl = if config.allow_other {
+        c.mount_options.push(MountOption::DefaultPermissions);
         SessionACL::All
     } else {
         SessionACL::Owner

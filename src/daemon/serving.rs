@@ -47,7 +47,9 @@ pub fn run_node(
         hosts: comm.hosts().to_vec(),
     };
     let (node, queue) = Node::start(store.clone(), plan, rank, resumed, node_cfg);
-    let fs = ShuffleFs::of(&node).with_part_size(config.source_config.part_size());
+    let fs = ShuffleFs::of(&node)
+        .with_part_size(config.source_config.part_size())
+        .with_access(crate::vfs::access::Access::of_source(&config.source));
     let session = super::mount_everywhere(config, fs, &mountpoint, comm, world.as_deref_mut())
         .inspect_err(|_| node.coordinator.shutdown())?;
     let Some(session) = session else {

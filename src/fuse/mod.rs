@@ -80,8 +80,6 @@ pub struct Adapter {
     backing_by_ino: Mutex<HashMap<u64, Weak<BackingId>>>,
     passthrough: AtomicBool,
     read_path: ReadPath,
-    uid: u32,
-    gid: u32,
     time: SystemTime,
 }
 
@@ -212,8 +210,6 @@ impl Adapter {
             backing_by_ino: Mutex::default(),
             passthrough: AtomicBool::new(false),
             read_path,
-            uid: nix::unistd::getuid().as_raw(),
-            gid: nix::unistd::getgid().as_raw(),
             time: SystemTime::now(),
         }
     }
@@ -222,8 +218,7 @@ impl Adapter {
         self.files.fs()
     }
 
-    /// `e` as the kernel's attributes: owned by the daemon's user, dated at mounting unless
-    /// `e` says when it changed.
+    /// `e` as the kernel's attributes, dated at mounting unless `e` says when it changed.
     fn attr(&self, e: &Entry) -> FileAttr {
         let kind = match e.kind {
             Kind::Dir => FileType::Directory,
@@ -242,8 +237,8 @@ impl Adapter {
             kind,
             perm: e.perm,
             nlink: e.nlink(),
-            uid: self.uid,
-            gid: self.gid,
+            uid: e.uid,
+            gid: e.gid,
             rdev: 0,
             flags: 0,
             blksize: 4096,

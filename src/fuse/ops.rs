@@ -49,6 +49,12 @@ impl Filesystem for FuseAdapter {
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.fs().child(parent.0, name) {
             Err(err) => reply.error(fail("lookup", parent.0, &err)),
+            // Looking up the next epoch advances: only the mounting user and root may.
+            Ok(node)
+                if self.fs().wait(node) == Wait::Advance && !self.fs().may_control(req.uid()) =>
+            {
+                reply.error(fail("lookup", parent.0, &FsError::NotPermitted))
+            }
             Ok(node) => self.answer(req, self.fs().wait(node), move |a, cancel| {
                 a.answer_lookup(parent, node, cancel, reply)
             }),
@@ -216,7 +222,11 @@ impl Filesystem for FuseAdapter {
         _lock: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        // Only the epoch control file takes writes, and a write there advances: it waits.
+        // Only the epoch control file takes writes, and a write there advances: it waits,
+        // and only the mounting user and root may.
+        if !self.fs().may_control(req.uid()) {
+            return reply.error(fail("write", ino.0, &FsError::NotPermitted));
+        }
         let data = data.to_vec();
         self.answer(req, Wait::Advance, move |a, cancel| {
             a.answer_write(ino, fh, &data, cancel, reply)

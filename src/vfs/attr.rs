@@ -1,7 +1,7 @@
 //! What the kernel is told about a node, and for how long it may believe it.
 //!
 //! Policy lives here, not in the fuser binding: `fuse` only converts an [`Entry`] into the
-//! kernel's attribute struct (adding the daemon's uid, gid and mount time).
+//! kernel's attribute struct (adding the mount time).
 
 use std::time::{Duration, SystemTime};
 
@@ -24,6 +24,10 @@ pub struct Entry {
     pub kind: Kind,
     pub size: u64,
     pub perm: u16,
+    /// Owner and group (see `access`): the source's on the view, the mounting user's on
+    /// the control files.
+    pub uid: u32,
+    pub gid: u32,
     /// Whether the kernel may cache it for long: true for published views, except samples
     /// whose size is not known yet (listed with size 0; see `ShuffleFs::resolved`).
     pub immutable: bool,
@@ -69,6 +73,8 @@ mod tests {
             kind,
             size,
             perm: 0o444,
+            uid: 0,
+            gid: 0,
             immutable,
             mtime: None,
         }

@@ -31,6 +31,9 @@ pub enum FsError {
     /// The caller was signalled while its request waited (an advance): EINTR.
     #[error("interrupted while waiting: {0}")]
     Interrupted(String),
+    /// Advancing the epoch by another user than the one who mounted (or root).
+    #[error("only the mounting user and root may advance the epoch")]
+    NotPermitted,
 }
 
 impl FsError {
@@ -46,6 +49,7 @@ impl FsError {
             FsError::BadHandle => libc::EBADF,
             FsError::NoIoctl => libc::ENOTTY,
             FsError::Interrupted(_) => libc::EINTR,
+            FsError::NotPermitted => libc::EACCES,
         }
     }
 
@@ -60,6 +64,7 @@ impl FsError {
                 | FsError::BadHandle
                 | FsError::NoIoctl
                 | FsError::Interrupted(_)
+                | FsError::NotPermitted
         )
     }
 }

@@ -22,9 +22,11 @@ use crate::cache::SampleStore;
 use crate::node::coordinator::Coordinator;
 use crate::node::status::StatusReport;
 use crate::plan::{SampleId, share_in_range};
+use crate::vfs::access::Access;
 use crate::vfs::error::FsError;
 use crate::vfs::inodes::{CTL_DIR_NAME, CURRENT_NAME, EPOCH_CTL_NAME, Node, STATUS_NAME};
 
+pub mod access;
 pub mod attr;
 pub mod error;
 pub mod handles;
@@ -71,6 +73,8 @@ pub struct ShuffleFs {
     /// Record sources: the current epoch's part layout, made on first use.
     parts: Mutex<Option<Arc<PartLayout>>>,
     part_size: u64,
+    /// Owners and modes shown, and who may advance (see `access`).
+    access: Access,
 }
 
 /// The part of `bytes` from `offset` on copied into `out`; returns how much.
@@ -98,6 +102,7 @@ impl ShuffleFs {
             renders: AtomicU64::new(0),
             parts: Mutex::new(None),
             part_size: DEFAULT_PART_SIZE,
+            access: Access::mounter(),
         }
     }
 
@@ -108,6 +113,18 @@ impl ShuffleFs {
             node.coordinator.clone(),
             node.status.clone(),
         )
+    }
+
+    /// Shows the view with `access`'s owners and modes (the source's: `Access::of_source`).
+    pub fn with_access(mut self, access: Access) -> ShuffleFs {
+        self.access = access;
+        self
+    }
+
+    /// Whether user `uid` may advance the epoch (write `.shufflefs/epoch`, look up the next
+    /// `epoch-N`): the mounting user and root only.
+    pub fn may_control(&self, uid: u32) -> bool {
+        self.access.may_control(uid)
     }
 
     /// Sets the target size of a record source's part files (`--part-size`).
@@ -201,8 +218,9 @@ impl ShuffleFs {
             .root()
             .join(format!(".{STATUS_FILE}.{n}.tmp"));
         let path = self.status_file_path();
+        // Read-only and private, as everything in the cache (see `cache::private`).
         std::fs::write(&tmp, self.status.render())?;
-        std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o444))?;
+        std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o400))?;
         std::fs::rename(&tmp, &path).inspect_err(|_| {
             let _ = std::fs::remove_file(&tmp);
         })?;
@@ -210,65 +228,57 @@ impl ShuffleFs {
     }
 
     fn entry(&self, node: Node) -> Result<Entry, FsError> {
-        let dir = |immutable| Entry {
+        let a = &self.access;
+        // The view is the source's (owner, mode); the control files the mounting user's.
+        let view = |kind, size, perm| Entry {
             node,
-            kind: Kind::Dir,
-            size: 0,
-            perm: 0o555,
-            immutable,
+            kind,
+            size,
+            perm,
+            uid: a.uid,
+            gid: a.gid,
+            immutable: true,
             mtime: None,
+        };
+        let control = |kind, size, perm| Entry {
+            uid: a.mounter_uid,
+            gid: a.mounter_gid,
+            immutable: false,
+            ..view(kind, size, perm)
         };
         let current = self.epochs.epoch();
         let manifest = self.store.manifest();
         Ok(match node {
-            Node::Root | Node::CtlDir => dir(false),
-            Node::Status if self.status_link => Entry {
-                node,
-                kind: Kind::Symlink,
-                size: self.status_file_path().as_os_str().len() as u64,
-                perm: 0o777,
+            Node::Root => Entry {
                 immutable: false,
-                mtime: None,
+                ..view(Kind::Dir, 0, a.dir_perm)
             },
-            Node::Status => Entry {
-                node,
-                kind: Kind::File,
-                size: 0,
-                perm: 0o444,
-                immutable: false,
-                mtime: None,
-            },
-            Node::EpochCtl => Entry {
-                node,
-                kind: Kind::File,
-                size: 0,
-                perm: 0o644,
-                immutable: false,
-                mtime: None,
-            },
+            Node::CtlDir => control(Kind::Dir, 0, 0o555),
+            Node::Status if self.status_link => control(
+                Kind::Symlink,
+                self.status_file_path().as_os_str().len() as u64,
+                0o777,
+            ),
+            Node::Status => control(Kind::File, 0, 0o444),
+            Node::EpochCtl => control(Kind::File, 0, 0o644),
             Node::Current => Entry {
-                node,
-                kind: Kind::Symlink,
-                size: inodes::epoch_dir_name(current).len() as u64,
-                perm: 0o777,
                 immutable: false,
-                mtime: None,
+                ..view(
+                    Kind::Symlink,
+                    inodes::epoch_dir_name(current).len() as u64,
+                    0o777,
+                )
             },
-            Node::EpochDir(e) if e == current => dir(true),
-            Node::ClassDir(e, c) if e == current && c < manifest.class_count() => dir(true),
+            Node::EpochDir(e) if e == current => view(Kind::Dir, 0, a.dir_perm),
+            Node::ClassDir(e, c) if e == current && c < manifest.class_count() => {
+                view(Kind::Dir, 0, a.dir_perm)
+            }
             Node::Part(e, p) if e == current => {
                 let layout = self.layout(e)?;
                 if p >= layout.parts() {
                     return Err(FsError::NotFound);
                 }
-                Entry {
-                    node,
-                    kind: Kind::File,
-                    size: layout.size(p),
-                    perm: 0o444,
-                    immutable: true,
-                    mtime: None,
-                }
+                view(Kind::File, layout.size(p), a.file_perm)
             }
             // A size not known yet is listed as 0 and not cacheable, so the kernel asks
             // again (LOOKUP or GETATTR, which resolve it) before anything uses it.
@@ -277,13 +287,10 @@ impl ShuffleFs {
             Node::Sample(id) if self.holds(id) => {
                 let size = self.store.size(id);
                 Entry {
-                    node,
-                    kind: Kind::File,
-                    size: size.unwrap_or(0),
-                    perm: 0o444,
                     immutable: size.is_some(),
                     // The source file's time, once learned with its bytes.
                     mtime: self.store.mtime(id),
+                    ..view(Kind::File, size.unwrap_or(0), a.file_perm)
                 }
             }
             _ => return Err(FsError::NotFound),

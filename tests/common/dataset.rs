@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
 use tempfile::TempDir;
@@ -106,6 +107,9 @@ impl DatasetBuilder {
             .tempdir()
             .expect("create a temp folder");
         let base = fs::canonicalize(tmp.path()).expect("canonicalize the temp folder");
+        // Views show who may reach the source (`vfs::access`): a 0700 temp folder above it
+        // would make every view 0400/0500.
+        fs::set_permissions(&base, fs::Permissions::from_mode(0o755)).expect("chmod 0755");
         let root = base.join("src");
         fs::create_dir(&root).expect("create the source folder");
         let mut samples = Vec::new();

@@ -16,4 +16,5 @@ mod host_calls;
 mod mount_single;
 mod packed_cache;
 mod page_cache;
+mod permissions;
 mod slow_source;

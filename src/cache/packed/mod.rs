@@ -67,7 +67,7 @@
 //! hard-link adoption from a peer's cache ([`CacheBackend::adopt`] is `Ok(false)`).
 
 use std::collections::BTreeMap;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Read, Write as _};
 use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
@@ -264,7 +264,7 @@ fn from_nanos(n: u64) -> Option<SystemTime> {
 }
 
 fn create_segment(dir: &Path, num: u32, cfg: &PackedConfig) -> io::Result<Arc<SegFile>> {
-    let file = OpenOptions::new()
+    let file = super::private::file_options()
         .read(true)
         .write(true)
         .create_new(true)
@@ -287,7 +287,7 @@ impl PackedBackend {
             "offsets are 32-bit"
         );
         let dir = root.join(SEGMENTS);
-        fs::create_dir_all(&dir)?;
+        super::private::create_dir(&dir)?;
         let mut last = 0;
         for entry in fs::read_dir(&dir)? {
             let name = entry?.file_name();

@@ -6,6 +6,7 @@ use super::*;
 use crate::cache::{Claims, Commit};
 use proptest::prelude::*;
 use std::collections::HashMap;
+use std::fs::OpenOptions;
 
 fn tiny() -> PackedConfig {
     PackedConfig {

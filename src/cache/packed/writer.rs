@@ -2,7 +2,7 @@
 //! or, past `spill_bytes`, streamed into a spill file of its own that the commit renames in
 //! as a one-record segment (see the module docs of `packed`).
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt as _;
 use std::path::PathBuf;
@@ -50,7 +50,7 @@ impl Write for PackedWriter<'_> {
         if self.buf.len() > self.inner.cfg.spill_bytes {
             let path = self.inner.dir.join(format!("{}.spill", self.id));
             // Readable too: it becomes a segment that readers `pread`.
-            let file = OpenOptions::new()
+            let file = super::super::private::file_options()
                 .read(true)
                 .write(true)
                 .create(true)
