@@ -130,7 +130,7 @@ pub struct PlanArgs {
 
 /// Default exchange fraction: the paper's ImageNet-1K and CIFAR-100 runs reach global-shuffle
 /// accuracy at Q = 0.3, with each rank storing only 1.3x its share.
-pub const DEFAULT_FRACTION: f64 = 0.3;
+pub(crate) const DEFAULT_FRACTION: f64 = 0.3;
 
 /// `--read-path` (the type lives with the configuration, which the kernel binding reads).
 pub use crate::sys::kernel::ReadPath;

@@ -2,10 +2,10 @@
 //! and the daemon.
 //!
 //! `cli` is clap only: it parses, with ranges and help text. Everything that relates two
-//! options lives here, once: [`MountConfig::try_from`] refuses contradictory settings with
+//! options lives here, once: `MountConfig::try_from` refuses contradictory settings with
 //! the message the user sees, and the result holds only settings that make sense together.
 //! Options of one exchange mode sit inside that mode's variant of [`ExchangeMode`], and the
-//! record options inside [`SourceConfig::Records`], so code below the daemon never asks
+//! record options inside `SourceConfig::Records`, so code below the daemon never asks
 //! "is this set, and does it apply?". Nothing below `daemon/` imports `cli`.
 
 use std::path::PathBuf;
@@ -24,7 +24,7 @@ pub use crate::sys::kernel::ReadPath;
 
 /// What the source is and how its samples are found.
 #[derive(Clone, Debug, PartialEq)]
-pub enum SourceConfig {
+pub(crate) enum SourceConfig {
     /// One sub-folder per class, one file per sample.
     ImageFolder,
     /// Packed records, shown as `epoch-N/part-*` files of about `part_size` bytes.
@@ -35,7 +35,7 @@ pub enum SourceConfig {
 }
 
 impl SourceConfig {
-    pub fn format(&self) -> Format {
+    pub(crate) fn format(&self) -> Format {
         match self {
             SourceConfig::ImageFolder => Format::Imagefolder,
             SourceConfig::Records { .. } => Format::Records,
@@ -43,7 +43,7 @@ impl SourceConfig {
     }
 
     /// The record settings (an image folder has none: the defaults, which nothing reads).
-    pub fn params(&self) -> RecordParams {
+    pub(crate) fn params(&self) -> RecordParams {
         match self {
             SourceConfig::ImageFolder => RecordParams::default(),
             SourceConfig::Records { params, .. } => params.clone(),
@@ -51,7 +51,7 @@ impl SourceConfig {
     }
 
     /// Target size of a record view's parts (an image folder has no parts: the default).
-    pub fn part_size(&self) -> u64 {
+    pub(crate) fn part_size(&self) -> u64 {
         match self {
             SourceConfig::ImageFolder => crate::vfs::DEFAULT_PART_SIZE,
             SourceConfig::Records { part_size, .. } => *part_size,
@@ -62,7 +62,7 @@ impl SourceConfig {
 /// How each epoch's share reaches a rank, with the options of that way only.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ExchangeMode {
-    /// Partial-local shuffling between the ranks (the fraction is [`MountConfig::fraction`]).
+    /// Partial-local shuffling between the ranks (the fraction is `MountConfig::fraction`).
     Partial {
         scope: ExchangeScope,
         /// Ranks of one host may take samples from each other's cache folders.
@@ -83,7 +83,7 @@ pub enum ExchangeMode {
 
 /// One rank's validated mount settings.
 #[derive(Clone, Debug)]
-pub struct MountConfig {
+pub(crate) struct MountConfig {
     pub source: PathBuf,
     pub source_config: SourceConfig,
     /// Cache folder template (`{rank}` is replaced, see [`for_rank`]).
@@ -224,12 +224,12 @@ fn exchange_mode(args: &MountArgs) -> Result<ExchangeMode, String> {
 }
 
 impl MountConfig {
-    pub fn format(&self) -> Format {
+    pub(crate) fn format(&self) -> Format {
         self.source_config.format()
     }
 
     /// Which ranks exchange samples (a coded run reshuffles globally).
-    pub fn scope(&self) -> ExchangeScope {
+    pub(crate) fn scope(&self) -> ExchangeScope {
         match &self.exchange {
             ExchangeMode::Partial { scope, .. } => *scope,
             ExchangeMode::Coded { .. } => ExchangeScope::Global,
@@ -237,7 +237,7 @@ impl MountConfig {
     }
 
     /// The coded scheme, under `--exchange coded`.
-    pub fn coded_scheme(&self) -> Option<Scheme> {
+    pub(crate) fn coded_scheme(&self) -> Option<Scheme> {
         match &self.exchange {
             ExchangeMode::Coded { scheme, .. } => Some(*scheme),
             ExchangeMode::Partial { .. } => None,
@@ -245,7 +245,7 @@ impl MountConfig {
     }
 
     /// The cache fraction alpha, under `--exchange coded`.
-    pub fn coded_alpha(&self) -> Option<f64> {
+    pub(crate) fn coded_alpha(&self) -> Option<f64> {
         match &self.exchange {
             ExchangeMode::Coded { alpha, .. } => Some(*alpha),
             ExchangeMode::Partial { .. } => None,
@@ -254,7 +254,7 @@ impl MountConfig {
 
     /// `--fuse-threads`, or its default for this machine and whether reads will pass
     /// through (see `sys::kernel::may_pass_through`).
-    pub fn fuse_threads(&self, passes_through: bool) -> usize {
+    pub(crate) fn fuse_threads(&self, passes_through: bool) -> usize {
         let default = || {
             if passes_through {
                 std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8))
@@ -269,7 +269,7 @@ impl MountConfig {
 /// `shufflefs serve`'s settings (nothing to relate: a plain copy, so the server's code does
 /// not import the command line either).
 #[derive(Clone, Debug)]
-pub struct ServeConfig {
+pub(crate) struct ServeConfig {
     pub source: PathBuf,
     pub format: Format,
     pub seed: Option<u64>,
@@ -313,7 +313,7 @@ pub fn plan_input(args: &PlanArgs) -> CalcInput {
 }
 
 /// Replaces `{rank}` in a path template.
-pub fn for_rank(template: &str, rank: u32) -> PathBuf {
+pub(crate) fn for_rank(template: &str, rank: u32) -> PathBuf {
     PathBuf::from(template.replace("{rank}", &rank.to_string()))
 }
 

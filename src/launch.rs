@@ -97,7 +97,7 @@ fn exit_code(result: Result<(), daemon::DaemonError>) -> ExitCode {
 
 /// The exit code of a rank that gave up an exchange with MPI transfers in flight (see
 /// `exit_code`).
-pub const ABANDONED: u8 = 3;
+pub(crate) const ABANDONED: u8 = 3;
 
 fn report<E: std::fmt::Display>(result: Result<(), E>) -> ExitCode {
     match result {

@@ -19,7 +19,7 @@
 //!   per-epoch part files of a record source).
 //! - [`fuse`]: the thin fuser binding over [`vfs`].
 //! - [`sys`]: the host: mount table, kernel probes, the mount's readahead window.
-//! - [`daemon`], [`launch`], [`config`], [`cli`]: wiring, process life, the validated
+//! - `daemon`, [`launch`], [`config`], [`cli`]: wiring, process life, the validated
 //!   settings and the command line (clap only; nothing below `daemon` imports it).
 #![deny(clippy::undocumented_unsafe_blocks)]
 
@@ -28,7 +28,7 @@ pub mod cli;
 pub mod coded;
 pub mod comm;
 pub mod config;
-pub mod daemon;
+pub(crate) mod daemon;
 pub mod dataset;
 pub mod exchange;
 pub mod fuse;

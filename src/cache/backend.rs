@@ -84,19 +84,19 @@ pub struct Borrowed<'a> {
 #[error(
     "cached copy of sample {id} failed its checksum (found {found:08x}, recorded {recorded:08x})"
 )]
-pub struct ChecksumMismatch {
+pub(crate) struct ChecksumMismatch {
     pub id: SampleId,
     pub found: u32,
     pub recorded: u32,
 }
 
 impl ChecksumMismatch {
-    pub fn into_io(self) -> io::Error {
+    pub(crate) fn into_io(self) -> io::Error {
         io::Error::new(io::ErrorKind::InvalidData, self)
     }
 
     /// The mismatch `e` carries, if it is one.
-    pub fn find(e: &io::Error) -> Option<ChecksumMismatch> {
+    pub(crate) fn find(e: &io::Error) -> Option<ChecksumMismatch> {
         e.get_ref()?.downcast_ref::<ChecksumMismatch>().copied()
     }
 }
@@ -197,7 +197,7 @@ pub trait CacheBackend: Send + Sync {
 
 /// The samples being written right now; see the module docs.
 #[derive(Default)]
-pub struct Claims {
+pub(crate) struct Claims {
     held: Mutex<Held>,
     released: Condvar,
 }
@@ -213,7 +213,7 @@ struct Held {
 
 impl Claims {
     /// Claims sample `id` for writing, waiting while another writer holds it.
-    pub fn claim(&self, id: SampleId) -> Claim<'_> {
+    pub(crate) fn claim(&self, id: SampleId) -> Claim<'_> {
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         while held.ids.contains(&id) {
             held.waiting += 1;
@@ -227,7 +227,7 @@ impl Claims {
     /// Claims every sample of `ids` (distinct) at once, waiting while another writer holds
     /// any of them: one lock for the lot. All or none are taken, so two claimers of
     /// overlapping sets cannot each hold a part the other waits for.
-    pub fn claim_all(&self, ids: &[SampleId]) -> ClaimSet<'_> {
+    pub(crate) fn claim_all(&self, ids: &[SampleId]) -> ClaimSet<'_> {
         let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         while ids.iter().any(|id| held.ids.contains(id)) {
             held.waiting += 1;
@@ -249,13 +249,13 @@ pub struct ClaimSet<'a> {
 }
 
 impl ClaimSet<'_> {
-    pub fn contains(&self, id: SampleId) -> bool {
+    pub(crate) fn contains(&self, id: SampleId) -> bool {
         self.ids.contains(&id)
     }
 
     /// The claim on `id` as a [`Claim`] borrowed from this set (dropping it releases
     /// nothing); an error if the set does not hold `id`.
-    pub fn get(&self, id: SampleId) -> io::Result<std::mem::ManuallyDrop<Claim<'_>>> {
+    pub(crate) fn get(&self, id: SampleId) -> io::Result<std::mem::ManuallyDrop<Claim<'_>>> {
         if !self.contains(id) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -288,7 +288,7 @@ pub struct Claim<'a> {
 }
 
 impl Claim<'_> {
-    pub fn id(&self) -> SampleId {
+    pub(crate) fn id(&self) -> SampleId {
         self.id
     }
 }

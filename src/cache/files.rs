@@ -74,7 +74,7 @@ pub struct FileBackend {
 impl FileBackend {
     /// The backend in cache folder `root` for a dataset of `samples` samples; creates its
     /// folders and empties `tmp/` (leftovers of a crash mid-write).
-    pub fn open(root: &Path, samples: u32) -> io::Result<FileBackend> {
+    pub(crate) fn open(root: &Path, samples: u32) -> io::Result<FileBackend> {
         for sub in ["samples", "tmp"] {
             super::private::create_dir(&root.join(sub))?;
         }
@@ -138,7 +138,8 @@ impl FileBackend {
     /// cache folder `root` (a peer's, on this host). Errors name the file: missing, not a
     /// regular file, no record of both checksum and length, or a length its record
     /// contradicts; the caller then gets the sample elsewhere.
-    pub fn recorded_in(root: &Path, id: SampleId) -> io::Result<Commit> {
+    #[cfg(test)]
+    pub(crate) fn recorded_in(root: &Path, id: SampleId) -> io::Result<Commit> {
         Ok(Self::open_peer(root, id)?.recorded)
     }
 

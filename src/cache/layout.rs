@@ -26,7 +26,7 @@ pub enum CacheLayout {
 
 impl CacheLayout {
     /// The layout a dataset format gets when `--cache-layout` is not given.
-    pub fn default_for(format: Format) -> CacheLayout {
+    pub(crate) fn default_for(format: Format) -> CacheLayout {
         match format {
             Format::Imagefolder => CacheLayout::Files,
             Format::Records => CacheLayout::Packed,
@@ -34,14 +34,14 @@ impl CacheLayout {
     }
 
     /// The name `--cache-layout` takes (and the state file and status show).
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             CacheLayout::Files => "files",
             CacheLayout::Packed => "packed",
         }
     }
 
-    pub fn is_files(&self) -> bool {
+    pub(crate) fn is_files(&self) -> bool {
         *self == CacheLayout::Files
     }
 }

@@ -12,7 +12,7 @@
 //!                       instead of samples/ and tmp/ (`--cache-layout`, `layout.rs`)
 //! ```
 //! Three layers: [`CacheDir`] owns the folder, its lock and the small state files;
-//! a [`CacheBackend`] stores sample bytes by id (`backend.rs`: the trait, and the claims that
+//! a `CacheBackend` stores sample bytes by id (`backend.rs`: the trait, and the claims that
 //! give each sample one writer; `files.rs`: one file per sample); [`SampleStore`] (`store.rs`)
 //! knows which samples are present, their sizes and source times, fetches from the dataset
 //! on demand and counts what the status shows. Nothing above the store knows how bytes lie
@@ -22,7 +22,7 @@
 //! exchange checks it whenever a sample leaves this rank and checks received bytes against
 //! the sender's value before they are committed, so a damaged sample never enters a view
 //! through a transfer. A sample adopted from a rank on the same host
-//! ([`SampleStore::adopt_from_peer`]) is checked the same way when copied; when hard-linked
+//! (`SampleStore::adopt_from_peer`) is checked the same way when copied; when hard-linked
 //! it is the peer's own committed file, shared and never written again, and is checked when
 //! it leaves this rank like every cached sample.
 
@@ -45,15 +45,13 @@ mod packed;
 pub(crate) mod private;
 mod store;
 
-pub use backend::{
-    Borrowed, CacheBackend, ChecksumMismatch, Claim, ClaimSet, Claims, Commit, Recovered,
-    SampleWriter, Stored,
-};
-pub use bitset::Bitset;
+pub(crate) use backend::{Borrowed, CacheBackend, ChecksumMismatch};
+#[cfg(test)]
+pub(crate) use backend::{Claim, Claims, Commit, Recovered, SampleWriter};
 pub use files::FileBackend;
 pub use layout::CacheLayout;
 pub(crate) use own::remove_owned;
-pub use packed::{PackedBackend, PackedConfig};
+pub(crate) use packed::PackedBackend;
 pub use store::{Adopted, SampleStore, StoreStats};
 
 /// Bump when the layout or the plan's output changes: old caches are then refused.
@@ -119,7 +117,7 @@ pub struct CacheState {
 
 impl CacheState {
     /// The world sizes the cache's job ran with (checked: the last is `world_size`).
-    pub fn history(&self) -> Result<History, PlanError> {
+    pub(crate) fn history(&self) -> Result<History, PlanError> {
         if self.world_history.is_empty() {
             return Ok(History::new(self.world_size));
         }
@@ -135,7 +133,7 @@ impl CacheState {
     }
 
     /// Records `history`: its world size, and its eras once it changed.
-    pub fn set_history(&mut self, history: &History) {
+    pub(crate) fn set_history(&mut self, history: &History) {
         self.world_size = history.world();
         self.world_history = if history.is_resized() {
             history.eras().to_vec()
@@ -145,7 +143,7 @@ impl CacheState {
     }
 
     /// Human-readable list of the settings that differ (epoch excluded).
-    pub fn differences(&self, other: &CacheState) -> Vec<String> {
+    pub(crate) fn differences(&self, other: &CacheState) -> Vec<String> {
         let mut out = Vec::new();
         let mut check = |name: &str, a: String, b: String| {
             if a != b {
@@ -209,7 +207,7 @@ pub struct CacheDir {
 impl CacheDir {
     /// Whether `root` may become (or is) a cache folder: missing, empty, or a shufflefs
     /// cache already; otherwise [`CacheError::Foreign`] names what is in it (see `own`).
-    pub fn check_takeable(root: &Path) -> Result<(), CacheError> {
+    pub(crate) fn check_takeable(root: &Path) -> Result<(), CacheError> {
         let found = own::foreign_entries(root).map_err(|source| CacheError::NotWritable {
             path: root.to_path_buf(),
             source,
@@ -224,7 +222,7 @@ impl CacheDir {
     }
 
     /// Creates (if needed) and locks `root`. Fails if another daemon holds it, or if it is a
-    /// folder of someone else's ([`check_takeable`](Self::check_takeable)).
+    /// folder of someone else's (`check_takeable`).
     pub fn open(root: &Path) -> Result<CacheDir, CacheError> {
         let not_writable = |source| CacheError::NotWritable {
             path: root.to_path_buf(),
@@ -274,12 +272,12 @@ impl CacheDir {
 
     /// Releases the folder lock early: a rank that is done serving but waits for its peers
     /// in MPI finalize lets `shufflefs unmount` (and a new daemon) see that it is finished.
-    pub fn unlock(&self) {
+    pub(crate) fn unlock(&self) {
         let _ = self._lock.unlock();
     }
 
     /// Whether a daemon holds the lock of the cache folder at `root`.
-    pub fn is_locked(root: &Path) -> bool {
+    pub(crate) fn is_locked(root: &Path) -> bool {
         match File::open(root.join("LOCK")) {
             Ok(f) => f.try_lock_shared().is_err(),
             Err(_) => false,
@@ -316,7 +314,7 @@ impl CacheDir {
 
     /// The saved manifest, if there is one whose encoding has `fingerprint` (the one the
     /// state file names); a missing or stale one is `None`, and the source is scanned.
-    pub fn load_manifest(&self, fingerprint: u32) -> Result<Option<Manifest>, CacheError> {
+    pub(crate) fn load_manifest(&self, fingerprint: u32) -> Result<Option<Manifest>, CacheError> {
         match fs::read(self.root.join("manifest.bin")) {
             Ok(bytes) if crc32c::crc32c(&bytes) != fingerprint => Ok(None),
             Ok(bytes) => Manifest::decode(&bytes)
@@ -336,7 +334,7 @@ impl CacheDir {
     /// No fsync: the state file names the manifest by fingerprint and `load_manifest` uses
     /// only a file that matches it, so a save torn or lost by a crash costs the next start a
     /// rescan, nothing else. (With the fsync, saving took ~0.05 s of start-up at 1 M samples.)
-    pub fn save_manifest(&self, encoded: &[u8]) -> Result<(), CacheError> {
+    pub(crate) fn save_manifest(&self, encoded: &[u8]) -> Result<(), CacheError> {
         if fs::read(self.root.join("manifest.bin")).is_ok_and(|saved| saved == encoded) {
             return Ok(());
         }
@@ -344,7 +342,7 @@ impl CacheDir {
     }
 
     /// Forgets the saved state (the cache is being rebuilt for other settings).
-    pub fn forget_state(&self) -> Result<(), CacheError> {
+    pub(crate) fn forget_state(&self) -> Result<(), CacheError> {
         match fs::remove_file(self.root.join("state.json")) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(self.io_err()(e)),
             _ => Ok(()),
@@ -352,7 +350,7 @@ impl CacheDir {
     }
 
     /// The backend storing this folder's samples: one file per sample.
-    pub fn file_backend(&self, samples: u32) -> Result<FileBackend, CacheError> {
+    pub(crate) fn file_backend(&self, samples: u32) -> Result<FileBackend, CacheError> {
         FileBackend::open(&self.root, samples).map_err(|source| CacheError::NotWritable {
             path: self.root.clone(),
             source,
@@ -380,7 +378,7 @@ impl CacheDir {
 
     /// Deletes what the layouts other than `layout` stored here (a cache being rebuilt in
     /// another layout would otherwise keep the old copy's disk space).
-    pub fn remove_other_layouts(&self, layout: CacheLayout) -> Result<(), CacheError> {
+    pub(crate) fn remove_other_layouts(&self, layout: CacheLayout) -> Result<(), CacheError> {
         let others: &[&str] = match layout {
             CacheLayout::Files => &[packed::SEGMENTS],
             CacheLayout::Packed => &["samples", "tmp"],
@@ -405,7 +403,7 @@ fn list_names(names: &[String]) -> String {
 }
 
 /// Writes `name` under `dir` so that a crash leaves the old or the new content, never a mix.
-pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
     replace(dir, name, bytes, true)
 }
 

@@ -18,7 +18,7 @@ use std::path::Path;
 use crate::plan::SampleId;
 
 /// The folder under the cache root holding the segments.
-pub const SEGMENTS: &str = "segments";
+pub(crate) const SEGMENTS: &str = "segments";
 
 /// Written into every cache folder shufflefs creates: says the folder is ours.
 pub(crate) const MARKER: &str = ".shufflefs-cache";

@@ -19,14 +19,14 @@ use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt 
 use std::path::Path;
 
 /// Mode of every folder shufflefs makes in a cache.
-pub const DIR_MODE: u32 = 0o700;
+pub(crate) const DIR_MODE: u32 = 0o700;
 /// Mode of every file shufflefs makes in a cache.
-pub const FILE_MODE: u32 = 0o600;
+pub(crate) const FILE_MODE: u32 = 0o600;
 
 /// Makes folder `path` (0700) and any missing parents (those with the usual mode: they are
 /// not the cache's); an existing `path` is tightened to 0700 (see the module docs), or
 /// left as it is with a warning where that is not allowed (a folder of another owner's).
-pub fn create_dir(path: &Path) -> io::Result<()> {
+pub(crate) fn create_dir(path: &Path) -> io::Result<()> {
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         fs::create_dir_all(parent)?;
     }
@@ -51,14 +51,14 @@ fn tighten(path: &Path) -> io::Result<()> {
 }
 
 /// Options that create a file with mode 0600 (add `create`/`create_new` and access).
-pub fn file_options() -> OpenOptions {
+pub(crate) fn file_options() -> OpenOptions {
     let mut options = OpenOptions::new();
     options.mode(FILE_MODE);
     options
 }
 
 /// Creates (or truncates) `path` for writing, 0600 when new: `File::create`, private.
-pub fn create_file(path: &Path) -> io::Result<fs::File> {
+pub(crate) fn create_file(path: &Path) -> io::Result<fs::File> {
     file_options()
         .write(true)
         .create(true)

@@ -44,7 +44,7 @@ pub struct StoreStats {
 impl StoreStats {
     const KEEP_PROBLEMS: usize = 16;
 
-    pub fn report_problem(&self, what: String) {
+    pub(crate) fn report_problem(&self, what: String) {
         let mut p = self.problems.lock().unwrap_or_else(|e| e.into_inner());
         if p.len() == Self::KEEP_PROBLEMS {
             p.pop_front();
@@ -58,7 +58,7 @@ impl StoreStats {
     }
 }
 
-/// How [`SampleStore::adopt_from_peer`] came by a sample, with its length in bytes.
+/// How `SampleStore::adopt_from_peer` came by a sample, with its length in bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Adopted {
     /// Hard-linked: the peer's file is now ours as well; no byte was read or written.
@@ -72,7 +72,7 @@ pub enum Adopted {
 
 impl Adopted {
     /// The sample's length.
-    pub fn bytes(self) -> u64 {
+    pub(crate) fn bytes(self) -> u64 {
         match self {
             Adopted::Linked(n) | Adopted::Copied(n) | Adopted::AlreadyHeld(n) => n,
         }
@@ -162,7 +162,7 @@ impl SampleStore {
     }
 
     /// How the backend lays samples out on disk (`--cache-layout`).
-    pub fn layout(&self) -> super::CacheLayout {
+    pub(crate) fn layout(&self) -> super::CacheLayout {
         self.backend.layout()
     }
 
@@ -177,7 +177,7 @@ impl SampleStore {
     }
 
     /// Sample `id`'s modification time in the source, if known yet.
-    pub fn mtime(&self, id: SampleId) -> Option<SystemTime> {
+    pub(crate) fn mtime(&self, id: SampleId) -> Option<SystemTime> {
         match self.mtimes[id as usize].load(Ordering::Relaxed) {
             0 => None,
             nanos => Some(SystemTime::UNIX_EPOCH + Duration::from_nanos(nanos)),
@@ -197,7 +197,7 @@ impl SampleStore {
 
     /// Records a source modification time (a later copy's time wins: the source is what
     /// it is now).
-    pub fn learn_mtime(&self, id: SampleId, mtime: Option<SystemTime>) {
+    pub(crate) fn learn_mtime(&self, id: SampleId, mtime: Option<SystemTime>) {
         let nanos = mtime
             .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
             .map_or(0, |d| d.as_nanos().min(u128::from(u64::MAX)) as u64);
@@ -205,7 +205,7 @@ impl SampleStore {
     }
 
     /// [`learn_mtime`](Self::learn_mtime) in nanoseconds since 1970; 0 (unknown) is ignored.
-    pub fn learn_mtime_nanos(&self, id: SampleId, nanos: u64) {
+    pub(crate) fn learn_mtime_nanos(&self, id: SampleId, nanos: u64) {
         if nanos != 0 {
             self.mtimes[id as usize].store(nanos, Ordering::Relaxed);
         }
@@ -213,7 +213,7 @@ impl SampleStore {
 
     /// Sample `id`'s source time in nanoseconds since 1970, 0 if not known (what the
     /// exchange sends with its size).
-    pub fn mtime_nanos(&self, id: SampleId) -> u64 {
+    pub(crate) fn mtime_nanos(&self, id: SampleId) -> u64 {
         self.mtimes[id as usize].load(Ordering::Relaxed)
     }
 
@@ -266,7 +266,7 @@ impl SampleStore {
     /// Sample `id` read straight from the source into memory, bypassing the cache: what a
     /// reader gets when the cache cannot take the sample (its disk is full, say). Refused
     /// for samples over `max` bytes, which would cost too much memory.
-    pub fn read_uncached(&self, id: SampleId, max: u64) -> io::Result<Vec<u8>> {
+    pub(crate) fn read_uncached(&self, id: SampleId, max: u64) -> io::Result<Vec<u8>> {
         let too_large = || {
             io::Error::other(format!(
                 "{}: too large to serve without the cache (limit {max} bytes)",
@@ -412,7 +412,7 @@ impl SampleStore {
     /// (one per sample, in order), for less per sample: the ids are claimed together and the
     /// backend commits the lot ([`CacheBackend::commit_batch`]; the packed one under one
     /// lock). What the exchange's receiver uses for runs of small samples in a frame.
-    pub fn insert_batch(&self, batch: &[(SampleId, &[u8], u32)]) -> Vec<io::Result<u32>> {
+    pub(crate) fn insert_batch(&self, batch: &[(SampleId, &[u8], u32)]) -> Vec<io::Result<u32>> {
         let ids: Vec<SampleId> = batch.iter().map(|b| b.0).collect();
         let claims = self.claims.claim_all(&ids);
         let mut results: Vec<io::Result<u32>> = Vec::with_capacity(batch.len());
@@ -468,7 +468,7 @@ impl SampleStore {
     /// checksum failure. On any error nothing is stored, and the peer's file is never
     /// changed. Waits while another writer (a fetch, say) holds the sample; if that leaves
     /// it cached, takes nothing and answers [`Adopted::AlreadyHeld`].
-    pub fn adopt_from_peer(&self, id: SampleId, peer_root: &Path) -> io::Result<Adopted> {
+    pub(crate) fn adopt_from_peer(&self, id: SampleId, peer_root: &Path) -> io::Result<Adopted> {
         let held = || Adopted::AlreadyHeld(self.size(id).unwrap_or(0));
         if self.contains(id) {
             return Ok(held());
@@ -528,7 +528,11 @@ impl SampleStore {
     /// writes (a gone rank's, see `node::regrow`): by [`adopt_from_peer`](Self::adopt_from_peer)
     /// when it keeps one file per sample, else by copying its record, checked against the
     /// checksum `other` recorded (a packed cache has no file to hand over).
-    pub fn adopt_from_store(&self, id: SampleId, other: &SampleStore) -> io::Result<Adopted> {
+    pub(crate) fn adopt_from_store(
+        &self,
+        id: SampleId,
+        other: &SampleStore,
+    ) -> io::Result<Adopted> {
         if other.layout() == super::CacheLayout::Files {
             return self.adopt_from_peer(id, other.dir().root());
         }
@@ -552,7 +556,7 @@ impl SampleStore {
 
     /// Opens sample `id` for reading whole (fetching it first if needed), with the checksum
     /// recorded when it was cached, if the backend kept one.
-    pub fn open_checked(&self, id: SampleId) -> io::Result<Stored> {
+    pub(crate) fn open_checked(&self, id: SampleId) -> io::Result<Stored> {
         self.ensure(id)?;
         self.backend.open(id)
     }
@@ -560,7 +564,7 @@ impl SampleStore {
     /// [`open_checked`](Self::open_checked) for each of `ids`, whole, handed to `each` in
     /// order with its position in `ids` (through [`CacheBackend::read_each`]): what the
     /// exchange's sender uses for runs of small samples.
-    pub fn read_each(
+    pub(crate) fn read_each(
         &self,
         ids: &[SampleId],
         each: &mut dyn FnMut(usize, io::Result<super::Borrowed<'_>>),
@@ -576,7 +580,7 @@ impl SampleStore {
 
     /// Reads up to `buf.len()` bytes of cached sample `id` at `offset`; a cached copy that
     /// fails its checksum is never read (see [`checked`](Self::checked)).
-    pub fn read_at(&self, id: SampleId, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+    pub(crate) fn read_at(&self, id: SampleId, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
         self.checked(id, || self.backend.read_at(id, offset, buf))
     }
 
@@ -616,7 +620,7 @@ impl SampleStore {
     /// fail: what runs in the background after a remount, so a copy that rotted while the
     /// daemon was away is found before a reader asks for it. Stops early once `go_on`
     /// says so; returns how many samples failed.
-    pub fn scrub(&self, go_on: &dyn Fn() -> bool) -> u64 {
+    pub(crate) fn scrub(&self, go_on: &dyn Fn() -> bool) -> u64 {
         let mut failed = 0;
         for id in 0..self.manifest.len() {
             if !go_on() {
@@ -645,7 +649,7 @@ impl SampleStore {
 
     /// A file holding cached sample `id`'s bytes, for the kernel to read directly; `None`
     /// if the backend keeps none (see `CacheBackend::file`).
-    pub fn file(&self, id: SampleId) -> Option<io::Result<std::fs::File>> {
+    pub(crate) fn file(&self, id: SampleId) -> Option<io::Result<std::fs::File>> {
         let mut first = Some(self.backend.file(id)?);
         Some(self.checked(id, || {
             match first.take() {
@@ -660,7 +664,7 @@ impl SampleStore {
 
     /// Drops a cached sample whose bytes no longer match their checksum; it is fetched
     /// again from the source when next needed.
-    pub fn discard_corrupt(&self, id: SampleId, found: u32, recorded: u32) {
+    pub(crate) fn discard_corrupt(&self, id: SampleId, found: u32, recorded: u32) {
         tracing::warn!(
             sample = id,
             found = format!("{found:08x}"),

@@ -80,7 +80,7 @@ pub fn theorem2(q: f64, n: usize, s: f64) -> f64 {
 
 /// Averages over `epochs` seeded epochs for one scheme.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct SchemeCost {
+pub(crate) struct SchemeCost {
     /// Packets the server sends.
     pub transmissions: f64,
     /// Packets each rank receives (its multicast groups), averaged over ranks.
@@ -88,7 +88,7 @@ pub struct SchemeCost {
 }
 
 /// Measures `scheme` on `epochs` consecutive epochs of a seeded placement.
-pub fn measure(
+pub(crate) fn measure(
     samples: u32,
     ranks: usize,
     alpha: f64,

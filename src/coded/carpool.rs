@@ -16,7 +16,7 @@ use super::Node;
 use super::index::{NodeSet, Table, members};
 
 /// Runs Alg. 4 on `table` in place with search depth `nu`.
-pub fn carpool(table: &mut Table, nu: usize) {
+pub(crate) fn carpool(table: &mut Table, nu: usize) {
     let universe: NodeSet = table.sets.keys().fold(0, |a, &s| a | s);
     let n = 64 - universe.leading_zeros() as usize;
     for size in 2..=n {

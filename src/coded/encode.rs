@@ -17,12 +17,12 @@ use super::index::{Table, members};
 use crate::plan::SampleId;
 
 /// Packets in ascending mask order, then row order.
-pub fn encode(table: &Table) -> Vec<Transmission> {
+pub(crate) fn encode(table: &Table) -> Vec<Transmission> {
     rows(table)
 }
 
 /// Like [`encode`], with each column ordered by `len` (longest first, ties by sample id).
-pub fn encode_by_size(table: &Table, len: &dyn Fn(SampleId) -> u64) -> Vec<Transmission> {
+pub(crate) fn encode_by_size(table: &Table, len: &dyn Fn(SampleId) -> u64) -> Vec<Transmission> {
     let mut sorted = table.clone();
     for col in sorted.sets.values_mut().flat_map(|cols| cols.values_mut()) {
         col.sort_by_key(|&s| (std::cmp::Reverse(len(s)), s));

@@ -44,7 +44,7 @@
 //!
 //! It depends only on `(n, limit)` (and the cache fraction, for
 //! [`Communicators::for_cache`]), so every rank builds the same one with no communication
-//! and the transport creates it once at start-up, in the order of [`Communicators::iter`]:
+//! and the transport creates it once at start-up, in the order of `Communicators::iter`:
 //! - If all `2^n - n - 1` groups fit, each group is its own communicator.
 //! - Otherwise, following Section 4.3, the nodes are cut into `b` contiguous blocks (sizes
 //!   differ by at most one; the paper pairs nodes `2k-1, 2k`) and every union of blocks with
@@ -55,7 +55,7 @@
 //!   different blocks of 2 reaches 4 nodes, twice what it needs).
 //!   [`Communicators::for_cache`] (the cache fraction is known at start-up) takes, among the
 //!   `(k, b)` that fit the limit, the one with the fewest extra receptions under Theorem 2's
-//!   traffic model at that fraction ([`expected_cost`]); [`Communicators::new`] averages the
+//!   traffic model at that fraction (`expected_cost`); `Communicators::new` averages the
 //!   model over overlaps 0.05..0.95. Ties go to the larger `b`.
 //! - A group goes to its smallest superset in the set: its exact communicator when it has
 //!   one, else its block union; one node alone is a [`Route::Unicast`] (a point-to-point
@@ -79,7 +79,7 @@
 //! communicator it belongs to (the server may pair samples with
 //! [`plan_by_size`](super::plan_by_size): same groups, same order, other parts). Consecutive
 //! packets on one communicator can go as one broadcast of their concatenation
-//! ([`packet::split`](super::packet::split)), as the paper does.
+//! (`packet::split`), as the paper does.
 //!
 //! An epoch-dependent merge (choosing communicators from the epoch's actual groups) could do
 //! better, but would create communicators every epoch, which is what the paper avoids.
@@ -94,7 +94,7 @@ pub const DEFAULT_LIMIT: usize = 1024;
 
 /// The most a limit may be: ob1's whole context-id space (65535), which the job's other
 /// communicators share.
-pub const MAX_LIMIT: usize = 65_535;
+pub(crate) const MAX_LIMIT: usize = 65_535;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum GroupsError {
@@ -117,7 +117,7 @@ pub enum GroupsError {
 pub enum Route {
     /// A one-node group: a point-to-point send from the server to that node.
     Unicast(Node),
-    /// Broadcast from the server on communicator `i` of [`Communicators::iter`].
+    /// Broadcast from the server on communicator `i` of `Communicators::iter`.
     Comm(usize),
 }
 
@@ -139,11 +139,12 @@ pub struct Communicators {
 
 impl Communicators {
     /// The set [`Communicators::new`] picks for `n` nodes and `limit` communicators.
-    pub fn new(nodes: usize, limit: usize) -> Result<Communicators, GroupsError> {
+    #[cfg(test)]
+    pub(crate) fn new(nodes: usize, limit: usize) -> Result<Communicators, GroupsError> {
         Communicators::choose(nodes, limit, &TRAFFIC_OVERLAPS)
     }
 
-    /// Like [`new`](Self::new), tuned for a known cache fraction `alpha` (each node caches
+    /// Like `new`, tuned for a known cache fraction `alpha` (each node caches
     /// `alpha q` samples): the traffic model uses the cache overlap `p` that `alpha` gives
     /// (Theorem 2) instead of a spread of overlaps. Still fixed for the whole job.
     pub fn for_cache(nodes: usize, limit: usize, alpha: f64) -> Result<Communicators, GroupsError> {
@@ -231,35 +232,36 @@ impl Communicators {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.comms.is_empty()
+        self.len() == 0
     }
 
-    pub fn nodes(&self) -> usize {
+    pub(crate) fn nodes(&self) -> usize {
         self.nodes
     }
 
     /// Groups up to this size travel on a communicator of exactly their members.
-    pub fn exact_upto(&self) -> usize {
+    pub(crate) fn exact_upto(&self) -> usize {
         self.exact_upto
     }
 
     /// The node blocks used for larger groups (one block per node when all are exact).
-    pub fn blocks(&self) -> &[NodeSet] {
+    pub(crate) fn blocks(&self) -> &[NodeSet] {
         &self.blocks
     }
 
     /// Communicator `i`'s compute nodes (the server is in every one).
-    pub fn members(&self, i: usize) -> NodeSet {
+    pub(crate) fn members(&self, i: usize) -> NodeSet {
         self.comms[i]
     }
 
     /// Member masks in creation order (ascending mask), the same on every rank.
-    pub fn iter(&self) -> impl Iterator<Item = NodeSet> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = NodeSet> + '_ {
         self.comms.iter().copied()
     }
 
     /// The communicators node `node` belongs to (and must take part in creating), ascending.
-    pub fn containing(&self, node: Node) -> impl Iterator<Item = usize> + '_ {
+    #[cfg(test)]
+    pub(crate) fn containing(&self, node: Node) -> impl Iterator<Item = usize> + '_ {
         (self.comms.iter().enumerate())
             .filter(move |&(_, &m)| node < 64 && m >> node & 1 == 1)
             .map(|(i, _)| i)
@@ -267,14 +269,15 @@ impl Communicators {
 
     /// World ranks of communicator `i` in its rank order: the server first (rank 0, the root
     /// of every broadcast), then the nodes ascending, mapped by `rank_of`.
-    pub fn ranks<R>(&self, i: usize, server: R, rank_of: impl Fn(Node) -> R) -> Vec<R> {
+    #[cfg(test)]
+    pub(crate) fn ranks<R>(&self, i: usize, server: R, rank_of: impl Fn(Node) -> R) -> Vec<R> {
         std::iter::once(server)
             .chain(members(self.comms[i]).map(rank_of))
             .collect()
     }
 
     /// The route of a group (a mask of compute nodes): its smallest superset in the set.
-    pub fn route(&self, group: NodeSet) -> Result<Route, GroupsError> {
+    pub(crate) fn route(&self, group: NodeSet) -> Result<Route, GroupsError> {
         let all = if self.nodes == 64 {
             u64::MAX
         } else {
@@ -298,7 +301,7 @@ impl Communicators {
     }
 
     /// Compute nodes that receive a packet sent on `route`.
-    pub fn reached(&self, route: Route) -> NodeSet {
+    pub(crate) fn reached(&self, route: Route) -> NodeSet {
         match route {
             Route::Unicast(n) => 1 << n,
             Route::Comm(i) => self.comms[i],
@@ -334,7 +337,8 @@ fn subsets_upto(n: usize, k: usize, out: &mut Vec<NodeSet>) {
 }
 
 /// Cache overlaps [`Communicators::new`] weighs equally when the cache fraction is unknown.
-pub const TRAFFIC_OVERLAPS: [f64; 10] =
+#[cfg(test)]
+pub(crate) const TRAFFIC_OVERLAPS: [f64; 10] =
     [0.05, 0.15, 0.25, 0.35, 0.45, 0.55, 0.65, 0.75, 0.85, 0.95];
 
 /// Expected extra receptions per needed reception of a fixed set under Theorem 2's traffic
@@ -344,7 +348,7 @@ pub const TRAFFIC_OVERLAPS: [f64; 10] =
 /// of that size. The extra receptions of one set of size `i` depend only on which blocks it
 /// touches, so they are counted by block occupancy (exactly, by dynamic programming over the
 /// blocks) rather than by listing all `2^n` sets.
-pub fn expected_cost(c: &Communicators, overlaps: &[f64]) -> f64 {
+pub(crate) fn expected_cost(c: &Communicators, overlaps: &[f64]) -> f64 {
     let n = c.nodes;
     // reach[i] = sum over sets of size i of |route(set)| (for i > exact_upto).
     let sizes: Vec<usize> = c.blocks.iter().map(|b| b.count_ones() as usize).collect();

@@ -12,7 +12,7 @@ use super::{Instance, Node};
 use crate::plan::SampleId;
 
 /// A set of nodes as a bit mask (bit `i` = node `i`).
-pub type NodeSet = u64;
+pub(crate) type NodeSet = u64;
 
 /// `Z(I, i)`: for each index set `I` (mask) the columns `i in I` that hold samples, each
 /// column the samples node `i` needs that (after Alg. 1) the nodes `I \ {i}` all cache.
@@ -24,7 +24,7 @@ pub struct Table {
 
 impl Table {
     /// `|Z(I, i)|`.
-    pub fn column_len(&self, set: NodeSet, node: Node) -> usize {
+    pub(crate) fn column_len(&self, set: NodeSet, node: Node) -> usize {
         self.sets
             .get(&set)
             .and_then(|cols| cols.get(&node))
@@ -32,7 +32,7 @@ impl Table {
     }
 
     /// Packets the table encodes to: the longest column of each set, summed.
-    pub fn packet_count(&self) -> usize {
+    pub(crate) fn packet_count(&self) -> usize {
         self.sets
             .values()
             .map(|cols| cols.values().map(Vec::len).max().unwrap_or(0))
@@ -41,12 +41,12 @@ impl Table {
 }
 
 /// The members of `set`, ascending.
-pub fn members(set: NodeSet) -> impl Iterator<Item = Node> {
+pub(crate) fn members(set: NodeSet) -> impl Iterator<Item = Node> {
     (0..64).filter(move |i| set >> i & 1 == 1)
 }
 
 /// Alg. 1. Samples are visited in ascending id order, so each column is ascending.
-pub fn index(inst: &Instance) -> Table {
+pub(crate) fn index(inst: &Instance) -> Table {
     let mut holders: BTreeMap<SampleId, NodeSet> = BTreeMap::new();
     for node in 0..inst.nodes() {
         for &s in inst.cache(node) {

@@ -11,11 +11,11 @@
 //! - `uncoded`: one unicast per missing demand (paper Section 2.1, Theorem 1).
 //! - `coded`: Alg. 1 indexes each missing sample by the exact set of nodes that cache it plus
 //!   its new owner; Alg. 2 XORs one sample per member column of each such set into a packet
-//!   multicast to the set; Alg. 3 decodes by XORing out the cached samples ([`index`],
-//!   [`encode`]).
+//!   multicast to the set; Alg. 3 decodes by XORing out the cached samples (`index`,
+//!   `encode`).
 //! - `ubershuffle`: Alg. 4 moves samples from a column of a superset's table into the same
 //!   column of a subset's table where it fills a gap ("carpool"), searching supersets up to
-//!   `nu` sizes larger ([`carpool`]).
+//!   `nu` sizes larger (`carpool`).
 //!
 //! A [`Transmission`] is the list of `(sample, receiver)` pairs it carries (the packet is the
 //! XOR of those samples) and the group it is multicast to. [`verify`] is the decoder check:
@@ -29,23 +29,23 @@
 //! moves the bytes (`exchange::coded`, following the plan variant `plan::coded`).
 
 pub mod calc;
-pub mod carpool;
-pub mod encode;
+pub(crate) mod carpool;
+pub(crate) mod encode;
 pub mod groups;
-pub mod index;
+pub(crate) mod index;
 pub mod packet;
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::plan::SampleId;
-pub use crate::plan::placement::MAX_NODES;
+pub(crate) use crate::plan::placement::MAX_NODES;
 use crate::plan::placement::RandomPlacement;
 
 /// A compute node, `0..n`.
 pub type Node = usize;
 
 /// UberShuffle's default search depth: the paper's simulations (Fig. 5) use `nu = 2`.
-pub const DEFAULT_NU: usize = 2;
+pub(crate) const DEFAULT_NU: usize = 2;
 
 /// Which packets the server sends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,7 +69,7 @@ impl Scheme {
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum InstanceError {
+pub(crate) enum InstanceError {
     #[error("{0} compute nodes: between 1 and {MAX_NODES} are supported")]
     Nodes(usize),
     #[error("caches and demands must both name {nodes} nodes (got {caches} and {demands})")]
@@ -91,7 +91,7 @@ pub struct Instance {
 
 impl Instance {
     /// Demands must be disjoint (each sample has one new owner, as in the paper).
-    pub fn new(
+    pub(crate) fn new(
         caches: Vec<BTreeSet<SampleId>>,
         demands: Vec<BTreeSet<SampleId>>,
     ) -> Result<Instance, InstanceError> {
@@ -121,25 +121,26 @@ impl Instance {
         Ok(Instance { caches, demands })
     }
 
-    pub fn nodes(&self) -> usize {
+    pub(crate) fn nodes(&self) -> usize {
         self.caches.len()
     }
 
-    pub fn cache(&self, node: Node) -> &BTreeSet<SampleId> {
+    pub(crate) fn cache(&self, node: Node) -> &BTreeSet<SampleId> {
         &self.caches[node]
     }
 
-    pub fn demand(&self, node: Node) -> &BTreeSet<SampleId> {
+    pub(crate) fn demand(&self, node: Node) -> &BTreeSet<SampleId> {
         &self.demands[node]
     }
 
     /// `U_i = D_i \ C_i`: what node `i` needs from the server, ascending.
-    pub fn missing(&self, node: Node) -> impl Iterator<Item = SampleId> + '_ {
+    pub(crate) fn missing(&self, node: Node) -> impl Iterator<Item = SampleId> + '_ {
         self.demands[node].difference(&self.caches[node]).copied()
     }
 
     /// Total missing demands: the uncoded transmission count.
-    pub fn missing_count(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn missing_count(&self) -> usize {
         (0..self.nodes()).map(|i| self.missing(i).count()).sum()
     }
 }
@@ -183,7 +184,7 @@ pub fn plan(inst: &Instance, scheme: Scheme) -> Vec<Transmission> {
 
 /// [`plan`] with the samples of each packet matched by length (`len` gives a sample's
 /// bytes), so packets of samples with different sizes carry little zero padding; the same
-/// packets per group as [`plan`] (see [`encode::encode_by_size`]). Uncoded plans are the
+/// packets per group as [`plan`] (see `encode::encode_by_size`). Uncoded plans are the
 /// same.
 pub fn plan_by_size(
     inst: &Instance,
@@ -215,7 +216,11 @@ fn uncoded(inst: &Instance) -> Vec<Transmission> {
 
 /// Alg. 3 on sample ids: what `node` recovers from `tx` given its cache, or `None` when the
 /// packet carries nothing for it or it lacks another sample of the packet.
-pub fn decode(tx: &Transmission, node: Node, cache: &BTreeSet<SampleId>) -> Option<SampleId> {
+pub(crate) fn decode(
+    tx: &Transmission,
+    node: Node,
+    cache: &BTreeSet<SampleId>,
+) -> Option<SampleId> {
     let mut mine = tx.parts.iter().filter(|&&(_, r)| r == node);
     let &(want, _) = mine.next()?;
     if mine.next().is_some() {

@@ -26,8 +26,8 @@
 //! later, while every other receiver decodes as usual, because the XOR it undoes is only over
 //! the parts that are there. The header has its own CRC so a corrupt length or sample id is
 //! reported as [`PacketError::HeaderCrc`] rather than read as a different sample. A packet's
-//! length follows from its first 24 bytes ([`frame_len`]), so packets can be concatenated in
-//! one message and [`split`] apart.
+//! length follows from its first 24 bytes (`frame_len`), so packets can be concatenated in
+//! one message and `split` apart.
 //!
 //! # Why pad to the longest part
 //!
@@ -46,7 +46,7 @@
 //! `(k-1) * mean l`. With samples of similar size (image datasets, fixed-length records) the
 //! loss is small; with a heavy tail (a few very large samples among small ones) a packet that
 //! pairs a 10 MB sample with 10 KB ones saves almost nothing, and every receiver also receives
-//! the 10 MB. [`padding`] reports `max l * k - sum l` per packet so the server can count it.
+//! the 10 MB. `padding` reports `max l * k - sum l` per packet so the server can count it.
 //! The header costs 24 + 24k bytes, negligible beyond a few KB per sample.
 //!
 //! Which samples share a packet is free within a set's table, so the server should plan with
@@ -72,14 +72,14 @@ use crate::plan::SampleId;
 
 const MAGIC: [u8; 4] = *b"SFXP";
 /// The framing version this build writes and reads.
-pub const VERSION: u8 = 1;
+pub(crate) const VERSION: u8 = 1;
 const FIXED: usize = 24;
 const PART: usize = 24;
 const UNREADABLE: u32 = 1;
 
 /// One part of a packet as its header describes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PartHeader {
+pub(crate) struct PartHeader {
     pub sample: SampleId,
     /// The node that decodes `sample` from this packet.
     pub receiver: Node,
@@ -143,7 +143,8 @@ pub enum DecodeError {
 
 impl DecodeError {
     /// The sample to ask the server for in plain, when one is known.
-    pub fn wanted(&self) -> Option<SampleId> {
+    #[cfg(test)]
+    pub(crate) fn wanted(&self) -> Option<SampleId> {
         match *self {
             DecodeError::Malformed(_) => None,
             DecodeError::NotCached { wanted, .. } | DecodeError::Stale { wanted, .. } => {
@@ -154,7 +155,7 @@ impl DecodeError {
     }
 }
 
-/// [`encode_report`] without the read errors (they show as unreadable parts in [`header`]).
+/// `encode_report` without the read errors (they show as unreadable parts in `header`).
 pub fn encode(
     tx: &Transmission,
     read: &mut dyn FnMut(SampleId) -> io::Result<Vec<u8>>,
@@ -164,15 +165,17 @@ pub fn encode(
 
 /// A built packet and the parts the server could not read (they are marked unreadable in it).
 #[derive(Debug)]
-pub struct Encoded {
+pub(crate) struct Encoded {
     pub packet: Vec<u8>,
+    /// Read by the tests; the server sends them as unreadable parts and moves on.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub unreadable: Vec<(SampleId, io::Error)>,
 }
 
 /// Builds `tx`'s packet, reading each part's plain bytes with `read`. A part whose read fails
 /// is sent as unreadable (see the module docs) and returned with its error so the server can
 /// log it; the packet still carries the other parts.
-pub fn encode_report(
+pub(crate) fn encode_report(
     tx: &Transmission,
     read: &mut dyn FnMut(SampleId) -> io::Result<Vec<u8>>,
 ) -> Result<Encoded, PacketError> {
@@ -247,7 +250,8 @@ pub fn encode_report(
 
 /// What `packet` carries, checked (header CRC, lengths, distinct receivers), without touching
 /// the payload: a node learns from it whether the packet has a part for it at all.
-pub fn header(packet: &[u8]) -> Result<Vec<PartHeader>, PacketError> {
+#[cfg(test)]
+pub(crate) fn header(packet: &[u8]) -> Result<Vec<PartHeader>, PacketError> {
     parse(packet).map(|(parts, _)| parts)
 }
 
@@ -373,7 +377,8 @@ pub fn decode(
 
 /// Payload bytes spent on zero padding: `max len * readable parts - sum len`. Zero for a
 /// single-part packet and for parts of equal length.
-pub fn padding(parts: &[PartHeader]) -> u64 {
+#[cfg(test)]
+pub(crate) fn padding(parts: &[PartHeader]) -> u64 {
     let readable = parts.iter().filter(|p| p.readable);
     let longest = readable.clone().map(|p| p.len).max().unwrap_or(0);
     readable.map(|p| longest - p.len).sum()
@@ -382,7 +387,8 @@ pub fn padding(parts: &[PartHeader]) -> u64 {
 /// The length of the packet that starts `buf`, from its fixed fields alone (the rest is
 /// checked by [`header`]), so several packets can travel concatenated in one message (the
 /// paper's Section 4.3 concatenates the packets that share a communicator).
-pub fn frame_len(buf: &[u8]) -> Result<usize, PacketError> {
+#[cfg(test)]
+pub(crate) fn frame_len(buf: &[u8]) -> Result<usize, PacketError> {
     if buf.len() < FIXED {
         return Err(PacketError::Truncated {
             len: buf.len(),
@@ -409,7 +415,8 @@ pub fn frame_len(buf: &[u8]) -> Result<usize, PacketError> {
 
 /// Splits a message of concatenated packets into the packets, each still to be checked by
 /// [`header`] or [`decode`]; a message cut short is an error, never a shorter list.
-pub fn split(mut buf: &[u8]) -> Result<Vec<&[u8]>, PacketError> {
+#[cfg(test)]
+pub(crate) fn split(mut buf: &[u8]) -> Result<Vec<&[u8]>, PacketError> {
     let mut out = Vec::new();
     while !buf.is_empty() {
         let len = frame_len(buf)?;

@@ -5,7 +5,7 @@
 //! that treat on-node and off-node links differently, and, for the exchange, point-to-point
 //! messages with known lengths, several peers in flight at once.
 //! `LocalComm` runs M ranks as threads of one process over channels, so tests exercise the
-//! same code paths as `mpirun` without it; `MpiComm` is the real thing; [`doubles`] wraps
+//! same code paths as `mpirun` without it; `MpiComm` is the real thing; `doubles` wraps
 //! either to delay, slow down or break it.
 //!
 //! Exactly one thread owns a `Comm` (the daemon's main thread, see `daemon.rs`): MPI is
@@ -33,7 +33,7 @@ mod mpi;
 #[cfg(feature = "testing")]
 pub use local::LocalComm;
 #[cfg(not(feature = "testing"))]
-pub(crate) use local::LocalComm;
+pub use local::LocalComm;
 pub use mpi::{MpiComm, launched_by_mpi};
 
 use std::sync::atomic::AtomicBool;
@@ -61,7 +61,7 @@ pub enum CommError {
         "gave up with transfers in flight: the daemon is shutting down and this transport cannot be finalized"
     )]
     Abandoned,
-    /// A fault injected by a test double ([`doubles::Failing`]).
+    /// A fault injected by a test double (`doubles::Failing`).
     #[error("injected fault: {0}")]
     Injected(String),
 }
@@ -114,7 +114,7 @@ impl Op {
 }
 
 /// Names a posted message; unique within one transport.
-pub type Ticket = u64;
+pub(crate) type Ticket = u64;
 
 /// A posted message that completed: a send's buffer back (possibly emptied, for reuse) or a
 /// receive's buffer filled.
@@ -275,7 +275,7 @@ impl<C: Comm + ?Sized> Comm for Box<C> {
 
 /// Host indices for per-rank host names: equal names share an index, numbered in order of
 /// first appearance.
-pub fn host_indices<T: PartialEq>(names: &[T]) -> Vec<u32> {
+pub(crate) fn host_indices<T: PartialEq>(names: &[T]) -> Vec<u32> {
     let mut seen: Vec<&T> = Vec::new();
     names
         .iter()
@@ -290,7 +290,7 @@ pub fn host_indices<T: PartialEq>(names: &[T]) -> Vec<u32> {
 }
 
 /// The world of one, for a daemon started without a launcher.
-pub fn single() -> LocalComm {
+pub(crate) fn single() -> LocalComm {
     LocalComm::world(1).pop().expect("one rank")
 }
 
@@ -299,7 +299,7 @@ pub fn single() -> LocalComm {
 ///
 /// The outcome travels as a trailing byte (0: the value, 1: an error message), so the value,
 /// up to a whole manifest, is moved through the broadcast and never copied.
-pub fn decide<T, E>(
+pub(crate) fn decide<T, E>(
     comm: &mut dyn Comm,
     at_root: impl FnOnce() -> Result<T, E>,
 ) -> Result<Result<Vec<u8>, String>, CommError>
@@ -327,7 +327,7 @@ where
 
 /// Every rank reports `Ok` or its own error; all ranks learn whether everybody is fine.
 /// Returns the list of `(rank, message)` failures, the same on every rank.
-pub fn agree(
+pub(crate) fn agree(
     comm: &mut dyn Comm,
     mine: Result<(), String>,
 ) -> Result<Vec<(Rank, String)>, CommError> {

@@ -19,7 +19,7 @@ use crate::config::{ExchangeMode, MountConfig, for_rank};
 use crate::exchange::coded::{CodedClient, Routes};
 use crate::exchange::{ExchangeConfig, ExchangeError, Peers, SlowPeers};
 
-pub mod coded;
+pub(crate) mod coded;
 pub(crate) mod mounted;
 mod resize;
 mod serving;
@@ -28,12 +28,12 @@ mod startup;
 #[cfg(test)]
 mod elastic_tests;
 
-pub use startup::StartError;
+pub(crate) use startup::StartError;
 use startup::{PhaseError, agreed};
 
 /// Why a daemon stopped with an error.
 #[derive(Debug, thiserror::Error)]
-pub enum DaemonError {
+pub(crate) enum DaemonError {
     #[error(transparent)]
     Start(#[from] StartError),
     #[error("starting the {what} thread: {source}")]
@@ -60,7 +60,7 @@ pub enum DaemonError {
 /// serves until the folder is unmounted or a signal arrives. `world` is the whole job: in a
 /// coded job (a `shufflefs serve` rank at world rank 0, see `coded`) the compute ranks split
 /// off their own communicator and keep `world` for the exchange with the server.
-pub fn run(
+pub(crate) fn run(
     config: &MountConfig,
     world: &mut dyn Comm,
     on_ready: &mut dyn FnMut(&str),
@@ -212,11 +212,11 @@ fn ready_line(
 }
 
 /// The log file of a detached daemon: in its cache folder.
-pub fn log_path(args: &MountConfig) -> PathBuf {
+pub(crate) fn log_path(args: &MountConfig) -> PathBuf {
     for_rank(&args.cache, 0).join("shufflefs.log")
 }
 
-pub fn ensure_parent(path: &Path) {
+pub(crate) fn ensure_parent(path: &Path) {
     if let Some(p) = path.parent() {
         let _ = std::fs::create_dir_all(p);
     }

@@ -58,14 +58,14 @@ use crate::vfs::{ShuffleFs, inodes};
 /// How long a stopping rank waits for the exchange in flight to move a byte before giving
 /// it up. Rate-capped exchanges send frames of at least 1 MiB, so this is long enough for a
 /// frame at 20 kB/s.
-pub const DRAIN_IDLE: Duration = Duration::from_secs(60);
+pub(crate) const DRAIN_IDLE: Duration = Duration::from_secs(60);
 
 /// Set by SIGTERM, SIGINT or SIGHUP from [`listen_for_stop`] on.
 static STOP_REQUESTED: OnceLock<Arc<AtomicBool>> = OnceLock::new();
 
 /// From now on a signal that would end the process is recorded instead (see "A stop before
 /// the mount"); once mounted, the signal watcher unmounts on it.
-pub fn listen_for_stop() -> Result<(), DaemonError> {
+pub(crate) fn listen_for_stop() -> Result<(), DaemonError> {
     let flag = STOP_REQUESTED.get_or_init(|| Arc::new(AtomicBool::new(false)));
     for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
         signal_hook::flag::register(sig, flag.clone()).map_err(thread_error("signal"))?;
@@ -74,14 +74,14 @@ pub fn listen_for_stop() -> Result<(), DaemonError> {
 }
 
 /// Whether a signal asked this rank to stop (see [`listen_for_stop`]).
-pub fn stop_requested() -> bool {
+pub(crate) fn stop_requested() -> bool {
     STOP_REQUESTED
         .get()
         .is_some_and(|f| f.load(Ordering::Relaxed))
 }
 
 /// What the mounted rank needs of the node behind it (see `super::serving`).
-pub struct Hooks {
+pub(crate) struct Hooks {
     /// Asks the exchange loop to finish once the exchange in flight drained.
     pub stop: Box<dyn FnOnce() + Send>,
     /// A counter that grows while the exchange moves data (bytes and samples).
@@ -93,10 +93,14 @@ pub struct Hooks {
 
 /// A session mounted, before it serves: the last phase of start-up is whether every rank
 /// got here (`super::mount_everywhere`).
-pub type Session = fuser::Session<FuseAdapter>;
+pub(crate) type Session = fuser::Session<FuseAdapter>;
 
 /// Mounts `fs` at `mountpoint` (the session does not serve yet).
-pub fn mount(fs: ShuffleFs, config: &MountConfig, mountpoint: &Path) -> Result<Session, String> {
+pub(crate) fn mount(
+    fs: ShuffleFs,
+    config: &MountConfig,
+    mountpoint: &Path,
+) -> Result<Session, String> {
     // Without opens (page-cache mode) the status is read through a link; see `fuse`.
     let fs = Arc::new(match config.read_path {
         crate::config::ReadPath::PageCache => fs.with_status_link(),
@@ -109,7 +113,7 @@ pub fn mount(fs: ShuffleFs, config: &MountConfig, mountpoint: &Path) -> Result<S
 }
 
 /// A rank's mount while it serves, with its threads.
-pub struct Mounted {
+pub(crate) struct Mounted {
     mountpoint: PathBuf,
     session: Option<JoinHandle<std::io::Result<()>>>,
     invalidation: Option<JoinHandle<()>>,
@@ -126,7 +130,7 @@ pub struct Mounted {
 
 impl Mounted {
     /// Starts serving `session` and the threads around it.
-    pub fn serve(
+    pub(crate) fn serve(
         mut session: Session,
         mountpoint: &Path,
         hooks: Hooks,
@@ -174,13 +178,13 @@ impl Mounted {
     }
 
     /// What the exchange in flight watches to give up (see "Stopping").
-    pub fn abort_flag(&self) -> &AtomicBool {
+    pub(crate) fn abort_flag(&self) -> &AtomicBool {
         &self.abort
     }
 
     /// Tears down in order (see the module docs) once the exchange loop returned, which it
     /// does after the session ended; the session's outcome.
-    pub fn stop(mut self) -> Result<(), DaemonError> {
+    pub(crate) fn stop(mut self) -> Result<(), DaemonError> {
         self.drained.store(true, Ordering::Relaxed);
         let session = self.session.take().map(JoinHandle::join);
         self.close_threads();

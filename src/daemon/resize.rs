@@ -33,7 +33,7 @@ use crate::plan::elastic::{Era, History};
 use super::StartError;
 
 /// The job a start continues.
-pub struct Job {
+pub(crate) struct Job {
     pub history: History,
     pub epoch: u64,
     /// Folders of ranks that are gone from this host, locked; empty unless the job was
@@ -42,7 +42,7 @@ pub struct Job {
 }
 
 /// A gone rank's cache folder on this host, locked by this daemon.
-pub struct Orphan {
+pub(crate) struct Orphan {
     pub dir: CacheDir,
     pub state: CacheState,
 }
@@ -71,7 +71,7 @@ impl Seen {
 /// Collective: the job this start continues, or (in the inner `Err`, the same on every rank)
 /// why it cannot. `mine` is this rank's state file if it belongs to these settings (its world
 /// size aside), `expected` the state this start would write.
-pub fn find_job(
+pub(crate) fn find_job(
     comm: &mut dyn Comm,
     config: &MountConfig,
     mine: Option<&CacheState>,
@@ -138,7 +138,7 @@ pub fn find_job(
 
 /// Whether `state` is a cache of these settings, its world size aside: one of this job,
 /// maybe of another number of ranks.
-pub fn belongs(state: &CacheState, expected: &CacheState) -> bool {
+pub(crate) fn belongs(state: &CacheState, expected: &CacheState) -> bool {
     differences(state, expected).is_empty()
 }
 
@@ -146,7 +146,7 @@ pub fn belongs(state: &CacheState, expected: &CacheState) -> bool {
 /// size the folder's rank (and host layout) do not matter either: `node::regrow` works from
 /// what a folder holds, so a rank may start on a folder another rank used (a per-host
 /// `--cache` without `{rank}`, ranks placed differently); its samples go to their owners.
-pub fn differences(state: &CacheState, expected: &CacheState) -> Vec<String> {
+pub(crate) fn differences(state: &CacheState, expected: &CacheState) -> Vec<String> {
     let resized = state.world_size != expected.world_size;
     let (rank, hosts) = match resized {
         true => (state.rank, state.hosts.clone()),
@@ -161,7 +161,7 @@ pub fn differences(state: &CacheState, expected: &CacheState) -> Vec<String> {
 }
 
 /// The orphans as stores to take samples from (one that cannot be read is left alone).
-pub fn open_orphans(
+pub(crate) fn open_orphans(
     orphans: Vec<Orphan>,
     manifest: &Arc<Manifest>,
     dataset: &Arc<dyn Dataset>,

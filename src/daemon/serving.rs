@@ -16,7 +16,7 @@ use super::startup::Prepared;
 
 /// How this rank's exchanges run: partial-local over `comm` with these settings, or coded
 /// from the server over `world`.
-pub struct Exchanges {
+pub(crate) struct Exchanges {
     pub cfg: ExchangeConfig,
     pub peers: Peers,
     pub coded: Option<CodedClient>,
@@ -24,7 +24,7 @@ pub struct Exchanges {
 
 /// Runs one prepared rank: node, mount (`mount_everywhere`, the agreed last phase of
 /// start-up), readiness, exchanges until unmounted, then the ordered teardown.
-pub fn run_node(
+pub(crate) fn run_node(
     config: &MountConfig,
     prepared: Prepared,
     exchanges: Exchanges,

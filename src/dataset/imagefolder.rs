@@ -45,7 +45,7 @@ impl Dataset for ImageFolder {
 }
 
 /// The source must be a readable folder.
-pub fn check_source(path: &Path) -> Result<(), ManifestError> {
+pub(crate) fn check_source(path: &Path) -> Result<(), ManifestError> {
     match fs::read_dir(path) {
         Ok(_) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {

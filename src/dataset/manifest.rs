@@ -53,10 +53,10 @@ pub enum ManifestError {
 
 /// A class folder's name and its `(sample name, size)` entries; [`UNKNOWN_SIZE`] for a size
 /// not known yet.
-pub type ClassListing = (Vec<u8>, Vec<(Vec<u8>, u64)>);
+pub(crate) type ClassListing = (Vec<u8>, Vec<(Vec<u8>, u64)>);
 
 /// The size of a sample nobody has read yet.
-pub const UNKNOWN_SIZE: u64 = u64::MAX;
+pub(crate) const UNKNOWN_SIZE: u64 = u64::MAX;
 
 /// A dataset's units, what the source is made of, and what was left out.
 #[derive(Clone, Debug, PartialEq)]
@@ -67,7 +67,7 @@ pub struct Manifest {
 
 /// What a source's units are: one or the other, never both.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Index {
+pub(crate) enum Index {
     /// An ImageFolder source: named files in class folders.
     Folders(Folders),
     /// A record source (`--format records`): its units are groups of records, with no
@@ -77,7 +77,7 @@ pub enum Index {
 
 /// The classes and sample names of an ImageFolder source.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Folders {
+pub(crate) struct Folders {
     classes: Vec<Vec<u8>>,
     /// `class_start[c]..class_start[c+1]` are the ids of class `c` (len = classes + 1).
     class_start: Vec<u32>,
@@ -154,7 +154,7 @@ impl Manifest {
     }
 
     /// What the source's units are.
-    pub fn index(&self) -> &Index {
+    pub(crate) fn index(&self) -> &Index {
         &self.index
     }
 
@@ -174,15 +174,15 @@ impl Manifest {
         }
     }
 
-    pub fn class_count(&self) -> u32 {
+    pub(crate) fn class_count(&self) -> u32 {
         self.folders().classes.len() as u32
     }
 
-    pub fn class_name(&self, class: u32) -> &OsStr {
+    pub(crate) fn class_name(&self, class: u32) -> &OsStr {
         OsStr::from_bytes(&self.folders().classes[class as usize])
     }
 
-    pub fn class_by_name(&self, name: &OsStr) -> Option<u32> {
+    pub(crate) fn class_by_name(&self, name: &OsStr) -> Option<u32> {
         (self.folders().classes)
             .binary_search_by(|c| c.as_slice().cmp(name.as_bytes()))
             .ok()
@@ -190,16 +190,16 @@ impl Manifest {
     }
 
     /// Sample ids of `class`, in listing order.
-    pub fn class_range(&self, class: u32) -> std::ops::Range<SampleId> {
+    pub(crate) fn class_range(&self, class: u32) -> std::ops::Range<SampleId> {
         let starts = &self.folders().class_start;
         starts[class as usize]..starts[class as usize + 1]
     }
 
-    pub fn class_of(&self, id: SampleId) -> u32 {
+    pub(crate) fn class_of(&self, id: SampleId) -> u32 {
         (self.folders().class_start.partition_point(|&s| s <= id) - 1) as u32
     }
 
-    pub fn name(&self, id: SampleId) -> &OsStr {
+    pub(crate) fn name(&self, id: SampleId) -> &OsStr {
         let f = self.folders();
         let end = f.name_end[id as usize] as usize;
         let start = if id == 0 {
@@ -219,7 +219,7 @@ impl Manifest {
     }
 
     /// The sample called `name` in `class`.
-    pub fn find(&self, class: u32, name: &OsStr) -> Option<SampleId> {
+    pub(crate) fn find(&self, class: u32, name: &OsStr) -> Option<SampleId> {
         let range = self.class_range(class);
         let (mut lo, mut hi) = (range.start, range.end);
         while lo < hi {
@@ -304,7 +304,7 @@ impl Manifest {
         }
     }
 
-    pub fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let records_folders = Folders::new();
         let folders = match &self.index {
             Index::Folders(f) => f,
@@ -324,7 +324,7 @@ impl Manifest {
     }
 
     /// Decodes bytes from the cache or a peer, refusing anything inconsistent or unsafe.
-    pub fn decode(bytes: &[u8]) -> Result<Manifest, ManifestError> {
+    pub(crate) fn decode(bytes: &[u8]) -> Result<Manifest, ManifestError> {
         let decode_err = |e: postcard::Error| ManifestError::Decode(e.to_string());
         let (wire, rest): (Wire, _) = postcard::take_from_bytes(bytes).map_err(decode_err)?;
         wire.folders.validate()?;

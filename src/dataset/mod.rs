@@ -15,12 +15,12 @@ use std::time::SystemTime;
 
 use crate::plan::SampleId;
 
-pub mod imagefolder;
+pub(crate) mod imagefolder;
 pub mod manifest;
-pub mod names;
+pub(crate) mod names;
 pub mod records;
 pub mod scan;
-pub mod synthetic;
+pub(crate) mod synthetic;
 
 pub use imagefolder::ImageFolder;
 pub use manifest::{Manifest, ManifestError};
@@ -69,7 +69,7 @@ pub enum Format {
 impl Format {
     /// Checks, before anything else starts, that `source` can be this format's source
     /// (rank 0 only: other ranks make no metadata calls on the source).
-    pub fn check_source(self, source: &Path) -> Result<(), ManifestError> {
+    pub(crate) fn check_source(self, source: &Path) -> Result<(), ManifestError> {
         match self {
             Format::Imagefolder => imagefolder::check_source(source),
             Format::Records => {
@@ -96,7 +96,7 @@ impl Format {
     }
 
     /// The reader of `source`'s samples, as `manifest` names them.
-    pub fn open(self, source: &Path, manifest: Arc<Manifest>) -> Arc<dyn Dataset> {
+    pub(crate) fn open(self, source: &Path, manifest: Arc<Manifest>) -> Arc<dyn Dataset> {
         match self {
             Format::Imagefolder => Arc::new(ImageFolder::new(source.to_path_buf(), manifest)),
             Format::Records => Arc::new(RecordSource::new(source.to_path_buf(), manifest)),
@@ -104,7 +104,7 @@ impl Format {
     }
 
     /// Whether a manifest (from the cache, say) fits this format and these record settings.
-    pub fn fits(self, manifest: &Manifest, records: &RecordParams) -> bool {
+    pub(crate) fn fits(self, manifest: &Manifest, records: &RecordParams) -> bool {
         match (self, manifest.records()) {
             (Format::Imagefolder, None) => true,
             (Format::Records, Some(index)) => index.params == *records,

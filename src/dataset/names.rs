@@ -15,7 +15,7 @@ pub struct Skipped {
 }
 
 /// Whether a single path component is safe to use as a file name under a folder we own.
-pub fn is_safe_name(name: &[u8]) -> bool {
+pub(crate) fn is_safe_name(name: &[u8]) -> bool {
     !name.is_empty()
         && name.len() <= 255
         && name != b"."

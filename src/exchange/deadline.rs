@@ -44,7 +44,7 @@ impl Default for SlowPeers {
 
 /// An incoming stream as the rule sees it.
 #[derive(Clone, Copy, Debug)]
-pub struct Progress {
+pub(crate) struct Progress {
     /// Bytes of the stream (when its size list has not arrived: an estimate, see `estimate`).
     pub bytes: u64,
     /// Time since the stream started (see the module docs).
@@ -59,7 +59,7 @@ pub struct Progress {
 
 impl SlowPeers {
     /// Which of `streams` are overdue.
-    pub fn overdue(&self, streams: &[Progress]) -> Vec<bool> {
+    pub(crate) fn overdue(&self, streams: &[Progress]) -> Vec<bool> {
         let none = vec![false; streams.len()];
         if self.factor <= 0.0 {
             return none;
@@ -90,7 +90,7 @@ impl SlowPeers {
 
 /// Bytes of a stream of `samples` samples whose sizes are not known yet: at the mean size
 /// per sample of the streams whose sizes are.
-pub fn estimate(samples: usize, known: &[(u64, usize)]) -> u64 {
+pub(crate) fn estimate(samples: usize, known: &[(u64, usize)]) -> u64 {
     let (bytes, count) = (known.iter()).fold((0u64, 0usize), |(b, c), &(kb, kc)| (b + kb, c + kc));
     if count == 0 {
         0

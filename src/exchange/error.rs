@@ -62,7 +62,7 @@ pub enum ExchangeError {
 
 impl ExchangeError {
     /// The transport's error, if the transport is what failed.
-    pub fn comm(&self) -> Option<&CommError> {
+    pub(crate) fn comm(&self) -> Option<&CommError> {
         match self {
             ExchangeError::Comm { source, .. } => Some(source),
             ExchangeError::Store { .. } | ExchangeError::Sync(_) | ExchangeError::Local(_) => None,
@@ -70,7 +70,7 @@ impl ExchangeError {
     }
 
     /// Whether transfers were left in flight: the process must end without finalizing MPI.
-    pub fn is_abandoned(&self) -> bool {
+    pub(crate) fn is_abandoned(&self) -> bool {
         matches!(self.comm(), Some(CommError::Abandoned))
     }
 }

@@ -4,7 +4,7 @@
 //! The node runs every exchange through one seam, [`EpochExchange`]: [`Partial`] (this
 //! module) or the [`coded`] client. The partial exchange has two halves, so the way samples
 //! travel can change without touching how bytes move:
-//! - [`schedule`]: a [`Strategy`] turns the plan step's transfers into rounds of streams
+//! - `schedule`: a [`Strategy`] turns the plan step's transfers into rounds of streams
 //!   (pure, no I/O; [`Direct`], every peer at once, is the default, chosen by
 //!   [`ExchangeConfig::strategy`]); ranks that share a disk ([`Peers`]) hand samples over
 //!   through it instead of the transport;
@@ -23,12 +23,12 @@ use crate::comm::Comm;
 use crate::plan::{SampleId, Step};
 
 pub mod coded;
-pub mod deadline;
+pub(crate) mod deadline;
 mod error;
 mod executor;
 mod frames;
 mod peers;
-pub mod schedule;
+pub(crate) mod schedule;
 mod seam;
 mod sizes;
 mod tracker;
@@ -96,12 +96,12 @@ pub fn run(
 }
 
 /// Sample ids as little-endian bytes, for lists sent between ranks.
-pub fn encode_ids(ids: &[SampleId]) -> Vec<u8> {
+pub(crate) fn encode_ids(ids: &[SampleId]) -> Vec<u8> {
     ids.iter().flat_map(|id| id.to_le_bytes()).collect()
 }
 
 /// The inverse of [`encode_ids`] (a trailing partial id is ignored).
-pub fn decode_ids(bytes: &[u8]) -> impl Iterator<Item = SampleId> + '_ {
+pub(crate) fn decode_ids(bytes: &[u8]) -> impl Iterator<Item = SampleId> + '_ {
     bytes
         .chunks_exact(4)
         .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))

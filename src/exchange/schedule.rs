@@ -18,6 +18,7 @@
 //! - within a round a rank sends at most one stream to a peer and receives at most one from
 //!   it (messages of a pair are matched in order, so two would be ambiguous).
 
+#[cfg(test)]
 use std::collections::BTreeMap;
 
 use crate::plan::{Rank, SampleId, Transfer};
@@ -34,12 +35,12 @@ pub struct Topology<'a> {
 }
 
 impl Topology<'_> {
-    pub fn size(&self) -> u32 {
+    pub(crate) fn size(&self) -> u32 {
         self.hosts.len() as u32
     }
 
     /// Whether `a` and `b` move samples through their shared disk.
-    pub fn share_disk(&self, a: Rank, b: Rank) -> bool {
+    pub(crate) fn share_disk(&self, a: Rank, b: Rank) -> bool {
         self.disks[a as usize] == self.disks[b as usize]
     }
 }
@@ -71,14 +72,14 @@ pub enum RoundOp {
 }
 
 impl RoundOp {
-    pub fn stream(&self) -> &Stream {
+    pub(crate) fn stream(&self) -> &Stream {
         match self {
             RoundOp::Send(s) | RoundOp::Recv(s) | RoundOp::Hand(s) | RoundOp::Take(s) => s,
         }
     }
 
     /// Whether this rank is the one the samples leave.
-    pub fn is_outgoing(&self) -> bool {
+    pub(crate) fn is_outgoing(&self) -> bool {
         matches!(self, RoundOp::Send(_) | RoundOp::Hand(_))
     }
 }
@@ -107,7 +108,7 @@ pub enum StrategyKind {
 }
 
 impl StrategyKind {
-    pub fn strategy(self) -> &'static dyn Strategy {
+    pub(crate) fn strategy(self) -> &'static dyn Strategy {
         match self {
             StrategyKind::Direct => &Direct,
             StrategyKind::Ring => &Ring,
@@ -117,7 +118,7 @@ impl StrategyKind {
 
 /// The pair of operations that move `out` to `to` and `inc` from `from`: over the shared
 /// disk where the topology allows, else point-to-point.
-pub fn point_to_point(topology: Topology<'_>, to: Stream, from: Stream) -> [RoundOp; 2] {
+pub(crate) fn point_to_point(topology: Topology<'_>, to: Stream, from: Stream) -> [RoundOp; 2] {
     let me = topology.me;
     let send = if topology.share_disk(me, to.peer) {
         RoundOp::Hand(to)
@@ -213,7 +214,8 @@ impl Strategy for Ring {
 
 /// Checks the guarantees of the module docs for the schedules of all ranks; the error names
 /// the first one broken.
-pub fn check(
+#[cfg(test)]
+pub(crate) fn check(
     strategy: &dyn Strategy,
     topology: Topology<'_>,
     transfers: &[Transfer],

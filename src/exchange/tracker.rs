@@ -22,7 +22,7 @@ pub enum ExchangeState {
 }
 
 impl ExchangeState {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ExchangeState::Pending => "pending",
             ExchangeState::Running => "running",
@@ -94,7 +94,7 @@ pub struct PeerReport {
 
 impl ExchangeReport {
     /// The entry of peer `rank`, added if missing.
-    pub fn peer(&mut self, rank: u32) -> &mut PeerReport {
+    pub(crate) fn peer(&mut self, rank: u32) -> &mut PeerReport {
         let i = match self.peers.iter().position(|p| p.rank == rank) {
             Some(i) => i,
             None => {
@@ -116,7 +116,7 @@ pub struct ExchangeTracker {
 }
 
 impl ExchangeTracker {
-    pub fn update(&self, target: u64, f: impl FnOnce(&mut ExchangeReport)) {
+    pub(crate) fn update(&self, target: u64, f: impl FnOnce(&mut ExchangeReport)) {
         let mut reports = self.reports.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(r) = reports.iter_mut().find(|r| r.target_epoch == target) {
             f(r);
@@ -141,7 +141,7 @@ impl ExchangeTracker {
     }
 
     /// Records an exchange that will run, shown as pending until it starts.
-    pub fn announce(&self, target: u64) {
+    pub(crate) fn announce(&self, target: u64) {
         self.update(target, |_| {});
     }
 }

@@ -11,7 +11,7 @@
 //! a string.
 //!
 //! The coordinator is also the one owner of "is the next epoch ready"
-//! ([`Coordinator::is_ready`], the status's `ready_epochs`): the exchange's tracker
+//! (`Coordinator::is_ready`, the status's `ready_epochs`): the exchange's tracker
 //! (`exchange::ExchangeTracker`) only counts what moved.
 //!
 //! Readers (every lookup) see the published epoch through [`Coordinator::current`], a
@@ -67,7 +67,7 @@ pub enum ExchangeOutcome {
 
 /// Why an advance was refused or failed.
 #[derive(Debug, thiserror::Error)]
-pub enum AdvanceError {
+pub(crate) enum AdvanceError {
     #[error("epoch {target} is behind the current epoch {current}")]
     Behind { target: u64, current: u64 },
     #[error("epochs advance one at a time: current is {current}, asked for {target}")]
@@ -103,7 +103,7 @@ pub trait Effects: Send + Sync + 'static {
     /// Saves `epoch` as the one to resume at.
     fn persist(&self, epoch: u64) -> Result<(), String>;
     /// After publication (staging, kernel invalidation). Returns whether the invalidation
-    /// of `change.previous` will be reported through [`Coordinator::invalidated`].
+    /// of `change.previous` will be reported through `Coordinator::invalidated`.
     fn published(&self, change: &EpochChange) -> bool;
     /// The peers whose part of the exchange into `target` has not arrived yet, for the
     /// status and the log of a waiting advance; empty if not known.
@@ -114,7 +114,7 @@ pub trait Effects: Send + Sync + 'static {
 
 /// What advances wait for, as the status shows it (`advance_waiting`) and the log says.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct AdvanceWait {
+pub(crate) struct AdvanceWait {
     pub target_epoch: u64,
     /// `"exchange"` (peers must send their part; they may not have reached the current
     /// epoch yet), `"source"` (fetching what the exchange did not deliver) or
@@ -130,7 +130,7 @@ pub struct AdvanceWait {
 
 /// The last epoch there can be: the view's inode numbers have room for 30 bits of it (a
 /// billion epochs).
-pub const MAX_EPOCH: u64 = (1 << 30) - 1;
+pub(crate) const MAX_EPOCH: u64 = (1 << 30) - 1;
 
 /// How long an advance by a control-file write waits for the kernel to forget the old epoch.
 const INVALIDATION_WAIT: Duration = Duration::from_secs(5);
@@ -241,11 +241,11 @@ impl Coordinator {
         handle
     }
 
-    pub fn plan(&self) -> &Plan {
+    pub(crate) fn plan(&self) -> &Plan {
         &self.shared.plan
     }
 
-    pub fn rank(&self) -> Rank {
+    pub(crate) fn rank(&self) -> Rank {
         self.shared.rank
     }
 
@@ -270,7 +270,7 @@ impl Coordinator {
     /// Whether `epoch`'s exchange completed (for the epoch after the current one: the
     /// status's `ready_epochs`). The one answer to "is the next epoch ready", whatever
     /// exchange runs; the exchange's tracker only counts its progress.
-    pub fn is_ready(&self, epoch: u64) -> bool {
+    pub(crate) fn is_ready(&self, epoch: u64) -> bool {
         matches!(
             self.state(epoch),
             Some(
@@ -282,24 +282,23 @@ impl Coordinator {
 
     /// Makes `target` the current epoch: `current` is a no-op, anything but `current + 1`
     /// is refused (the current view keeps working). Blocks until published.
-    pub fn advance_to(&self, target: u64) -> Result<(), AdvanceError> {
+    #[cfg(test)]
+    pub(crate) fn advance_to(&self, target: u64) -> Result<(), AdvanceError> {
         self.advance(target, false, &Cancel::never())
     }
 
     /// [`advance_to`](Self::advance_to), giving up when `cancel` is set (its caller was
     /// signalled, or the mount goes away).
-    pub fn advance_to_until(&self, target: u64, cancel: &Cancel) -> Result<(), AdvanceError> {
+    pub(crate) fn advance_to_until(
+        &self,
+        target: u64,
+        cancel: &Cancel,
+    ) -> Result<(), AdvanceError> {
         self.advance(target, false, cancel)
     }
 
-    /// [`advance_to`](Self::advance_to), returning only once the kernel was told to forget
-    /// the old epoch (bounded by a few seconds).
-    pub fn advance_and_forget(&self, target: u64) -> Result<(), AdvanceError> {
-        self.advance(target, true, &Cancel::never())
-    }
-
     /// [`advance_and_forget`](Self::advance_and_forget), giving up when `cancel` is set.
-    pub fn advance_and_forget_until(
+    pub(crate) fn advance_and_forget_until(
         &self,
         target: u64,
         cancel: &Cancel,
@@ -371,7 +370,7 @@ impl Coordinator {
     }
 
     /// What advances wait for, if any does: the status's `advance_waiting`.
-    pub fn waiting(&self) -> Option<AdvanceWait> {
+    pub(crate) fn waiting(&self) -> Option<AdvanceWait> {
         let (target, since, requests) = {
             let waits = self.shared.waits.lock().unwrap_or_else(|e| e.into_inner());
             let &(target, since) = waits.values().min_by_key(|(_, since)| *since)?;
@@ -403,17 +402,17 @@ impl Coordinator {
     }
 
     /// The exchange into `target` started.
-    pub fn exchange_started(&self, target: u64) {
+    pub(crate) fn exchange_started(&self, target: u64) {
         self.send(Command::ExchangeStarted(target));
     }
 
     /// The exchange into `target` ended.
-    pub fn exchange_ended(&self, target: u64, outcome: ExchangeOutcome) {
+    pub(crate) fn exchange_ended(&self, target: u64, outcome: ExchangeOutcome) {
         self.send(Command::ExchangeEnded(target, outcome));
     }
 
     /// The kernel forgot epoch `old`'s names.
-    pub fn invalidated(&self, old: u64) {
+    pub(crate) fn invalidated(&self, old: u64) {
         self.send(Command::Invalidated(old));
     }
 

@@ -1,6 +1,6 @@
 //! One rank's moving parts, without the kernel: the epoch [`coordinator`], background
-//! [`staging`] from the source, the [`status`] document, [`resume`] after a crash, and
-//! [`regrow`] after a restart with another number of ranks.
+//! `staging` from the source, the [`status`] document, [`resume`] after a crash, and
+//! `regrow` after a restart with another number of ranks.
 //!
 //! [`Node::start`] wires them for one rank: the daemon puts a FUSE session in front of the
 //! node's `vfs::ShuffleFs` and runs [`serve`] on the thread that owns MPI, with the exchange
@@ -19,10 +19,10 @@ use crate::exchange::{EpochExchange, ExchangeConfig, ExchangeCtx, ExchangeError,
 use crate::plan::{Plan, Rank, SampleId, Step};
 
 pub mod coordinator;
-pub mod regrow;
+pub(crate) mod regrow;
 pub mod resume;
-pub mod resumed;
-pub mod staging;
+pub(crate) mod resumed;
+pub(crate) mod staging;
 pub mod status;
 
 use coordinator::{Coordinator, Effects, EpochChange, ExchangeOutcome};
@@ -126,7 +126,7 @@ impl Node {
     /// From now on, the old epochs whose kernel entries must be dropped, for whoever talks
     /// to the kernel; it reports each one done through `Coordinator::invalidated`. Until
     /// this is called (and in tests without a kernel) advances wait for no invalidation.
-    pub fn invalidations(&self) -> Receiver<u64> {
+    pub(crate) fn invalidations(&self) -> Receiver<u64> {
         let (tx, rx) = channel();
         *self
             .effects

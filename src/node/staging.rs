@@ -32,7 +32,7 @@ pub struct StagingProgress {
 }
 
 #[derive(Serialize)]
-pub struct StagingSnapshot {
+pub(crate) struct StagingSnapshot {
     pub state: &'static str,
     pub epoch: u64,
     pub files_done: u64,
@@ -44,7 +44,7 @@ pub struct StagingSnapshot {
 }
 
 impl StagingProgress {
-    pub fn snapshot(&self) -> StagingSnapshot {
+    pub(crate) fn snapshot(&self) -> StagingSnapshot {
         let files_done = self.files_done.load(Ordering::Relaxed);
         let files_total = self.files_total.load(Ordering::Relaxed);
         StagingSnapshot {
@@ -72,7 +72,7 @@ impl StagingProgress {
     }
 }
 
-pub enum StagingCmd {
+pub(crate) enum StagingCmd {
     /// Stage `current`'s share (dropping samples that left is the exchange thread's job,
     /// ordered before the next exchange can bring any of them back).
     Epoch { current: Arc<EpochShares> },
@@ -84,7 +84,7 @@ pub struct Staging {
 }
 
 impl Staging {
-    pub fn start(store: Arc<SampleStore>, rank: Rank, threads: usize) -> Staging {
+    pub(crate) fn start(store: Arc<SampleStore>, rank: Rank, threads: usize) -> Staging {
         let (tx, rx) = channel();
         let progress = Arc::new(StagingProgress::default());
         let p = progress.clone();
@@ -95,7 +95,7 @@ impl Staging {
         Staging { tx, progress }
     }
 
-    pub fn send(&self, cmd: StagingCmd) {
+    pub(crate) fn send(&self, cmd: StagingCmd) {
         let _ = self.tx.send(cmd);
     }
 }

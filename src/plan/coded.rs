@@ -29,7 +29,12 @@ pub struct CodedShares {
 
 impl CodedShares {
     /// Checks that a cache of `alpha` of the dataset can hold a share (`alpha >= 1/ranks`).
-    pub fn new(samples: u32, ranks: u32, alpha: f64, seed: u64) -> Result<Self, PlacementError> {
+    pub(crate) fn new(
+        samples: u32,
+        ranks: u32,
+        alpha: f64,
+        seed: u64,
+    ) -> Result<Self, PlacementError> {
         RandomPlacement::new(samples, ranks as usize, alpha, seed)?;
         Ok(CodedShares {
             samples,
@@ -39,7 +44,7 @@ impl CodedShares {
         })
     }
 
-    pub fn alpha(&self) -> f64 {
+    pub(crate) fn alpha(&self) -> f64 {
         self.alpha
     }
 
@@ -52,7 +57,7 @@ impl CodedShares {
     }
 
     /// Epoch `epoch`'s shares, each sorted (so views list by class, as under every plan).
-    pub fn shares(&self, epoch: u64) -> EpochShares {
+    pub(crate) fn shares(&self, epoch: u64) -> EpochShares {
         let p = self.placement_at(0);
         EpochShares {
             epoch,
@@ -65,7 +70,7 @@ impl CodedShares {
     }
 
     /// The next epoch's shares; no transfers (see the module docs).
-    pub fn step(&self, cur: &EpochShares) -> Step {
+    pub(crate) fn step(&self, cur: &EpochShares) -> Step {
         Step {
             next: self.shares(cur.epoch + 1),
             transfers: Vec::new(),
@@ -73,7 +78,7 @@ impl CodedShares {
     }
 
     /// What `rank` caches at `epoch`: its share and the retained samples, ascending.
-    pub fn cache(&self, rank: Rank, epoch: u64) -> Vec<SampleId> {
+    pub(crate) fn cache(&self, rank: Rank, epoch: u64) -> Vec<SampleId> {
         let p = self.placement_at(epoch);
         let cache: &BTreeSet<SampleId> = &p.caches()[rank as usize];
         cache.iter().copied().collect()

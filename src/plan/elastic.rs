@@ -103,7 +103,7 @@ impl History {
     }
 
     /// Whether the world size ever changed.
-    pub fn is_resized(&self) -> bool {
+    pub(crate) fn is_resized(&self) -> bool {
         self.eras.len() > 1
     }
 
@@ -132,7 +132,7 @@ impl History {
     }
 
     /// Whether `other` is this history, possibly continued by more eras.
-    pub fn is_prefix_of(&self, other: &History) -> bool {
+    pub(crate) fn is_prefix_of(&self, other: &History) -> bool {
         other.eras.starts_with(&self.eras)
     }
 
@@ -243,7 +243,7 @@ impl ElasticPlan {
     }
 
     /// The plan of the last era: what the job follows from now on.
-    pub fn current(&self) -> &Plan {
+    pub(crate) fn current(&self) -> &Plan {
         &self.eras.last().expect("never empty").1
     }
 

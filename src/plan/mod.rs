@@ -41,7 +41,7 @@ use std::sync::Arc;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 
-pub mod coded;
+pub(crate) mod coded;
 pub mod elastic;
 pub mod placement;
 
@@ -86,14 +86,14 @@ pub enum ExchangeScope {
 
 impl ExchangeScope {
     /// The name `--exchange-scope` takes (and the status and state file show).
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             ExchangeScope::Global => "global",
             ExchangeScope::Node => "node",
         }
     }
 
-    pub fn is_global(&self) -> bool {
+    pub(crate) fn is_global(&self) -> bool {
         *self == ExchangeScope::Global
     }
 }
@@ -140,7 +140,8 @@ impl HostLayout {
     }
 
     /// Host index of every rank, numbered by first appearance.
-    pub fn hosts(&self) -> &[u32] {
+    #[cfg(test)]
+    pub(crate) fn hosts(&self) -> &[u32] {
         &self.hosts
     }
 
@@ -149,7 +150,7 @@ impl HostLayout {
         &self.groups
     }
 
-    pub fn host_of(&self, rank: Rank) -> u32 {
+    pub(crate) fn host_of(&self, rank: Rank) -> u32 {
         self.hosts[rank as usize]
     }
 
@@ -159,7 +160,7 @@ impl HostLayout {
     }
 
     /// For messages: `"2 hosts (ranks 0-1 | 2-3)"`.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let groups: Vec<String> = self.groups.iter().map(|g| ranges(g)).collect();
         let n = groups.len();
         format!(
@@ -241,7 +242,7 @@ pub struct Step {
 /// Which plan this is: the variants exclude each other (a coded plan has no exchange
 /// scope). Shared parts sit behind an `Arc`, so a clone of the plan stays cheap.
 #[derive(Clone, Debug)]
-pub enum PlanKind {
+pub(crate) enum PlanKind {
     /// Partial-local shuffling between any ranks.
     Global,
     /// Partial-local shuffling within each host of the layout (node scope).
@@ -283,10 +284,6 @@ impl Plan {
         Ok(plan)
     }
 
-    pub fn kind(&self) -> &PlanKind {
-        &self.kind
-    }
-
     /// The coded variant's shares and caches, if this is one.
     pub fn coded_shares(&self) -> Option<&CodedShares> {
         match &self.kind {
@@ -297,7 +294,7 @@ impl Plan {
 
     /// Samples `rank` keeps cached at `epoch` beyond its share: the retained samples of a
     /// coded run, none otherwise. Ascending.
-    pub fn retained(&self, rank: Rank, epoch: u64) -> Vec<SampleId> {
+    pub(crate) fn retained(&self, rank: Rank, epoch: u64) -> Vec<SampleId> {
         self.coded_shares()
             .map_or_else(Vec::new, |c| c.cache(rank, epoch))
     }
@@ -492,7 +489,7 @@ pub(crate) fn partial_shuffle<T>(items: &mut [T], k: usize, rng: &mut ChaCha8Rng
 }
 
 /// Samples of `share` whose ids fall in `range`, using that both are sorted.
-pub fn share_in_range(share: &[SampleId], range: std::ops::Range<SampleId>) -> &[SampleId] {
+pub(crate) fn share_in_range(share: &[SampleId], range: std::ops::Range<SampleId>) -> &[SampleId] {
     let lo = share.partition_point(|&s| s < range.start);
     let hi = share.partition_point(|&s| s < range.end);
     &share[lo..hi]

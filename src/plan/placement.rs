@@ -30,7 +30,7 @@ use std::collections::BTreeSet;
 use super::{SampleId, partial_shuffle, shuffle, stream};
 
 /// At most this many compute nodes: a set of nodes is a `u64` bit mask (`coded::index`).
-pub const MAX_NODES: usize = 64;
+pub(crate) const MAX_NODES: usize = 64;
 
 const DOMAIN_SHARES: u64 = 0xC0DE_0001;
 const DOMAIN_EXTRA: u64 = 0xC0DE_0002;
@@ -124,18 +124,18 @@ impl RandomPlacement {
 
     /// The epoch whose caches [`caches`](Self::caches) holds (the next instance moves out
     /// of it).
-    pub fn epoch(&self) -> u64 {
+    pub(crate) fn epoch(&self) -> u64 {
         self.epoch
     }
 
-    /// Every node's cache `C_i` at [`epoch`](Self::epoch).
+    /// Every node's cache `C_i` at `epoch`.
     pub fn caches(&self) -> &[BTreeSet<SampleId>] {
         &self.caches
     }
 
     /// Applies the update rule until the caches are those of `epoch` (no-op if already
     /// there or past it): what a restart at `epoch` re-derives.
-    pub fn advance_to(&mut self, epoch: u64) {
+    pub(crate) fn advance_to(&mut self, epoch: u64) {
         while self.epoch < epoch {
             self.advance();
         }
@@ -154,7 +154,7 @@ impl RandomPlacement {
     /// Moves to the next epoch: returns the caches it leaves and the shares it enters (the
     /// problem of moving from one to the other, `coded::next_instance`), then applies the
     /// update rule so the following call moves to the epoch after.
-    pub fn advance(&mut self) -> (Vec<BTreeSet<SampleId>>, Vec<BTreeSet<SampleId>>) {
+    pub(crate) fn advance(&mut self) -> (Vec<BTreeSet<SampleId>>, Vec<BTreeSet<SampleId>>) {
         self.epoch += 1;
         let demands = self.shares(self.epoch);
         let left = self.caches.clone();

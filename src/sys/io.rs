@@ -7,7 +7,7 @@ use std::os::unix::fs::FileExt;
 
 /// Reads into `buf` from `offset` until it is full or the file ends; returns the bytes read
 /// (short only at the end of the file).
-pub fn read_full_at(file: &File, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+pub(crate) fn read_full_at(file: &File, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
     let mut filled = 0;
     while filled < buf.len() {
         match file.read_at(&mut buf[filled..], offset + filled as u64) {

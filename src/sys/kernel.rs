@@ -23,7 +23,7 @@ pub enum ReadPath {
 /// Whether reads can pass through with `read_path`: the kernel has FUSE passthrough from
 /// Linux 6.9, and registers backing files only for a daemon with CAP_SYS_ADMIN (6.9 to at
 /// least 6.18).
-pub fn may_pass_through(read_path: ReadPath) -> bool {
+pub(crate) fn may_pass_through(read_path: ReadPath) -> bool {
     read_path == ReadPath::Passthrough && has_cap_sys_admin() && kernel_at_least(&release(), (6, 9))
 }
 

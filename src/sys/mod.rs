@@ -1,5 +1,5 @@
 //! The host: the mount table, kernel probes, the mount's readahead window, positioned reads.
-pub mod io;
-pub mod kernel;
+pub(crate) mod io;
+pub(crate) mod kernel;
 pub mod mounts;
-pub mod readahead;
+pub(crate) mod readahead;

@@ -6,7 +6,7 @@ use std::path::Path;
 
 /// Why a folder cannot be mounted on; each message names the folder and says what to do.
 #[derive(Debug, thiserror::Error)]
-pub enum MountpointError {
+pub(crate) enum MountpointError {
     #[error("mount point {0} does not exist; create it with `mkdir -p {0}`")]
     Missing(DisplayPath),
     #[error("mount point {0} is not a folder")]
@@ -30,7 +30,7 @@ pub enum MountpointError {
 
 /// A path as error messages show it.
 #[derive(Debug)]
-pub struct DisplayPath(pub std::path::PathBuf);
+pub(crate) struct DisplayPath(pub std::path::PathBuf);
 
 impl std::fmt::Display for DisplayPath {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -40,7 +40,7 @@ impl std::fmt::Display for DisplayPath {
 
 /// The mount point must exist, be a folder, be empty and not already be a mount. A dead
 /// shufflefs mount left by a daemon that was killed is cleaned up first.
-pub fn mountpoint(path: &Path) -> Result<(), MountpointError> {
+pub(crate) fn mountpoint(path: &Path) -> Result<(), MountpointError> {
     let p = || DisplayPath(path.to_path_buf());
     let mut meta = fs::metadata(path);
     if meta
@@ -100,7 +100,7 @@ fn clean_dead_mount(path: &Path) -> Result<(), MountpointError> {
 /// Lazily unmounts `path`: it leaves the namespace at once, files already open keep working,
 /// and the daemon's session ends when the last one is closed. Root detaches directly, others
 /// go through fusermount3.
-pub fn detach(path: &Path) -> bool {
+pub(crate) fn detach(path: &Path) -> bool {
     nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH).is_ok()
         || std::process::Command::new("fusermount3")
             .arg("-uz")
@@ -119,7 +119,7 @@ pub fn is_mounted(path: &Path) -> bool {
 
 /// The device (`MAJ:MIN`) of the newest FUSE mount at `path`, from `/proc/self/mountinfo`,
 /// without touching the mount itself (its daemon may not be answering).
-pub fn fuse_device(path: &Path) -> Option<String> {
+pub(crate) fn fuse_device(path: &Path) -> Option<String> {
     let target = match (path.parent(), path.file_name()) {
         (Some(p), Some(name)) if !p.as_os_str().is_empty() => fs::canonicalize(p).ok()?.join(name),
         (Some(_), Some(name)) => std::env::current_dir().ok()?.join(name),
@@ -134,7 +134,7 @@ pub fn fuse_device(path: &Path) -> Option<String> {
 /// Whether a mount of device `device` (`MAJ:MIN`, as [`fuse_device`] gives it) is still in
 /// this process's mount table: a lazily detached mount is not, though its connection
 /// lives on while files are open there.
-pub fn device_mounted(device: &str) -> bool {
+pub(crate) fn device_mounted(device: &str) -> bool {
     mounts().any(|m| m.device == device)
 }
 

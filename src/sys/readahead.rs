@@ -16,14 +16,14 @@ use std::path::{Path, PathBuf};
 use crate::sys::mounts;
 
 /// The window to raise to, in KiB: FUSE's largest read request.
-pub const WINDOW_KB: u64 = 1024;
+pub(crate) const WINDOW_KB: u64 = 1024;
 
 /// Raises the readahead window of the FUSE filesystem mounted at `mountpoint` to at least
 /// `kb` KiB; call it once the handshake is done (fuser's `Session::new` does it). Returns
 /// the window now in effect. Touches only the mount table and sysfs, never the mount, so
 /// it needs no request thread. Best effort: the caller logs a failure (not root, sysfs
 /// read-only in a container) and carries on.
-pub fn raise(mountpoint: &Path, kb: u64) -> std::io::Result<u64> {
+pub(crate) fn raise(mountpoint: &Path, kb: u64) -> std::io::Result<u64> {
     let device = mounts::fuse_device(mountpoint).ok_or_else(|| {
         std::io::Error::other(format!("no FUSE mount at {}", mountpoint.display()))
     })?;

@@ -29,7 +29,7 @@ use std::path::Path;
 
 /// Owners and modes of the view's nodes (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Access {
+pub(crate) struct Access {
     /// The source root's owner and group: owners of every view node but `.shufflefs`.
     pub uid: u32,
     pub gid: u32,
@@ -45,7 +45,7 @@ pub struct Access {
 impl Access {
     /// Everything the mounting user's, files 0444 and folders 0555: a view without a
     /// source to learn from (tests), and the fallback when the root cannot be examined.
-    pub fn mounter() -> Access {
+    pub(crate) fn mounter() -> Access {
         let (uid, gid) = (
             nix::unistd::getuid().as_raw(),
             nix::unistd::getgid().as_raw(),
@@ -62,7 +62,7 @@ impl Access {
 
     /// The view's access for source `root` (one `stat`); if that fails, only the mounting
     /// user's (files 0400, folders 0500): a view never grants what it cannot check.
-    pub fn of_source(root: &Path) -> Access {
+    pub(crate) fn of_source(root: &Path) -> Access {
         let me = Access::mounter();
         match examine(root) {
             Ok((meta, above)) => {
@@ -112,7 +112,7 @@ impl Access {
     }
 
     /// Whether user `uid` may steer the mount (advance the epoch): the mounting user or root.
-    pub fn may_control(&self, uid: u32) -> bool {
+    pub(crate) fn may_control(&self, uid: u32) -> bool {
         uid == 0 || uid == self.mounter_uid
     }
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 use crate::vfs::inodes::Node;
 
 /// Published views never change: the kernel may keep them for a day.
-pub const VIEW_TTL: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const VIEW_TTL: Duration = Duration::from_secs(24 * 3600);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -39,7 +39,7 @@ pub struct Entry {
 impl Entry {
     /// How long the kernel may keep this entry and its attributes: a day for what never
     /// changes, not at all for the rest (control files, samples of unknown size).
-    pub fn ttl(&self) -> Duration {
+    pub(crate) fn ttl(&self) -> Duration {
         if self.immutable {
             VIEW_TTL
         } else {
@@ -49,7 +49,7 @@ impl Entry {
 
     /// Hard links: folders count their `.` (no folder here has subfolders that hold a `..`
     /// the kernel would count).
-    pub fn nlink(&self) -> u32 {
+    pub(crate) fn nlink(&self) -> u32 {
         match self.kind {
             Kind::Dir => 2,
             Kind::File | Kind::Symlink => 1,
@@ -58,7 +58,7 @@ impl Entry {
 
     /// 512-byte blocks, as `stat` reports them: what the bytes would take, not what the
     /// cache file takes (it may not exist yet).
-    pub fn blocks(&self) -> u64 {
+    pub(crate) fn blocks(&self) -> u64 {
         self.size.div_ceil(512)
     }
 }

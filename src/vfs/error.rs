@@ -54,7 +54,7 @@ impl FsError {
     }
 
     /// Expected outcomes (a missing name, a refused write) are not worth a warning in the log.
-    pub fn is_routine(&self) -> bool {
+    pub(crate) fn is_routine(&self) -> bool {
         matches!(
             self,
             FsError::NotFound

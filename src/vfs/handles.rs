@@ -30,7 +30,7 @@ use crate::vfs::{Cancel, Entry, Opened, ShuffleFs};
 
 /// What the binding keeps with a handle for as long as it is open (passthrough's backing
 /// registration), so one table holds everything an open file needs.
-pub type Attached = Arc<dyn std::any::Any + Send + Sync>;
+pub(crate) type Attached = Arc<dyn std::any::Any + Send + Sync>;
 
 /// What a handle reads from.
 enum Handle {
@@ -81,12 +81,12 @@ impl OpenFiles {
         }
     }
 
-    pub fn fs(&self) -> &Arc<ShuffleFs> {
+    pub(crate) fn fs(&self) -> &Arc<ShuffleFs> {
         &self.fs
     }
 
     /// Whether the kernel opens files through us.
-    pub fn opens(&self) -> bool {
+    pub(crate) fn opens(&self) -> bool {
         self.opens
     }
 
@@ -102,7 +102,7 @@ impl OpenFiles {
 
     /// [`open`](Self::open), keeping with a cache file's handle what `attach` returns for
     /// it until the handle is released.
-    pub fn open_attached(
+    pub(crate) fn open_attached(
         &self,
         ino: u64,
         write: bool,
@@ -159,7 +159,7 @@ impl OpenFiles {
 
     /// Whether a read through handle `fh` may wait on the source (a part's groups may not be
     /// cached yet), so the binding runs it where waiting is allowed.
-    pub fn read_wait(&self, fh: u64) -> crate::vfs::Wait {
+    pub(crate) fn read_wait(&self, fh: u64) -> crate::vfs::Wait {
         match self.table().get(&fh) {
             Some(Handle::Part(..)) => crate::vfs::Wait::Source,
             _ => crate::vfs::Wait::No,
@@ -172,7 +172,12 @@ impl OpenFiles {
     }
 
     /// [`OpenFiles::write`], giving up the advance's wait when `cancel` is set.
-    pub fn write_until(&self, fh: u64, data: &[u8], cancel: &Cancel) -> Result<usize, FsError> {
+    pub(crate) fn write_until(
+        &self,
+        fh: u64,
+        data: &[u8],
+        cancel: &Cancel,
+    ) -> Result<usize, FsError> {
         let is_control = matches!(self.table().get(&fh), Some(Handle::EpochControl));
         if !is_control {
             return Err(FsError::ReadOnly);
@@ -234,7 +239,7 @@ impl OpenFiles {
     }
 
     /// [`OpenFiles::write_unopened`], giving up the advance's wait when `cancel` is set.
-    pub fn write_unopened_until(
+    pub(crate) fn write_unopened_until(
         &self,
         ino: u64,
         data: &[u8],
@@ -251,13 +256,8 @@ impl OpenFiles {
         self.fs.getattr(ino).map(|e| self.rendered(e))
     }
 
-    /// `ShuffleFs::lookup_node`, with the epoch file's attributes fresh (see `rendered`).
-    pub fn lookup_node(&self, node: Node) -> Result<Entry, FsError> {
-        self.lookup_node_until(node, &Cancel::never())
-    }
-
     /// [`OpenFiles::lookup_node`], giving up an advance's wait when `cancel` is set.
-    pub fn lookup_node_until(&self, node: Node, cancel: &Cancel) -> Result<Entry, FsError> {
+    pub(crate) fn lookup_node_until(&self, node: Node, cancel: &Cancel) -> Result<Entry, FsError> {
         self.fs
             .lookup_node_until(node, cancel)
             .map(|e| self.rendered(e))

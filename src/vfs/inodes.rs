@@ -27,13 +27,13 @@ use std::ffi::OsStr;
 use crate::plan::SampleId;
 
 pub const ROOT: u64 = 1;
-pub const CTL_DIR_NAME: &str = ".shufflefs";
-pub const CURRENT_NAME: &str = "current";
-pub const STATUS_NAME: &str = "status";
-pub const EPOCH_CTL_NAME: &str = "epoch";
+pub(crate) const CTL_DIR_NAME: &str = ".shufflefs";
+pub(crate) const CURRENT_NAME: &str = "current";
+pub(crate) const STATUS_NAME: &str = "status";
+pub(crate) const EPOCH_CTL_NAME: &str = "epoch";
 /// Epochs are limited to 30 bits by the inode layout (a billion epochs); the coordinator
 /// publishes none beyond.
-pub use crate::node::coordinator::MAX_EPOCH;
+pub(crate) use crate::node::coordinator::MAX_EPOCH;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Node {
@@ -84,35 +84,27 @@ impl Node {
         })
     }
 
-    pub fn is_dir(self) -> bool {
+    pub(crate) fn is_dir(self) -> bool {
         matches!(
             self,
             Node::Root | Node::CtlDir | Node::EpochDir(_) | Node::ClassDir(..)
         )
     }
-
-    /// The epoch a view node belongs to, if any.
-    pub fn epoch(self) -> Option<u64> {
-        match self {
-            Node::EpochDir(e) | Node::ClassDir(e, _) | Node::Part(e, _) => Some(e),
-            _ => None,
-        }
-    }
 }
 
-pub fn epoch_dir_name(epoch: u64) -> String {
+pub(crate) fn epoch_dir_name(epoch: u64) -> String {
     format!("epoch-{epoch}")
 }
 
 /// Parses `epoch-N` in canonical form only (`epoch-01` is not `epoch-1`).
-pub fn parse_epoch_dir(name: &OsStr) -> Option<u64> {
+pub(crate) fn parse_epoch_dir(name: &OsStr) -> Option<u64> {
     let digits = name.to_str()?.strip_prefix("epoch-")?;
     let n: u64 = digits.parse().ok()?;
     (n.to_string() == digits && n <= MAX_EPOCH).then_some(n)
 }
 
 /// Parses what a user writes to `.shufflefs/epoch`: a decimal number, surrounding space allowed.
-pub fn parse_epoch_value(data: &[u8]) -> Option<u64> {
+pub(crate) fn parse_epoch_value(data: &[u8]) -> Option<u64> {
     let text = std::str::from_utf8(data).ok()?.trim();
     if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
         return None;

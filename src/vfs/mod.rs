@@ -26,27 +26,26 @@ use crate::vfs::access::Access;
 use crate::vfs::error::FsError;
 use crate::vfs::inodes::{CTL_DIR_NAME, CURRENT_NAME, EPOCH_CTL_NAME, Node, STATUS_NAME};
 
-pub mod access;
-pub mod attr;
+pub(crate) mod access;
+pub(crate) mod attr;
 pub mod error;
-pub mod handles;
+pub(crate) mod handles;
 pub mod inodes;
-pub mod parts;
-pub mod statfs;
-pub mod wait;
+pub(crate) mod parts;
+pub(crate) mod statfs;
+pub(crate) mod wait;
 
 pub use attr::{Entry, Kind};
 pub use handles::{OpenFile, OpenFiles};
 pub use parts::PartLayout;
-pub use statfs::StatFs;
 pub use wait::{Cancel, Cancelled, Wait};
 
 /// Largest sample served straight from the source when the cache cannot hold it. In the
 /// page-cache read path every read request re-reads the whole sample, so this stays small.
-pub const UNCACHED_MAX: u64 = 16 << 20;
+pub(crate) const UNCACHED_MAX: u64 = 16 << 20;
 
 /// Default `--part-size`.
-pub const DEFAULT_PART_SIZE: u64 = 128 << 20;
+pub(crate) const DEFAULT_PART_SIZE: u64 = 128 << 20;
 
 /// The domain of the view order's seeded stream (see `plan::stream`).
 const VIEW_ORDER_DOMAIN: u64 = 0x7061_7274; // "part"
@@ -86,7 +85,7 @@ fn copy_window(bytes: &[u8], offset: u64, out: &mut [u8]) -> usize {
 }
 
 /// Where `status_file` publishes the status document, under the cache folder.
-pub const STATUS_FILE: &str = "status.json";
+pub(crate) const STATUS_FILE: &str = "status.json";
 
 impl ShuffleFs {
     pub fn new(
@@ -116,25 +115,25 @@ impl ShuffleFs {
     }
 
     /// Shows the view with `access`'s owners and modes (the source's: `Access::of_source`).
-    pub fn with_access(mut self, access: Access) -> ShuffleFs {
+    pub(crate) fn with_access(mut self, access: Access) -> ShuffleFs {
         self.access = access;
         self
     }
 
     /// Whether user `uid` may advance the epoch (write `.shufflefs/epoch`, look up the next
     /// `epoch-N`): the mounting user and root only.
-    pub fn may_control(&self, uid: u32) -> bool {
+    pub(crate) fn may_control(&self, uid: u32) -> bool {
         self.access.may_control(uid)
     }
 
     /// Sets the target size of a record source's part files (`--part-size`).
-    pub fn with_part_size(mut self, bytes: u64) -> ShuffleFs {
+    pub(crate) fn with_part_size(mut self, bytes: u64) -> ShuffleFs {
         self.part_size = bytes.max(1);
         self
     }
 
     /// Epoch `epoch`'s part layout, if this is a record source and `epoch` is current.
-    pub fn layout(&self, epoch: u64) -> Result<Arc<PartLayout>, FsError> {
+    pub(crate) fn layout(&self, epoch: u64) -> Result<Arc<PartLayout>, FsError> {
         let manifest = self.store.manifest();
         let index = manifest.records().ok_or(FsError::NotFound)?;
         let cur = self.epochs.current();
@@ -168,7 +167,7 @@ impl ShuffleFs {
 
     /// Reads part `p` of `layout` at `offset`: each group from the cache (fetched into it
     /// first if need be), or from the source if the cache cannot take it.
-    pub fn read_part(
+    pub(crate) fn read_part(
         &self,
         layout: &PartLayout,
         p: u32,
@@ -197,7 +196,7 @@ impl ShuffleFs {
     }
 
     /// Shows `.shufflefs/status` as a link to `status_file` instead of a file.
-    pub fn with_status_link(mut self) -> ShuffleFs {
+    pub(crate) fn with_status_link(mut self) -> ShuffleFs {
         self.status_link = true;
         self
     }
@@ -354,7 +353,7 @@ impl ShuffleFs {
 
     /// The node `name` names in `parent`, with no side effect: the next epoch's folder is
     /// named too, and `lookup_node` advances to it.
-    pub fn child(&self, parent: u64, name: &OsStr) -> Result<Node, FsError> {
+    pub(crate) fn child(&self, parent: u64, name: &OsStr) -> Result<Node, FsError> {
         let parent = Node::from_ino(parent).ok_or(FsError::NotFound)?;
         let current = self.epochs.epoch();
         let node = match parent {
@@ -395,13 +394,13 @@ impl ShuffleFs {
 
     /// Finishes looking up `node` (from `child`): the next epoch's folder advances to it,
     /// and a sample of unknown size is fetched to learn it.
-    pub fn lookup_node(&self, node: Node) -> Result<Entry, FsError> {
+    pub(crate) fn lookup_node(&self, node: Node) -> Result<Entry, FsError> {
         self.lookup_node_until(node, &Cancel::never())
     }
 
     /// [`ShuffleFs::lookup_node`]; an advance it waits on gives up when `cancel` is set
     /// (see `vfs::wait`).
-    pub fn lookup_node_until(&self, node: Node, cancel: &Cancel) -> Result<Entry, FsError> {
+    pub(crate) fn lookup_node_until(&self, node: Node, cancel: &Cancel) -> Result<Entry, FsError> {
         if let Node::EpochDir(e) = node
             && e > self.epochs.epoch()
         {
@@ -523,7 +522,7 @@ impl ShuffleFs {
 
     /// [`ShuffleFs::write_epoch`]; the advance gives up when `cancel` is set (the writer
     /// was signalled, or the mount goes away: see `vfs::wait`).
-    pub fn write_epoch_until(&self, data: &[u8], cancel: &Cancel) -> Result<usize, FsError> {
+    pub(crate) fn write_epoch_until(&self, data: &[u8], cancel: &Cancel) -> Result<usize, FsError> {
         let target = inodes::parse_epoch_value(data).ok_or_else(|| {
             FsError::Invalid(format!("{:?} is not an epoch number; write the next epoch, e.g. `echo N+1 > .shufflefs/epoch`", String::from_utf8_lossy(data)))
         })?;

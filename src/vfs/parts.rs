@@ -40,7 +40,7 @@ pub struct PartLayout {
 impl PartLayout {
     /// Lays out `order` (groups in view order) into parts of about `target` bytes.
     /// `len(g)` is group `g`'s size and whether a `\n` follows it in the view.
-    pub fn new(
+    pub(crate) fn new(
         epoch: u64,
         order: Vec<SampleId>,
         len: impl Fn(SampleId) -> (u64, bool),
@@ -82,7 +82,7 @@ impl PartLayout {
         }
     }
 
-    pub fn parts(&self) -> u32 {
+    pub(crate) fn parts(&self) -> u32 {
         self.part_first.len().saturating_sub(1) as u32
     }
 
@@ -92,21 +92,22 @@ impl PartLayout {
     }
 
     /// Part `p`'s exact size in bytes.
-    pub fn size(&self, p: u32) -> u64 {
+    pub(crate) fn size(&self, p: u32) -> u64 {
         self.item_end[self.items(p).end - 1] + self.trailer
     }
 
     /// Groups of part `p`, in order.
-    pub fn groups(&self, p: u32) -> &[SampleId] {
+    #[cfg(test)]
+    pub(crate) fn groups(&self, p: u32) -> &[SampleId] {
         &self.order[self.items(p)]
     }
 
-    pub fn name(&self, p: u32) -> String {
+    pub(crate) fn name(&self, p: u32) -> String {
         format!("part-{p:05}.{}", self.ext)
     }
 
     /// The part `name` names, if it is one of this layout's (canonical names only).
-    pub fn parse_name(&self, name: &str) -> Option<u32> {
+    pub(crate) fn parse_name(&self, name: &str) -> Option<u32> {
         let digits = name.strip_prefix("part-")?.strip_suffix(&self.ext)?;
         let digits = digits.strip_suffix('.')?;
         let p: u32 = digits.parse().ok()?;
@@ -115,7 +116,7 @@ impl PartLayout {
 
     /// Fills `buf` from offset `offset` of part `p`; short only at its end. `read(g, off,
     /// buf)` reads group `g`'s bytes at `off` (short only at the group's end).
-    pub fn read(
+    pub(crate) fn read(
         &self,
         p: u32,
         offset: u64,

@@ -11,11 +11,11 @@ use crate::vfs::error::FsError;
 
 /// The longest name a view holds: source names come from a filesystem that allows 255
 /// bytes, and the scan keeps them as they are.
-pub const NAME_MAX: u32 = 255;
+pub(crate) const NAME_MAX: u32 = 255;
 
 /// What `statfs` answers, in the kernel's units.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StatFs {
+pub(crate) struct StatFs {
     /// Preferred I/O size (`f_bsize`).
     pub block_size: u32,
     /// The unit of the block counts (`f_frsize`).
@@ -31,7 +31,7 @@ pub struct StatFs {
 
 impl ShuffleFs {
     /// Space of the cache folder's filesystem, and the dataset's sample count.
-    pub fn statfs(&self) -> Result<StatFs, FsError> {
+    pub(crate) fn statfs(&self) -> Result<StatFs, FsError> {
         let cache = nix::sys::statvfs::statvfs(self.store.dir().root())
             .map_err(|e| FsError::Io(e.into()))?;
         Ok(StatFs {

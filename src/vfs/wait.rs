@@ -57,7 +57,7 @@ impl ShuffleFs {
     }
 
     /// Whether a read of `ino` without an open may wait: a part's groups may not be cached.
-    pub fn read_wait_ino(&self, ino: u64) -> Wait {
+    pub(crate) fn read_wait_ino(&self, ino: u64) -> Wait {
         match Node::from_ino(ino) {
             Some(Node::Part(..)) => Wait::Source,
             _ => self.wait_ino(ino),

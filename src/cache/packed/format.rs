@@ -25,7 +25,7 @@
 use std::io;
 
 /// Bytes of a record header.
-pub const HEADER: usize = 48;
+pub(crate) const HEADER: usize = 48;
 
 const MAGIC: [u8; 4] = *b"SFR1";
 
@@ -37,7 +37,7 @@ pub enum Kind {
 
 /// A record header, decoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Header {
+pub(crate) struct Header {
     pub kind: Kind,
     pub id: u32,
     pub crc: u32,
@@ -47,7 +47,7 @@ pub struct Header {
 }
 
 impl Header {
-    pub fn tombstone(id: u32, seq: u64) -> Header {
+    pub(crate) fn tombstone(id: u32, seq: u64) -> Header {
         Header {
             kind: Kind::Tombstone,
             id,
@@ -59,11 +59,11 @@ impl Header {
     }
 
     /// Header plus data.
-    pub fn record_len(&self) -> u64 {
+    pub(crate) fn record_len(&self) -> u64 {
         HEADER as u64 + self.len
     }
 
-    pub fn encode(&self) -> [u8; HEADER] {
+    pub(crate) fn encode(&self) -> [u8; HEADER] {
         let mut b = [0u8; HEADER];
         b[0..4].copy_from_slice(&MAGIC);
         b[4] = match self.kind {
@@ -81,7 +81,7 @@ impl Header {
     }
 
     /// The header in `b`, or why it is not one (`InvalidData`).
-    pub fn decode(b: &[u8; HEADER]) -> io::Result<Header> {
+    pub(crate) fn decode(b: &[u8; HEADER]) -> io::Result<Header> {
         let bad = |why: &str| io::Error::new(io::ErrorKind::InvalidData, why.to_string());
         if b[0..4] != MAGIC {
             return Err(bad("no record magic"));

@@ -80,7 +80,7 @@ use super::backend::{
     Stored,
 };
 use super::bitset::Bitset;
-pub use super::own::SEGMENTS;
+pub(crate) use super::own::SEGMENTS;
 use crate::plan::SampleId;
 use crate::sys::io::read_full_at;
 use format::{HEADER, Header, Kind};
@@ -94,7 +94,7 @@ mod writer;
 
 /// Sizes and thresholds; [`Default`] is what the daemon uses.
 #[derive(Clone, Copy, Debug)]
-pub struct PackedConfig {
+pub(crate) struct PackedConfig {
     /// A segment is sealed when the next record would take it past this (at most 4 GiB:
     /// offsets are kept in 32 bits).
     pub segment_bytes: u64,
@@ -122,7 +122,7 @@ impl Default for PackedConfig {
 }
 
 /// Append-only segment storage; see the module docs.
-pub struct PackedBackend {
+pub(crate) struct PackedBackend {
     inner: Arc<Inner>,
     compactor: compact::Compactor,
     /// Samples whose stored record matched its checksum since the mount: a record is
@@ -276,12 +276,16 @@ fn create_segment(dir: &Path, num: u32, cfg: &PackedConfig) -> io::Result<Arc<Se
 
 impl PackedBackend {
     /// The packed backend in cache folder `root` for a dataset of `samples` samples.
-    pub fn open(root: &Path, samples: u32) -> io::Result<PackedBackend> {
+    pub(crate) fn open(root: &Path, samples: u32) -> io::Result<PackedBackend> {
         PackedBackend::open_with(root, samples, PackedConfig::default())
     }
 
     /// As [`open`](Self::open), with other sizes (tests use tiny segments).
-    pub fn open_with(root: &Path, samples: u32, cfg: PackedConfig) -> io::Result<PackedBackend> {
+    pub(crate) fn open_with(
+        root: &Path,
+        samples: u32,
+        cfg: PackedConfig,
+    ) -> io::Result<PackedBackend> {
         assert!(
             cfg.segment_bytes <= u64::from(u32::MAX),
             "offsets are 32-bit"
@@ -338,12 +342,14 @@ impl PackedBackend {
 
     /// Compacts every segment over the threshold now, on the calling thread; returns how
     /// many were compacted.
-    pub fn compact_now(&self) -> io::Result<usize> {
+    #[cfg(test)]
+    pub(crate) fn compact_now(&self) -> io::Result<usize> {
         self.inner.compact_candidates()
     }
 
     /// Segment files in the folder now, and the dead bytes in them (for tests and status).
-    pub fn segments(&self) -> (usize, u64) {
+    #[cfg(test)]
+    pub(crate) fn segments(&self) -> (usize, u64) {
         let st = self.inner.read();
         (
             st.segments.len(),

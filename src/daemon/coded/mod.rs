@@ -37,16 +37,16 @@ use crate::plan::{CodedShares, Plan};
 mod mode;
 mod server;
 
-pub use mode::{check_mode, record_mode};
-pub use server::serve;
+pub(crate) use mode::{check_mode, record_mode};
+pub(crate) use server::serve;
 
 /// Split colors of phase 2.
 const SERVER_COLOR: u32 = 0;
-pub const COMPUTE_COLOR: u32 = 1;
+pub(crate) const COMPUTE_COLOR: u32 = 1;
 
 /// What phase 1 decided.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Layout {
+pub(crate) enum Layout {
     /// No server: today's job, every rank a compute rank on the world communicator.
     Plain,
     /// A server at world rank 0 and coded compute ranks after it.
@@ -55,14 +55,14 @@ pub enum Layout {
 
 /// What each rank says of itself in phase 1.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Role {
+pub(crate) struct Role {
     pub serve: bool,
     pub coded: bool,
     pub version: String,
 }
 
 impl Role {
-    pub fn mount(config: &MountConfig) -> Role {
+    pub(crate) fn mount(config: &MountConfig) -> Role {
         Role {
             serve: false,
             coded: config.coded_scheme().is_some(),
@@ -87,7 +87,7 @@ fn list(ranks: &[usize]) -> String {
 }
 
 /// Phase 1's judgement of the world's roles (the same on every rank).
-pub fn verdict(roles: &[Role]) -> Result<Layout, String> {
+pub(crate) fn verdict(roles: &[Role]) -> Result<Layout, String> {
     let servers: Vec<usize> = (roles.iter().enumerate())
         .filter(|(_, r)| r.serve)
         .map(|(i, _)| i)
@@ -136,7 +136,7 @@ pub fn verdict(roles: &[Role]) -> Result<Layout, String> {
 }
 
 /// Phase 1 on this rank.
-pub fn roles(world: &mut dyn Comm, mine: &Role) -> Result<Layout, String> {
+pub(crate) fn roles(world: &mut dyn Comm, mine: &Role) -> Result<Layout, String> {
     let bytes = serde_json::to_vec(mine).expect("a role serializes");
     let all = world
         .all_gather(&bytes)
@@ -150,7 +150,7 @@ pub fn roles(world: &mut dyn Comm, mine: &Role) -> Result<Layout, String> {
 }
 
 /// Phase 2 on a compute rank: its own communicator.
-pub fn split_compute(world: &mut dyn Comm) -> Result<Box<dyn Comm>, String> {
+pub(crate) fn split_compute(world: &mut dyn Comm) -> Result<Box<dyn Comm>, String> {
     world
         .split(COMPUTE_COLOR)
         .map_err(|e| format!("splitting the compute ranks off the server: {e}"))
@@ -158,7 +158,7 @@ pub fn split_compute(world: &mut dyn Comm) -> Result<Box<dyn Comm>, String> {
 
 /// The run as compute rank 0 describes it to the server (phase 3).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct Offer {
+pub(crate) struct Offer {
     pub samples: u32,
     pub ranks: u32,
     pub seed: u64,
@@ -174,7 +174,7 @@ pub struct Offer {
 
 impl Offer {
     /// The offer of a coded run (`None` for a partial-local one, which makes none).
-    pub fn new(
+    pub(crate) fn new(
         config: &MountConfig,
         plan: &Plan,
         manifest_fingerprint: u32,
@@ -227,7 +227,7 @@ impl Offer {
 /// the compute ranks' start-up error; on the server's consent, creates the multicast
 /// communicators (`routes`: `--communicators`, `--cache-fraction` and the rank count are
 /// shared settings, so every rank builds the same set).
-pub fn offer(
+pub(crate) fn offer(
     world: &mut dyn Comm,
     compute_rank: u32,
     offer: Result<(Offer, Vec<u8>), String>,
@@ -269,14 +269,14 @@ pub fn offer(
 }
 
 /// The communicator set of a run (the same on every rank of it).
-pub fn communicators(ranks: u32, limit: usize, alpha: f64) -> Result<Communicators, String> {
+pub(crate) fn communicators(ranks: u32, limit: usize, alpha: f64) -> Result<Communicators, String> {
     Communicators::for_cache(ranks as usize, limit, alpha)
         .map_err(|e| format!("--communicators: {e}"))
 }
 
 /// What a compute rank tells the server in phase 4.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mount {
+pub(crate) enum Mount {
     Up,
     Failed,
     /// Told to stop during start-up: no compute rank mounts, and the server ends cleanly.
@@ -287,7 +287,7 @@ pub enum Mount {
 const STOPPED: &[u8] = b"stopped";
 
 /// Phase 4 on a compute rank.
-pub fn mounted(world: &mut dyn Comm, mount: Mount) -> Result<(), String> {
+pub(crate) fn mounted(world: &mut dyn Comm, mount: Mount) -> Result<(), String> {
     let mine: &[u8] = match mount {
         Mount::Up => b"",
         Mount::Failed => b"not mounted",

@@ -24,7 +24,7 @@ fn mode_of(config: &MountConfig) -> Option<Mode> {
 /// Whether the cache folder `root`, which has a saved state, was built by a run of the same
 /// kind as `config` (coded with the same `--cache-fraction`, or partial-local). The state file
 /// predates `--exchange coded`, so this rides beside it.
-pub fn check_mode(root: &std::path::Path, config: &MountConfig) -> Result<(), String> {
+pub(crate) fn check_mode(root: &std::path::Path, config: &MountConfig) -> Result<(), String> {
     let recorded: Option<Mode> = match std::fs::read(root.join(MODE_FILE)) {
         Ok(bytes) => Some(serde_json::from_slice(&bytes).map_err(|e| {
             format!(
@@ -52,7 +52,7 @@ pub fn check_mode(root: &std::path::Path, config: &MountConfig) -> Result<(), St
 }
 
 /// Records the kind of run `config` starts in the cache folder `root` (see [`check_mode`]).
-pub fn record_mode(root: &std::path::Path, config: &MountConfig) -> std::io::Result<()> {
+pub(crate) fn record_mode(root: &std::path::Path, config: &MountConfig) -> std::io::Result<()> {
     match mode_of(config) {
         Some(m) => crate::cache::write_atomic(
             root,

@@ -15,7 +15,7 @@ use crate::exchange::coded::{Routes, ServeSettings, Server, ServerSamples};
 use crate::plan::CodedShares;
 
 /// The server's whole life: phases 1-4, then serving until the compute ranks leave.
-pub fn serve(args: &ServeConfig, world: &mut dyn Comm) -> Result<(), String> {
+pub(crate) fn serve(args: &ServeConfig, world: &mut dyn Comm) -> Result<(), String> {
     // A signal (a scheduler ending the job) does not kill the server mid-collective: it
     // serves on until the compute ranks, which unmount on the same signal, leave.
     crate::daemon::mounted::listen_for_stop().map_err(|e| e.to_string())?;

@@ -12,7 +12,7 @@ use crate::plan::Rank;
 
 /// Why a phase failed on this rank.
 #[derive(Debug)]
-pub enum PhaseError {
+pub(crate) enum PhaseError {
     /// This rank's own reason (a busy mount point, a locked cache): reported under its rank.
     Mine(String),
     /// A verdict every rank computed alike from the same gathered data: rank 0 reports it,
@@ -21,19 +21,19 @@ pub enum PhaseError {
 }
 
 impl PhaseError {
-    pub fn mine(e: impl std::fmt::Display) -> PhaseError {
+    pub(crate) fn mine(e: impl std::fmt::Display) -> PhaseError {
         PhaseError::Mine(e.to_string())
     }
 }
 
 /// The refusal every rank reports: the one place `StartError::Refused` is built.
-pub fn refusal(failures: Vec<(Rank, String)>, world: u32) -> StartError {
+pub(crate) fn refusal(failures: Vec<(Rank, String)>, world: u32) -> StartError {
     StartError::Refused { failures, world }
 }
 
 /// This rank's value of a phase if every rank succeeded it, else the same refusal on every
 /// rank, naming each failed rank and its reason.
-pub fn agreed<T>(comm: &mut dyn Comm, mine: Result<T, PhaseError>) -> Result<T, StartError> {
+pub(crate) fn agreed<T>(comm: &mut dyn Comm, mine: Result<T, PhaseError>) -> Result<T, StartError> {
     let rank = comm.rank();
     let (value, payload) = match mine {
         Ok(v) => (Some(v), Vec::new()),
@@ -64,7 +64,7 @@ const SILENT: u8 = 2;
 
 /// The outcome of `comm::decide` (rank 0 decided, everybody holds its answer): rank 0's
 /// error is the same refusal on every rank.
-pub fn decided(
+pub(crate) fn decided(
     comm: &dyn Comm,
     outcome: Result<Result<Vec<u8>, String>, CommError>,
 ) -> Result<Vec<u8>, StartError> {

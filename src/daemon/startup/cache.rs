@@ -69,7 +69,7 @@ fn open_backend(
 
 /// Phase 4 on this rank (collective): the job this start continues, with the backend of
 /// its cache; the state is saved at the job's epoch.
-pub fn belongs(
+pub(crate) fn belongs(
     comm: &mut dyn Comm,
     config: &MountConfig,
     dir: &CacheDir,
@@ -100,7 +100,7 @@ pub fn belongs(
 }
 
 /// Only a shortcut for the next start, so a failure is a warning (see `save_manifest`).
-pub fn save_manifest(dir: &CacheDir, bytes: &[u8]) {
+pub(crate) fn save_manifest(dir: &CacheDir, bytes: &[u8]) {
     if let Err(e) = dir.save_manifest(bytes) {
         tracing::warn!(error = %e, "could not save the manifest; the next start rescans the source");
     }

@@ -19,7 +19,7 @@ use crate::plan::elastic::ElasticPlan;
 use crate::plan::{Plan, PlanParams};
 
 /// The job's plan, and its elastic plan if the job ever changed its number of ranks.
-pub fn plan(
+pub(crate) fn plan(
     comm: &dyn Comm,
     config: &MountConfig,
     params: PlanParams,
@@ -48,7 +48,7 @@ pub fn plan(
 }
 
 /// The store over this rank's cache, at the job's epoch, holding what that epoch needs.
-pub fn fill(
+pub(crate) fn fill(
     comm: &mut dyn Comm,
     config: &MountConfig,
     (dir, backend): (CacheDir, Box<dyn CacheBackend>),

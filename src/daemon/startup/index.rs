@@ -11,7 +11,7 @@ use crate::config::MountConfig;
 use crate::dataset::Manifest;
 
 /// The seed: `--seed`, else the one rank 0's reusable cache was built with, else random.
-pub fn seed(
+pub(crate) fn seed(
     comm: &mut dyn Comm,
     config: &MountConfig,
     reusable: Option<&CacheState>,
@@ -32,7 +32,10 @@ pub fn seed(
 
 /// A state rank 0 may take the seed and index from: same source and cache format, and no
 /// `--reset-cache`.
-pub fn reusable<'a>(config: &MountConfig, state: Option<&'a CacheState>) -> Option<&'a CacheState> {
+pub(crate) fn reusable<'a>(
+    config: &MountConfig,
+    state: Option<&'a CacheState>,
+) -> Option<&'a CacheState> {
     state.filter(|s| {
         !config.reset_cache
             && s.source == config.source.display().to_string()
@@ -45,7 +48,7 @@ pub fn reusable<'a>(config: &MountConfig, state: Option<&'a CacheState>) -> Opti
 /// only the other ranks decode, so no rank holds more than one manifest and one encoding.
 /// Rank 0's names need no check: a scan's come from the kernel (no '/', NUL, '.', '..' or
 /// over 255 bytes), the cache's were checked on load.
-pub fn index(
+pub(crate) fn index(
     config: &MountConfig,
     comm: &mut dyn Comm,
     dir: &CacheDir,

@@ -9,7 +9,7 @@ use crate::config::MountConfig;
 use crate::sys::mounts;
 
 /// This rank's cache folder, open and locked, if its local checks pass.
-pub fn check(
+pub(crate) fn check(
     config: &MountConfig,
     rank: u32,
     mountpoint: &Path,

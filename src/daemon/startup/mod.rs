@@ -46,11 +46,11 @@ mod index;
 mod local;
 mod settings;
 
-pub use agree::{PhaseError, agreed};
+pub(crate) use agree::{PhaseError, agreed};
 
 /// Why the daemon did not start.
 #[derive(Debug, thiserror::Error)]
-pub enum StartError {
+pub(crate) enum StartError {
     /// Some ranks failed a phase; every rank reports the same list (built by `agree` only).
     #[error("{}", describe_failures(.failures, *.world))]
     Refused {
@@ -82,7 +82,7 @@ fn describe_failures(failures: &[(Rank, String)], world: u32) -> String {
 }
 
 /// Everything needed to serve, once the start-up phases passed.
-pub struct Prepared {
+pub(crate) struct Prepared {
     pub store: Arc<SampleStore>,
     pub plan: Plan,
     pub resumed: Resumed,
@@ -91,7 +91,7 @@ pub struct Prepared {
 
 /// Runs the phases in order on this rank (collective): each one's value, or the refusal
 /// every rank reports.
-pub fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepared, StartError> {
+pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepared, StartError> {
     let (rank, world) = (comm.rank(), comm.size());
     let cache_path = for_rank(&config.cache, rank);
     let mountpoint = for_rank(&config.mountpoint, rank);

@@ -57,7 +57,7 @@ fn shared_settings(config: &MountConfig) -> Vec<(&'static str, String)> {
 }
 
 /// Rank 0's settings against everyone's: `Err` names what differs from rank 0.
-pub fn compare(
+pub(crate) fn compare(
     comm: &mut dyn Comm,
     config: &MountConfig,
 ) -> Result<Result<(), PhaseError>, StartError> {

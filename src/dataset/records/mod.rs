@@ -37,7 +37,7 @@ use crate::plan::SampleId;
 mod lines;
 mod pass;
 pub mod scan;
-pub mod source;
+pub(crate) mod source;
 mod tar;
 mod tfrecord;
 
@@ -47,9 +47,9 @@ pub use source::RecordSource;
 /// Pages are counted in 4 KiB units whatever the host's page size, so every rank groups alike.
 pub const PAGE: u64 = 4096;
 /// The largest record accepted (2 GiB); longer ones are reported and left out.
-pub const MAX_RECORD: u64 = 1 << 31;
+pub(crate) const MAX_RECORD: u64 = 1 << 31;
 /// The end-of-archive marker a tar part ends with: two zero blocks.
-pub const TAR_TRAILER: u64 = 1024;
+pub(crate) const TAR_TRAILER: u64 = 1024;
 
 /// How records are laid out in the source files (`--framing`).
 #[derive(
@@ -116,7 +116,7 @@ pub struct RecordParams {
 
 impl RecordParams {
     /// The settings as the command line gives them, for messages.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let mut s = format!(
             "--framing {} --group {}",
             self.framing.name(),
@@ -189,7 +189,7 @@ impl RecordIndex {
         self.records
     }
 
-    pub fn groups(&self) -> u32 {
+    pub(crate) fn groups(&self) -> u32 {
         self.groups
     }
 
@@ -208,7 +208,7 @@ impl RecordIndex {
     }
 
     /// Record `r`'s file, start and length.
-    pub fn record(&self, r: u32) -> (u32, u64, u64) {
+    pub(crate) fn record(&self, r: u32) -> (u32, u64, u64) {
         match &self.table {
             Table::Fixed => {
                 let f = self.file_of(r, |f| f.first_record);
@@ -224,7 +224,7 @@ impl RecordIndex {
     }
 
     /// The records of group `g`.
-    pub fn group_records(&self, g: SampleId) -> Range<u32> {
+    pub(crate) fn group_records(&self, g: SampleId) -> Range<u32> {
         match &self.table {
             Table::Fixed => {
                 let f = self.file_of(g, |f| f.first_group) as usize;
@@ -274,13 +274,13 @@ impl RecordIndex {
     }
 
     /// Group `g`'s size in bytes.
-    pub fn group_len(&self, g: SampleId) -> u64 {
+    pub(crate) fn group_len(&self, g: SampleId) -> u64 {
         let s = self.span(g);
         s.end - s.start
     }
 
     /// Whether a view must add `\n` after group `g` (the last line of its file had none).
-    pub fn needs_newline(&self, g: SampleId) -> bool {
+    pub(crate) fn needs_newline(&self, g: SampleId) -> bool {
         if self.params.framing != Framing::Lines {
             return false;
         }
@@ -290,7 +290,7 @@ impl RecordIndex {
     }
 
     /// Bytes every part ends with (tar: the end-of-archive blocks).
-    pub fn trailer_len(&self) -> u64 {
+    pub(crate) fn trailer_len(&self) -> u64 {
         match self.params.framing {
             Framing::Tar => TAR_TRAILER,
             _ => 0,
@@ -298,7 +298,7 @@ impl RecordIndex {
     }
 
     /// The path of file `f` under `source` (the source itself when it is one file).
-    pub fn path(&self, source: &Path, f: u32) -> PathBuf {
+    pub(crate) fn path(&self, source: &Path, f: u32) -> PathBuf {
         let name = &self.files[f as usize].name;
         if name.is_empty() {
             source.to_path_buf()
@@ -324,7 +324,7 @@ impl RecordIndex {
     }
 
     /// Checks an index decoded from the cache or a peer: every lookup stays in bounds.
-    pub fn validate(&self) -> Result<(), String> {
+    pub(crate) fn validate(&self) -> Result<(), String> {
         let files_ok = self
             .files
             .first()

@@ -4,7 +4,7 @@
 //! Each file is mapped and walked once, front to back (`MADV_SEQUENTIAL`, so the kernel
 //! reads ahead as `cat` would). Fixed-size sources are not read at all. A problem with one
 //! record (truncated, a bad TFRecord CRC, a tar member without its pair, a record over
-//! 2 GiB) or one file (empty, unreadable) becomes a [`Skipped`] entry naming the file and
+//! 2 GiB) or one file (empty, unreadable) becomes a `Skipped` entry naming the file and
 //! byte offset, and every lost byte range says where it starts and ends; the pass
 //! resynchronises where the framing allows (TFRecord: the next offset where a whole record
 //! validates; tar: the next valid header block) so nothing else is lost. Every file is
@@ -27,7 +27,7 @@ use crate::dataset::names::Skipped;
 
 /// The source's files in name order, with their lengths. Hidden files are ignored and
 /// sub-folders reported, as neither holds records of this source.
-pub fn list_files(
+pub(crate) fn list_files(
     source: &Path,
     skipped: &mut Vec<Skipped>,
 ) -> Result<Vec<(String, u64)>, RecordError> {

@@ -28,7 +28,7 @@ pub struct RecordSource {
 
 impl RecordSource {
     /// The reader of `manifest`'s records under `source`; `manifest` must carry an index.
-    pub fn new(source: PathBuf, manifest: Arc<Manifest>) -> RecordSource {
+    pub(crate) fn new(source: PathBuf, manifest: Arc<Manifest>) -> RecordSource {
         let files = manifest.records().map_or(0, |r| r.files.len());
         RecordSource {
             source,

@@ -7,13 +7,13 @@
 //! rank `r`, compute node `r` of the paper. Both sides re-derive the same problem: the caches
 //! `C^t` and shares `D^{t+1}` come from `plan::coded` (a function of the seed and the epoch),
 //! and `coded::plan(&Instance, scheme)` is deterministic, so each compute rank knows, without
-//! being told, what every packet carries and who decodes what ([`client`]).
+//! being told, what every packet carries and who decodes what (`client`).
 //!
 //! # Protocol of one step (into epoch `e`), on the world communicator
 //! 1. *Hello*: each compute rank sends `[e, n]` and the `n` ids of its cache `C^{e-1}` it
 //!    lacks beyond its share (a fresh cache at epoch 0, or samples a crash lost); `n = BYE`
 //!    says the rank is leaving. The server answers each rank with plain samples (bundles, see
-//!    [`wire`]) or, if any rank left or the ranks disagree on `e`, with *stop*: the coded
+//!    `wire`) or, if any rank left or the ranks disagree on `e`, with *stop*: the coded
 //!    exchange ends for good and every later epoch reads what it lacks from the source.
 //! 2. *Packets*: in plan order, in bursts of consecutive packets of one route, the server
 //!    broadcasts each burst on the communicator its group routes to, or sends it
@@ -24,7 +24,7 @@
 //!    sample missing or corrupt, a packet the server could not fill); the server sends them
 //!    plainly. Only then is the exchange settled.
 //!
-//! Plain replies go as a sequence of bundles of at most [`BUNDLE`] bytes, each announced by
+//! Plain replies go as a sequence of bundles of at most `BUNDLE` bytes, each announced by
 //! `[more, len]`, so no message nears MPI's size limit and no side holds a whole epoch.
 //! Every rank's cache between steps is `C^t` (plus `D^{t+1}` once received): at the start of
 //! a step a rank drops what is in neither `C^t` nor `D^{t+1}`; the current view `D^t` is part
@@ -44,17 +44,17 @@ use crate::comm::{Batch, Comm, CommError};
 use crate::exchange::{ExchangeError, Phase};
 use crate::plan::{Rank, SampleId};
 
-pub mod client;
+pub(crate) mod client;
 pub mod routes;
 pub mod server;
-pub mod wire;
+pub(crate) mod wire;
 
 pub use client::CodedClient;
 pub use routes::Routes;
 pub use server::{ServeSettings, Server, ServerSamples};
 
 /// The server's world rank.
-pub const SERVER: Rank = 0;
+pub(crate) const SERVER: Rank = 0;
 
 const TAG_HELLO: u16 = 0x5301;
 const TAG_LIST: u16 = 0x5302;
@@ -64,7 +64,7 @@ const TAG_REPLY: u16 = 0x5304;
 /// `n` of a hello from a rank that is leaving.
 const BYE: u64 = u64::MAX;
 /// Largest plain-sample bundle (a bigger sample travels alone).
-pub const BUNDLE: usize = 32 << 20;
+pub(crate) const BUNDLE: usize = 32 << 20;
 
 /// What the status shows of a coded exchange on a compute rank.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -93,7 +93,7 @@ pub struct CodedReport {
 
 /// A request from a compute rank: the target epoch and sample ids, or leaving.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Request {
+pub(crate) enum Request {
     Want { epoch: u64, ids: Vec<SampleId> },
     Bye,
 }

@@ -34,8 +34,8 @@
 //! packet makes the ranks march in lockstep, each packet paying a broadcast's latency and
 //! the slowest member's scheduling (measured on emulated hosts: 24 ms per 100 KB packet, 6x
 //! the uncoded time). Consecutive packets of one route (the plan lists a set's packets
-//! together, an uncoded plan a rank's) therefore travel as one message, a [`Burst`] of at
-//! most [`BURST_PACKETS`] packets and about [`BURST_BYTES`] (counted from the manifest's
+//! together, an uncoded plan a rank's) therefore travel as one message, a `Burst` of at
+//! most `BURST_PACKETS` packets and about `BURST_BYTES` (counted from the manifest's
 //! sizes, which every rank has alike, so every rank cuts the same bursts without talking).
 
 use std::sync::atomic::AtomicBool;
@@ -48,15 +48,15 @@ use crate::plan::{Rank, SampleId};
 use super::SERVER;
 
 /// Packets per burst at most.
-pub const BURST_PACKETS: usize = 64;
+pub(crate) const BURST_PACKETS: usize = 64;
 /// Payload bytes per burst, about (a burst holds at least one packet).
-pub const BURST_BYTES: u64 = 16 << 20;
+pub(crate) const BURST_BYTES: u64 = 16 << 20;
 /// Bytes a sample of unknown size counts for when cutting bursts.
 const UNKNOWN_SIZE: u64 = 1 << 20;
 
 /// Consecutive packets that travel as one message.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Burst {
+pub(crate) struct Burst {
     pub route: Route,
     /// Indices into the step's packets.
     pub packets: std::ops::Range<usize>,
@@ -79,7 +79,7 @@ pub enum Multicast {
 }
 
 impl Multicast {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Multicast::Ring => "ring",
             Multicast::Broadcast => "broadcast",
@@ -141,7 +141,8 @@ impl Routes {
     }
 
     /// Every group on the world communicator, for tests and `--communicators 1`.
-    pub fn world(nodes: usize) -> Routes {
+    #[cfg(test)]
+    pub(crate) fn world(nodes: usize) -> Routes {
         let comms = Communicators::new(nodes, 1).expect("one communicator is a valid limit");
         let handles = comms.iter().map(|_| Handle::World).collect();
         Routes {
@@ -158,23 +159,23 @@ impl Routes {
             .count()
     }
 
-    pub fn multicast(&self) -> Multicast {
+    pub(crate) fn multicast(&self) -> Multicast {
         self.multicast
     }
 
-    pub fn communicators(&self) -> &Communicators {
+    pub(crate) fn communicators(&self) -> &Communicators {
         &self.comms
     }
 
     /// The route of `tx`'s group.
-    pub fn route(&self, tx: &Transmission) -> Route {
+    pub(crate) fn route(&self, tx: &Transmission) -> Route {
         self.comms
             .route(group_mask(tx))
             .expect("a plan's groups are non-empty sets of its nodes")
     }
 
     /// The step's packets cut into bursts; `size` is a sample's size in the manifest.
-    pub fn bursts(
+    pub(crate) fn bursts(
         &self,
         txs: &[Transmission],
         size: impl Fn(SampleId) -> Option<u64>,
@@ -209,14 +210,14 @@ impl Routes {
     }
 
     /// Whether compute node `node` receives what travels on `route`.
-    pub fn reaches(&self, route: Route, node: Node) -> bool {
+    pub(crate) fn reaches(&self, route: Route, node: Node) -> bool {
         self.comms.reached(route) & (1 << node) != 0
     }
 
     /// Sends `data` on `route` (the server) or receives it (a compute rank it reaches). Every
     /// rank `route` reaches, and the server, must call it for the same packet, in the same
     /// order of packets.
-    pub fn deliver(
+    pub(crate) fn deliver(
         &mut self,
         world: &mut dyn Comm,
         route: Route,
@@ -321,7 +322,7 @@ fn ring(
 }
 
 /// A burst's message: `u32` count, the packets' lengths (`u64` each), the packets.
-pub fn pack(packets: &[Vec<u8>]) -> Vec<u8> {
+pub(crate) fn pack(packets: &[Vec<u8>]) -> Vec<u8> {
     let total: usize = packets.iter().map(Vec::len).sum();
     let mut out = Vec::with_capacity(4 + 8 * packets.len() + total);
     out.extend_from_slice(&(packets.len() as u32).to_le_bytes());
@@ -335,7 +336,7 @@ pub fn pack(packets: &[Vec<u8>]) -> Vec<u8> {
 }
 
 /// The packets of a burst's message, `None` if it is not `count` well-formed packets.
-pub fn unpack(msg: &[u8], count: usize) -> Option<Vec<&[u8]>> {
+pub(crate) fn unpack(msg: &[u8], count: usize) -> Option<Vec<&[u8]>> {
     let n = u32::from_le_bytes(msg.get(..4)?.try_into().ok()?) as usize;
     if n != count {
         return None;

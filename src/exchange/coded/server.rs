@@ -64,12 +64,12 @@ impl ServerSamples {
     }
 
     /// The index both sides share (sizes for cutting bursts).
-    pub fn manifest(&self) -> Arc<Manifest> {
+    pub(crate) fn manifest(&self) -> Arc<Manifest> {
         self.manifest.clone()
     }
 
     /// Bytes held in memory.
-    pub fn held_bytes(&self) -> u64 {
+    pub(crate) fn held_bytes(&self) -> u64 {
         self.used
     }
 }

@@ -9,7 +9,7 @@ use crate::plan::SampleId;
 /// Why a bundle of plain samples could not be read.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("malformed bundle of plain samples (cut short)")]
-pub struct Malformed;
+pub(crate) struct Malformed;
 
 /// A bundle entry whose sample the server could not read.
 const UNREADABLE: u64 = u64::MAX;
@@ -17,10 +17,10 @@ const UNREADABLE: u64 = u64::MAX;
 /// Plain samples for one rank: per sample `id u32, len u64, crc32c u32, bytes`; a sample the
 /// server could not read has `len = u64::MAX` and no bytes.
 #[derive(Default)]
-pub struct Bundle(pub Vec<u8>);
+pub(crate) struct Bundle(pub Vec<u8>);
 
 impl Bundle {
-    pub fn push(&mut self, id: SampleId, bytes: io::Result<&[u8]>) {
+    pub(crate) fn push(&mut self, id: SampleId, bytes: io::Result<&[u8]>) {
         self.0.extend_from_slice(&id.to_le_bytes());
         match bytes {
             Ok(b) => {
@@ -37,14 +37,14 @@ impl Bundle {
 }
 
 /// One entry of a received bundle: `None` bytes where the server could not read it.
-pub struct Plain<'a> {
+pub(crate) struct Plain<'a> {
     pub id: SampleId,
     pub crc: u32,
     pub bytes: Option<&'a [u8]>,
 }
 
 /// The entries of a bundle; `Err` if it is cut short.
-pub fn unbundle(mut b: &[u8]) -> Result<Vec<Plain<'_>>, Malformed> {
+pub(crate) fn unbundle(mut b: &[u8]) -> Result<Vec<Plain<'_>>, Malformed> {
     let mut out = Vec::new();
     while !b.is_empty() {
         let head = b.get(..16).ok_or(Malformed)?;

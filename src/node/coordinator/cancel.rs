@@ -28,12 +28,12 @@ const SHUTTING_DOWN: u8 = 2;
 
 impl Cancel {
     /// A token nobody sets (callers outside the kernel binding: tests, tools).
-    pub fn never() -> Cancel {
+    pub(crate) fn never() -> Cancel {
         Cancel::default()
     }
 
     /// Cancels the wait; the first reason given stays.
-    pub fn cancel(&self, why: Cancelled) {
+    pub(crate) fn cancel(&self, why: Cancelled) {
         let v = match why {
             Cancelled::Interrupted => INTERRUPTED,
             Cancelled::ShuttingDown => SHUTTING_DOWN,
@@ -44,7 +44,7 @@ impl Cancel {
     }
 
     /// Why the wait was cancelled, if it was.
-    pub fn cancelled(&self) -> Option<Cancelled> {
+    pub(crate) fn cancelled(&self) -> Option<Cancelled> {
         match self.0.load(Ordering::SeqCst) {
             LIVE => None,
             INTERRUPTED => Some(Cancelled::Interrupted),
