@@ -268,7 +268,6 @@ pub fn fetch_missing(
     step: &Step,
     stall: Duration,
 ) -> Vec<(Rank, u64)> {
-    const THREADS: usize = 4;
     let target = step.next.epoch;
     let missing: Vec<_> = step
         .next
@@ -290,26 +289,7 @@ pub fn fetch_missing(
         .map(|t| (t.sample, t.from))
         .collect();
     let total = missing.len();
-    let queue = Arc::new(Mutex::new(missing));
-    let (done_tx, done_rx) = channel::<(SampleId, bool)>();
-    for _ in 0..THREADS.min(total) {
-        let (store, queue, done_tx) = (store.clone(), queue.clone(), done_tx.clone());
-        let spawned = std::thread::Builder::new()
-            .name("fallback".into())
-            .spawn(move || {
-                loop {
-                    let next = queue.lock().unwrap_or_else(|e| e.into_inner()).pop();
-                    let Some(id) = next else { break };
-                    if done_tx.send((id, store.ensure(id).is_ok())).is_err() {
-                        break;
-                    }
-                }
-            });
-        if let Err(e) = spawned {
-            tracing::warn!(error = %e, "could not start a fallback fetch thread");
-        }
-    }
-    drop(done_tx);
+    let done_rx = spawn_fetchers(store, missing);
     let mut by_peer: BTreeMap<Rank, u64> = BTreeMap::new();
     let (mut failed, mut finished) = (0usize, 0usize);
     while finished < total {
@@ -342,4 +322,31 @@ pub fn fetch_missing(
         );
     }
     by_peer.into_iter().collect()
+}
+
+/// Fetches `missing` from the source on a few threads; each fetch reports its sample and
+/// whether it is cached now on the returned channel, which closes when they are all done.
+fn spawn_fetchers(store: &Arc<SampleStore>, missing: Vec<SampleId>) -> Receiver<(SampleId, bool)> {
+    const THREADS: usize = 4;
+    let total = missing.len();
+    let queue = Arc::new(Mutex::new(missing));
+    let (done_tx, done_rx) = channel::<(SampleId, bool)>();
+    for _ in 0..THREADS.min(total) {
+        let (store, queue, done_tx) = (store.clone(), queue.clone(), done_tx.clone());
+        let spawned = std::thread::Builder::new()
+            .name("fallback".into())
+            .spawn(move || {
+                loop {
+                    let next = queue.lock().unwrap_or_else(|e| e.into_inner()).pop();
+                    let Some(id) = next else { break };
+                    if done_tx.send((id, store.ensure(id).is_ok())).is_err() {
+                        break;
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "could not start a fallback fetch thread");
+        }
+    }
+    done_rx
 }

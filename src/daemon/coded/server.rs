@@ -31,24 +31,7 @@ pub(crate) fn serve(args: &ServeConfig, world: &mut dyn Comm) -> Result<(), Stri
     let msg = world
         .broadcast(1, Vec::new())
         .map_err(|e| format!("receiving the settings from compute rank 0: {e}"))?;
-    let (offer, manifest_bytes) = match msg.split_first() {
-        Some((0, rest)) if rest.len() >= 8 => {
-            let len = u64::from_le_bytes(rest[..8].try_into().expect("8")) as usize;
-            let json = rest
-                .get(8..8 + len)
-                .ok_or("compute rank 0 sent cut settings")?;
-            let offer: Offer = serde_json::from_slice(json)
-                .map_err(|e| format!("compute rank 0 sent unreadable settings: {e}"))?;
-            (offer, &rest[8 + len..])
-        }
-        Some((1, why)) => {
-            return Err(format!(
-                "the compute ranks did not start, so there is nothing to serve: {}",
-                String::from_utf8_lossy(why)
-            ));
-        }
-        _ => return Err("compute rank 0 sent malformed settings".into()),
-    };
+    let (offer, manifest_bytes) = read_offer(&msg)?;
     let checked = check(args, &offer, manifest_bytes, world.size() - 1);
     let verdict = checked.as_ref().err().cloned().unwrap_or_default();
     world
@@ -76,12 +59,44 @@ pub(crate) fn serve(args: &ServeConfig, world: &mut dyn Comm) -> Result<(), Stri
         memory = args.memory,
         "serving the coded shuffle"
     );
+    serve_until_left(args, world, settings, manifest, routes)
+}
+
+/// Compute rank 0's phase-3 message: its offer and the manifest, or why the compute ranks
+/// did not start.
+fn read_offer(msg: &[u8]) -> Result<(Offer, &[u8]), String> {
+    match msg.split_first() {
+        Some((0, rest)) if rest.len() >= 8 => {
+            let len = u64::from_le_bytes(rest[..8].try_into().expect("8")) as usize;
+            let json = rest
+                .get(8..8 + len)
+                .ok_or("compute rank 0 sent cut settings")?;
+            let offer: Offer = serde_json::from_slice(json)
+                .map_err(|e| format!("compute rank 0 sent unreadable settings: {e}"))?;
+            Ok((offer, &rest[8 + len..]))
+        }
+        Some((1, why)) => Err(format!(
+            "the compute ranks did not start, so there is nothing to serve: {}",
+            String::from_utf8_lossy(why)
+        )),
+        _ => Err("compute rank 0 sent malformed settings".into()),
+    }
+}
+
+/// The serving loop, until a compute rank leaves (the normal end) or the ranks disagree.
+fn serve_until_left(
+    args: &ServeConfig,
+    world: &mut dyn Comm,
+    settings: ServeSettings,
+    manifest: Manifest,
+    routes: Routes,
+) -> Result<(), String> {
     let manifest = Arc::new(manifest);
     let dataset = args.format.open(&args.source, manifest.clone());
     let samples = ServerSamples::new(dataset, manifest, args.memory);
     tracing::info!(
         communicators = routes.created(),
-        multicast = multicast.name(),
+        multicast = routes.multicast().name(),
         exact_upto = routes.communicators().exact_upto(),
         "multicast communicators created"
     );
