@@ -25,7 +25,7 @@ pub(crate) mod resumed;
 pub(crate) mod staging;
 pub mod status;
 
-use coordinator::{Coordinator, Effects, EpochChange, ExchangeOutcome};
+use coordinator::{Coordinator, EffectError, Effects, EpochChange, ExchangeOutcome};
 use staging::{Staging, StagingCmd};
 use status::DaemonStatus;
 
@@ -211,7 +211,7 @@ impl Effects for NodeEffects {
             .is_ok()
     }
 
-    fn prepare(&self, step: &Step, _exchange: &ExchangeOutcome) -> Result<(), String> {
+    fn prepare(&self, step: &Step, _exchange: &ExchangeOutcome) -> Result<(), EffectError> {
         let by_peer = fetch_missing(&self.store, self.rank, step, self.fallback_stall);
         self.tracker.update(step.next.epoch, |r| {
             for (peer, n) in by_peer {
@@ -221,14 +221,11 @@ impl Effects for NodeEffects {
         Ok(())
     }
 
-    fn persist(&self, epoch: u64) -> Result<(), String> {
+    fn persist(&self, epoch: u64) -> Result<(), EffectError> {
         let dir = self.store.dir();
-        let mut state = dir
-            .load_state()
-            .map_err(|e| e.to_string())?
-            .ok_or("the cache's state file vanished")?;
+        let mut state = dir.load_state()?.ok_or(EffectError::StateVanished)?;
         state.epoch = epoch;
-        dir.save_state(&state).map_err(|e| e.to_string())
+        Ok(dir.save_state(&state)?)
     }
 
     /// The peers whose stream into `target` is not complete and not given up.
