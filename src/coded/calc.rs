@@ -122,42 +122,10 @@ pub fn report(input: &CalcInput) -> Result<String, CalcError> {
     let w = &mut out;
     let alpha = match input.storage {
         Storage::CacheFraction(a) => a,
-        Storage::Fraction(frac) => {
-            let plan = Plan::new(PlanParams {
-                samples: q,
-                world: n as u32,
-                fraction: frac,
-                seed: input.seed,
-            })?;
-            let moved = plan.exchange_count();
-            let stored = (q as usize).div_ceil(n) + moved;
-            let _ = writeln!(
-                w,
-                "partial-local (--fraction {frac}, today's mount): no server, ranks exchange directly"
-            );
-            let _ = writeln!(
-                w,
-                "  storage per rank: up to {stored} samples ({})",
-                bytes(stored as u64 * b)
-            );
-            let _ = writeln!(
-                w,
-                "  per epoch each rank sends {moved} and receives {moved} samples ({} each way); all ranks together move {} samples ({})",
-                bytes(moved as u64 * b),
-                moved * n,
-                bytes((moved * n) as u64 * b)
-            );
-            let _ = writeln!(
-                w,
-                "coded schemes at the same storage (alpha = {stored}/{q}), full reshuffle every epoch:"
-            );
-            stored as f64 / f64::from(q)
-        }
+        Storage::Fraction(frac) => partial_local(w, input, frac)?,
     };
-    let cost = |scheme| measure(q, n, alpha, input.seed, input.epochs, scheme);
     let s = RandomPlacement::new(q, n, alpha, input.seed)?.cache_size();
-    let qf = f64::from(q);
-    let missing = theorem1(qf, s as f64) / n as f64;
+    let missing = theorem1(f64::from(q), s as f64) / n as f64;
     let _ = writeln!(
         w,
         "server rank holds all {q} samples ({}); {n} compute ranks cache s = floor(alpha q) = {s} samples each ({}), alpha = {alpha:.4}",
@@ -171,13 +139,65 @@ pub fn report(input: &CalcInput) -> Result<String, CalcError> {
         input.epochs,
         bytes(b)
     );
+    scheme_table(w, input, alpha, s)?;
+    multicast_note(w, input, alpha)?;
+    let _ = writeln!(
+        w,
+        "theory: T1 = Theorem 1 (uncoded, exact in expectation), T2 = Theorem 2 (coded, reached only as q -> infinity); ubershuffle has no closed form and never needs more packets than coded on the same placement. The server receives nothing; compute ranks send nothing."
+    );
+    let _ = writeln!(
+        w,
+        "to run it: mpirun -np 1 shufflefs serve --source SRC : -np M shufflefs mount --exchange coded --cache-fraction ALPHA --scheme S ... (README \"Coded shuffling\")."
+    );
+    Ok(out)
+}
+
+/// The report's part on today's partial-local exchange at `--fraction frac`; returns the
+/// cache fraction that stores as much, at which the coded schemes are compared.
+fn partial_local(w: &mut String, input: &CalcInput, frac: f64) -> Result<f64, CalcError> {
+    let (q, n, b) = (input.samples, input.ranks, input.sample_bytes);
+    let plan = Plan::new(PlanParams {
+        samples: q,
+        world: n as u32,
+        fraction: frac,
+        seed: input.seed,
+    })?;
+    let moved = plan.exchange_count();
+    let stored = (q as usize).div_ceil(n) + moved;
+    let _ = writeln!(
+        w,
+        "partial-local (--fraction {frac}, today's mount): no server, ranks exchange directly"
+    );
+    let _ = writeln!(
+        w,
+        "  storage per rank: up to {stored} samples ({})",
+        bytes(stored as u64 * b)
+    );
+    let _ = writeln!(
+        w,
+        "  per epoch each rank sends {moved} and receives {moved} samples ({} each way); all ranks together move {} samples ({})",
+        bytes(moved as u64 * b),
+        moved * n,
+        bytes((moved * n) as u64 * b)
+    );
+    let _ = writeln!(
+        w,
+        "coded schemes at the same storage (alpha = {stored}/{q}), full reshuffle every epoch:"
+    );
+    Ok(stored as f64 / f64::from(q))
+}
+
+/// The table of measured costs, one line per scheme (`s`: samples each rank caches).
+fn scheme_table(w: &mut String, input: &CalcInput, alpha: f64, s: usize) -> Result<(), CalcError> {
+    let (q, n, b) = (input.samples, input.ranks, input.sample_bytes);
+    let qf = f64::from(q);
     let _ = writeln!(
         w,
         "{:<18} {:>14} {:>12} {:>16} {:>20} {:>11}",
         "scheme", "transmissions", "theory", "server sends", "each rank receives", "ranks send"
     );
     for &scheme in &input.schemes {
-        let c = cost(scheme)?;
+        let c = measure(q, n, alpha, input.seed, input.epochs, scheme)?;
         let theory = match scheme {
             Scheme::Uncoded => format!("T1 {:.1}", theorem1(qf, s as f64)),
             Scheme::Coded => format!("T2 {:.1}", theorem2(qf, n, s as f64)),
@@ -200,40 +220,40 @@ pub fn report(input: &CalcInput) -> Result<String, CalcError> {
             "0"
         );
     }
+    Ok(())
+}
+
+/// The line on the multicast communicators of the last coded scheme asked for (none for a
+/// single rank or uncoded only).
+fn multicast_note(w: &mut String, input: &CalcInput, alpha: f64) -> Result<(), CalcError> {
+    let (q, n, b) = (input.samples, input.ranks, input.sample_bytes);
     let coded = input.schemes.iter().rev().find(|s| **s != Scheme::Uncoded);
-    if let Some(&scheme) = coded.filter(|_| n >= 2) {
-        let comms = Communicators::for_cache(n, DEFAULT_LIMIT, alpha)?;
-        let inst = next_instance(&mut RandomPlacement::new(q, n, alpha, input.seed)?);
-        let txs = plan(&inst, scheme);
-        let (_, merge) = route_all(&comms, txs.iter().map(|t| (group_mask(t), b)))?;
-        let _ = writeln!(
-            w,
-            "multicast: {} MPI communicators (limit {DEFAULT_LIMIT}; {}); with {}, ranks in a packet's communicator that are not its receivers also get it: {:.2} extra receptions per needed one (epoch 1, not counted in the table above)",
-            comms.len(),
-            match comms.exact_upto() {
-                k if k >= n => "one per group".to_owned(),
-                k if k < 2 => format!(
-                    "groups merged into unions of {} blocks of ranks",
-                    comms.blocks().len()
-                ),
-                k => format!(
-                    "groups of up to {k} ranks exact, larger ones merged into unions of {} blocks",
-                    comms.blocks().len()
-                ),
-            },
-            scheme.name(),
-            merge.extra_ratio()
-        );
-    }
+    let Some(&scheme) = coded.filter(|_| n >= 2) else {
+        return Ok(());
+    };
+    let comms = Communicators::for_cache(n, DEFAULT_LIMIT, alpha)?;
+    let inst = next_instance(&mut RandomPlacement::new(q, n, alpha, input.seed)?);
+    let txs = plan(&inst, scheme);
+    let (_, merge) = route_all(&comms, txs.iter().map(|t| (group_mask(t), b)))?;
     let _ = writeln!(
         w,
-        "theory: T1 = Theorem 1 (uncoded, exact in expectation), T2 = Theorem 2 (coded, reached only as q -> infinity); ubershuffle has no closed form and never needs more packets than coded on the same placement. The server receives nothing; compute ranks send nothing."
+        "multicast: {} MPI communicators (limit {DEFAULT_LIMIT}; {}); with {}, ranks in a packet's communicator that are not its receivers also get it: {:.2} extra receptions per needed one (epoch 1, not counted in the table above)",
+        comms.len(),
+        match comms.exact_upto() {
+            k if k >= n => "one per group".to_owned(),
+            k if k < 2 => format!(
+                "groups merged into unions of {} blocks of ranks",
+                comms.blocks().len()
+            ),
+            k => format!(
+                "groups of up to {k} ranks exact, larger ones merged into unions of {} blocks",
+                comms.blocks().len()
+            ),
+        },
+        scheme.name(),
+        merge.extra_ratio()
     );
-    let _ = writeln!(
-        w,
-        "to run it: mpirun -np 1 shufflefs serve --source SRC : -np M shufflefs mount --exchange coded --cache-fraction ALPHA --scheme S ... (README \"Coded shuffling\")."
-    );
-    Ok(out)
+    Ok(())
 }
 
 /// `12.3 MB`-style sizes (decimal units).

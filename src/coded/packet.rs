@@ -257,6 +257,28 @@ pub(crate) fn header(packet: &[u8]) -> Result<Vec<PartHeader>, PacketError> {
 
 /// Parses and checks the header; returns the parts and the payload.
 fn parse(packet: &[u8]) -> Result<(Vec<PartHeader>, &[u8]), PacketError> {
+    let (k, head) = check_fixed(packet)?;
+    let want = u64_at(packet, 16);
+    let payload = &packet[head..];
+    if payload.len() as u64 != want {
+        return Err(PacketError::PayloadLen {
+            got: payload.len(),
+            want,
+        });
+    }
+    let (parts, longest) = part_headers(packet, k, want)?;
+    if longest != want {
+        return Err(PacketError::PayloadLen {
+            got: payload.len(),
+            want: longest,
+        });
+    }
+    Ok((parts, payload))
+}
+
+/// Checks the fixed header (magic, version, part count) and the header's CRC; returns the
+/// number of parts and where the payload starts.
+fn check_fixed(packet: &[u8]) -> Result<(usize, usize), PacketError> {
     let truncated = |need| PacketError::Truncated {
         len: packet.len(),
         need,
@@ -289,14 +311,12 @@ fn parse(packet: &[u8]) -> Result<(Vec<PartHeader>, &[u8]), PacketError> {
     if crc != u32_at(packet, 12) || packet[5..8] != [0, 0, 0] {
         return Err(PacketError::HeaderCrc);
     }
-    let want = u64_at(packet, 16);
-    let payload = &packet[head..];
-    if payload.len() as u64 != want {
-        return Err(PacketError::PayloadLen {
-            got: payload.len(),
-            want,
-        });
-    }
+    Ok((k, head))
+}
+
+/// The `k` part entries of a header whose CRC matched, checked (receivers in range and
+/// distinct, no part longer than the payload of `want` bytes); and the longest readable part.
+fn part_headers(packet: &[u8], k: usize, want: u64) -> Result<(Vec<PartHeader>, u64), PacketError> {
     let mut seen = 0u64;
     let mut longest = 0;
     let mut parts = Vec::with_capacity(k);
@@ -332,13 +352,7 @@ fn parse(packet: &[u8]) -> Result<(Vec<PartHeader>, &[u8]), PacketError> {
             readable,
         });
     }
-    if longest != want {
-        return Err(PacketError::PayloadLen {
-            got: payload.len(),
-            want: longest,
-        });
-    }
-    Ok((parts, payload))
+    Ok((parts, longest))
 }
 
 /// Decodes the part addressed to `me` (at most one: receivers are distinct): the payload

@@ -48,8 +48,8 @@ pub(crate) enum DaemonError {
     #[error("learning where the other ranks' caches are: {0}")]
     Peers(#[source] crate::comm::CommError),
     /// The coded job's layout or its server (see `coded`).
-    #[error("{0}")]
-    Coded(String),
+    #[error(transparent)]
+    Coded(#[from] coded::CodedError),
     /// The exchange in flight had to be given up with transfers still posted: this process
     /// must not finalize MPI, and its exit ends the job (`launch` picks the code).
     #[error("exchange abandoned while a peer still expects data; ending the MPI job: {0}")]
@@ -66,10 +66,10 @@ pub(crate) fn run(
     on_ready: &mut dyn FnMut(&str),
 ) -> Result<(), DaemonError> {
     mounted::listen_for_stop()?;
-    match coded::roles(world, &coded::Role::mount(config)).map_err(DaemonError::Coded)? {
+    match coded::roles(world, &coded::Role::mount(config))? {
         coded::Layout::Plain => run_rank(config, world, None, on_ready),
         coded::Layout::Coded => {
-            let mut compute = coded::split_compute(world).map_err(DaemonError::Coded)?;
+            let mut compute = coded::split_compute(world)?;
             run_rank(config, compute.as_mut(), Some(world), on_ready)
         }
     }
@@ -143,7 +143,8 @@ fn coded_offer(
         ..
     } = config.exchange
     else {
-        return Err(DaemonError::Coded("a coded job's ranks mount coded".into()));
+        let why = "a coded job's ranks mount coded".to_string();
+        return Err(coded::CodedError::Refused(why).into());
     };
     let offer = prepared.as_ref().map_err(ToString::to_string).map(|p| {
         let manifest = p.store.manifest().encode();
@@ -154,7 +155,7 @@ fn coded_offer(
     });
     let (rank, size) = (comm.rank(), comm.size());
     let comms = || coded::communicators(size, communicators, alpha);
-    coded::offer(world, rank, offer, comms, multicast).map_err(DaemonError::Coded)
+    Ok(coded::offer(world, rank, offer, comms, multicast)?)
 }
 
 /// The last phase of start-up: mount everywhere, or nowhere (a rank whose mount succeeded
@@ -173,7 +174,7 @@ fn mount_everywhere<'w>(
     if stops.iter().any(|s| s.first() == Some(&1)) {
         tracing::info!("a rank was told to stop during start-up; not mounting");
         if let Some(world) = world {
-            coded::mounted(world, coded::Mount::Stopped).map_err(DaemonError::Coded)?;
+            coded::mounted(world, coded::Mount::Stopped)?;
         }
         return Ok(None);
     }
@@ -184,7 +185,7 @@ fn mount_everywhere<'w>(
             Ok(_) => coded::Mount::Up,
             Err(_) => coded::Mount::Failed,
         };
-        coded::mounted(world, mount).map_err(DaemonError::Coded)?;
+        coded::mounted(world, mount)?;
     }
     Ok(Some(session?))
 }

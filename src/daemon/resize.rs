@@ -68,8 +68,8 @@ impl Seen {
     }
 }
 
-/// Collective: the job this start continues, or (in the inner `Err`, the same on every rank)
-/// why it cannot. `mine` is this rank's state file if it belongs to these settings (its world
+/// Collective: the job this start continues, or (in the inner `Err`, the same on every rank,
+/// so a message each rank reached alike, for the start-up's refusal) why it cannot. `mine` is this rank's state file if it belongs to these settings (its world
 /// size aside), `expected` the state this start would write.
 pub(crate) fn find_job(
     comm: &mut dyn Comm,

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::cache::CacheError;
 use crate::plan::{EpochShares, Plan, Rank, Step};
 
 mod cancel;
@@ -65,8 +66,9 @@ pub enum ExchangeOutcome {
     Skipped,
 }
 
-/// Why an advance was refused or failed.
-#[derive(Debug, thiserror::Error)]
+/// Why an advance was refused or failed. Cloned to every request that waits for the same
+/// advance, so a failed step's cause travels as its message (`reason`).
+#[derive(Clone, Debug, thiserror::Error)]
 pub(crate) enum AdvanceError {
     #[error("epoch {target} is behind the current epoch {current}")]
     Behind { target: u64, current: u64 },
@@ -92,6 +94,19 @@ pub struct EpochChange {
     pub next: Arc<Step>,
 }
 
+/// Why a step of [`Effects`] failed (the advance fails, the current epoch stays).
+#[derive(Debug, thiserror::Error)]
+pub enum EffectError {
+    /// Reading or saving the cache's state file.
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+    #[error("the cache's state file vanished")]
+    StateVanished,
+    /// Any other I/O failure (the thread that prepares an epoch could not start).
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
 /// What the coordinator asks of the rest of the daemon.
 pub trait Effects: Send + Sync + 'static {
     /// Starts the exchange of `step` (for the first epoch: `evict` is empty) after dropping
@@ -99,9 +114,9 @@ pub trait Effects: Send + Sync + 'static {
     /// `Exchanged(Skipped)`).
     fn start_exchange(&self, step: Arc<Step>, evict: Vec<u32>) -> bool;
     /// Makes this rank hold every sample of `step.next`'s share. Runs on its own thread.
-    fn prepare(&self, step: &Step, exchange: &ExchangeOutcome) -> Result<(), String>;
+    fn prepare(&self, step: &Step, exchange: &ExchangeOutcome) -> Result<(), EffectError>;
     /// Saves `epoch` as the one to resume at.
-    fn persist(&self, epoch: u64) -> Result<(), String>;
+    fn persist(&self, epoch: u64) -> Result<(), EffectError>;
     /// After publication (staging, kernel invalidation). Returns whether the invalidation
     /// of `change.previous` will be reported through `Coordinator::invalidated`.
     fn published(&self, change: &EpochChange) -> bool;
@@ -155,7 +170,7 @@ enum Command {
     },
     ExchangeStarted(u64),
     ExchangeEnded(u64, ExchangeOutcome),
-    Prepared(u64, Result<(), String>),
+    Prepared(u64, Result<(), EffectError>),
     Invalidated(u64),
     /// The caller of advance `id` stopped waiting (see [`Cancel`]).
     Withdraw(u64),
@@ -461,10 +476,10 @@ impl Effects for NoExchange {
     fn start_exchange(&self, _: Arc<Step>, _: Vec<u32>) -> bool {
         false
     }
-    fn prepare(&self, _: &Step, _: &ExchangeOutcome) -> Result<(), String> {
+    fn prepare(&self, _: &Step, _: &ExchangeOutcome) -> Result<(), EffectError> {
         Ok(())
     }
-    fn persist(&self, _: u64) -> Result<(), String> {
+    fn persist(&self, _: u64) -> Result<(), EffectError> {
         Ok(())
     }
     fn published(&self, _: &EpochChange) -> bool {
@@ -491,13 +506,13 @@ mod tests {
             self.started.lock().unwrap().push(step.next.epoch);
             true
         }
-        fn prepare(&self, _: &Step, _: &ExchangeOutcome) -> Result<(), String> {
+        fn prepare(&self, _: &Step, _: &ExchangeOutcome) -> Result<(), EffectError> {
             match self.fail.load(Ordering::SeqCst) {
-                true => Err("disk on fire".into()),
+                true => Err(std::io::Error::other("disk on fire").into()),
                 false => Ok(()),
             }
         }
-        fn persist(&self, _: u64) -> Result<(), String> {
+        fn persist(&self, _: u64) -> Result<(), EffectError> {
             Ok(())
         }
         fn published(&self, _: &EpochChange) -> bool {

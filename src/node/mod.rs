@@ -25,7 +25,7 @@ pub(crate) mod resumed;
 pub(crate) mod staging;
 pub mod status;
 
-use coordinator::{Coordinator, Effects, EpochChange, ExchangeOutcome};
+use coordinator::{Coordinator, EffectError, Effects, EpochChange, ExchangeOutcome};
 use staging::{Staging, StagingCmd};
 use status::DaemonStatus;
 
@@ -211,7 +211,7 @@ impl Effects for NodeEffects {
             .is_ok()
     }
 
-    fn prepare(&self, step: &Step, _exchange: &ExchangeOutcome) -> Result<(), String> {
+    fn prepare(&self, step: &Step, _exchange: &ExchangeOutcome) -> Result<(), EffectError> {
         let by_peer = fetch_missing(&self.store, self.rank, step, self.fallback_stall);
         self.tracker.update(step.next.epoch, |r| {
             for (peer, n) in by_peer {
@@ -221,14 +221,11 @@ impl Effects for NodeEffects {
         Ok(())
     }
 
-    fn persist(&self, epoch: u64) -> Result<(), String> {
+    fn persist(&self, epoch: u64) -> Result<(), EffectError> {
         let dir = self.store.dir();
-        let mut state = dir
-            .load_state()
-            .map_err(|e| e.to_string())?
-            .ok_or("the cache's state file vanished")?;
+        let mut state = dir.load_state()?.ok_or(EffectError::StateVanished)?;
         state.epoch = epoch;
-        dir.save_state(&state).map_err(|e| e.to_string())
+        Ok(dir.save_state(&state)?)
     }
 
     /// The peers whose stream into `target` is not complete and not given up.
@@ -268,7 +265,6 @@ pub fn fetch_missing(
     step: &Step,
     stall: Duration,
 ) -> Vec<(Rank, u64)> {
-    const THREADS: usize = 4;
     let target = step.next.epoch;
     let missing: Vec<_> = step
         .next
@@ -290,26 +286,7 @@ pub fn fetch_missing(
         .map(|t| (t.sample, t.from))
         .collect();
     let total = missing.len();
-    let queue = Arc::new(Mutex::new(missing));
-    let (done_tx, done_rx) = channel::<(SampleId, bool)>();
-    for _ in 0..THREADS.min(total) {
-        let (store, queue, done_tx) = (store.clone(), queue.clone(), done_tx.clone());
-        let spawned = std::thread::Builder::new()
-            .name("fallback".into())
-            .spawn(move || {
-                loop {
-                    let next = queue.lock().unwrap_or_else(|e| e.into_inner()).pop();
-                    let Some(id) = next else { break };
-                    if done_tx.send((id, store.ensure(id).is_ok())).is_err() {
-                        break;
-                    }
-                }
-            });
-        if let Err(e) = spawned {
-            tracing::warn!(error = %e, "could not start a fallback fetch thread");
-        }
-    }
-    drop(done_tx);
+    let done_rx = spawn_fetchers(store, missing);
     let mut by_peer: BTreeMap<Rank, u64> = BTreeMap::new();
     let (mut failed, mut finished) = (0usize, 0usize);
     while finished < total {
@@ -342,4 +319,31 @@ pub fn fetch_missing(
         );
     }
     by_peer.into_iter().collect()
+}
+
+/// Fetches `missing` from the source on a few threads; each fetch reports its sample and
+/// whether it is cached now on the returned channel, which closes when they are all done.
+fn spawn_fetchers(store: &Arc<SampleStore>, missing: Vec<SampleId>) -> Receiver<(SampleId, bool)> {
+    const THREADS: usize = 4;
+    let total = missing.len();
+    let queue = Arc::new(Mutex::new(missing));
+    let (done_tx, done_rx) = channel::<(SampleId, bool)>();
+    for _ in 0..THREADS.min(total) {
+        let (store, queue, done_tx) = (store.clone(), queue.clone(), done_tx.clone());
+        let spawned = std::thread::Builder::new()
+            .name("fallback".into())
+            .spawn(move || {
+                loop {
+                    let next = queue.lock().unwrap_or_else(|e| e.into_inner()).pop();
+                    let Some(id) = next else { break };
+                    if done_tx.send((id, store.ensure(id).is_ok())).is_err() {
+                        break;
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "could not start a fallback fetch thread");
+        }
+    }
+    done_rx
 }

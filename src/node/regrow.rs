@@ -77,17 +77,52 @@ pub(crate) fn regrow(
     lacking.retain(|&id| !adopt(store, &orphans, id));
     report.adopted = report.share_samples - report.kept - lacking.len() as u64;
 
-    // 2. Who lacks what, and who holds it.
-    let transfers = plan_transfers(comm, store, &orphans, &lacking)?;
-    // 3. Senders take from their orphans what they send, then the exchange runs.
+    // 2. and 3. Who lacks what, who holds it; the exchange moves it.
+    move_to_owners(comm, store, &orphans, &current, &lacking, cfg, &mut report)?;
+    // 4. The source, for the rest (staging fetches the share).
+    report.from_source = share.iter().filter(|&&id| !store.contains(id)).count() as u64;
+
+    // 5. Trim, make durable, and reclaim once everybody is durable.
+    trim(store, rank, &current, &next.next, &[]);
+    report.reclaimed = reclaim_when_durable(comm, store, orphans)?;
+    tracing::info!(
+        epoch,
+        kept = report.kept,
+        adopted = report.adopted,
+        received = report.received.values().sum::<u64>(),
+        from_source = report.from_source,
+        "share filled after a change of world size"
+    );
+    Ok(Resumed {
+        current,
+        next,
+        resize: Some(report),
+    })
+}
+
+/// Steps 2 and 3: the ranks learn who lacks what (`lacking`, this rank's) and who holds
+/// it; senders take from their orphans what they send; the exchange moves it all. What
+/// arrived goes into `report.received`; an exchange that ends early leaves the rest to the
+/// source.
+fn move_to_owners(
+    comm: &mut dyn Comm,
+    store: &SampleStore,
+    orphans: &[SampleStore],
+    current: &crate::plan::EpochShares,
+    lacking: &[SampleId],
+    cfg: &RegrowConfig,
+    report: &mut RegrowReport,
+) -> Result<(), CommError> {
+    let rank = comm.rank();
+    let transfers = plan_transfers(comm, store, orphans, lacking)?;
     for t in transfers.iter().filter(|t| t.from == rank) {
         if !store.contains(t.sample) {
-            adopt(store, &orphans, t.sample);
+            adopt(store, orphans, t.sample);
         }
     }
     if !transfers.is_empty() {
         tracing::info!(
-            epoch,
+            epoch = current.epoch,
             samples = transfers.len(),
             "moving samples to the owners of the new shares"
         );
@@ -114,34 +149,27 @@ pub(crate) fn regrow(
             *report.received.entry(t.from).or_default() += 1;
         }
     }
-    // 4. The source, for the rest (staging fetches the share).
-    report.from_source = share.iter().filter(|&&id| !store.contains(id)).count() as u64;
+    Ok(())
+}
 
-    // 5. Trim, make durable, and reclaim once everybody is durable.
-    trim(store, rank, &current, &next.next, &[]);
+/// Step 5's end (collective): makes this rank's cache durable and, once every rank's is,
+/// removes the orphans; returns the folders removed (none when they are kept).
+fn reclaim_when_durable(
+    comm: &mut dyn Comm,
+    store: &SampleStore,
+    orphans: Vec<SampleStore>,
+) -> Result<Vec<PathBuf>, CommError> {
+    // Only a message for the log of every rank: it travels as text.
     let synced = store.sync().map_err(|e| e.to_string());
     let failures = agree(comm, synced)?;
     if failures.is_empty() {
-        report.reclaimed = reclaim(orphans);
-    } else {
-        tracing::warn!(
-            ?failures,
-            "some ranks could not make their caches durable; the caches of gone ranks are kept until the next start"
-        );
+        return Ok(reclaim(orphans));
     }
-    tracing::info!(
-        epoch,
-        kept = report.kept,
-        adopted = report.adopted,
-        received = report.received.values().sum::<u64>(),
-        from_source = report.from_source,
-        "share filled after a change of world size"
+    tracing::warn!(
+        ?failures,
+        "some ranks could not make their caches durable; the caches of gone ranks are kept until the next start"
     );
-    Ok(Resumed {
-        current,
-        next,
-        resize: Some(report),
-    })
+    Ok(Vec::new())
 }
 
 /// Takes sample `id` from the first orphan that has it; whether it is now cached.

@@ -28,6 +28,60 @@ struct Scanned {
     min_seq: u64,
 }
 
+/// The newest record of each sample seen so far in the scan.
+struct Latest {
+    /// Per id: the highest sequence number seen (0: none).
+    seqs: Vec<u64>,
+    /// Per id: where its newest record is (default if a tombstone).
+    index: Vec<Entry>,
+    /// Per id: its source time.
+    mtimes: Vec<u64>,
+    /// The highest sequence number of any record.
+    max_seq: u64,
+}
+
+impl Latest {
+    fn new(samples: usize) -> Latest {
+        Latest {
+            seqs: vec![0; samples],
+            index: vec![Entry::default(); samples],
+            mtimes: vec![0; samples],
+            max_seq: 0,
+        }
+    }
+
+    /// Takes in the record `h` at `off` of segment `num` if it is newer than what the scan
+    /// saw of its sample; false for data that fails its checksum (`crc_ok`), which is skipped.
+    fn see(&mut self, num: u32, off: u64, h: &Header, crc_ok: bool) -> bool {
+        self.max_seq = self.max_seq.max(h.seq);
+        let id = h.id as usize;
+        let newer = id < self.seqs.len() && h.seq > self.seqs[id];
+        match h.kind {
+            Kind::Data => {
+                if !crc_ok {
+                    return false;
+                }
+                if newer {
+                    self.seqs[id] = h.seq;
+                    self.mtimes[id] = h.mtime;
+                    self.index[id] = Entry {
+                        seg: num,
+                        off: off as u32,
+                        len: h.len,
+                    };
+                }
+            }
+            Kind::Tombstone => {
+                if newer {
+                    self.seqs[id] = h.seq;
+                    self.index[id] = Entry::default();
+                }
+            }
+        }
+        true
+    }
+}
+
 pub(super) fn recover(
     inner: &Inner,
     keep: &dyn Fn(SampleId, u64) -> bool,
@@ -42,81 +96,89 @@ pub(super) fn recover(
         .collect();
     nums.sort_unstable();
 
-    // Per id: the highest sequence number seen (0: none), where its record is (default if a
-    // tombstone), and its source time.
-    let mut seqs = vec![0u64; samples];
-    let mut index = vec![Entry::default(); samples];
-    let mut mtimes = vec![0u64; samples];
+    let mut latest = Latest::new(samples);
     let mut scanned = BTreeMap::new();
-    let mut max_seq = 0;
     for num in nums {
-        let path = inner.dir.join(seg_name(num));
-        let file = OpenOptions::new().read(true).write(true).open(&path)?;
-        let size = file.metadata()?.len();
-        let mut s = Scanned {
-            file,
-            bytes: 0,
-            tombstones: 0,
-            min_seq: u64::MAX,
-        };
-        let mut reader = BufReader::with_capacity(1 << 20, At::new(&s.file));
-        let mut scratch = vec![0u8; 1 << 16];
-        let mut off = 0u64;
-        while off + HEADER as u64 <= size && off <= u64::from(u32::MAX) {
-            let mut raw = [0u8; HEADER];
-            reader.read_exact(&mut raw)?;
-            let Ok(h) = Header::decode(&raw) else { break };
-            if off + h.record_len() > size {
-                break;
-            }
-            let mut crc = 0;
-            let mut left = h.len;
-            while left > 0 {
-                let n = left.min(scratch.len() as u64) as usize;
-                reader.read_exact(&mut scratch[..n])?;
-                crc = crc32c::crc32c_append(crc, &scratch[..n]);
-                left -= n as u64;
-            }
-            max_seq = max_seq.max(h.seq);
-            let id = h.id as usize;
-            match h.kind {
-                Kind::Data => {
-                    s.min_seq = s.min_seq.min(h.seq);
-                    if crc != h.crc {
-                        tracing::warn!(segment = %path.display(), offset = off, sample = h.id, "cached record fails its checksum; skipped");
-                    } else if id < samples && h.seq > seqs[id] {
-                        seqs[id] = h.seq;
-                        mtimes[id] = h.mtime;
-                        index[id] = Entry {
-                            seg: num,
-                            off: off as u32,
-                            len: h.len,
-                        };
-                    }
-                }
-                Kind::Tombstone => {
-                    s.tombstones += h.record_len();
-                    if id < samples && h.seq > seqs[id] {
-                        seqs[id] = h.seq;
-                        index[id] = Entry::default();
-                    }
-                }
-            }
-            off += h.record_len();
+        if let Some(s) = scan_segment(inner, num, &mut latest)? {
+            scanned.insert(num, s);
         }
-        drop(reader);
-        if off < size {
-            tracing::warn!(segment = %path.display(), valid = off, size, "torn tail of a cache segment truncated");
-            s.file.set_len(off)?;
-        }
-        if off == 0 {
-            fs::remove_file(&path)?;
-            continue;
-        }
-        s.bytes = off;
-        scanned.insert(num, s);
     }
+    let Latest {
+        mut index,
+        mtimes,
+        max_seq,
+        ..
+    } = latest;
+    let (live, found) = kept(&mut index, &mtimes, keep);
+    drop(mtimes);
 
+    let worth = install(inner, scanned, &live, index);
+    a.next_seq = a.next_seq.max(max_seq + 1);
+    drop(a);
+    if worth {
+        inner.nudge_if_worthwhile();
+    }
+    Ok(found)
+}
+
+/// Reads segment `num` once, record by record, into `latest`; cuts a torn tail and removes
+/// a segment with no valid record (`None`).
+fn scan_segment(inner: &Inner, num: u32, latest: &mut Latest) -> io::Result<Option<Scanned>> {
+    let path = inner.dir.join(seg_name(num));
+    let file = OpenOptions::new().read(true).write(true).open(&path)?;
+    let size = file.metadata()?.len();
+    let (mut tombstones, mut min_seq) = (0, u64::MAX);
+    let mut reader = BufReader::with_capacity(1 << 20, At::new(&file));
+    let mut scratch = vec![0u8; 1 << 16];
+    let mut off = 0u64;
+    while off + HEADER as u64 <= size && off <= u64::from(u32::MAX) {
+        let mut raw = [0u8; HEADER];
+        reader.read_exact(&mut raw)?;
+        let Ok(h) = Header::decode(&raw) else { break };
+        if off + h.record_len() > size {
+            break;
+        }
+        let mut crc = 0;
+        let mut left = h.len;
+        while left > 0 {
+            let n = left.min(scratch.len() as u64) as usize;
+            reader.read_exact(&mut scratch[..n])?;
+            crc = crc32c::crc32c_append(crc, &scratch[..n]);
+            left -= n as u64;
+        }
+        match h.kind {
+            Kind::Data => min_seq = min_seq.min(h.seq),
+            Kind::Tombstone => tombstones += h.record_len(),
+        }
+        if !latest.see(num, off, &h, crc == h.crc) {
+            tracing::warn!(segment = %path.display(), offset = off, sample = h.id, "cached record fails its checksum; skipped");
+        }
+        off += h.record_len();
+    }
+    drop(reader);
+    if off < size {
+        tracing::warn!(segment = %path.display(), valid = off, size, "torn tail of a cache segment truncated");
+        file.set_len(off)?;
+    }
+    if off == 0 {
+        fs::remove_file(&path)?;
+        return Ok(None);
+    }
+    Ok(Some(Scanned {
+        file,
+        bytes: off,
+        tombstones,
+        min_seq,
+    }))
+}
+
+/// The records `keep` keeps: the live bytes per segment and what was found; the others are
+/// dropped from `index`.
+fn kept(
+    index: &mut [Entry],
+    mtimes: &[u64],
+    keep: &dyn Fn(SampleId, u64) -> bool,
+) -> (BTreeMap<u32, u64>, Vec<Recovered>) {
     let mut live = BTreeMap::<u32, u64>::new();
     let mut found = Vec::new();
     for (id, e) in index.iter_mut().enumerate() {
@@ -134,8 +196,17 @@ pub(super) fn recover(
             *e = Entry::default();
         }
     }
-    drop((seqs, mtimes));
+    (live, found)
+}
 
+/// Makes the scanned segments and the rebuilt index the store's; returns whether a
+/// compaction is worth it.
+fn install(
+    inner: &Inner,
+    scanned: BTreeMap<u32, Scanned>,
+    live: &BTreeMap<u32, u64>,
+    index: Vec<Entry>,
+) -> bool {
     let mut st = inner.write();
     let mut worth = false;
     for (num, s) in scanned {
@@ -156,13 +227,7 @@ pub(super) fn recover(
         }
     }
     st.index = index;
-    drop(st);
-    a.next_seq = a.next_seq.max(max_seq + 1);
-    drop(a);
-    if worth {
-        inner.nudge_if_worthwhile();
-    }
-    Ok(found)
+    worth
 }
 
 /// Reads a file from a position with `pread`, leaving the file's own offset alone (the

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::coded::Scheme;
 use crate::coded::groups::Communicators;
-use crate::comm::Comm;
+use crate::comm::{Comm, CommError};
 use crate::config::{ExchangeMode, MountConfig};
 use crate::exchange::coded::Routes;
 use crate::exchange::coded::routes::Multicast;
@@ -39,6 +39,32 @@ mod server;
 
 pub(crate) use mode::{check_mode, record_mode};
 pub(crate) use server::serve;
+
+/// Why a coded job's start-up or its server stopped. What the ranks decided (a verdict every
+/// rank reached alike, a refusal one rank sent the others over MPI) is a message, and stays
+/// text; a collective that failed keeps its cause.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CodedError {
+    /// A collective of the start-up or the serving loop failed (`doing`: which one).
+    #[error("{doing}: {source}")]
+    Comm {
+        doing: &'static str,
+        #[source]
+        source: CommError,
+    },
+    /// The job's layout, its settings or its server refused (the message says why, the same
+    /// on every rank or as the refusing rank sent it).
+    #[error("{0}")]
+    Refused(String),
+    /// The server could not listen for stop signals.
+    #[error(transparent)]
+    Signals(Box<crate::daemon::DaemonError>),
+}
+
+/// A failed collective while `doing` something.
+fn comm(doing: &'static str) -> impl FnOnce(CommError) -> CodedError {
+    move |source| CodedError::Comm { doing, source }
+}
 
 /// Split colors of phase 2.
 const SERVER_COLOR: u32 = 0;
@@ -86,7 +112,8 @@ fn list(ranks: &[usize]) -> String {
     v.join(", ")
 }
 
-/// Phase 1's judgement of the world's roles (the same on every rank).
+/// Phase 1's judgement of the world's roles (the same on every rank, so a message each rank
+/// says alike).
 pub(crate) fn verdict(roles: &[Role]) -> Result<Layout, String> {
     let servers: Vec<usize> = (roles.iter().enumerate())
         .filter(|(_, r)| r.serve)
@@ -136,24 +163,28 @@ pub(crate) fn verdict(roles: &[Role]) -> Result<Layout, String> {
 }
 
 /// Phase 1 on this rank.
-pub(crate) fn roles(world: &mut dyn Comm, mine: &Role) -> Result<Layout, String> {
+pub(crate) fn roles(world: &mut dyn Comm, mine: &Role) -> Result<Layout, CodedError> {
     let bytes = serde_json::to_vec(mine).expect("a role serializes");
     let all = world
         .all_gather(&bytes)
-        .map_err(|e| format!("learning the roles of the job's ranks: {e}"))?;
+        .map_err(comm("learning the roles of the job's ranks"))?;
     let roles: Vec<Role> = all
         .iter()
         .map(|b| serde_json::from_slice(b))
         .collect::<Result<_, _>>()
-        .map_err(|_| "a rank of this job is not shufflefs, or another version of it".to_string())?;
-    verdict(&roles)
+        .map_err(|_| {
+            CodedError::Refused(
+                "a rank of this job is not shufflefs, or another version of it".to_string(),
+            )
+        })?;
+    verdict(&roles).map_err(CodedError::Refused)
 }
 
 /// Phase 2 on a compute rank: its own communicator.
-pub(crate) fn split_compute(world: &mut dyn Comm) -> Result<Box<dyn Comm>, String> {
+pub(crate) fn split_compute(world: &mut dyn Comm) -> Result<Box<dyn Comm>, CodedError> {
     world
         .split(COMPUTE_COLOR)
-        .map_err(|e| format!("splitting the compute ranks off the server: {e}"))
+        .map_err(comm("splitting the compute ranks off the server"))
 }
 
 /// The run as compute rank 0 describes it to the server (phase 3).
@@ -205,6 +236,7 @@ impl Offer {
         })
     }
 
+    /// The offer's multicast; a refusal goes into the server's verdict (a message).
     fn multicast(&self) -> Result<Multicast, String> {
         match self.multicast.as_str() {
             "ring" => Ok(Multicast::Ring),
@@ -226,14 +258,15 @@ impl Offer {
 /// Phase 3 on a compute rank: compute rank 0 sends `offer` (the others pass anything) or
 /// the compute ranks' start-up error; on the server's consent, creates the multicast
 /// communicators (`routes`: `--communicators`, `--cache-fraction` and the rank count are
-/// shared settings, so every rank builds the same set).
+/// shared settings, so every rank builds the same set). The start-up error travels to the
+/// server as text, so it comes as one.
 pub(crate) fn offer(
     world: &mut dyn Comm,
     compute_rank: u32,
     offer: Result<(Offer, Vec<u8>), String>,
     routes: impl FnOnce() -> Result<Communicators, String>,
     multicast: Multicast,
-) -> Result<Option<Routes>, String> {
+) -> Result<Option<Routes>, CodedError> {
     let failed = offer.is_err();
     let msg = match (compute_rank, offer) {
         (0, Ok((o, manifest))) => {
@@ -249,26 +282,27 @@ pub(crate) fn offer(
     };
     world
         .broadcast(1, msg)
-        .map_err(|e| format!("sending the settings to the server: {e}"))?;
+        .map_err(comm("sending the settings to the server"))?;
     if failed {
         return Ok(None); // the caller reports its own start-up error; the server has it too
     }
     let all = world
         .all_gather(&[])
-        .map_err(|e| format!("hearing from the server: {e}"))?;
+        .map_err(comm("hearing from the server"))?;
     if let Some(m) = all.first().filter(|m| !m.is_empty()) {
-        return Err(format!(
+        return Err(CodedError::Refused(format!(
             "the coded-shuffle server (world rank 0) refused: {}",
             String::from_utf8_lossy(m)
-        ));
+        )));
     }
-    let comms = routes()?;
+    let comms = routes().map_err(CodedError::Refused)?;
     Routes::create(world, Some(compute_rank as usize), comms, multicast)
         .map(Some)
-        .map_err(|e| format!("creating the multicast communicators: {e}"))
+        .map_err(comm("creating the multicast communicators"))
 }
 
-/// The communicator set of a run (the same on every rank of it).
+/// The communicator set of a run (the same on every rank of it). A refusal is a message: the
+/// server sends it to the compute ranks in its verdict.
 pub(crate) fn communicators(ranks: u32, limit: usize, alpha: f64) -> Result<Communicators, String> {
     Communicators::for_cache(ranks as usize, limit, alpha)
         .map_err(|e| format!("--communicators: {e}"))
@@ -287,7 +321,7 @@ pub(crate) enum Mount {
 const STOPPED: &[u8] = b"stopped";
 
 /// Phase 4 on a compute rank.
-pub(crate) fn mounted(world: &mut dyn Comm, mount: Mount) -> Result<(), String> {
+pub(crate) fn mounted(world: &mut dyn Comm, mount: Mount) -> Result<(), CodedError> {
     let mine: &[u8] = match mount {
         Mount::Up => b"",
         Mount::Failed => b"not mounted",
@@ -296,7 +330,7 @@ pub(crate) fn mounted(world: &mut dyn Comm, mount: Mount) -> Result<(), String> 
     world
         .all_gather(mine)
         .map(|_| ())
-        .map_err(|e| format!("telling the server the mounts are up: {e}"))
+        .map_err(comm("telling the server the mounts are up"))
 }
 
 #[cfg(test)]

@@ -23,7 +23,8 @@ fn mode_of(config: &MountConfig) -> Option<Mode> {
 
 /// Whether the cache folder `root`, which has a saved state, was built by a run of the same
 /// kind as `config` (coded with the same `--cache-fraction`, or partial-local). The state file
-/// predates `--exchange coded`, so this rides beside it.
+/// predates `--exchange coded`, so this rides beside it. A refusal is a message: start-up
+/// gathers it from every rank (`startup::agree`).
 pub(crate) fn check_mode(root: &std::path::Path, config: &MountConfig) -> Result<(), String> {
     let recorded: Option<Mode> = match std::fs::read(root.join(MODE_FILE)) {
         Ok(bytes) => Some(serde_json::from_slice(&bytes).map_err(|e| {

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use super::{Layout, Offer, Role, SERVER_COLOR, communicators, roles};
+use super::{CodedError, Layout, Offer, Role, SERVER_COLOR, comm, communicators, roles};
 use crate::coded::groups::Communicators;
 use crate::comm::Comm;
 use crate::config::ServeConfig;
@@ -15,10 +15,10 @@ use crate::exchange::coded::{Routes, ServeSettings, Server, ServerSamples};
 use crate::plan::CodedShares;
 
 /// The server's whole life: phases 1-4, then serving until the compute ranks leave.
-pub(crate) fn serve(args: &ServeConfig, world: &mut dyn Comm) -> Result<(), String> {
+pub(crate) fn serve(args: &ServeConfig, world: &mut dyn Comm) -> Result<(), CodedError> {
     // A signal (a scheduler ending the job) does not kill the server mid-collective: it
     // serves on until the compute ranks, which unmount on the same signal, leave.
-    crate::daemon::mounted::listen_for_stop().map_err(|e| e.to_string())?;
+    crate::daemon::mounted::listen_for_stop().map_err(|e| CodedError::Signals(Box::new(e)))?;
     match roles(world, &Role::server())? {
         Layout::Coded => {}
         Layout::Plain => unreachable!("a server makes the layout coded or refused"),
@@ -26,46 +26,31 @@ pub(crate) fn serve(args: &ServeConfig, world: &mut dyn Comm) -> Result<(), Stri
     drop(
         world
             .split(SERVER_COLOR)
-            .map_err(|e| format!("splitting the compute ranks off the server: {e}"))?,
+            .map_err(comm("splitting the compute ranks off the server"))?,
     );
     let msg = world
         .broadcast(1, Vec::new())
-        .map_err(|e| format!("receiving the settings from compute rank 0: {e}"))?;
-    let (offer, manifest_bytes) = match msg.split_first() {
-        Some((0, rest)) if rest.len() >= 8 => {
-            let len = u64::from_le_bytes(rest[..8].try_into().expect("8")) as usize;
-            let json = rest
-                .get(8..8 + len)
-                .ok_or("compute rank 0 sent cut settings")?;
-            let offer: Offer = serde_json::from_slice(json)
-                .map_err(|e| format!("compute rank 0 sent unreadable settings: {e}"))?;
-            (offer, &rest[8 + len..])
-        }
-        Some((1, why)) => {
-            return Err(format!(
-                "the compute ranks did not start, so there is nothing to serve: {}",
-                String::from_utf8_lossy(why)
-            ));
-        }
-        _ => return Err("compute rank 0 sent malformed settings".into()),
-    };
+        .map_err(comm("receiving the settings from compute rank 0"))?;
+    let (offer, manifest_bytes) = read_offer(&msg)?;
     let checked = check(args, &offer, manifest_bytes, world.size() - 1);
     let verdict = checked.as_ref().err().cloned().unwrap_or_default();
     world
         .all_gather(verdict.as_bytes())
-        .map_err(|e| format!("answering the compute ranks: {e}"))?;
-    let (settings, manifest, comms, multicast) = checked?;
+        .map_err(comm("answering the compute ranks"))?;
+    let (settings, manifest, comms, multicast) = checked.map_err(CodedError::Refused)?;
     let routes = Routes::create(world, None, comms, multicast)
-        .map_err(|e| format!("creating the multicast communicators: {e}"))?;
+        .map_err(comm("creating the multicast communicators"))?;
     let mounts = world
         .all_gather(&[])
-        .map_err(|e| format!("hearing whether the compute ranks mounted: {e}"))?;
+        .map_err(comm("hearing whether the compute ranks mounted"))?;
     if mounts.iter().skip(1).all(|m| m == super::STOPPED) {
         tracing::info!("the compute ranks were told to stop before mounting; nothing to serve");
         return Ok(());
     }
     if mounts.iter().skip(1).any(|m| !m.is_empty()) {
-        return Err("the compute ranks did not all mount (they say why); nothing to serve".into());
+        return Err(CodedError::Refused(
+            "the compute ranks did not all mount (they say why); nothing to serve".into(),
+        ));
     }
     tracing::info!(
         ranks = offer.ranks,
@@ -76,12 +61,45 @@ pub(crate) fn serve(args: &ServeConfig, world: &mut dyn Comm) -> Result<(), Stri
         memory = args.memory,
         "serving the coded shuffle"
     );
+    serve_until_left(args, world, settings, manifest, routes)
+}
+
+/// Compute rank 0's phase-3 message: its offer and the manifest, or why the compute ranks
+/// did not start.
+fn read_offer(msg: &[u8]) -> Result<(Offer, &[u8]), CodedError> {
+    let refused = CodedError::Refused;
+    match msg.split_first() {
+        Some((0, rest)) if rest.len() >= 8 => {
+            let len = u64::from_le_bytes(rest[..8].try_into().expect("8")) as usize;
+            let json = rest
+                .get(8..8 + len)
+                .ok_or_else(|| refused("compute rank 0 sent cut settings".into()))?;
+            let offer: Offer = serde_json::from_slice(json)
+                .map_err(|e| refused(format!("compute rank 0 sent unreadable settings: {e}")))?;
+            Ok((offer, &rest[8 + len..]))
+        }
+        Some((1, why)) => Err(refused(format!(
+            "the compute ranks did not start, so there is nothing to serve: {}",
+            String::from_utf8_lossy(why)
+        ))),
+        _ => Err(refused("compute rank 0 sent malformed settings".into())),
+    }
+}
+
+/// The serving loop, until a compute rank leaves (the normal end) or the ranks disagree.
+fn serve_until_left(
+    args: &ServeConfig,
+    world: &mut dyn Comm,
+    settings: ServeSettings,
+    manifest: Manifest,
+    routes: Routes,
+) -> Result<(), CodedError> {
     let manifest = Arc::new(manifest);
     let dataset = args.format.open(&args.source, manifest.clone());
     let samples = ServerSamples::new(dataset, manifest, args.memory);
     tracing::info!(
         communicators = routes.created(),
-        multicast = multicast.name(),
+        multicast = routes.multicast().name(),
         exact_upto = routes.communicators().exact_upto(),
         "multicast communicators created"
     );
@@ -91,12 +109,13 @@ pub(crate) fn serve(args: &ServeConfig, world: &mut dyn Comm) -> Result<(), Stri
             tracing::info!(world_rank = r, "a compute rank left; the server stops");
             Ok(())
         }
-        Ok(Ended::Disagree(why)) => Err(format!("stopped serving: {why}")),
-        Err(e) => Err(format!("talking to the compute ranks: {e}")),
+        Ok(Ended::Disagree(why)) => Err(CodedError::Refused(format!("stopped serving: {why}"))),
+        Err(e) => Err(comm("talking to the compute ranks")(e)),
     }
 }
 
-/// The server's checks of an offer against its own options and source.
+/// The server's checks of an offer against its own options and source. A refusal is a
+/// message: the compute ranks get it in the server's answer.
 fn check(
     args: &ServeConfig,
     offer: &Offer,

@@ -82,6 +82,50 @@ impl CodedClient {
         tracker: &ExchangeTracker,
         abort: &AtomicBool,
     ) -> Result<(), ExchangeError> {
+        self.may_start(target, abort)?;
+        let abort = &AtomicBool::new(false);
+        self.placement.advance_to(target - 1);
+        let me = self.node;
+        let mut report = CodedReport {
+            scheme: self.scheme.name(),
+            multicast: self.routes.multicast().name(),
+            ..CodedReport::default()
+        };
+        self.fill_cache(world, store, target, abort, &mut report)?;
+
+        let inst: Instance = next_instance(&mut self.placement);
+        let txs = plan(&inst, self.scheme);
+        report.packets_planned = txs.len() as u64;
+        // What this rank lacks of its next share: the samples (and their bytes) that packets
+        // or the fallback must bring, whatever the packets themselves weigh.
+        let (missing, missing_bytes) = inst.missing(me).fold((0u64, 0u64), |(n, b), id| {
+            (n + 1, b + store.manifest().size(id).unwrap_or(0))
+        });
+        tracker.update(target, |r| {
+            r.samples_to_receive = missing;
+            r.bytes_to_receive = missing_bytes;
+            r.coded = Some(report.clone());
+        });
+        let failed = self.receive_packets(world, store, target, &txs, abort, &mut report)?;
+        tracker.update(target, |r| r.coded = Some(report.clone()));
+
+        self.fallback(world, store, target, failed, abort, &mut report)?;
+        let received = report.samples_decoded + report.fallback_samples;
+        let bytes = report.packet_bytes_received + report.plain_bytes_received;
+        tracker.update(target, |r| {
+            r.samples_received = received;
+            r.bytes_received = bytes;
+            r.bytes_across_hosts = bytes;
+            r.coded = Some(report);
+        });
+        if let Err(e) = store.sync() {
+            return Err(ExchangeError::Sync(e));
+        }
+        Ok(())
+    }
+
+    /// Why the exchange into `target` must not start, if it must not.
+    fn may_start(&self, target: u64, abort: &AtomicBool) -> Result<(), ExchangeError> {
         if let Some(why) = &self.stopped {
             return Err(ExchangeError::Local(why.clone()));
         }
@@ -95,22 +139,26 @@ impl CodedClient {
                 "the daemon is shutting down; the exchange did not start".into(),
             ));
         }
-        let abort = &AtomicBool::new(false);
-        let from = target - 1;
-        if self.placement.epoch() > from {
+        if self.placement.epoch() > target - 1 {
             return Err(ExchangeError::Local(format!(
                 "coded exchange into epoch {target} asked after epoch {} was planned",
                 self.placement.epoch()
             )));
         }
-        self.placement.advance_to(from);
-        let me = self.node;
-        let mut report = CodedReport {
-            scheme: self.scheme.name(),
-            multicast: self.routes.multicast().name(),
-            ..CodedReport::default()
-        };
+        Ok(())
+    }
 
+    /// The first step: the cache becomes C^t (the view's share is part of it); what it
+    /// lacks comes plain from the server.
+    fn fill_cache(
+        &mut self,
+        world: &mut dyn Comm,
+        store: &SampleStore,
+        target: u64,
+        abort: &AtomicBool,
+        report: &mut CodedReport,
+    ) -> Result<(), ExchangeError> {
+        let (me, from) = (self.node, target - 1);
         // The cache holds C^t from here on (the view's share is part of it), plus whatever of
         // the next share an interrupted attempt (before a crash) already brought.
         let cache: BTreeSet<SampleId> = self.placement.caches()[me].clone();
@@ -130,23 +178,24 @@ impl CodedClient {
         let (n, bytes) = self.receive_plain(world, store, target, abort)?;
         report.cache_fill_samples = n;
         report.plain_bytes_received += bytes;
+        Ok(())
+    }
 
-        let inst: Instance = next_instance(&mut self.placement);
-        let txs = plan(&inst, self.scheme);
-        report.packets_planned = txs.len() as u64;
-        // What this rank lacks of its next share: the samples (and their bytes) that packets
-        // or the fallback must bring, whatever the packets themselves weigh.
-        let (missing, missing_bytes) = inst.missing(me).fold((0u64, 0u64), |(n, b), id| {
-            (n + 1, b + store.manifest().size(id).unwrap_or(0))
-        });
-        tracker.update(target, |r| {
-            r.samples_to_receive = missing;
-            r.bytes_to_receive = missing_bytes;
-            r.coded = Some(report.clone());
-        });
+    /// The coded packets of `txs` that reach this rank, burst by burst; returns the samples
+    /// whose packet could not be decoded.
+    fn receive_packets(
+        &mut self,
+        world: &mut dyn Comm,
+        store: &SampleStore,
+        target: u64,
+        txs: &[Transmission],
+        abort: &AtomicBool,
+        report: &mut CodedReport,
+    ) -> Result<Vec<SampleId>, ExchangeError> {
+        let me = self.node;
         let mut failed: Vec<SampleId> = Vec::new();
         let size = |id: SampleId| store.manifest().size(id);
-        for burst in self.routes.bursts(&txs, size) {
+        for burst in self.routes.bursts(txs, size) {
             if !self.routes.reaches(burst.route, me) {
                 continue;
             }
@@ -157,11 +206,22 @@ impl CodedClient {
             let packets = routes::unpack(&msg, txs.len());
             for (i, tx) in txs.iter().enumerate() {
                 let packet = packets.as_ref().map_or(&[][..], |p| p[i]);
-                take_packet(store, me, tx, packet, &mut report, &mut failed);
+                take_packet(store, me, tx, packet, report, &mut failed);
             }
         }
-        tracker.update(target, |r| r.coded = Some(report.clone()));
+        Ok(failed)
+    }
 
+    /// The last step: what no packet brought (`failed`) comes plain from the server.
+    fn fallback(
+        &mut self,
+        world: &mut dyn Comm,
+        store: &SampleStore,
+        target: u64,
+        failed: Vec<SampleId>,
+        abort: &AtomicBool,
+        report: &mut CodedReport,
+    ) -> Result<(), ExchangeError> {
         let asked = failed.len() as u64;
         let req = Request::Want {
             epoch: target,
@@ -178,17 +238,6 @@ impl CodedClient {
         }
         report.fallback_samples = n;
         report.plain_bytes_received += bytes;
-        let received = report.samples_decoded + report.fallback_samples;
-        let bytes = report.packet_bytes_received + report.plain_bytes_received;
-        tracker.update(target, |r| {
-            r.samples_received = received;
-            r.bytes_received = bytes;
-            r.bytes_across_hosts = bytes;
-            r.coded = Some(report);
-        });
-        if let Err(e) = store.sync() {
-            return Err(ExchangeError::Sync(e));
-        }
         Ok(())
     }
 

@@ -7,8 +7,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::{
-    AdvanceError, Command, Effects, EpochChange, EpochState, ExchangeOutcome, INVALIDATION_WAIT,
-    MAX_EPOCH, Shared,
+    AdvanceError, Command, EffectError, Effects, EpochChange, EpochState, ExchangeOutcome,
+    INVALIDATION_WAIT, MAX_EPOCH, Shared,
 };
 use crate::plan::Step;
 
@@ -147,17 +147,23 @@ impl Worker {
                 let _ = tx.send(Command::Prepared(target, result));
             });
         if let Err(e) = spawned {
-            let _ = self.tx.send(Command::Prepared(target, Err(e.to_string())));
+            let _ = self.tx.send(Command::Prepared(target, Err(e.into())));
         }
     }
 
-    fn prepared(&mut self, target: u64, result: Result<(), String>) {
+    fn prepared(&mut self, target: u64, result: Result<(), EffectError>) {
         let persisted = result
-            .map_err(|reason| AdvanceError::Prepare { target, reason })
+            .map_err(|e| AdvanceError::Prepare {
+                target,
+                reason: e.to_string(),
+            })
             .and_then(|()| {
                 self.effects
                     .persist(target)
-                    .map_err(|reason| AdvanceError::Persist { target, reason })
+                    .map_err(|e| AdvanceError::Persist {
+                        target,
+                        reason: e.to_string(),
+                    })
             });
         if let Err(e) = persisted {
             tracing::warn!(error = %e, "advance failed; the current epoch stays");
@@ -169,10 +175,7 @@ impl Worker {
             };
             self.set(target, EpochState::Exchanged(exchange));
             for (_, reply, _) in self.waiting.drain(..) {
-                let _ = reply.send(Err(AdvanceError::Prepare {
-                    target,
-                    reason: e.to_string(),
-                }));
+                let _ = reply.send(Err(e.clone()));
             }
             return;
         }
