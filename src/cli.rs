@@ -180,8 +180,9 @@ pub struct MountArgs {
 
     /// Target size of the `part-NNNNN` files of an epoch view: a part ends with the first
     /// record that reaches it (records are never split). Suffixes K, M, G (powers of 1024).
-    #[arg(long, value_name = "BYTES", default_value = "128M", value_parser = parse_bytes, help_heading = "Records")]
-    pub part_size: u64,
+    /// Default: 128M.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, help_heading = "Records")]
+    pub part_size: Option<u64>,
 
     /// Local cache folder for this rank's share (local SSD). `{rank}` is replaced by the rank.
     /// A job started again with another number of ranks goes on from these folders at the

@@ -60,7 +60,7 @@ pub const FORMAT_VERSION: u32 = 2;
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
     #[error(
-        "cache folder {path} is in use by another shufflefs daemon{holder}; unmount it first or pick another --cache"
+        "cache folder {path} is in use by another shufflefs daemon{holder}; unmount it first or pick another --cache (ranks on one host need one folder each: --cache /path/sfs-{{rank}})"
     )]
     InUse { path: PathBuf, holder: String },
     #[error(
@@ -239,13 +239,9 @@ impl CacheDir {
             .open(&lock_path)
             .map_err(not_writable)?;
         if lock.try_lock().is_err() {
-            let holder = fs::read_to_string(&lock_path)
-                .ok()
-                .map(|p| format!(" (pid {})", p.trim()))
-                .unwrap_or_default();
             return Err(CacheError::InUse {
                 path: root.to_path_buf(),
-                holder,
+                holder: holder(&lock_path),
             });
         }
         lock.set_len(0).map_err(not_writable)?;
@@ -394,6 +390,21 @@ impl CacheDir {
 }
 
 /// Up to five of `names`, and how many more.
+/// The lock holder, as " (pid N)" for [`CacheError::InUse`]. The holder writes its pid right
+/// after it takes the lock, so a daemon started at the same moment (ranks sharing a folder)
+/// may find the file still empty: it looks again for a moment before saying "unknown".
+fn holder(lock_path: &Path) -> String {
+    for _ in 0..50 {
+        let pid = fs::read_to_string(lock_path).unwrap_or_default();
+        let pid = pid.trim();
+        if !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()) {
+            return format!(" (pid {pid})");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    " (pid unknown)".to_string()
+}
+
 fn list_names(names: &[String]) -> String {
     let shown: Vec<&str> = names.iter().take(5).map(String::as_str).collect();
     match names.len() {
@@ -427,6 +438,22 @@ fn replace(dir: &Path, name: &str, bytes: &[u8], durable: bool) -> io::Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A second daemon on a held folder is told the holder's pid and how ranks share a host.
+    #[test]
+    fn a_held_folder_names_its_holder_and_the_rank_template() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("c");
+        let _held = CacheDir::open(&root).unwrap();
+        let err = CacheDir::open(&root).err().expect("refused").to_string();
+        let pid = format!("(pid {})", std::process::id());
+        assert!(err.contains(&pid), "{err}");
+        assert!(err.contains("--cache /path/sfs-{rank}"), "{err}");
+        // A holder that has not written its pid yet is "unknown", not an empty pid.
+        fs::write(root.join("LOCK"), "").unwrap();
+        let err = CacheDir::open(&root).err().expect("refused").to_string();
+        assert!(err.contains("(pid unknown)"), "{err}");
+    }
 
     fn state() -> CacheState {
         CacheState {

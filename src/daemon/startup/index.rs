@@ -2,6 +2,7 @@
 //! cache when its settings match, else built by the dataset format; rank 0 ships it.
 
 use std::io::Read;
+use std::path::Path;
 
 use super::StartError;
 use super::agree::decided;
@@ -37,10 +38,29 @@ pub(crate) fn reusable<'a>(
     state: Option<&'a CacheState>,
 ) -> Option<&'a CacheState> {
     state.filter(|s| {
-        !config.reset_cache
-            && s.source == config.source.display().to_string()
-            && s.format == FORMAT_VERSION
+        !config.reset_cache && same_source(&s.source, &config.source) && s.format == FORMAT_VERSION
     })
+}
+
+/// Whether the source a cache recorded is `now`'s: the same text, or the same folder by
+/// another path (a symlink, a trailing slash, relative), compared canonically.
+pub(crate) fn same_source(recorded: &str, now: &Path) -> bool {
+    if recorded == now.display().to_string() {
+        return true;
+    }
+    match (Path::new(recorded).canonicalize(), now.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
+/// The source as the cache state names it: the recorded text when it is the same source by
+/// another path (so a remount through a symlink is no difference), else the one given now.
+pub(crate) fn source_name(config: &MountConfig, state: Option<&CacheState>) -> String {
+    match state {
+        Some(s) if same_source(&s.source, &config.source) => s.source.clone(),
+        _ => config.source.display().to_string(),
+    }
 }
 
 /// Rank 0's index (loaded from its cache when reusable, else built from the source) and

@@ -112,7 +112,7 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
 
     let expected = CacheState {
         format: FORMAT_VERSION,
-        source: config.source.display().to_string(),
+        source: index::source_name(config, state.as_ref()),
         seed,
         fraction: config.fraction,
         world_size: world,
