@@ -311,6 +311,15 @@ fn read_full(file: &File, offset: u64, size: u32) -> std::io::Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// The refusal of a second write through one open of the control file: one write is one
+/// epoch number, so a shell's line-by-line `printf "4\n5\n6"` cannot advance three times.
+fn second_write(data: &[u8]) -> FsError {
+    FsError::Invalid(format!(
+        "{:?} came after another write to the same open of the epoch file; one open takes one epoch number: `echo N > .shufflefs/epoch` for each advance",
+        String::from_utf8_lossy(data)
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::window;
@@ -324,13 +333,4 @@ mod tests {
         assert_eq!(window(b, u64::MAX, 4), b"");
         assert_eq!(window(b, 3, 0), b"");
     }
-}
-
-/// The refusal of a second write through one open of the control file: one write is one
-/// epoch number, so a shell's line-by-line `printf "4\n5\n6"` cannot advance three times.
-fn second_write(data: &[u8]) -> FsError {
-    FsError::Invalid(format!(
-        "{:?} came after another write to the same open of the epoch file; one open takes one epoch number: `echo N > .shufflefs/epoch` for each advance",
-        String::from_utf8_lossy(data)
-    ))
 }
