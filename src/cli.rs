@@ -287,6 +287,12 @@ pub struct MountArgs {
     #[arg(long, help_heading = "Data")]
     pub reset_cache: bool,
 
+    /// Scan the source again on a remount instead of reusing the cache's index: files
+    /// removed or changed since are dropped from the cache, new files and classes appear,
+    /// cached samples that are still the same (name, size, time) are kept.
+    #[arg(long, help_heading = "Data")]
+    pub rescan: bool,
+
     /// Cap on the bytes per second this rank sends during the background exchange, so
     /// training I/O keeps priority (e.g. 200000000 for 200 MB/s). Default: uncapped.
     #[arg(long, value_name = "BYTES_PER_S", help_heading = "Shuffling")]

@@ -99,6 +99,9 @@ pub(crate) struct MountConfig {
     pub foreground: bool,
     pub allow_other: bool,
     pub reset_cache: bool,
+    /// `--rescan`: rank 0 scans the source even when its cache holds an index, and a cache
+    /// built on another index keeps what is still valid (see `daemon::startup::rescan`).
+    pub rescan: bool,
     /// Bytes per second the background exchange may send (None: uncapped).
     pub exchange_rate: Option<u64>,
     pub staging_threads: usize,
@@ -131,6 +134,7 @@ impl TryFrom<MountArgs> for MountConfig {
             foreground: args.foreground,
             allow_other: args.allow_other,
             reset_cache: args.reset_cache,
+            rescan: args.rescan,
             exchange_rate: args.exchange_rate,
             staging_threads: usize::from(args.staging_threads),
             fuse_threads: args.fuse_threads,

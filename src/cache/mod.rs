@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::dataset::manifest::Manifest;
 use crate::plan::elastic::{Era, History};
-use crate::plan::{ExchangeScope, HostLayout, PlanError};
+use crate::plan::{ExchangeScope, HostLayout, PlanError, SampleId};
 
 mod backend;
 mod bitset;
@@ -113,6 +113,10 @@ pub struct CacheState {
     /// `--cache-layout`. Left out when `files`, so older state files (all `files`) load.
     #[serde(default, skip_serializing_if = "CacheLayout::is_files")]
     pub layout: CacheLayout,
+    /// When rank 0 last scanned the source for this index (seconds since 1970); absent in
+    /// caches made before it was recorded. Not a setting: never a difference.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scanned_at: Option<u64>,
 }
 
 impl CacheState {
@@ -202,6 +206,25 @@ impl CacheState {
 pub struct CacheDir {
     root: PathBuf,
     _lock: File,
+    scan: SourceScan,
+}
+
+/// Where this mount's index came from, for the status: scanned now, or loaded from the
+/// cache (then files added, changed or removed in the source since are not seen).
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct SourceScan {
+    /// When the index was built from the source (seconds since 1970), if known.
+    pub scanned_at: Option<u64>,
+    /// Whether this mount scanned the source (a first mount, `--rescan`, a rebuilt cache).
+    pub scanned_this_mount: bool,
+    /// Whether the view may show what the source no longer holds (or miss what it gained).
+    pub stale_possible: bool,
+    /// After `--rescan` found another index: cached samples kept, and dropped (gone or
+    /// changed in the source).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dropped: Option<u64>,
 }
 
 impl CacheDir {
@@ -259,7 +282,68 @@ impl CacheDir {
         Ok(CacheDir {
             root: root.to_path_buf(),
             _lock: lock,
+            scan: SourceScan::default(),
         })
+    }
+
+    /// Where this mount's index came from (see [`SourceScan`]).
+    pub fn source_scan(&self) -> &SourceScan {
+        &self.scan
+    }
+
+    pub(crate) fn set_source_scan(&mut self, scan: SourceScan) {
+        self.scan = scan;
+    }
+
+    /// Gives each cached sample file (`files` layout) the id `carry` says, with its length
+    /// and mtime, or drops it (`None`): what `--rescan` keeps of a cache built on another
+    /// index. Files move through `tmp/` so that no new name meets an old one; a crash half
+    /// way leaves files under `tmp/` (removed at the next start) and no state file (the
+    /// caller forgot it first), so the next start rebuilds rather than misnames. Returns
+    /// (kept, dropped).
+    pub(crate) fn carry_samples(
+        &self,
+        carry: &dyn Fn(SampleId, (u64, Option<std::time::SystemTime>)) -> Option<SampleId>,
+    ) -> Result<(u64, u64), CacheError> {
+        let (samples, tmp) = (self.root.join("samples"), self.root.join("tmp"));
+        let io = self.io_err();
+        let entries = match fs::read_dir(&samples) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((0, 0)),
+            Err(e) => return Err(io(e)),
+        };
+        private::create_dir(&tmp).map_err(&io)?;
+        let (mut moved, mut dropped) = (Vec::new(), 0);
+        for entry in entries {
+            let entry = entry.map_err(&io)?;
+            let name = entry.file_name();
+            // Only our own files: a sample id, a regular file.
+            let Some(id) = name
+                .to_str()
+                .and_then(|n| own::is_sample_name(n).then(|| n.parse().ok()))
+                .flatten()
+            else {
+                continue;
+            };
+            let meta = entry.metadata().map_err(&io)?;
+            if !meta.is_file() {
+                continue;
+            }
+            match carry(id, (meta.len(), meta.modified().ok())) {
+                Some(new) => {
+                    fs::rename(entry.path(), tmp.join(format!("{new}"))).map_err(&io)?;
+                    moved.push(new);
+                }
+                None => {
+                    fs::remove_file(entry.path()).map_err(&io)?;
+                    dropped += 1;
+                }
+            }
+        }
+        for new in &moved {
+            fs::rename(tmp.join(format!("{new}")), samples.join(format!("{new}"))).map_err(&io)?;
+        }
+        Ok((moved.len() as u64, dropped))
     }
 
     pub fn root(&self) -> &Path {
@@ -469,6 +553,7 @@ mod tests {
             hosts: None,
             world_history: Vec::new(),
             layout: CacheLayout::Files,
+            scanned_at: None,
         }
     }
 

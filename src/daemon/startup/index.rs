@@ -63,9 +63,10 @@ pub(crate) fn source_name(config: &MountConfig, state: Option<&CacheState>) -> S
     }
 }
 
-/// Rank 0's index (loaded from its cache when reusable, else built from the source) and
-/// its encoding, on every rank. Rank 0 keeps the manifest it built and ships its encoding;
-/// only the other ranks decode, so no rank holds more than one manifest and one encoding.
+/// Rank 0's index (loaded from its cache when reusable, else built from the source), its
+/// encoding, and whether rank 0 scanned the source for it, on every rank. Rank 0 keeps the
+/// manifest it built and ships its encoding (after one byte: scanned or not); only the
+/// other ranks decode, so no rank holds more than one manifest and one encoding.
 /// Rank 0's names need no check: a scan's come from the kernel (no '/', NUL, '.', '..' or
 /// over 255 bytes), the cache's were checked on load.
 pub(crate) fn index(
@@ -73,34 +74,43 @@ pub(crate) fn index(
     comm: &mut dyn Comm,
     dir: &CacheDir,
     reusable: Option<&CacheState>,
-) -> Result<(Manifest, Vec<u8>), StartError> {
+) -> Result<(Manifest, Vec<u8>, bool), StartError> {
     let mut built = None;
     let outcome = decide(comm, || -> Result<Vec<u8>, String> {
-        let m = match cached(config, dir, reusable) {
-            Some(m) => m,
-            None => scan(config)?,
+        let (m, scanned) = match cached(config, dir, reusable) {
+            Some(m) => (m, false),
+            None => (scan(config)?, true),
         };
-        let bytes = m.encode();
+        let mut bytes = vec![u8::from(scanned)];
+        bytes.extend(m.encode());
         built = Some(m);
         Ok(bytes)
     });
-    let bytes = decided(comm, outcome)?;
+    let mut bytes = decided(comm, outcome)?;
+    if bytes.is_empty() {
+        return Err(StartError::Malformed("manifest"));
+    }
+    let scanned = bytes.remove(0) == 1;
     let manifest = match built {
         Some(m) => m,
         None => Manifest::decode(&bytes).map_err(|_| StartError::Malformed("manifest"))?,
     };
-    Ok((manifest, bytes))
+    Ok((manifest, bytes, scanned))
 }
 
-/// The index saved in rank 0's cache, if it was built with the same format and framing.
+/// The index saved in rank 0's cache, if it was built with the same format and framing
+/// (and no `--rescan` asks for a new one).
 fn cached(config: &MountConfig, dir: &CacheDir, reusable: Option<&CacheState>) -> Option<Manifest> {
+    if config.rescan {
+        return None;
+    }
     let params = config.source_config.params();
     let m = reusable
         .and_then(|s| dir.load_manifest(s.manifest_fingerprint).ok().flatten())
         .filter(|m| config.format().fits(m, &params))?;
     tracing::info!(
         samples = m.len(),
-        "manifest loaded from the cache; source not rescanned"
+        "manifest loaded from the cache; source not rescanned (--rescan to see its changes)"
     );
     Some(m)
 }

@@ -33,7 +33,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::cache::{CacheError, CacheState, FORMAT_VERSION, SampleStore};
+use crate::cache::{CacheError, CacheState, FORMAT_VERSION, SampleStore, SourceScan};
 use crate::comm::{Comm, CommError};
 use crate::config::{MountConfig, for_rank};
 use crate::node::resumed::Resumed;
@@ -44,6 +44,7 @@ mod cache;
 mod fill;
 mod index;
 mod local;
+mod rescan;
 mod settings;
 
 pub(crate) use agree::{PhaseError, agreed};
@@ -96,7 +97,7 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
     let cache_path = for_rank(&config.cache, rank);
     let mountpoint = for_rank(&config.mountpoint, rank);
 
-    let dir = agreed(comm, local::check(config, rank, &mountpoint, &cache_path))?;
+    let mut dir = agreed(comm, local::check(config, rank, &mountpoint, &cache_path))?;
     let same = settings::compare(comm, config)?;
     agreed(comm, same)?;
 
@@ -108,7 +109,11 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
     let state = agreed(comm, state)?;
     let reusable = index::reusable(config, state.as_ref());
     let seed = index::seed(comm, config, reusable)?;
-    let (manifest, manifest_bytes) = index::index(config, comm, &dir, reusable)?;
+    let (manifest, manifest_bytes, scanned) = index::index(config, comm, &dir, reusable)?;
+    let scanned_at = match scanned {
+        true => Some(now_secs()),
+        false => reusable.and_then(|s| s.scanned_at),
+    };
 
     let expected = CacheState {
         format: FORMAT_VERSION,
@@ -127,7 +132,17 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
         },
         world_history: Vec::new(), // set once the job's history is known
         layout: config.layout,
+        scanned_at,
     };
+    let carried = rescan::carry_over(config, &dir, state, &expected, &manifest);
+    let (state, counts) = agreed(comm, carried)?;
+    dir.set_source_scan(SourceScan {
+        scanned_at,
+        scanned_this_mount: scanned,
+        stale_possible: !scanned,
+        kept: counts.map(|c| c.0),
+        dropped: counts.map(|c| c.1),
+    });
     let samples = manifest.len();
     let (job, backend) = cache::belongs(comm, config, &dir, state, &expected, samples)?;
     cache::save_manifest(&dir, &manifest_bytes);
@@ -148,6 +163,12 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
         resumed,
         mountpoint,
     })
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 #[cfg(test)]
