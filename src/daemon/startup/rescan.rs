@@ -22,6 +22,9 @@ use crate::daemon::resize;
 use crate::dataset::Manifest;
 use crate::dataset::rescan::{same_sample, still_valid};
 
+/// The state for phase 4, and the (kept, dropped) counts when samples were carried over.
+type Carried = (Option<CacheState>, Option<(u64, u64)>);
+
 /// The state phase 4 should check this rank's cache against, after `--rescan` carried its
 /// samples over to `manifest` (when the cache was built on another index and otherwise
 /// belongs): the old state with the new index's fingerprint, or `None` for a cache to
@@ -33,7 +36,7 @@ pub(crate) fn carry_over(
     state: Option<CacheState>,
     expected: &CacheState,
     manifest: &Manifest,
-) -> Result<(Option<CacheState>, Option<(u64, u64)>), PhaseError> {
+) -> Result<Carried, PhaseError> {
     let old = match state {
         Some(old) if config.rescan && !config.reset_cache => old,
         other => return Ok((other, None)),
