@@ -9,8 +9,8 @@ use super::Manifest;
 use super::manifest::Index;
 use crate::plan::SampleId;
 
-/// The id in `new` of sample `id` of `old`: same class and file name, same size. None when
-/// it is gone, changed size, or either index is a record index (a record source's groups
+/// The id in `new` of sample `id` of `old`: same class and file name, same size where both
+/// know it. None when it is gone, changed size, or either index is a record index (a record source's groups
 /// are positions in its files: a changed file moves every group after the change).
 pub(crate) fn same_sample(old: &Manifest, new: &Manifest, id: SampleId) -> Option<SampleId> {
     if !matches!(
@@ -21,8 +21,11 @@ pub(crate) fn same_sample(old: &Manifest, new: &Manifest, id: SampleId) -> Optio
     }
     let class = new.class_by_name(old.class_name(old.class_of(id)))?;
     let found = new.find(class, old.name(id))?;
-    let size = new.size(found)?;
-    (old.size(id) == Some(size)).then_some(found)
+    // A scan may not know sizes (it stats lazily): then `still_valid` compares the file.
+    match (old.size(id), new.size(found)) {
+        (Some(a), Some(b)) if a != b => None,
+        _ => Some(found),
+    }
 }
 
 /// Whether a cached copy of `new`'s sample `id` (of `len` bytes, modified at `mtime`: the
@@ -44,7 +47,7 @@ pub(crate) fn still_valid(
         (None, _) => true,
         (Some(_), Err(_)) => false,
     };
-    meta.len() == len && new.size(id) == Some(len) && same_time
+    meta.len() == len && new.size(id).is_none_or(|size| size == len) && same_time
 }
 
 #[cfg(test)]
