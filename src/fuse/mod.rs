@@ -378,3 +378,18 @@ fn fail(op: &str, ino: u64, err: &FsError) -> Errno {
     }
     Errno::from_i32(err.errno())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Error, ErrorKind};
+
+    #[test]
+    fn a_denied_mount_says_what_a_user_needs() {
+        let text = super::explain_denied(Error::from(ErrorKind::PermissionDenied)).to_string();
+        for needle in ["/dev/fuse", "fusermount3", "user_allow_other"] {
+            assert!(text.contains(needle), "{text}");
+        }
+        let other = super::explain_denied(Error::from(ErrorKind::NotFound)).to_string();
+        assert!(!other.contains("/dev/fuse"), "{other}");
+    }
+}

@@ -146,3 +146,29 @@ fn random_seed() -> u64 {
             .map_or(0, |d| d.as_nanos() as u64),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::same_source;
+
+    #[test]
+    fn a_source_by_another_path_is_the_same_source() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ds = tmp.path().join("ds");
+        std::fs::create_dir(&ds).unwrap();
+        std::os::unix::fs::symlink(&ds, tmp.path().join("link")).unwrap();
+        let recorded = ds.display().to_string();
+        assert!(same_source(&recorded, &tmp.path().join("link")));
+        assert!(same_source(&recorded, Path::new(&format!("{recorded}/"))));
+        assert!(same_source(&recorded, &tmp.path().join("link/../ds")));
+        let cwd = std::env::current_dir().unwrap();
+        assert!(same_source(&cwd.display().to_string(), Path::new(".")));
+        assert!(!same_source(&recorded, tmp.path()));
+        assert!(!same_source(
+            "/no/such/source",
+            Path::new("/no/such/source/x")
+        ));
+    }
+}
