@@ -361,6 +361,39 @@ mod tests {
         assert!(folders.start("global", &[0, 0]).iter().all(Result::is_ok));
     }
 
+    /// `--rescan` on two ranks after the source lost a file and gained a class: every rank
+    /// agrees on the new index, keeps what is still valid, and plans over the new samples;
+    /// without `--rescan` the old index is reused.
+    #[test]
+    fn rescan_on_several_ranks_plans_over_the_new_index() {
+        let folders = Folders::new(2);
+        let samples = |extra: &[&str]| -> Vec<u32> {
+            let args = folders.args_with("global", extra);
+            start_each(vec![args.clone(), args], &[0, 0])
+                .into_iter()
+                .map(|p| p.unwrap().params().samples)
+                .collect()
+        };
+        assert_eq!(samples(&[]), [12, 12]);
+        let src = folders.root.path().join("src");
+        std::fs::remove_file(src.join("a/0.bin")).unwrap();
+        std::fs::create_dir(src.join("c")).unwrap();
+        for i in 0..3 {
+            std::fs::write(src.join(format!("c/{i}.bin")), [9u8; 4]).unwrap();
+        }
+        assert_eq!(samples(&[]), [12, 12], "the cache's index, not rescanned");
+        assert_eq!(samples(&["--rescan"]), [14, 14]);
+        assert_eq!(
+            folders.state(1).manifest_fingerprint,
+            folders.state(0).manifest_fingerprint
+        );
+        assert_eq!(
+            samples(&[]),
+            [14, 14],
+            "the rescanned index is the cache's now"
+        );
+    }
+
     #[test]
     fn global_scope_ignores_hosts() {
         let folders = Folders::new(2);
