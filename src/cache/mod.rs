@@ -212,7 +212,7 @@ pub struct CacheDir {
 /// Where this mount's index came from, for the status: scanned now, or loaded from the
 /// cache (then files added, changed or removed in the source since are not seen).
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
-pub struct SourceScan {
+pub(crate) struct SourceScan {
     /// When the index was built from the source (seconds since 1970), if known.
     pub scanned_at: Option<u64>,
     /// Whether this mount scanned the source (a first mount, `--rescan`, a rebuilt cache).
@@ -287,7 +287,7 @@ impl CacheDir {
     }
 
     /// Where this mount's index came from (see [`SourceScan`]).
-    pub fn source_scan(&self) -> &SourceScan {
+    pub(crate) fn source_scan(&self) -> &SourceScan {
         &self.scan
     }
 
