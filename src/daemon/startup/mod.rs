@@ -392,6 +392,13 @@ mod tests {
             [14, 14],
             "the rescanned index is the cache's now"
         );
+
+        // A packed cache cannot carry samples over: it is rebuilt, and the mount goes on.
+        let packed = ["--cache-layout", "packed", "--reset-cache"];
+        assert_eq!(samples(&packed), [14, 14]);
+        std::fs::remove_file(src.join("c/0.bin")).unwrap();
+        let packed = ["--cache-layout", "packed", "--rescan"];
+        assert_eq!(samples(&packed), [13, 13]);
     }
 
     #[test]
