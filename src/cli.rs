@@ -180,8 +180,9 @@ pub struct MountArgs {
 
     /// Target size of the `part-NNNNN` files of an epoch view: a part ends with the first
     /// record that reaches it (records are never split). Suffixes K, M, G (powers of 1024).
-    #[arg(long, value_name = "BYTES", default_value = "128M", value_parser = parse_bytes, help_heading = "Records")]
-    pub part_size: u64,
+    /// Default: 128M.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, help_heading = "Records")]
+    pub part_size: Option<u64>,
 
     /// Local cache folder for this rank's share (local SSD). `{rank}` is replaced by the rank.
     /// A job started again with another number of ranks goes on from these folders at the
@@ -285,6 +286,12 @@ pub struct MountArgs {
     /// Throw away a cache built with other settings instead of refusing to mount.
     #[arg(long, help_heading = "Data")]
     pub reset_cache: bool,
+
+    /// Scan the source again on a remount instead of reusing the cache's index: files
+    /// removed or changed since are dropped from the cache, new files and classes appear,
+    /// cached samples that are still the same (name, size, time) are kept.
+    #[arg(long, help_heading = "Data")]
+    pub rescan: bool,
 
     /// Cap on the bytes per second this rank sends during the background exchange, so
     /// training I/O keeps priority (e.g. 200000000 for 200 MB/s). Default: uncapped.

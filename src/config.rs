@@ -99,6 +99,9 @@ pub(crate) struct MountConfig {
     pub foreground: bool,
     pub allow_other: bool,
     pub reset_cache: bool,
+    /// `--rescan`: rank 0 scans the source even when its cache holds an index, and a cache
+    /// built on another index keeps what is still valid (see `daemon::startup::rescan`).
+    pub rescan: bool,
     /// Bytes per second the background exchange may send (None: uncapped).
     pub exchange_rate: Option<u64>,
     pub staging_threads: usize,
@@ -112,6 +115,9 @@ impl TryFrom<MountArgs> for MountConfig {
     /// Every refusal of the command line's combinations, with the message the user reads.
     fn try_from(args: MountArgs) -> Result<MountConfig, String> {
         let source_config = source_config(&args)?;
+        if args.exchange_rate == Some(0) {
+            return Err("--exchange-rate 0 would never send a sample, so the exchange could not finish; give a cap in bytes per second (e.g. 200000000 for 200 MB/s) or leave it out for no cap".into());
+        }
         let exchange = exchange_mode(&args)?;
         let layout = args
             .cache_layout
@@ -128,6 +134,7 @@ impl TryFrom<MountArgs> for MountConfig {
             foreground: args.foreground,
             allow_other: args.allow_other,
             reset_cache: args.reset_cache,
+            rescan: args.rescan,
             exchange_rate: args.exchange_rate,
             staging_threads: usize::from(args.staging_threads),
             fuse_threads: args.fuse_threads,
@@ -143,6 +150,7 @@ fn source_config(args: &MountArgs) -> Result<SourceConfig, String> {
             (args.framing.is_some(), "--framing"),
             (args.record_size.is_some(), "--record-size"),
             (args.header_line, "--header-line"),
+            (args.part_size.is_some(), "--part-size"),
         ];
         if let Some((_, flag)) = given.iter().find(|g| g.0) {
             return Err(format!(
@@ -178,7 +186,7 @@ fn source_config(args: &MountArgs) -> Result<SourceConfig, String> {
     };
     Ok(SourceConfig::Records {
         params,
-        part_size: args.part_size,
+        part_size: args.part_size.unwrap_or(crate::vfs::DEFAULT_PART_SIZE),
     })
 }
 
@@ -312,6 +320,76 @@ pub fn plan_input(args: &PlanArgs) -> CalcInput {
     }
 }
 
+/// Refuses a source, cache folder and mount point of rank `rank` that overlap: one equal to
+/// or inside another, by any path (symlinks are followed: the paths are compared
+/// canonically; a path that does not exist yet is its nearest existing ancestor's canonical
+/// path plus the rest). A cache in the source would be served as samples, a source in the
+/// cache could be emptied by `--reset-cache`, a mount point in the source shows up as a
+/// class, a cache in the mount point is hidden by the mount. It reads the file system and
+/// creates nothing, so it runs before anything is created: first among the local checks,
+/// and in `launch` before a detached daemon opens its log in the cache folder.
+pub(crate) fn check_overlaps(config: &MountConfig, rank: u32) -> Result<(), String> {
+    let given = [
+        ("--source", config.source.clone()),
+        ("--cache", for_rank(&config.cache, rank)),
+        ("the mount point", for_rank(&config.mountpoint, rank)),
+    ];
+    let resolved: Vec<PathBuf> = given.iter().map(|(_, p)| resolve(p)).collect();
+    let show = |i: usize| {
+        let (name, path) = &given[i];
+        match resolved[i] == *path {
+            true => format!("{name} {}", path.display()),
+            false => format!("{name} {} (= {})", path.display(), resolved[i].display()),
+        }
+    };
+    for (a, b) in [(0, 1), (0, 2), (1, 2)] {
+        // Named the later first ("--cache X is inside --source Y") unless it holds the other.
+        let (inner, relation, outer) = if resolved[a] == resolved[b] {
+            (b, "is the same folder as", a)
+        } else if resolved[b].starts_with(&resolved[a]) {
+            (b, "is inside", a)
+        } else if resolved[a].starts_with(&resolved[b]) {
+            (a, "is inside", b)
+        } else {
+            continue;
+        };
+        return Err(overlap(&show(inner), relation, &show(outer)));
+    }
+    Ok(())
+}
+
+fn overlap(inner: &str, relation: &str, outer: &str) -> String {
+    format!(
+        "{inner} {relation} {outer}; the source, the cache folder and the mount point must be three separate places, none inside another (shufflefs would serve its own files as data, or hide or remove them): pick a --cache and a mount point outside the dataset and outside each other, e.g. --cache /local/sfs-cache-{{rank}}"
+    )
+}
+
+/// `path` made absolute and canonical as far as it exists: its nearest existing ancestor's
+/// canonical path, then the rest as written.
+fn resolve(path: &std::path::Path) -> PathBuf {
+    let absolute = match path.is_absolute() {
+        true => path.to_path_buf(),
+        false => std::env::current_dir().unwrap_or_default().join(path),
+    };
+    let mut existing = absolute.as_path();
+    let mut rest = Vec::new();
+    let mut base = loop {
+        if let Ok(canonical) = existing.canonicalize() {
+            break canonical;
+        }
+        match (existing.parent(), existing.file_name()) {
+            (Some(parent), Some(name)) => {
+                rest.push(name.to_owned());
+                existing = parent;
+            }
+            // A missing path ending in `..`: compared as written.
+            _ => return absolute,
+        }
+    };
+    base.extend(rest.iter().rev());
+    base
+}
+
 /// Replaces `{rank}` in a path template.
 pub(crate) fn for_rank(template: &str, rank: u32) -> PathBuf {
     PathBuf::from(template.replace("{rank}", &rank.to_string()))
@@ -356,6 +434,10 @@ mod tests {
             ),
             (&["--framing", "tar"][..], "--format records"),
             (
+                &["--part-size", "1M"][..],
+                "--part-size applies to record sources",
+            ),
+            (
                 &["--format", "records", "--framing", "tar", "--header-line"][..],
                 "lines only",
             ),
@@ -363,6 +445,91 @@ mod tests {
             let err = mount(extra).unwrap_err();
             assert!(err.contains(needle), "{extra:?}: {err}");
         }
+    }
+
+    /// Source, cache and mount point overlapping in any direction, equal, or through a
+    /// symlink, are refused naming both; paths that do not exist yet are compared too.
+    #[test]
+    fn overlapping_folders_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = |name: &str| tmp.path().join(name).display().to_string();
+        std::fs::create_dir_all(tmp.path().join("ds/a")).unwrap();
+        std::fs::create_dir_all(tmp.path().join("m0")).unwrap();
+        std::os::unix::fs::symlink(tmp.path().join("ds"), tmp.path().join("link")).unwrap();
+        let check = |source: &str, cache: &str, mnt: &str| {
+            let argv = [
+                "shufflefs",
+                "mount",
+                "--source",
+                source,
+                "--cache",
+                cache,
+                mnt,
+            ];
+            let Command::Mount(args) = Cli::try_parse_from(argv).unwrap().command else {
+                panic!("not mount");
+            };
+            super::check_overlaps(&MountConfig::try_from(args).unwrap(), 0)
+        };
+        let (ds, m0) = (p("ds"), p("m0"));
+        for (cache, mnt, needles) in [
+            (
+                p("ds/cachein"),
+                m0.clone(),
+                ["--cache", "is inside --source"],
+            ),
+            (
+                ds.clone(),
+                m0.clone(),
+                ["--cache", "is the same folder as --source"],
+            ),
+            (p("c"), p("ds/a"), ["the mount point", "is inside --source"]),
+            (
+                p("m0/x"),
+                m0.clone(),
+                ["--cache", "is inside the mount point"],
+            ),
+            (
+                m0.clone(),
+                m0.clone(),
+                ["the mount point", "is the same folder as --cache"],
+            ),
+            (
+                p("link/new/deeper"),
+                m0.clone(),
+                ["(= ", "is inside --source"],
+            ),
+            (p(""), m0.clone(), ["--source", "is inside --cache"]),
+            (
+                p("m0/../ds/x"),
+                m0.clone(),
+                ["--cache", "is inside --source"],
+            ),
+        ] {
+            let err = check(&ds, &cache, &mnt).expect_err(&cache);
+            for n in needles {
+                assert!(err.contains(n), "{cache} {mnt}: {err}");
+            }
+            assert!(err.contains(&cache) || err.contains(&mnt), "{err}");
+        }
+        assert_eq!(check(&ds, &p("c-{rank}"), &m0), Ok(()));
+        assert_eq!(
+            check(&ds, &p("dsx"), &p("m0x")),
+            Ok(()),
+            "a shared prefix is no overlap"
+        );
+        assert!(!tmp.path().join("ds/cachein").exists() && !tmp.path().join("c").exists());
+    }
+
+    #[test]
+    fn an_exchange_rate_of_zero_is_refused() {
+        let err = mount(&["--exchange-rate", "0"]).unwrap_err();
+        assert!(
+            err.contains("--exchange-rate 0") && err.contains("leave it out"),
+            "{err}"
+        );
+        let capped = mount(&["--exchange-rate", "1000"]).unwrap();
+        assert_eq!(capped.exchange_rate, Some(1000));
     }
 
     #[test]

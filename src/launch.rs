@@ -118,6 +118,11 @@ fn detached(args: &MountConfig) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Nothing is created before the overlap check (the log goes into the cache folder).
+    if let Err(e) = crate::config::check_overlaps(args, 0) {
+        eprintln!("shufflefs: {e}");
+        return ExitCode::FAILURE;
+    }
     // The log goes into the cache folder: not into a folder that is not ours to take.
     if let Err(e) = crate::cache::CacheDir::check_takeable(&crate::config::for_rank(&args.cache, 0))
     {

@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::dataset::manifest::Manifest;
 use crate::plan::elastic::{Era, History};
-use crate::plan::{ExchangeScope, HostLayout, PlanError};
+use crate::plan::{ExchangeScope, HostLayout, PlanError, SampleId};
 
 mod backend;
 mod bitset;
@@ -60,7 +60,7 @@ pub const FORMAT_VERSION: u32 = 2;
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
     #[error(
-        "cache folder {path} is in use by another shufflefs daemon{holder}; unmount it first or pick another --cache"
+        "cache folder {path} is in use by another shufflefs daemon{holder}; unmount it first or pick another --cache (ranks on one host need one folder each: --cache /path/sfs-{{rank}})"
     )]
     InUse { path: PathBuf, holder: String },
     #[error(
@@ -113,6 +113,10 @@ pub struct CacheState {
     /// `--cache-layout`. Left out when `files`, so older state files (all `files`) load.
     #[serde(default, skip_serializing_if = "CacheLayout::is_files")]
     pub layout: CacheLayout,
+    /// When rank 0 last scanned the source for this index (seconds since 1970); absent in
+    /// caches made before it was recorded. Not a setting: never a difference.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scanned_at: Option<u64>,
 }
 
 impl CacheState {
@@ -202,6 +206,25 @@ impl CacheState {
 pub struct CacheDir {
     root: PathBuf,
     _lock: File,
+    scan: SourceScan,
+}
+
+/// Where this mount's index came from, for the status: scanned now, or loaded from the
+/// cache (then files added, changed or removed in the source since are not seen).
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub(crate) struct SourceScan {
+    /// When the index was built from the source (seconds since 1970), if known.
+    pub scanned_at: Option<u64>,
+    /// Whether this mount scanned the source (a first mount, `--rescan`, a rebuilt cache).
+    pub scanned_this_mount: bool,
+    /// Whether the view may show what the source no longer holds (or miss what it gained).
+    pub stale_possible: bool,
+    /// After `--rescan` found another index: cached samples kept, and dropped (gone or
+    /// changed in the source).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dropped: Option<u64>,
 }
 
 impl CacheDir {
@@ -239,13 +262,9 @@ impl CacheDir {
             .open(&lock_path)
             .map_err(not_writable)?;
         if lock.try_lock().is_err() {
-            let holder = fs::read_to_string(&lock_path)
-                .ok()
-                .map(|p| format!(" (pid {})", p.trim()))
-                .unwrap_or_default();
             return Err(CacheError::InUse {
                 path: root.to_path_buf(),
-                holder,
+                holder: holder(&lock_path),
             });
         }
         lock.set_len(0).map_err(not_writable)?;
@@ -263,7 +282,68 @@ impl CacheDir {
         Ok(CacheDir {
             root: root.to_path_buf(),
             _lock: lock,
+            scan: SourceScan::default(),
         })
+    }
+
+    /// Where this mount's index came from (see [`SourceScan`]).
+    pub(crate) fn source_scan(&self) -> &SourceScan {
+        &self.scan
+    }
+
+    pub(crate) fn set_source_scan(&mut self, scan: SourceScan) {
+        self.scan = scan;
+    }
+
+    /// Gives each cached sample file (`files` layout) the id `carry` says, with its length
+    /// and mtime, or drops it (`None`): what `--rescan` keeps of a cache built on another
+    /// index. Files move through `tmp/` so that no new name meets an old one; a crash half
+    /// way leaves files under `tmp/` (removed at the next start) and no state file (the
+    /// caller forgot it first), so the next start rebuilds rather than misnames. Returns
+    /// (kept, dropped).
+    pub(crate) fn carry_samples(
+        &self,
+        carry: &dyn Fn(SampleId, (u64, Option<std::time::SystemTime>)) -> Option<SampleId>,
+    ) -> Result<(u64, u64), CacheError> {
+        let (samples, tmp) = (self.root.join("samples"), self.root.join("tmp"));
+        let io = self.io_err();
+        let entries = match fs::read_dir(&samples) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((0, 0)),
+            Err(e) => return Err(io(e)),
+        };
+        private::create_dir(&tmp).map_err(&io)?;
+        let (mut moved, mut dropped) = (Vec::new(), 0);
+        for entry in entries {
+            let entry = entry.map_err(&io)?;
+            let name = entry.file_name();
+            // Only our own files: a sample id, a regular file.
+            let Some(id) = name
+                .to_str()
+                .and_then(|n| own::is_sample_name(n).then(|| n.parse().ok()))
+                .flatten()
+            else {
+                continue;
+            };
+            let meta = entry.metadata().map_err(&io)?;
+            if !meta.is_file() {
+                continue;
+            }
+            match carry(id, (meta.len(), meta.modified().ok())) {
+                Some(new) => {
+                    fs::rename(entry.path(), tmp.join(format!("{new}"))).map_err(&io)?;
+                    moved.push(new);
+                }
+                None => {
+                    fs::remove_file(entry.path()).map_err(&io)?;
+                    dropped += 1;
+                }
+            }
+        }
+        for new in &moved {
+            fs::rename(tmp.join(format!("{new}")), samples.join(format!("{new}"))).map_err(&io)?;
+        }
+        Ok((moved.len() as u64, dropped))
     }
 
     pub fn root(&self) -> &Path {
@@ -394,6 +474,21 @@ impl CacheDir {
 }
 
 /// Up to five of `names`, and how many more.
+/// The lock holder, as " (pid N)" for [`CacheError::InUse`]. The holder writes its pid right
+/// after it takes the lock, so a daemon started at the same moment (ranks sharing a folder)
+/// may find the file still empty: it looks again for a moment before saying "unknown".
+fn holder(lock_path: &Path) -> String {
+    for _ in 0..50 {
+        let pid = fs::read_to_string(lock_path).unwrap_or_default();
+        let pid = pid.trim();
+        if !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()) {
+            return format!(" (pid {pid})");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    " (pid unknown)".to_string()
+}
+
 fn list_names(names: &[String]) -> String {
     let shown: Vec<&str> = names.iter().take(5).map(String::as_str).collect();
     match names.len() {
@@ -428,6 +523,22 @@ fn replace(dir: &Path, name: &str, bytes: &[u8], durable: bool) -> io::Result<()
 mod tests {
     use super::*;
 
+    /// A second daemon on a held folder is told the holder's pid and how ranks share a host.
+    #[test]
+    fn a_held_folder_names_its_holder_and_the_rank_template() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("c");
+        let _held = CacheDir::open(&root).unwrap();
+        let err = CacheDir::open(&root).err().expect("refused").to_string();
+        let pid = format!("(pid {})", std::process::id());
+        assert!(err.contains(&pid), "{err}");
+        assert!(err.contains("--cache /path/sfs-{rank}"), "{err}");
+        // A holder that has not written its pid yet is "unknown", not an empty pid.
+        fs::write(root.join("LOCK"), "").unwrap();
+        let err = CacheDir::open(&root).err().expect("refused").to_string();
+        assert!(err.contains("(pid unknown)"), "{err}");
+    }
+
     fn state() -> CacheState {
         CacheState {
             format: FORMAT_VERSION,
@@ -442,6 +553,7 @@ mod tests {
             hosts: None,
             world_history: Vec::new(),
             layout: CacheLayout::Files,
+            scanned_at: None,
         }
     }
 

@@ -295,6 +295,7 @@ mod tests {
             hosts: None,
             world_history: Vec::new(),
             layout: Default::default(),
+            scanned_at: None,
         }
     }
 

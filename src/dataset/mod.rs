@@ -19,6 +19,7 @@ pub(crate) mod imagefolder;
 pub mod manifest;
 pub(crate) mod names;
 pub mod records;
+pub(crate) mod rescan;
 pub mod scan;
 pub(crate) mod synthetic;
 

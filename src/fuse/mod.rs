@@ -131,10 +131,27 @@ pub fn mount(
     config: &Config,
 ) -> std::io::Result<Session<FuseAdapter>> {
     let (slot, waiters) = (adapter.unmounter.clone(), adapter.waiters.clone());
-    let mut session = Session::new(adapter, mountpoint, config)?;
+    let mut session = Session::new(adapter, mountpoint, config).map_err(explain_denied)?;
     *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(session.unmount_callable());
     waiters.mounted(crate::sys::mounts::fuse_device(mountpoint));
     Ok(session)
+}
+
+/// A mount refused for permission says only "Permission denied": say what a non-root user
+/// needs to mount with FUSE.
+fn explain_denied(e: std::io::Error) -> std::io::Error {
+    if e.kind() != std::io::ErrorKind::PermissionDenied {
+        return e;
+    }
+    std::io::Error::new(
+        e.kind(),
+        format!(
+            "{e}. Mounting with FUSE as a user needs read-write access to /dev/fuse (`ls -l /dev/fuse`; \
+             often membership of the `fuse` group), a setuid fusermount3 on the PATH \
+             (`ls -l $(command -v fusermount3)` shows `rws`), and for --allow-other \
+             `user_allow_other` in /etc/fuse.conf; ask an administrator, or run as root"
+        ),
+    )
 }
 
 impl FuseAdapter {
@@ -330,7 +347,7 @@ impl Adapter {
     fn answer_write(
         &self,
         ino: INodeNo,
-        fh: FileHandle,
+        (fh, offset): (FileHandle, u64),
         data: &[u8],
         cancel: &Cancel,
         reply: ReplyWrite,
@@ -338,7 +355,7 @@ impl Adapter {
         let written = if self.files.opens() {
             self.files.write_until(fh.0, data, cancel)
         } else {
-            self.files.write_unopened_until(ino.0, data, cancel)
+            self.files.write_unopened_until(ino.0, offset, data, cancel)
         };
         // The write returns once the kernel forgot the old epoch's names (`vfs::write_epoch`).
         match written {
@@ -360,4 +377,19 @@ fn fail(op: &str, ino: u64, err: &FsError) -> Errno {
         tracing::warn!(op, ino, error = %err);
     }
     Errno::from_i32(err.errno())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Error, ErrorKind};
+
+    #[test]
+    fn a_denied_mount_says_what_a_user_needs() {
+        let text = super::explain_denied(Error::from(ErrorKind::PermissionDenied)).to_string();
+        for needle in ["/dev/fuse", "fusermount3", "user_allow_other"] {
+            assert!(text.contains(needle), "{text}");
+        }
+        let other = super::explain_denied(Error::from(ErrorKind::NotFound)).to_string();
+        assert!(!other.contains("/dev/fuse"), "{other}");
+    }
 }

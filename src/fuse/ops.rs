@@ -215,7 +215,7 @@ impl Filesystem for FuseAdapter {
         req: &Request,
         ino: INodeNo,
         fh: FileHandle,
-        _offset: u64,
+        offset: u64,
         data: &[u8],
         _wf: WriteFlags,
         _flags: OpenFlags,
@@ -229,7 +229,7 @@ impl Filesystem for FuseAdapter {
         }
         let data = data.to_vec();
         self.answer(req, Wait::Advance, move |a, cancel| {
-            a.answer_write(ino, fh, &data, cancel, reply)
+            a.answer_write(ino, (fh, offset), &data, cancel, reply)
         });
     }
 

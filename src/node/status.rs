@@ -112,6 +112,8 @@ struct Status<'a> {
     /// Only while an advance waits: for which epoch, on what, and which peers.
     #[serde(skip_serializing_if = "Option::is_none")]
     advance_waiting: Option<AdvanceWait>,
+    /// Where the index came from: scanned now, or loaded from the cache (`stale_possible`).
+    source_scan: &'a crate::cache::SourceScan,
 }
 
 pub struct DaemonStatus {
@@ -172,6 +174,7 @@ impl StatusReport for DaemonStatus {
             skipped: &manifest.skipped,
             resize: self.resize.as_ref(),
             advance_waiting: self.epochs.waiting(),
+            source_scan: self.store.dir().source_scan(),
         };
         let mut out = serde_json::to_vec_pretty(&status).expect("status serializes");
         out.push(b'\n');

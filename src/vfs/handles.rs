@@ -42,7 +42,10 @@ enum Handle {
     Snapshot(Arc<[u8]>),
     /// A record source's part: read group by group through the store.
     Part(Arc<crate::vfs::PartLayout>, u32),
-    EpochControl,
+    /// The epoch control file; `wrote` once it took its one write (one open, one advance).
+    EpochControl {
+        wrote: bool,
+    },
 }
 
 /// A file just opened.
@@ -131,7 +134,7 @@ impl OpenFiles {
             Opened::Snapshot(bytes) => (Handle::Snapshot(bytes.into()), None, false),
             // A part never changes: its inode is its epoch's own.
             Opened::Part(layout, p) => (Handle::Part(layout, p), None, true),
-            Opened::EpochControl => (Handle::EpochControl, None, false),
+            Opened::EpochControl => (Handle::EpochControl { wrote: false }, None, false),
         };
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.table().insert(fh, handle);
@@ -151,7 +154,7 @@ impl OpenFiles {
                 let (layout, p) = (layout.clone(), *p);
                 return self.fs.read_part(&layout, p, offset, size);
             }
-            Some(Handle::EpochControl) | None => return Err(FsError::BadHandle),
+            Some(Handle::EpochControl { .. }) | None => return Err(FsError::BadHandle),
         };
         // Read without holding the table: other opens and reads go on meanwhile.
         Ok(read_full(&file, offset, size)?)
@@ -178,9 +181,11 @@ impl OpenFiles {
         data: &[u8],
         cancel: &Cancel,
     ) -> Result<usize, FsError> {
-        let is_control = matches!(self.table().get(&fh), Some(Handle::EpochControl));
-        if !is_control {
-            return Err(FsError::ReadOnly);
+        match self.table().get_mut(&fh) {
+            // `printf "4\n5\n6" > epoch` writes each line on its own: only the first counts.
+            Some(Handle::EpochControl { wrote: true }) => return Err(second_write(data)),
+            Some(Handle::EpochControl { wrote }) => *wrote = true,
+            _ => return Err(FsError::ReadOnly),
         }
         self.fs.write_epoch_until(data, cancel)
     }
@@ -235,18 +240,23 @@ impl OpenFiles {
     /// A write without an open (mount without opens): the kernel checked write access at
     /// its open, which only the epoch control file grants.
     pub fn write_unopened(&self, ino: u64, data: &[u8]) -> Result<usize, FsError> {
-        self.write_unopened_until(ino, data, &Cancel::never())
+        self.write_unopened_until(ino, 0, data, &Cancel::never())
     }
 
-    /// [`OpenFiles::write_unopened`], giving up the advance's wait when `cancel` is set.
+    /// [`OpenFiles::write_unopened`] at `offset`, giving up the advance's wait when `cancel`
+    /// is set. Without a handle, a write past the start is the open's second one.
     pub(crate) fn write_unopened_until(
         &self,
         ino: u64,
+        offset: u64,
         data: &[u8],
         cancel: &Cancel,
     ) -> Result<usize, FsError> {
         if Node::from_ino(ino) != Some(Node::EpochCtl) {
             return Err(FsError::ReadOnly);
+        }
+        if offset > 0 {
+            return Err(second_write(data));
         }
         self.fs.write_epoch_until(data, cancel)
     }
@@ -299,6 +309,15 @@ fn read_full(file: &File, offset: u64, size: u32) -> std::io::Result<Vec<u8>> {
     let filled = read_full_at(file, offset, &mut buf)?;
     buf.truncate(filled);
     Ok(buf)
+}
+
+/// The refusal of a second write through one open of the control file: one write is one
+/// epoch number, so a shell's line-by-line `printf "4\n5\n6"` cannot advance three times.
+fn second_write(data: &[u8]) -> FsError {
+    FsError::Invalid(format!(
+        "{:?} came after another write to the same open of the epoch file; one open takes one epoch number: `echo N > .shufflefs/epoch` for each advance",
+        String::from_utf8_lossy(data)
+    ))
 }
 
 #[cfg(test)]

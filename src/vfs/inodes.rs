@@ -103,7 +103,8 @@ pub(crate) fn parse_epoch_dir(name: &OsStr) -> Option<u64> {
     (n.to_string() == digits && n <= MAX_EPOCH).then_some(n)
 }
 
-/// Parses what a user writes to `.shufflefs/epoch`: a decimal number, surrounding space allowed.
+/// Parses what a user writes to `.shufflefs/epoch`: one decimal number, surrounding space
+/// allowed (a second number is refused: one write, one epoch).
 pub(crate) fn parse_epoch_value(data: &[u8]) -> Option<u64> {
     let text = std::str::from_utf8(data).ok()?.trim();
     if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
@@ -163,6 +164,8 @@ mod tests {
             b"+2",
             b"\xff",
             b"99999999999999999999",
+            b"4\n5\n6",
+            b"4 5",
         ] {
             assert_eq!(parse_epoch_value(bad), None, "{bad:?}");
         }

@@ -585,3 +585,89 @@ fn a_stale_saved_manifest_is_ignored_and_the_source_rescanned() {
     );
     d.unmount().assert_clean();
 }
+
+/// One write to the control file is one epoch number: a shell's `printf "1\n2\n3"` writes
+/// each line on its own, and only the first advances (the second fails with EINVAL).
+#[test]
+fn one_write_through_one_open_is_one_epoch() {
+    if !require_fuse() {
+        return;
+    }
+    let data = standard_dataset();
+    let mnt = data.dir("mnt");
+    let d = Daemon::mount(&data.root, &data.path("cache"), &mnt, &["--seed", "1"]);
+    let status = std::process::Command::new("bash")
+        .arg("-c")
+        .arg("printf '1\\n2\\n3' > \"$1\"")
+        .arg("bash")
+        .arg(mnt.join(".shufflefs/epoch"))
+        .status()
+        .unwrap();
+    assert!(!status.success(), "the second line's write fails");
+    assert_eq!(read_epoch(&mnt), 1, "one open advanced once");
+    assert_errno(
+        write_epoch(&mnt, "2\n3\n"),
+        libc::EINVAL,
+        "two numbers in one write",
+    );
+    assert_eq!(read_epoch(&mnt), 1);
+    write_epoch(&mnt, "2").expect("a plain advance still works");
+    d.unmount().assert_clean();
+}
+
+/// A second daemon on a held cache names the holder's pid and the `{rank}` template.
+#[test]
+fn a_held_cache_names_its_pid_and_the_rank_template() {
+    if !require_fuse() {
+        return;
+    }
+    let data = standard_dataset();
+    let cache = data.path("cache");
+    let (mnt1, mnt2) = (data.dir("mnt-1"), data.dir("mnt-2"));
+    let first = Daemon::mount(&data.root, &cache, &mnt1, &[]);
+    let r = mount_refused(&mnt2, &mount_args(&data.root, &cache, &mnt2, &[]), true);
+    r.assert_mentions(&format!("(pid {})", first.pid()));
+    r.assert_mentions("--cache /path/sfs-{rank}");
+    first.unmount().assert_clean();
+}
+
+/// The same source by another path (a symlink, a trailing slash) is the same source: the cache resumes with its seed. Another source without --seed is refused
+/// without a "--seed" line (no seed was given).
+#[test]
+fn the_same_source_by_another_path_resumes() {
+    if !require_fuse() {
+        return;
+    }
+    let data = standard_dataset();
+    let (cache, mnt) = (data.path("cache"), data.dir("mnt"));
+    let first = Daemon::mount(&data.root, &cache, &mnt, &[]);
+    let seed = read_status(&mnt)["seed"].clone();
+    first.unmount().assert_clean();
+    let link = data.path("link");
+    std::os::unix::fs::symlink(&data.root, &link).unwrap();
+    let slash = format!("{}/", data.root.display());
+    for source in [link.clone(), slash.into()] {
+        let d = Daemon::mount(&source, &cache, &mnt, &[]);
+        assert_eq!(read_status(&mnt)["seed"], seed, "{}", source.display());
+        d.unmount().assert_clean();
+    }
+
+    let other = DatasetBuilder::new().class("x", &[("a", 10)]).build();
+    let r = mount_refused(&mnt, &mount_args(&other.root, &cache, &mnt, &[]), true);
+    r.assert_mentions("--source");
+    assert!(!r.stderr.contains("--seed"), "{}", r.stderr);
+}
+
+#[test]
+fn options_that_cannot_apply_are_refused() {
+    if !require_fuse() {
+        return;
+    }
+    let data = standard_dataset();
+    let mnt = data.dir("mnt");
+    let r = refused(&data, &data.root, &mnt, &["--part-size", "1M"]);
+    all_mention(&r, &["--part-size applies to record sources"]);
+    let r = refused(&data, &data.root, &mnt, &["--exchange-rate", "0"]);
+    all_mention(&r, &["--exchange-rate 0"]);
+    assert!(!data.path("cache").exists());
+}

@@ -384,6 +384,7 @@ impl World {
                     hosts: None,
                     world_history: Vec::new(),
                     layout: Default::default(),
+                    scanned_at: None,
                 })
                 .unwrap();
                 d

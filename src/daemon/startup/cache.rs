@@ -36,10 +36,20 @@ fn kept(
         (Some(s), _) if !config.reset_cache => Err(PhaseError::Mine(format!(
             "cache folder {} was built with other settings; pass --reset-cache to rebuild it, or use the old settings:\n  {}",
             dir.root().display(),
-            resize::differences(&s, expected).join("\n  ")
+            differences(config, &s, expected).join("\n  ")
         ))),
         _ => Ok(None),
     }
+}
+
+/// What differs, for the refusal. Without `--seed` the seed is not the user's setting (it
+/// was rank 0's cache's, or random when that cache did not fit): no line for it.
+fn differences(config: &MountConfig, state: &CacheState, expected: &CacheState) -> Vec<String> {
+    let mut lines = resize::differences(state, expected);
+    if config.seed.is_none() {
+        lines.retain(|l| !l.starts_with("--seed:"));
+    }
+    lines
 }
 
 /// The backend of this start's layout; a cache not kept is emptied (and other layouts'

@@ -2,6 +2,7 @@
 //! cache when its settings match, else built by the dataset format; rank 0 ships it.
 
 use std::io::Read;
+use std::path::Path;
 
 use super::StartError;
 use super::agree::decided;
@@ -37,15 +38,35 @@ pub(crate) fn reusable<'a>(
     state: Option<&'a CacheState>,
 ) -> Option<&'a CacheState> {
     state.filter(|s| {
-        !config.reset_cache
-            && s.source == config.source.display().to_string()
-            && s.format == FORMAT_VERSION
+        !config.reset_cache && same_source(&s.source, &config.source) && s.format == FORMAT_VERSION
     })
 }
 
-/// Rank 0's index (loaded from its cache when reusable, else built from the source) and
-/// its encoding, on every rank. Rank 0 keeps the manifest it built and ships its encoding;
-/// only the other ranks decode, so no rank holds more than one manifest and one encoding.
+/// Whether the source a cache recorded is `now`'s: the same text, or the same folder by
+/// another path (a symlink, a trailing slash, relative), compared canonically.
+pub(crate) fn same_source(recorded: &str, now: &Path) -> bool {
+    if recorded == now.display().to_string() {
+        return true;
+    }
+    match (Path::new(recorded).canonicalize(), now.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
+/// The source as the cache state names it: the recorded text when it is the same source by
+/// another path (so a remount through a symlink is no difference), else the one given now.
+pub(crate) fn source_name(config: &MountConfig, state: Option<&CacheState>) -> String {
+    match state {
+        Some(s) if same_source(&s.source, &config.source) => s.source.clone(),
+        _ => config.source.display().to_string(),
+    }
+}
+
+/// Rank 0's index (loaded from its cache when reusable, else built from the source), its
+/// encoding, and whether rank 0 scanned the source for it, on every rank. Rank 0 keeps the
+/// manifest it built and ships its encoding (after one byte: scanned or not); only the
+/// other ranks decode, so no rank holds more than one manifest and one encoding.
 /// Rank 0's names need no check: a scan's come from the kernel (no '/', NUL, '.', '..' or
 /// over 255 bytes), the cache's were checked on load.
 pub(crate) fn index(
@@ -53,34 +74,43 @@ pub(crate) fn index(
     comm: &mut dyn Comm,
     dir: &CacheDir,
     reusable: Option<&CacheState>,
-) -> Result<(Manifest, Vec<u8>), StartError> {
+) -> Result<(Manifest, Vec<u8>, bool), StartError> {
     let mut built = None;
     let outcome = decide(comm, || -> Result<Vec<u8>, String> {
-        let m = match cached(config, dir, reusable) {
-            Some(m) => m,
-            None => scan(config)?,
+        let (m, scanned) = match cached(config, dir, reusable) {
+            Some(m) => (m, false),
+            None => (scan(config)?, true),
         };
-        let bytes = m.encode();
+        let mut bytes = vec![u8::from(scanned)];
+        bytes.extend(m.encode());
         built = Some(m);
         Ok(bytes)
     });
-    let bytes = decided(comm, outcome)?;
+    let mut bytes = decided(comm, outcome)?;
+    if bytes.is_empty() {
+        return Err(StartError::Malformed("manifest"));
+    }
+    let scanned = bytes.remove(0) == 1;
     let manifest = match built {
         Some(m) => m,
         None => Manifest::decode(&bytes).map_err(|_| StartError::Malformed("manifest"))?,
     };
-    Ok((manifest, bytes))
+    Ok((manifest, bytes, scanned))
 }
 
-/// The index saved in rank 0's cache, if it was built with the same format and framing.
+/// The index saved in rank 0's cache, if it was built with the same format and framing
+/// (and no `--rescan` asks for a new one).
 fn cached(config: &MountConfig, dir: &CacheDir, reusable: Option<&CacheState>) -> Option<Manifest> {
+    if config.rescan {
+        return None;
+    }
     let params = config.source_config.params();
     let m = reusable
         .and_then(|s| dir.load_manifest(s.manifest_fingerprint).ok().flatten())
         .filter(|m| config.format().fits(m, &params))?;
     tracing::info!(
         samples = m.len(),
-        "manifest loaded from the cache; source not rescanned"
+        "manifest loaded from the cache; source not rescanned (--rescan to see its changes)"
     );
     Some(m)
 }
@@ -114,5 +144,31 @@ fn random_seed() -> u64 {
         Err(_) => std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::same_source;
+
+    #[test]
+    fn a_source_by_another_path_is_the_same_source() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ds = tmp.path().join("ds");
+        std::fs::create_dir(&ds).unwrap();
+        std::os::unix::fs::symlink(&ds, tmp.path().join("link")).unwrap();
+        let recorded = ds.display().to_string();
+        assert!(same_source(&recorded, &tmp.path().join("link")));
+        assert!(same_source(&recorded, Path::new(&format!("{recorded}/"))));
+        assert!(same_source(&recorded, &tmp.path().join("link/../ds")));
+        let cwd = std::env::current_dir().unwrap();
+        assert!(same_source(&cwd.display().to_string(), Path::new(".")));
+        assert!(!same_source(&recorded, tmp.path()));
+        assert!(!same_source(
+            "/no/such/source",
+            Path::new("/no/such/source/x")
+        ));
     }
 }

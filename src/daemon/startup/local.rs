@@ -1,4 +1,5 @@
-//! Phase 1: what each rank can check alone: its mount point, the source (rank 0, which
+//! Phase 1: what each rank can check alone: that its source, cache folder and mount point
+//! do not overlap (before anything is created), its mount point, the source (rank 0, which
 //! indexes it), and its cache folder, which it locks.
 
 use std::path::Path;
@@ -15,6 +16,7 @@ pub(crate) fn check(
     mountpoint: &Path,
     cache: &Path,
 ) -> Result<CacheDir, PhaseError> {
+    crate::config::check_overlaps(config, rank).map_err(PhaseError::Mine)?;
     mounts::mountpoint(mountpoint).map_err(PhaseError::mine)?;
     if rank == 0 {
         config

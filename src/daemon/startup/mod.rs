@@ -33,7 +33,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::cache::{CacheError, CacheState, FORMAT_VERSION, SampleStore};
+use crate::cache::{CacheError, CacheState, FORMAT_VERSION, SampleStore, SourceScan};
 use crate::comm::{Comm, CommError};
 use crate::config::{MountConfig, for_rank};
 use crate::node::resumed::Resumed;
@@ -44,6 +44,7 @@ mod cache;
 mod fill;
 mod index;
 mod local;
+mod rescan;
 mod settings;
 
 pub(crate) use agree::{PhaseError, agreed};
@@ -96,7 +97,7 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
     let cache_path = for_rank(&config.cache, rank);
     let mountpoint = for_rank(&config.mountpoint, rank);
 
-    let dir = agreed(comm, local::check(config, rank, &mountpoint, &cache_path))?;
+    let mut dir = agreed(comm, local::check(config, rank, &mountpoint, &cache_path))?;
     let same = settings::compare(comm, config)?;
     agreed(comm, same)?;
 
@@ -108,11 +109,15 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
     let state = agreed(comm, state)?;
     let reusable = index::reusable(config, state.as_ref());
     let seed = index::seed(comm, config, reusable)?;
-    let (manifest, manifest_bytes) = index::index(config, comm, &dir, reusable)?;
+    let (manifest, manifest_bytes, scanned) = index::index(config, comm, &dir, reusable)?;
+    let scanned_at = match scanned {
+        true => Some(now_secs()),
+        false => reusable.and_then(|s| s.scanned_at),
+    };
 
     let expected = CacheState {
         format: FORMAT_VERSION,
-        source: config.source.display().to_string(),
+        source: index::source_name(config, state.as_ref()),
         seed,
         fraction: config.fraction,
         world_size: world,
@@ -127,7 +132,17 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
         },
         world_history: Vec::new(), // set once the job's history is known
         layout: config.layout,
+        scanned_at,
     };
+    let carried = rescan::carry_over(config, &dir, state, &expected, &manifest);
+    let (state, counts) = agreed(comm, carried)?;
+    dir.set_source_scan(SourceScan {
+        scanned_at,
+        scanned_this_mount: scanned,
+        stale_possible: !scanned,
+        kept: counts.map(|c| c.0),
+        dropped: counts.map(|c| c.1),
+    });
     let samples = manifest.len();
     let (job, backend) = cache::belongs(comm, config, &dir, state, &expected, samples)?;
     cache::save_manifest(&dir, &manifest_bytes);
@@ -148,6 +163,12 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
         resumed,
         mountpoint,
     })
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 #[cfg(test)]
@@ -338,6 +359,46 @@ mod tests {
         );
         // Back to partial-local: no coded record left, a plain remount resumes.
         assert!(folders.start("global", &[0, 0]).iter().all(Result::is_ok));
+    }
+
+    /// `--rescan` on two ranks after the source lost a file and gained a class: every rank
+    /// agrees on the new index, keeps what is still valid, and plans over the new samples;
+    /// without `--rescan` the old index is reused.
+    #[test]
+    fn rescan_on_several_ranks_plans_over_the_new_index() {
+        let folders = Folders::new(2);
+        let samples = |extra: &[&str]| -> Vec<u32> {
+            let args = folders.args_with("global", extra);
+            start_each(vec![args.clone(), args], &[0, 0])
+                .into_iter()
+                .map(|p| p.unwrap().params().samples)
+                .collect()
+        };
+        assert_eq!(samples(&[]), [12, 12]);
+        let src = folders.root.path().join("src");
+        std::fs::remove_file(src.join("a/0.bin")).unwrap();
+        std::fs::create_dir(src.join("c")).unwrap();
+        for i in 0..3 {
+            std::fs::write(src.join(format!("c/{i}.bin")), [9u8; 4]).unwrap();
+        }
+        assert_eq!(samples(&[]), [12, 12], "the cache's index, not rescanned");
+        assert_eq!(samples(&["--rescan"]), [14, 14]);
+        assert_eq!(
+            folders.state(1).manifest_fingerprint,
+            folders.state(0).manifest_fingerprint
+        );
+        assert_eq!(
+            samples(&[]),
+            [14, 14],
+            "the rescanned index is the cache's now"
+        );
+
+        // A packed cache cannot carry samples over: it is rebuilt, and the mount goes on.
+        let packed = ["--cache-layout", "packed", "--reset-cache"];
+        assert_eq!(samples(&packed), [14, 14]);
+        std::fs::remove_file(src.join("c/0.bin")).unwrap();
+        let packed = ["--cache-layout", "packed", "--rescan"];
+        assert_eq!(samples(&packed), [13, 13]);
     }
 
     #[test]

@@ -45,6 +45,7 @@ fn shared_settings(config: &MountConfig) -> Vec<(&'static str, String)> {
             config.seed.map_or("(default)".into(), |s| s.to_string()),
         ),
         ("--reset-cache", config.reset_cache.to_string()),
+        ("--rescan", config.rescan.to_string()),
         ("--exchange", exchange.to_string()),
         ("--cache-fraction", alpha),
         ("--scheme", scheme),
