@@ -171,10 +171,41 @@ fn scan_class(root_dir: &fs::File, root: &Path, class: &[u8]) -> Result<ClassSca
     };
     let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
     let mut dir = Dir::openat(root_dir.as_fd(), class, flags, Mode::empty()).map_err(io_err)?;
+    let (raw, mut entries) = read_entries(&mut dir).map_err(io_err)?;
+    let mut out = ClassScan::default();
+    // In inode order: what stats there are find their inodes near each other.
+    entries.sort_unstable_by_key(|e| e.ino);
+    for e in &mut entries {
+        let name = CStr::from_bytes_with_nul(e.name(&raw)).expect("one NUL, at the end");
+        match sample_size(&dir, name, e.kind).map_err(io_err)? {
+            Ok(size) => e.size = Some(size),
+            Err(reason) => out.skipped.push(Skipped {
+                path: dir_path
+                    .join(OsStr::from_bytes(name.to_bytes()))
+                    .display()
+                    .to_string(),
+                reason,
+            }),
+        }
+    }
+    pack(&mut out, entries, &raw);
+    Ok(out)
+}
+
+impl Entry {
+    /// Its NUL-terminated name in the buffer of names.
+    fn name<'a>(&self, raw: &'a [u8]) -> &'a [u8] {
+        &raw[self.start as usize..self.start as usize + self.len as usize]
+    }
+}
+
+/// The entries of `dir` but `.` and `..`, their NUL-terminated names packed in one buffer
+/// (one allocation for a class of a million files, not one per name).
+fn read_entries(dir: &mut Dir) -> nix::Result<(Vec<u8>, Vec<Entry>)> {
     let mut raw = Vec::new();
     let mut entries = Vec::new();
     for entry in dir.iter() {
-        let entry = entry.map_err(io_err)?;
+        let entry = entry?;
         let name = entry.file_name().to_bytes_with_nul();
         if name == b".\0" || name == b"..\0" {
             continue;
@@ -188,73 +219,61 @@ fn scan_class(root_dir: &fs::File, root: &Path, class: &[u8]) -> Result<ClassSca
         });
         raw.extend_from_slice(name);
     }
-    let name_of = |e: &Entry| &raw[e.start as usize..e.start as usize + e.len as usize];
+    Ok((raw, entries))
+}
 
-    let mut out = ClassScan::default();
-    entries.sort_unstable_by_key(|e| e.ino);
-    for e in &mut entries {
-        let name = CStr::from_bytes_with_nul(name_of(e)).expect("one NUL, at the end");
-        let mut skip = |reason: &str| {
-            let path = dir_path.join(OsStr::from_bytes(name.to_bytes()));
-            out.skipped.push(Skipped {
-                path: path.display().to_string(),
-                reason: reason.into(),
-            })
-        };
-        let stat = |flags| fstatat(dir.as_fd(), name, flags);
-        let kind = match e.kind {
-            Some(kind) => kind,
-            // No type from the filesystem: find it out the way `std::fs` does.
-            None => type_of(&stat(AtFlags::AT_SYMLINK_NOFOLLOW).map_err(io_err)?),
-        };
-        let meta = match kind {
-            // The common case: a regular file by its entry type alone. Its size is left
-            // unknown (learned when the sample is first read): no stat at all.
-            Type::File if e.kind.is_some() => {
-                e.size = Some(UNKNOWN_SIZE);
-                continue;
+/// What the entry `name` of `dir` is as a sample: its size, or why it is skipped. A regular
+/// file known by its entry type alone (`hint`) costs no stat at all: its size is left
+/// unknown (`UNKNOWN_SIZE`, learned when the sample is first read).
+fn sample_size(dir: &Dir, name: &CStr, hint: Option<Type>) -> nix::Result<Result<u64, String>> {
+    let stat = |flags| fstatat(dir.as_fd(), name, flags);
+    let kind = match hint {
+        Some(kind) => kind,
+        // No type from the filesystem: find it out the way `std::fs` does.
+        None => type_of(&stat(AtFlags::AT_SYMLINK_NOFOLLOW)?),
+    };
+    let meta = match kind {
+        Type::File if hint.is_some() => return Ok(Ok(UNKNOWN_SIZE)),
+        Type::Symlink => match stat(AtFlags::empty()) {
+            Ok(m) => m,
+            Err(nix::Error::ENOENT) => return Ok(Err("dangling symlink".into())),
+            Err(err) => {
+                return Ok(Err(format!(
+                    "cannot follow symlink: {}",
+                    io::Error::from(err)
+                )));
             }
-            Type::Symlink => match stat(AtFlags::empty()) {
-                Ok(m) => m,
-                Err(nix::Error::ENOENT) => {
-                    skip("dangling symlink");
-                    continue;
-                }
-                Err(err) => {
-                    skip(&format!("cannot follow symlink: {}", io::Error::from(err)));
-                    continue;
-                }
-            },
-            Type::File => stat(AtFlags::AT_SYMLINK_NOFOLLOW).map_err(io_err)?,
-            Type::Directory => {
-                skip("nested folder (not supported; flatten the class folder)");
-                continue;
-            }
-            _ => {
-                skip("not a regular file");
-                continue;
-            }
-        };
-        if type_of(&meta) == Type::File {
-            e.size = Some(meta.st_size as u64);
-        } else {
-            skip("symlink to something other than a regular file");
+        },
+        Type::File => stat(AtFlags::AT_SYMLINK_NOFOLLOW)?,
+        Type::Directory => {
+            return Ok(Err(
+                "nested folder (not supported; flatten the class folder)".into(),
+            ));
         }
-    }
+        _ => return Ok(Err("not a regular file".into())),
+    };
+    Ok(if type_of(&meta) == Type::File {
+        Ok(meta.st_size as u64)
+    } else {
+        Err("symlink to something other than a regular file".into())
+    })
+}
 
+/// Keeps the entries that are samples (those with a size), in name order, as `out`'s
+/// packed names, their ends and sizes.
+fn pack(out: &mut ClassScan, mut entries: Vec<Entry>, raw: &[u8]) {
     entries.retain(|e| e.size.is_some());
-    entries.sort_unstable_by(|a, b| name_of(a).cmp(name_of(b)));
+    entries.sort_unstable_by(|a, b| a.name(raw).cmp(b.name(raw)));
     out.names
         .reserve_exact(entries.iter().map(|e| e.len as usize - 1).sum());
     out.ends.reserve_exact(entries.len());
     out.sizes.reserve_exact(entries.len());
     for e in &entries {
-        let name = name_of(e);
+        let name = e.name(raw);
         out.names.extend_from_slice(&name[..name.len() - 1]);
         out.ends.push(out.names.len() as u32);
         out.sizes.push(e.size.expect("kept above"));
     }
-    Ok(out)
 }
 
 fn type_of(meta: &FileStat) -> Type {

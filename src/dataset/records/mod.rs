@@ -325,82 +325,91 @@ impl RecordIndex {
 
     /// Checks an index decoded from the cache or a peer: every lookup stays in bounds.
     pub(crate) fn validate(&self) -> Result<(), String> {
-        let files_ok = self
-            .files
-            .first()
-            .is_some_and(|f| f.first_record == 0 && f.first_group == 0)
-            && self.files.windows(2).all(|w| {
-                w[0].first_record <= w[1].first_record && w[0].first_group < w[1].first_group
-            })
-            && self
-                .files
-                .last()
-                .is_some_and(|f| f.first_record < self.records && f.first_group < self.groups)
-            && self
-                .files
-                .iter()
-                .all(|f| f.name.is_empty() || is_relative_name(&f.name));
-        if !files_ok {
+        if !self.files_consistent() {
             return Err("record files are inconsistent".into());
         }
         match &self.table {
-            Table::Fixed => {
-                let size = self.params.record_size;
-                if size == 0 || size > MAX_RECORD {
-                    return Err("fixed record size out of range".into());
-                }
-                for (f, file) in self.files.iter().enumerate() {
-                    let n = u64::from(self.fixed_count(f));
-                    let groups = self.files.get(f + 1).map_or(self.groups, |n| n.first_group)
-                        - file.first_group;
-                    if n == 0
-                        || n * size > file.len
-                        || u64::from(groups) != fixed_groups(&self.params, n)
-                    {
-                        return Err("fixed record counts are inconsistent".into());
-                    }
-                }
-            }
+            Table::Fixed => self.validate_fixed(),
             Table::Offsets {
                 starts,
                 lens,
                 group_first,
-            } => {
-                if starts.len() != self.records as usize || lens.len() != starts.len() {
-                    return Err("offset table is inconsistent".into());
-                }
-                let groups_ok = match group_first {
-                    Some(g) => {
-                        g.len() == self.groups as usize
-                            && g.first() == Some(&0)
-                            && g.windows(2).all(|w| w[0] < w[1])
-                            && g.last().is_some_and(|&l| l < self.records)
-                    }
-                    None => self.groups == self.records,
-                };
-                if !groups_ok {
-                    return Err("group table is inconsistent".into());
-                }
-                for (f, file) in self.files.iter().enumerate() {
-                    let next = self.files.get(f + 1);
-                    let records = file.first_record..next.map_or(self.records, |n| n.first_record);
-                    if records.is_empty() {
-                        return Err("a record file without records".into());
-                    }
-                    // A file's first group starts at its first record: no group spans files.
-                    let group_start = match group_first {
-                        Some(g) => g[file.first_group as usize],
-                        None => file.first_group,
-                    };
-                    if group_start != file.first_record {
-                        return Err("a group spans two files".into());
-                    }
-                    for r in records {
-                        let (start, len) = (starts[r as usize], u64::from(lens[r as usize]));
-                        if start.checked_add(len).is_none_or(|end| end > file.len) {
-                            return Err("a record lies outside its file".into());
-                        }
-                    }
+            } => self.validate_offsets(starts, lens, group_first.as_deref()),
+        }
+    }
+
+    /// Files start at record and group 0, in order, each below the totals, with safe names.
+    fn files_consistent(&self) -> bool {
+        let files = &self.files;
+        files
+            .first()
+            .is_some_and(|f| f.first_record == 0 && f.first_group == 0)
+            && files.windows(2).all(|w| {
+                w[0].first_record <= w[1].first_record && w[0].first_group < w[1].first_group
+            })
+            && files
+                .last()
+                .is_some_and(|f| f.first_record < self.records && f.first_group < self.groups)
+            && files
+                .iter()
+                .all(|f| f.name.is_empty() || is_relative_name(&f.name))
+    }
+
+    fn validate_fixed(&self) -> Result<(), String> {
+        let size = self.params.record_size;
+        if size == 0 || size > MAX_RECORD {
+            return Err("fixed record size out of range".into());
+        }
+        for (f, file) in self.files.iter().enumerate() {
+            let n = u64::from(self.fixed_count(f));
+            let groups =
+                self.files.get(f + 1).map_or(self.groups, |n| n.first_group) - file.first_group;
+            if n == 0 || n * size > file.len || u64::from(groups) != fixed_groups(&self.params, n) {
+                return Err("fixed record counts are inconsistent".into());
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_offsets(
+        &self,
+        starts: &[u64],
+        lens: &[u32],
+        group_first: Option<&[u32]>,
+    ) -> Result<(), String> {
+        if starts.len() != self.records as usize || lens.len() != starts.len() {
+            return Err("offset table is inconsistent".into());
+        }
+        let groups_ok = match group_first {
+            Some(g) => {
+                g.len() == self.groups as usize
+                    && g.first() == Some(&0)
+                    && g.windows(2).all(|w| w[0] < w[1])
+                    && g.last().is_some_and(|&l| l < self.records)
+            }
+            None => self.groups == self.records,
+        };
+        if !groups_ok {
+            return Err("group table is inconsistent".into());
+        }
+        for (f, file) in self.files.iter().enumerate() {
+            let next = self.files.get(f + 1);
+            let records = file.first_record..next.map_or(self.records, |n| n.first_record);
+            if records.is_empty() {
+                return Err("a record file without records".into());
+            }
+            // A file's first group starts at its first record: no group spans files.
+            let group_start = match group_first {
+                Some(g) => g[file.first_group as usize],
+                None => file.first_group,
+            };
+            if group_start != file.first_record {
+                return Err("a group spans two files".into());
+            }
+            for r in records {
+                let (start, len) = (starts[r as usize], u64::from(lens[r as usize]));
+                if start.checked_add(len).is_none_or(|end| end > file.len) {
+                    return Err("a record lies outside its file".into());
                 }
             }
         }
