@@ -18,3 +18,4 @@ mod packed_cache;
 mod page_cache;
 mod permissions;
 mod slow_source;
+mod unmount_safety;
