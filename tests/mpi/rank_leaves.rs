@@ -1,0 +1,150 @@
+//! One rank leaves while the others go on (issue 26, item 6), under real `mpirun -np 4`.
+//!
+//! Every rank is advanced to epoch 1, which starts the background exchange into epoch 2;
+//! while it runs (slowed by `--exchange-rate`), `shufflefs unmount` on rank 0 alone. That
+//! rank finishes what it owes its peers and leaves; the other ranks keep serving epoch 1 (a
+//! reader on rank 2 reads every file of it with the right bytes), then advance to epoch 2
+//! and list every sample of their shares with the right bytes (what rank 0 did not deliver
+//! comes from the source), and once they are unmounted too the launcher exits 0.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::common::mpi_job::{MpiJob, checked_listing, exchange, planned, wait_all};
+use crate::common::*;
+
+const SEED: u64 = 11;
+const FRACTION: f64 = 0.5;
+const RANKS: u32 = 4;
+
+/// `classes` x `per_class` samples of about `bytes` bytes under `dir/src`.
+fn source(dir: &Path, classes: u32, per_class: u32, bytes: usize) {
+    for c in 0..classes {
+        let class = dir.join(format!("src/class{c}"));
+        std::fs::create_dir_all(&class).unwrap();
+        for i in 0..per_class {
+            let len = bytes + i as usize * 97;
+            let data: Vec<u8> = (0..len).map(|o| (o as u32 ^ (i * 31 + c)) as u8).collect();
+            std::fs::write(class.join(format!("s{i:03}.bin")), data).unwrap();
+        }
+    }
+}
+
+/// Reads every file of `epoch` on `mnt` one by one, `pause` apart, each compared with the
+/// source; the names read.
+fn slow_reader(dir: PathBuf, mnt: PathBuf, epoch: u64, pause: Duration) -> BTreeSet<String> {
+    let view = mnt.join(format!("epoch-{epoch}"));
+    let mut names = Vec::new();
+    for class in std::fs::read_dir(&view).unwrap() {
+        let class = class.unwrap();
+        for f in std::fs::read_dir(class.path()).unwrap() {
+            let f = f.unwrap().file_name();
+            names.push(format!(
+                "{}/{}",
+                class.file_name().to_string_lossy(),
+                f.to_string_lossy()
+            ));
+        }
+    }
+    let mut read = BTreeSet::new();
+    for rel in names {
+        let got = std::fs::read(view.join(&rel))
+            .unwrap_or_else(|e| panic!("reading {rel} on {}: {e}", mnt.display()));
+        assert!(
+            got == std::fs::read(dir.join("src").join(&rel)).unwrap(),
+            "{rel} differs from the source"
+        );
+        read.insert(rel);
+        std::thread::sleep(pause);
+    }
+    read
+}
+
+#[test]
+fn one_rank_leaves_during_an_exchange_and_the_others_go_on() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
+    source(&dir, 2, 60, 20_000);
+    let slow = ["--exchange-rate", "40000", "--share-disk", "never"];
+    let mut job = MpiJob::start(&dir, RANKS, SEED, FRACTION, &slow);
+    let log = || std::fs::read_to_string(dir.join("job.log")).unwrap_or_default();
+    let pid0 = job.status(0)["pid"].as_i64().unwrap() as i32;
+    for m in &job.mounts {
+        write_epoch(m, "1").unwrap();
+    }
+    wait_all(&job, "the exchange into epoch 2 to run", |st| {
+        exchange(st, 2).is_some_and(|x| x["state"] == "running")
+    });
+    let reader = {
+        let (dir, mnt) = (dir.clone(), job.mounts[2].clone());
+        std::thread::spawn(move || slow_reader(dir, mnt, 1, Duration::from_millis(40)))
+    };
+    std::thread::sleep(Duration::from_millis(500));
+
+    let started = Instant::now();
+    let out = shufflefs()
+        .args(["unmount", "--timeout", "60"])
+        .arg(&job.mounts[0])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "shufflefs unmount m0: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        log()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "unmount of m0 took {:?}",
+        started.elapsed()
+    );
+    assert!(!is_mounted(&job.mounts[0]));
+    for r in 1..RANKS as usize {
+        assert!(
+            is_mounted(&job.mounts[r]),
+            "rank {r} lost its mount\n{}",
+            log()
+        );
+    }
+    let read = reader.join().expect("the reader on m2 failed");
+    assert_eq!(
+        read,
+        planned(&dir.join("src"), (RANKS, SEED, FRACTION), 1, 2)
+    );
+
+    for r in 1..RANKS as usize {
+        write_epoch(&job.mounts[r], "2")
+            .unwrap_or_else(|e| panic!("advancing rank {r} to 2: {e}\n{}", log()));
+        let listed = checked_listing(&dir, &job.mounts[r], 2);
+        let want = planned(&dir.join("src"), (RANKS, SEED, FRACTION), 2, r as u32);
+        assert_eq!(listed, want, "rank {r}'s epoch 2");
+    }
+
+    job.mounts.remove(0);
+    for m in &job.mounts {
+        let out = shufflefs()
+            .args(["unmount", "--timeout", "120"])
+            .arg(m)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "unmount {}: {err}\n{}",
+            m.display(),
+            log()
+        );
+    }
+    let status = job.wait_within(Duration::from_secs(120));
+    let status = status.unwrap_or_else(|| panic!("the job did not end\n{}", log()));
+    assert!(status.success(), "the job ended with {status}\n{}", log());
+    assert!(
+        wait_pid_gone(pid0, Duration::from_secs(10)),
+        "rank 0 runs on"
+    );
+    job.mounts.clear();
+}
