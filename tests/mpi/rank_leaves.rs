@@ -116,13 +116,25 @@ fn one_rank_leaves_during_an_exchange_and_the_others_go_on() {
         planned(&dir.join("src"), (RANKS, SEED, FRACTION), 1, 2)
     );
 
-    for r in 1..RANKS as usize {
-        write_epoch(&job.mounts[r], "2")
-            .unwrap_or_else(|e| panic!("advancing rank {r} to 2: {e}\n{}", log()));
-        let listed = checked_listing(&dir, &job.mounts[r], 2);
-        let want = planned(&dir.join("src"), (RANKS, SEED, FRACTION), 2, r as u32);
-        assert_eq!(listed, want, "rank {r}'s epoch 2");
+    // Epoch 2 came from an exchange rank 0 finished; into 3 it served without samples (and
+    // said it left); into 4 the others exchange without it. What rank 0 would have sent
+    // comes from the source.
+    for epoch in 2..=4u64 {
+        for r in 1..RANKS as usize {
+            write_epoch(&job.mounts[r], epoch.to_string())
+                .unwrap_or_else(|e| panic!("advancing rank {r} to {epoch}: {e}\n{}", log()));
+            let listed = checked_listing(&dir, &job.mounts[r], epoch);
+            let want = planned(&dir.join("src"), (RANKS, SEED, FRACTION), epoch, r as u32);
+            assert_eq!(listed, want, "rank {r}'s epoch {epoch}");
+        }
     }
+    let st = job.status(1);
+    let into4 = exchange(&st, 4).expect("the exchange into 4 in rank 1's status");
+    let zero = (into4["peers"].as_array().unwrap().iter()).find(|p| p["rank"] == 0);
+    assert!(
+        zero.is_none_or(|p| p["given_up"] == true),
+        "rank 0 took part in the exchange into 4: {into4}"
+    );
 
     job.mounts.remove(0);
     for m in &job.mounts {
@@ -145,6 +157,52 @@ fn one_rank_leaves_during_an_exchange_and_the_others_go_on() {
     assert!(
         wait_pid_gone(pid0, Duration::from_secs(10)),
         "rank 0 runs on"
+    );
+    job.mounts.clear();
+}
+
+/// Every rank stops while one is an epoch ahead: rank 0 at epoch 1 runs the exchange into
+/// epoch 2, which rank 1 (at epoch 0) never starts. Rank 1 leaves by serving that exchange
+/// without samples, so rank 0's drain completes at once (not after the 60 s drain limit)
+/// and both exit 0.
+#[test]
+fn all_ranks_stop_while_one_is_an_epoch_ahead() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
+    source(&dir, 2, 30, 10_000);
+    let mut job = MpiJob::start(&dir, 2, SEED, FRACTION, &["--share-disk", "never"]);
+    let log = || std::fs::read_to_string(dir.join("job.log")).unwrap_or_default();
+    write_epoch(&job.mounts[0], "1").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while exchange(&job.status(0), 2).is_none_or(|x| x["state"] != "running") {
+        assert!(Instant::now() < deadline, "no exchange into 2 on rank 0");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let started = Instant::now();
+    let mut first = shufflefs()
+        .args(["unmount", "--timeout", "60"])
+        .arg(&job.mounts[0])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let second = shufflefs()
+        .args(["unmount", "--timeout", "60"])
+        .arg(&job.mounts[1])
+        .output()
+        .unwrap();
+    let first = first.wait().unwrap();
+    assert!(first.success() && second.status.success(), "{}", log());
+    let status = job.wait_within(Duration::from_secs(60));
+    let status = status.unwrap_or_else(|| panic!("the job did not end\n{}", log()));
+    assert!(status.success(), "the job ended with {status}\n{}", log());
+    assert!(
+        started.elapsed() < Duration::from_secs(40),
+        "stopping took {:?}\n{}",
+        started.elapsed(),
+        log()
     );
     job.mounts.clear();
 }
