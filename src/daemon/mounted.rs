@@ -18,10 +18,13 @@
 //! cannot finalize MPI (the whole job ends with it, see `comm`). So a stopping rank *drains*
 //! the exchange in flight instead of giving it up: when every rank stops (the usual end of a
 //! job) every rank is in the same exchange, it completes, and every rank exits 0 with its
-//! cache at a consistent, resumable epoch. The drain is bounded: if the exchange moves no
-//! byte for [`DRAIN_IDLE`] (a peer that never joins it: it stopped before reaching that
-//! epoch), the rank gives it up and the daemon ends with [`super::DaemonError::Abandoned`],
-//! for which `launch` picks the exit code that ends the job.
+//! cache at a consistent, resumable epoch. A rank that stops while the others go on, or an
+//! epoch behind them, then leaves (`super::serving`, "Leaving"): it serves the next exchange
+//! without samples, so peers draining it (or reaching it later) complete it and leave this
+//! rank out afterwards. The drain is bounded: if the exchange moves no byte for
+//! [`DRAIN_IDLE`] (a peer that stays mounted and never advances to that epoch), the rank
+//! gives it up and the daemon ends with [`super::DaemonError::Abandoned`], for which
+//! `launch` picks the exit code that ends the job.
 //!
 //! # A stop before the mount
 //! A signal that arrives during start-up (a long index scan, or the regrow of a job whose
