@@ -257,7 +257,7 @@ pub fn unmount(args: &UnmountArgs) -> ExitCode {
         let released = cache
             .as_deref()
             .is_some_and(|c| !crate::cache::CacheDir::is_locked(c));
-        if world > 1 && released {
+        if world > 1 && (released || draining(pid.as_raw())) {
             println!(
                 "shufflefs: unmounted {}; daemon pid {pid} exits once every rank has unmounted",
                 mnt.display()
@@ -337,6 +337,18 @@ fn plain_unmount(mountpoint: &std::path::Path) -> Result<(), String> {
         Err(e) => format!("fusermount3: {e}"),
     };
     nix::mount::umount(mountpoint).map_err(|e| format!("{said} ({e})"))
+}
+
+/// Whether daemon `pid` lost its mount and only finishes its exchange with its peers
+/// (`daemon::mounted::DRAINING`).
+fn draining(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().any(|t| {
+        std::fs::read_to_string(t.path().join("comm"))
+            .is_ok_and(|c| c.trim_end() == daemon::mounted::DRAINING)
+    })
 }
 
 /// An exited process its parent has not collected yet still answers `kill(pid, 0)`.

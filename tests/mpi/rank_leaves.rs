@@ -207,3 +207,60 @@ fn all_ranks_stop_while_one_is_an_epoch_ahead() {
     );
     job.mounts.clear();
 }
+
+/// The rank an epoch ahead stops first while its peer, an epoch behind, keeps training:
+/// `shufflefs unmount` returns at once (the rank finishes its exchange when the peer gets
+/// there, never giving it up, which would end the job), the peer advances and reads its
+/// epoch whole, and once it is unmounted too both exit 0.
+#[test]
+fn the_rank_ahead_leaves_first_and_its_peer_catches_up() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
+    source(&dir, 2, 30, 10_000);
+    let mut job = MpiJob::start(&dir, 2, SEED, FRACTION, &["--share-disk", "never"]);
+    let log = || std::fs::read_to_string(dir.join("job.log")).unwrap_or_default();
+    write_epoch(&job.mounts[0], "1").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while exchange(&job.status(0), 2).is_none_or(|x| x["state"] != "running") {
+        assert!(Instant::now() < deadline, "no exchange into 2 on rank 0");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let started = Instant::now();
+    let out = shufflefs()
+        .args(["unmount", "--timeout", "60"])
+        .arg(&job.mounts[0])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "unmount m0: {err}\n{}", log());
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "unmount of m0 took {:?}",
+        started.elapsed()
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        is_mounted(&job.mounts[1]),
+        "rank 1 lost its mount\n{}",
+        log()
+    );
+    for epoch in 1..=2u64 {
+        write_epoch(&job.mounts[1], epoch.to_string()).unwrap();
+        let listed = checked_listing(&dir, &job.mounts[1], epoch);
+        let want = planned(&dir.join("src"), (2, SEED, FRACTION), epoch, 1);
+        assert_eq!(listed, want, "rank 1's epoch {epoch}");
+    }
+    let out = shufflefs()
+        .arg("unmount")
+        .arg(&job.mounts[1])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", log());
+    let status = job.wait_within(Duration::from_secs(60));
+    let status = status.unwrap_or_else(|| panic!("the job did not end\n{}", log()));
+    assert!(status.success(), "the job ended with {status}\n{}", log());
+    job.mounts.clear();
+}
