@@ -98,7 +98,7 @@ impl Partial {
     /// This rank stops: it serves the exchange into `step.next.epoch` (the one after the
     /// last it ran) without taking or giving a sample, so that peers already in it, or
     /// going to run it, complete it; its confirmations tell them it left, so their later
-    /// exchanges leave it out (see [`super::peers::Left`]) and fetch its samples from the
+    /// exchanges leave it out (see `peers::Left`) and fetch its samples from the
     /// source. Peers that left before take no part. Returns once every peer's messages of
     /// that exchange completed: only a peer that stays and never advances holds it, as it
     /// would hold MPI finalize.
