@@ -6,6 +6,10 @@
 //! reader on rank 2 reads every file of it with the right bytes), then advance to epoch 2
 //! and list every sample of their shares with the right bytes (what rank 0 did not deliver
 //! comes from the source), and once they are unmounted too the launcher exits 0.
+//!
+//! The other tests: every rank stopping while one is an epoch ahead (no 60 s wait, exit 0),
+//! the rank ahead leaving first while its peer catches up, and a plain unmount while a
+//! writer waits on an advance (the view is detached, the writer released).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -253,6 +257,70 @@ fn the_rank_ahead_leaves_first_and_its_peer_catches_up() {
         let want = planned(&dir.join("src"), (2, SEED, FRACTION), epoch, 1);
         assert_eq!(listed, want, "rank 1's epoch {epoch}");
     }
+    let out = shufflefs()
+        .arg("unmount")
+        .arg(&job.mounts[1])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", log());
+    let status = job.wait_within(Duration::from_secs(60));
+    let status = status.unwrap_or_else(|| panic!("the job did not end\n{}", log()));
+    assert!(status.success(), "the job ended with {status}\n{}", log());
+    job.mounts.clear();
+}
+
+/// A plain `shufflefs unmount` while a writer waits on an advance (rank 0 at epoch 1 asks
+/// for 2, whose exchange waits on rank 1 at epoch 0): the kernel refuses the unmount (the
+/// control file is open), so the view is detached instead, the writer is answered with an
+/// error, and the unmount succeeds; the job still ends with 0.
+#[test]
+fn a_plain_unmount_with_a_writer_waiting_on_an_advance_detaches() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
+    source(&dir, 2, 30, 10_000);
+    let mut job = MpiJob::start(&dir, 2, SEED, FRACTION, &["--share-disk", "never"]);
+    let log = || std::fs::read_to_string(dir.join("job.log")).unwrap_or_default();
+    write_epoch(&job.mounts[0], "1").unwrap();
+    let control = job.mounts[0].join(".shufflefs/epoch");
+    let mut writer = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("echo 2 > '{}'", control.display()))
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        writer.try_wait().unwrap().is_none(),
+        "the advance did not wait"
+    );
+    let out = shufflefs()
+        .args(["unmount", "--timeout", "30"])
+        .arg(&job.mounts[0])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}\n{}", log());
+    assert!(stdout.contains("detached"), "{stdout}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = writer.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the waiting writer was not released"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        !status.success(),
+        "the interrupted advance reported success"
+    );
     let out = shufflefs()
         .arg("unmount")
         .arg(&job.mounts[1])
