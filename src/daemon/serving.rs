@@ -69,25 +69,7 @@ pub(crate) fn run_node(
         store.dir().unlock();
         return Ok(());
     };
-    let (queue_tx, tracker, coordinator) = (
-        node.exchange_queue(),
-        node.tracker.clone(),
-        node.coordinator.clone(),
-    );
-    let hooks = Hooks {
-        stop: Box::new(move || {
-            let _ = queue_tx.send(ExchangeCmd::Shutdown);
-        }),
-        progress: Box::new(move || {
-            let reports = tracker.snapshot();
-            let moved = |r: &crate::exchange::ExchangeReport| {
-                r.bytes_sent + r.bytes_received + r.samples_sent + r.samples_received
-            };
-            reports.iter().map(moved).sum()
-        }),
-        invalidations: node.invalidations(),
-        invalidated: Box::new(move |old| coordinator.invalidated(old)),
-    };
+    let hooks = hooks(&node);
     let mounted = Mounted::serve(session, &mountpoint, hooks)?;
     let current = node.coordinator.current();
     on_ready(&super::ready_line(
@@ -130,6 +112,29 @@ pub(crate) fn run_node(
             leave(comm, recorded.partial, &node, &step)
         }
         _ => stopped,
+    }
+}
+
+/// What the mounted rank needs of `node` (see `Hooks`).
+fn hooks(node: &Node) -> Hooks {
+    let (queue_tx, tracker, coordinator) = (
+        node.exchange_queue(),
+        node.tracker.clone(),
+        node.coordinator.clone(),
+    );
+    Hooks {
+        stop: Box::new(move || {
+            let _ = queue_tx.send(ExchangeCmd::Shutdown);
+        }),
+        progress: Box::new(move || {
+            let reports = tracker.snapshot();
+            let moved = |r: &crate::exchange::ExchangeReport| {
+                r.bytes_sent + r.bytes_received + r.samples_sent + r.samples_received
+            };
+            reports.iter().map(moved).sum()
+        }),
+        invalidations: node.invalidations(),
+        invalidated: Box::new(move |old| coordinator.invalidated(old)),
     }
 }
 
