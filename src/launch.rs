@@ -220,10 +220,16 @@ fn redirect_stdio(log: &std::path::Path) {
     }
 }
 
-/// `shufflefs unmount MOUNT`: unmount, then wait for the daemon to exit.
+/// `shufflefs unmount MOUNT`: unmount, then wait for the daemon to exit. Only a shufflefs
+/// mount is touched: anything else at that path (a tmpfs, a network file system) or a
+/// folder that is no mount point is refused with what it is.
 pub fn unmount(args: &UnmountArgs) -> ExitCode {
-    let status_path = args.mountpoint.join(".shufflefs/status");
-    let status = std::fs::read(&status_path)
+    let mnt = &args.mountpoint;
+    if let Err(why) = ours_to_unmount(mnt) {
+        eprintln!("shufflefs: {why}; nothing was unmounted");
+        return ExitCode::FAILURE;
+    }
+    let status = std::fs::read(mnt.join(".shufflefs/status"))
         .ok()
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
     let field = |name: &str| status.as_ref().and_then(|v| v.get(name).cloned());
@@ -233,76 +239,121 @@ pub fn unmount(args: &UnmountArgs) -> ExitCode {
         c.get("dir")
             .and_then(|d| d.as_str().map(std::path::PathBuf::from))
     });
-    if pid.is_none() && !crate::sys::mounts::is_mounted(&args.mountpoint) {
-        eprintln!("shufflefs: {} is not mounted", args.mountpoint.display());
-        return ExitCode::FAILURE;
-    }
     let unmounted = if args.lazy {
-        crate::sys::mounts::detach(&args.mountpoint) || {
-            eprintln!("shufflefs: cannot detach {}", args.mountpoint.display());
+        crate::sys::mounts::detach(mnt) || {
+            eprintln!("shufflefs: cannot detach {}", mnt.display());
             false
         }
     } else {
-        unmount_now(&args.mountpoint)
+        unmount_now(mnt)
     };
     if !unmounted {
         return ExitCode::FAILURE;
     }
-    if let Some(pid) = pid {
-        let pid = nix::unistd::Pid::from_raw(pid as i32);
-        let deadline = Instant::now() + Duration::from_secs(args.timeout);
-        while nix::sys::signal::kill(pid, None).is_ok() && !is_zombie(pid.as_raw()) {
-            // An MPI rank done serving waits in MPI finalize for the other ranks to unmount;
-            // it has released its cache by then.
-            if world > 1
-                && cache
-                    .as_deref()
-                    .is_some_and(|c| !crate::cache::CacheDir::is_locked(c))
-            {
-                println!(
-                    "shufflefs: unmounted {}; daemon pid {pid} exits once every rank has unmounted",
-                    args.mountpoint.display()
-                );
-                return ExitCode::SUCCESS;
-            }
-            if Instant::now() > deadline {
-                eprintln!(
-                    "shufflefs: unmounted, but daemon pid {pid} is still running after {}s",
-                    args.timeout
-                );
-                return ExitCode::FAILURE;
-            }
-            std::thread::sleep(Duration::from_millis(50));
+    let Some(pid) = pid else {
+        println!("shufflefs: unmounted {}", mnt.display());
+        return ExitCode::SUCCESS;
+    };
+    let pid = nix::unistd::Pid::from_raw(pid as i32);
+    let deadline = Instant::now() + Duration::from_secs(args.timeout);
+    while nix::sys::signal::kill(pid, None).is_ok() && !is_zombie(pid.as_raw()) {
+        // An MPI rank done serving waits in MPI finalize for the other ranks to unmount;
+        // it has released its cache by then.
+        let released = cache
+            .as_deref()
+            .is_some_and(|c| !crate::cache::CacheDir::is_locked(c));
+        if world > 1 && (released || draining(pid.as_raw())) {
+            println!(
+                "shufflefs: unmounted {}; daemon pid {pid} exits once every rank has unmounted",
+                mnt.display()
+            );
+            return ExitCode::SUCCESS;
         }
+        if Instant::now() > deadline {
+            eprintln!(
+                "shufflefs: unmounted, but daemon pid {pid} is still running after {}s",
+                args.timeout
+            );
+            return ExitCode::FAILURE;
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
-    println!("shufflefs: unmounted {}", args.mountpoint.display());
+    println!("shufflefs: unmounted {}", mnt.display());
     ExitCode::SUCCESS
 }
 
-/// A plain unmount, which the kernel refuses while files are open.
+/// Whether the mount table says `mnt` is a shufflefs mount (a dead one too: its daemon was
+/// killed); else what it is.
+fn ours_to_unmount(mnt: &std::path::Path) -> Result<(), String> {
+    use crate::sys::mounts::{MountKind, mount_kind};
+    match mount_kind(mnt) {
+        MountKind::Shufflefs => Ok(()),
+        MountKind::None => Err(format!(
+            "{} is not mounted (it is no mount point)",
+            mnt.display()
+        )),
+        MountKind::Other { fstype, source } => Err(format!(
+            "{} is a {fstype} mount (of {source}), not a shufflefs mount",
+            mnt.display()
+        )),
+    }
+}
+
+/// A plain unmount, which the kernel refuses while files are open. When the only files open
+/// are control files (`.shufflefs/epoch` held by a trainer, a writer waiting on an advance)
+/// the mount is detached instead, as on SIGTERM: they hold no data, a waiting writer is
+/// answered as soon as the mount leaves the table (`fuse::interrupt`), and refusing would
+/// leave no way out but `--lazy`. Open sample files still refuse the unmount: their reader
+/// is told to close them first.
 fn unmount_now(mountpoint: &std::path::Path) -> bool {
+    let refused = match plain_unmount(mountpoint) {
+        Ok(()) => return true,
+        Err(refused) => refused,
+    };
+    let open = crate::sys::mounts::open_under(mountpoint);
+    let control = crate::sys::mounts::absolute(mountpoint).map(|m| m.join(".shufflefs"));
+    let only_control = !open.is_empty()
+        && control.is_some_and(|c| open.iter().all(|f| f.starts_with(&c) && *f != c));
+    if only_control && crate::sys::mounts::detach(mountpoint) {
+        println!(
+            "shufflefs: only control files are open in {} ({} of them); detached it: waiting advances end with an error, and the daemon exits once they are closed",
+            mountpoint.display(),
+            open.len()
+        );
+        return true;
+    }
+    eprintln!(
+        "shufflefs: cannot unmount {}: {refused}. If files are open there, close them first, or pass --lazy to detach now and let the daemon exit when they close",
+        mountpoint.display()
+    );
+    false
+}
+
+/// fusermount3 -u, or umount(2) where fusermount3 refuses (some mounts made by root); the
+/// reasons of both when neither works.
+fn plain_unmount(mountpoint: &std::path::Path) -> Result<(), String> {
     let out = std::process::Command::new("fusermount3")
         .arg("-u")
         .arg(mountpoint)
         .output();
-    match out {
-        Ok(o) if o.status.success() => true,
-        Ok(o) => {
-            // fusermount3 refuses some mounts made by root; umount(2) is the fallback.
-            let msg = String::from_utf8_lossy(&o.stderr).trim().to_string();
-            match nix::mount::umount(mountpoint) {
-                Ok(()) => true,
-                Err(e) => {
-                    eprintln!(
-                        "shufflefs: cannot unmount {}: {msg} ({e}). If files are open there, close them first, or pass --lazy to detach now and let the daemon exit when they close",
-                        mountpoint.display()
-                    );
-                    false
-                }
-            }
-        }
-        Err(_) => nix::mount::umount(mountpoint).is_ok(),
-    }
+    let said = match out {
+        Ok(o) if o.status.success() => return Ok(()),
+        Ok(o) => String::from_utf8_lossy(&o.stderr).trim().to_string(),
+        Err(e) => format!("fusermount3: {e}"),
+    };
+    nix::mount::umount(mountpoint).map_err(|e| format!("{said} ({e})"))
+}
+
+/// Whether daemon `pid` lost its mount and only finishes its exchange with its peers
+/// (`daemon::mounted::DRAINING`).
+fn draining(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().any(|t| {
+        std::fs::read_to_string(t.path().join("comm"))
+            .is_ok_and(|c| c.trim_end() == daemon::mounted::DRAINING)
+    })
 }
 
 /// An exited process its parent has not collected yet still answers `kill(pid, 0)`.

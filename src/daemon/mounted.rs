@@ -18,10 +18,15 @@
 //! cannot finalize MPI (the whole job ends with it, see `comm`). So a stopping rank *drains*
 //! the exchange in flight instead of giving it up: when every rank stops (the usual end of a
 //! job) every rank is in the same exchange, it completes, and every rank exits 0 with its
-//! cache at a consistent, resumable epoch. The drain is bounded: if the exchange moves no
-//! byte for [`DRAIN_IDLE`] (a peer that never joins it: it stopped before reaching that
-//! epoch), the rank gives it up and the daemon ends with [`super::DaemonError::Abandoned`],
-//! for which `launch` picks the exit code that ends the job.
+//! cache at a consistent, resumable epoch. A rank that stops while the others go on, or an
+//! epoch behind them, then leaves (`super::serving`, "Leaving"): it serves the next exchange
+//! without samples, so peers draining it (or reaching it later) complete it and leave this
+//! rank out afterwards. The drain is not bounded: a peer an epoch behind (still training)
+//! completes it when it advances or stops, and giving it up would end the whole job. Meanwhile
+//! the `fuse` thread is named [`DRAINING`], so `shufflefs unmount` returns at once rather
+//! than waiting for that peer. Only a detached mount (a signal with files still open) gives
+//! the exchange up (`abort`), and the daemon then ends with
+//! [`super::DaemonError::Abandoned`], for which `launch` picks the exit code.
 //!
 //! # A stop before the mount
 //! A signal that arrives during start-up (a long index scan, or the regrow of a job whose
@@ -55,10 +60,15 @@ use crate::fuse::FuseAdapter;
 use crate::sys::{mounts, readahead};
 use crate::vfs::{ShuffleFs, inodes};
 
-/// How long a stopping rank waits for the exchange in flight to move a byte before giving
-/// it up. Rate-capped exchanges send frames of at least 1 MiB, so this is long enough for a
-/// frame at 20 kB/s.
+/// How long the exchange in flight of a stopping rank may move nothing before the log says
+/// what it waits for. Rate-capped exchanges send frames of at least 1 MiB, so this is long
+/// enough for a frame at 20 kB/s.
 pub(crate) const DRAIN_IDLE: Duration = Duration::from_secs(60);
+
+/// The name the `fuse` thread takes once the mount is gone and only the exchange in flight
+/// keeps the daemon: `shufflefs unmount` reads it (`/proc/PID/task/*/comm`) to return
+/// without waiting for peers that have not reached that exchange yet.
+pub(crate) const DRAINING: &str = "shufflefs-drain";
 
 /// Set by SIGTERM, SIGINT or SIGHUP from [`listen_for_stop`] on.
 static STOP_REQUESTED: OnceLock<Arc<AtomicBool>> = OnceLock::new();
@@ -160,6 +170,7 @@ impl Mounted {
             .name("fuse".into())
             .spawn(move || {
                 let result = session.run();
+                name_this_thread(DRAINING);
                 stop();
                 watch_drain(&*progress, &drained2, &abort2);
                 result
@@ -231,26 +242,40 @@ impl Drop for Mounted {
     }
 }
 
-/// After the session ended: until the exchange loop returned, give the exchange in flight
-/// up if it moves nothing for [`DRAIN_IDLE`].
+/// After the session ended: until the exchange loop returned, say what the drain waits
+/// for. It is not given up however long it waits: a peer that has not reached the exchange
+/// (it trains an epoch behind) completes it when it advances, or when it stops (then it
+/// serves it without samples, see `super::serving`), and giving it up would end the job.
 fn watch_drain(progress: &dyn Fn() -> u64, drained: &AtomicBool, abort: &AtomicBool) {
     let (mut last, mut since) = (progress(), Instant::now());
-    let mut said = false;
+    let (mut said, mut warned) = (false, false);
     while !drained.load(Ordering::Relaxed) && !abort.load(Ordering::Relaxed) {
         thread::sleep(Duration::from_millis(100));
         let now = progress();
         if now != last {
             (last, since) = (now, Instant::now());
-        } else if since.elapsed() >= DRAIN_IDLE {
+        } else if !warned && since.elapsed() >= DRAIN_IDLE {
             tracing::warn!(
                 idle_s = DRAIN_IDLE.as_secs(),
-                "the exchange in flight stopped moving while stopping (a peer never joined it); giving it up"
+                "stopping: the exchange in flight waits for peers that have not reached it; this rank finishes it when they advance or stop"
             );
-            abort.store(true, Ordering::Relaxed);
+            warned = true;
         } else if !said && since.elapsed() >= Duration::from_secs(1) {
             tracing::info!("stopping: finishing the exchange in flight first");
             said = true;
         }
+    }
+}
+
+/// Names the calling thread (at most 15 bytes are kept).
+fn name_this_thread(name: &str) {
+    let Ok(name) = std::ffi::CString::new(name) else {
+        return;
+    };
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes from a valid
+    // pointer, and only renames the calling thread.
+    unsafe {
+        libc::prctl(libc::PR_SET_NAME, name.as_ptr());
     }
 }
 

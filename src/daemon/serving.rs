@@ -2,12 +2,23 @@
 //! puts the mount in front of it and runs its exchanges on the thread that owns MPI, until
 //! the mount ends. Every call from `daemon` into `node` is here, so a change of the
 //! exchange's entry points touches this file only.
+//!
+//! # Leaving
+//! Ranks stop at different times (a trainer finishes early, one rank is unmounted). A
+//! partial rank that stops first drains the exchange in flight (`mounted`), releases its
+//! cache (so `shufflefs unmount` returns), then serves one more exchange without a sample
+//! (`Partial::leave`): peers already in it, or about to start it, complete it and learn
+//! that it left; their later exchanges leave it out and fetch its samples from the source.
+//! The daemon then waits in MPI finalize for the others and exits 0 with them.
 
 use crate::comm::Comm;
 use crate::config::MountConfig;
 use crate::exchange::coded::CodedClient;
-use crate::exchange::{ExchangeConfig, Partial, Peers};
+use crate::exchange::{
+    EpochExchange, ExchangeConfig, ExchangeCtx, ExchangeError, Partial, Peers, Settled,
+};
 use crate::node::{ExchangeCmd, Node, NodeConfig, serve};
+use crate::plan::Step;
 use crate::vfs::ShuffleFs;
 
 use super::DaemonError;
@@ -38,6 +49,7 @@ pub(crate) fn run_node(
         mountpoint,
     } = prepared;
     let rank = comm.rank();
+    let leave_plan = plan.clone();
     let node_cfg = NodeConfig {
         exchange: exchanges.cfg,
         staging_threads: config.staging_threads,
@@ -57,12 +69,60 @@ pub(crate) fn run_node(
         store.dir().unlock();
         return Ok(());
     };
+    let hooks = hooks(&node);
+    let mounted = Mounted::serve(session, &mountpoint, hooks)?;
+    let current = node.coordinator.current();
+    on_ready(&super::ready_line(
+        config,
+        comm,
+        &store,
+        &current,
+        world.is_some(),
+    ));
+    let abort = mounted.abort_flag();
+    let mut partial = None;
+    let served = match (world, exchanges.coded) {
+        (Some(world), Some(mut client)) => serve(world, &node, &queue, &mut client, abort),
+        _ => {
+            let mut recorded = Recorded {
+                partial: Partial {
+                    cfg: exchanges.cfg,
+                    peers: exchanges.peers,
+                },
+                last: None,
+            };
+            let served = serve(&mut *comm, &node, &queue, &mut recorded, abort);
+            partial = Some(recorded);
+            served
+        }
+    };
+    node.coordinator.shutdown();
+    let stopped = match served {
+        Ok(()) => mounted.stop(),
+        Err(e) => {
+            drop(mounted);
+            Err(DaemonError::Abandoned(e))
+        }
+    };
+    store.dir().unlock();
+    match partial {
+        Some(recorded) if stopped.is_ok() && comm.size() > 1 => {
+            let last = (recorded.last).unwrap_or_else(|| node.coordinator.current().epoch);
+            let step = leave_plan.step(&leave_plan.shares_at(last));
+            leave(comm, recorded.partial, &node, &step)
+        }
+        _ => stopped,
+    }
+}
+
+/// What the mounted rank needs of `node` (see `Hooks`).
+fn hooks(node: &Node) -> Hooks {
     let (queue_tx, tracker, coordinator) = (
         node.exchange_queue(),
         node.tracker.clone(),
         node.coordinator.clone(),
     );
-    let hooks = Hooks {
+    Hooks {
         stop: Box::new(move || {
             let _ = queue_tx.send(ExchangeCmd::Shutdown);
         }),
@@ -75,35 +135,48 @@ pub(crate) fn run_node(
         }),
         invalidations: node.invalidations(),
         invalidated: Box::new(move |old| coordinator.invalidated(old)),
-    };
-    let mounted = Mounted::serve(session, &mountpoint, hooks)?;
-    let current = node.coordinator.current();
-    on_ready(&super::ready_line(
-        config,
-        comm,
-        &store,
-        &current,
-        world.is_some(),
-    ));
-    let abort = mounted.abort_flag();
-    let served = match (world, exchanges.coded) {
-        (Some(world), Some(mut client)) => serve(world, &node, &queue, &mut client, abort),
-        _ => {
-            let mut partial = Partial {
-                cfg: exchanges.cfg,
-                peers: exchanges.peers,
-            };
-            serve(comm, &node, &queue, &mut partial, abort)
-        }
-    };
-    node.coordinator.shutdown();
-    let stopped = match served {
-        Ok(()) => mounted.stop(),
+    }
+}
+
+/// Serves the exchange after the last one this rank ran, as a rank that left (see
+/// "Leaving"); a transport that had to abandon transfers ends the job as in `serve`.
+fn leave(
+    comm: &mut dyn Comm,
+    mut partial: Partial,
+    node: &Node,
+    step: &Step,
+) -> Result<(), DaemonError> {
+    let target = step.next.epoch;
+    tracing::info!(
+        target_epoch = target,
+        "leaving: serving the peers' exchange into the next epoch without samples, then waiting for them"
+    );
+    match partial.leave(comm, &node.store, &node.tracker, step) {
+        Ok(()) => Ok(()),
+        Err(e) if e.is_abandoned() => Err(DaemonError::Abandoned(e)),
         Err(e) => {
-            drop(mounted);
-            Err(DaemonError::Abandoned(e))
+            tracing::warn!("leaving: the exchange into epoch {target} ended with: {e}");
+            Ok(())
         }
-    };
-    store.dir().unlock();
-    stopped
+    }
+}
+
+/// The partial exchange, remembering the last exchange it ran: a rank that leaves serves
+/// the one after it.
+struct Recorded {
+    partial: Partial,
+    last: Option<u64>,
+}
+
+impl EpochExchange for Recorded {
+    fn run(
+        &mut self,
+        comm: &mut dyn Comm,
+        step: &Step,
+        ctx: ExchangeCtx<'_>,
+        settled: Settled<'_>,
+    ) -> Result<(), ExchangeError> {
+        self.last = Some(step.next.epoch);
+        self.partial.run(comm, step, ctx, settled)
+    }
 }

@@ -82,7 +82,14 @@ pub(super) struct Ctx<'a> {
     pub target: u64,
     pub cfg: ExchangeConfig,
     pub abort: &'a AtomicBool,
+    /// This rank stopped and only serves its peers (`Partial::leave`): it sends every
+    /// sample as unsendable, drops what arrives and confirms [`LEFT`].
+    pub leaving: bool,
 }
+
+/// The confirmation of a rank that left (`Partial::leave`): nothing stored, and no
+/// exchange after this one with it.
+const LEFT: u8 = 2;
 
 impl Ctx<'_> {
     fn comm_error(&self, phase: Phase, peers: Vec<Rank>, source: CommError) -> ExchangeError {
@@ -393,8 +400,8 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
                     next_write: 0,
                     writer: None,
                     worker: None,
-                    settled: false,
-                    given_up: false,
+                    settled: ctx.leaving,
+                    given_up: ctx.leaving,
                     began: None,
                     took: None,
                 });
@@ -455,7 +462,14 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
                     Slot::ConfirmIn(i) => {
                         let ok = done.buf.first() == Some(&1);
                         outs[i].confirmed = Some(ok);
-                        if !ok {
+                        if done.buf.first() == Some(&LEFT) {
+                            ctx.peers.left.mark(outs[i].peer, ctx.target);
+                            tracing::info!(
+                                rank = outs[i].peer,
+                                target_epoch = ctx.target,
+                                "peer left the job: later exchanges leave it out and fetch its samples from the source"
+                            );
+                        } else if !ok {
                             tracing::warn!(
                                 rank = outs[i].peer,
                                 target_epoch = ctx.target,
@@ -469,7 +483,8 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
             self.reap(&mut ins);
             if settled_at.is_none() {
                 self.give_up_overdue(&mut ins);
-            } else {
+            } else if !ctx.leaving {
+                // A leaving rank waits for its peers to reach this exchange, however long.
                 self.abandon_idle(comm, &mut outs, &mut ins);
             }
         }
@@ -485,7 +500,12 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
         let ctx = self.ctx;
         let (data, _) = ctx.tags();
         let all: Vec<SampleId> = outs.iter().flat_map(|o| o.ids.iter().copied()).collect();
-        let mut known = sizes::resolve_sizes(ctx.store, &all).into_iter();
+        // A leaving rank sends nothing (`Ctx::leaving`).
+        let known = match ctx.leaving {
+            true => vec![UNKNOWN_SIZE; all.len()],
+            false => sizes::resolve_sizes(ctx.store, &all),
+        };
+        let mut known = known.into_iter();
         for o in outs.iter_mut() {
             let sizes: Vec<u64> = known.by_ref().take(o.ids.len()).collect();
             let list = sizes::encode(ctx.store, o.ids, &sizes);
@@ -551,7 +571,9 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
     /// number of confirmations posted.
     fn settle(&mut self, comm: &mut dyn Comm, ins: &[In]) -> Result<usize, ExchangeError> {
         let t0 = Instant::now();
-        if let Err(e) = self.ctx.store.sync() {
+        if !self.ctx.leaving
+            && let Err(e) = self.ctx.store.sync()
+        {
             self.fail_locally(ExchangeError::Sync(e));
         }
         let secs = t0.elapsed().as_secs_f64();
@@ -559,7 +581,10 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
             .tracker
             .update(self.ctx.target, |r| r.sync_seconds += secs);
         let (_, confirm) = self.ctx.tags();
-        let ok = u8::from(self.local.is_none());
+        let ok = match self.ctx.leaving {
+            true => LEFT,
+            false => u8::from(self.local.is_none()),
+        };
         for s in ins {
             self.post(comm, Op::send(s.peer, confirm, vec![ok]), Slot::ConfirmOut)?;
         }

@@ -9,8 +9,10 @@
 //! of them sees each other's cache; otherwise each of them is on its own (everything goes
 //! over MPI, as before).
 
+use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use crate::comm::{Comm, CommError};
 
@@ -21,6 +23,29 @@ pub struct Peers {
     pub caches: Vec<PathBuf>,
     /// Disk group of each rank: ranks with the same value can read each other's caches.
     pub disks: Vec<u32>,
+    /// The ranks that left the job (see [`Left`]).
+    pub(crate) left: Left,
+}
+
+/// The ranks that left the job while this one goes on, each with the last exchange it
+/// takes part in. A rank that stops serves one more exchange than it ran (see
+/// `Partial::leave`) and says so in that exchange's confirmations; later exchanges leave
+/// it out, and what it would have sent comes from the source.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Left(Arc<Mutex<BTreeMap<u32, u64>>>);
+
+impl Left {
+    /// `rank` takes part in no exchange after the one into `last`.
+    pub(crate) fn mark(&self, rank: u32, last: u64) {
+        let mut left = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        left.entry(rank).or_insert(last);
+    }
+
+    /// Whether `rank` takes part in the exchange into `target`.
+    pub(crate) fn takes_part(&self, rank: u32, target: u64) -> bool {
+        let left = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        left.get(&rank).is_none_or(|&last| target <= last)
+    }
 }
 
 impl Peers {
@@ -29,6 +54,7 @@ impl Peers {
         Peers {
             caches: vec![PathBuf::new(); world as usize],
             disks: (0..world).collect(),
+            left: Left::default(),
         }
     }
 
@@ -65,6 +91,7 @@ impl Peers {
         Ok(Peers {
             disks: disk_groups(&hosts, &seen),
             caches,
+            left: Left::default(),
         })
     }
 }

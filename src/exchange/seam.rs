@@ -8,7 +8,7 @@
 
 use std::sync::atomic::AtomicBool;
 
-use super::{ExchangeConfig, ExchangeError, ExchangeTracker, Peers, Topology, executor};
+use super::{ExchangeConfig, ExchangeError, ExchangeTracker, Peers, Schedule, Topology, executor};
 use crate::cache::SampleStore;
 use crate::comm::Comm;
 use crate::plan::{SampleId, Step};
@@ -76,17 +76,82 @@ impl EpochExchange for Partial {
             hosts: &hosts,
             disks: &self.peers.disks,
         };
-        let schedule = (self.cfg.strategy.strategy()).schedule(topology, &step.transfers);
+        let mut schedule = (self.cfg.strategy.strategy()).schedule(topology, &step.transfers);
+        let target = step.next.epoch;
+        self.leave_out_the_left(&mut schedule, target, ctx.tracker);
         let run = executor::Ctx {
             store: ctx.store,
             tracker: ctx.tracker,
             peers: &self.peers,
             hosts: &hosts,
             me: comm.rank(),
-            target: step.next.epoch,
+            target,
             cfg: self.cfg,
             abort: ctx.abort,
+            leaving: false,
         };
         executor::execute(comm, &run, &schedule, settled)
+    }
+}
+
+impl Partial {
+    /// This rank stops: it serves the exchange into `step.next.epoch` (the one after the
+    /// last it ran) without taking or giving a sample, so that peers already in it, or
+    /// going to run it, complete it; its confirmations tell them it left, so their later
+    /// exchanges leave it out (see `peers::Left`) and fetch its samples from the
+    /// source. Peers that left before take no part. Returns once every peer's messages of
+    /// that exchange completed: only a peer that stays and never advances holds it, as it
+    /// would hold MPI finalize.
+    ///
+    /// Why one more exchange: the ranks' exchanges are never more than one apart (a rank
+    /// starts the exchange into `t + 1` only once its exchange into `t`, with every
+    /// peer's messages, completed), so when this rank stops after the exchange into `t`,
+    /// no peer has posted messages for any exchange past `t + 1`, and a peer that learns
+    /// of the leave in `t + 1` posts none to this rank later.
+    pub fn leave(
+        &mut self,
+        comm: &mut dyn Comm,
+        store: &SampleStore,
+        tracker: &ExchangeTracker,
+        step: &Step,
+    ) -> Result<(), ExchangeError> {
+        let hosts = comm.hosts().to_vec();
+        let topology = Topology {
+            me: comm.rank(),
+            hosts: &hosts,
+            disks: &self.peers.disks,
+        };
+        let mut schedule = (self.cfg.strategy.strategy()).schedule(topology, &step.transfers);
+        let target = step.next.epoch;
+        self.leave_out_the_left(&mut schedule, target, tracker);
+        let never = AtomicBool::new(false);
+        let run = executor::Ctx {
+            store,
+            tracker,
+            peers: &self.peers,
+            hosts: &hosts,
+            me: comm.rank(),
+            target,
+            cfg: self.cfg,
+            abort: &never,
+            leaving: true,
+        };
+        executor::execute(comm, &run, &schedule, &mut |_| {})
+    }
+
+    /// Drops the streams of peers that left before the exchange into `target`; the
+    /// status shows them given up, and their samples come from the source.
+    fn leave_out_the_left(&self, schedule: &mut Schedule, target: u64, tracker: &ExchangeTracker) {
+        let left = &self.peers.left;
+        for round in &mut schedule.rounds {
+            round.ops.retain(|op| {
+                let peer = op.stream().peer;
+                let stays = left.takes_part(peer, target);
+                if !stays {
+                    tracker.update(target, |r| r.peer(peer).given_up = true);
+                }
+                stays
+            });
+        }
     }
 }

@@ -83,13 +83,8 @@ fn clean_dead_mount(path: &Path) -> Result<(), MountpointError> {
         })
         .zip(path.file_name())
         .map(|(dir, name)| dir.join(name));
-    // "fuse shufflefs" when root mounts directly, "fuse.shufflefs ..." through fusermount3.
-    let is_ours = absolute.is_some_and(|abs| {
-        mounts().any(|m| {
-            Path::new(&m.target) == abs
-                && (m.fstype == "fuse.shufflefs" || (m.fstype == "fuse" && m.source == "shufflefs"))
-        })
-    });
+    let is_ours =
+        absolute.is_some_and(|abs| mounts().any(|m| Path::new(&m.target) == abs && m.is_ours()));
     if !is_ours || !detach(path) {
         return Err(MountpointError::DeadMount(DisplayPath(path.to_path_buf())));
     }
@@ -120,11 +115,7 @@ pub fn is_mounted(path: &Path) -> bool {
 /// The device (`MAJ:MIN`) of the newest FUSE mount at `path`, from `/proc/self/mountinfo`,
 /// without touching the mount itself (its daemon may not be answering).
 pub(crate) fn fuse_device(path: &Path) -> Option<String> {
-    let target = match (path.parent(), path.file_name()) {
-        (Some(p), Some(name)) if !p.as_os_str().is_empty() => fs::canonicalize(p).ok()?.join(name),
-        (Some(_), Some(name)) => std::env::current_dir().ok()?.join(name),
-        _ => path.to_path_buf(),
-    };
+    let target = absolute(path)?;
     mounts()
         .filter(|m| Path::new(&m.target) == target && m.fstype.starts_with("fuse"))
         .last()
@@ -144,6 +135,90 @@ struct MountEntry {
     target: String,
     fstype: String,
     source: String,
+}
+
+impl MountEntry {
+    /// A shufflefs mount (`daemon::mounted` mounts with FSName and Subtype "shufflefs"):
+    /// "fuse shufflefs" when root mounts directly, "fuse.shufflefs ..." through fusermount3.
+    fn is_ours(&self) -> bool {
+        self.fstype == "fuse.shufflefs" || (self.fstype == "fuse" && self.source == "shufflefs")
+    }
+}
+
+/// What the mount table says is mounted at a path.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum MountKind {
+    /// Nothing: the path is not a mount point.
+    None,
+    Shufflefs,
+    /// Another file system, e.g. `tmpfs` from `tmpfs`.
+    Other {
+        fstype: String,
+        source: String,
+    },
+}
+
+/// What is mounted at `path` (the newest mount there), found without touching the mount
+/// itself when its folder name suffices (its daemon may not be answering), else through
+/// the path's canonical form (a link to a mount point).
+pub(crate) fn mount_kind(path: &Path) -> MountKind {
+    let newest = |target: &Path| mounts().filter(|m| Path::new(&m.target) == target).last();
+    let entry = absolute(path)
+        .and_then(|t| newest(&t))
+        .or_else(|| fs::canonicalize(path).ok().and_then(|t| newest(&t)));
+    match entry {
+        None => MountKind::None,
+        Some(m) if m.is_ours() => MountKind::Shufflefs,
+        Some(m) => MountKind::Other {
+            fstype: m.fstype,
+            source: m.source,
+        },
+    }
+}
+
+/// `path` made absolute through its parent only (the last component is not followed).
+pub(crate) fn absolute(path: &Path) -> Option<std::path::PathBuf> {
+    match (path.parent(), path.file_name()) {
+        (Some(p), Some(name)) if !p.as_os_str().is_empty() => {
+            Some(fs::canonicalize(p).ok()?.join(name))
+        }
+        (Some(_), Some(name)) => Some(std::env::current_dir().ok()?.join(name)),
+        _ => fs::canonicalize(path).ok(),
+    }
+}
+
+/// Every file that a process this user can see holds open under the mount at `path`
+/// (open files, working and root folders), from `/proc/PID/{fd/*,cwd,root}`. The names
+/// are read from the links, never through the mount.
+pub(crate) fn open_under(path: &Path) -> Vec<std::path::PathBuf> {
+    let Some(root) = absolute(path) else {
+        return Vec::new();
+    };
+    let Ok(procs) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for p in procs.flatten() {
+        if !p
+            .file_name()
+            .to_string_lossy()
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+        {
+            continue;
+        }
+        let dir = p.path();
+        let fds = fs::read_dir(dir.join("fd")).into_iter().flatten().flatten();
+        let links = fds
+            .map(|fd| fd.path())
+            .chain([dir.join("cwd"), dir.join("root")]);
+        found.extend(
+            links
+                .filter_map(|l| fs::read_link(l).ok())
+                .filter(|t| t.starts_with(&root)),
+        );
+    }
+    found
 }
 
 /// This process's mount table (empty if it cannot be read).

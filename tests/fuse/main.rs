@@ -20,3 +20,4 @@ mod page_cache;
 mod permissions;
 mod rescan;
 mod slow_source;
+mod unmount_safety;

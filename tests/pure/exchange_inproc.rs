@@ -758,3 +758,82 @@ fn a_slow_peer_is_given_up_and_its_samples_come_from_the_source() {
         );
     }
 }
+
+/// Rank 3 stops (`Partial::leave`) while the others run the exchange into epoch 1: it
+/// serves that exchange without a sample, the others complete it (fetching what it owed
+/// them from the source), and their exchange into epoch 2 leaves it out at once (shown
+/// given up) instead of waiting for it. Every rank that stays holds its shares exactly.
+#[test]
+fn a_rank_that_leaves_serves_one_exchange_without_samples_then_is_left_out() {
+    let world = 4;
+    let manifest = manifest(300);
+    let plan = plan(manifest.len(), world, 0.5, 31);
+    let handles: Vec<_> = LocalComm::world(world)
+        .into_iter()
+        .map(|mut comm| {
+            let (manifest, plan) = (manifest.clone(), plan.clone());
+            std::thread::spawn(move || {
+                let _guard = AbortOnPanic;
+                let me = comm.rank();
+                let dir = tempfile::tempdir().unwrap();
+                let source = Arc::new(SyntheticSource {
+                    manifest: manifest.clone(),
+                });
+                let store = Arc::new(
+                    SampleStore::new(CacheDir::open(dir.path()).unwrap(), manifest, source)
+                        .unwrap(),
+                );
+                for &id in plan.initial().share(me) {
+                    store.ensure(id).unwrap();
+                }
+                let cfg = ExchangeConfig {
+                    frame: 4096,
+                    ..ExchangeConfig::default()
+                };
+                let mut partial = Partial {
+                    cfg,
+                    peers: Peers::separate(world),
+                };
+                let tracker = ExchangeTracker::default();
+                let into1 = plan.step(&plan.initial());
+                if me == 3 {
+                    partial.leave(&mut comm, &store, &tracker, &into1).unwrap();
+                    return (me, Vec::new());
+                }
+                let abort = AtomicBool::new(false);
+                let ctx = ExchangeCtx {
+                    store: &store,
+                    tracker: &tracker,
+                    abort: &abort,
+                };
+                let into2 = plan.step(&into1.next);
+                for step in [&into1, &into2] {
+                    partial
+                        .run(&mut comm, step, ctx, &mut |r| r.unwrap())
+                        .unwrap();
+                    shufflefs::node::fetch_missing(&store, me, step, Duration::from_secs(30));
+                    for &id in step.next.share(me) {
+                        check_sample(&store, id);
+                    }
+                }
+                (me, tracker.snapshot())
+            })
+        })
+        .collect();
+    for h in handles {
+        let (me, reports) = h.join().unwrap();
+        if me == 3 {
+            continue;
+        }
+        let report = |target: u64| reports.iter().find(|r| r.target_epoch == target).unwrap();
+        let gone = |target: u64| report(target).peers.iter().find(|p| p.rank == 3).cloned();
+        let in1 = gone(1).expect("rank 3 in the exchange into 1");
+        assert!(in1.samples_received == 0, "rank {me}: {in1:?}");
+        let in2 = gone(2).expect("rank 3 shown in the exchange into 2");
+        assert!(
+            in2.given_up && in2.samples_to_receive == 0,
+            "rank {me}: {in2:?}"
+        );
+        assert_eq!(report(2).state, ExchangeState::Done);
+    }
+}

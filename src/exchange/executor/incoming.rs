@@ -70,12 +70,22 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
         let ctx = self.ctx;
         s.began = Some(Instant::now());
         let (samples, unsendable) = sizes::decode(ctx.store, s.ids, list);
-        for &id in &unsendable {
-            tracing::warn!(
-                sample = id,
-                from = s.peer,
-                "peer could not read this sample; it will be fetched from the source"
-            );
+        if unsendable.len() == s.ids.len() && unsendable.len() > 1 {
+            if !ctx.leaving {
+                tracing::warn!(
+                    samples = unsendable.len(),
+                    from = s.peer,
+                    "peer sends none of its samples (it is leaving, or its cache failed); they will be fetched from the source"
+                );
+            }
+        } else {
+            for &id in &unsendable {
+                tracing::warn!(
+                    sample = id,
+                    from = s.peer,
+                    "peer could not read this sample; it will be fetched from the source"
+                );
+            }
         }
         let failed = unsendable.len() as u64;
         ctx.tracker
