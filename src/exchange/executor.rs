@@ -52,10 +52,11 @@ use super::frames::{Pool, idle_io_priority, read_stream};
 use super::schedule::{Round, RoundOp, Schedule};
 use super::sizes::{self, ENTRY};
 use super::{
-    ExchangeConfig, ExchangeError, ExchangeState, ExchangeTracker, Peers, Phase, Sized, stream_len,
+    ExchangeConfig, ExchangeError, ExchangeReport, ExchangeState, ExchangeTracker, Peers, Phase,
+    Sized, stream_len,
 };
 use crate::cache::SampleStore;
-use crate::comm::{Comm, CommError, Op, Ticket};
+use crate::comm::{Comm, CommError, Done, Op, Ticket};
 use crate::dataset::manifest::UNKNOWN_SIZE;
 use crate::plan::{Rank, SampleId};
 
@@ -134,25 +135,53 @@ pub(super) fn execute(
     let (target, tracker) = (ctx.target, ctx.tracker);
     tracker.update(target, |r| {
         r.state = ExchangeState::Running;
-        for op in schedule.rounds.iter().flat_map(|r| &r.ops) {
-            let s = op.stream();
-            let n = s.samples.len() as u64;
-            let peer = r.peer(s.peer);
-            peer.via = if matches!(op, RoundOp::Hand(_) | RoundOp::Take(_)) {
-                "disk"
-            } else {
-                "mpi"
-            };
-            peer.same_host = ctx.same_host(s.peer);
-            if op.is_outgoing() {
-                peer.samples_to_send = n;
-                r.samples_to_send += n;
-            } else {
-                peer.samples_to_receive = n;
-                r.samples_to_receive += n;
-            }
-        }
+        count_streams(ctx, schedule, r);
     });
+    let result = run_rounds(comm, ctx, schedule, started, settled);
+    let seconds = started.elapsed().as_secs_f64();
+    tracker.update(target, |r| {
+        r.seconds = seconds;
+        if result.is_err() {
+            r.state = ExchangeState::Failed;
+        }
+        r.error = result.as_ref().err().map(ToString::to_string);
+    });
+    log_finished(tracker, target, seconds);
+    result
+}
+
+/// Enters in `report` what the schedule moves with each peer, and how.
+fn count_streams(ctx: &Ctx, schedule: &Schedule, report: &mut ExchangeReport) {
+    for op in schedule.rounds.iter().flat_map(|r| &r.ops) {
+        let s = op.stream();
+        let n = s.samples.len() as u64;
+        let peer = report.peer(s.peer);
+        peer.via = if matches!(op, RoundOp::Hand(_) | RoundOp::Take(_)) {
+            "disk"
+        } else {
+            "mpi"
+        };
+        peer.same_host = ctx.same_host(s.peer);
+        if op.is_outgoing() {
+            peer.samples_to_send = n;
+            report.samples_to_send += n;
+        } else {
+            peer.samples_to_receive = n;
+            report.samples_to_receive += n;
+        }
+    }
+}
+
+/// Runs the rounds in order, calling `settled` exactly once: when the last round settles,
+/// at once if there is none, or with the error that ended the exchange first.
+fn run_rounds(
+    comm: &mut dyn Comm,
+    ctx: &Ctx,
+    schedule: &Schedule,
+    started: Instant,
+    settled: &mut dyn FnMut(Result<(), &ExchangeError>),
+) -> Result<(), ExchangeError> {
+    let (target, tracker) = (ctx.target, ctx.tracker);
     let mut result = Ok(());
     let mut told = false;
     let last = schedule.rounds.len().saturating_sub(1);
@@ -184,14 +213,11 @@ pub(super) fn execute(
     if !told && let Err(e) = &result {
         settled(Err(e));
     }
-    let seconds = started.elapsed().as_secs_f64();
-    tracker.update(target, |r| {
-        r.seconds = seconds;
-        if result.is_err() {
-            r.state = ExchangeState::Failed;
-        }
-        r.error = result.as_ref().err().map(ToString::to_string);
-    });
+    result
+}
+
+/// Logs the exchange's totals from its report.
+fn log_finished(tracker: &ExchangeTracker, target: u64, seconds: f64) {
     if let Some(r) = (tracker.snapshot().into_iter()).find(|r| r.target_epoch == target) {
         let given_up: Vec<u32> = (r.peers.iter())
             .filter(|p| p.given_up)
@@ -211,7 +237,6 @@ pub(super) fn execute(
             "exchange finished"
         );
     }
-    result
 }
 
 /// Where a completed message belongs.
@@ -364,10 +389,56 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
         settled: &mut dyn FnMut(&Option<ExchangeError>),
     ) -> Result<(), ExchangeError> {
         let ctx = self.ctx;
+        // Every receive the round starts with, before any send.
+        let (mut outs, mut ins) = self.open_streams(comm, round)?;
+        self.start_sending(comm, &mut outs)?;
+        let mut confirms_out = 0usize;
+        let mut settled_at: Option<Instant> = None;
+        loop {
+            self.feed_out(comm, &mut outs)?;
+            self.feed_in(comm, &mut ins)?;
+            if settled_at.is_none() && ins.iter().all(|s| s.settled) {
+                confirms_out = self.settle(comm, &ins)?;
+                settled_at = Some(Instant::now());
+                settled(&self.local);
+            }
+            let sent = outs
+                .iter()
+                .all(|o| o.sent == o.frames && o.confirmed.is_some());
+            if settled_at.is_some() && confirms_out == 0 && sent && ins.iter().all(In::drained) {
+                return Ok(());
+            }
+            let completed = comm.progress(POLL, ctx.abort).map_err(|e| {
+                let peers = outs
+                    .iter()
+                    .map(|o| o.peer)
+                    .chain(ins.iter().map(|i| i.peer));
+                ctx.comm_error(Phase::Samples, peers.collect(), e)
+            })?;
+            for done in completed {
+                self.completed(done, &mut outs, &mut ins, &mut confirms_out);
+            }
+            self.reap(&mut ins);
+            if settled_at.is_none() {
+                self.give_up_overdue(&mut ins);
+            } else if !ctx.leaving {
+                // A leaving rank waits for its peers to reach this exchange, however long.
+                self.abandon_idle(comm, &mut outs, &mut ins);
+            }
+        }
+    }
+
+    /// Sets up the round's streams and posts every receive the round starts with, before
+    /// any send.
+    fn open_streams(
+        &mut self,
+        comm: &mut dyn Comm,
+        round: &'s Round,
+    ) -> Result<(Vec<Out<'s>>, Vec<In<'s, 'scope>>), ExchangeError> {
+        let ctx = self.ctx;
         let (data, confirm) = ctx.tags();
         let mut outs: Vec<Out> = Vec::new();
         let mut ins: Vec<In> = Vec::new();
-        // Every receive the round starts with, before any send.
         for op in &round.ops {
             let s = op.stream();
             let disk = matches!(op, RoundOp::Hand(_) | RoundOp::Take(_));
@@ -409,84 +480,68 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
                 self.post(comm, Op::recv(s.peer, data, list), slot)?;
             }
         }
-        self.start_sending(comm, &mut outs)?;
-        let mut confirms_out = 0usize;
-        let mut settled_at: Option<Instant> = None;
-        loop {
-            self.feed_out(comm, &mut outs)?;
-            self.feed_in(comm, &mut ins)?;
-            if settled_at.is_none() && ins.iter().all(|s| s.settled) {
-                confirms_out = self.settle(comm, &ins)?;
-                settled_at = Some(Instant::now());
-                settled(&self.local);
-            }
-            let sent = outs
-                .iter()
-                .all(|o| o.sent == o.frames && o.confirmed.is_some());
-            if settled_at.is_some() && confirms_out == 0 && sent && ins.iter().all(In::drained) {
-                return Ok(());
-            }
-            let completed = comm.progress(POLL, ctx.abort).map_err(|e| {
-                let peers = outs
-                    .iter()
-                    .map(|o| o.peer)
-                    .chain(ins.iter().map(|i| i.peer));
-                ctx.comm_error(Phase::Samples, peers.collect(), e)
-            })?;
-            for done in completed {
-                let Some(slot) = self.tickets.remove(&done.ticket) else {
-                    continue;
-                };
-                let peer = match slot {
-                    Slot::SizesIn(i) | Slot::FrameIn(i, _) => Some(ins[i].peer),
-                    Slot::FrameOut(i) | Slot::ConfirmIn(i) => Some(outs[i].peer),
-                    Slot::SizesOut | Slot::ConfirmOut => None,
-                };
-                if let Some(peer) = peer {
-                    self.last_heard.insert(peer, Instant::now());
-                }
-                match slot {
-                    Slot::SizesIn(i) => self.sizes_arrived(&mut ins[i], &done.buf),
-                    Slot::FrameIn(i, k) => self.frame_arrived(&mut ins[i], k, done.buf),
-                    Slot::SizesOut => {}
-                    Slot::FrameOut(i) => {
-                        let o = &mut outs[i];
-                        (o.sent, o.posted) = (o.sent + 1, o.posted - 1);
-                        let (n, peer) = (done.buf.len() as u64, o.peer);
-                        ctx.tracker.update(ctx.target, |r| {
-                            r.bytes_sent += n;
-                            r.peer(peer).bytes_sent += n;
-                        });
-                        self.send_pool.put(done.buf);
-                    }
-                    Slot::ConfirmIn(i) => {
-                        let ok = done.buf.first() == Some(&1);
-                        outs[i].confirmed = Some(ok);
-                        if done.buf.first() == Some(&LEFT) {
-                            ctx.peers.left.mark(outs[i].peer, ctx.target);
-                            tracing::info!(
-                                rank = outs[i].peer,
-                                target_epoch = ctx.target,
-                                "peer left the job: later exchanges leave it out and fetch its samples from the source"
-                            );
-                        } else if !ok {
-                            tracing::warn!(
-                                rank = outs[i].peer,
-                                target_epoch = ctx.target,
-                                "a peer could not store what it received; it fetches those samples from the source"
-                            );
-                        }
-                    }
-                    Slot::ConfirmOut => confirms_out -= 1,
-                }
-            }
-            self.reap(&mut ins);
-            if settled_at.is_none() {
-                self.give_up_overdue(&mut ins);
-            } else if !ctx.leaving {
-                // A leaving rank waits for its peers to reach this exchange, however long.
-                self.abandon_idle(comm, &mut outs, &mut ins);
-            }
+        Ok((outs, ins))
+    }
+
+    /// Takes in one completed message of this round.
+    fn completed(
+        &mut self,
+        done: Done,
+        outs: &mut [Out],
+        ins: &mut [In<'s, 'scope>],
+        confirms_out: &mut usize,
+    ) {
+        let Some(slot) = self.tickets.remove(&done.ticket) else {
+            return;
+        };
+        let peer = match slot {
+            Slot::SizesIn(i) | Slot::FrameIn(i, _) => Some(ins[i].peer),
+            Slot::FrameOut(i) | Slot::ConfirmIn(i) => Some(outs[i].peer),
+            Slot::SizesOut | Slot::ConfirmOut => None,
+        };
+        if let Some(peer) = peer {
+            self.last_heard.insert(peer, Instant::now());
+        }
+        match slot {
+            Slot::SizesIn(i) => self.sizes_arrived(&mut ins[i], &done.buf),
+            Slot::FrameIn(i, k) => self.frame_arrived(&mut ins[i], k, done.buf),
+            Slot::SizesOut => {}
+            Slot::FrameOut(i) => self.frame_sent(&mut outs[i], done.buf),
+            Slot::ConfirmIn(i) => self.confirmed(&mut outs[i], &done.buf),
+            Slot::ConfirmOut => *confirms_out -= 1,
+        }
+    }
+
+    /// Counts a frame the transport finished sending and returns its buffer to the pool.
+    fn frame_sent(&mut self, o: &mut Out, buf: Vec<u8>) {
+        let ctx = self.ctx;
+        (o.sent, o.posted) = (o.sent + 1, o.posted - 1);
+        let (n, peer) = (buf.len() as u64, o.peer);
+        ctx.tracker.update(ctx.target, |r| {
+            r.bytes_sent += n;
+            r.peer(peer).bytes_sent += n;
+        });
+        self.send_pool.put(buf);
+    }
+
+    /// Records a receiver's confirmation of an outgoing stream.
+    fn confirmed(&self, o: &mut Out, buf: &[u8]) {
+        let ctx = self.ctx;
+        let ok = buf.first() == Some(&1);
+        o.confirmed = Some(ok);
+        if buf.first() == Some(&LEFT) {
+            ctx.peers.left.mark(o.peer, ctx.target);
+            tracing::info!(
+                rank = o.peer,
+                target_epoch = ctx.target,
+                "peer left the job: later exchanges leave it out and fetch its samples from the source"
+            );
+        } else if !ok {
+            tracing::warn!(
+                rank = o.peer,
+                target_epoch = ctx.target,
+                "a peer could not store what it received; it fetches those samples from the source"
+            );
         }
     }
 

@@ -37,49 +37,44 @@ pub(super) fn read_stream(
         let end = (i..ids.len().min(i + BATCH))
             .find(|&k| ids[k].1 > BATCH_SAMPLE)
             .unwrap_or(ids.len().min(i + BATCH));
-        if end > i {
+        let shipped = if end > i {
             let run = &ids[i..end];
-            let run_ids: Vec<SampleId> = run.iter().map(|s| s.0).collect();
-            let mut shipped = Ok(());
-            store.read_each(&run_ids, &mut |k, read| {
-                if shipped.is_err() {
+            ship_run(store, run, &mut out, &mut unreadable, &mut progress).map(|()| end)
+        } else {
+            ship_one(store, ids[i], &mut out, &mut unreadable, &mut progress).map(|()| i + 1)
+        };
+        i = shipped.map_err(stopped)?;
+    }
+    progress.publish();
+    out.finish().map_err(stopped)?;
+    Ok(unreadable)
+}
+
+/// Sends a run of small samples, read as one (`SampleStore::read_each`); `Err` only if the
+/// MPI side stopped.
+fn ship_run(
+    store: &SampleStore,
+    run: &[Sized],
+    out: &mut FrameWriter,
+    unreadable: &mut Vec<SampleId>,
+    progress: &mut Progress,
+) -> io::Result<()> {
+    let run_ids: Vec<SampleId> = run.iter().map(|s| s.0).collect();
+    let mut shipped = Ok(());
+    store.read_each(&run_ids, &mut |k, read| {
+        if shipped.is_err() {
+            return;
+        }
+        let (id, size) = run[k];
+        let mut crc = 0;
+        let (sent, recorded, error) = match read {
+            Ok(stored) => {
+                let n = stored.bytes.len().min(size as usize);
+                if let Err(e) = out.put(&stored.bytes[..n], &mut crc) {
+                    shipped = Err(e);
                     return;
                 }
-                let (id, size) = run[k];
-                let mut crc = 0;
-                let (sent, recorded, error) = match read {
-                    Ok(stored) => {
-                        let n = stored.bytes.len().min(size as usize);
-                        if let Err(e) = out.put(&stored.bytes[..n], &mut crc) {
-                            shipped = Err(e);
-                            return;
-                        }
-                        (n as u64, stored.recorded_crc, None)
-                    }
-                    Err(e) => (0, None, Some(e)),
-                };
-                let sample = Sample {
-                    id,
-                    size,
-                    sent,
-                    crc,
-                    recorded,
-                    error,
-                };
-                shipped = sample.end(store, &mut out, &mut unreadable, &mut progress);
-            });
-            shipped.map_err(stopped)?;
-            i = end;
-            continue;
-        }
-        let (id, size) = ids[i];
-        let mut crc = 0;
-        let (sent, recorded, error) = match store.open_checked(id) {
-            Ok(mut stored) => {
-                let (n, error) = out
-                    .fill_from(&mut *stored.reader, size, &mut crc)
-                    .map_err(stopped)?;
-                (n, stored.recorded_crc, error)
+                (n as u64, stored.recorded_crc, None)
             }
             Err(e) => (0, None, Some(e)),
         };
@@ -91,14 +86,37 @@ pub(super) fn read_stream(
             recorded,
             error,
         };
-        sample
-            .end(store, &mut out, &mut unreadable, &mut progress)
-            .map_err(stopped)?;
-        i += 1;
-    }
-    progress.publish();
-    out.finish().map_err(stopped)?;
-    Ok(unreadable)
+        shipped = sample.end(store, out, unreadable, progress);
+    });
+    shipped
+}
+
+/// Sends one sample too large to batch, copied from its file straight into frames; `Err`
+/// only if the MPI side stopped.
+fn ship_one(
+    store: &SampleStore,
+    (id, size): Sized,
+    out: &mut FrameWriter,
+    unreadable: &mut Vec<SampleId>,
+    progress: &mut Progress,
+) -> io::Result<()> {
+    let mut crc = 0;
+    let (sent, recorded, error) = match store.open_checked(id) {
+        Ok(mut stored) => {
+            let (n, error) = out.fill_from(&mut *stored.reader, size, &mut crc)?;
+            (n, stored.recorded_crc, error)
+        }
+        Err(e) => (0, None, Some(e)),
+    };
+    let sample = Sample {
+        id,
+        size,
+        sent,
+        crc,
+        recorded,
+        error,
+    };
+    sample.end(store, out, unreadable, progress)
 }
 
 /// A sample being sent, once what could be read of it is in the frame.
