@@ -119,7 +119,8 @@ fn eight_readers_per_rank_over_five_epochs_then_unmount_under_load() {
     while job.child.try_wait().unwrap().is_none() {
         assert!(
             Instant::now() < deadline,
-            "daemons still running after the unmount"
+            "daemons still running after the unmount; job log:\n{}",
+            std::fs::read_to_string(dir.join("job.log")).unwrap_or_default()
         );
         std::thread::sleep(Duration::from_millis(50));
     }
