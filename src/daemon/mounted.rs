@@ -201,7 +201,7 @@ impl Mounted {
         self.close_threads();
         tracing::info!(mountpoint = %self.mountpoint.display(), "unmounted; daemon exiting");
         match session {
-            Some(Ok(result)) => result.map_err(DaemonError::Session),
+            Some(Ok(result)) => ended(result).map_err(DaemonError::Session),
             Some(Err(_)) => Err(DaemonError::Panicked),
             None => Ok(()),
         }
@@ -239,6 +239,20 @@ impl Drop for Mounted {
             }
         }
         self.close_threads();
+    }
+}
+
+/// The session's outcome. A read of the kernel device that the kernel cut off because it
+/// tore the connection down in the middle of handing over a request (`ECONNABORTED`, seen
+/// when a lazily detached mount's last file closes under load) is the end of the mount, as
+/// `ENODEV` is (which fuser takes for a clean end), not a failure: the rank exits 0.
+fn ended(result: std::io::Result<()>) -> std::io::Result<()> {
+    match result {
+        Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => {
+            tracing::debug!(error = %e, "the kernel aborted the connection as the mount went");
+            Ok(())
+        }
+        other => other,
     }
 }
 

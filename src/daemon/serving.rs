@@ -9,7 +9,9 @@
 //! cache (so `shufflefs unmount` returns), then serves one more exchange without a sample
 //! (`Partial::leave`): peers already in it, or about to start it, complete it and learn
 //! that it left; their later exchanges leave it out and fetch its samples from the source.
-//! The daemon then waits in MPI finalize for the others and exits 0 with them.
+//! The daemon then waits in MPI finalize for the others and exits 0 with them. A rank
+//! whose FUSE session ended with an error leaves too (and exits 1 after): a peer that
+//! leaves waits for every rank in that exchange, so skipping it would hang the whole job.
 
 use crate::comm::Comm;
 use crate::config::MountConfig;
@@ -18,7 +20,7 @@ use crate::exchange::{
     EpochExchange, ExchangeConfig, ExchangeCtx, ExchangeError, Partial, Peers, Settled,
 };
 use crate::node::{ExchangeCmd, Node, NodeConfig, serve};
-use crate::plan::Step;
+use crate::plan::{Plan, Step};
 use crate::vfs::ShuffleFs;
 
 use super::DaemonError;
@@ -97,6 +99,20 @@ pub(crate) fn run_node(
         }
     };
     node.coordinator.shutdown();
+    stop_and_leave(comm, &node, mounted, served, partial, &leave_plan)
+}
+
+/// The ordered teardown once the exchange loop returned, then (partial, several ranks, the
+/// transport intact) the leaving exchange (see "Leaving").
+fn stop_and_leave(
+    comm: &mut dyn Comm,
+    node: &Node,
+    mounted: Mounted,
+    served: Result<(), ExchangeError>,
+    partial: Option<Recorded>,
+    plan: &Plan,
+) -> Result<(), DaemonError> {
+    let transport_intact = served.is_ok();
     let stopped = match served {
         Ok(()) => mounted.stop(),
         Err(e) => {
@@ -104,12 +120,15 @@ pub(crate) fn run_node(
             Err(DaemonError::Abandoned(e))
         }
     };
-    store.dir().unlock();
+    node.store.dir().unlock();
     match partial {
-        Some(recorded) if stopped.is_ok() && comm.size() > 1 => {
+        // Also after a session that ended with an error (the kernel may abort the
+        // connection as the mount goes): peers already leaving wait in that exchange for
+        // every rank, however long, so a rank that skipped it would hang the job.
+        Some(recorded) if transport_intact && comm.size() > 1 => {
             let last = (recorded.last).unwrap_or_else(|| node.coordinator.current().epoch);
-            let step = leave_plan.step(&leave_plan.shares_at(last));
-            leave(comm, recorded.partial, &node, &step)
+            let step = plan.step(&plan.shares_at(last));
+            leave(comm, recorded.partial, node, &step).and(stopped)
         }
         _ => stopped,
     }
