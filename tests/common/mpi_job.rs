@@ -167,6 +167,20 @@ impl Drop for MpiJob {
     }
 }
 
+/// `classes` x `per_class` samples of about `bytes` bytes under `dir/src` (`src/class{c}/
+/// s{i:03}.bin`), each file's bytes a function of its class, index and offset.
+pub fn write_source(dir: &Path, classes: u32, per_class: u32, bytes: usize) {
+    for c in 0..classes {
+        let class = dir.join(format!("src/class{c}"));
+        std::fs::create_dir_all(&class).unwrap();
+        for i in 0..per_class {
+            let len = bytes + i as usize * 97;
+            let data: Vec<u8> = (0..len).map(|o| (o as u32 ^ (i * 31 + c)) as u8).collect();
+            std::fs::write(class.join(format!("s{i:03}.bin")), data).unwrap();
+        }
+    }
+}
+
 /// Waits (up to 2 minutes) until `pred` holds for every rank's status.
 #[track_caller]
 pub fn wait_all(job: &MpiJob, what: &str, pred: impl Fn(&Value) -> bool) {

@@ -7,25 +7,12 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::mpi_job::{MpiJob, exchange, mpirun, wait_all};
+use crate::common::mpi_job::{MpiJob, exchange, mpirun, wait_all, write_source};
 use crate::common::*;
 
 const SEED: u64 = 7;
 const FRACTION: f64 = 0.5;
 const RANKS: u32 = 2;
-
-/// `classes` x `per_class` samples of about `bytes` bytes under `dir/src`.
-fn source(dir: &Path, classes: u32, per_class: u32, bytes: usize) {
-    for c in 0..classes {
-        let class = dir.join(format!("src/class{c}"));
-        std::fs::create_dir_all(&class).unwrap();
-        for i in 0..per_class {
-            let len = bytes + i as usize * 97;
-            let data: Vec<u8> = (0..len).map(|o| (o as u32 ^ (i * 31 + c)) as u8).collect();
-            std::fs::write(class.join(format!("s{i:03}.bin")), data).unwrap();
-        }
-    }
-}
 
 /// Every rank's daemon pid, from its status.
 fn pids(job: &MpiJob) -> Vec<i32> {
@@ -69,7 +56,7 @@ fn unmount_during_a_partial_exchange_exits_zero_everywhere() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    source(dir, 2, 40, 20_000);
+    write_source(dir, 2, 40, 20_000);
     // Over MPI and slowed down, so the exchange into epoch 1 (started at mount) runs for
     // many seconds.
     let slow = ["--exchange-rate", "50000", "--share-disk", "never"];
@@ -90,7 +77,7 @@ fn unmount_during_staging_exits_zero_everywhere() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     // Many samples staged by one thread, so staging is still going when the ranks stop.
-    source(dir, 4, 500, 40_000);
+    write_source(dir, 4, 500, 40_000);
     let args = ["--staging-threads", "1"];
     let job = MpiJob::start(dir, RANKS, SEED, 0.0, &args);
     let staging = job.status(0)["staging"].clone();
@@ -118,7 +105,7 @@ fn unmount_during_a_coded_burst_exits_zero_everywhere() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    source(dir, 2, 200, 50_000);
+    write_source(dir, 2, 200, 50_000);
     let job = coded_job(dir);
     wait_all(&job, "the coded exchange into epoch 1 to run", |st| {
         exchange(st, 1).is_some_and(|x| x["state"] == "running")
@@ -140,7 +127,7 @@ fn sigterm_during_a_partial_exchange_exits_zero_everywhere() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    source(dir, 2, 40, 20_000);
+    write_source(dir, 2, 40, 20_000);
     let slow = ["--exchange-rate", "50000", "--share-disk", "never"];
     let mut job = MpiJob::start(dir, RANKS, SEED, FRACTION, &slow);
     wait_all(&job, "the exchange into epoch 1 to run", |st| {
@@ -214,7 +201,7 @@ fn sigterm_during_a_resize_exits_zero_everywhere() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    source(dir, 2, 40, 20_000);
+    write_source(dir, 2, 40, 20_000);
     let job = MpiJob::start(dir, RANKS, SEED, FRACTION, &[]);
     wait_all(&job, "staging", |st| st["staging"]["state"] == "done");
     stop_cleanly(job, dir);
@@ -293,7 +280,7 @@ fn sigterm_to_a_whole_coded_job_exits_zero_everywhere() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    source(dir, 2, 200, 50_000);
+    write_source(dir, 2, 200, 50_000);
     let mut job = coded_job(dir);
     wait_all(&job, "the coded exchange into epoch 1 to run", |st| {
         exchange(st, 1).is_some_and(|x| x["state"] == "running")

@@ -12,28 +12,15 @@
 //! writer waits on an advance (the view is detached, the writer released).
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::common::mpi_job::{MpiJob, checked_listing, exchange, planned, wait_all};
+use crate::common::mpi_job::{MpiJob, checked_listing, exchange, planned, wait_all, write_source};
 use crate::common::*;
 
 const SEED: u64 = 11;
 const FRACTION: f64 = 0.5;
 const RANKS: u32 = 4;
-
-/// `classes` x `per_class` samples of about `bytes` bytes under `dir/src`.
-fn source(dir: &Path, classes: u32, per_class: u32, bytes: usize) {
-    for c in 0..classes {
-        let class = dir.join(format!("src/class{c}"));
-        std::fs::create_dir_all(&class).unwrap();
-        for i in 0..per_class {
-            let len = bytes + i as usize * 97;
-            let data: Vec<u8> = (0..len).map(|o| (o as u32 ^ (i * 31 + c)) as u8).collect();
-            std::fs::write(class.join(format!("s{i:03}.bin")), data).unwrap();
-        }
-    }
-}
 
 /// Reads every file of `epoch` on `mnt` one by one, `pause` apart, each compared with the
 /// source; the names read.
@@ -72,7 +59,7 @@ fn one_rank_leaves_during_an_exchange_and_the_others_go_on() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().to_path_buf();
-    source(&dir, 2, 60, 20_000);
+    write_source(&dir, 2, 60, 20_000);
     let slow = ["--exchange-rate", "40000", "--share-disk", "never"];
     let mut job = MpiJob::start(&dir, RANKS, SEED, FRACTION, &slow);
     let log = || std::fs::read_to_string(dir.join("job.log")).unwrap_or_default();
@@ -176,7 +163,7 @@ fn all_ranks_stop_while_one_is_an_epoch_ahead() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().to_path_buf();
-    source(&dir, 2, 30, 10_000);
+    write_source(&dir, 2, 30, 10_000);
     // Ranks of one host take samples through the disk (the default).
     let mut job = MpiJob::start(&dir, 2, SEED, FRACTION, &[]);
     let log = || std::fs::read_to_string(dir.join("job.log")).unwrap_or_default();
@@ -223,7 +210,7 @@ fn the_rank_ahead_leaves_first_and_its_peer_catches_up() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().to_path_buf();
-    source(&dir, 2, 30, 10_000);
+    write_source(&dir, 2, 30, 10_000);
     let mut job = MpiJob::start(&dir, 2, SEED, FRACTION, &["--share-disk", "never"]);
     let log = || std::fs::read_to_string(dir.join("job.log")).unwrap_or_default();
     write_epoch(&job.mounts[0], "1").unwrap();
@@ -280,7 +267,7 @@ fn a_plain_unmount_with_a_writer_waiting_on_an_advance_detaches() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().to_path_buf();
-    source(&dir, 2, 30, 10_000);
+    write_source(&dir, 2, 30, 10_000);
     let mut job = MpiJob::start(&dir, 2, SEED, FRACTION, &["--share-disk", "never"]);
     let log = || std::fs::read_to_string(dir.join("job.log")).unwrap_or_default();
     write_epoch(&job.mounts[0], "1").unwrap();
