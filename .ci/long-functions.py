@@ -21,63 +21,12 @@ import os
 import re
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rust_text import blank_code  # noqa: E402
+
 FN_RE = re.compile(r"\bfn\s+([A-Za-z_][A-Za-z0-9_]*)")
 MOD_DECL_RE = re.compile(r"\bmod\s+([A-Za-z_][A-Za-z0-9_]*)\s*;")
 IMPL_RE = re.compile(r"\b(impl|trait)\b")
-
-
-def blank_code(text):
-    """The text with comments, strings and char literals blanked to spaces (newlines kept),
-    so braces and keywords found afterwards are code."""
-    out = list(text)
-    i, n = 0, len(text)
-
-    def blank(a, b):
-        for k in range(a, b):
-            if out[k] != "\n":
-                out[k] = " "
-
-    while i < n:
-        c = text[i]
-        if text.startswith("//", i):
-            j = text.find("\n", i)
-            j = n if j < 0 else j
-            blank(i, j)
-            i = j
-        elif text.startswith("/*", i):
-            depth, j = 1, i + 2
-            while j < n and depth:
-                if text.startswith("/*", j):
-                    depth, j = depth + 1, j + 2
-                elif text.startswith("*/", j):
-                    depth, j = depth - 1, j + 2
-                else:
-                    j += 1
-            blank(i, j)
-            i = j
-        elif re.match(r"b?r#*\"", text[i : i + 8]) and (i == 0 or not (text[i - 1].isalnum() or text[i - 1] == "_")):
-            m = re.match(r"b?r(#*)\"", text[i:])
-            end = text.find('"' + m.group(1), i + m.end())
-            end = n if end < 0 else end + 1 + len(m.group(1))
-            blank(i, end)
-            i = end
-        elif c == '"':
-            j = i + 1
-            while j < n and text[j] != '"':
-                j += 2 if text[j] == "\\" else 1
-            blank(i, j + 1)
-            i = j + 1
-        elif c == "'":
-            # A char literal ('a', '\n', '\u{..}', '{') or a lifetime ('a).
-            m = re.match(r"'(\\u\{[0-9a-fA-F]+\}|\\.|[^\\'])'", text[i : i + 12])
-            if m:
-                blank(i, i + m.end())
-                i += m.end()
-            else:
-                i += 1
-        else:
-            i += 1
-    return "".join(out)
 
 
 def match_brace(code, open_at):
