@@ -1,0 +1,192 @@
+"""Epoch time against global shuffling from the store, local shuffling, mosaicml-streaming and
+litdata (issue 28), on the emulated cluster. One command (benches/epoch_time.sh runs it with
+the venv's Python, as root):
+
+    python3 benches/epoch_time.py OUT_DIR [--hosts 4] [--samples 16000] [--mode private] ...
+
+For each loop (raw, decode) and system, every compute host runs one rank of
+benches/epoch_time/client.py for --epochs epochs; shufflefs's daemons are started first with
+the cluster's mpirun (release binary), the clients read their mounts. Writes
+OUT_DIR/{results.json, table.md, epoch_time.png} and logs per run under OUT_DIR/logs/.
+The metric definitions are in benches/epoch_time/metrics.py and docs/performance.md.
+"""
+import argparse
+import json
+import os
+import platform
+import random
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(HERE, "epoch_time"))
+import data  # noqa: E402
+import hosts as hostmod  # noqa: E402
+import metrics  # noqa: E402
+
+SYSTEMS = ["global", "local", "shufflefs-q0.3", "shufflefs-q1", "shufflefs-coded", "mosaic", "litdata"]
+
+
+def parse():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out")
+    ap.add_argument("--hosts", type=int, default=4)
+    ap.add_argument("--samples", type=int, default=16000)
+    ap.add_argument("--classes", type=int, default=10)
+    ap.add_argument("--sample-kb", type=int, default=100)
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--q", type=float, default=0.3, help="the disk budget's Q and shufflefs's default row")
+    ap.add_argument("--rate", default="1gbit", help="each host's link")
+    ap.add_argument("--store-rate", default="1gbit", help="the storage host's link (shared by all)")
+    ap.add_argument("--mode", choices=["shared", "private"], default="private")
+    ap.add_argument("--disk", help="private mode: each host's local disk size (up --disk)")
+    ap.add_argument("--name", default="bnet")
+    ap.add_argument("--subnet", default="10.214.61.0/24")
+    ap.add_argument("--scratch", default="/tmp/bn-epoch", help="dataset (store) and shared-mode host folders")
+    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--loops", default="raw,decode")
+    ap.add_argument("--workers", type=int, default=2, help="DataLoader workers of the decode loop")
+    ap.add_argument("--seed", type=int, default=17)
+    ap.add_argument("--timeout", type=int, default=1800, help="seconds per (system, loop) run")
+    ap.add_argument("--shufflefs", default=os.path.join(ROOT, "target", "release", "shufflefs"))
+    return ap.parse_args()
+
+
+def log(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class Shufflefs:
+    """The daemons of one shufflefs row, started with the cluster's mpirun, one compute rank
+    per compute host (and for `coded` the server rank on the storage host)."""
+
+    def __init__(self, a, hosts, system, sub, logf):
+        self.hosts, self.bin = hosts, a.shufflefs
+        t = hosts.local_template()
+        self.mnt_t = os.path.join(t, sub, "mnt")
+        src = os.path.join(hosts.store, "imagefolder")
+        for i in hosts.compute:  # the mount point must exist (issue 27 lets the daemon make it)
+            hosts.run(i, ["mkdir", "-p", self.mount(i)], check=True)
+        n = len(hosts.compute)
+        compute = ["-np", str(n), "-H", ",".join(hosts.addr(i) for i in hosts.compute)]
+        mount = [self.bin, "mount", "--source", src, "--cache", os.path.join(t, sub, "cache"),
+                 "--seed", str(a.seed)]
+        if system == "shufflefs-coded":
+            alpha = (1 + a.q) / n
+            server_host = hosts.server_host if hosts.server_host is not None else hosts.compute[0]
+            args = ["-np", "1", "-H", hosts.addr(server_host), self.bin, "serve", "--source", src,
+                    ":", *compute, *mount, "--exchange", "coded", "--cache-fraction", f"{alpha:.4f}"]
+        else:
+            q = system.split("-q")[1]
+            args = [*compute, *mount, "--fraction", q]
+        args = ["--mca", "mpi_yield_when_idle", "1", *args, self.mnt_t]
+        logf.write("mpirun " + shlex.join(args) + "\n")
+        logf.flush()
+        self.proc = hosts.mpirun(args, stdout=logf, stderr=subprocess.STDOUT)
+
+    def mount(self, i):
+        return self.mnt_t.replace("{rank}", str(self.hosts.compute.index(i)))
+
+    def stop(self):
+        for i in self.hosts.compute:
+            self.hosts.run(i, [self.bin, "unmount", "--timeout", "30", self.mount(i)], capture_output=True)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+def run_one(a, hosts, system, loop, budget, mix, logdir):
+    """Runs one (system, loop) on every compute host; returns {"summary"} or {"error"}."""
+    sub = system.replace(".", "")
+    hosts.clean_local(sub)
+    logf = open(os.path.join(logdir, f"{loop}-{sub}.log"), "w")
+    sampler = metrics.CounterSampler(hosts)
+    daemons = Shufflefs(a, hosts, system, sub, logf) if system.startswith("shufflefs") else None
+    port = random.randrange(20000, 40000)
+    procs = []
+    try:
+        for r, i in enumerate(hosts.compute):
+            local = os.path.join(hosts.local(i), sub)
+            argv = [sys.executable, os.path.join(HERE, "epoch_time", "client.py"),
+                    "--system", system.split("-")[0], "--loop", loop, "--rank", str(r),
+                    "--world", str(len(hosts.compute)), "--master", f"{hosts.addr(hosts.compute[0])}:{port}",
+                    "--epochs", str(a.epochs), "--store", hosts.store, "--local", local,
+                    "--budget", str(budget), "--seed", str(a.seed), "--workers", str(a.workers),
+                    "--helpers", os.path.join(ROOT, "mount-helpers")]
+            if daemons:
+                argv += ["--mount", daemons.mount(i)]
+            err = open(os.path.join(logdir, f"{loop}-{sub}-rank{r}.err"), "w")
+            procs.append(hosts.popen(i, argv, stdout=subprocess.PIPE, stderr=err, text=True))
+        records, failed = [], []
+        deadline = time.time() + a.timeout
+        for r, p in enumerate(procs):
+            try:
+                out, _ = p.communicate(timeout=max(1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, _ = p.communicate()
+                failed.append(f"rank {r} timed out after {a.timeout}s")
+            records += [json.loads(line[10:]) for line in out.splitlines() if line.startswith("EPOCHTIME ")]
+            if p.returncode:
+                failed.append(f"rank {r} exit {p.returncode}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        if daemons:
+            daemons.stop()
+        sampler.stop()
+        logf.close()
+    if failed:
+        return {"error": "; ".join(failed) + f" (see logs/{loop}-{sub}-rank*.err)"}
+    return {"summary": metrics.summarize(records, sampler, mix)}
+
+
+def main():
+    a = parse()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run `finally`: the cluster goes down
+    os.makedirs(os.path.join(a.out, "logs"), exist_ok=True)
+    store_dir = os.path.join(a.scratch, "store")
+    os.makedirs(a.scratch, exist_ok=True)
+    share = a.sample_kb * 1000 * a.samples / a.hosts
+    # shards/chunks of the streaming libraries: 64 MB (their default), or 1/8 of the budget
+    # so that a small run still holds several
+    shard = int(min(64e6, (1 + a.q) * share / 8))
+    conversion, total = data.prepare(store_dir, a.samples, a.classes, a.sample_kb, shard, log)
+    budget = int((1 + a.q) * total / a.hosts)
+    mix = [1.0 / a.classes] * a.classes
+    hosts = hostmod.Hosts(a.name, a.hosts, a.mode, a.scratch, a.rate, a.store_rate, store_dir, a.subnet, a.disk)
+    meta = {"machine": f"{platform.node()}, {os.cpu_count()} cores, {platform.release()}",
+            "command": " ".join(shlex.quote(x) for x in sys.argv), "hosts": a.hosts,
+            "samples": a.samples, "dataset_bytes": total, "rate": a.rate, "store_rate": a.store_rate,
+            "mode": a.mode, "budget": budget, "q": a.q, "epochs": a.epochs, "shard_bytes": shard,
+            "conversion": conversion, "iid_tv": metrics.iid_tv(mix)}
+    results = {}
+    hosts.down()
+    try:
+        log(f"cluster {a.name} up ({a.mode}, {a.hosts} hosts)")
+        hosts.up()
+        for loop in a.loops.split(","):
+            results[loop] = {}
+            for system in a.systems.split(","):
+                log(f"{loop} / {system} ...")
+                res = run_one(a, hosts, system, loop, budget, mix, os.path.join(a.out, "logs"))
+                results[loop][system] = res
+                eps = (res.get("summary") or {}).get("epochs", [])
+                log(f"{loop} / {system}: " + (res.get("error") or " ".join(f"{e['wall']:.2f}" for e in eps)))
+                metrics.write_report(a.out, meta, results)
+                hosts.clean_local(system.replace(".", ""))
+    finally:
+        hosts.down()
+    metrics.write_report(a.out, meta, results)
+    log(f"wrote {a.out}/table.md and {a.out}/epoch_time.png")
+
+
+if __name__ == "__main__":
+    main()

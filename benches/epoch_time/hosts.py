@@ -1,0 +1,142 @@
+"""Where the benchmark's hosts are and how to run things on them: the ONE place that knows the
+emulated cluster (mount-helpers/shufflefs-cluster). Everything else asks this module for a
+host's LOCAL folder, the STORE path as hosts see it, a command run on a host, an mpirun over
+the compute hosts, and the byte counters of the links.
+
+Two modes:
+  shared   today's cluster: hosts are network + UTS namespaces sharing one filesystem. Host h0
+           plays the storage host (its link shaped to --store-rate; the coded server runs
+           there), hosts h1..hN compute. STORE is the dataset folder itself (read without a
+           network: store bytes are not measured in this mode) and LOCAL is a folder per host
+           under the scratch folder.
+  private  hosts with their own mount namespace and disk, the dataset served by a storage host
+           over sshfs (`shufflefs-cluster up NAME --hosts N --store DIR ...`); LOCAL and STORE
+           are the canonical paths `shufflefs-cluster info NAME` prints, the same on every
+           host, and store bytes are what the storage host's link sent.
+"""
+import json
+import os
+import shutil
+import subprocess
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CLUSTER = os.path.join(HERE, "..", "..", "mount-helpers", "shufflefs-cluster")
+
+
+def tc_bytes(dev, netns=None):
+    """Bytes sent through the root qdisc of `dev` (tc -s counters; 0 if none)."""
+    cmd = ["tc"] + (["-n", netns] if netns else []) + ["-s", "-j", "qdisc", "show", "dev", dev]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0 or not out.stdout.strip():
+        return 0
+    return sum(q.get("bytes", 0) for q in json.loads(out.stdout) if q.get("root"))
+
+
+class Hosts:
+    def __init__(self, name, n, mode, scratch, rate, store_rate, store_dir, subnet, disk=None):
+        self.name, self.n, self.mode, self.scratch = name, n, mode, scratch
+        self.rate, self.store_rate, self.store_dir, self.subnet = rate, store_rate, store_dir, subnet
+        self.disk = disk
+        self.info = {}
+
+    # ---- life cycle ----
+    def up(self):
+        if self.mode == "shared":
+            self._cluster("up", self.name, "--hosts", str(self.n + 1), "--rate", self.rate,
+                          "--subnet", self.subnet)
+            self._cluster("shape", self.name, "h0", self.store_rate)
+            for i in self.compute:
+                os.makedirs(self._local_shared(i), exist_ok=True)
+        else:
+            args = ["up", self.name, "--hosts", str(self.n), "--rate", self.rate, "--subnet",
+                    self.subnet, "--store", self.store_dir, "--store-rate", self.store_rate]
+            if self.disk:
+                args += ["--disk", self.disk]
+            self._cluster(*args)
+        self.info = self._read_info()
+
+    def down(self):
+        subprocess.run([CLUSTER, "down", self.name], capture_output=True)
+
+    def _cluster(self, *args):
+        subprocess.run([CLUSTER, *args], check=True, stdout=subprocess.DEVNULL)
+
+    def _read_info(self):
+        """Addresses per host index, and in private mode LOCAL, STORE and the storage host's
+        interfaces, from `shufflefs-cluster info` (lines `I ADDR HOSTNAME NETNS RATE`; private
+        mode adds `local PATH`, `store PATH` and `storage ADDR NETNS` lines)."""
+        out = subprocess.run([CLUSTER, "info", self.name], capture_output=True, text=True, check=True).stdout
+        info = {"addr": {}, "netns": {}}
+        for line in out.splitlines():
+            f = line.split()
+            if len(f) >= 4 and f[0].isdigit():
+                info["addr"][int(f[0])], info["netns"][int(f[0])] = f[1], f[3]
+            elif len(f) >= 2 and f[0].rstrip(":").lower() in ("local", "store", "storage"):
+                info[f[0].rstrip(":").lower()] = f[1:]
+        return info
+
+    # ---- which hosts ----
+    @property
+    def compute(self):
+        """Host indices of the compute ranks, rank r on compute[r]."""
+        return list(range(1, self.n + 1)) if self.mode == "shared" else list(range(self.n))
+
+    @property
+    def server_host(self):
+        """Where the coded server rank runs: the storage host (shared mode: h0)."""
+        return 0 if self.mode == "shared" else None
+
+    def addr(self, i):
+        return self.info["addr"][i]
+
+    # ---- paths as a host sees them ----
+    def _local_shared(self, i):
+        return os.path.join(self.scratch, f"local-r{self.compute.index(i)}")
+
+    def local(self, i):
+        if self.mode == "shared":
+            return self._local_shared(i)
+        return self.info["local"][0]
+
+    def local_template(self):
+        """LOCAL with `{rank}` for the compute ranks' shufflefs command line."""
+        if self.mode == "shared":
+            return os.path.join(self.scratch, "local-r{rank}")
+        return self.info["local"][0]
+
+    @property
+    def store(self):
+        return self.store_dir if self.mode == "shared" else self.info["store"][0]
+
+    # ---- running things ----
+    def popen(self, i, argv, **kw):
+        return subprocess.Popen([CLUSTER, "exec", self.name, f"h{i}", *argv], **kw)
+
+    def run(self, i, argv, **kw):
+        return subprocess.run([CLUSTER, "exec", self.name, f"h{i}", *argv], **kw)
+
+    def mpirun(self, mpirun_args, **kw):
+        """`shufflefs-cluster mpirun NAME -- MPIRUN-ARGS` (placement is the caller's, -H)."""
+        return subprocess.Popen([CLUSTER, "mpirun", self.name, "--", *mpirun_args], **kw)
+
+    def clean_local(self, sub):
+        """Removes LOCAL/sub on every compute host."""
+        for i in self.compute:
+            if self.mode == "shared":
+                shutil.rmtree(os.path.join(self.local(i), sub), ignore_errors=True)
+            else:
+                self.run(i, ["rm", "-rf", os.path.join(self.local(i), sub)])
+
+    # ---- counters ----
+    def counters(self):
+        """{'store_tx': bytes the storage host sent (None in shared mode), 'hosts_rx': bytes
+        the compute hosts received, 'hosts_tx': bytes they sent}, from the tbf qdiscs: the
+        bridge side of a host's veth sends what the host receives, its eth0 what it sends."""
+        c = {"hosts_rx": 0, "hosts_tx": 0, "store_tx": None}
+        for i in self.compute:
+            c["hosts_rx"] += tc_bytes(f"sfs-{self.name}-h{i}")
+            c["hosts_tx"] += tc_bytes("eth0", self.info["netns"][i])
+        if self.mode == "private" and "storage" in self.info:
+            c["store_tx"] = tc_bytes("eth0", self.info["storage"][-1])
+        return c
+
