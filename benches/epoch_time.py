@@ -121,6 +121,11 @@ def run_one(a, hosts, system, loop, budget, mix, logdir):
                     "--helpers", os.path.join(ROOT, "mount-helpers")]
             if daemons:
                 argv += ["--mount", daemons.mount(i)]
+            if system == "mosaic":
+                # mosaic keeps its state in /dev/shm under fixed names: give each host its own,
+                # as separate machines have (shared mode shares one /dev/shm between hosts)
+                argv = ["unshare", "--mount", "--propagation", "slave", "sh", "-c",
+                        'mount -t tmpfs -o size=1g tmpfs /dev/shm && exec "$@"', "sh", *argv]
             err = open(os.path.join(logdir, f"{loop}-{sub}-rank{r}.err"), "w")
             procs.append(hosts.popen(i, argv, stdout=subprocess.PIPE, stderr=err, text=True))
         records, failed = [], []
