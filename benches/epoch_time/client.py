@@ -28,9 +28,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
+from torchvision.io import ImageReadMode, decode_jpeg  # imported once here, not in every worker
+from torchvision.transforms import v2
 
 BATCH = 64
 RAW_THREADS = 4
+CROP = v2.RandomResizedCrop(224, antialias=True)
 
 
 def parse():
@@ -105,14 +108,9 @@ def read_bytes(path):
 
 
 def decode_crop(data):
-    from torchvision.io import ImageReadMode, decode_jpeg
-    from torchvision.transforms import v2
-
-    global _CROP
-    if "_CROP" not in globals():
-        _CROP = v2.RandomResizedCrop(224, antialias=True)
+    """torchvision decode + RandomResizedCrop(224): the decode loop's per-sample work."""
     img = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
-    return _CROP(img)
+    return CROP(img)
 
 
 class FileList(torch.utils.data.Dataset):
