@@ -107,6 +107,7 @@ def run_one(a, hosts, system, loop, budget, mix, logdir):
     hosts.clean_local(sub)
     logf = open(os.path.join(logdir, f"{loop}-{sub}.log"), "w")
     sampler = metrics.CounterSampler(hosts)
+    since = time.time()
     daemons = Shufflefs(a, hosts, system, sub, logf) if system.startswith("shufflefs") else None
     port = random.randrange(20000, 40000)
     procs = []
@@ -120,7 +121,7 @@ def run_one(a, hosts, system, loop, budget, mix, logdir):
                     "--budget", str(budget), "--seed", str(a.seed), "--workers", str(a.workers),
                     "--helpers", os.path.join(ROOT, "mount-helpers")]
             if daemons:
-                argv += ["--mount", daemons.mount(i)]
+                argv += ["--mount", daemons.mount(i), "--since", str(since)]
             if system == "mosaic":
                 # mosaic keeps its state in /dev/shm under fixed names: give each host its own,
                 # as separate machines have (shared mode shares one /dev/shm between hosts)

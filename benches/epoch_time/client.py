@@ -51,6 +51,7 @@ def parse():
     ap.add_argument("--seed", type=int, default=17)
     ap.add_argument("--workers", type=int, default=2, help="DataLoader workers of the decode loop")
     ap.add_argument("--helpers", required=True, help="mount-helpers folder (shufflefs.py)")
+    ap.add_argument("--since", type=float, help="staging began then (shufflefs: the daemons' start)")
     return ap.parse_args()
 
 
@@ -310,7 +311,7 @@ def main():
     disk = DiskPeak(a.local)
     kind = a.system.split("-")[0]
     dist.barrier()
-    t0 = time.time()
+    t0 = a.since or time.time()
     system = SYSTEMS[kind](a)
     staged = system.stage()
     dist.barrier()

@@ -131,7 +131,7 @@ def row(name, res):
     ]) + " |"
 
 
-HEADER = ("| system | staging (s) | epoch 0 (s) | epochs 1-4 (s, mean) | samples/s (1-4) | "
+HEADER = ("| system | staging (s) | epoch 0 (s) | later epochs (s, mean) | samples/s (later) | "
           "store GB (staging + 5 epochs) | host links GB (5 epochs) | peak disk MB | novelty | batch TV |\n"
           "|---|---|---|---|---|---|---|---|---|---|")
 
