@@ -20,7 +20,8 @@ import shutil
 import subprocess
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CLUSTER = os.path.join(HERE, "..", "..", "mount-helpers", "shufflefs-cluster")
+# SHUFFLEFS_CLUSTER: another checkout's script (to try a cluster not merged here yet)
+CLUSTER = os.environ.get("SHUFFLEFS_CLUSTER") or os.path.join(HERE, "..", "..", "mount-helpers", "shufflefs-cluster")
 
 
 def tc_bytes(dev, netns=None):
@@ -42,8 +43,10 @@ class Hosts:
     # ---- life cycle ----
     def up(self):
         if self.mode == "shared":
+            # since issue 27 private hosts are the default and `--shared` asks for these
+            shared = ["--shared"] if "--shared" in open(CLUSTER).read() else []
             self._cluster("up", self.name, "--hosts", str(self.n + 1), "--rate", self.rate,
-                          "--subnet", self.subnet)
+                          "--subnet", self.subnet, *shared)
             self._cluster("shape", self.name, "h0", self.store_rate)
             for i in self.compute:
                 os.makedirs(self._local_shared(i), exist_ok=True)
@@ -62,17 +65,24 @@ class Hosts:
         subprocess.run([CLUSTER, *args], check=True, stdout=subprocess.DEVNULL)
 
     def _read_info(self):
-        """Addresses per host index, and in private mode LOCAL, STORE and the storage host's
-        interfaces, from `shufflefs-cluster info` (lines `I ADDR HOSTNAME NETNS RATE`; private
-        mode adds `local PATH`, `store PATH` and `storage ADDR NETNS` lines)."""
+        """Addresses and netns per host index, and in private mode LOCAL, STORE and the storage
+        host's address and netns, from `shufflefs-cluster info`: lines `I ADDR HOSTNAME NETNS
+        RATE`, `private hosts: local LOCAL disk ...` and `store ADDR HOSTNAME NETNS RATE serves
+        DIR at STORE ...`."""
         out = subprocess.run([CLUSTER, "info", self.name], capture_output=True, text=True, check=True).stdout
         info = {"addr": {}, "netns": {}}
         for line in out.splitlines():
             f = line.split()
             if len(f) >= 4 and f[0].isdigit():
                 info["addr"][int(f[0])], info["netns"][int(f[0])] = f[1], f[3]
-            elif len(f) >= 2 and f[0].rstrip(":").lower() in ("local", "store", "storage"):
-                info[f[0].rstrip(":").lower()] = f[1:]
+            elif line.startswith("private hosts:") and "local" in f:
+                info["local"] = f[f.index("local") + 1]
+            elif f and f[0] == "store" and "at" in f:
+                info["storage"] = {"addr": f[1], "netns": f[3], "path": f[f.index("at") + 1]}
+        if self.mode == "private" and ("local" not in info or "storage" not in info):
+            raise SystemExit(f"epoch_time: `shufflefs-cluster info {self.name}` shows no private "
+                             f"hosts or no store (this checkout's cluster has no private hosts? "
+                             f"use --mode shared):\n{out}")
         return info
 
     # ---- which hosts ----
@@ -83,7 +93,9 @@ class Hosts:
 
     @property
     def server_host(self):
-        """Where the coded server rank runs: the storage host (shared mode: h0)."""
+        """Where the coded server rank runs: h0, the storage host's stand-in, in shared mode;
+        with private hosts mpirun's hostfile has only the compute hosts, so the server shares
+        compute host 0 and reads the store through its sshfs like every rank."""
         return 0 if self.mode == "shared" else None
 
     def addr(self, i):
@@ -96,17 +108,17 @@ class Hosts:
     def local(self, i):
         if self.mode == "shared":
             return self._local_shared(i)
-        return self.info["local"][0]
+        return self.info["local"]
 
     def local_template(self):
         """LOCAL with `{rank}` for the compute ranks' shufflefs command line."""
         if self.mode == "shared":
             return os.path.join(self.scratch, "local-r{rank}")
-        return self.info["local"][0]
+        return self.info["local"]
 
     @property
     def store(self):
-        return self.store_dir if self.mode == "shared" else self.info["store"][0]
+        return self.store_dir if self.mode == "shared" else self.info["storage"]["path"]
 
     # ---- running things ----
     def popen(self, i, argv, **kw):
@@ -137,6 +149,6 @@ class Hosts:
             c["hosts_rx"] += tc_bytes(f"sfs-{self.name}-h{i}")
             c["hosts_tx"] += tc_bytes("eth0", self.info["netns"][i])
         if self.mode == "private" and "storage" in self.info:
-            c["store_tx"] = tc_bytes("eth0", self.info["storage"][-1])
+            c["store_tx"] = tc_bytes("eth0", self.info["storage"]["netns"])
         return c
 
