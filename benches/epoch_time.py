@@ -77,9 +77,12 @@ class Shufflefs:
                  "--seed", str(a.seed)]
         if system == "shufflefs-coded":
             alpha = (1 + a.q) / n
-            server_host = hosts.server_host if hosts.server_host is not None else hosts.compute[0]
-            args = ["-np", "1", "-H", hosts.addr(server_host), self.bin, "serve", "--source", src,
-                    ":", *compute, *mount, "--exchange", "coded", "--cache-fraction", f"{alpha:.4f}"]
+            serve = [self.bin, "serve", "--source", src]
+            coded = [*mount, "--exchange", "coded", "--cache-fraction", f"{alpha:.4f}"]
+            if hosts.server_host is not None:  # a host of its own
+                args = ["-np", "1", "-H", hosts.addr(hosts.server_host), *serve, ":", *compute, *coded]
+            else:  # round robin: server and compute rank N-1 on host 0, one compute rank per host
+                args = ["--map-by", "node", "-np", "1", *serve, ":", "-np", str(n), *coded]
         else:
             q = system.split("-q")[1]
             args = [*compute, *mount, "--fraction", q]

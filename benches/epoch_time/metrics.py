@@ -27,7 +27,7 @@ BATCH = 64
 class CounterSampler:
     """Samples Hosts.counters() every `every` seconds in a thread; `at(t)` interpolates."""
 
-    def __init__(self, hosts, every=1.0):
+    def __init__(self, hosts, every=0.5):
         self.hosts, self.every, self.samples = hosts, every, []
         self.stop_ev = threading.Event()
         self.samples.append((time.time(), hosts.counters()))
@@ -132,7 +132,7 @@ def row(name, res):
 
 
 HEADER = ("| system | staging (s) | epoch 0 (s) | later epochs (s, mean) | samples/s (later) | "
-          "store GB (staging + 5 epochs) | host links GB (5 epochs) | peak disk MB | novelty | batch TV |\n"
+          "store GB (staging + epochs) | host links GB (epochs) | peak disk MB | novelty | batch TV |\n"
           "|---|---|---|---|---|---|---|---|---|---|")
 
 
