@@ -52,6 +52,7 @@ def parse():
     ap.add_argument("--workers", type=int, default=2, help="DataLoader workers of the decode loop")
     ap.add_argument("--seed", type=int, default=17)
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per (system, loop) run")
+    ap.add_argument("--prepare-only", action="store_true", help="make the dataset and its MDS and litdata forms, then stop")
     ap.add_argument("--shufflefs", default=os.path.join(ROOT, "target", "release", "shufflefs"))
     return ap.parse_args()
 
@@ -169,6 +170,9 @@ def main():
     shard = int(min(64e6, (1 + a.q) * share / 8))
     conversion, total = data.prepare(store_dir, a.samples, a.classes, a.sample_kb, shard, log)
     budget = int((1 + a.q) * total / a.hosts)
+    if a.prepare_only:
+        log(f"dataset ready in {store_dir}: {total / 1e9:.2f} GB, conversion (s): {conversion}")
+        return
     mix = [1.0 / a.classes] * a.classes
     hosts = hostmod.Hosts(a.name, a.hosts, a.mode, a.scratch, a.rate, a.store_rate, store_dir, a.subnet, a.disk)
     meta = {"machine": f"{platform.node()}, {os.cpu_count()} cores, {platform.release()}",

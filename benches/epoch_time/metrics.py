@@ -113,7 +113,11 @@ def _fmt(x, scale=1.0, digits=2):
     return "n/a" if x is None else f"{x / scale:.{digits}f}"
 
 
-def row(name, res):
+def disk_cell(peak, budget):
+    return f"{peak / 1e6:.0f}" + (" (over budget)" if peak > budget * 1.02 else "")
+
+
+def row(name, res, budget):
     """One table row: the run's figures, or its reason when it did not run."""
     if res.get("error"):
         return f"| {name} | failed: {res['error']} |" + " |" * 8
@@ -126,7 +130,7 @@ def row(name, res):
         name, _fmt(s.get("wall"), 1, 1), _fmt(eps[0]["wall"] if eps else None),
         _fmt(_mean(e["wall"] for e in later)), _fmt(_mean(e["samples_per_s"] for e in later), 1, 0),
         _fmt(store_total, 1e9, 3), _fmt(sum(e["link_bytes"] or 0 for e in eps), 1e9, 3),
-        _fmt(max([e["peak_disk"] for e in eps] + [s.get("peak_disk", 0)]), 1e6, 0),
+        disk_cell(max([e["peak_disk"] for e in eps] + [s.get("peak_disk", 0)]), budget),
         _fmt(_mean(e["novelty"] for e in later)), _fmt(_mean(e["batch_tv"] for e in eps)),
     ]) + " |"
 
@@ -146,7 +150,7 @@ def write_report(out_dir, meta, results):
              f"conversion (s): {meta['conversion']}; batch TV of iid batches: {meta['iid_tv']:.3f}", ""]
     for loop, per in results.items():
         lines += [f"## loop: {loop}", "", HEADER]
-        lines += [row(name, res) for name, res in per.items()]
+        lines += [row(name, res, meta["budget"]) for name, res in per.items()]
         lines += ["", "Epoch wall times (s):", "",
                   "| system | " + " | ".join(f"e{e}" for e in range(meta["epochs"])) + " |",
                   "|---|" + "---|" * meta["epochs"]]
@@ -171,6 +175,7 @@ def plot(path, meta, results):
             eps = (res.get("summary") or {}).get("epochs", [])
             if eps:
                 ax.plot([e["epoch"] for e in eps], [e["wall"] for e in eps], marker="o", label=name)
+        ax.set_xticks(range(meta["epochs"]))
         ax.set_title(f"{loop} loop: epoch wall time")
         ax.set_xlabel("epoch")
         ax.set_ylabel("seconds")
@@ -182,12 +187,14 @@ def plot(path, meta, results):
     key = "store_bytes" if meta["mode"] == "private" else "link_bytes"
     vals = []
     for n in names:
-        eps = (first[n].get("summary") or {}).get("epochs", [])
-        vals.append(sum(e[key] or 0 for e in eps) / 1e9)
+        summ = first[n].get("summary") or {}
+        stag = (summ.get("staging") or {}).get(key) or 0
+        vals.append((stag + sum(e[key] or 0 for e in summ.get("epochs", []))) / 1e9)
     ax.bar(range(len(names)), vals)
     ax.axhline(meta["dataset_bytes"] / 1e9, color="k", ls="--", lw=1, label="dataset")
     ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=7)
-    ax.set_title(f"{loops[0]} loop: {'store' if key == 'store_bytes' else 'host link'} GB over 5 epochs")
+    what = "store" if key == "store_bytes" else "host link"
+    ax.set_title(f"{loops[0]} loop: {what} GB, staging + {meta['epochs']} epochs", fontsize=10)
     ax.legend(fontsize=7)
     fig.suptitle(f"{meta['hosts']} hosts, {meta['dataset_bytes'] / 1e9:.2f} GB, links {meta['rate']} ({meta['machine']})", fontsize=9)
     fig.tight_layout()
