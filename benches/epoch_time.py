@@ -105,6 +105,23 @@ class Shufflefs:
             self.proc.wait(10)
 
 
+def wait_clients(procs, daemons, timeout):
+    """Waits for every client; stops early when one fails or the shufflefs job ended (the
+    others would wait at a barrier or for the mount until the timeout). Returns what failed."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        codes = [p.poll() for p in procs]
+        bad = [f"rank {r} exit {c}" for r, c in enumerate(codes) if c not in (None, 0)]
+        if bad:
+            return bad
+        if all(c == 0 for c in codes):
+            return []
+        if daemons and daemons.proc.poll() is not None:
+            return [f"the shufflefs job exited ({daemons.proc.returncode}) before the clients finished"]
+        time.sleep(0.5)
+    return [f"timed out after {timeout}s"]
+
+
 def run_one(a, hosts, system, loop, budget, mix, logdir):
     """Runs one (system, loop) on every compute host; returns {"summary"} or {"error"}."""
     sub = system.replace(".", "")
@@ -114,7 +131,7 @@ def run_one(a, hosts, system, loop, budget, mix, logdir):
     since = time.time()
     daemons = Shufflefs(a, hosts, system, sub, logf) if system.startswith("shufflefs") else None
     port = random.randrange(20000, 40000)
-    procs = []
+    procs, outs = [], []
     try:
         for r, i in enumerate(hosts.compute):
             local = os.path.join(hosts.local(i), sub)
@@ -131,20 +148,12 @@ def run_one(a, hosts, system, loop, budget, mix, logdir):
                 # as separate machines have (shared mode shares one /dev/shm between hosts)
                 argv = ["unshare", "--mount", "--propagation", "slave", "sh", "-c",
                         'mount -t tmpfs -o size=1g tmpfs /dev/shm && exec "$@"', "sh", *argv]
-            err = open(os.path.join(logdir, f"{loop}-{sub}-rank{r}.err"), "w")
-            procs.append(hosts.popen(i, argv, stdout=subprocess.PIPE, stderr=err, text=True))
-        records, failed = [], []
-        deadline = time.time() + a.timeout
-        for r, p in enumerate(procs):
-            try:
-                out, _ = p.communicate(timeout=max(1, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                out, _ = p.communicate()
-                failed.append(f"rank {r} timed out after {a.timeout}s")
-            records += [json.loads(line[10:]) for line in out.splitlines() if line.startswith("EPOCHTIME ")]
-            if p.returncode:
-                failed.append(f"rank {r} exit {p.returncode}")
+            base = os.path.join(logdir, f"{loop}-{sub}-rank{r}")
+            # stdout to a file, not a pipe: a full pipe would stop a rank between two barriers
+            outs.append(base + ".out")
+            with open(base + ".out", "w") as out, open(base + ".err", "w") as err:
+                procs.append(hosts.popen(i, argv, stdout=out, stderr=err))
+        failed = wait_clients(procs, daemons, a.timeout)
     finally:
         for p in procs:
             if p.poll() is None:
@@ -153,6 +162,7 @@ def run_one(a, hosts, system, loop, budget, mix, logdir):
             daemons.stop()
         sampler.stop()
         logf.close()
+    records = [json.loads(line[10:]) for o in outs for line in open(o) if line.startswith("EPOCHTIME ")]
     if failed:
         return {"error": "; ".join(failed) + f" (see logs/{loop}-{sub}-rank*.err)"}
     return {"summary": metrics.summarize(records, sampler, mix)}

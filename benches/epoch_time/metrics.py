@@ -82,6 +82,10 @@ def summarize(records, sampler, mix):
         out["staging"] = {"wall": t1 - t0, "store_bytes": sampler.between(t0, t1, "store_tx"),
                           "link_bytes": sampler.between(t0, t1, "hosts_rx"),
                           "peak_disk": max(r["peak_disk"] for r in stag)}
+    if stag and ep:  # the whole run, staging to the last barrier: nothing falls between windows
+        t0, t1 = min(r["t0"] for r in stag), max(r["t1"] for r in ep)
+        out["total"] = {"store_bytes": sampler.between(t0, t1, "store_tx"),
+                        "link_bytes": sampler.between(t0, t1, "hosts_rx")}
     prev = {}
     for e in sorted({r["epoch"] for r in ep}):
         rs = [r for r in ep if r["epoch"] == e]
@@ -123,21 +127,41 @@ def row(name, res, budget):
         return f"| {name} | failed: {res['error']} |" + " |" * 8
     s, eps = res["summary"]["staging"] or {}, res["summary"]["epochs"]
     later = eps[1:]
-    store_total = None
-    if all(e["store_bytes"] is not None for e in eps) and s.get("store_bytes") is not None:
-        store_total = s["store_bytes"] + sum(e["store_bytes"] for e in eps)
+    total = res["summary"].get("total") or {}
     return "| " + " | ".join([
         name, _fmt(s.get("wall"), 1, 1), _fmt(eps[0]["wall"] if eps else None),
         _fmt(_mean(e["wall"] for e in later)), _fmt(_mean(e["samples_per_s"] for e in later), 1, 0),
-        _fmt(store_total, 1e9, 3), _fmt(sum(e["link_bytes"] or 0 for e in eps), 1e9, 3),
+        _fmt(total.get("store_bytes"), 1e9, 3), _fmt(total.get("link_bytes"), 1e9, 3),
         disk_cell(max([e["peak_disk"] for e in eps] + [s.get("peak_disk", 0)]), budget),
         _fmt(_mean(e["novelty"] for e in later)), _fmt(_mean(e["batch_tv"] for e in eps)),
     ]) + " |"
 
 
 HEADER = ("| system | staging (s) | epoch 0 (s) | later epochs (s, mean) | samples/s (later) | "
-          "store GB (staging + epochs) | host links GB (epochs) | peak disk MB | novelty | batch TV |\n"
+          "store GB (staging + epochs) | host links GB (staging + epochs) | peak disk MB | novelty | batch TV |\n"
           "|---|---|---|---|---|---|---|---|---|---|")
+
+
+def later_wall(res):
+    eps = (res.get("summary") or {}).get("epochs", [])[1:]
+    return _mean(e["wall"] for e in eps)
+
+
+def ratios(per, meta):
+    """The issue's targets as ratios of this run: shufflefs Q=0.3 against local, global and
+    the streaming libraries (later epochs), and its store bytes against the dataset."""
+    me = later_wall(per.get("shufflefs-q0.3", {}))
+    if me is None:
+        return "ratios: no shufflefs-q0.3 row"
+    parts = []
+    for other, target in (("local", "<= 1.1x"), ("global", "<= 0.3x"), ("mosaic", "<= 0.5x"), ("litdata", "<= 0.5x")):
+        w = later_wall(per.get(other, {}))
+        if w:
+            parts.append(f"/ {other} {me / w:.2f}x (target {target})")
+    store = ((per["shufflefs-q0.3"].get("summary") or {}).get("total") or {}).get("store_bytes")
+    if store is not None:
+        parts.append(f"store bytes / dataset {store / meta['dataset_bytes']:.2f}x (target <= 1.1x)")
+    return "shufflefs-q0.3, later epochs: " + ", ".join(parts)
 
 
 def write_report(out_dir, meta, results):
@@ -151,6 +175,7 @@ def write_report(out_dir, meta, results):
     for loop, per in results.items():
         lines += [f"## loop: {loop}", "", HEADER]
         lines += [row(name, res, meta["budget"]) for name, res in per.items()]
+        lines += ["", ratios(per, meta)]
         lines += ["", "Epoch wall times (s):", "",
                   "| system | " + " | ".join(f"e{e}" for e in range(meta["epochs"])) + " |",
                   "|---|" + "---|" * meta["epochs"]]
@@ -185,11 +210,8 @@ def plot(path, meta, results):
     first = results[loops[0]]
     names = list(first)
     key = "store_bytes" if meta["mode"] == "private" else "link_bytes"
-    vals = []
-    for n in names:
-        summ = first[n].get("summary") or {}
-        stag = (summ.get("staging") or {}).get(key) or 0
-        vals.append((stag + sum(e[key] or 0 for e in summ.get("epochs", []))) / 1e9)
+    vals = [((first[n].get("summary") or {}).get("total") or {}).get(key) or 0 for n in names]
+    vals = [v / 1e9 for v in vals]
     ax.bar(range(len(names)), vals)
     ax.axhline(meta["dataset_bytes"] / 1e9, color="k", ls="--", lw=1, label="dataset")
     ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=7)
