@@ -92,8 +92,14 @@ class Shufflefs:
         logf.flush()
         self.proc = hosts.mpirun(args, stdout=logf, stderr=subprocess.STDOUT)
 
+    @staticmethod
+    def mount_path(hosts, sub, i):
+        """Compute host i's mount point (as that host sees it)."""
+        t = os.path.join(hosts.local_template(), sub, "mnt")
+        return t.replace("{rank}", str(hosts.compute.index(i)))
+
     def mount(self, i):
-        return self.mnt_t.replace("{rank}", str(self.hosts.compute.index(i)))
+        return self.mount_path(self.hosts, os.path.basename(os.path.dirname(self.mnt_t)), i)
 
     def stop(self):
         for i in self.hosts.compute:
@@ -103,6 +109,18 @@ class Shufflefs:
         except subprocess.TimeoutExpired:
             self.proc.terminate()
             self.proc.wait(10)
+
+
+def wait_ready(procs, outs, timeout):
+    """Waits until every client printed its `ready` line (after its first barrier)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if any(p.poll() is not None for p in procs):
+            return [f"rank {r} exit {p.returncode} before ready" for r, p in enumerate(procs) if p.poll() is not None]
+        if all('"what": "ready"' in open(o).read() for o in outs):
+            return []
+        time.sleep(0.2)
+    return [f"clients not ready after {timeout}s"]
 
 
 def wait_clients(procs, daemons, timeout):
@@ -128,8 +146,7 @@ def run_one(a, hosts, system, loop, budget, mix, logdir):
     hosts.clean_local(sub)
     logf = open(os.path.join(logdir, f"{loop}-{sub}.log"), "w")
     sampler = metrics.CounterSampler(hosts)
-    since = time.time()
-    daemons = Shufflefs(a, hosts, system, sub, logf) if system.startswith("shufflefs") else None
+    daemons = None
     port = random.randrange(20000, 40000)
     procs, outs = [], []
     try:
@@ -141,8 +158,8 @@ def run_one(a, hosts, system, loop, budget, mix, logdir):
                     "--epochs", str(a.epochs), "--store", hosts.store, "--local", local,
                     "--budget", str(budget), "--seed", str(a.seed), "--workers", str(a.workers),
                     "--helpers", os.path.join(ROOT, "mount-helpers")]
-            if daemons:
-                argv += ["--mount", daemons.mount(i), "--since", str(since)]
+            if system.startswith("shufflefs"):
+                argv += ["--mount", Shufflefs.mount_path(hosts, sub, i)]
             if system == "mosaic":
                 # mosaic keeps its state in /dev/shm under fixed names: give each host its own,
                 # as separate machines have (shared mode shares one /dev/shm between hosts)
@@ -153,7 +170,12 @@ def run_one(a, hosts, system, loop, budget, mix, logdir):
             outs.append(base + ".out")
             with open(base + ".out", "w") as out, open(base + ".err", "w") as err:
                 procs.append(hosts.popen(i, argv, stdout=out, stderr=err))
-        failed = wait_clients(procs, daemons, a.timeout)
+        failed = []
+        if system.startswith("shufflefs"):
+            failed = wait_ready(procs, outs, 300)
+            if not failed:
+                daemons = Shufflefs(a, hosts, system, sub, logf)
+        failed = failed or wait_clients(procs, daemons, a.timeout)
     finally:
         for p in procs:
             if p.poll() is None:

@@ -51,7 +51,6 @@ def parse():
     ap.add_argument("--seed", type=int, default=17)
     ap.add_argument("--workers", type=int, default=2, help="DataLoader workers of the decode loop")
     ap.add_argument("--helpers", required=True, help="mount-helpers folder (shufflefs.py)")
-    ap.add_argument("--since", type=float, help="staging began then (shufflefs: the daemons' start)")
     return ap.parse_args()
 
 
@@ -311,7 +310,10 @@ def main():
     disk = DiskPeak(a.local)
     kind = a.system.split("-")[0]
     dist.barrier()
-    t0 = a.since or time.time()
+    # every rank is up (python, torch, gloo): the driver starts shufflefs's daemons on seeing
+    # this, so staging and the first exchange never run while clients are still starting
+    emit({"what": "ready", "rank": a.rank, "t": time.time()})
+    t0 = time.time()
     system = SYSTEMS[kind](a)
     staged = system.stage()
     dist.barrier()

@@ -27,7 +27,7 @@ BATCH = 64
 class CounterSampler:
     """Samples Hosts.counters() every `every` seconds in a thread; `at(t)` interpolates."""
 
-    def __init__(self, hosts, every=0.5):
+    def __init__(self, hosts, every=0.1):
         self.hosts, self.every, self.samples = hosts, every, []
         self.stop_ev = threading.Event()
         self.samples.append((time.time(), hosts.counters()))
