@@ -5,8 +5,9 @@ the venv's Python, as root):
     python3 benches/epoch_time.py OUT_DIR [--hosts 4] [--samples 16000] [--mode private] ...
 
 For each loop (raw, decode) and system, every compute host runs one rank of
-benches/epoch_time/client.py for --epochs epochs; shufflefs's daemons are started first with
-the cluster's mpirun (release binary), the clients read their mounts. Writes
+benches/epoch_time/client.py for --epochs epochs; for shufflefs rows the daemons (release
+binary) are started with the cluster's mpirun once every client is up, and the clients read
+their mounts. Writes
 OUT_DIR/{results.json, table.md, epoch_time.png} and logs per run under OUT_DIR/logs/.
 The metric definitions are in benches/epoch_time/metrics.py and docs/performance.md.
 """
@@ -33,9 +34,9 @@ SYSTEMS = ["global", "local", "shufflefs-q0.3", "shufflefs-q1", "shufflefs-coded
 
 def parse():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("out")
-    ap.add_argument("--hosts", type=int, default=4)
-    ap.add_argument("--samples", type=int, default=16000)
+    ap.add_argument("out", help="folder for table.md, epoch_time.png, results.json, logs/")
+    ap.add_argument("--hosts", type=int, default=4, help="compute hosts, one rank each")
+    ap.add_argument("--samples", type=int, default=16000, help="JPEGs in the dataset")
     ap.add_argument("--classes", type=int, default=10)
     ap.add_argument("--sample-kb", type=int, default=100)
     ap.add_argument("--epochs", type=int, default=5)
@@ -44,11 +45,11 @@ def parse():
     ap.add_argument("--store-rate", default="1gbit", help="the storage host's link (shared by all)")
     ap.add_argument("--mode", choices=["shared", "private"], default="private")
     ap.add_argument("--disk", help="private mode: each host's local disk size (up --disk)")
-    ap.add_argument("--name", default="bnet")
-    ap.add_argument("--subnet", default="10.214.61.0/24")
+    ap.add_argument("--name", default="bnet", help="the emulated cluster's name")
+    ap.add_argument("--subnet", default="10.214.61.0/24", help="the cluster's /24 (must be free)")
     ap.add_argument("--scratch", default="/tmp/bn-epoch", help="dataset (store) and shared-mode host folders")
-    ap.add_argument("--systems", default=",".join(SYSTEMS))
-    ap.add_argument("--loops", default="raw,decode")
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated rows")
+    ap.add_argument("--loops", default="raw,decode", help="raw, decode or both")
     ap.add_argument("--workers", type=int, default=2, help="DataLoader workers of the decode loop")
     ap.add_argument("--seed", type=int, default=17)
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per (system, loop) run")
