@@ -208,7 +208,8 @@ def main():
         return
     mix = [1.0 / a.classes] * a.classes
     hosts = hostmod.Hosts(a.name, a.hosts, a.mode, a.scratch, a.rate, a.store_rate, store_dir, a.subnet, a.disk)
-    meta = {"machine": f"{platform.node()}, {os.cpu_count()} cores, {platform.release()}",
+    commit = subprocess.run(["git", "-C", ROOT, "describe", "--always", "--dirty"], capture_output=True, text=True).stdout.strip()
+    meta = {"machine": f"{platform.node()}, {os.cpu_count()} cores, {platform.release()}", "commit": commit,
             "command": " ".join(shlex.quote(x) for x in sys.argv), "hosts": a.hosts,
             "samples": a.samples, "dataset_bytes": total, "rate": a.rate, "store_rate": a.store_rate,
             "mode": a.mode, "budget": budget, "q": a.q, "epochs": a.epochs, "shard_bytes": shard,

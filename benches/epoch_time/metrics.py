@@ -171,7 +171,8 @@ def write_report(out_dir, meta, results):
              f"{meta['hosts']} hosts x 1 rank, {meta['samples']} samples, dataset {meta['dataset_bytes'] / 1e9:.2f} GB, "
              f"host links {meta['rate']}, store link {meta['store_rate']}, mode {meta['mode']}; "
              f"disk budget per host {meta['budget'] / 1e6:.0f} MB ((1+{meta['q']}) x share); "
-             f"conversion (s): {meta['conversion']}; batch TV of iid batches: {meta['iid_tv']:.3f}", ""]
+             f"conversion (s): {meta['conversion']}; batch TV of iid batches: {meta['iid_tv']:.3f}; "
+             f"commit {meta.get('commit', '?')}", ""]
     for loop, per in results.items():
         lines += [f"## loop: {loop}", "", HEADER]
         lines += [row(name, res, meta["budget"]) for name, res in per.items()]
