@@ -40,7 +40,8 @@
 //! 1. the session: already ended (that is what ended the exchange loop), or unmounted now
 //!    (`Drop` on an error path); its thread is joined, which also ends the drain watch;
 //! 2. the invalidation thread: told to stop and joined (the kernel connection is gone);
-//! 3. the signal watcher: closed and joined.
+//! 3. the signal watcher: closed and joined;
+//! 4. the mount point's folders, if this daemon made them (`sys::made_dirs`): removed.
 //!
 //! The caller releases the cache lock after `stop`, so `shufflefs unmount` (which waits for
 //! the lock) returns only once nothing writes the cache any more.
@@ -57,6 +58,7 @@ use fuser::{Config, MountOption, SessionACL};
 use super::DaemonError;
 use crate::config::MountConfig;
 use crate::fuse::FuseAdapter;
+use crate::sys::made_dirs::MadeDirs;
 use crate::sys::{mounts, readahead};
 use crate::vfs::{ShuffleFs, inodes};
 
@@ -136,6 +138,9 @@ pub(crate) struct Mounted {
     drained: Arc<AtomicBool>,
     /// Set when the threads must end.
     closing: Arc<AtomicBool>,
+    /// The folders made for the mount point: removed after everything above (fields drop
+    /// after `Drop::drop`, in order), so after the unmount or detach.
+    _made: MadeDirs,
 }
 
 impl Mounted {
@@ -144,6 +149,7 @@ impl Mounted {
         mut session: Session,
         mountpoint: &Path,
         hooks: Hooks,
+        made: MadeDirs,
     ) -> Result<Mounted, DaemonError> {
         match readahead::raise(mountpoint, readahead::WINDOW_KB) {
             Ok(kb) => tracing::debug!(kb, "readahead window of the mount"),
@@ -185,6 +191,7 @@ impl Mounted {
             abort,
             drained,
             closing,
+            _made: made,
         })
     }
 

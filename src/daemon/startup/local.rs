@@ -1,6 +1,7 @@
 //! Phase 1: what each rank can check alone: that its source, cache folder and mount point
 //! do not overlap (before anything is created), its mount point, the source (rank 0, which
-//! indexes it), and its cache folder, which it locks.
+//! indexes it), and its cache folder, which it locks. A missing mount point passes: it is
+//! created only once every rank agreed to mount (`sys::made_dirs`).
 
 use std::path::Path;
 
@@ -17,7 +18,10 @@ pub(crate) fn check(
     cache: &Path,
 ) -> Result<CacheDir, PhaseError> {
     crate::config::check_overlaps(config, rank).map_err(PhaseError::Mine)?;
-    mounts::mountpoint(mountpoint).map_err(PhaseError::mine)?;
+    match mounts::mountpoint(mountpoint) {
+        Ok(()) | Err(mounts::MountpointError::Missing(_)) => {}
+        Err(e) => return Err(PhaseError::mine(e)),
+    }
     if rank == 0 {
         config
             .format()
