@@ -12,6 +12,10 @@
 //! file that exists always describes a live job. The gather runs whether or not a path was
 //! given, so ranks started with different command lines cannot disagree on it.
 //!
+//! Rank 0 also prints the record on one line of its stdout (after [`READY_LINE`]), which
+//! mpirun and srun forward to the launcher's host even where it does not share rank 0's
+//! file system.
+//!
 //! The record (see docs/status.md, "Ready file"):
 //! `{"world_size": N, "epoch": E, "ranks": [{"rank", "host", "mountpoint", "pid"}, ...]}`.
 
@@ -21,6 +25,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::comm::Comm;
 use crate::config::MountConfig;
+
+/// The start of the line on rank 0's stdout that carries the record (one line of JSON).
+pub(crate) const READY_LINE: &str = "shufflefs: job ready ";
 
 /// One rank's line of the record.
 #[derive(Debug, Serialize, Deserialize)]
@@ -106,6 +113,12 @@ pub(crate) fn agree(
     match write_atomically(path, &record) {
         Ok(()) => {
             tracing::info!(path = %path.display(), "every rank's mount answers; wrote the ready file");
+            // Also on stdout, which mpirun and srun forward to the launcher's host: a
+            // launcher that cannot see rank 0's file system reads the record there.
+            if let Ok(line) = serde_json::to_string(&record) {
+                println!("{READY_LINE}{line}");
+                let _ = std::io::Write::flush(&mut std::io::stdout());
+            }
             ReadyFile {
                 written: Some(path.clone()),
             }

@@ -37,7 +37,7 @@ pub(crate) struct Exchanges {
 
 /// Runs one prepared rank: node, mount (`mount_everywhere`, the agreed last phase of
 /// start-up), readiness (the ready file, `super::ready`, then `on_ready`), exchanges until
-/// unmounted (the ready file goes as they end), then the ordered teardown.
+/// unmounted (the ready file goes with the mount), then the ordered teardown.
 pub(crate) fn run_node(
     config: &MountConfig,
     prepared: Prepared,
@@ -76,7 +76,12 @@ pub(crate) fn run_node(
     let mounted = Mounted::serve(session, &mountpoint, hooks, made)?;
     let current = node.coordinator.current();
     // Every rank's mount answers: rank 0 says so in the ready file (removed as it stops).
-    let ready = super::ready::agree(config, comm, &mountpoint, current.epoch);
+    mounted.hold_ready(super::ready::agree(
+        config,
+        comm,
+        &mountpoint,
+        current.epoch,
+    ));
     on_ready(&super::ready_line(
         config,
         comm,
@@ -101,7 +106,6 @@ pub(crate) fn run_node(
             served
         }
     };
-    drop(ready);
     node.coordinator.shutdown();
     stop_and_leave(comm, &node, mounted, served, partial, &leave_plan)
 }
