@@ -18,7 +18,7 @@ use crate::comm::Comm;
 use crate::config::{ExchangeMode, MountConfig, for_rank};
 use crate::exchange::coded::{CodedClient, Routes};
 use crate::exchange::{ExchangeConfig, ExchangeError, Peers, SlowPeers};
-use crate::sys::made_dirs::MadeDirs;
+use crate::sys::made_dirs::{MadeDirs, MountDirs};
 
 pub(crate) mod coded;
 pub(crate) mod mounted;
@@ -169,7 +169,7 @@ fn coded_offer(
 fn mount_everywhere<'w>(
     config: &MountConfig,
     fs: crate::vfs::ShuffleFs,
-    mountpoint: &Path,
+    (mountpoint, dirs): (&Path, MountDirs),
     comm: &mut dyn Comm,
     world: Option<&mut (dyn Comm + 'w)>,
 ) -> Result<Option<(mounted::Session, MadeDirs)>, DaemonError> {
@@ -184,7 +184,8 @@ fn mount_everywhere<'w>(
         return Ok(None);
     }
     // Dropped on a refusal: the session (unmount) first, then the folders made for it.
-    let session = MadeDirs::create(mountpoint)
+    let session = dirs
+        .create()
         .map_err(|e| format!("creating the mount point {}: {e}", mountpoint.display()))
         .and_then(|made| Ok((mounted::mount(fs, config, mountpoint)?, made)))
         .map_err(PhaseError::Mine);

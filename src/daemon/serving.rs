@@ -50,6 +50,7 @@ pub(crate) fn run_node(
         plan,
         resumed,
         mountpoint,
+        mount_dirs,
     } = prepared;
     let rank = comm.rank();
     let leave_plan = plan.clone();
@@ -65,8 +66,14 @@ pub(crate) fn run_node(
     let fs = ShuffleFs::of(&node)
         .with_part_size(config.source_config.part_size())
         .with_access(crate::vfs::access::Access::of_source(&config.source));
-    let session = super::mount_everywhere(config, fs, &mountpoint, comm, world.as_deref_mut())
-        .inspect_err(|_| node.coordinator.shutdown())?;
+    let session = super::mount_everywhere(
+        config,
+        fs,
+        (&mountpoint, mount_dirs),
+        comm,
+        world.as_deref_mut(),
+    )
+    .inspect_err(|_| node.coordinator.shutdown())?;
     let Some((session, made)) = session else {
         node.coordinator.shutdown();
         store.dir().unlock();

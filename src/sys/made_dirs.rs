@@ -1,47 +1,62 @@
 //! A mount point the daemon made: created like `mkdir -p` just before the mount, removed
-//! again (only the folders it created, only while empty) when the mount is gone.
+//! again (only the folders that were missing, only while empty) when the mount is gone.
 //!
 //! On a cluster every rank's mount point lives on its own host, where a launcher running on
-//! another machine cannot create it; so each daemon creates its own. It does so only once
-//! every rank agreed to mount (the last phase of start-up), so a refused start leaves no
-//! folder behind, and the value returned is dropped after the unmount: dropping it removes
-//! the folders, deepest first, stopping at the first that is not empty (something else was
-//! put there) or that is still a mount (a detach that has not happened); a folder that
-//! existed before is never touched.
+//! another machine cannot create it; so each daemon creates its own. Which folders are
+//! missing is noted during the local checks ([`MountDirs::plan`]), before any rank can have
+//! created one, and they are created only once every rank agreed to mount (the last phase
+//! of start-up), so a refused start leaves no folder behind. The [`MadeDirs`] returned is
+//! dropped after the unmount: it removes the folders, deepest first, stopping at the first
+//! that is not empty (something else is in it) or still a mount. A parent shared by ranks of
+//! one host (`/mnt/job/{rank}`) was missing for each of them, so each tries it after its
+//! own folder and the last rank to leave removes it; a folder that existed before the job is
+//! never touched.
 
 use std::path::{Path, PathBuf};
 
-/// The folders this daemon created for its mount point, deepest last; removed on drop.
+/// The folders missing for a mount point, outermost first, to create at the mount.
+#[derive(Debug, Default)]
+pub(crate) struct MountDirs {
+    missing: Vec<PathBuf>,
+}
+
+/// The folders made for the mount point, outermost first; removed on drop.
 #[derive(Debug, Default)]
 pub(crate) struct MadeDirs {
     made: Vec<PathBuf>,
 }
 
-impl MadeDirs {
-    /// Creates `path` and its missing parents, remembering which were missing. On an error
-    /// the folders created so far are removed again.
-    pub(crate) fn create(path: &Path) -> std::io::Result<MadeDirs> {
+impl MountDirs {
+    /// Notes which of `path` and its parents do not exist (none: the mount point exists).
+    pub(crate) fn plan(path: &Path) -> std::io::Result<MountDirs> {
         let mut missing = Vec::new();
         let mut at = Some(path);
         while let Some(p) = at.filter(|p| !p.as_os_str().is_empty()) {
             match std::fs::symlink_metadata(p) {
                 Ok(_) => break,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => missing.push(p),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => missing.push(p.into()),
                 Err(e) => return Err(e),
             }
             at = p.parent();
         }
+        missing.reverse();
+        Ok(MountDirs { missing })
+    }
+
+    /// Creates the missing folders. On an error the ones created so far are removed again.
+    pub(crate) fn create(self) -> std::io::Result<MadeDirs> {
         let mut made = MadeDirs::default();
-        for dir in missing.into_iter().rev() {
-            match std::fs::create_dir(dir) {
-                Ok(()) => made.made.push(dir.to_path_buf()),
+        for dir in self.missing {
+            match std::fs::create_dir(&dir) {
+                Ok(()) => {}
                 // Another rank of this host made a shared parent meanwhile.
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir != path => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => {}
                 Err(e) => return Err(e),
             }
+            made.made.push(dir);
         }
-        if !made.made.is_empty() {
-            tracing::info!(created = %made.made[0].display(), mountpoint = %path.display(), "created the missing mount point");
+        if let Some(top) = made.made.first() {
+            tracing::info!(created = %top.display(), "created the missing mount point");
         }
         Ok(made)
     }
@@ -63,24 +78,45 @@ impl Drop for MadeDirs {
 mod tests {
     use super::*;
 
+    fn made(path: &Path) -> std::io::Result<MadeDirs> {
+        MountDirs::plan(path)?.create()
+    }
+
     #[test]
     fn creates_missing_parents_and_removes_only_those() {
         let tmp = tempfile::tempdir().unwrap();
         let mnt = tmp.path().join("a/b/mnt");
-        let made = MadeDirs::create(&mnt).unwrap();
+        let dirs = made(&mnt).unwrap();
         assert!(mnt.is_dir());
-        drop(made);
+        drop(dirs);
         assert!(!tmp.path().join("a").exists(), "created folders removed");
         assert!(tmp.path().exists(), "an existing folder is kept");
+    }
+
+    #[test]
+    fn a_shared_parent_goes_with_the_last_rank() {
+        let tmp = tempfile::tempdir().unwrap();
+        let plans = [0, 1].map(|r| MountDirs::plan(&tmp.path().join(format!("job/{r}"))));
+        let [a, b] = plans.map(|p| p.unwrap().create().unwrap());
+        drop(a);
+        assert!(
+            tmp.path().join("job/1").is_dir(),
+            "the other rank's folder stays"
+        );
+        drop(b);
+        assert!(
+            !tmp.path().join("job").exists(),
+            "the last rank removes the parent"
+        );
     }
 
     #[test]
     fn a_folder_with_something_in_it_stays() {
         let tmp = tempfile::tempdir().unwrap();
         let mnt = tmp.path().join("a/mnt");
-        let made = MadeDirs::create(&mnt).unwrap();
+        let dirs = made(&mnt).unwrap();
         std::fs::write(tmp.path().join("a/other"), b"x").unwrap();
-        drop(made);
+        drop(dirs);
         assert!(!mnt.exists(), "the empty mount point goes");
         assert!(
             tmp.path().join("a/other").exists(),
@@ -91,17 +127,14 @@ mod tests {
     #[test]
     fn an_existing_mount_point_is_not_removed() {
         let tmp = tempfile::tempdir().unwrap();
-        drop(MadeDirs::create(tmp.path()).unwrap());
+        drop(made(tmp.path()).unwrap());
         assert!(tmp.path().is_dir());
     }
 
     #[test]
-    fn a_file_in_the_way_fails_and_leaves_nothing() {
+    fn a_file_in_the_way_fails() {
         let tmp = tempfile::tempdir().unwrap();
         std::fs::write(tmp.path().join("f"), b"x").unwrap();
-        assert!(MadeDirs::create(&tmp.path().join("f/mnt")).is_err());
-        let made = MadeDirs::create(&tmp.path().join("new/f2"));
-        drop(made);
-        assert!(!tmp.path().join("new").exists());
+        assert!(made(&tmp.path().join("f/mnt")).is_err());
     }
 }

@@ -8,25 +8,30 @@ use std::path::Path;
 use super::agree::PhaseError;
 use crate::cache::CacheDir;
 use crate::config::MountConfig;
+use crate::sys::made_dirs::MountDirs;
 use crate::sys::mounts;
 
-/// This rank's cache folder, open and locked, if its local checks pass.
+/// This rank's cache folder, open and locked, and the folders its mount point lacks, if its
+/// local checks pass.
 pub(crate) fn check(
     config: &MountConfig,
     rank: u32,
     mountpoint: &Path,
     cache: &Path,
-) -> Result<CacheDir, PhaseError> {
+) -> Result<(CacheDir, MountDirs), PhaseError> {
     crate::config::check_overlaps(config, rank).map_err(PhaseError::Mine)?;
-    match mounts::mountpoint(mountpoint) {
-        Ok(()) | Err(mounts::MountpointError::Missing(_)) => {}
+    let dirs = match mounts::mountpoint(mountpoint) {
+        Ok(()) => MountDirs::default(),
+        // Noted now, before any rank of this host can have created a shared parent.
+        Err(mounts::MountpointError::Missing(_)) => MountDirs::plan(mountpoint)
+            .map_err(|e| PhaseError::Mine(format!("mount point {}: {e}", mountpoint.display())))?,
         Err(e) => return Err(PhaseError::mine(e)),
-    }
+    };
     if rank == 0 {
         config
             .format()
             .check_source(&config.source)
             .map_err(PhaseError::mine)?;
     }
-    CacheDir::open(cache).map_err(PhaseError::mine)
+    Ok((CacheDir::open(cache).map_err(PhaseError::mine)?, dirs))
 }
