@@ -168,7 +168,72 @@ fn write_atomically(path: &Path, record: &JobRecord) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser;
+
     use super::*;
+    use crate::cli::{Cli, Command};
+    use crate::comm::LocalComm;
+
+    fn config(dir: &Path) -> MountConfig {
+        let ready = dir.join("job.ready");
+        let argv = ["shufflefs", "mount", "--source", "/s", "--cache", "/c"];
+        let tail = ["--ready-file", ready.to_str().unwrap(), "/m-{rank}"];
+        match Cli::parse_from(argv.iter().chain(&tail)).command {
+            Command::Mount(args) => MountConfig::try_from(args).unwrap(),
+            _ => unreachable!(),
+        }
+    }
+
+    /// Runs `agree` on three ranks whose "mounts" are folders holding `.shufflefs/status`
+    /// (what a live mount answers), except those in `dead`: whether rank 0 wrote the file.
+    fn agree_with(dead: &[u32]) -> Option<serde_json::Value> {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = config(tmp.path());
+        let handles: Vec<_> = LocalComm::world(3)
+            .into_iter()
+            .map(|mut comm| {
+                let (config, dir) = (config.clone(), tmp.path().to_path_buf());
+                let live = !dead.contains(&comm.rank());
+                std::thread::spawn(move || {
+                    let mnt = dir.join(format!("m-{}", comm.rank()));
+                    std::fs::create_dir_all(mnt.join(".shufflefs")).unwrap();
+                    if live {
+                        std::fs::write(mnt.join(".shufflefs/status"), b"{}").unwrap();
+                    }
+                    let file = agree(&config, &mut comm, &mnt, 4);
+                    let read = |p: &PathBuf| std::fs::read(p).unwrap();
+                    let record = file.written.as_ref().map(read);
+                    drop(file);
+                    let path = config.ready_file.unwrap();
+                    assert!(
+                        record.is_none() || !path.exists(),
+                        "removed with its holder"
+                    );
+                    record.map(|b| serde_json::from_slice(&b).unwrap())
+                })
+            })
+            .collect();
+        let mut records = handles.into_iter().map(|h| h.join().unwrap());
+        let first = records.next().unwrap();
+        assert!(records.all(|r| r.is_none()), "only rank 0 writes");
+        first
+    }
+
+    #[test]
+    fn written_only_when_every_rank_answers() {
+        let record = agree_with(&[]).expect("every rank answers: written");
+        assert_eq!(record["world_size"], 3);
+        assert_eq!(record["epoch"], 4);
+        for r in 0..3 {
+            assert_eq!(record["ranks"][r]["rank"], r);
+            let mnt = record["ranks"][r]["mountpoint"].as_str().unwrap();
+            assert!(mnt.ends_with(&format!("m-{r}")), "{mnt}");
+        }
+        assert!(
+            agree_with(&[2]).is_none(),
+            "a rank that does not answer: no file"
+        );
+    }
 
     #[test]
     fn the_record_replaces_the_file_whole() {
