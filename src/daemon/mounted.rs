@@ -373,14 +373,20 @@ fn watch_signals(
             if let Some(sig) = signals.forever().next() {
                 tracing::info!(signal = sig, "signal received; unmounting");
                 drop(lock(&leftovers).ready.take());
-                if let Err(e) = unmounter.unmount() {
-                    let detached = mounts::detach(&mountpoint);
-                    tracing::warn!(error = %e, detached, "unmount on signal failed; detached the mount instead");
-                    abort.store(true, Ordering::Relaxed);
-                }
+                let gone = match unmounter.unmount() {
+                    Ok(()) => true,
+                    Err(e) => {
+                        let detached = mounts::detach(&mountpoint);
+                        tracing::warn!(error = %e, detached, "unmount on signal failed; detached the mount instead");
+                        abort.store(true, Ordering::Relaxed);
+                        detached
+                    }
+                };
                 // Unmounted or detached: the folders can go now, even if the daemon is
                 // killed while its readers keep the detached mount alive.
-                clean_up(&leftovers);
+                if gone {
+                    clean_up(&leftovers);
+                }
             }
         })
         .map_err(thread_error("signal"))?;
