@@ -110,15 +110,15 @@ pub(crate) fn agree(
         epoch,
         ranks,
     };
+    // Also on stdout, which mpirun and srun forward to the launcher's host: a launcher that
+    // cannot see rank 0's file system (or where the file cannot be written) reads it there.
+    if let Ok(line) = serde_json::to_string(&record) {
+        println!("{READY_LINE}{line}");
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+    }
     match write_atomically(path, &record) {
         Ok(()) => {
             tracing::info!(path = %path.display(), "every rank's mount answers; wrote the ready file");
-            // Also on stdout, which mpirun and srun forward to the launcher's host: a
-            // launcher that cannot see rank 0's file system reads the record there.
-            if let Ok(line) = serde_json::to_string(&record) {
-                println!("{READY_LINE}{line}");
-                let _ = std::io::Write::flush(&mut std::io::stdout());
-            }
             ReadyFile {
                 written: Some(path.clone()),
             }

@@ -327,3 +327,28 @@ fn teardown_after_everything_was_killed_removes_the_dead_mounts() {
         "the ready file left by rank 0"
     );
 }
+
+/// Where rank 0 cannot write the ready file (on a cluster: the launcher's folder is not
+/// shared with rank 0's host), the launcher reads the same record from the launcher's output.
+#[test]
+fn launch_reads_the_record_from_the_output_when_the_file_is_not_there() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let _cleanup = Cleanup(dir, 2);
+    write_source(dir, 2, 12, 3000);
+    // A folder in the way: the file can be neither removed nor written.
+    fs::create_dir_all(dir.join("job.ready/in-the-way")).unwrap();
+    let pids = check_printed(dir, &launch(dir, &["--np", "2"]), 2);
+    let log = fs::read_to_string(dir.join("job.log")).unwrap();
+    assert!(log.contains("cannot write the ready file"), "{log}");
+    let out = teardown(dir);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_nothing_left(dir, 2, &pids);
+}
