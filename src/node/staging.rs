@@ -200,7 +200,7 @@ fn retry_after(
 /// while its server is away, rather than a problem of one sample.
 fn source_unreachable(e: &std::io::Error) -> bool {
     matches!(
-        e.raw_os_error(),
+        crate::cache::source_errno(e),
         Some(
             libc::EIO
                 | libc::ENOTCONN

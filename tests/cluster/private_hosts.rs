@@ -56,12 +56,20 @@ fn lists_a_view_inside_a_host() {
     };
     let [mnt, src, epoch]: [&str; 3] = arg.split('\t').collect::<Vec<_>>().try_into().unwrap();
     let view = Path::new(mnt).join(format!("epoch-{epoch}"));
+    println!(); // libtest's "test NAME ... " has no newline under --nocapture
     for (class, files) in listing(&view) {
         for name in files {
             let rel = format!("{class}/{name}");
             match fs::read(view.join(&rel)) {
                 Ok(got) => {
-                    assert!(got == fs::read(Path::new(src).join(&rel)).unwrap(), "{rel}");
+                    let want = fs::read(Path::new(src).join(&rel)).unwrap();
+                    let first = (got.iter().zip(&want)).position(|(a, b)| a != b);
+                    assert!(
+                        got == want,
+                        "{rel}: {} bytes read, {} in the source, first difference at {first:?}",
+                        got.len(),
+                        want.len()
+                    );
                     println!("ok {rel}");
                 }
                 Err(e) => println!("err {rel} {e}"),
@@ -90,7 +98,11 @@ fn host_listing(
         Duration::from_secs(120),
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "h{host} {mnt}: {stdout}");
+    assert!(
+        out.status.success(),
+        "h{host} {mnt}: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let mut ok = BTreeSet::new();
     let mut failed = Vec::new();
     for line in stdout.lines() {
@@ -530,7 +542,15 @@ fn the_store_going_away_during_staging_is_named_and_staging_resumes() {
         );
         cached.push(st["cache"]["files"].as_u64().unwrap());
     }
-    assert!(job.log().contains("retrying"), "{}", job.log());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !job.log().contains("the source did not answer; retrying") {
+        assert!(
+            Instant::now() < deadline,
+            "no retry in the log:\n{}",
+            job.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     // What is cached is served, with its bytes; the rest fails until the store is back.
     for r in 0..2u32 {
         let (ok, failed) = host_listing(&cluster, r, &job.mounts[r as usize], &ds.root, 0);
