@@ -319,6 +319,8 @@ fn private_hosts_are_isolated_and_down_cleans_a_killed_run() {
         cluster.config("STORE_ADDR")
     );
     cluster.exec_ok("0", &["sh", "-c", &line]);
+    // Every FUSE mount a host sees (those of other tests running beside this one included:
+    // a host drops the root's FUSE mounts when it is made).
     let fuse_on = |h: &str| {
         cluster.exec_ok(
             h,
