@@ -402,6 +402,8 @@ fn private_hosts_are_isolated_and_down_cleans_a_killed_run() {
     std::thread::sleep(Duration::from_millis(400));
     let _ = up.kill();
     let _ = up.wait();
+    // What it had started (mkfs, a mount) ends on its own, as after a real kill.
+    std::thread::sleep(Duration::from_secs(1));
     harness_ok(&["down", "hai"]);
     assert!(root_mounts_under(&dir).is_empty() && !ns_exists("hai") && !dir.exists());
 }
