@@ -347,4 +347,75 @@ mod tests {
         let s = progress.snapshot();
         assert_eq!((s.bytes_done, s.bytes_total), (1000, 1000));
     }
+
+    /// An ImageFolder whose server is away (EIO) for the first `away` copies.
+    struct AwayFor {
+        inner: ImageFolder,
+        away: AtomicU64,
+    }
+
+    impl crate::dataset::Dataset for AwayFor {
+        fn copy_to(
+            &self,
+            id: SampleId,
+            out: &mut dyn std::io::Write,
+        ) -> std::io::Result<crate::dataset::Copied> {
+            let left = self.away.load(Ordering::Relaxed);
+            if left > 0 {
+                self.away.store(left - 1, Ordering::Relaxed);
+                return Err(std::io::Error::from_raw_os_error(libc::EIO));
+            }
+            self.inner.copy_to(id, out)
+        }
+        fn read_at(&self, id: SampleId, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+            self.inner.read_at(id, offset, buf)
+        }
+        fn describe(&self, id: SampleId) -> String {
+            self.inner.describe(id)
+        }
+    }
+
+    /// A source that answers EIO (sshfs without its server) is staged again after a pause,
+    /// and staging ends done once it answers; the log and `last_error` named it meanwhile.
+    #[test]
+    fn staging_retries_a_source_that_went_away() {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src");
+        std::fs::create_dir_all(src.join("c")).unwrap();
+        for i in 0..4 {
+            std::fs::write(src.join(format!("c/{i}")), vec![i as u8; 100]).unwrap();
+        }
+        let manifest = Arc::new(crate::dataset::scan::scan(&src).unwrap());
+        let source = Arc::new(AwayFor {
+            inner: ImageFolder::new(src.clone(), manifest.clone()),
+            away: AtomicU64::new(3),
+        });
+        let dir = CacheDir::open(&tmp.path().join("cache")).unwrap();
+        let store = Arc::new(SampleStore::new(dir, manifest.clone(), source).unwrap());
+        let plan = crate::plan::Plan::new(crate::plan::PlanParams {
+            samples: manifest.len(),
+            world: 1,
+            fraction: 0.5,
+            seed: 1,
+        })
+        .unwrap();
+        let staging = Staging::start(store.clone(), 0, 1);
+        staging.send(StagingCmd::Epoch {
+            current: Arc::new(plan.initial()),
+        });
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let s = staging.progress.snapshot();
+            if s.state == "done" && s.files_done == 4 {
+                assert_eq!(s.errors, 3, "{:?}", s.last_error);
+                assert!(s.last_error.unwrap().contains(&*src.to_string_lossy()));
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "staging never finished"
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
