@@ -10,3 +10,5 @@
 mod common;
 
 mod cluster_mpi;
+mod harness;
+mod private_hosts;
