@@ -31,12 +31,12 @@ use crate::common::mpi_job::{MpiJob, exchange, planned, test_name, wait_all};
 use crate::common::*;
 use shufflefs::comm::{Comm, MpiComm};
 
-const HARNESS: &str = concat!(
+pub(crate) const HARNESS: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/mount-helpers/shufflefs-cluster"
 );
 /// Set (to the expected host list) when this binary runs as a rank under the harness.
-const CHILD: &str = "SHUFFLEFS_CLUSTER_MPI_CHILD";
+pub(crate) const CHILD: &str = "SHUFFLEFS_CLUSTER_MPI_CHILD";
 const STATE: &str = "/run/shufflefs-cluster";
 /// How long a job may take to end after an unmount or a killed rank.
 const END_TIMEOUT: Duration = Duration::from_secs(60);
@@ -49,7 +49,7 @@ fn harness() -> Command {
 
 /// Runs the harness with `args`; panics with its output unless it succeeds.
 #[track_caller]
-fn harness_ok(args: &[&str]) -> String {
+pub(crate) fn harness_ok(args: &[&str]) -> String {
     let out = run_with_timeout(harness().args(args), Duration::from_secs(60));
     assert!(
         out.status.success(),
@@ -62,31 +62,32 @@ fn harness_ok(args: &[&str]) -> String {
 }
 
 /// An emulated cluster at 1gbit; `down` on drop, panic or not.
-struct Cluster {
-    name: &'static str,
-    hosts: u32,
+pub(crate) struct Cluster {
+    pub(crate) name: &'static str,
+    pub(crate) hosts: u32,
     /// Held for the cluster's life: another run of the same test waits for it.
     _lock: fs::File,
 }
 
 impl Cluster {
     fn up(name: &'static str, subnet: &str, hosts: u32) -> Cluster {
+        Cluster::up_with(name, subnet, hosts, &[])
+    }
+
+    /// As [`Cluster::up`], with more options for `up` (`--slurm`).
+    pub(crate) fn up_with(name: &'static str, subnet: &str, hosts: u32, extra: &[&str]) -> Cluster {
         fs::create_dir_all(STATE).unwrap();
         let lock = fs::File::create(format!("{STATE}/{name}.lock")).unwrap();
         // SAFETY: flock on a descriptor we own; no memory is involved.
         assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
         // What a killed earlier run may have left.
         harness_ok(&["down", name]);
-        harness_ok(&[
-            "up",
-            name,
-            "--hosts",
-            &hosts.to_string(),
-            "--rate",
-            "1gbit",
-            "--subnet",
-            subnet,
-        ]);
+        let n = hosts.to_string();
+        let mut args = vec![
+            "up", name, "--hosts", &n, "--rate", "1gbit", "--subnet", subnet,
+        ];
+        args.extend_from_slice(extra);
+        harness_ok(&args);
         Cluster {
             name,
             hosts,
@@ -108,7 +109,7 @@ impl Cluster {
     }
 
     /// Every process inside the cluster's hosts.
-    fn pids(&self) -> Vec<i32> {
+    pub(crate) fn pids(&self) -> Vec<i32> {
         harness_ok(&["pids", self.name])
             .split_whitespace()
             .map(|p| p.parse().unwrap())
@@ -116,7 +117,7 @@ impl Cluster {
     }
 
     /// The host `pid` runs in: both its network and its UTS namespace must be the host's.
-    fn host_of(&self, pid: i32) -> Option<u32> {
+    pub(crate) fn host_of(&self, pid: i32) -> Option<u32> {
         let ns = |kind: &str| {
             let link = fs::read_link(format!("/proc/{pid}/ns/{kind}")).ok()?;
             let link = link.to_string_lossy().into_owned();
@@ -273,7 +274,7 @@ fn rank_sees_hosts() {
 /// What an uninterrupted run lists on `rank` in `epoch` (`class/name`), from the plan.
 /// `class/name` of every sample in `mnt/epoch-N` (looking it up advances to it), each read and
 /// compared with the source; every class must be listed.
-fn listing(ds: &Dataset, mnt: &Path, epoch: u64) -> BTreeSet<String> {
+pub(crate) fn listing(ds: &Dataset, mnt: &Path, epoch: u64) -> BTreeSet<String> {
     let view = mnt.join(format!("epoch-{epoch}"));
     let got = crate::common::listing(&view);
     assert_eq!(

@@ -10,3 +10,4 @@
 mod common;
 
 mod cluster_mpi;
+mod slurm;

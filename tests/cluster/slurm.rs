@@ -1,0 +1,392 @@
+//! shufflefs under Slurm in the emulated cluster (`shufflefs-cluster up --slurm`: munged,
+//! slurmctld in the root namespace, one slurmd per host; see mount-helpers/cluster-slurm.sh).
+//!
+//! - `srun --mpi=pmix` with 2 ranks per host wires MPI up through Slurm's PMIx and places the
+//!   ranks on their hosts (`Comm::hosts()` from every rank); `mpirun` inside an allocation
+//!   (from `salloc` on the head node, and from an `sbatch` script on the first node, its orted
+//!   started through srun) does too. `--mpi=pmi2` is not tested: this Open MPI has no Slurm
+//!   PMI-2, it fails (see docs/cluster.md).
+//! - `srun ... shufflefs mount` on 4 hosts x 2 ranks walks 3 epochs, each a partition of the
+//!   dataset with exact bytes, and `scancel` (SIGTERM to every task, which unmounts) leaves no
+//!   mount and no daemon on any host.
+//! - A host killed mid-exchange (its slurmd and every process in it) ends the job on every
+//!   host; once the host is back (its slurmd restarted) the same job resumes at the same epoch
+//!   with the plan's listings and nothing fetched from the source again.
+//!
+//! Skips like the rest of the group without root and the tools, and also without slurm-wlm
+//! and munge, unless `SHUFFLEFS_REQUIRE_CLUSTER=1`.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use std::path::PathBuf;
+
+use crate::cluster_mpi::{CHILD, Cluster, HARNESS, harness_ok, listing};
+use crate::common::mpi_job::{MpiJob, exchange, planned, wait_all};
+use crate::common::*;
+
+/// How long a job may take to end after `scancel` or a killed host.
+const END_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The cluster's Slurm and MPI tools are there (or CI requires them).
+fn require_slurm() -> bool {
+    if !require_cluster() {
+        return false;
+    }
+    let have = |tool: &str| {
+        Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if ["slurmctld", "slurmd", "srun", "munged"]
+        .iter()
+        .all(|t| have(t))
+    {
+        return true;
+    }
+    assert!(
+        std::env::var_os("SHUFFLEFS_REQUIRE_CLUSTER").is_none(),
+        "SHUFFLEFS_REQUIRE_CLUSTER is set but slurm-wlm or munge is missing"
+    );
+    eprintln!("skipping: slurm-wlm and munge are needed");
+    false
+}
+
+/// `shufflefs-cluster slurm NAME ARGS...`: a Slurm command from the head node.
+fn slurm(name: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(HARNESS);
+    c.stdin(Stdio::null()).args(["slurm", name]).args(args);
+    c
+}
+
+/// Runs a Slurm command; panics with its output unless it succeeds; returns stdout.
+#[track_caller]
+fn slurm_ok(name: &str, args: &[&str]) -> String {
+    let out = run_with_timeout(&mut slurm(name, args), Duration::from_secs(90));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// Waits until every node of the cluster is idle again (after a job, or a host's return).
+#[track_caller]
+fn wait_idle(cluster: &Cluster) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let states = slurm_ok(cluster.name, &["sinfo", "-h", "-N", "-o", "%T"]);
+        let idle = states.lines().filter(|l| l.trim() == "idle").count();
+        if idle == cluster.hosts as usize {
+            return;
+        }
+        assert!(Instant::now() < deadline, "nodes not idle: {states}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The running jobs' ids.
+fn jobs(name: &str) -> Vec<String> {
+    slurm_ok(name, &["squeue", "-h", "-o", "%i"])
+        .split_whitespace()
+        .map(String::from)
+        .collect()
+}
+
+/// The child check (`cluster_mpi::rank_sees_hosts`) for 2 ranks per host, as arguments.
+fn child_args() -> Vec<String> {
+    let exe = std::env::current_exe().unwrap();
+    vec![
+        exe.to_string_lossy().into_owned(),
+        "cluster_mpi::rank_sees_hosts".into(),
+        "--exact".into(),
+        "--nocapture".into(),
+        "--test-threads=1".into(),
+    ]
+}
+
+/// Runs `args` (a launch of the child check) and checks every rank reported its host.
+#[track_caller]
+fn check_hosts_with(cluster: &Cluster, args: &[&str], what: &str) {
+    let per_host = 2;
+    let ranks = cluster.hosts * per_host;
+    let want: Vec<String> = (0..ranks).map(|r| (r / per_host).to_string()).collect();
+    let out = run_with_timeout(
+        slurm(cluster.name, args).env(CHILD, want.join(",")),
+        Duration::from_secs(90),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{what}: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for r in 0..ranks {
+        let line = format!("rank {r} on sfs-{}-h{} hosts", cluster.name, r / per_host);
+        assert!(stdout.contains(&line), "{what}: no '{line}' in:\n{stdout}");
+    }
+}
+
+#[test]
+fn srun_pmix_and_mpirun_in_an_allocation_place_ranks_on_their_hosts() {
+    if !require_slurm() {
+        return;
+    }
+    let cluster = Cluster::up_with("sl1", "10.214.21.0/24", 4, &["--slurm"]);
+    let child = child_args();
+    let child: Vec<&str> = child.iter().map(String::as_str).collect();
+    let alloc = ["-N", "4", "--ntasks-per-node=2"];
+
+    let started = Instant::now();
+    let srun = [&["srun", "--mpi=pmix"][..], &alloc, &child].concat();
+    check_hosts_with(&cluster, &srun, "srun --mpi=pmix");
+    let srun_took = started.elapsed();
+
+    // mpirun on the head node inside an allocation: orted on every node through srun.
+    let salloc = [&["salloc"][..], &alloc, &["mpirun", "-x", CHILD], &child].concat();
+    check_hosts_with(&cluster, &salloc, "salloc mpirun");
+
+    // mpirun in a batch script, which runs on the first node.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("batch.out");
+    let script = format!("mpirun -x {CHILD} {}", child.join(" "));
+    let batch = [
+        &["sbatch", "--wait", "-o", out.to_str().unwrap()][..],
+        &alloc,
+        &["--wrap", &script],
+    ]
+    .concat();
+    let sbatch = run_with_timeout(
+        slurm(cluster.name, &batch).env(CHILD, "0,0,1,1,2,2,3,3"),
+        Duration::from_secs(90),
+    );
+    let log = fs::read_to_string(&out).unwrap_or_default();
+    assert!(sbatch.status.success(), "sbatch mpirun: {sbatch:?}\n{log}");
+    for r in 0..8 {
+        let line = format!("rank {r} on sfs-sl1-h{} hosts", r / 2);
+        assert!(log.contains(&line), "sbatch mpirun: no '{line}' in:\n{log}");
+    }
+    eprintln!("srun --mpi=pmix of 4 hosts x 2 ranks: MPI up and checked in {srun_took:.1?}");
+}
+
+/// `shufflefs-cluster slurm NAME srun -N H --ntasks-per-node=2 ... --`, then the program.
+fn srun(cluster: &Cluster) -> Command {
+    slurm(
+        cluster.name,
+        &[
+            "srun",
+            "-N",
+            &cluster.hosts.to_string(),
+            "--ntasks-per-node=2",
+            "--mpi=pmix",
+            "--kill-on-bad-exit",
+            "--",
+        ],
+    )
+}
+
+/// Every rank's daemon runs in its host (2 per host); returns the pids.
+#[track_caller]
+fn daemons_on_their_hosts(cluster: &Cluster, job: &MpiJob) -> Vec<i32> {
+    (0..job.mounts.len())
+        .map(|r| {
+            let pid = job.status(r)["pid"].as_i64().unwrap() as i32;
+            assert_eq!(cluster.host_of(pid), Some(r as u32 / 2), "rank {r}'s host");
+            pid
+        })
+        .collect()
+}
+
+#[test]
+fn srun_mounts_walk_three_epochs_and_scancel_leaves_nothing() {
+    if !require_slurm() {
+        return;
+    }
+    const SEED: u64 = 3;
+    const Q: f64 = 0.3;
+    const RANKS: u32 = 8;
+    let ds = DatasetBuilder::new()
+        .numbered_class("cat", 40, |i| 8_000 + 1_013 * i as u64)
+        .numbered_class("dog", 30, |i| 20_000 + 877 * i as u64)
+        .class("eel", &[("one.png", 10), ("two.png", 0)])
+        .build();
+    let cluster = Cluster::up_with("sl2", "10.214.22.0/24", 4, &["--slurm"]);
+
+    let started = Instant::now();
+    let job = MpiJob::start_with(srun(&cluster), &ds.base, RANKS, SEED, Q, &[]);
+    let ready = started.elapsed();
+    let daemons = daemons_on_their_hosts(&cluster, &job);
+    for epoch in 0..3u64 {
+        let mut owner = BTreeMap::new();
+        for r in 0..RANKS {
+            let got = listing(&ds, &job.mounts[r as usize], epoch);
+            assert_eq!(got, planned(&ds.root, (RANKS, SEED, Q), epoch, r));
+            for key in got {
+                assert!(owner.insert(key, r).is_none(), "listed twice in {epoch}");
+            }
+        }
+        assert_eq!(owner.len(), ds.samples.len(), "epoch {epoch} covers all");
+        if epoch < 2 {
+            for m in &job.mounts {
+                write_epoch(m, format!("{}\n", epoch + 1)).unwrap();
+            }
+        }
+    }
+    wait_all(&job, "the exchange into epoch 3", |st| {
+        exchange(st, 3).is_some_and(|x| x["state"] == "done")
+    });
+
+    // scancel: Slurm sends SIGTERM to every task, each daemon unmounts and exits.
+    let ids = jobs("sl2");
+    assert_eq!(ids.len(), 1, "one job: {ids:?}");
+    let cancelled = Instant::now();
+    slurm_ok("sl2", &["scancel", &ids[0]]);
+    let mut job = job;
+    assert!(
+        job.wait_within(END_TIMEOUT).is_some(),
+        "srun outlived scancel"
+    );
+    all_gone_but_slurmd(&cluster, &job.mounts, &daemons);
+    eprintln!(
+        "srun of 4 hosts x 2 ranks: every mount ready {ready:.2?} after srun started; \
+         scancel to nothing left: {:.2?}",
+        cancelled.elapsed()
+    );
+    wait_idle(&cluster);
+}
+
+#[test]
+fn host_killed_mid_exchange_ends_the_job_and_a_resubmitted_job_resumes() {
+    if !require_slurm() {
+        return;
+    }
+    const SEED: u64 = 9;
+    const Q: f64 = 0.5;
+    const RANKS: u32 = 4;
+    let mut b = DatasetBuilder::new();
+    for c in ["c0", "c1", "c2", "c3"] {
+        b = b.numbered_class(c, 30, |i| 20_000 + 97 * i as u64);
+    }
+    let ds = b.build();
+    let cluster = Cluster::up_with("sl3", "10.214.23.0/24", 2, &["--slurm"]);
+
+    // 1. The exchange into epoch 1 slowed so it is running when h1 dies.
+    let slow = ["--exchange-rate", "20000", "--share-disk", "never"];
+    let mut job = MpiJob::start_with(srun(&cluster), &ds.base, RANKS, SEED, Q, &slow);
+    let daemons = daemons_on_their_hosts(&cluster, &job);
+    wait_all(&job, "staging", |st| {
+        st["staging"]["state"] == "done"
+            && st["staging"]["files_done"] == st["staging"]["files_total"]
+    });
+    wait_all(&job, "the exchange into epoch 1 to run", |st| {
+        exchange(st, 1).is_some_and(|x| x["state"] == "running")
+    });
+    let id = jobs("sl3").pop().expect("the job runs");
+    let killed = Instant::now();
+    kill_host(&cluster, 1);
+    // Slurm declares the node failed (SlurmdTimeout) and cancels the step on the other
+    // nodes (SIGTERM, then SIGKILL after KillWait); srun's own exit status is 0 then, and
+    // the job stays COMPLETING (Reason=NodeDown) until the host is back.
+    let status = job.wait_within(END_TIMEOUT);
+    let log = || fs::read_to_string(ds.base.join("job.log")).unwrap_or_default();
+    assert!(status.is_some(), "srun outlived the killed host\n{}", log());
+    let ended = killed.elapsed();
+    let state = slurm_ok("sl3", &["scontrol", "show", "job", &id]);
+    assert!(
+        state.contains("JobState=NODE_FAIL") || state.contains("Reason=NodeDown"),
+        "{state}\n{}",
+        log()
+    );
+    // h0's ranks unmounted; h1's mounts are dead until the next daemon there cleans up.
+    all_gone_but_slurmd(&cluster, &job.mounts[..2], &daemons[..2]);
+    job.mounts.clear();
+    drop(job);
+
+    // 2. The host comes back (its slurmd again) and the same job is submitted again.
+    harness_ok(&["slurmd", "sl3", "1"]);
+    wait_idle(&cluster);
+    let back = killed.elapsed();
+    let mut job = MpiJob::start_with(srun(&cluster), &ds.base, RANKS, SEED, Q, &[]);
+    let daemons = daemons_on_their_hosts(&cluster, &job);
+    for r in 0..RANKS as usize {
+        assert_eq!(job.status(r)["epoch"], 0, "rank {r} resumed elsewhere");
+    }
+    for epoch in 0..2 {
+        for r in 0..RANKS {
+            assert_eq!(
+                listing(&ds, &job.mounts[r as usize], epoch),
+                planned(&ds.root, (RANKS, SEED, Q), epoch, r),
+                "rank {r} epoch {epoch} after the restart"
+            );
+        }
+    }
+    for r in 0..RANKS as usize {
+        let st = job.status(r);
+        assert_eq!(st["cache"]["fetched_from_source"], 0, "rank {r}: {st}");
+    }
+    let status = job.unmount_within(END_TIMEOUT);
+    assert!(status.is_some_and(|s| s.success()), "{status:?}");
+    all_gone_but_slurmd(&cluster, &job.mounts, &daemons);
+    eprintln!(
+        "host h1 killed: the job ended in {ended:.1?}, the node was idle again at {back:.1?}"
+    );
+}
+
+/// SIGKILL to every process in host `h`'s network namespace: slurmd, slurmstepd, daemons.
+fn kill_host(cluster: &Cluster, h: u32) {
+    let ns = format!("sfs-{}-h{h}", cluster.name);
+    let out = run_with_timeout(
+        Command::new("ip").args(["netns", "pids", &ns]),
+        Duration::from_secs(10),
+    );
+    let pids: Vec<i32> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert!(!pids.is_empty(), "nothing runs in {ns}");
+    for pid in pids {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+/// After the job: nothing mounted, no daemon, nothing but the slurmds left in any host.
+#[track_caller]
+fn all_gone_but_slurmd(cluster: &Cluster, mounts: &[PathBuf], daemons: &[i32]) {
+    for m in mounts {
+        assert!(!is_mounted(m), "{} is still mounted", m.display());
+    }
+    for &pid in daemons {
+        assert!(
+            wait_pid_gone(pid, Duration::from_secs(10)),
+            "daemon {pid} is still running"
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left: Vec<(i32, String)> = (cluster.pids().into_iter())
+            .map(|p| {
+                (
+                    p,
+                    fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default(),
+                )
+            })
+            .filter(|(_, comm)| !comm.is_empty() && comm.trim() != "slurmd")
+            .collect();
+        if left.is_empty() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "left in the hosts: {left:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
