@@ -14,7 +14,8 @@
 #
 # Open MPI between hosts needs TCP on the cluster's subnet and nothing that moves bytes by
 # shared memory across "hosts" (UCX, libfabric): `slurm_env` prints those variables with
-# SLURM_CONF; the srun/sbatch/salloc/slurm subcommands run with them.
+# SLURM_CONF (and GLOO_SOCKET_IFNAME=eth0 for PyTorch's gloo: the hosts' names resolve to
+# nothing); the srun/sbatch/salloc/slurm subcommands run with them.
 
 SLURM_CPUS=8
 
@@ -142,6 +143,7 @@ export OMPI_MCA_pml=ob1 OMPI_MCA_btl=tcp,vader,self OMPI_MCA_osc=^ucx
 export OMPI_MCA_btl_tcp_if_include=$SUBNET OMPI_MCA_oob_tcp_if_include=$SUBNET
 export OMPI_MCA_hwloc_base_binding_policy=none OMPI_MCA_rmaps_base_oversubscribe=1
 export PMIX_MCA_ptl_tcp_if_include=$SUBNET
+export GLOO_SOCKET_IFNAME=eth0
 EOF
   [ "$(id -u)" != 0 ] || echo "export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"
 }

@@ -340,6 +340,55 @@ fn host_killed_mid_exchange_ends_the_job_and_a_resubmitted_job_resumes() {
     );
 }
 
+/// The example batch script (mount-helpers/examples/shufflefs.sbatch) on 2 hosts x 2 ranks:
+/// the daemons through `shufflefs-launch --srun`, PyTorch DDP (gloo) through `srun`, each
+/// rank reading its own mount, 3 epochs of the whole dataset, then teardown.
+#[test]
+fn example_sbatch_script_trains_with_ddp_and_tears_down() {
+    if !require_slurm() {
+        return;
+    }
+    let Some(python) = venv_python("import torch, torchvision", "torch and torchvision") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let made = Command::new("python3")
+        .arg(repo().join("mount-helpers/make_dataset.py"))
+        .arg(d.join("src"))
+        .args(["--classes", "3", "--per-class", "16", "--size", "16"])
+        .output()
+        .unwrap();
+    check("make_dataset.py", &made);
+    let cluster = Cluster::up_with("sl4", "10.214.24.0/24", 2, &["--slurm"]);
+    let out = d.join("job.out");
+    let script = repo().join("mount-helpers/examples/shufflefs.sbatch");
+    let job = run_with_timeout(
+        slurm(
+            "sl4",
+            &["sbatch", "--wait", "--nodes=2", "--ntasks-per-node=2", "-o"],
+        )
+        .arg(&out)
+        .arg(&script)
+        .args(["--epochs", "3", "--batch-size", "8"])
+        .env("SHUFFLEFS", BIN)
+        .env("SHUFFLEFS_SOURCE", d.join("src"))
+        .env("SHUFFLEFS_CACHE", d.join("cache{rank}"))
+        .env("SHUFFLEFS_MOUNT", d.join("mnt{rank}"))
+        .env("SHUFFLEFS_HELPERS", repo().join("mount-helpers"))
+        .env("PYTHON", &python)
+        .env("TMPDIR", d),
+        Duration::from_secs(300),
+    );
+    let log = fs::read_to_string(&out).unwrap_or_default();
+    assert!(job.status.success(), "{job:?}\n{log}");
+    assert!(log.contains("every mount ready"), "{log}");
+    assert_eq!(log.matches("48 samples on 4 ranks").count(), 3, "{log}");
+    assert!(log.contains("first_loss="), "{log}");
+    let mounts: Vec<PathBuf> = (0..4).map(|r| d.join(format!("mnt{r}"))).collect();
+    all_gone_but_slurmd(&cluster, &mounts, &[]);
+}
+
 /// SIGKILL to every process in host `h`'s network namespace: slurmd, slurmstepd, daemons.
 fn kill_host(cluster: &Cluster, h: u32) {
     let ns = format!("sfs-{}-h{h}", cluster.name);
