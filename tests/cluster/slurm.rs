@@ -12,6 +12,12 @@
 //! - A host killed mid-exchange (its slurmd and every process in it) ends the job on every
 //!   host; once the host is back (its slurmd restarted) the same job resumes at the same epoch
 //!   with the plan's listings and nothing fetched from the source again.
+//! - The example batch script (mount-helpers/examples/shufflefs.sbatch) trains with PyTorch
+//!   DDP on 2 hosts x 2 ranks, each rank reading its own mount, and leaves nothing behind.
+//! - `down` after a killed run stops every Slurm daemon and removes their files.
+//!
+//! The hosts share the root's mount table here: the test reads every rank's mount and status
+//! from the root namespace.
 //!
 //! Skips like the rest of the group without root and the tools, and also without slurm-wlm
 //! and munge, unless `SHUFFLEFS_REQUIRE_CLUSTER=1`.
@@ -387,6 +393,43 @@ fn example_sbatch_script_trains_with_ddp_and_tears_down() {
     assert!(log.contains("first_loss="), "{log}");
     let mounts: Vec<PathBuf> = (0..4).map(|r| d.join(format!("mnt{r}"))).collect();
     all_gone_but_slurmd(&cluster, &mounts, &[]);
+}
+
+/// `down` after a run killed half-way (slurmctld and munged SIGKILLed, slurmd left running)
+/// stops every Slurm daemon of the cluster and removes its files; again, it has nothing to do.
+#[test]
+fn down_after_a_killed_run_stops_every_slurm_daemon() {
+    if !require_slurm() {
+        return;
+    }
+    let cluster = Cluster::up_with("sl5", "10.214.25.0/24", 2, &["--slurm"]);
+    let state = PathBuf::from(format!("/run/shufflefs-cluster/{}/slurm", cluster.name));
+    let pid = |file: &str| -> i32 {
+        let text = fs::read_to_string(state.join(file)).unwrap();
+        text.trim().parse().unwrap()
+    };
+    let daemons = [
+        pid("slurmctld.pid"),
+        pid("munged.pid"),
+        pid("slurmd-sfs-sl5-h0.pid"),
+        pid("slurmd-sfs-sl5-h1.pid"),
+    ];
+    for &p in &daemons[..2] {
+        let kill = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(p),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        kill.unwrap();
+    }
+    harness_ok(&["down", "sl5"]);
+    for p in daemons {
+        assert!(
+            wait_pid_gone(p, Duration::from_secs(5)),
+            "{p} survived down"
+        );
+    }
+    assert!(!state.exists(), "down left {}", state.display());
+    harness_ok(&["down", "sl5"]);
 }
 
 /// SIGKILL to every process in host `h`'s network namespace: slurmd, slurmstepd, daemons.
