@@ -62,6 +62,11 @@ fn require_slurm() -> bool {
     false
 }
 
+/// A cluster with Slurm (`up --slurm`); one place to choose how its hosts are made.
+fn slurm_cluster(name: &'static str, subnet: &str, hosts: u32) -> Cluster {
+    Cluster::up_with(name, subnet, hosts, &["--slurm"])
+}
+
 /// `shufflefs-cluster slurm NAME ARGS...`: a Slurm command from the head node.
 fn slurm(name: &str, args: &[&str]) -> Command {
     let mut c = Command::new(HARNESS);
@@ -146,7 +151,7 @@ fn srun_pmix_and_mpirun_in_an_allocation_place_ranks_on_their_hosts() {
     if !require_slurm() {
         return;
     }
-    let cluster = Cluster::up_with("sl1", "10.214.21.0/24", 4, &["--slurm"]);
+    let cluster = slurm_cluster("sl1", "10.214.21.0/24", 4);
     let child = child_args();
     let child: Vec<&str> = child.iter().map(String::as_str).collect();
     let alloc = ["-N", "4", "--ntasks-per-node=2"];
@@ -224,7 +229,7 @@ fn srun_mounts_walk_three_epochs_and_scancel_leaves_nothing() {
         .numbered_class("dog", 30, |i| 20_000 + 877 * i as u64)
         .class("eel", &[("one.png", 10), ("two.png", 0)])
         .build();
-    let cluster = Cluster::up_with("sl2", "10.214.22.0/24", 4, &["--slurm"]);
+    let cluster = slurm_cluster("sl2", "10.214.22.0/24", 4);
 
     let started = Instant::now();
     let job = MpiJob::start_with(srun(&cluster), &ds.base, RANKS, SEED, Q, &[]);
@@ -282,7 +287,7 @@ fn host_killed_mid_exchange_ends_the_job_and_a_resubmitted_job_resumes() {
         b = b.numbered_class(c, 30, |i| 20_000 + 97 * i as u64);
     }
     let ds = b.build();
-    let cluster = Cluster::up_with("sl3", "10.214.23.0/24", 2, &["--slurm"]);
+    let cluster = slurm_cluster("sl3", "10.214.23.0/24", 2);
 
     // 1. The exchange into epoch 1 slowed so it is running when h1 dies.
     let slow = ["--exchange-rate", "20000", "--share-disk", "never"];
@@ -366,7 +371,7 @@ fn example_sbatch_script_trains_with_ddp_and_tears_down() {
         .output()
         .unwrap();
     check("make_dataset.py", &made);
-    let cluster = Cluster::up_with("sl4", "10.214.24.0/24", 2, &["--slurm"]);
+    let cluster = slurm_cluster("sl4", "10.214.24.0/24", 2);
     let out = d.join("job.out");
     let script = repo().join("mount-helpers/examples/shufflefs.sbatch");
     let job = run_with_timeout(
@@ -402,7 +407,7 @@ fn down_after_a_killed_run_stops_every_slurm_daemon() {
     if !require_slurm() {
         return;
     }
-    let cluster = Cluster::up_with("sl5", "10.214.25.0/24", 2, &["--slurm"]);
+    let cluster = slurm_cluster("sl5", "10.214.25.0/24", 2);
     let state = PathBuf::from(format!("/run/shufflefs-cluster/{}/slurm", cluster.name));
     let pid = |file: &str| -> i32 {
         let text = fs::read_to_string(state.join(file)).unwrap();
