@@ -7,7 +7,8 @@
 //!   started through srun) does too. `--mpi=pmi2` is not tested: this Open MPI has no Slurm
 //!   PMI-2, it fails (see docs/cluster.md).
 //! - `srun ... shufflefs mount` on 4 hosts x 2 ranks walks 3 epochs, each a partition of the
-//!   dataset with exact bytes, and `scancel` (SIGTERM to every task, which unmounts) leaves no
+//!   dataset with exact bytes, moving samples within a host through the disk and across hosts
+//!   over MPI, and `scancel` (SIGTERM to every task, which unmounts) leaves no
 //!   mount and no daemon on any host.
 //! - A host killed mid-exchange (its slurmd and every process in it) ends the job on every
 //!   host; once the host is back (its slurmd restarted) the same job resumes at the same epoch
@@ -254,6 +255,17 @@ fn srun_mounts_walk_three_epochs_and_scancel_leaves_nothing() {
     wait_all(&job, "the exchange into epoch 3", |st| {
         exchange(st, 3).is_some_and(|x| x["state"] == "done")
     });
+    // Node-aware under srun too: a same-host peer through the disk, the others over MPI.
+    for r in 0..RANKS as usize {
+        let st = job.status(r);
+        for target in 1..=3u64 {
+            for p in exchange(&st, target).unwrap()["peers"].as_array().unwrap() {
+                let same = p["rank"].as_u64().unwrap() / 2 == r as u64 / 2;
+                assert_eq!(p["same_host"], same, "rank {r}: {p}");
+                assert_eq!(p["via"], if same { "disk" } else { "mpi" }, "rank {r}: {p}");
+            }
+        }
+    }
 
     // scancel: Slurm sends SIGTERM to every task, each daemon unmounts and exits.
     let ids = jobs("sl2");
