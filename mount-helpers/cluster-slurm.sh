@@ -43,6 +43,7 @@ slurm_write_conf() { # NAME
     cat <<EOF
 # Written by shufflefs-cluster up $1 --slurm; removed by down.
 ClusterName=sfs-$1
+FirstJobId=$((RANDOM * 100 + 1))
 SlurmctldHost=$(hostname -s)($PREFIX.254)
 SlurmctldPort=$ctl_port
 SlurmdPort=$d_port
@@ -104,6 +105,15 @@ slurm_wait_idle() { # NAME SECONDS
   done
 }
 
+# Waits up to 5 s for a daemon's pid file (written after it forked).
+slurm_wait_file() { # FILE WHAT
+  local tries=50
+  until [ -s "$1" ]; do
+    tries=$((tries - 1)); [ $tries -gt 0 ] || die "$2 wrote no pid file $1 (see its log)"
+    sleep 0.1
+  done
+}
+
 # `up ... --slurm`: munged, slurmctld, one slurmd per host; returns once every node is idle.
 slurm_up() { # NAME
   local s
@@ -117,15 +127,12 @@ slurm_up() { # NAME
   munged --force --key-file="$s/munge.key" --socket="$s/munge.sock" \
     --pid-file="$s/munged.pid" --log-file="$s/munged.log" --seed-file="$s/munged.seed" ||
     die "munged did not start (see $s/munged.log)"
+  slurm_wait_file "$s/munged.pid" munged
   record_pid "$DIR" "$(cat "$s/munged.pid")" munged
   slurm_write_conf "$1"
   slurmctld -f "$s/slurm.conf" -i </dev/null >>"$s/slurmctld.out" 2>&1 ||
     die "slurmctld did not start (see $s/slurmctld.log)"
-  local tries=50
-  until [ -s "$s/slurmctld.pid" ]; do
-    tries=$((tries - 1)); [ $tries -gt 0 ] || die "slurmctld wrote no pid file ($s/slurmctld.log)"
-    sleep 0.1
-  done
+  slurm_wait_file "$s/slurmctld.pid" slurmctld
   record_pid "$DIR" "$(cat "$s/slurmctld.pid")" slurmctld
   local i
   for ((i = 0; i < HOSTS; i++)); do
@@ -201,7 +208,7 @@ slurm_down() { # DIR
   fi
   for f in "$s"/slurmctld.pid "$s"/slurmd-*.pid "$s"/munged.pid; do
     [ -s "$f" ] || continue
-    pid=$(cat "$f")
+    pid=$(cat "$f" 2>/dev/null) || continue
     # Only a process that is still the daemon the file names.
     case "$(cat "/proc/$pid/comm" 2>/dev/null)" in
       slurmctld|slurmd|munged) kill -TERM "$pid" 2>/dev/null || true ;;
@@ -212,7 +219,7 @@ slurm_down() { # DIR
     local alive=0
     for f in "$s"/slurmctld.pid "$s"/slurmd-*.pid "$s"/munged.pid; do
       [ -s "$f" ] || continue
-      pid=$(cat "$f")
+      pid=$(cat "$f" 2>/dev/null) || continue
       case "$(cat "/proc/$pid/comm" 2>/dev/null)" in
         slurmctld|slurmd|munged) alive=1 ;;
       esac
@@ -222,7 +229,7 @@ slurm_down() { # DIR
   done
   for f in "$s"/slurmctld.pid "$s"/slurmd-*.pid "$s"/munged.pid; do
     [ -s "$f" ] || continue
-    pid=$(cat "$f")
+    pid=$(cat "$f" 2>/dev/null) || continue
     case "$(cat "/proc/$pid/comm" 2>/dev/null)" in
       slurmctld|slurmd|munged) kill -KILL "$pid" 2>/dev/null || true ;;
     esac

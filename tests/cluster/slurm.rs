@@ -28,7 +28,7 @@ use std::fs;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::cluster_mpi::{CHILD, Cluster, HARNESS, harness_ok, listing};
 use crate::common::mpi_job::{MpiJob, exchange, planned, wait_all};
@@ -124,16 +124,62 @@ fn child_args() -> Vec<String> {
     ]
 }
 
+/// Open MPI 4.1.4 started directly by srun (PMIx) sometimes crashes in `MPI_Init` on this
+/// loaded 2-core machine: about 1 launch of 8 ranks in 13 under load, never under mpirun (0
+/// in 40 in the same conditions). The core shows a null callback called from btl/tcp's
+/// receive handler inside `ompi_mpi_init`'s progress loop, apparently a frame from a peer that
+/// finished MPI_Init before this rank registered its handlers. Not ours to fix: a launch
+/// whose output shows that crash (a task's "Segmentation fault") is tried again, at most
+/// twice, and says so; any other failure is the test's.
+fn retry_init_crash<T>(what: &str, mut launch: impl FnMut() -> (T, String)) -> T {
+    for attempt in 1.. {
+        let (result, output) = launch();
+        if attempt > 2 || !output.contains("Segmentation fault") {
+            return result;
+        }
+        eprintln!("{what}: a rank crashed in MPI_Init (Open MPI under srun); launching again");
+    }
+    unreachable!()
+}
+
+/// `MpiJob::start_with` under srun, launched again after an MPI_Init crash (see
+/// [`retry_init_crash`]).
+fn start_job(
+    cluster: &Cluster,
+    dir: &Path,
+    ranks: u32,
+    seed: u64,
+    q: f64,
+    extra: &[&str],
+) -> MpiJob {
+    let job = retry_init_crash("srun shufflefs mount", || {
+        let started = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            MpiJob::start_with(srun(cluster), dir, ranks, seed, q, extra)
+        }));
+        let log = if started.is_err() {
+            fs::read_to_string(dir.join("job.log")).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        (started, log)
+    });
+    job.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+}
+
 /// Runs `args` (a launch of the child check) and checks every rank reported its host.
 #[track_caller]
 fn check_hosts_with(cluster: &Cluster, args: &[&str], what: &str) {
     let per_host = 2;
     let ranks = cluster.hosts * per_host;
     let want: Vec<String> = (0..ranks).map(|r| (r / per_host).to_string()).collect();
-    let out = run_with_timeout(
-        slurm(cluster.name, args).env(CHILD, want.join(",")),
-        Duration::from_secs(90),
-    );
+    let out = retry_init_crash(what, || {
+        let out = run_with_timeout(
+            slurm(cluster.name, args).env(CHILD, want.join(",")),
+            Duration::from_secs(90),
+        );
+        let text = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out, text)
+    });
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -233,7 +279,7 @@ fn srun_mounts_walk_three_epochs_and_scancel_leaves_nothing() {
     let cluster = slurm_cluster("sl2", "10.214.22.0/24", 4);
 
     let started = Instant::now();
-    let job = MpiJob::start_with(srun(&cluster), &ds.base, RANKS, SEED, Q, &[]);
+    let job = start_job(&cluster, &ds.base, RANKS, SEED, Q, &[]);
     let ready = started.elapsed();
     let daemons = daemons_on_their_hosts(&cluster, &job);
     for epoch in 0..3u64 {
@@ -303,7 +349,7 @@ fn host_killed_mid_exchange_ends_the_job_and_a_resubmitted_job_resumes() {
 
     // 1. The exchange into epoch 1 slowed so it is running when h1 dies.
     let slow = ["--exchange-rate", "20000", "--share-disk", "never"];
-    let mut job = MpiJob::start_with(srun(&cluster), &ds.base, RANKS, SEED, Q, &slow);
+    let mut job = start_job(&cluster, &ds.base, RANKS, SEED, Q, &slow);
     let daemons = daemons_on_their_hosts(&cluster, &job);
     wait_all(&job, "staging", |st| {
         st["staging"]["state"] == "done"
@@ -337,7 +383,7 @@ fn host_killed_mid_exchange_ends_the_job_and_a_resubmitted_job_resumes() {
     harness_ok(&["slurmd", "sl3", "1"]);
     wait_idle(&cluster);
     let back = killed.elapsed();
-    let mut job = MpiJob::start_with(srun(&cluster), &ds.base, RANKS, SEED, Q, &[]);
+    let mut job = start_job(&cluster, &ds.base, RANKS, SEED, Q, &[]);
     let daemons = daemons_on_their_hosts(&cluster, &job);
     for r in 0..RANKS as usize {
         assert_eq!(job.status(r)["epoch"], 0, "rank {r} resumed elsewhere");
@@ -386,23 +432,26 @@ fn example_sbatch_script_trains_with_ddp_and_tears_down() {
     let cluster = slurm_cluster("sl4", "10.214.24.0/24", 2);
     let out = d.join("job.out");
     let script = repo().join("mount-helpers/examples/shufflefs.sbatch");
-    let job = run_with_timeout(
-        slurm(
-            "sl4",
-            &["sbatch", "--wait", "--nodes=2", "--ntasks-per-node=2", "-o"],
-        )
-        .arg(&out)
-        .arg(&script)
-        .args(["--epochs", "3", "--batch-size", "8"])
-        .env("SHUFFLEFS", BIN)
-        .env("SHUFFLEFS_SOURCE", d.join("src"))
-        .env("SHUFFLEFS_CACHE", d.join("cache{rank}"))
-        .env("SHUFFLEFS_MOUNT", d.join("mnt{rank}"))
-        .env("SHUFFLEFS_HELPERS", repo().join("mount-helpers"))
-        .env("PYTHON", &python)
-        .env("TMPDIR", d),
-        Duration::from_secs(300),
-    );
+    let job = retry_init_crash("sbatch", || {
+        let job = run_with_timeout(
+            slurm(
+                "sl4",
+                &["sbatch", "--wait", "--nodes=2", "--ntasks-per-node=2", "-o"],
+            )
+            .arg(&out)
+            .arg(&script)
+            .args(["--epochs", "3", "--batch-size", "8"])
+            .env("SHUFFLEFS", BIN)
+            .env("SHUFFLEFS_SOURCE", d.join("src"))
+            .env("SHUFFLEFS_CACHE", d.join("cache{rank}"))
+            .env("SHUFFLEFS_MOUNT", d.join("mnt{rank}"))
+            .env("SHUFFLEFS_HELPERS", repo().join("mount-helpers"))
+            .env("PYTHON", &python)
+            .env("TMPDIR", d),
+            Duration::from_secs(300),
+        );
+        (job, fs::read_to_string(&out).unwrap_or_default())
+    });
     let log = fs::read_to_string(&out).unwrap_or_default();
     assert!(job.status.success(), "{job:?}\n{log}");
     assert!(log.contains("every mount ready"), "{log}");
