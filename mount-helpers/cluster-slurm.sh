@@ -20,7 +20,10 @@
 # Measured (2 shared cores, 4 hosts x 2 ranks): `up --slurm` 0.3-0.5 s; srun of 8 shufflefs
 # daemons to every mount answering 0.9-2.1 s (mpirun through the rsh agent: 1.9-2.1 s);
 # scancel to no daemon and no mount 0.4 s; a killed host is declared down, and its job
-# cancelled on the other hosts, about 25 s after the kill (SlurmdTimeout=10).
+# cancelled on the other hosts, about 25 s after the kill (SlurmdTimeout=10). Job ids start at
+# a random FirstJobId, so no two clusters' jobs share ids (names derived from them: Open MPI's
+# shared-memory segments, PMIx folders). Open MPI 4.1.4 launched by srun sometimes crashes in
+# MPI_Init under load (docs/cluster.md, Slurm); mpirun in an allocation does not.
 
 SLURM_CPUS=8
 
