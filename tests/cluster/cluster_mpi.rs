@@ -33,7 +33,7 @@ use crate::harness::{Cluster, STATE, harness_ok, link_exists, measure, ns_exists
 use shufflefs::comm::{Comm, MpiComm};
 
 /// Set (to the expected host list) when this binary runs as a rank under the harness.
-const CHILD: &str = "SHUFFLEFS_CLUSTER_MPI_CHILD";
+pub(crate) const CHILD: &str = "SHUFFLEFS_CLUSTER_MPI_CHILD";
 /// How long a job may take to end after an unmount or a killed rank.
 const END_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -120,7 +120,7 @@ fn rank_sees_hosts() {
 /// What an uninterrupted run lists on `rank` in `epoch` (`class/name`), from the plan.
 /// `class/name` of every sample in `mnt/epoch-N` (looking it up advances to it), each read and
 /// compared with the source; every class must be listed.
-fn listing(ds: &Dataset, mnt: &Path, epoch: u64) -> BTreeSet<String> {
+pub(crate) fn listing(ds: &Dataset, mnt: &Path, epoch: u64) -> BTreeSet<String> {
     let view = mnt.join(format!("epoch-{epoch}"));
     let got = crate::common::listing(&view);
     assert_eq!(

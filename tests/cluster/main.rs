@@ -12,3 +12,4 @@ mod common;
 mod cluster_mpi;
 mod harness;
 mod private_hosts;
+mod slurm;
