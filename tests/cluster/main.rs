@@ -13,3 +13,4 @@ mod cluster_mpi;
 mod harness;
 mod private_hosts;
 mod slurm;
+mod slurm_private;

@@ -39,7 +39,7 @@ use crate::harness::{Cluster, HARNESS, harness_ok};
 const END_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The cluster's Slurm and MPI tools are there (or CI requires them).
-fn require_slurm() -> bool {
+pub(crate) fn require_slurm() -> bool {
     if !require_cluster() {
         return false;
     }
@@ -70,7 +70,7 @@ fn slurm_cluster(name: &'static str, subnet: &str, hosts: u32) -> Cluster {
 }
 
 /// `shufflefs-cluster slurm NAME ARGS...`: a Slurm command from the head node.
-fn slurm(name: &str, args: &[&str]) -> Command {
+pub(crate) fn slurm(name: &str, args: &[&str]) -> Command {
     let mut c = Command::new(HARNESS);
     c.stdin(Stdio::null()).args(["slurm", name]).args(args);
     c
@@ -132,7 +132,7 @@ fn child_args() -> Vec<String> {
 /// finished MPI_Init before this rank registered its handlers. Not ours to fix: a launch
 /// whose output shows that crash (a task's "Segmentation fault") is tried again, at most
 /// twice, and says so; any other failure is the test's.
-fn retry_init_crash<T>(what: &str, mut launch: impl FnMut() -> (T, String)) -> T {
+pub(crate) fn retry_init_crash<T>(what: &str, mut launch: impl FnMut() -> (T, String)) -> T {
     for attempt in 1.. {
         let (result, output) = launch();
         if attempt > 2 || !output.contains("Segmentation fault") {
