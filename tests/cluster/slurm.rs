@@ -166,7 +166,8 @@ fn private_slurm_cluster(name: &'static str, subnet: &str, hosts: u32, store: &P
 
 /// `shufflefs mount` of `ds` (the store's folder) through srun, 2 ranks per host, caches and
 /// mounts on each host's disk (`HostJob::start`), launched again after an MPI_Init crash (see
-/// [`retry_init_crash`]); the log is `ds.base/job.log`.
+/// [`retry_init_crash`]); the log is `ds.base/job.log`, a crashed launch's appended to
+/// `ds.base/job.crashed.log`.
 fn start_job<'a>(
     cluster: &'a Cluster,
     ds: &Dataset,
@@ -179,11 +180,13 @@ fn start_job<'a>(
         let started = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             HostJob::start(cluster, srun(cluster), 2, &source, plan, extra, &log)
         }));
-        let text = if started.is_err() {
-            fs::read_to_string(&log).unwrap_or_default()
-        } else {
-            String::new()
-        };
+        let mut text = String::new();
+        if started.is_err() {
+            text = fs::read_to_string(&log).unwrap_or_default();
+            let crashed = ds.base.join("job.crashed.log");
+            let earlier = fs::read_to_string(&crashed).unwrap_or_default();
+            fs::write(&crashed, earlier + &text).unwrap();
+        }
         (started, text)
     });
     job.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
@@ -418,7 +421,11 @@ fn host_killed_mid_exchange_ends_the_job_and_a_resubmitted_job_resumes() {
             "{m} on h1: one live mount, the dead one gone: {h1:?}"
         );
     }
-    let cleared = job.log().matches("removed a dead shufflefs mount").count();
+    // (A launch that crashed in MPI_Init may have cleared some already.)
+    let crashed = fs::read_to_string(ds.base.join("job.crashed.log")).unwrap_or_default();
+    let cleared = (job.log() + &crashed)
+        .matches("removed a dead shufflefs mount")
+        .count();
     assert_eq!(
         cleared,
         2,
