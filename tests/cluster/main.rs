@@ -11,6 +11,7 @@ mod common;
 
 mod cluster_mpi;
 mod harness;
+mod host_job;
 mod private_hosts;
 mod slurm;
 mod slurm_private;

@@ -47,8 +47,9 @@ fn require_store() -> bool {
     ok
 }
 
-/// The in-host side of [`host_listing`]: lists `MOUNT/epoch-EPOCH`, reads every file and
-/// compares it with SOURCE; prints `ok class/name` or `err class/name ERROR` per file.
+/// The in-host side of [`host_view`]: lists `MOUNT/epoch-EPOCH`, reads every file and
+/// compares it with SOURCE; prints `class NAME` per class, then `ok class/name` or
+/// `err class/name ERROR` per file.
 #[test]
 fn lists_a_view_inside_a_host() {
     let Ok(arg) = std::env::var(CHILD) else {
@@ -57,7 +58,11 @@ fn lists_a_view_inside_a_host() {
     let [mnt, src, epoch]: [&str; 3] = arg.split('\t').collect::<Vec<_>>().try_into().unwrap();
     let view = Path::new(mnt).join(format!("epoch-{epoch}"));
     println!(); // libtest's "test NAME ... " has no newline under --nocapture
-    for (class, files) in listing(&view) {
+    let listed = listing(&view);
+    for class in listed.keys() {
+        println!("class {class}");
+    }
+    for (class, files) in listed {
         for name in files {
             let rel = format!("{class}/{name}");
             match fs::read(view.join(&rel)) {
@@ -78,6 +83,16 @@ fn lists_a_view_inside_a_host() {
     }
 }
 
+/// What a host sees in a view (`mnt/epoch-N`), read inside the host by [`host_view`].
+pub(crate) struct HostView {
+    /// The class folders listed.
+    pub classes: Vec<String>,
+    /// `class/name` of the samples read with the source's bytes.
+    pub ok: BTreeSet<String>,
+    /// `class/name ERROR` of the samples that could not be read.
+    pub failed: Vec<String>,
+}
+
 /// What host `host` reads in `mnt/epoch-N`: the samples read with the source's bytes, and
 /// the ones that failed (with the error).
 fn host_listing(
@@ -87,6 +102,20 @@ fn host_listing(
     src: &Path,
     epoch: u64,
 ) -> (BTreeSet<String>, Vec<String>) {
+    let view = host_view(cluster, host, mnt, src, epoch);
+    (view.ok, view.failed)
+}
+
+/// Lists `mnt/epoch-N` inside host `host` (this binary run there: the mount exists only
+/// there), every file read and compared with the source `src`, a path the host sees too;
+/// a byte that differs fails the test.
+pub(crate) fn host_view(
+    cluster: &Cluster,
+    host: u32,
+    mnt: &str,
+    src: &Path,
+    epoch: u64,
+) -> HostView {
     let exe = std::env::current_exe().unwrap();
     let out = run_with_timeout(
         harness()
@@ -103,16 +132,21 @@ fn host_listing(
         "h{host} {mnt}: {stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let mut ok = BTreeSet::new();
-    let mut failed = Vec::new();
+    let mut view = HostView {
+        classes: Vec::new(),
+        ok: BTreeSet::new(),
+        failed: Vec::new(),
+    };
     for line in stdout.lines() {
-        if let Some(key) = line.strip_prefix("ok ") {
-            ok.insert(key.to_string());
+        if let Some(class) = line.strip_prefix("class ") {
+            view.classes.push(class.to_string());
+        } else if let Some(key) = line.strip_prefix("ok ") {
+            view.ok.insert(key.to_string());
         } else if let Some(e) = line.strip_prefix("err ") {
-            failed.push(e.to_string());
+            view.failed.push(e.to_string());
         }
     }
-    (ok, failed)
+    view
 }
 
 /// A `shufflefs mount` job on private hosts, one rank per host: caches `LOCAL/TAGcache{rank}`,

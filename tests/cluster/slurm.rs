@@ -6,19 +6,23 @@
 //!   (from `salloc` on the head node, and from an `sbatch` script on the first node, its orted
 //!   started through srun) does too. `--mpi=pmi2` is not tested: this Open MPI has no Slurm
 //!   PMI-2, it fails (see docs/cluster.md).
-//! - `srun ... shufflefs mount` on 4 hosts x 2 ranks walks 3 epochs, each a partition of the
-//!   dataset with exact bytes, moving samples within a host through the disk and across hosts
-//!   over MPI, and `scancel` (SIGTERM to every task, which unmounts) leaves no
-//!   mount and no daemon on any host.
-//! - A host killed mid-exchange (its slurmd and every process in it) ends the job on every
-//!   host; once the host is back (its slurmd restarted) the same job resumes at the same epoch
-//!   with the plan's listings and nothing fetched from the source again.
+//! - `srun ... shufflefs mount` on 4 private hosts x 2 ranks, the dataset on the storage
+//!   host (`--source` STORE, caches and mount points on each host's own disk, made by the
+//!   daemons), walks 3 epochs, each a partition of the dataset with exact bytes, moving
+//!   samples within a host through the disk and across hosts over MPI, and `scancel` (SIGTERM
+//!   to every task, which unmounts) leaves no mount in any host's mount table and no daemon.
+//! - A private host killed mid-exchange (its slurmd, its store mount and every process in
+//!   it) ends the job on every host and leaves its mounts dead in its mount namespace; once
+//!   the host is back (store mount and slurmd again) the same job, resubmitted, clears the
+//!   dead mounts, resumes at the same epoch with the plan's listings and fetches nothing from
+//!   the source again.
 //! - The example batch script (mount-helpers/examples/shufflefs.sbatch) trains with PyTorch
 //!   DDP on 2 hosts x 2 ranks, each rank reading its own mount, and leaves nothing behind.
 //! - `down` after a killed run stops every Slurm daemon and removes their files.
 //!
-//! The hosts share the root's mount table here: the test reads every rank's mount and status
-//! from the root namespace.
+//! The first and the last two tests run on hosts sharing the root's mount table (they look at
+//! no mount or only at the batch script's from here); the jobs on private hosts are looked at
+//! only from inside their hosts (tests/cluster/host_job.rs).
 //!
 //! Skips like the rest of the group without root and the tools, and also without slurm-wlm
 //! and munge, unless `SHUFFLEFS_REQUIRE_CLUSTER=1`.
@@ -30,10 +34,11 @@ use std::time::{Duration, Instant};
 
 use std::path::{Path, PathBuf};
 
-use crate::cluster_mpi::{CHILD, listing};
-use crate::common::mpi_job::{MpiJob, exchange, planned, wait_all};
+use crate::cluster_mpi::CHILD;
+use crate::common::mpi_job::{exchange, planned};
 use crate::common::*;
 use crate::harness::{Cluster, HARNESS, harness_ok};
+use crate::host_job::{HostJob, host_fuse_mounts};
 
 /// How long a job may take to end after `scancel` or a killed host.
 const END_TIMEOUT: Duration = Duration::from_secs(60);
@@ -143,26 +148,46 @@ pub(crate) fn retry_init_crash<T>(what: &str, mut launch: impl FnMut() -> (T, St
     unreachable!()
 }
 
-/// `MpiJob::start_with` under srun, launched again after an MPI_Init crash (see
-/// [`retry_init_crash`]).
-fn start_job(
-    cluster: &Cluster,
-    dir: &Path,
-    ranks: u32,
-    seed: u64,
-    q: f64,
+/// A cluster with Slurm on private hosts (own mount namespace and disk each), the dataset at
+/// `store` served by the storage host (STORE in every host), each disk a 256 MB tmpfs.
+fn private_slurm_cluster(name: &'static str, subnet: &str, hosts: u32, store: &Path) -> Cluster {
+    let store = store.to_string_lossy();
+    let extra = [
+        "--store",
+        &store,
+        "--disk-type",
+        "tmpfs",
+        "--disk",
+        "256M",
+        "--slurm",
+    ];
+    Cluster::private(name, subnet, hosts, &extra)
+}
+
+/// `shufflefs mount` of `ds` (the store's folder) through srun, 2 ranks per host, caches and
+/// mounts on each host's disk (`HostJob::start`), launched again after an MPI_Init crash (see
+/// [`retry_init_crash`]); the log is `ds.base/job.log`, a crashed launch's appended to
+/// `ds.base/job.crashed.log`.
+fn start_job<'a>(
+    cluster: &'a Cluster,
+    ds: &Dataset,
+    plan: (u64, f64),
     extra: &[&str],
-) -> MpiJob {
+) -> HostJob<'a> {
+    let source = cluster.config("STORE");
+    let log = ds.base.join("job.log");
     let job = retry_init_crash("srun shufflefs mount", || {
         let started = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            MpiJob::start_with(srun(cluster), dir, ranks, seed, q, extra)
+            HostJob::start(cluster, srun(cluster), 2, &source, plan, extra, &log)
         }));
-        let log = if started.is_err() {
-            fs::read_to_string(dir.join("job.log")).unwrap_or_default()
-        } else {
-            String::new()
-        };
-        (started, log)
+        let mut text = String::new();
+        if started.is_err() {
+            text = fs::read_to_string(&log).unwrap_or_default();
+            let crashed = ds.base.join("job.crashed.log");
+            let earlier = fs::read_to_string(&crashed).unwrap_or_default();
+            fs::write(&crashed, earlier + &text).unwrap();
+        }
+        (started, text)
     });
     job.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
 }
@@ -252,18 +277,6 @@ fn srun(cluster: &Cluster) -> Command {
     )
 }
 
-/// Every rank's daemon runs in its host (2 per host); returns the pids.
-#[track_caller]
-fn daemons_on_their_hosts(cluster: &Cluster, job: &MpiJob) -> Vec<i32> {
-    (0..job.mounts.len())
-        .map(|r| {
-            let pid = job.status(r)["pid"].as_i64().unwrap() as i32;
-            assert_eq!(cluster.host_of(pid), Some(r as u32 / 2), "rank {r}'s host");
-            pid
-        })
-        .collect()
-}
-
 #[test]
 fn srun_mounts_walk_three_epochs_and_scancel_leaves_nothing() {
     if !require_slurm() {
@@ -277,16 +290,16 @@ fn srun_mounts_walk_three_epochs_and_scancel_leaves_nothing() {
         .numbered_class("dog", 30, |i| 20_000 + 877 * i as u64)
         .class("eel", &[("one.png", 10), ("two.png", 0)])
         .build();
-    let cluster = slurm_cluster("sl2", "10.214.22.0/24", 4);
+    let cluster = private_slurm_cluster("fa2", "10.214.100.0/24", 4, &ds.root);
 
     let started = Instant::now();
-    let job = start_job(&cluster, &ds.base, RANKS, SEED, Q, &[]);
+    let job = start_job(&cluster, &ds, (SEED, Q), &[]);
     let ready = started.elapsed();
-    let daemons = daemons_on_their_hosts(&cluster, &job);
+    let daemons = job.daemons_on_their_hosts();
     for epoch in 0..3u64 {
         let mut owner = BTreeMap::new();
         for r in 0..RANKS {
-            let got = listing(&ds, &job.mounts[r as usize], epoch);
+            let got = job.listing(&ds, r, epoch);
             assert_eq!(got, planned(&ds.root, (RANKS, SEED, Q), epoch, r));
             for key in got {
                 assert!(owner.insert(key, r).is_none(), "listed twice in {epoch}");
@@ -294,20 +307,20 @@ fn srun_mounts_walk_three_epochs_and_scancel_leaves_nothing() {
         }
         assert_eq!(owner.len(), ds.samples.len(), "epoch {epoch} covers all");
         if epoch < 2 {
-            for m in &job.mounts {
-                write_epoch(m, format!("{}\n", epoch + 1)).unwrap();
+            for r in 0..RANKS {
+                job.advance(r, epoch + 1);
             }
         }
     }
-    wait_all(&job, "the exchange into epoch 3", |st| {
+    job.wait_all("the exchange into epoch 3", |st| {
         exchange(st, 3).is_some_and(|x| x["state"] == "done")
     });
     // Node-aware under srun too: a same-host peer through the disk, the others over MPI.
-    for r in 0..RANKS as usize {
+    for r in 0..RANKS {
         let st = job.status(r);
         for target in 1..=3u64 {
             for p in exchange(&st, target).unwrap()["peers"].as_array().unwrap() {
-                let same = p["rank"].as_u64().unwrap() / 2 == r as u64 / 2;
+                let same = p["rank"].as_u64().unwrap() / 2 == u64::from(r / 2);
                 assert_eq!(p["same_host"], same, "rank {r}: {p}");
                 assert_eq!(p["via"], if same { "disk" } else { "mpi" }, "rank {r}: {p}");
             }
@@ -315,18 +328,18 @@ fn srun_mounts_walk_three_epochs_and_scancel_leaves_nothing() {
     }
 
     // scancel: Slurm sends SIGTERM to every task, each daemon unmounts and exits.
-    let ids = jobs("sl2");
+    let ids = jobs("fa2");
     assert_eq!(ids.len(), 1, "one job: {ids:?}");
     let cancelled = Instant::now();
-    slurm_ok("sl2", &["scancel", &ids[0]]);
+    slurm_ok("fa2", &["scancel", &ids[0]]);
     let mut job = job;
     assert!(
         job.wait_within(END_TIMEOUT).is_some(),
         "srun outlived scancel"
     );
-    all_gone_but_slurmd(&cluster, &job.mounts, &daemons);
+    all_gone_in_hosts(&cluster, &[0, 1, 2, 3], &daemons);
     eprintln!(
-        "srun of 4 hosts x 2 ranks: every mount ready {ready:.2?} after srun started; \
+        "srun of 4 private hosts x 2 ranks: every mount ready {ready:.2?} after srun started; \
          scancel to nothing left: {:.2?}",
         cancelled.elapsed()
     );
@@ -346,65 +359,102 @@ fn host_killed_mid_exchange_ends_the_job_and_a_resubmitted_job_resumes() {
         b = b.numbered_class(c, 30, |i| 20_000 + 97 * i as u64);
     }
     let ds = b.build();
-    let cluster = slurm_cluster("sl3", "10.214.23.0/24", 2);
+    let cluster = private_slurm_cluster("fa3", "10.214.101.0/24", 2, &ds.root);
 
     // 1. The exchange into epoch 1 slowed so it is running when h1 dies.
     let slow = ["--exchange-rate", "20000", "--share-disk", "never"];
-    let mut job = start_job(&cluster, &ds.base, RANKS, SEED, Q, &slow);
-    let daemons = daemons_on_their_hosts(&cluster, &job);
-    wait_all(&job, "staging", |st| {
+    let mut job = start_job(&cluster, &ds, (SEED, Q), &slow);
+    let daemons = job.daemons_on_their_hosts();
+    job.wait_all("staging", |st| {
         st["staging"]["state"] == "done"
             && st["staging"]["files_done"] == st["staging"]["files_total"]
     });
-    wait_all(&job, "the exchange into epoch 1 to run", |st| {
+    job.wait_all("the exchange into epoch 1 to run", |st| {
         exchange(st, 1).is_some_and(|x| x["state"] == "running")
     });
-    let id = jobs("sl3").pop().expect("the job runs");
+    let id = jobs("fa3").pop().expect("the job runs");
     let killed = Instant::now();
     kill_host(&cluster, 1);
     // Slurm declares the node failed (SlurmdTimeout) and cancels the step on the other
     // nodes (SIGTERM, then SIGKILL after KillWait); srun's own exit status is 0 then, and
     // the job stays COMPLETING (Reason=NodeDown) until the host is back.
     let status = job.wait_within(END_TIMEOUT);
-    let log = || fs::read_to_string(ds.base.join("job.log")).unwrap_or_default();
-    assert!(status.is_some(), "srun outlived the killed host\n{}", log());
+    assert!(
+        status.is_some(),
+        "srun outlived the killed host\n{}",
+        job.log()
+    );
     let ended = killed.elapsed();
-    let state = slurm_ok("sl3", &["scontrol", "show", "job", &id]);
+    let state = slurm_ok("fa3", &["scontrol", "show", "job", &id]);
     assert!(
         state.contains("JobState=NODE_FAIL") || state.contains("Reason=NodeDown"),
         "{state}\n{}",
-        log()
+        job.log()
     );
-    // h0's ranks unmounted; h1's mounts are dead until the next daemon there cleans up.
-    all_gone_but_slurmd(&cluster, &job.mounts[..2], &daemons[..2]);
-    job.mounts.clear();
+    // h0's ranks unmounted; h1's mounts are left dead in h1 (its store mount too).
+    all_gone_in_hosts(&cluster, &[0], &daemons[..2]);
+    for m in &job.mounts[2..] {
+        let out = cluster.exec("1", &["stat", m]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("not connected"),
+            "{m} on h1 is not a dead mount: {err}"
+        );
+    }
     drop(job);
 
-    // 2. The host comes back (its slurmd again) and the same job is submitted again.
-    harness_ok(&["slurmd", "sl3", "1"]);
+    // 2. The host comes back (its store mount and its slurmd again, as after a reboot that
+    // kept its disk) and the same job is submitted again: the daemons on h1 clear the dead
+    // mounts, every rank resumes at epoch 0 from its cache.
+    harness_ok(&["store", "fa3", "start"]);
+    harness_ok(&["slurmd", "fa3", "1"]);
     wait_idle(&cluster);
     let back = killed.elapsed();
-    let mut job = start_job(&cluster, &ds.base, RANKS, SEED, Q, &[]);
-    let daemons = daemons_on_their_hosts(&cluster, &job);
-    for r in 0..RANKS as usize {
+    let mut job = start_job(&cluster, &ds, (SEED, Q), &[]);
+    let daemons = job.daemons_on_their_hosts();
+    let h1 = host_fuse_mounts(&cluster, 1);
+    for m in &job.mounts[2..] {
+        let here: Vec<_> = h1.iter().filter(|(t, _)| t == m).collect();
+        assert_eq!(
+            here.len(),
+            1,
+            "{m} on h1: one live mount, the dead one gone: {h1:?}"
+        );
+    }
+    // (A launch that crashed in MPI_Init may have cleared some already.)
+    let crashed = fs::read_to_string(ds.base.join("job.crashed.log")).unwrap_or_default();
+    let cleared = (job.log() + &crashed)
+        .matches("removed a dead shufflefs mount")
+        .count();
+    assert_eq!(
+        cleared,
+        2,
+        "h1's two ranks clear their dead mounts:\n{}",
+        job.log()
+    );
+    for r in 0..RANKS {
         assert_eq!(job.status(r)["epoch"], 0, "rank {r} resumed elsewhere");
     }
     for epoch in 0..2 {
         for r in 0..RANKS {
             assert_eq!(
-                listing(&ds, &job.mounts[r as usize], epoch),
+                job.listing(&ds, r, epoch),
                 planned(&ds.root, (RANKS, SEED, Q), epoch, r),
                 "rank {r} epoch {epoch} after the restart"
             );
         }
     }
-    for r in 0..RANKS as usize {
+    for r in 0..RANKS {
         let st = job.status(r);
         assert_eq!(st["cache"]["fetched_from_source"], 0, "rank {r}: {st}");
     }
     let status = job.unmount_within(END_TIMEOUT);
-    assert!(status.is_some_and(|s| s.success()), "{status:?}");
-    all_gone_but_slurmd(&cluster, &job.mounts, &daemons);
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{status:?}\n{}",
+        job.log()
+    );
+    all_gone_in_hosts(&cluster, &[0, 1], &daemons);
     eprintln!(
         "host h1 killed: the job ended in {ended:.1?}, the node was idle again at {back:.1?}"
     );
@@ -525,6 +575,27 @@ fn all_gone_but_slurmd(cluster: &Cluster, mounts: &[PathBuf], daemons: &[i32]) {
     for m in mounts {
         assert!(!is_mounted(m), "{} is still mounted", m.display());
     }
+    daemons_gone(cluster, daemons);
+}
+
+/// After the job on private hosts: no shufflefs mount in any of `hosts` (each host's own
+/// mount table read inside it), no daemon, nothing but the slurmds and the store's sshfs
+/// mounts (and its sshd) left in the cluster.
+#[track_caller]
+fn all_gone_in_hosts(cluster: &Cluster, hosts: &[u32], daemons: &[i32]) {
+    for &h in hosts {
+        let ours: Vec<_> = (host_fuse_mounts(cluster, h).into_iter())
+            .filter(|(_, fstype)| fstype != "fuse.sshfs")
+            .collect();
+        assert!(ours.is_empty(), "h{h} still has {ours:?}");
+    }
+    daemons_gone(cluster, daemons);
+}
+
+/// `daemons` exit (within 10 s), then so does everything in the hosts but slurmd and the
+/// store's processes (sshfs and its ssh in the hosts, sshd in the store).
+#[track_caller]
+fn daemons_gone(cluster: &Cluster, daemons: &[i32]) {
     for &pid in daemons {
         assert!(
             wait_pid_gone(pid, Duration::from_secs(10)),
@@ -540,7 +611,7 @@ fn all_gone_but_slurmd(cluster: &Cluster, mounts: &[PathBuf], daemons: &[i32]) {
                     fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default(),
                 )
             })
-            .filter(|(_, comm)| !comm.is_empty() && comm.trim() != "slurmd")
+            .filter(|(_, comm)| !matches!(comm.trim(), "" | "slurmd" | "sshfs" | "ssh" | "sshd"))
             .collect();
         if left.is_empty() {
             return;
