@@ -95,8 +95,8 @@ fn pair_bytes(manifest: &Manifest, step: &Step, world: u32) -> Vec<Vec<u64>> {
 
 /// The baseline: the same bytes between the same pairs, straight from memory, every peer at
 /// once with two frames in flight per stream, as the exchange moves them: MPI point-to-point
-/// with no disk and no copy.
-fn baseline(comm: &mut dyn Comm, pairs: &[Vec<u64>]) -> f64 {
+/// with no disk and no copy. Returns the slowest rank's seconds and all ranks' CPU seconds.
+fn baseline(comm: &mut dyn Comm, pairs: &[Vec<u64>]) -> (f64, f64) {
     const IN_FLIGHT: usize = 2;
     let (me, world) = (comm.rank() as usize, comm.size() as usize);
     let abort = AtomicBool::new(false);
@@ -113,6 +113,7 @@ fn baseline(comm: &mut dyn Comm, pairs: &[Vec<u64>]) -> f64 {
     let mut slots: std::collections::HashMap<u64, (bool, usize)> = Default::default();
     barrier(comm);
     let t0 = Instant::now();
+    let cpu0 = cpu_seconds();
     loop {
         for p in 0..world {
             while inc[p].1 < IN_FLIGHT && inc[p].1 + inc[p].2 < inc[p].0 {
@@ -143,7 +144,8 @@ fn baseline(comm: &mut dyn Comm, pairs: &[Vec<u64>]) -> f64 {
             free.push(done.buf);
         }
     }
-    max_time(comm, t0.elapsed().as_secs_f64())
+    let secs = max_time(comm, t0.elapsed().as_secs_f64());
+    (secs, sum(comm, cpu_seconds() - cpu0))
 }
 
 /// Seconds the busiest host link needs for the bytes that cross hosts, at `rate` bytes/s
@@ -301,7 +303,7 @@ fn scenario(
         .sum();
     let moved = step.transfers.len() as f64;
     let pairs = pair_bytes(&manifest, &step, world);
-    let base = baseline(comm, &pairs);
+    let (base, base_cpu) = baseline(comm, &pairs);
     // Written pages of the staged share would otherwise still be in flight during the exchange.
     nix::unistd::sync();
     barrier(comm);
@@ -363,7 +365,7 @@ fn scenario(
                 })
         };
         println!(
-            "| {name} | {layout} | {label}, Q={fraction} | {moved:.0} | {:.0} MB/s | {:.0} MB/s | {:.0} MB/s | {:.2}x | {:.2}x | {vs_link} | {:.0} | {cpu:.2} s, {:.0} MB/CPU-s | {} | {} |",
+            "| {name} | {layout} | {label}, Q={fraction} | {moved:.0} | {:.0} MB/s | {:.0} MB/s | {:.0} MB/s | {:.2}x | {:.2}x | {vs_link} | {:.0} | {cpu:.2} s, {:.0} MB/CPU-s | {base_cpu:.2} s, {:.2}x | {} | {} |",
             rate(base),
             rate(floor),
             rate(exch),
@@ -371,6 +373,7 @@ fn scenario(
             exch.recip() / floor.recip(),
             moved / exch,
             rates.cpu / 1e6,
+            cpu / base_cpu,
             vs(layout),
             vs(CacheLayout::Files),
         );
@@ -391,9 +394,9 @@ fn main() {
     if comm.rank() == 0 {
         println!("ranks: {}, cache under {}", comm.size(), tmp.display());
         println!(
-            "| scenario | layout | dataset | samples moved | MPI p2p baseline | disk floor | exchange | exchange / MPI | exchange / disk | exchange / link | exchange samples/s | exchange CPU (all ranks) | bytes/s vs 100KB same layout (wall / per CPU-s) | vs 100KB files (wall / per CPU-s) |"
+            "| scenario | layout | dataset | samples moved | MPI p2p baseline | disk floor | exchange | exchange / MPI | exchange / disk | exchange / link | exchange samples/s | exchange CPU (all ranks) | MPI baseline CPU, exchange CPU per byte / baseline's | bytes/s vs 100KB same layout (wall / per CPU-s) | vs 100KB files (wall / per CPU-s) |"
         );
-        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     }
     // SCENARIOS=100KB,4KB,362B,362B-pages (the default; any subset, run in this order), LAYOUTS=files,packed.
     let only = std::env::var("SCENARIOS").unwrap_or_default();

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what shufflefs needs to build and run, when missing: fuse3, Open MPI, clang for
-# rsmpi's bindings, and iproute2/util-linux/python3 for the emulated hosts. Sourced by tests/run.sh and mount-helpers/demo.sh; safe to run twice.
+# rsmpi's bindings, iproute2/util-linux/python3 for the emulated hosts, and
+# sshfs/openssh-server/slurm-wlm/munge for their storage host and Slurm. Sourced by tests/run.sh and mount-helpers/demo.sh; safe to run twice.
 # Also exports what Open MPI needs to run as root and to put 4 ranks on 2 cores.
 need_apt=()
 command -v fusermount3 >/dev/null || need_apt+=(fuse3)
@@ -14,6 +15,15 @@ command -v pkg-config >/dev/null || need_apt+=(pkg-config)
 { command -v ip && command -v tc; } >/dev/null || need_apt+=(iproute2)
 command -v nsenter >/dev/null || need_apt+=(util-linux)
 command -v python3 >/dev/null || need_apt+=(python3)
+# Private hosts' disks (ext4 on a loop device), the storage host (sshd serving, sshfs mounting)
+# and Slurm in the emulated cluster (munged, slurmctld, slurmd, srun).
+command -v mkfs.ext4 >/dev/null || need_apt+=(e2fsprogs)
+command -v losetup >/dev/null || need_apt+=(mount)
+command -v sshfs >/dev/null || need_apt+=(sshfs)
+[ -x /usr/sbin/sshd ] || need_apt+=(openssh-server)
+command -v ssh-keygen >/dev/null || need_apt+=(openssh-client)
+{ command -v slurmctld && command -v slurmd && command -v srun; } >/dev/null || need_apt+=(slurm-wlm)
+command -v munged >/dev/null || need_apt+=(munge)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "== installing: ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"

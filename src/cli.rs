@@ -283,6 +283,23 @@ pub struct MountArgs {
     #[arg(long, help_heading = "Mount")]
     pub allow_other: bool,
 
+    /// Once every rank's mount answers, rank 0 writes a JSON record of the job here (job
+    /// size, epoch, each rank's host and mount point); it removes the file when it stops.
+    #[arg(
+        long,
+        value_name = "PATH",
+        help_heading = "Mount",
+        long_help = "Once every rank's mount answers, rank 0 writes a JSON record of the job to PATH: \
+                     the job size, the current epoch and, for every rank, its rank, host name and \
+                     absolute mount point (see docs/status.md, \"Ready file\"). The file is written \
+                     atomically (a temporary file in the same folder, then a rename), replaces one \
+                     left from before (rank 0 removes that as it starts), and is removed when rank 0 \
+                     stops, so it never says ready for a job that is gone. Launchers wait for it \
+                     instead of looking at every rank's mount, which other hosts cannot see. Only \
+                     rank 0 writes it: no {rank} needed."
+    )]
+    pub ready_file: Option<PathBuf>,
+
     /// Throw away a cache built with other settings instead of refusing to mount.
     #[arg(long, help_heading = "Data")]
     pub reset_cache: bool,
@@ -334,7 +351,9 @@ pub struct MountArgs {
     #[arg(long, value_enum, default_value_t = ReadPath::Passthrough, help_heading = "Tuning")]
     pub read_path: ReadPath,
 
-    /// Where the view appears. `{rank}` is replaced by the rank. Must be an empty folder.
+    /// Where the view appears. `{rank}` is replaced by the rank. Must be an empty folder, or
+    /// missing: then the daemon creates it (and missing parents) once every rank is ready to
+    /// mount, and removes the folders it created when it stops.
     pub mountpoint: String,
 }
 

@@ -98,6 +98,8 @@ pub(crate) struct MountConfig {
     pub seed: Option<u64>,
     pub foreground: bool,
     pub allow_other: bool,
+    /// `--ready-file`: rank 0 writes the job's ready record here (`daemon::ready`).
+    pub ready_file: Option<PathBuf>,
     pub reset_cache: bool,
     /// `--rescan`: rank 0 scans the source even when its cache holds an index, and a cache
     /// built on another index keeps what is still valid (see `daemon::startup::rescan`).
@@ -133,6 +135,7 @@ impl TryFrom<MountArgs> for MountConfig {
             seed: args.seed,
             foreground: args.foreground,
             allow_other: args.allow_other,
+            ready_file: args.ready_file,
             reset_cache: args.reset_cache,
             rescan: args.rescan,
             exchange_rate: args.exchange_rate,

@@ -11,6 +11,8 @@ Rank and world size come from mpirun/srun (or RANK/WORLD_SIZE); MASTER_ADDR/MAST
 default to 127.0.0.1:29500. Uses the gloo backend, so it runs on CPU.
 """
 import argparse
+import hashlib
+import json
 import os
 import sys
 
@@ -33,12 +35,31 @@ def env_int(*names, default=None):
     return default
 
 
+def record(folder, mount, epoch, rank, ds):
+    """What this rank read in `epoch` (relative path, size, sha256 of each sample file) and
+    its mount's status, as DIR/epoch-E.rank-R.json (written whole, then renamed)."""
+    root = shufflefs.epoch_dir(mount, epoch)
+    samples = []
+    for path, _ in ds.samples:
+        with open(path, "rb") as f:
+            data = f.read()
+        samples.append([os.path.relpath(path, root), len(data), hashlib.sha256(data).hexdigest()])
+    out = os.path.join(folder, f"epoch-{epoch}.rank-{rank}.json")
+    os.makedirs(folder, exist_ok=True)
+    with open(out + ".tmp", "w") as f:
+        json.dump({"samples": samples, "status": shufflefs.status(mount)}, f)
+    os.replace(out + ".tmp", out)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mount", required=True, help="this rank's mount point; {rank} is replaced")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--record", metavar="DIR",
+                    help="after each epoch, write DIR/epoch-E.rank-R.json: the samples this rank "
+                    "read (path, bytes, sha256) and its mount's status, to check a run")
     a = ap.parse_args()
     rank = env_int("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
     world = env_int("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS")
@@ -75,6 +96,8 @@ def main():
                 loss.backward()
                 opt.step()
                 total += torch.tensor([loss.item() * len(labels), len(labels)])
+        if a.record:
+            record(a.record, mount, epoch, rank, ds)
         dist.all_reduce(total)
         mean = (total[0] / total[1]).item()
         first = mean if first is None else first

@@ -10,6 +10,7 @@ parameter averaging); the point is the data path. Prints one line per epoch and,
 `first_acc=` and `last_acc=` (accuracy on the rank's own data of the last epoch).
 """
 import argparse
+import json
 import os
 import sys
 
@@ -26,8 +27,13 @@ def main():
     ap.add_argument("--mount", required=True, help="mount path; {rank} is replaced by the rank")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--features", type=int, default=64, help="feature columns (n_features)")
+    ap.add_argument("--record", metavar="DIR",
+                    help="after each epoch, write DIR/epoch-E.rank-R.json: the record ids this "
+                    "rank read (column 0) and its mount's status, to check a run")
     a = ap.parse_args()
-    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+    # mpirun sets OMPI_COMM_WORLD_RANK, srun SLURM_PROCID (and PMIX_RANK).
+    rank = next((int(os.environ[n]) for n in ("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+                 if n in os.environ), 0)
     mount = a.mount.replace("{rank}", str(rank))
     shufflefs.wait_ready(mount)
     model = SGDClassifier(loss="hinge", random_state=rank)
@@ -36,8 +42,10 @@ def main():
     for epoch in range(start, start + a.epochs):
         d = shufflefs.epoch_dir(mount, epoch)
         xs, ys = [], []
+        ids = []
         for part in sorted(os.listdir(d)):
             x, y = load_svmlight_file(os.path.join(d, part), n_features=a.features)
+            ids.extend(int(i) for i in x[:, 0].toarray().ravel())
             # Column 0 is make_dataset.py's record id (bookkeeping, not a feature).
             x = x[:, 1:].tocsr()
             x.indices = x.indices.astype(numpy.int32)  # SGDClassifier takes 32-bit indices
@@ -45,6 +53,12 @@ def main():
             model.partial_fit(x, y, classes=numpy.array([0.0, 1.0]))
             xs.append(x)
             ys.append(y)
+        if a.record:
+            out = os.path.join(a.record, f"epoch-{epoch}.rank-{rank}.json")
+            os.makedirs(a.record, exist_ok=True)
+            with open(out + ".tmp", "w") as f:
+                json.dump({"ids": ids, "status": shufflefs.status(mount)}, f)
+            os.replace(out + ".tmp", out)
         if not xs:
             print(f"rank {rank} epoch {epoch}: no records this epoch")
             continue

@@ -52,6 +52,7 @@ pub use files::FileBackend;
 pub use layout::CacheLayout;
 pub(crate) use own::remove_owned;
 pub(crate) use packed::PackedBackend;
+pub(crate) use store::source_errno;
 pub use store::{Adopted, SampleStore, StoreStats};
 
 /// Bump when the layout or the plan's output changes: old caches are then refused.

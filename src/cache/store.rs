@@ -22,6 +22,35 @@ use crate::dataset::Dataset;
 use crate::dataset::manifest::{Manifest, UNKNOWN_SIZE};
 use crate::plan::SampleId;
 
+/// A source's error named by the sample's place (`PATH: error`), keeping the OS error that
+/// [`source_errno`] finds again: staging tells a source that went away (EIO from sshfs, say)
+/// from a bad sample by it.
+#[derive(Debug)]
+pub(crate) struct SourceError {
+    what: String,
+    error: io::Error,
+}
+
+impl std::fmt::Display for SourceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.what, self.error)
+    }
+}
+
+impl std::error::Error for SourceError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+/// The OS error code of `e`, or of the source error it wraps ([`SourceError`]).
+pub(crate) fn source_errno(e: &io::Error) -> Option<i32> {
+    (e.raw_os_error()).or_else(|| {
+        let inner = e.get_ref()?.downcast_ref::<SourceError>()?;
+        inner.error.raw_os_error()
+    })
+}
+
 /// Counters shown in the status.
 #[derive(Default)]
 pub struct StoreStats {
@@ -257,7 +286,8 @@ impl SampleStore {
             Err(_) => self.stats.source_errors.fetch_add(1, Ordering::Relaxed),
         };
         result.map(|_| ()).map_err(|e| {
-            let e = io::Error::new(e.kind(), format!("{}: {e}", self.source.describe(id)));
+            let what = self.source.describe(id);
+            let e = io::Error::new(e.kind(), SourceError { what, error: e });
             self.stats.report_problem(e.to_string());
             e
         })

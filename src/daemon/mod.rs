@@ -18,9 +18,11 @@ use crate::comm::Comm;
 use crate::config::{ExchangeMode, MountConfig, for_rank};
 use crate::exchange::coded::{CodedClient, Routes};
 use crate::exchange::{ExchangeConfig, ExchangeError, Peers, SlowPeers};
+use crate::sys::made_dirs::{MadeDirs, MountDirs};
 
 pub(crate) mod coded;
 pub(crate) mod mounted;
+mod ready;
 mod resize;
 mod serving;
 mod startup;
@@ -82,6 +84,7 @@ fn run_rank(
     mut world: Option<&mut dyn Comm>,
     on_ready: &mut dyn FnMut(&str),
 ) -> Result<(), DaemonError> {
+    ready::clear_stale(config, comm.rank());
     let prepared = startup::prepare(config, comm);
     let routes = match world.as_deref_mut() {
         Some(world) => coded_offer(config, comm, world, &prepared)?,
@@ -159,15 +162,17 @@ fn coded_offer(
 }
 
 /// The last phase of start-up: mount everywhere, or nowhere (a rank whose mount succeeded
-/// unmounts again, by dropping its session, when another's failed). `None`: a rank was
-/// told to stop during start-up, so none mounts (see `mounted`, "A stop before the mount").
+/// unmounts again, by dropping its session, when another's failed). A missing mount point
+/// is created here, once nothing else can refuse the start, and removed again with the
+/// session on a refusal (`sys::made_dirs`). `None`: a rank was told to stop during
+/// start-up, so none mounts (see `mounted`, "A stop before the mount").
 fn mount_everywhere<'w>(
     config: &MountConfig,
     fs: crate::vfs::ShuffleFs,
-    mountpoint: &Path,
+    (mountpoint, dirs): (&Path, MountDirs),
     comm: &mut dyn Comm,
     world: Option<&mut (dyn Comm + 'w)>,
-) -> Result<Option<mounted::Session>, DaemonError> {
+) -> Result<Option<(mounted::Session, MadeDirs)>, DaemonError> {
     let stops = comm
         .all_gather(&[u8::from(mounted::stop_requested())])
         .map_err(StartError::from)?;
@@ -178,7 +183,12 @@ fn mount_everywhere<'w>(
         }
         return Ok(None);
     }
-    let session = mounted::mount(fs, config, mountpoint).map_err(PhaseError::Mine);
+    // Dropped on a refusal: the session (unmount) first, then the folders made for it.
+    let session = dirs
+        .create()
+        .map_err(|e| format!("creating the mount point {}: {e}", mountpoint.display()))
+        .and_then(|made| Ok((mounted::mount(fs, config, mountpoint)?, made)))
+        .map_err(PhaseError::Mine);
     let session = agreed(comm, session);
     if let Some(world) = world {
         let mount = match session {

@@ -40,7 +40,9 @@
 //! 1. the session: already ended (that is what ended the exchange loop), or unmounted now
 //!    (`Drop` on an error path); its thread is joined, which also ends the drain watch;
 //! 2. the invalidation thread: told to stop and joined (the kernel connection is gone);
-//! 3. the signal watcher: closed and joined.
+//! 3. the signal watcher: closed and joined;
+//! 4. the ready file and the mount point's folders, if this daemon made them (`Leftovers`),
+//!    unless already removed as the mount went.
 //!
 //! The caller releases the cache lock after `stop`, so `shufflefs unmount` (which waits for
 //! the lock) returns only once nothing writes the cache any more.
@@ -48,15 +50,17 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use fuser::{Config, MountOption, SessionACL};
 
 use super::DaemonError;
+use super::ready::ReadyFile;
 use crate::config::MountConfig;
 use crate::fuse::FuseAdapter;
+use crate::sys::made_dirs::MadeDirs;
 use crate::sys::{mounts, readahead};
 use crate::vfs::{ShuffleFs, inodes};
 
@@ -136,6 +140,10 @@ pub(crate) struct Mounted {
     drained: Arc<AtomicBool>,
     /// Set when the threads must end.
     closing: Arc<AtomicBool>,
+    /// The ready file and the mount point's folders: removed as the mount goes (see
+    /// [`Leftovers`]), or at the latest after everything above (fields drop after
+    /// `Drop::drop`, in order), so after the unmount or detach.
+    leftovers: SharedLeftovers,
 }
 
 impl Mounted {
@@ -144,7 +152,12 @@ impl Mounted {
         mut session: Session,
         mountpoint: &Path,
         hooks: Hooks,
+        made: MadeDirs,
     ) -> Result<Mounted, DaemonError> {
+        let leftovers = Arc::new(Mutex::new(Leftovers {
+            ready: None,
+            made: Some(made),
+        }));
         match readahead::raise(mountpoint, readahead::WINDOW_KB) {
             Ok(kb) => tracing::debug!(kb, "readahead window of the mount"),
             Err(e) => {
@@ -156,7 +169,7 @@ impl Mounted {
         let closing = Arc::new(AtomicBool::new(false));
         let invalidation =
             invalidation_thread(&session, hooks.invalidations, hooks.invalidated, &closing)?;
-        let (signals, signal_thread) = watch_signals(&mut session, mountpoint, &abort)?;
+        let (signals, signal_thread) = watch_signals(&mut session, mountpoint, &abort, &leftovers)?;
         if stop_requested() {
             // Told to stop after the ranks agreed to mount, before the watcher listened.
             tracing::info!("signal received during start-up; unmounting");
@@ -165,11 +178,12 @@ impl Mounted {
             }
         }
         let (stop, progress) = (hooks.stop, hooks.progress);
-        let (abort2, drained2) = (abort.clone(), drained.clone());
+        let (abort2, drained2, left2) = (abort.clone(), drained.clone(), leftovers.clone());
         let session = thread::Builder::new()
             .name("fuse".into())
             .spawn(move || {
                 let result = session.run();
+                clean_up(&left2);
                 name_this_thread(DRAINING);
                 stop();
                 watch_drain(&*progress, &drained2, &abort2);
@@ -185,7 +199,18 @@ impl Mounted {
             abort,
             drained,
             closing,
+            leftovers,
         })
+    }
+
+    /// Keeps the job's ready file (`super::ready`) until the mount goes: a signal, or the
+    /// end of the session, removes it at once, not when the daemon exits (a detached mount
+    /// may wait long for its readers).
+    pub(crate) fn hold_ready(&self, file: ReadyFile) {
+        let ended = self.session.as_ref().is_none_or(JoinHandle::is_finished);
+        if !ended && !stop_requested() {
+            lock(&self.leftovers).ready = Some(file);
+        }
     }
 
     /// What the exchange in flight watches to give up (see "Stopping").
@@ -239,6 +264,7 @@ impl Drop for Mounted {
             }
         }
         self.close_threads();
+        clean_up(&self.leftovers);
     }
 }
 
@@ -332,9 +358,11 @@ fn watch_signals(
     session: &mut Session,
     mountpoint: &Path,
     abort: &Arc<AtomicBool>,
+    leftovers: &SharedLeftovers,
 ) -> Result<(signal_hook::iterator::Handle, JoinHandle<()>), DaemonError> {
     let mut unmounter = session.unmount_callable();
     let (mountpoint, abort) = (mountpoint.to_path_buf(), abort.clone());
+    let leftovers = leftovers.clone();
     let mut signals =
         signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGHUP])
             .map_err(thread_error("signal"))?;
@@ -344,10 +372,20 @@ fn watch_signals(
         .spawn(move || {
             if let Some(sig) = signals.forever().next() {
                 tracing::info!(signal = sig, "signal received; unmounting");
-                if let Err(e) = unmounter.unmount() {
-                    let detached = mounts::detach(&mountpoint);
-                    tracing::warn!(error = %e, detached, "unmount on signal failed; detached the mount instead");
-                    abort.store(true, Ordering::Relaxed);
+                drop(lock(&leftovers).ready.take());
+                let gone = match unmounter.unmount() {
+                    Ok(()) => true,
+                    Err(e) => {
+                        let detached = mounts::detach(&mountpoint);
+                        tracing::warn!(error = %e, detached, "unmount on signal failed; detached the mount instead");
+                        abort.store(true, Ordering::Relaxed);
+                        detached
+                    }
+                };
+                // Unmounted or detached: the folders can go now, even if the daemon is
+                // killed while its readers keep the detached mount alive.
+                if gone {
+                    clean_up(&leftovers);
                 }
             }
         })
@@ -377,6 +415,29 @@ fn fuse_config(config: &MountConfig) -> Config {
     c.n_threads = Some(config.fuse_threads(passes_through));
     c.clone_fd = true;
     c
+}
+
+/// What must not outlive the mount: the job's ready file (it would say ready for a job
+/// that is gone) and the folders made for the mount point. Whichever thread sees the mount
+/// go first removes them: the signal watcher once it unmounted or detached (a detached
+/// mount may keep the daemon alive for its readers, and a launcher may kill the daemon
+/// meanwhile), or the session thread when the session ends.
+struct Leftovers {
+    ready: Option<ReadyFile>,
+    made: Option<MadeDirs>,
+}
+
+type SharedLeftovers = Arc<Mutex<Leftovers>>;
+
+fn lock(leftovers: &SharedLeftovers) -> std::sync::MutexGuard<'_, Leftovers> {
+    leftovers.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Removes the ready file, then the folders.
+fn clean_up(leftovers: &SharedLeftovers) {
+    let mut left = lock(leftovers);
+    drop(left.ready.take());
+    drop(left.made.take());
 }
 
 fn thread_error(what: &'static str) -> impl FnOnce(std::io::Error) -> DaemonError {

@@ -36,7 +36,8 @@ pub(crate) struct Exchanges {
 }
 
 /// Runs one prepared rank: node, mount (`mount_everywhere`, the agreed last phase of
-/// start-up), readiness, exchanges until unmounted, then the ordered teardown.
+/// start-up), readiness (the ready file, `super::ready`, then `on_ready`), exchanges until
+/// unmounted (the ready file goes with the mount), then the ordered teardown.
 pub(crate) fn run_node(
     config: &MountConfig,
     prepared: Prepared,
@@ -49,6 +50,7 @@ pub(crate) fn run_node(
         plan,
         resumed,
         mountpoint,
+        mount_dirs,
     } = prepared;
     let rank = comm.rank();
     let leave_plan = plan.clone();
@@ -64,16 +66,29 @@ pub(crate) fn run_node(
     let fs = ShuffleFs::of(&node)
         .with_part_size(config.source_config.part_size())
         .with_access(crate::vfs::access::Access::of_source(&config.source));
-    let session = super::mount_everywhere(config, fs, &mountpoint, comm, world.as_deref_mut())
-        .inspect_err(|_| node.coordinator.shutdown())?;
-    let Some(session) = session else {
+    let session = super::mount_everywhere(
+        config,
+        fs,
+        (&mountpoint, mount_dirs),
+        comm,
+        world.as_deref_mut(),
+    )
+    .inspect_err(|_| node.coordinator.shutdown())?;
+    let Some((session, made)) = session else {
         node.coordinator.shutdown();
         store.dir().unlock();
         return Ok(());
     };
     let hooks = hooks(&node);
-    let mounted = Mounted::serve(session, &mountpoint, hooks)?;
+    let mounted = Mounted::serve(session, &mountpoint, hooks, made)?;
     let current = node.coordinator.current();
+    // Every rank's mount answers: rank 0 says so in the ready file (removed as it stops).
+    mounted.hold_ready(super::ready::agree(
+        config,
+        comm,
+        &mountpoint,
+        current.epoch,
+    ));
     on_ready(&super::ready_line(
         config,
         comm,

@@ -29,9 +29,16 @@ impl ImageFolder {
 impl Dataset for ImageFolder {
     fn copy_to(&self, id: SampleId, out: &mut dyn Write) -> io::Result<Copied> {
         let mut file = File::open(self.path(id))?;
-        // The open file's times cost no extra lookup on the source.
-        let mtime = file.metadata().and_then(|m| m.modified()).ok();
+        // The open file's size and times cost no extra lookup on the source.
+        let meta = file.metadata().ok();
+        let mtime = meta.as_ref().and_then(|m| m.modified().ok());
         let len = copy_large(&mut file, out)?;
+        // A network filesystem whose server went away mid-read (sshfs) can end the file
+        // early instead of failing: fewer bytes than the open file's size is an I/O error,
+        // not a shorter sample.
+        if meta.is_some_and(|m| len < m.len()) {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
         Ok(Copied { len, mtime })
     }
 

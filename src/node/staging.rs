@@ -5,6 +5,11 @@
 //! the new one. Copies run on a few threads because parallel filesystems reward concurrency.
 //! A sample a reader opens before staging reaches it is fetched by that reader
 //! (`SampleStore::ensure` makes sure it is copied once).
+//!
+//! A source that fails as a network filesystem does when its server goes away (EIO,
+//! ENOTCONN, a timeout...) is retried: the share is staged again after a pause that doubles
+//! from 1 s to 30 s, until a round ends without such a failure or a new epoch arrives. A
+//! sample that is missing or changed at the source is that sample's problem, not retried.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError, channel};
@@ -109,6 +114,7 @@ fn run(
 ) {
     let mut pending = rx.recv().ok();
     let mut scrubbed = false;
+    let mut backoff = RETRY_FIRST;
     while let Some(StagingCmd::Epoch { current }) = pending.take() {
         let mine = current.share(rank);
         progress.epoch.store(current.epoch, Ordering::Relaxed);
@@ -138,8 +144,14 @@ fn run(
         progress.busy.store(!missing.is_empty(), Ordering::Relaxed);
         progress.started.store(true, Ordering::Relaxed);
         let started = std::time::Instant::now();
-        pending = stage(store, &missing, threads, rx, progress);
+        let unreachable;
+        (pending, unreachable) = stage(store, &missing, threads, rx, progress);
         progress.busy.store(false, Ordering::Relaxed);
+        if pending.is_none() && unreachable > 0 {
+            pending = retry_after(rx, &mut backoff, unreachable, current);
+            continue;
+        }
+        backoff = RETRY_FIRST;
         if pending.is_none() && !missing.is_empty() {
             tracing::info!(
                 epoch = current.epoch,
@@ -156,6 +168,51 @@ fn run(
             pending = rx.recv().ok();
         }
     }
+}
+
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// After a round in which `unreachable` samples failed as an unreachable source does: waits
+/// `backoff` (doubled for next time) for a newer epoch, else stages `current` again.
+fn retry_after(
+    rx: &Receiver<StagingCmd>,
+    backoff: &mut Duration,
+    unreachable: u64,
+    current: Arc<EpochShares>,
+) -> Option<StagingCmd> {
+    tracing::warn!(
+        epoch = current.epoch,
+        samples = unreachable,
+        retry_in_secs = backoff.as_secs_f64(),
+        "staging: the source did not answer; retrying"
+    );
+    let wait = *backoff;
+    *backoff = (*backoff * 2).min(RETRY_MAX);
+    match rx.recv_timeout(wait) {
+        Ok(cmd) => Some(cmd),
+        Err(RecvTimeoutError::Timeout) => Some(StagingCmd::Epoch { current }),
+        Err(RecvTimeoutError::Disconnected) => None,
+    }
+}
+
+/// Whether `e` is how a source behind a network (sshfs, NFS, a parallel filesystem) fails
+/// while its server is away, rather than a problem of one sample.
+fn source_unreachable(e: &std::io::Error) -> bool {
+    matches!(
+        crate::cache::source_errno(e),
+        Some(
+            libc::EIO
+                | libc::ENOTCONN
+                | libc::ETIMEDOUT
+                | libc::ECONNRESET
+                | libc::ECONNABORTED
+                | libc::ECONNREFUSED
+                | libc::EHOSTUNREACH
+                | libc::ENETUNREACH
+                | libc::ESTALE
+        )
+    )
 }
 
 /// Checks the whole cache once, after the first share is staged (`SampleStore::scrub`):
@@ -184,12 +241,26 @@ fn scrub(store: &SampleStore, rx: &Receiver<StagingCmd>) -> Option<StagingCmd> {
 }
 
 /// Copies `missing` into the cache; returns early with the next command if one arrives.
+/// Also returns how many samples failed as an unreachable source does.
 fn stage(
     store: &SampleStore,
     missing: &[(SampleId, bool)],
     threads: usize,
     rx: &Receiver<StagingCmd>,
     progress: &StagingProgress,
+) -> (Option<StagingCmd>, u64) {
+    let unreachable = AtomicU64::new(0);
+    let next = stage_counting(store, missing, threads, rx, progress, &unreachable);
+    (next, unreachable.into_inner())
+}
+
+fn stage_counting(
+    store: &SampleStore,
+    missing: &[(SampleId, bool)],
+    threads: usize,
+    rx: &Receiver<StagingCmd>,
+    progress: &StagingProgress,
+    unreachable: &AtomicU64,
 ) -> Option<StagingCmd> {
     let next_index = AtomicU64::new(0);
     let stop = AtomicBool::new(false);
@@ -213,6 +284,9 @@ fn stage(
                             }
                         }
                         Err(e) => {
+                            if source_unreachable(&e) {
+                                unreachable.fetch_add(1, Ordering::Relaxed);
+                            }
                             // A bad sample is reported, not fatal: readers get EIO for it alone.
                             tracing::warn!(sample = id, error = %e, "staging failed for a sample");
                             progress.errors.fetch_add(1, Ordering::Relaxed);
@@ -269,8 +343,79 @@ mod tests {
         store.ensure(1).unwrap(); // a reader was quicker
         let progress = StagingProgress::default();
         let (_tx, rx) = channel();
-        assert!(stage(&store, &missing, 2, &rx, &progress).is_none());
+        assert!(stage(&store, &missing, 2, &rx, &progress).0.is_none());
         let s = progress.snapshot();
         assert_eq!((s.bytes_done, s.bytes_total), (1000, 1000));
+    }
+
+    /// An ImageFolder whose server is away (EIO) for the first `away` copies.
+    struct AwayFor {
+        inner: ImageFolder,
+        away: AtomicU64,
+    }
+
+    impl crate::dataset::Dataset for AwayFor {
+        fn copy_to(
+            &self,
+            id: SampleId,
+            out: &mut dyn std::io::Write,
+        ) -> std::io::Result<crate::dataset::Copied> {
+            let left = self.away.load(Ordering::Relaxed);
+            if left > 0 {
+                self.away.store(left - 1, Ordering::Relaxed);
+                return Err(std::io::Error::from_raw_os_error(libc::EIO));
+            }
+            self.inner.copy_to(id, out)
+        }
+        fn read_at(&self, id: SampleId, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+            self.inner.read_at(id, offset, buf)
+        }
+        fn describe(&self, id: SampleId) -> String {
+            self.inner.describe(id)
+        }
+    }
+
+    /// A source that answers EIO (sshfs without its server) is staged again after a pause,
+    /// and staging ends done once it answers; the log and `last_error` named it meanwhile.
+    #[test]
+    fn staging_retries_a_source_that_went_away() {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src");
+        std::fs::create_dir_all(src.join("c")).unwrap();
+        for i in 0..4 {
+            std::fs::write(src.join(format!("c/{i}")), vec![i as u8; 100]).unwrap();
+        }
+        let manifest = Arc::new(crate::dataset::scan::scan(&src).unwrap());
+        let source = Arc::new(AwayFor {
+            inner: ImageFolder::new(src.clone(), manifest.clone()),
+            away: AtomicU64::new(3),
+        });
+        let dir = CacheDir::open(&tmp.path().join("cache")).unwrap();
+        let store = Arc::new(SampleStore::new(dir, manifest.clone(), source).unwrap());
+        let plan = crate::plan::Plan::new(crate::plan::PlanParams {
+            samples: manifest.len(),
+            world: 1,
+            fraction: 0.5,
+            seed: 1,
+        })
+        .unwrap();
+        let staging = Staging::start(store.clone(), 0, 1);
+        staging.send(StagingCmd::Epoch {
+            current: Arc::new(plan.initial()),
+        });
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let s = staging.progress.snapshot();
+            if s.state == "done" && s.files_done == 4 {
+                assert_eq!(s.errors, 3, "{:?}", s.last_error);
+                assert!(s.last_error.unwrap().contains(&*src.to_string_lossy()));
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "staging never finished"
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
     }
 }

@@ -14,181 +14,28 @@
 //!   the next epoch is answered, no daemon, orted or live mount is left), and the same job
 //!   started again resumes at the same epoch with the plan's listings.
 //!
+//! These tests read every rank's status, mount and cache from the root namespace, so their
+//! hosts share its mount table (`up --shared`); `private_hosts` covers hosts with their own.
+//!
 //! Needs root, iproute2, nsenter, mpirun, python3 and /dev/fuse; skips otherwise unless
 //! `SHUFFLEFS_REQUIRE_CLUSTER=1`. Each test has its own cluster name and subnet (tests run two at
 //! a time) and a lock on the name, so two runs of this file on one machine take turns.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crate::common::mpi_job::{MpiJob, exchange, planned, test_name, wait_all};
 use crate::common::*;
+use crate::harness::{Cluster, STATE, harness_ok, link_exists, measure, ns_exists};
 use shufflefs::comm::{Comm, MpiComm};
 
-const HARNESS: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/mount-helpers/shufflefs-cluster"
-);
 /// Set (to the expected host list) when this binary runs as a rank under the harness.
-const CHILD: &str = "SHUFFLEFS_CLUSTER_MPI_CHILD";
-const STATE: &str = "/run/shufflefs-cluster";
+pub(crate) const CHILD: &str = "SHUFFLEFS_CLUSTER_MPI_CHILD";
 /// How long a job may take to end after an unmount or a killed rank.
 const END_TIMEOUT: Duration = Duration::from_secs(60);
-
-fn harness() -> Command {
-    let mut c = Command::new(HARNESS);
-    c.stdin(Stdio::null());
-    c
-}
-
-/// Runs the harness with `args`; panics with its output unless it succeeds.
-#[track_caller]
-fn harness_ok(args: &[&str]) -> String {
-    let out = run_with_timeout(harness().args(args), Duration::from_secs(60));
-    assert!(
-        out.status.success(),
-        "shufflefs-cluster {args:?}: {}\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// An emulated cluster at 1gbit; `down` on drop, panic or not.
-struct Cluster {
-    name: &'static str,
-    hosts: u32,
-    /// Held for the cluster's life: another run of the same test waits for it.
-    _lock: fs::File,
-}
-
-impl Cluster {
-    fn up(name: &'static str, subnet: &str, hosts: u32) -> Cluster {
-        fs::create_dir_all(STATE).unwrap();
-        let lock = fs::File::create(format!("{STATE}/{name}.lock")).unwrap();
-        // SAFETY: flock on a descriptor we own; no memory is involved.
-        assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
-        // What a killed earlier run may have left.
-        harness_ok(&["down", name]);
-        harness_ok(&[
-            "up",
-            name,
-            "--hosts",
-            &hosts.to_string(),
-            "--rate",
-            "1gbit",
-            "--subnet",
-            subnet,
-        ]);
-        Cluster {
-            name,
-            hosts,
-            _lock: lock,
-        }
-    }
-
-    /// `shufflefs-cluster mpirun NAME --per-host K --`, to be followed by the program.
-    fn mpirun(&self, per_host: u32) -> Command {
-        let mut c = harness();
-        c.args([
-            "mpirun",
-            self.name,
-            "--per-host",
-            &per_host.to_string(),
-            "--",
-        ]);
-        c
-    }
-
-    /// Every process inside the cluster's hosts.
-    fn pids(&self) -> Vec<i32> {
-        harness_ok(&["pids", self.name])
-            .split_whitespace()
-            .map(|p| p.parse().unwrap())
-            .collect()
-    }
-
-    /// The host `pid` runs in: both its network and its UTS namespace must be the host's.
-    fn host_of(&self, pid: i32) -> Option<u32> {
-        let ns = |kind: &str| {
-            let link = fs::read_link(format!("/proc/{pid}/ns/{kind}")).ok()?;
-            let link = link.to_string_lossy().into_owned();
-            link.trim_start_matches(&format!("{kind}:["))
-                .trim_end_matches(']')
-                .parse::<u64>()
-                .ok()
-        };
-        let (net, uts) = (ns("net")?, ns("uts")?);
-        (0..self.hosts).find(|h| {
-            let ino = |p: String| fs::metadata(p).map(|m| m.ino()).ok();
-            ino(format!("/run/netns/sfs-{}-h{h}", self.name)) == Some(net)
-                && ino(format!("{STATE}/{}/uts-h{h}", self.name)) == Some(uts)
-        })
-    }
-
-    /// Bytes sent to host `h` over its link so far (the bridge side's tbf counter).
-    fn bytes_into(&self, h: u32) -> u64 {
-        let out = run_with_timeout(
-            Command::new("tc").args([
-                "-s",
-                "qdisc",
-                "show",
-                "dev",
-                &format!("sfs-{}-h{h}", self.name),
-            ]),
-            Duration::from_secs(10),
-        );
-        let text = String::from_utf8_lossy(&out.stdout);
-        text.split_whitespace()
-            .skip_while(|w| *w != "Sent")
-            .nth(1)
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("no byte count in tc's output:\n{text}"))
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let out = harness()
-            .args(["down", self.name])
-            .output()
-            .expect("run shufflefs-cluster down");
-        if !out.status.success() {
-            eprintln!(
-                "shufflefs-cluster down {} failed: {}",
-                self.name,
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-    }
-}
-
-/// The parsed `MB/s` of `shufflefs-cluster measure NAME FROM TO 1`.
-fn measure(name: &str, from: u32, to: u32) -> f64 {
-    let out = harness_ok(&["measure", name, &from.to_string(), &to.to_string(), "1"]);
-    out.split_whitespace().next().unwrap().parse().unwrap()
-}
-
-fn ns_exists(name: &str) -> bool {
-    fs::read_dir("/run/netns").is_ok_and(|d| {
-        d.flatten().any(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .starts_with(&format!("sfs-{name}-"))
-        })
-    })
-}
-
-fn link_exists(link: &str) -> bool {
-    Path::new("/sys/class/net").join(link).exists()
-}
 
 #[test]
 fn harness_shapes_links_and_down_cleans_a_killed_run() {
@@ -198,7 +45,7 @@ fn harness_shapes_links_and_down_cleans_a_killed_run() {
     let ds = DatasetBuilder::new()
         .numbered_class("a", 12, |i| 1_000 + i as u64)
         .build();
-    let cluster = Cluster::up("chs", "10.213.204.0/24", 2);
+    let cluster = Cluster::shared("chs", "10.213.204.0/24", 2);
 
     // Each host its own hostname, also for the ranks mpirun starts there.
     assert_eq!(
@@ -273,7 +120,7 @@ fn rank_sees_hosts() {
 /// What an uninterrupted run lists on `rank` in `epoch` (`class/name`), from the plan.
 /// `class/name` of every sample in `mnt/epoch-N` (looking it up advances to it), each read and
 /// compared with the source; every class must be listed.
-fn listing(ds: &Dataset, mnt: &Path, epoch: u64) -> BTreeSet<String> {
+pub(crate) fn listing(ds: &Dataset, mnt: &Path, epoch: u64) -> BTreeSet<String> {
     let view = mnt.join(format!("epoch-{epoch}"));
     let got = crate::common::listing(&view);
     assert_eq!(
@@ -391,7 +238,7 @@ fn walk_three_epochs(name: &'static str, subnet: &str, hosts: u32, per_host: u32
         .class("eel", &[("one.png", 10), ("two.png", 0), ("three.png", 3)])
         .empty_class("fox")
         .build();
-    let cluster = Cluster::up(name, subnet, hosts);
+    let cluster = Cluster::shared(name, subnet, hosts);
     check_hosts(&cluster, per_host);
 
     let ranks = hosts * per_host;
@@ -529,7 +376,7 @@ fn rank_killed_on_one_host_ends_the_job_everywhere_and_resumes() {
     const PER_HOST: u32 = 2;
     const RANKS: u32 = 4;
     let ds = four_classes(40, |i| 20_000 + 97 * i as u64);
-    let cluster = Cluster::up("ckill", "10.213.203.0/24", 2);
+    let cluster = Cluster::shared("ckill", "10.213.203.0/24", 2);
 
     // 1. Killed on h1 in the middle of the exchange into epoch 1 (slowed so it is running),
     // while a reader on h0 waits for epoch 1.
@@ -638,7 +485,7 @@ fn four_ranks_on_two_hosts_restart_as_two() {
     const SEED: u64 = 13;
     const Q: f64 = 0.5;
     let ds = four_classes(20, |i| 10_000 + 97 * i as u64);
-    let cluster = Cluster::up("celast", "10.213.206.0/24", 2);
+    let cluster = Cluster::shared("celast", "10.213.206.0/24", 2);
     let predicted = |history: &shufflefs::plan::elastic::History, epoch: u64, rank: u32| {
         let m = shufflefs::dataset::scan::scan(&ds.root).unwrap();
         let params = shufflefs::plan::PlanParams {
@@ -729,7 +576,7 @@ fn a_peer_on_a_slow_link_is_given_up_and_its_samples_come_from_the_source() {
     const Q: f64 = 1.0;
     const RANKS: u32 = 4;
     let ds = four_classes(25, |i| 90_000 + 37 * i as u64);
-    let cluster = Cluster::up("cslow", "10.213.205.0/24", RANKS);
+    let cluster = Cluster::shared("cslow", "10.213.205.0/24", RANKS);
     harness_ok(&["shape", "cslow", "3", "2mbit"]);
     let mut job = MpiJob::start_with(
         cluster.mpirun(1),

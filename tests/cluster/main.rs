@@ -10,3 +10,8 @@
 mod common;
 
 mod cluster_mpi;
+mod harness;
+mod host_job;
+mod private_hosts;
+mod slurm;
+mod slurm_private;

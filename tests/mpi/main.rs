@@ -15,6 +15,7 @@ mod comm_mpi;
 mod disk_full;
 mod elastic_mpi;
 mod interrupt_mpi;
+mod launch_mpi;
 mod mpi_exchange;
 mod rank_leaves;
 mod rescan_mpi;

@@ -1,8 +1,9 @@
 //! Under load: real `mpirun -np 4`, 8 reader processes per mount (32 at once), 5 epochs, each
 //! reader opening every file of its epoch in a random order with random partial reads, every
 //! byte compared with the source (`tests/stress/reader.py`); zero errors allowed. Then readers
-//! that keep reading are running when every rank is unmounted (`shufflefs unmount --lazy`, as
-//! `shufflefs-teardown` does): the readers end, the daemons exit, nothing stays mounted.
+//! that keep reading are running when every rank is unmounted (`shufflefs unmount --lazy`, as a
+//! SIGTERM from `shufflefs-teardown` does for a mount with files open): the readers end, the
+//! daemons exit, nothing stays mounted.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;

@@ -38,6 +38,7 @@ use crate::comm::{Comm, CommError};
 use crate::config::{MountConfig, for_rank};
 use crate::node::resumed::Resumed;
 use crate::plan::{ExchangeScope, Plan, PlanError, PlanParams, Rank};
+use crate::sys::made_dirs::MountDirs;
 
 mod agree;
 mod cache;
@@ -88,6 +89,8 @@ pub(crate) struct Prepared {
     pub plan: Plan,
     pub resumed: Resumed,
     pub mountpoint: PathBuf,
+    /// The folders the mount point lacks: created at the mount (`sys::made_dirs`).
+    pub mount_dirs: MountDirs,
 }
 
 /// Runs the phases in order on this rank (collective): each one's value, or the refusal
@@ -97,7 +100,8 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
     let cache_path = for_rank(&config.cache, rank);
     let mountpoint = for_rank(&config.mountpoint, rank);
 
-    let mut dir = agreed(comm, local::check(config, rank, &mountpoint, &cache_path))?;
+    let checked = local::check(config, rank, &mountpoint, &cache_path);
+    let (mut dir, mount_dirs) = agreed(comm, checked)?;
     let same = settings::compare(comm, config)?;
     agreed(comm, same)?;
 
@@ -162,6 +166,7 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
         plan,
         resumed,
         mountpoint,
+        mount_dirs,
     })
 }
 

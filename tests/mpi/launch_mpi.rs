@@ -1,0 +1,354 @@
+//! Launching and stopping a job without looking at other hosts' mounts, under real `mpirun`
+//! on this machine: rank 0's `--ready-file` (written only once every rank's mount answers,
+//! removed as it stops), `mount-helpers/shufflefs-launch` (with `--np` and with any
+//! `--launcher` prefix) and `mount-helpers/shufflefs-teardown` (SIGTERM to the launcher's
+//! group, which mpirun forwards to every rank), which leaves no mount, no daemon and no
+//! folder the daemons made, also when a reader holds a sample open or the launcher is gone.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::common::mpi_job::{mpirun, write_source};
+use crate::common::*;
+
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+fn hostname() -> String {
+    fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// `--source DIR/src --cache DIR/cache{rank} DIR/m/mnt{rank}` (the mount points missing).
+fn mount_args(dir: &Path) -> Vec<String> {
+    let p = |s: &str| dir.join(s).to_str().unwrap().to_string();
+    vec![
+        "--source".into(),
+        p("src"),
+        "--cache".into(),
+        p("cache{rank}"),
+        p("m/mnt{rank}"),
+    ]
+}
+
+fn mounts(dir: &Path, ranks: u32) -> Vec<PathBuf> {
+    (0..ranks).map(|r| dir.join(format!("m/mnt{r}"))).collect()
+}
+
+/// Every mount of the job gone, every daemon gone, the folders they made gone.
+#[track_caller]
+fn assert_nothing_left(dir: &Path, ranks: u32, pids: &[i32]) {
+    for m in mounts(dir, ranks) {
+        assert!(!is_mounted(&m), "{} is still mounted", m.display());
+    }
+    for &pid in pids {
+        assert!(
+            wait_pid_gone(pid, Duration::from_secs(10)),
+            "daemon {pid} still runs"
+        );
+    }
+    assert!(!dir.join("m").exists(), "the made mount points are left");
+}
+
+/// Unmounts whatever a failed test left.
+struct Cleanup<'a>(&'a Path, u32);
+
+impl Drop for Cleanup<'_> {
+    fn drop(&mut self) {
+        if self.0.join("job").exists() {
+            let _ = teardown(self.0);
+        }
+        for m in mounts(self.0, self.1) {
+            force_unmount(&m);
+        }
+    }
+}
+
+fn script(name: &str) -> Command {
+    let mut cmd = Command::new(repo().join("mount-helpers").join(name));
+    for v in ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK"] {
+        cmd.env_remove(v);
+    }
+    cmd.env("SHUFFLEFS", BIN).stdin(Stdio::null());
+    cmd
+}
+
+/// `shufflefs-launch OPTIONS --job DIR/job -- MOUNT-ARGS`; panics with its output on failure.
+fn launch(dir: &Path, options: &[&str]) -> String {
+    let out = run_with_timeout(
+        script("shufflefs-launch")
+            .args(options)
+            .arg("--job")
+            .arg(dir.join("job"))
+            .arg("--")
+            .args(mount_args(dir)),
+        TIMEOUT,
+    );
+    let log = fs::read_to_string(dir.join("job.log")).unwrap_or_default();
+    assert!(
+        out.status.success(),
+        "shufflefs-launch failed: {}\n{log}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn teardown(dir: &Path) -> Output {
+    run_with_timeout(
+        script("shufflefs-teardown")
+            .arg("--job")
+            .arg(dir.join("job")),
+        TIMEOUT,
+    )
+}
+
+/// The launcher printed one line per rank, `RANK HOST MOUNT`, and every mount answers:
+/// the daemons' pids.
+#[track_caller]
+fn check_printed(dir: &Path, printed: &str, ranks: u32) -> Vec<i32> {
+    let lines: Vec<&str> = printed.lines().collect();
+    assert_eq!(lines.len(), ranks as usize, "one line per rank:\n{printed}");
+    let host = hostname();
+    lines
+        .iter()
+        .zip(mounts(dir, ranks))
+        .enumerate()
+        .map(|(r, (line, mnt))| {
+            let expected = format!("{r} {host} {}", mnt.display());
+            assert_eq!(*line, expected);
+            let status = read_status(&mnt);
+            assert_eq!(status["rank"], r as u64);
+            status["pid"].as_i64().unwrap() as i32
+        })
+        .collect()
+}
+
+#[test]
+fn the_ready_file_appears_once_every_rank_answers_and_goes_on_stop() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let _cleanup = Cleanup(dir, 3);
+    write_source(dir, 2, 12, 3000);
+    let ready = dir.join("job.ready");
+    let mut child = mpirun(3)
+        .arg(BIN)
+        .arg("mount")
+        .arg("--ready-file")
+        .arg(&ready)
+        .args(mount_args(dir))
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(dir.join("job.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + TIMEOUT;
+    while !ready.exists() {
+        if let Some(status) = child.try_wait().unwrap() {
+            let log = fs::read_to_string(dir.join("job.log")).unwrap_or_default();
+            panic!("the job exited before it was ready: {status}\n{log}");
+        }
+        assert!(Instant::now() < deadline, "no ready file in time");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Every rank's mount answers the moment the file exists.
+    let record: Value = serde_json::from_slice(&fs::read(&ready).unwrap()).unwrap();
+    assert_eq!(record["world_size"], 3);
+    assert_eq!(record["epoch"], 0);
+    let mut pids = Vec::new();
+    for (r, mnt) in mounts(dir, 3).iter().enumerate() {
+        let rank = &record["ranks"][r];
+        assert_eq!(rank["rank"], r as u64);
+        assert_eq!(rank["host"], hostname().as_str());
+        assert_eq!(rank["mountpoint"], mnt.to_str().unwrap());
+        let status = read_status(mnt);
+        assert_eq!(status["pid"], rank["pid"], "rank {r}'s pid");
+        pids.push(status["pid"].as_i64().unwrap() as i32);
+    }
+    // SIGTERM to mpirun: it forwards it to every rank, which unmounts.
+    // SAFETY: kill has no memory-safety preconditions; the pid is our unreaped child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + TIMEOUT;
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "mpirun did not exit on SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!ready.exists(), "the ready file outlived the job");
+    assert_nothing_left(dir, 3, &pids);
+}
+
+#[test]
+fn a_refused_rank_means_no_ready_file_and_no_made_mount_points() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let _cleanup = Cleanup(dir, 3);
+    write_source(dir, 2, 12, 3000);
+    let busy = dir.join("m/mnt1");
+    fs::create_dir_all(&busy).unwrap();
+    fs::write(busy.join("x"), b"x").unwrap();
+    let ready = dir.join("job.ready");
+    let out = run_with_timeout(
+        mpirun(3)
+            .arg(BIN)
+            .arg("mount")
+            .arg("--ready-file")
+            .arg(&ready)
+            .args(mount_args(dir)),
+        TIMEOUT,
+    );
+    assert!(!out.status.success(), "the job should have been refused");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not empty"));
+    assert!(!ready.exists(), "a refused job wrote a ready file");
+    let left: Vec<_> = fs::read_dir(dir.join("m"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["mnt1"], "only the folder that was there before");
+}
+
+#[test]
+fn launch_with_np_prints_every_rank_and_teardown_leaves_nothing() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let _cleanup = Cleanup(dir, 3);
+    write_source(dir, 2, 12, 3000);
+    let printed = launch(dir, &["--np", "3"]);
+    let pids = check_printed(dir, &printed, 3);
+    let job = fs::read_to_string(dir.join("job")).unwrap();
+    assert!(
+        job.contains("launcher_pgid=") && job.contains("ready_file="),
+        "{job}"
+    );
+    let out = teardown(dir);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_nothing_left(dir, 3, &pids);
+    assert!(!dir.join("job").exists() && !dir.join("job.ready").exists());
+}
+
+#[test]
+fn launch_with_a_launcher_prefix_and_teardown() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let _cleanup = Cleanup(dir, 2);
+    write_source(dir, 2, 12, 3000);
+    let printed = launch(dir, &["--launcher", "mpirun -np 2 --oversubscribe"]);
+    let pids = check_printed(dir, &printed, 2);
+    let out = teardown(dir);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_nothing_left(dir, 2, &pids);
+}
+
+/// A reader holding a sample open does not keep a mount behind: its daemon detaches on
+/// SIGTERM (mpirun kills it a second later; the detached mount is already gone).
+#[test]
+fn teardown_with_a_sample_open_leaves_no_mount() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let _cleanup = Cleanup(dir, 2);
+    write_source(dir, 2, 12, 3000);
+    let pids = check_printed(dir, &launch(dir, &["--np", "2"]), 2);
+    let mnt0 = &mounts(dir, 2)[0];
+    let class = fs::read_dir(mnt0.join("current")).unwrap().next().unwrap();
+    let sample = fs::read_dir(class.unwrap().path()).unwrap().next().unwrap();
+    let file = fs::File::open(sample.unwrap().path()).expect("open a sample");
+    let out = teardown(dir);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_nothing_left(dir, 2, &pids);
+    drop(file);
+}
+
+/// The launcher and its daemons killed outright leave dead mounts: teardown, finding the
+/// launcher gone, unmounts what is left on this host.
+#[test]
+fn teardown_after_everything_was_killed_removes_the_dead_mounts() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let _cleanup = Cleanup(dir, 2);
+    write_source(dir, 2, 12, 3000);
+    let pids = check_printed(dir, &launch(dir, &["--np", "2"]), 2);
+    let job = fs::read_to_string(dir.join("job")).unwrap();
+    let launcher: i32 = job
+        .lines()
+        .find_map(|l| l.strip_prefix("launcher_pid="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    for pid in pids.iter().chain([&launcher]) {
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(*pid, libc::SIGKILL) };
+    }
+    assert!(wait_pid_gone(launcher, Duration::from_secs(10)));
+    let out = teardown(dir);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("not running any more"), "{said}");
+    for m in mounts(dir, 2) {
+        assert!(!is_mounted(&m), "{} is still mounted", m.display());
+    }
+    assert!(
+        !dir.join("job.ready").exists(),
+        "the ready file left by rank 0"
+    );
+}
+
+/// Where rank 0 cannot write the ready file (on a cluster: the launcher's folder is not
+/// shared with rank 0's host), the launcher reads the same record from the launcher's output.
+#[test]
+fn launch_reads_the_record_from_the_output_when_the_file_is_not_there() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let _cleanup = Cleanup(dir, 2);
+    write_source(dir, 2, 12, 3000);
+    // A folder in the way: the file can be neither removed nor written.
+    fs::create_dir_all(dir.join("job.ready/in-the-way")).unwrap();
+    let pids = check_printed(dir, &launch(dir, &["--np", "2"]), 2);
+    let log = fs::read_to_string(dir.join("job.log")).unwrap();
+    assert!(log.contains("cannot write the ready file"), "{log}");
+    let out = teardown(dir);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_nothing_left(dir, 2, &pids);
+}
