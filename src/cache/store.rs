@@ -373,11 +373,14 @@ impl SampleStore {
             Origin::Stream => self.mtime(id),
             Origin::PeerFile { mtime, .. } => mtime.or(self.mtime(id)),
         };
+        // The size is learned before the commit makes the sample present: a reader that finds
+        // it present (`ensure` answers at once) must find its size too (`resolve_size`). `len`
+        // is checked above, so it is the sample's size even if the commit then fails.
+        self.learn_size(id, len);
         writer.commit(Commit { crc, len, mtime })?;
         if let Origin::PeerFile { .. } = origin {
             self.learn_mtime(id, mtime);
         }
-        self.learn_size(id, len);
         if !was_present {
             self.count_in(id);
         }
