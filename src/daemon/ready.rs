@@ -55,6 +55,10 @@ pub(crate) struct ReadyFile {
 /// Rank 0 removes a ready file left from before, so nothing says ready while it starts.
 pub(crate) fn clear_stale(config: &MountConfig, rank: u32) {
     if let (0, Some(path)) = (rank, &config.ready_file) {
+        if path.exists() && !is_ready_record(path) {
+            tracing::error!(path = %path.display(), "--ready-file names something that is not a shufflefs ready record: leaving it alone (the record will go to rank 0's stdout only)");
+            return;
+        }
         match std::fs::remove_file(path) {
             Ok(()) => {
                 tracing::info!(path = %path.display(), "removed a ready file left from before")
@@ -116,6 +120,10 @@ pub(crate) fn agree(
         println!("{READY_LINE}{line}");
         let _ = std::io::Write::flush(&mut std::io::stdout());
     }
+    if path.exists() && !is_ready_record(path) {
+        tracing::error!(path = %path.display(), "cannot write the ready file: its path holds something that is not a shufflefs ready record, left alone (the record is on rank 0's stdout)");
+        return ReadyFile::default();
+    }
     match write_atomically(path, &record) {
         Ok(()) => {
             tracing::info!(path = %path.display(), "every rank's mount answers; wrote the ready file");
@@ -137,6 +145,17 @@ impl Drop for ReadyFile {
             tracing::info!(path = %path.display(), "removed the ready file");
         }
     }
+}
+
+/// Whether `path` holds a ready record (this job's or an earlier one's): the only kind of
+/// file at `--ready-file` that rank 0 removes or replaces, so a mistyped path never costs a
+/// user's file.
+fn is_ready_record(path: &Path) -> bool {
+    let Ok(bytes) = std::fs::read(path) else {
+        return false;
+    };
+    serde_json::from_slice::<serde_json::Value>(&bytes)
+        .is_ok_and(|v| v.get("world_size").is_some() && v.get("ranks").is_some())
 }
 
 /// Whether this rank's mount answers through the kernel.
@@ -235,6 +254,25 @@ mod tests {
         );
     }
 
+    /// A file at `--ready-file` that is not a ready record is neither removed at start nor
+    /// replaced once the ranks agree.
+    #[test]
+    fn a_foreign_file_at_the_path_is_left_alone() {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = config(tmp.path());
+        let path = config.ready_file.clone().unwrap();
+        std::fs::write(&path, b"my notes").unwrap();
+        clear_stale(&config, 0);
+        let mut comm = LocalComm::world(1).pop().unwrap();
+        let mnt = tmp.path().join("m-0");
+        std::fs::create_dir_all(mnt.join(".shufflefs")).unwrap();
+        std::fs::write(mnt.join(".shufflefs/status"), b"{}").unwrap();
+        let file = agree(&config, &mut comm, &mnt, 0);
+        assert!(file.written.is_none());
+        drop(file);
+        assert_eq!(std::fs::read(&path).unwrap(), b"my notes");
+    }
+
     #[test]
     fn the_record_replaces_the_file_whole() {
         let tmp = tempfile::tempdir().unwrap();
@@ -250,7 +288,8 @@ mod tests {
             }],
         };
         write_atomically(&path, &record).unwrap();
-        std::fs::write(&path, b"old").unwrap();
+        std::fs::write(&path, br#"{"world_size": 9, "epoch": 0, "ranks": []}"#).unwrap();
+        assert!(is_ready_record(&path), "an earlier job's record");
         write_atomically(&path, &record).unwrap();
         let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         assert_eq!(v["world_size"], 1);

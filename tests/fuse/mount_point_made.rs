@@ -39,7 +39,7 @@ fn a_missing_mount_point_is_created_and_removed_with_the_ready_file() {
     let ds = standard_dataset();
     let mnt = ds.path("made/deep/mnt");
     let ready = ds.path("job.ready");
-    fs::write(&ready, b"stale").unwrap();
+    fs::write(&ready, br#"{"world_size": 2, "epoch": 0, "ranks": []}"#).unwrap(); // a stale record
     let ready_arg = ready.to_str().unwrap();
     let d = Daemon::mount(
         &ds.root,
@@ -88,7 +88,7 @@ fn a_refused_mount_creates_no_mount_point_and_no_ready_file() {
     let mnt = ds.path("made/mnt");
     let ready = ds.path("job.ready");
     // A ready file left from before must not say ready for a start that is refused.
-    fs::write(&ready, b"stale").unwrap();
+    fs::write(&ready, br#"{"world_size": 2, "epoch": 0, "ranks": []}"#).unwrap(); // a stale record
     let args = mount_args(
         &ds.path("no-such-source"),
         &ds.path("cache"),
