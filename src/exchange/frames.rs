@@ -25,7 +25,8 @@ pub(super) fn read_stream(
 ) -> Result<Vec<SampleId>, String> {
     let stopped = |_| "exchange stopped".to_string();
     let mut out = FrameWriter {
-        buf: pool.get(0),
+        buf: pool.get(pool.frame),
+        used: 0,
         pool,
         tx,
     };
@@ -359,7 +360,9 @@ impl Pool {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .pop()
-            .unwrap_or_else(|| Vec::with_capacity(self.frame));
+            // Zeroed by the allocator (fresh pages), not by a pass over the frame.
+            .unwrap_or_else(|| vec![0; self.frame]);
+        // A reused buffer is zero-filled only where it grows.
         buf.resize(len, 0);
         buf
     }
@@ -372,8 +375,12 @@ impl Pool {
     }
 }
 
+/// Fills frames in place: `buf` always spans a whole frame (zeroed once, when the pool first
+/// allocates it) and `used` says how much of it holds the stream, so a sample is read from
+/// its file straight into the frame with no zero-filling per sample.
 struct FrameWriter<'a> {
     buf: Vec<u8>,
+    used: usize,
     pool: &'a Pool,
     tx: SyncSender<Vec<u8>>,
 }
@@ -389,23 +396,16 @@ impl FrameWriter<'_> {
     ) -> io::Result<(u64, Option<io::Error>)> {
         let mut done = 0u64;
         while done < len {
-            let start = self.buf.len();
+            let start = self.used;
             let want = (self.pool.frame - start).min((len - done) as usize);
-            self.buf.resize(start + want, 0);
-            let got = match file.read(&mut self.buf[start..]) {
-                Ok(0) => {
-                    self.buf.truncate(start);
-                    return Ok((done, None));
-                }
+            let got = match file.read(&mut self.buf[start..start + want]) {
+                Ok(0) => return Ok((done, None)),
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
-                Err(e) => {
-                    self.buf.truncate(start);
-                    return Ok((done, Some(e)));
-                }
+                Err(e) => return Ok((done, Some(e))),
             };
-            self.buf.truncate(start + got);
-            *crc = crc32c::crc32c_append(*crc, &self.buf[start..]);
+            self.used += got;
+            *crc = crc32c::crc32c_append(*crc, &self.buf[start..self.used]);
             done += got as u64;
             self.ship_if_full()?;
         }
@@ -431,8 +431,9 @@ impl FrameWriter<'_> {
     }
 
     fn ship_if_full(&mut self) -> io::Result<()> {
-        if self.buf.len() == self.pool.frame {
-            let full = std::mem::replace(&mut self.buf, self.pool.get(0));
+        if self.used == self.pool.frame {
+            let full = std::mem::replace(&mut self.buf, self.pool.get(self.pool.frame));
+            self.used = 0;
             self.tx
                 .send(full)
                 .map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))?;
@@ -441,8 +442,9 @@ impl FrameWriter<'_> {
     }
 
     fn finish(mut self) -> io::Result<()> {
-        if !self.buf.is_empty() {
-            let last = std::mem::take(&mut self.buf);
+        if self.used > 0 {
+            let mut last = std::mem::take(&mut self.buf);
+            last.truncate(self.used);
             self.tx
                 .send(last)
                 .map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))?;
@@ -454,8 +456,9 @@ impl FrameWriter<'_> {
 impl Write for FrameWriter<'_> {
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
         let frame = self.pool.frame;
-        let n = data.len().min(frame - self.buf.len());
-        self.buf.extend_from_slice(&data[..n]);
+        let n = data.len().min(frame - self.used);
+        self.buf[self.used..self.used + n].copy_from_slice(&data[..n]);
+        self.used += n;
         self.ship_if_full()?;
         Ok(n)
     }

@@ -40,8 +40,11 @@ pub use schedule::{Direct, Ring, Schedule, Strategy, StrategyKind, Topology};
 pub use seam::{EpochExchange, ExchangeCtx, Partial, Settled};
 pub use tracker::{ExchangeReport, ExchangeState, ExchangeTracker, PeerReport};
 
-/// Bytes per message: large enough to amortise per-message cost, small enough to pipeline.
-pub const FRAME: usize = 8 << 20;
+/// Bytes per message: large enough to amortise per-message cost, small enough to pipeline,
+/// and small enough that a round's few pooled frame buffers are reused many times over (8 MiB
+/// frames meant nearly every frame of an exchange faulted in a fresh buffer, a sixth of the
+/// exchange's CPU on 2 cores; see docs/performance.md).
+pub const FRAME: usize = 1 << 20;
 /// Frames buffered between the disk threads and the MPI thread, each way.
 const DEPTH: usize = 4;
 
