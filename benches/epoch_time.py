@@ -79,12 +79,10 @@ class Shufflefs:
                  "--seed", str(a.seed)]
         if system == "shufflefs-coded":
             alpha = (1 + a.q) / n
-            serve = [self.bin, "serve", "--source", src]
+            # the server on a host of its own (the storage host), reading the dataset there
+            serve = [self.bin, "serve", "--source", os.path.join(hosts.server_source(), "imagefolder")]
             coded = [*mount, "--exchange", "coded", "--cache-fraction", f"{alpha:.4f}"]
-            if hosts.server_host is not None:  # a host of its own
-                args = ["-np", "1", "-H", hosts.addr(hosts.server_host), *serve, ":", *compute, *coded]
-            else:  # round robin: server and compute rank N-1 on host 0, one compute rank per host
-                args = ["--map-by", "node", "-np", "1", *serve, ":", "-np", str(n), *coded]
+            args = ["-np", "1", "-H", hosts.addr(hosts.server_host), *serve, ":", *compute, *coded]
         else:
             q = system.split("-q")[1]
             args = [*compute, *mount, "--fraction", q]

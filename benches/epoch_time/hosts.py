@@ -90,13 +90,17 @@ class Hosts:
 
     @property
     def server_host(self):
-        """Where the coded server rank runs: h0, the storage host's stand-in, in shared mode;
-        with private hosts mpirun's hostfile has only the compute hosts, so the server shares
-        compute host 0 and reads the store through its sshfs like every rank."""
-        return 0 if self.mode == "shared" else None
+        """Where the coded server rank runs: on the storage host, reading the dataset folder
+        without the network (`store`, private mode, `mpirun --with-store`); h0, the storage
+        host's stand-in, in shared mode."""
+        return 0 if self.mode == "shared" else "store"
+
+    def server_source(self):
+        """The dataset folder as the server's host sees it."""
+        return self.store_dir if self.mode == "private" else self.store
 
     def addr(self, i):
-        return self.info["addr"][i]
+        return self.info["storage"]["addr"] if i == "store" else self.info["addr"][i]
 
     # ---- paths as a host sees them ----
     def _local_shared(self, i):
@@ -125,8 +129,10 @@ class Hosts:
         return subprocess.run([CLUSTER, "exec", self.name, f"h{i}", *argv], **kw)
 
     def mpirun(self, mpirun_args, **kw):
-        """`shufflefs-cluster mpirun NAME -- MPIRUN-ARGS` (placement is the caller's, -H)."""
-        return subprocess.Popen([CLUSTER, "mpirun", self.name, "--", *mpirun_args], **kw)
+        """`shufflefs-cluster mpirun NAME -- MPIRUN-ARGS` (placement is the caller's, -H; the
+        storage host is in the hostfile in private mode)."""
+        store = ["--with-store"] if self.mode == "private" else []
+        return subprocess.Popen([CLUSTER, "mpirun", self.name, *store, "--", *mpirun_args], **kw)
 
     def clean_local(self, sub):
         """Removes LOCAL/sub on every compute host."""
