@@ -83,7 +83,10 @@ fn faults(plan: &Plan, scheme: Scheme) -> (Option<SampleId>, SampleId) {
     let share1: BTreeSet<SampleId> = p.shares(1).remove(1);
     let retained = *p.caches()[1].difference(&share1).next().unwrap();
     let inst = coded::next_instance(&mut p);
-    let needed = coded::plan(&inst, scheme)
+    // The server pairs samples by size (the manifest's here).
+    let m = manifest(120);
+    let size = |s: SampleId| m.size(s).unwrap();
+    let needed = coded::plan_by_size(&inst, scheme, &size)
         .into_iter()
         .filter(|tx| tx.receivers().any(|r| r == 1))
         .flat_map(|tx| tx.parts.into_iter())

@@ -5,11 +5,12 @@ use std::io::Write;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
+use super::sizes::{self, StepSizes};
 use super::{CodedReport, LAST, MORE, Request, Routes, STOP, comm_err, recv_piece, send_request};
-use super::{routes, wire};
+use super::{TAG_SIZES, recv_exact, recv_totals, routes, wire};
 use crate::cache::SampleStore;
 use crate::coded::packet::{self, DecodeError};
-use crate::coded::{Instance, Node, Scheme, Transmission, next_instance, plan};
+use crate::coded::{Instance, Node, Scheme, Transmission, next_instance};
 use crate::comm::Comm;
 use crate::exchange::{
     EpochExchange, ExchangeCtx, ExchangeError, ExchangeState, ExchangeTracker, Settled,
@@ -94,22 +95,26 @@ impl CodedClient {
         self.fill_cache(world, store, target, abort, &mut report)?;
 
         let inst: Instance = next_instance(&mut self.placement);
-        let txs = plan(&inst, self.scheme);
+        let sizes = recv_sizes(world, &inst, abort).map_err(|e| comm_err(target, e))?;
+        let txs = sizes.plan(&inst, self.scheme);
         report.packets_planned = txs.len() as u64;
-        // What this rank lacks of its next share: the samples (and their bytes) that packets
-        // or the fallback must bring, whatever the packets themselves weigh.
-        let (missing, missing_bytes) = inst.missing(me).fold((0u64, 0u64), |(n, b), id| {
-            (n + 1, b + store.manifest().size(id).unwrap_or(0))
-        });
+        // What this rank lacks of its next share: the samples (and their bytes, as the
+        // server read them) that packets or the fallback must bring.
+        let (missing, missing_bytes) = inst
+            .missing(me)
+            .fold((0u64, 0u64), |(n, b), id| (n + 1, b + sizes.len(id)));
         tracker.update(target, |r| {
             r.samples_to_receive = missing;
             r.bytes_to_receive = missing_bytes;
             r.coded = Some(report.clone());
         });
-        let failed = self.receive_packets(world, store, target, &txs, abort, &mut report)?;
+        let failed =
+            self.receive_packets(world, store, (target, &sizes), &txs, abort, &mut report)?;
         tracker.update(target, |r| r.coded = Some(report.clone()));
 
         self.fallback(world, store, target, failed, abort, &mut report)?;
+        (report.server_packet_bytes, report.uncoded_packet_bytes) =
+            recv_totals(world, abort).map_err(|e| comm_err(target, e))?;
         let received = report.samples_decoded + report.fallback_samples;
         let bytes = report.packet_bytes_received + report.plain_bytes_received;
         tracker.update(target, |r| {
@@ -187,15 +192,14 @@ impl CodedClient {
         &mut self,
         world: &mut dyn Comm,
         store: &SampleStore,
-        target: u64,
+        (target, sizes): (u64, &StepSizes),
         txs: &[Transmission],
         abort: &AtomicBool,
         report: &mut CodedReport,
     ) -> Result<Vec<SampleId>, ExchangeError> {
         let me = self.node;
         let mut failed: Vec<SampleId> = Vec::new();
-        let size = |id: SampleId| store.manifest().size(id);
-        for burst in self.routes.bursts(txs, size) {
+        for burst in self.routes.bursts(txs, |id| Some(sizes.len(id))) {
             if !self.routes.reaches(burst.route, me) {
                 continue;
             }
@@ -320,6 +324,17 @@ impl EpochExchange for CodedClient {
     fn finish(&mut self, world: &mut dyn Comm) {
         self.goodbye(world);
     }
+}
+
+/// Protocol step 2: the sizes of `inst`'s missing samples, as the server sent them.
+fn recv_sizes(
+    world: &mut dyn Comm,
+    inst: &Instance,
+    abort: &AtomicBool,
+) -> Result<StepSizes, crate::comm::CommError> {
+    let ids = sizes::needed(inst);
+    let bytes = recv_exact(world, TAG_SIZES, ids.len() * 8, abort)?;
+    Ok(StepSizes::decode(ids, &bytes).expect("a receive of exactly one u64 per sample"))
 }
 
 /// Takes one packet this rank received: decodes its part for `me` (if any) from the cache,
