@@ -12,11 +12,11 @@ use std::time::Duration;
 use crate::common::mpi_job::{MpiJob, exchange, wait_all};
 use crate::common::{BIN, is_mounted, require_fuse, require_mpi};
 
-const RANKS: u32 = 4;
-const SEED: u64 = 11;
-const ALPHA: f64 = 0.5;
+pub(crate) const RANKS: u32 = 4;
+pub(crate) const SEED: u64 = 11;
+pub(crate) const ALPHA: f64 = 0.5;
 
-fn launcher(dir: &Path) -> Command {
+pub(crate) fn launcher(dir: &Path) -> Command {
     let mut cmd = Command::new("mpirun");
     cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
@@ -27,7 +27,7 @@ fn launcher(dir: &Path) -> Command {
 }
 
 /// Three classes of files of different sizes (one empty).
-fn source(dir: &Path) {
+pub(crate) fn source(dir: &Path) {
     for (class, count) in [("ant", 40u32), ("bee", 35), ("cow", 25)] {
         let d = dir.join("src").join(class);
         std::fs::create_dir_all(&d).unwrap();
@@ -42,7 +42,7 @@ fn source(dir: &Path) {
 }
 
 /// `class/name -> rank` of `epoch`, every byte read through the mount and compared.
-fn listing(job: &MpiJob, src: &Path, epoch: u64) -> BTreeMap<String, u32> {
+pub(crate) fn listing(job: &MpiJob, src: &Path, epoch: u64) -> BTreeMap<String, u32> {
     let mut owners = BTreeMap::new();
     for (rank, m) in job.mounts.iter().enumerate() {
         let dir = m.join(format!("epoch-{epoch}"));
@@ -71,7 +71,7 @@ fn listing(job: &MpiJob, src: &Path, epoch: u64) -> BTreeMap<String, u32> {
 }
 
 /// What the coded plan gives every sample in `epoch`.
-fn planned(src: &Path, epoch: u64) -> BTreeMap<String, u32> {
+pub(crate) fn planned(src: &Path, epoch: u64) -> BTreeMap<String, u32> {
     let m = shufflefs::dataset::scan::scan(src).unwrap();
     let params = shufflefs::plan::PlanParams {
         samples: m.len(),
@@ -216,7 +216,7 @@ fn kill_server(src: &Path) {
     }
 }
 
-fn advance(job: &MpiJob, epoch: u64) {
+pub(crate) fn advance(job: &MpiJob, epoch: u64) {
     for m in &job.mounts {
         std::fs::write(m.join(".shufflefs/epoch"), format!("{epoch}\n")).unwrap();
     }
@@ -468,91 +468,4 @@ fn record_sources_shuffle_coded_too() {
     let log = std::fs::read_to_string(tmp.path().join("job.log")).unwrap_or_default();
     assert!(status.is_some_and(|s| s.success()), "{status:?}\n{log}");
     assert!(log.contains("coded exchange served"), "{log}");
-}
-
-/// `count` files over 4 classes with log-normal sizes of mean `mean` bytes and coefficient of
-/// variation 0.5 (as `benches/coded_packet.rs` draws them), a function of the index.
-fn varied_source(dir: &Path, count: u32, mean: f64) {
-    for i in 0..count {
-        let h = |k: u64| {
-            let x = (u64::from(i) << 8 ^ k).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-            ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-        };
-        let z = (-2.0 * h(1).ln()).sqrt() * (std::f64::consts::TAU * h(2)).cos();
-        let var = (1.0f64 + 0.25).ln();
-        let len = (mean * (z * var.sqrt() - var / 2.0).exp()) as usize;
-        let d = dir.join("src").join(format!("class{}", i % 4));
-        std::fs::create_dir_all(&d).unwrap();
-        let bytes: Vec<u8> = (0..len)
-            .map(|o| (o as u32 ^ i.wrapping_mul(31)) as u8)
-            .collect();
-        std::fs::write(d.join(format!("{i:05}.bin")), bytes).unwrap();
-    }
-}
-
-/// Bytes of the samples `rank` lacks of its share of `epoch` (what the exchange into it
-/// must bring), from the source files.
-fn missing_bytes(src: &Path, rank: usize, epoch: u64) -> u64 {
-    let m = shufflefs::dataset::scan::scan(src).unwrap();
-    let params = shufflefs::plan::PlanParams {
-        samples: m.len(),
-        world: RANKS,
-        fraction: 0.0,
-        seed: SEED,
-    };
-    let plan = shufflefs::plan::Plan::coded(params, ALPHA).unwrap();
-    let p = plan.coded_shares().unwrap().placement_at(epoch - 1);
-    let share = p.shares(epoch).swap_remove(rank);
-    (share.difference(&p.caches()[rank]))
-        .map(|&id| {
-            std::fs::metadata(src.join(m.relative_path(id)))
-                .unwrap()
-                .len()
-        })
-        .sum()
-}
-
-/// Issue 29: on samples of varied sizes (CV 0.5) the live server pairs them into packets by
-/// size and sends at most 0.45 of what the uncoded scheme would (the status says both, the
-/// same on every rank); each rank's `bytes_to_receive` is the real size of what it lacked,
-/// though it never read those samples (a scanned source: the manifest has no sizes).
-#[test]
-fn the_live_server_pairs_varied_sizes_and_reports_its_bytes() {
-    if !require_fuse() || !require_mpi() {
-        return;
-    }
-    let tmp = tempfile::tempdir().unwrap();
-    varied_source(tmp.path(), 2000, 10_000.0);
-    let src = tmp.path().join("src");
-    let alpha = ALPHA.to_string();
-    let extra = ["--exchange", "coded", "--cache-fraction", &alpha];
-    let mut job = MpiJob::start_with(launcher(tmp.path()), tmp.path(), RANKS, SEED, 0.3, &extra);
-    for epoch in 1..=2u64 {
-        advance(&job, epoch);
-        wait_all(&job, "the exchange into the next epoch", |st| {
-            exchange(st, epoch).is_some_and(|x| x["state"] == "done")
-        });
-        let mut totals = Vec::new();
-        for r in 0..RANKS as usize {
-            let st = job.status(r);
-            let x = exchange(&st, epoch).unwrap();
-            let c = &x["coded"];
-            let (sent, uncoded) = (
-                c["server_packet_bytes"].as_u64().unwrap(),
-                c["uncoded_packet_bytes"].as_u64().unwrap(),
-            );
-            let ratio = sent as f64 / uncoded as f64;
-            eprintln!("epoch {epoch} rank {r}: server {sent} B, uncoded {uncoded} B, {ratio:.3}");
-            assert!(sent > 0 && ratio <= 0.45, "rank {r} epoch {epoch}: {c}");
-            totals.push((sent, uncoded));
-            let want = missing_bytes(&src, r, epoch);
-            assert!(want > 0);
-            assert_eq!(x["bytes_to_receive"], want, "rank {r} epoch {epoch}: {x}");
-        }
-        assert!(totals.windows(2).all(|w| w[0] == w[1]), "{totals:?}");
-    }
-    let status = job.unmount_within(Duration::from_secs(60));
-    let log = std::fs::read_to_string(tmp.path().join("job.log")).unwrap_or_default();
-    assert!(status.is_some_and(|s| s.success()), "{status:?}\n{log}");
-    assert!(log.contains("uncoded_bytes="), "{log}");
 }

@@ -2,9 +2,11 @@
 
 use std::collections::BTreeSet;
 use std::io::Write;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
 use std::time::Instant;
 
+use super::liveness::{ServerId, WATCH_EVERY};
 use super::sizes::{self, StepSizes};
 use super::{CodedReport, LAST, MORE, Request, Routes, STOP, comm_err, recv_piece, send_request};
 use super::{TAG_SIZES, recv_exact, recv_totals, routes, wire};
@@ -84,7 +86,36 @@ impl CodedClient {
         abort: &AtomicBool,
     ) -> Result<(), ExchangeError> {
         self.may_start(target, abort)?;
-        let abort = &AtomicBool::new(false);
+        // Not the daemon's abort flag (module docs, "Giving up"): only a dead server.
+        let give_up = AtomicBool::new(false);
+        let server = self.routes.server().filter(|s| s.visible()).cloned();
+        std::thread::scope(|scope| {
+            let (done, watching) = mpsc::channel::<()>();
+            if let Some(server) = &server {
+                let give_up = &give_up;
+                let watch = move || watch_server(server, target, &watching, give_up);
+                let spawned = std::thread::Builder::new()
+                    .name("coded-watch".into())
+                    .spawn_scoped(scope, watch);
+                if let Err(e) = spawned {
+                    tracing::warn!(error = %e, "cannot watch the coded-shuffle server's process");
+                }
+            }
+            let result = self.steps(world, store, target, tracker, &give_up);
+            drop(done);
+            result
+        })
+    }
+
+    /// The steps of one exchange (protocol in the parent module).
+    fn steps(
+        &mut self,
+        world: &mut dyn Comm,
+        store: &SampleStore,
+        target: u64,
+        tracker: &ExchangeTracker,
+        abort: &AtomicBool,
+    ) -> Result<(), ExchangeError> {
         self.placement.advance_to(target - 1);
         let me = self.node;
         let mut report = CodedReport {
@@ -139,7 +170,7 @@ impl CodedClient {
         // rank said hello it ends in bounded time (each step is collective over ranks that
         // are all in it, and a rank that dies makes the launcher end the job), while giving
         // up would leave MPI transfers in flight and cost the whole job (see `comm`).
-        if abort.load(std::sync::atomic::Ordering::Relaxed) {
+        if abort.load(Ordering::Relaxed) {
             return Err(ExchangeError::Local(
                 "the daemon is shutting down; the exchange did not start".into(),
             ));
@@ -288,6 +319,10 @@ impl CodedClient {
         if self.stopped.is_some() {
             return;
         }
+        if self.routes.server().is_some_and(ServerId::gone) {
+            tracing::warn!("the coded-shuffle server (world rank 0) is gone; no goodbye to send");
+            return;
+        }
         self.stopped = Some("this rank is leaving".into());
         if let Err(e) = send_request(world, &Request::Bye, &AtomicBool::new(false)) {
             tracing::warn!(error = %e, "could not tell the coded-shuffle server this rank leaves");
@@ -323,6 +358,22 @@ impl EpochExchange for CodedClient {
     /// Says goodbye to the server.
     fn finish(&mut self, world: &mut dyn Comm) {
         self.goodbye(world);
+    }
+}
+
+/// Until `done` closes: once `server`'s process is gone, says so and sets `give_up`, which
+/// the transfers in flight watch (they are abandoned and the daemon ends, see `liveness`).
+fn watch_server(server: &ServerId, target: u64, done: &mpsc::Receiver<()>, give_up: &AtomicBool) {
+    while let Err(mpsc::RecvTimeoutError::Timeout) = done.recv_timeout(WATCH_EVERY) {
+        if server.gone() {
+            tracing::error!(
+                server_pid = server.pid,
+                target_epoch = target,
+                "the coded-shuffle server (world rank 0) is gone in the middle of the exchange into epoch {target}: giving the exchange up; this rank unmounts and exits, and the same job started again resumes where it stopped"
+            );
+            give_up.store(true, Ordering::Relaxed);
+            return;
+        }
     }
 }
 

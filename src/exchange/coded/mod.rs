@@ -38,7 +38,11 @@
 //! A step is not given up once started: every rank it involves said hello, so it ends in
 //! bounded time, and a rank that dies makes the launcher end the job; giving up mid-step
 //! would leave MPI transfers in flight (see `comm`). A daemon that is shutting down starts no
-//! new step and says goodbye instead.
+//! new step and says goodbye instead. The one exception is a server that died: a compute
+//! rank on its host sees the process gone (`liveness`) and gives the step up at once, which
+//! abandons its transfers and ends the daemon (exit code 3; the mount goes, the cache stays
+//! at its epoch and a restart resumes). Ranks on other hosts wait for the launcher, which
+//! ends the job once the server or a rank on its host exits.
 
 use std::sync::atomic::AtomicBool;
 
@@ -49,12 +53,14 @@ use crate::exchange::{ExchangeError, Phase};
 use crate::plan::{Rank, SampleId};
 
 pub(crate) mod client;
+pub(crate) mod liveness;
 pub mod routes;
 pub mod server;
 pub(crate) mod sizes;
 pub(crate) mod wire;
 
 pub use client::CodedClient;
+pub use liveness::ServerId;
 pub use routes::Routes;
 pub use server::{ServeSettings, Server, ServerSamples};
 
