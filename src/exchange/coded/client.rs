@@ -7,6 +7,7 @@ use std::sync::mpsc;
 use std::time::Instant;
 
 use super::liveness::{ServerId, WATCH_EVERY};
+use super::side::SideInfo;
 use super::sizes::{self, StepSizes};
 use super::{CodedReport, LAST, MORE, Request, Routes, STOP, comm_err, recv_piece, send_request};
 use super::{TAG_SIZES, recv_exact, recv_totals, routes, wire};
@@ -125,9 +126,13 @@ impl CodedClient {
         };
         self.fill_cache(world, store, target, abort, &mut report)?;
 
+        let cache: BTreeSet<SampleId> = self.placement.caches()[me].clone();
+        let view: BTreeSet<SampleId> = self.placement.shares(target - 1).remove(me);
         let inst: Instance = next_instance(&mut self.placement);
         let sizes = recv_sizes(world, &inst, abort).map_err(|e| comm_err(target, e))?;
         let txs = sizes.plan(&inst, self.scheme);
+        let next_cache = &self.placement.caches()[me];
+        let mut side = SideInfo::new(me, &txs, &cache, &view, next_cache);
         report.packets_planned = txs.len() as u64;
         // What this rank lacks of its next share: the samples (and their bytes, as the
         // server read them) that packets or the fallback must bring.
@@ -139,8 +144,14 @@ impl CodedClient {
             r.bytes_to_receive = missing_bytes;
             r.coded = Some(report.clone());
         });
-        let failed =
-            self.receive_packets(world, store, (target, &sizes), &txs, abort, &mut report)?;
+        let failed = self.receive_packets(
+            world,
+            store,
+            (target, &sizes, &txs),
+            &mut side,
+            abort,
+            &mut report,
+        )?;
         tracker.update(target, |r| r.coded = Some(report.clone()));
 
         self.fallback(world, store, target, failed, abort, &mut report)?;
@@ -217,32 +228,34 @@ impl CodedClient {
         Ok(())
     }
 
-    /// The coded packets of `txs` that reach this rank, burst by burst; returns the samples
-    /// whose packet could not be decoded.
+    /// The coded packets of `txs` that reach this rank, burst by burst, dropping side
+    /// information once no later packet needs it (`side`); returns the samples whose packet
+    /// could not be decoded.
     fn receive_packets(
         &mut self,
         world: &mut dyn Comm,
         store: &SampleStore,
-        (target, sizes): (u64, &StepSizes),
-        txs: &[Transmission],
+        (target, sizes, txs): (u64, &StepSizes, &[Transmission]),
+        side: &mut SideInfo,
         abort: &AtomicBool,
         report: &mut CodedReport,
     ) -> Result<Vec<SampleId>, ExchangeError> {
         let me = self.node;
         let mut failed: Vec<SampleId> = Vec::new();
+        drop_side(store, side.done_before(0));
         for burst in self.routes.bursts(txs, |id| Some(sizes.len(id))) {
-            if !self.routes.reaches(burst.route, me) {
-                continue;
+            if self.routes.reaches(burst.route, me) {
+                let msg = (self.routes)
+                    .deliver(world, burst.route, Vec::new(), abort)
+                    .map_err(|e| comm_err(target, e))?;
+                let txs = &txs[burst.packets.clone()];
+                let packets = routes::unpack(&msg, txs.len());
+                for (i, tx) in txs.iter().enumerate() {
+                    let packet = packets.as_ref().map_or(&[][..], |p| p[i]);
+                    take_packet(store, me, tx, packet, report, &mut failed);
+                }
             }
-            let msg = (self.routes)
-                .deliver(world, burst.route, Vec::new(), abort)
-                .map_err(|e| comm_err(target, e))?;
-            let txs = &txs[burst.packets.clone()];
-            let packets = routes::unpack(&msg, txs.len());
-            for (i, tx) in txs.iter().enumerate() {
-                let packet = packets.as_ref().map_or(&[][..], |p| p[i]);
-                take_packet(store, me, tx, packet, report, &mut failed);
-            }
+            drop_side(store, side.done_before(burst.packets.end));
         }
         Ok(failed)
     }
@@ -447,6 +460,15 @@ fn store_bytes(store: &SampleStore, id: SampleId, bytes: &[u8], crc: u32) -> std
             Ok(Some(crc))
         })
         .map(|_| ())
+}
+
+/// Drops side information no packet of the step needs any more (see `side`).
+fn drop_side(store: &SampleStore, ids: Vec<SampleId>) {
+    for id in ids.into_iter().filter(|&id| store.contains(id)) {
+        if let Err(e) = store.remove(id) {
+            tracing::debug!(sample = id, error = %e, "cannot drop used side information");
+        }
+    }
 }
 
 /// Drops every cached sample outside `cache` and `next`.

@@ -32,7 +32,9 @@
 //! `[more, len]`, so no message nears MPI's size limit and no side holds a whole epoch.
 //! Every rank's cache between steps is `C^t` (plus `D^{t+1}` once received): at the start of
 //! a step a rank drops what is in neither `C^t` nor `D^{t+1}`; the current view `D^t` is part
-//! of `C^t`.
+//! of `C^t`. During the packets it also drops the samples of `C^t` in neither `D^t` nor
+//! `C^{t+1}` once no later packet needs them as side information (`side`), so after a step
+//! it holds `D^t ∪ C^{t+1}`.
 //!
 //! # Giving up
 //! A step is not given up once started: every rank it involves said hello, so it ends in
@@ -56,6 +58,7 @@ pub(crate) mod client;
 pub(crate) mod liveness;
 pub mod routes;
 pub mod server;
+pub(crate) mod side;
 pub(crate) mod sizes;
 pub(crate) mod wire;
 
