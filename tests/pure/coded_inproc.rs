@@ -203,6 +203,19 @@ fn run(scheme: Scheme, limit: usize, how: Multicast) -> Vec<Vec<CodedReport>> {
                     let files = store.stats.files.load(Ordering::Relaxed);
                     let limit = cache_size + step.next.share(me).len() as u64;
                     assert!(files <= limit, "rank {me}: {files} files, limit {limit}");
+                    // Side information is dropped once used: what is left is the view being
+                    // read and the next cache.
+                    let shares = plan.coded_shares().unwrap();
+                    let next = shares.placement_at(step.next.epoch);
+                    let next_cache = &next.caches()[me as usize];
+                    let kept = (cur.share(me).iter())
+                        .filter(|s| !next_cache.contains(s))
+                        .count()
+                        + next_cache.len();
+                    assert!(
+                        files <= kept as u64,
+                        "rank {me}: {files} files, {kept} kept"
+                    );
                     reports.push(report.coded.unwrap());
                     cur = step.next;
                     barrier.wait();
