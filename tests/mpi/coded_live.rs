@@ -8,6 +8,8 @@
 use std::path::Path;
 use std::time::Duration;
 
+use nix::sys::signal::Signal;
+
 use crate::coded_mpi::{ALPHA, RANKS, SEED, advance, launcher, listing, planned, source};
 use crate::common::mpi_job::{MpiJob, exchange, wait_all};
 use crate::common::*;
@@ -99,10 +101,9 @@ fn the_live_server_pairs_varied_sizes_and_reports_its_bytes() {
     assert!(log.contains("uncoded_bytes="), "{log}");
 }
 
-/// The server SIGKILLed while compute rank 0 waits on it in the exchange into epoch 2 (the
-/// others still read epoch 0): rank 0 sees the server's process gone, gives the exchange up
-/// with a message naming the server and exits; the launcher ends the others, which unmount;
-/// nothing stays mounted or running. The same job started again resumes at epoch 1 with the
+/// The server SIGKILLed while every compute rank waits on it in the exchange into epoch 2:
+/// each rank sees the server's process gone, gives the exchange up with a message naming the
+/// server, unmounts and exits; nothing stays mounted or running, and the job ends. The same job started again resumes at epoch 1 with the
 /// planned listings and goes on.
 #[test]
 fn the_server_killed_mid_exchange_ends_every_rank_and_a_restart_resumes() {
@@ -120,23 +121,28 @@ fn the_server_killed_mid_exchange_ends_every_rank_and_a_restart_resumes() {
     let pids: Vec<i32> = (0..RANKS as usize)
         .map(|r| job.status(r)["pid"].as_i64().unwrap() as i32)
         .collect();
-    // Rank 0 alone moves on: its exchange into 2 waits on the server, which waits for the
-    // other ranks' hellos.
-    std::fs::write(job.mounts[0].join(".shufflefs/epoch"), "1\n").unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while !exchange(&job.status(0), 2).is_some_and(|x| x["state"] == "running") {
-        assert!(std::time::Instant::now() < deadline, "{}", job.status(0));
-        std::thread::sleep(Duration::from_millis(20));
+    // The server stopped (SIGSTOP), every rank moves on to epoch 1: each one's exchange
+    // into 2 starts and waits on the server. Then the server dies.
+    signal_server(&src, Signal::SIGSTOP);
+    for m in &job.mounts {
+        std::fs::write(m.join(".shufflefs/epoch"), "1\n").unwrap();
     }
-    kill_server_only(&src);
+    wait_all(
+        &job,
+        "every rank waiting in the exchange into epoch 2",
+        |st| exchange(st, 2).is_some_and(|x| x["state"] == "running"),
+    );
+    signal_server(&src, Signal::SIGKILL);
     let ended = job.wait_within(Duration::from_secs(30));
     let log = std::fs::read_to_string(tmp.path().join("job.log")).unwrap_or_default();
     let ended =
         ended.unwrap_or_else(|| panic!("the job still runs 30 s after the server died\n{log}"));
     assert!(!ended.success(), "{ended:?}\n{log}");
-    assert!(
-        log.contains("the coded-shuffle server (world rank 0) is gone in the middle of the exchange into epoch 2"),
-        "{log}"
+    let gone = "the coded-shuffle server (world rank 0) is gone in the middle of the exchange into epoch 2";
+    assert_eq!(
+        log.matches(gone).count(),
+        RANKS as usize,
+        "every rank says so\n{log}"
     );
     for m in &job.mounts {
         assert!(!is_mounted(m), "{} is still mounted\n{log}", m.display());
@@ -165,11 +171,11 @@ fn the_server_killed_mid_exchange_ends_every_rank_and_a_restart_resumes() {
     job.unmount();
 }
 
-/// SIGKILL to the `shufflefs serve` process reading `src` alone (not the launcher, whose
+/// `signal` to the `shufflefs serve` process reading `src` alone (not the launcher, whose
 /// command line names it too).
-fn kill_server_only(src: &Path) {
+fn signal_server(src: &Path, signal: Signal) {
     let want = src.to_string_lossy().into_owned();
-    let mut killed = 0;
+    let mut found = 0;
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
             continue;
@@ -180,16 +186,13 @@ fn kill_server_only(src: &Path) {
         let args: Vec<String> = (cmdline.split(|&b| b == 0))
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect();
-        if args.first().is_some_and(|a| a == BIN)
+        let server = args.first().is_some_and(|a| a == BIN)
             && args.get(1).is_some_and(|a| a == "serve")
-            && args.contains(&want)
-        {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-            killed += 1;
+            && args.contains(&want);
+        if server {
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal).unwrap();
+            found += 1;
         }
     }
-    assert_eq!(killed, 1, "one server process");
+    assert_eq!(found, 1, "one server process");
 }
