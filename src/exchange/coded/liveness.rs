@@ -20,13 +20,13 @@ pub(crate) const WATCH_EVERY: Duration = Duration::from_millis(50);
 
 /// The server's process, as the server describes itself.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ServerId {
-    pub pid: u32,
+pub(crate) struct ServerId {
+    pub(crate) pid: u32,
     /// Start time in clock ticks after boot (`/proc/PID/stat` field 22): a pid reused by
     /// another process after the server died has another.
-    pub start: u64,
+    pub(crate) start: u64,
     /// The boot and pid namespace the pid is valid in; empty if unknown.
-    pub space: String,
+    pub(crate) space: String,
 }
 
 impl ServerId {

@@ -63,7 +63,7 @@ pub(crate) mod sizes;
 pub(crate) mod wire;
 
 pub use client::CodedClient;
-pub use liveness::ServerId;
+pub(crate) use liveness::ServerId;
 pub use routes::Routes;
 pub use server::{ServeSettings, Server, ServerSamples};
 

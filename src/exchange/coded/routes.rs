@@ -159,7 +159,7 @@ impl Routes {
 
     /// The same routes to the server `id` (a compute rank on its host watches it while it
     /// waits, see `liveness`).
-    pub fn with_server(mut self, id: ServerId) -> Routes {
+    pub(crate) fn with_server(mut self, id: ServerId) -> Routes {
         self.server = Some(id);
         self
     }
