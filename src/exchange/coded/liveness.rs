@@ -23,7 +23,7 @@ pub(crate) const WATCH_EVERY: Duration = Duration::from_millis(50);
 pub(crate) struct ServerId {
     pub(crate) pid: u32,
     /// Start time in clock ticks after boot (`/proc/PID/stat` field 22): a pid reused by
-    /// another process after the server died has another.
+    /// another process after the server died has another. 0 if unknown (not compared).
     pub(crate) start: u64,
     /// The boot and pid namespace the pid is valid in; empty if unknown.
     pub(crate) space: String,
@@ -53,7 +53,9 @@ impl ServerId {
         }
         match stat(self.pid) {
             None => true,
-            Some((state, start)) => matches!(state, 'Z' | 'X') || start != self.start,
+            Some((state, start)) => {
+                matches!(state, 'Z' | 'X') || (self.start != 0 && start != self.start)
+            }
         }
     }
 }
