@@ -12,11 +12,11 @@ use std::time::Duration;
 use crate::common::mpi_job::{MpiJob, exchange, wait_all};
 use crate::common::{BIN, is_mounted, require_fuse, require_mpi};
 
-const RANKS: u32 = 4;
-const SEED: u64 = 11;
-const ALPHA: f64 = 0.5;
+pub(crate) const RANKS: u32 = 4;
+pub(crate) const SEED: u64 = 11;
+pub(crate) const ALPHA: f64 = 0.5;
 
-fn launcher(dir: &Path) -> Command {
+pub(crate) fn launcher(dir: &Path) -> Command {
     let mut cmd = Command::new("mpirun");
     cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
@@ -27,7 +27,7 @@ fn launcher(dir: &Path) -> Command {
 }
 
 /// Three classes of files of different sizes (one empty).
-fn source(dir: &Path) {
+pub(crate) fn source(dir: &Path) {
     for (class, count) in [("ant", 40u32), ("bee", 35), ("cow", 25)] {
         let d = dir.join("src").join(class);
         std::fs::create_dir_all(&d).unwrap();
@@ -42,7 +42,7 @@ fn source(dir: &Path) {
 }
 
 /// `class/name -> rank` of `epoch`, every byte read through the mount and compared.
-fn listing(job: &MpiJob, src: &Path, epoch: u64) -> BTreeMap<String, u32> {
+pub(crate) fn listing(job: &MpiJob, src: &Path, epoch: u64) -> BTreeMap<String, u32> {
     let mut owners = BTreeMap::new();
     for (rank, m) in job.mounts.iter().enumerate() {
         let dir = m.join(format!("epoch-{epoch}"));
@@ -71,7 +71,7 @@ fn listing(job: &MpiJob, src: &Path, epoch: u64) -> BTreeMap<String, u32> {
 }
 
 /// What the coded plan gives every sample in `epoch`.
-fn planned(src: &Path, epoch: u64) -> BTreeMap<String, u32> {
+pub(crate) fn planned(src: &Path, epoch: u64) -> BTreeMap<String, u32> {
     let m = shufflefs::dataset::scan::scan(src).unwrap();
     let params = shufflefs::plan::PlanParams {
         samples: m.len(),
@@ -216,7 +216,7 @@ fn kill_server(src: &Path) {
     }
 }
 
-fn advance(job: &MpiJob, epoch: u64) {
+pub(crate) fn advance(job: &MpiJob, epoch: u64) {
     for m in &job.mounts {
         std::fs::write(m.join(".shufflefs/epoch"), format!("{epoch}\n")).unwrap();
     }

@@ -10,6 +10,7 @@
 mod common;
 
 mod clean_stop;
+mod coded_live;
 mod coded_mpi;
 mod comm_mpi;
 mod disk_full;

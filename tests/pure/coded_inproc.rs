@@ -83,7 +83,10 @@ fn faults(plan: &Plan, scheme: Scheme) -> (Option<SampleId>, SampleId) {
     let share1: BTreeSet<SampleId> = p.shares(1).remove(1);
     let retained = *p.caches()[1].difference(&share1).next().unwrap();
     let inst = coded::next_instance(&mut p);
-    let needed = coded::plan(&inst, scheme)
+    // The server pairs samples by size (the manifest's here).
+    let m = manifest(120);
+    let size = |s: SampleId| m.size(s).unwrap();
+    let needed = coded::plan_by_size(&inst, scheme, &size)
         .into_iter()
         .filter(|tx| tx.receivers().any(|r| r == 1))
         .flat_map(|tx| tx.parts.into_iter())
@@ -200,6 +203,19 @@ fn run(scheme: Scheme, limit: usize, how: Multicast) -> Vec<Vec<CodedReport>> {
                     let files = store.stats.files.load(Ordering::Relaxed);
                     let limit = cache_size + step.next.share(me).len() as u64;
                     assert!(files <= limit, "rank {me}: {files} files, limit {limit}");
+                    // Side information is dropped once used: what is left is the view being
+                    // read and the next cache.
+                    let shares = plan.coded_shares().unwrap();
+                    let next = shares.placement_at(step.next.epoch);
+                    let next_cache = &next.caches()[me as usize];
+                    let kept = (cur.share(me).iter())
+                        .filter(|s| !next_cache.contains(s))
+                        .count()
+                        + next_cache.len();
+                    assert!(
+                        files <= kept as u64,
+                        "rank {me}: {files} files, {kept} kept"
+                    );
                     reports.push(report.coded.unwrap());
                     cur = step.next;
                     barrier.wait();

@@ -19,7 +19,9 @@
 //! 3. *Settings* (after the compute ranks' own start-up): compute rank 0 broadcasts the run's
 //!    settings and manifest, or why the compute ranks did not start. The server checks them
 //!    against its own options and source and answers in an all-gather; a refusal stops the
-//!    compute ranks before they mount. On consent every rank creates the multicast
+//!    compute ranks before they mount, a consent names the server's process (pid, start
+//!    time, pid namespace) for the compute ranks on its host to watch
+//!    (`exchange::coded::liveness`). On consent every rank creates the multicast
 //!    communicators (`--multicast broadcast`; a ring needs none), one collective split each.
 //! 4. *Mounted*: the compute ranks tell the server whether they all mounted (if not, they
 //!    unmounted again and the server exits too).
@@ -30,8 +32,8 @@ use crate::coded::Scheme;
 use crate::coded::groups::Communicators;
 use crate::comm::{Comm, CommError};
 use crate::config::{ExchangeMode, MountConfig};
-use crate::exchange::coded::Routes;
 use crate::exchange::coded::routes::Multicast;
+use crate::exchange::coded::{Routes, ServerId};
 use crate::plan::{CodedShares, Plan};
 
 mod mode;
@@ -289,16 +291,42 @@ pub(crate) fn offer(
     let all = world
         .all_gather(&[])
         .map_err(comm("hearing from the server"))?;
-    if let Some(m) = all.first().filter(|m| !m.is_empty()) {
-        return Err(CodedError::Refused(format!(
-            "the coded-shuffle server (world rank 0) refused: {}",
-            String::from_utf8_lossy(m)
-        )));
-    }
+    let server = match all.first().map(|m| read_consent(m)) {
+        Some(Err(why)) => {
+            return Err(CodedError::Refused(format!(
+                "the coded-shuffle server (world rank 0) refused: {why}"
+            )));
+        }
+        Some(Ok(id)) => id,
+        None => None,
+    };
     let comms = routes().map_err(CodedError::Refused)?;
-    Routes::create(world, Some(compute_rank as usize), comms, multicast)
-        .map(Some)
-        .map_err(comm("creating the multicast communicators"))
+    let routes = Routes::create(world, Some(compute_rank as usize), comms, multicast)
+        .map_err(comm("creating the multicast communicators"))?;
+    Ok(Some(match server {
+        Some(id) => routes.with_server(id),
+        None => routes,
+    }))
+}
+
+/// The first byte of the server's consent in phase 3 (a refusal is text, never this byte);
+/// the server's process follows (`exchange::coded::liveness`), as JSON.
+const CONSENT: u8 = 0;
+
+/// The server's phase-3 answer when it consents.
+fn consent(me: &ServerId) -> Vec<u8> {
+    let mut m = vec![CONSENT];
+    m.extend(serde_json::to_vec(me).expect("a server id serializes"));
+    m
+}
+
+/// The server's phase-3 answer: its process on consent (if it said which), or why it refused.
+fn read_consent(m: &[u8]) -> Result<Option<ServerId>, String> {
+    match m.split_first() {
+        None => Ok(None),
+        Some((&CONSENT, id)) => Ok(serde_json::from_slice(id).ok()),
+        Some(_) => Err(String::from_utf8_lossy(m).into_owned()),
+    }
 }
 
 /// The communicator set of a run (the same on every rank of it). A refusal is a message: the
@@ -343,6 +371,14 @@ mod tests {
             coded,
             version: "1".into(),
         }
+    }
+
+    #[test]
+    fn the_server_consents_with_its_process_or_refuses_with_text() {
+        let me = ServerId::mine();
+        assert_eq!(read_consent(&consent(&me)), Ok(Some(me)));
+        assert_eq!(read_consent(b""), Ok(None));
+        assert_eq!(read_consent(b"no: --seed"), Err("no: --seed".to_string()));
     }
 
     #[test]

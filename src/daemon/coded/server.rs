@@ -11,7 +11,7 @@ use crate::config::ServeConfig;
 use crate::dataset::Manifest;
 use crate::exchange::coded::routes::Multicast;
 use crate::exchange::coded::server::Ended;
-use crate::exchange::coded::{Routes, ServeSettings, Server, ServerSamples};
+use crate::exchange::coded::{Routes, ServeSettings, Server, ServerId, ServerSamples};
 use crate::plan::CodedShares;
 
 /// The server's whole life: phases 1-4, then serving until the compute ranks leave.
@@ -33,9 +33,12 @@ pub(crate) fn serve(args: &ServeConfig, world: &mut dyn Comm) -> Result<(), Code
         .map_err(comm("receiving the settings from compute rank 0"))?;
     let (offer, manifest_bytes) = read_offer(&msg)?;
     let checked = check(args, &offer, manifest_bytes, world.size() - 1);
-    let verdict = checked.as_ref().err().cloned().unwrap_or_default();
+    let verdict = match &checked {
+        Ok(_) => super::consent(&ServerId::mine()),
+        Err(why) => why.as_bytes().to_vec(),
+    };
     world
-        .all_gather(verdict.as_bytes())
+        .all_gather(&verdict)
         .map_err(comm("answering the compute ranks"))?;
     let (settings, manifest, comms, multicast) = checked.map_err(CodedError::Refused)?;
     let routes = Routes::create(world, None, comms, multicast)

@@ -2,14 +2,18 @@
 
 use std::collections::BTreeSet;
 use std::io::Write;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
 use std::time::Instant;
 
+use super::liveness::{ServerId, WATCH_EVERY};
+use super::side::SideInfo;
+use super::sizes::{self, StepSizes};
 use super::{CodedReport, LAST, MORE, Request, Routes, STOP, comm_err, recv_piece, send_request};
-use super::{routes, wire};
+use super::{TAG_SIZES, recv_exact, recv_totals, routes, wire};
 use crate::cache::SampleStore;
 use crate::coded::packet::{self, DecodeError};
-use crate::coded::{Instance, Node, Scheme, Transmission, next_instance, plan};
+use crate::coded::{Instance, Node, Scheme, Transmission, next_instance};
 use crate::comm::Comm;
 use crate::exchange::{
     EpochExchange, ExchangeCtx, ExchangeError, ExchangeState, ExchangeTracker, Settled,
@@ -83,7 +87,36 @@ impl CodedClient {
         abort: &AtomicBool,
     ) -> Result<(), ExchangeError> {
         self.may_start(target, abort)?;
-        let abort = &AtomicBool::new(false);
+        // Not the daemon's abort flag (module docs, "Giving up"): only a dead server.
+        let give_up = AtomicBool::new(false);
+        let server = self.routes.server().filter(|s| s.visible()).cloned();
+        std::thread::scope(|scope| {
+            let (done, watching) = mpsc::channel::<()>();
+            if let Some(server) = &server {
+                let give_up = &give_up;
+                let watch = move || watch_server(server, target, &watching, give_up);
+                let spawned = std::thread::Builder::new()
+                    .name("coded-watch".into())
+                    .spawn_scoped(scope, watch);
+                if let Err(e) = spawned {
+                    tracing::warn!(error = %e, "cannot watch the coded-shuffle server's process");
+                }
+            }
+            let result = self.steps(world, store, target, tracker, &give_up);
+            drop(done);
+            result
+        })
+    }
+
+    /// The steps of one exchange (protocol in the parent module).
+    fn steps(
+        &mut self,
+        world: &mut dyn Comm,
+        store: &SampleStore,
+        target: u64,
+        tracker: &ExchangeTracker,
+        abort: &AtomicBool,
+    ) -> Result<(), ExchangeError> {
         self.placement.advance_to(target - 1);
         let me = self.node;
         let mut report = CodedReport {
@@ -93,23 +126,37 @@ impl CodedClient {
         };
         self.fill_cache(world, store, target, abort, &mut report)?;
 
+        let cache: BTreeSet<SampleId> = self.placement.caches()[me].clone();
+        let view: BTreeSet<SampleId> = self.placement.shares(target - 1).remove(me);
         let inst: Instance = next_instance(&mut self.placement);
-        let txs = plan(&inst, self.scheme);
+        let sizes = recv_sizes(world, &inst, abort).map_err(|e| comm_err(target, e))?;
+        let txs = sizes.plan(&inst, self.scheme);
+        let next_cache = &self.placement.caches()[me];
+        let mut side = SideInfo::new(me, &txs, &cache, &view, next_cache);
         report.packets_planned = txs.len() as u64;
-        // What this rank lacks of its next share: the samples (and their bytes) that packets
-        // or the fallback must bring, whatever the packets themselves weigh.
-        let (missing, missing_bytes) = inst.missing(me).fold((0u64, 0u64), |(n, b), id| {
-            (n + 1, b + store.manifest().size(id).unwrap_or(0))
-        });
+        // What this rank lacks of its next share: the samples (and their bytes, as the
+        // server read them) that packets or the fallback must bring.
+        let (missing, missing_bytes) = inst
+            .missing(me)
+            .fold((0u64, 0u64), |(n, b), id| (n + 1, b + sizes.len(id)));
         tracker.update(target, |r| {
             r.samples_to_receive = missing;
             r.bytes_to_receive = missing_bytes;
             r.coded = Some(report.clone());
         });
-        let failed = self.receive_packets(world, store, target, &txs, abort, &mut report)?;
+        let failed = self.receive_packets(
+            world,
+            store,
+            (target, &sizes, &txs),
+            &mut side,
+            abort,
+            &mut report,
+        )?;
         tracker.update(target, |r| r.coded = Some(report.clone()));
 
         self.fallback(world, store, target, failed, abort, &mut report)?;
+        (report.server_packet_bytes, report.uncoded_packet_bytes) =
+            recv_totals(world, abort).map_err(|e| comm_err(target, e))?;
         let received = report.samples_decoded + report.fallback_samples;
         let bytes = report.packet_bytes_received + report.plain_bytes_received;
         tracker.update(target, |r| {
@@ -134,7 +181,7 @@ impl CodedClient {
         // rank said hello it ends in bounded time (each step is collective over ranks that
         // are all in it, and a rank that dies makes the launcher end the job), while giving
         // up would leave MPI transfers in flight and cost the whole job (see `comm`).
-        if abort.load(std::sync::atomic::Ordering::Relaxed) {
+        if abort.load(Ordering::Relaxed) {
             return Err(ExchangeError::Local(
                 "the daemon is shutting down; the exchange did not start".into(),
             ));
@@ -181,33 +228,34 @@ impl CodedClient {
         Ok(())
     }
 
-    /// The coded packets of `txs` that reach this rank, burst by burst; returns the samples
-    /// whose packet could not be decoded.
+    /// The coded packets of `txs` that reach this rank, burst by burst, dropping side
+    /// information once no later packet needs it (`side`); returns the samples whose packet
+    /// could not be decoded.
     fn receive_packets(
         &mut self,
         world: &mut dyn Comm,
         store: &SampleStore,
-        target: u64,
-        txs: &[Transmission],
+        (target, sizes, txs): (u64, &StepSizes, &[Transmission]),
+        side: &mut SideInfo,
         abort: &AtomicBool,
         report: &mut CodedReport,
     ) -> Result<Vec<SampleId>, ExchangeError> {
         let me = self.node;
         let mut failed: Vec<SampleId> = Vec::new();
-        let size = |id: SampleId| store.manifest().size(id);
-        for burst in self.routes.bursts(txs, size) {
-            if !self.routes.reaches(burst.route, me) {
-                continue;
+        drop_side(store, side.done_before(0));
+        for burst in self.routes.bursts(txs, |id| Some(sizes.len(id))) {
+            if self.routes.reaches(burst.route, me) {
+                let msg = (self.routes)
+                    .deliver(world, burst.route, Vec::new(), abort)
+                    .map_err(|e| comm_err(target, e))?;
+                let txs = &txs[burst.packets.clone()];
+                let packets = routes::unpack(&msg, txs.len());
+                for (i, tx) in txs.iter().enumerate() {
+                    let packet = packets.as_ref().map_or(&[][..], |p| p[i]);
+                    take_packet(store, me, tx, packet, report, &mut failed);
+                }
             }
-            let msg = (self.routes)
-                .deliver(world, burst.route, Vec::new(), abort)
-                .map_err(|e| comm_err(target, e))?;
-            let txs = &txs[burst.packets.clone()];
-            let packets = routes::unpack(&msg, txs.len());
-            for (i, tx) in txs.iter().enumerate() {
-                let packet = packets.as_ref().map_or(&[][..], |p| p[i]);
-                take_packet(store, me, tx, packet, report, &mut failed);
-            }
+            drop_side(store, side.done_before(burst.packets.end));
         }
         Ok(failed)
     }
@@ -284,6 +332,10 @@ impl CodedClient {
         if self.stopped.is_some() {
             return;
         }
+        if self.routes.server().is_some_and(ServerId::gone) {
+            tracing::warn!("the coded-shuffle server (world rank 0) is gone; no goodbye to send");
+            return;
+        }
         self.stopped = Some("this rank is leaving".into());
         if let Err(e) = send_request(world, &Request::Bye, &AtomicBool::new(false)) {
             tracing::warn!(error = %e, "could not tell the coded-shuffle server this rank leaves");
@@ -320,6 +372,33 @@ impl EpochExchange for CodedClient {
     fn finish(&mut self, world: &mut dyn Comm) {
         self.goodbye(world);
     }
+}
+
+/// Until `done` closes: once `server`'s process is gone, says so and sets `give_up`, which
+/// the transfers in flight watch (they are abandoned and the daemon ends, see `liveness`).
+fn watch_server(server: &ServerId, target: u64, done: &mpsc::Receiver<()>, give_up: &AtomicBool) {
+    while let Err(mpsc::RecvTimeoutError::Timeout) = done.recv_timeout(WATCH_EVERY) {
+        if server.gone() {
+            tracing::error!(
+                server_pid = server.pid,
+                target_epoch = target,
+                "the coded-shuffle server (world rank 0) is gone in the middle of the exchange into epoch {target}: giving the exchange up; this rank unmounts and exits, and the same job started again resumes where it stopped"
+            );
+            give_up.store(true, Ordering::Relaxed);
+            return;
+        }
+    }
+}
+
+/// Protocol step 2: the sizes of `inst`'s missing samples, as the server sent them.
+fn recv_sizes(
+    world: &mut dyn Comm,
+    inst: &Instance,
+    abort: &AtomicBool,
+) -> Result<StepSizes, crate::comm::CommError> {
+    let ids = sizes::needed(inst);
+    let bytes = recv_exact(world, TAG_SIZES, ids.len() * 8, abort)?;
+    Ok(StepSizes::decode(ids, &bytes).expect("a receive of exactly one u64 per sample"))
 }
 
 /// Takes one packet this rank received: decodes its part for `me` (if any) from the cache,
@@ -381,6 +460,15 @@ fn store_bytes(store: &SampleStore, id: SampleId, bytes: &[u8], crc: u32) -> std
             Ok(Some(crc))
         })
         .map(|_| ())
+}
+
+/// Drops side information no packet of the step needs any more (see `side`).
+fn drop_side(store: &SampleStore, ids: Vec<SampleId>) {
+    for id in ids.into_iter().filter(|&id| store.contains(id)) {
+        if let Err(e) = store.remove(id) {
+            tracing::debug!(sample = id, error = %e, "cannot drop used side information");
+        }
+    }
 }
 
 /// Drops every cached sample outside `cache` and `next`.

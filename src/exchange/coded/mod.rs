@@ -15,26 +15,36 @@
 //!    says the rank is leaving. The server answers each rank with plain samples (bundles, see
 //!    `wire`) or, if any rank left or the ranks disagree on `e`, with *stop*: the coded
 //!    exchange ends for good and every later epoch reads what it lacks from the source.
-//! 2. *Packets*: in plan order, in bursts of consecutive packets of one route, the server
+//! 2. *Sizes*: the server sends every compute rank the sizes of the step's missing samples
+//!    (`sizes`), so that every rank pairs samples into packets by size alike.
+//! 3. *Packets*: in plan order, in bursts of consecutive packets of one route, the server
 //!    broadcasts each burst on the communicator its group routes to, or sends it
 //!    point-to-point to a one-rank group ([`routes`]); every rank the route reaches takes
 //!    part (steps in one global order cannot deadlock), receivers decode (`coded::packet`)
 //!    and store what passes its CRC; the others drop the packet.
-//! 3. *Fallback*: each compute rank sends `[e, n]` and the ids it could not decode (a cached
+//! 4. *Fallback*: each compute rank sends `[e, n]` and the ids it could not decode (a cached
 //!    sample missing or corrupt, a packet the server could not fill); the server sends them
 //!    plainly. Only then is the exchange settled.
+//! 5. *Totals*: the server sends every rank the step's packet bytes and what the uncoded
+//!    scheme would have sent (`[packet_bytes, uncoded_bytes]`), for the status.
 //!
 //! Plain replies go as a sequence of bundles of at most `BUNDLE` bytes, each announced by
 //! `[more, len]`, so no message nears MPI's size limit and no side holds a whole epoch.
 //! Every rank's cache between steps is `C^t` (plus `D^{t+1}` once received): at the start of
 //! a step a rank drops what is in neither `C^t` nor `D^{t+1}`; the current view `D^t` is part
-//! of `C^t`.
+//! of `C^t`. During the packets it also drops the samples of `C^t` in neither `D^t` nor
+//! `C^{t+1}` once no later packet needs them as side information (`side`), so after a step
+//! it holds `D^t ∪ C^{t+1}`.
 //!
 //! # Giving up
 //! A step is not given up once started: every rank it involves said hello, so it ends in
 //! bounded time, and a rank that dies makes the launcher end the job; giving up mid-step
 //! would leave MPI transfers in flight (see `comm`). A daemon that is shutting down starts no
-//! new step and says goodbye instead.
+//! new step and says goodbye instead. The one exception is a server that died: a compute
+//! rank on its host sees the process gone (`liveness`) and gives the step up at once, which
+//! abandons its transfers and ends the daemon (exit code 3; the mount goes, the cache stays
+//! at its epoch and a restart resumes). Ranks on other hosts wait for the launcher, which
+//! ends the job once the server or a rank on its host exits.
 
 use std::sync::atomic::AtomicBool;
 
@@ -45,11 +55,15 @@ use crate::exchange::{ExchangeError, Phase};
 use crate::plan::{Rank, SampleId};
 
 pub(crate) mod client;
+pub(crate) mod liveness;
 pub mod routes;
 pub mod server;
+pub(crate) mod side;
+pub(crate) mod sizes;
 pub(crate) mod wire;
 
 pub use client::CodedClient;
+pub(crate) use liveness::ServerId;
 pub use routes::Routes;
 pub use server::{ServeSettings, Server, ServerSamples};
 
@@ -60,6 +74,8 @@ const TAG_HELLO: u16 = 0x5301;
 const TAG_LIST: u16 = 0x5302;
 const TAG_REPLY_HEAD: u16 = 0x5303;
 const TAG_REPLY: u16 = 0x5304;
+const TAG_SIZES: u16 = 0x530a;
+const TAG_TOTALS: u16 = 0x530b;
 
 /// `n` of a hello from a rank that is leaving.
 const BYE: u64 = u64::MAX;
@@ -89,6 +105,11 @@ pub struct CodedReport {
     pub plain_bytes_received: u64,
     /// Seconds spent decoding packets (reading the cached parts, XOR, CRC).
     pub decode_seconds: f64,
+    /// Bytes of every packet the server sent in this step (all groups, headers and padding
+    /// included), and what the uncoded scheme would have sent for the same step (one packet
+    /// per missing sample): the server's saving is their ratio.
+    pub server_packet_bytes: u64,
+    pub uncoded_packet_bytes: u64,
 }
 
 /// A request from a compute rank: the target epoch and sample ids, or leaving.
@@ -246,4 +267,60 @@ fn recv_piece(world: &mut dyn Comm, abort: &AtomicBool) -> Result<(u64, Vec<u8>)
         abort,
     )?;
     Ok((more, body.recvs.pop().expect("one").1))
+}
+
+/// Server side: the same `bytes` to every compute rank on `tag` (each knows the length).
+fn send_all(
+    world: &mut dyn Comm,
+    tag: u16,
+    bytes: &[u8],
+    abort: &AtomicBool,
+) -> Result<(), CommError> {
+    let sends = (1..world.size()).map(|r| (r, bytes.to_vec())).collect();
+    world.transfer(
+        tag,
+        Batch {
+            sends,
+            recvs: vec![],
+        },
+        abort,
+    )?;
+    Ok(())
+}
+
+/// Compute side: `len` bytes from the server on `tag`.
+fn recv_exact(
+    world: &mut dyn Comm,
+    tag: u16,
+    len: usize,
+    abort: &AtomicBool,
+) -> Result<Vec<u8>, CommError> {
+    let mut got = world.transfer(
+        tag,
+        Batch {
+            sends: vec![],
+            recvs: vec![(SERVER, vec![0; len])],
+        },
+        abort,
+    )?;
+    Ok(got.recvs.pop().expect("one receive").1)
+}
+
+/// Server side: step 5's totals to every compute rank.
+fn send_totals(
+    world: &mut dyn Comm,
+    packet_bytes: u64,
+    uncoded_bytes: u64,
+    abort: &AtomicBool,
+) -> Result<(), CommError> {
+    let mut b = packet_bytes.to_le_bytes().to_vec();
+    b.extend_from_slice(&uncoded_bytes.to_le_bytes());
+    send_all(world, TAG_TOTALS, &b, abort)
+}
+
+/// Compute side: step 5's totals, `(packet_bytes, uncoded_bytes)`.
+fn recv_totals(world: &mut dyn Comm, abort: &AtomicBool) -> Result<(u64, u64), CommError> {
+    let b = recv_exact(world, TAG_TOTALS, 16, abort)?;
+    let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8"));
+    Ok((word(0), word(8)))
 }

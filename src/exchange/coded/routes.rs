@@ -46,6 +46,7 @@ use crate::comm::{Batch, Comm, CommError};
 use crate::plan::{Rank, SampleId};
 
 use super::SERVER;
+use super::liveness::ServerId;
 
 /// Packets per burst at most.
 pub(crate) const BURST_PACKETS: usize = 64;
@@ -102,6 +103,8 @@ pub struct Routes {
     comms: Communicators,
     handles: Vec<Handle>,
     multicast: Multicast,
+    /// The server's process, where the start-up learned it (see `liveness`).
+    server: Option<ServerId>,
 }
 
 impl Routes {
@@ -137,6 +140,7 @@ impl Routes {
             comms,
             handles,
             multicast,
+            server: None,
         })
     }
 
@@ -149,7 +153,20 @@ impl Routes {
             comms,
             handles,
             multicast: Multicast::Broadcast,
+            server: None,
         }
+    }
+
+    /// The same routes to the server `id` (a compute rank on its host watches it while it
+    /// waits, see `liveness`).
+    pub(crate) fn with_server(mut self, id: ServerId) -> Routes {
+        self.server = Some(id);
+        self
+    }
+
+    /// The server's process, if known.
+    pub(crate) fn server(&self) -> Option<&ServerId> {
+        self.server.as_ref()
     }
 
     /// Communicators created (the world's not counted).

@@ -6,26 +6,38 @@
 //! until `--memory` bytes are used; any sample past that is read from the source each time a
 //! packet or a request needs it (streamed, never held). With the budget at least the
 //! dataset's size, every sample is read from the source once for the whole run.
+//!
+//! # Sizes
+//! Every step the server sends the compute ranks the sizes of the samples the step moves
+//! (`sizes`), so all pair samples into packets alike. A size the manifest lacks (a scanned
+//! source) is learned by reading the sample the first time a step needs it and kept (8 bytes
+//! per sample); a sample past the memory budget is then read once more for its packet.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-use super::routes;
+use super::sizes::{self, StepSizes};
 use super::wire::Bundle;
-use super::{BUNDLE, LAST, MORE, Request, Routes, STOP, recv_requests, send_head};
+use super::{BUNDLE, LAST, MORE, Request, Routes, STOP, TAG_SIZES, recv_requests, send_head};
+use super::{routes, send_all, send_totals};
 use crate::coded::packet;
-use crate::coded::{Scheme, next_instance, plan};
+use crate::coded::{Scheme, Transmission, next_instance};
 use crate::comm::{Comm, CommError};
 use crate::dataset::{Dataset, Manifest};
 use crate::plan::placement::RandomPlacement;
 use crate::plan::{CodedShares, Rank, SampleId};
+
+/// A size not learned yet.
+const UNKNOWN: u64 = u64::MAX;
 
 /// The source behind the server, with the memory rule of the module docs.
 pub struct ServerSamples {
     dataset: Arc<dyn Dataset>,
     manifest: Arc<Manifest>,
     held: Vec<Option<Arc<Vec<u8>>>>,
+    /// Sizes learned by reading, [`UNKNOWN`] until then.
+    sizes: Vec<u64>,
     budget: u64,
     used: u64,
     pub reads: u64,
@@ -36,6 +48,7 @@ impl ServerSamples {
         ServerSamples {
             dataset,
             held: vec![None; manifest.len() as usize],
+            sizes: vec![UNKNOWN; manifest.len() as usize],
             manifest,
             budget,
             used: 0,
@@ -56,6 +69,7 @@ impl ServerSamples {
         self.dataset.copy_to(id, &mut bytes)?;
         self.reads += 1;
         let bytes = Arc::new(bytes);
+        self.sizes[id as usize] = bytes.len() as u64;
         if self.used + bytes.len() as u64 <= self.budget {
             self.used += bytes.len() as u64;
             *slot = Some(bytes.clone());
@@ -63,9 +77,16 @@ impl ServerSamples {
         Ok(bytes)
     }
 
-    /// The index both sides share (sizes for cutting bursts).
-    pub(crate) fn manifest(&self) -> Arc<Manifest> {
-        self.manifest.clone()
+    /// Sample `id`'s size: the manifest's, else learned by reading it (once for the run;
+    /// a sample past the memory budget is read again for its packet). 0 if unreadable.
+    pub(crate) fn size(&mut self, id: SampleId) -> u64 {
+        if let Some(len) = self.manifest.size(id) {
+            return len;
+        }
+        match self.sizes.get(id as usize) {
+            Some(&len) if len != UNKNOWN => len,
+            _ => self.get(id).map_or(0, |b| b.len() as u64),
+        }
     }
 
     /// Bytes held in memory.
@@ -89,6 +110,8 @@ pub struct StepStats {
     pub target_epoch: u64,
     pub packets: u64,
     pub packet_bytes: u64,
+    /// What the uncoded scheme would have sent (one packet per missing sample).
+    pub uncoded_bytes: u64,
     /// Samples sent plainly: cache fills and fallbacks.
     pub plain_samples: u64,
     pub fallback_samples: u64,
@@ -137,62 +160,96 @@ impl Server {
             let Some(target) = self.check(&hellos) else {
                 return self.stop(world, &hellos, abort);
             };
-            let started = Instant::now();
-            let mut plain = 0u64;
-            self.placement.advance_to(target - 1);
-            plain += self.answer(world, &hellos, abort)?;
-            let inst = next_instance(&mut self.placement);
-            let txs = plan(&inst, self.settings.scheme);
-            let mut packet_bytes = 0u64;
-            let mut encode_seconds = 0.0;
-            let manifest = self.samples.manifest();
-            for burst in self.routes.bursts(&txs, |id| manifest.size(id)) {
-                let encoding = Instant::now();
-                let packets: Vec<Vec<u8>> = txs[burst.packets.clone()]
-                    .iter()
-                    .map(|tx| {
-                        let samples = &mut self.samples;
-                        packet::encode(tx, &mut |s| samples.get(s).map(|b| b.to_vec()))
-                            .unwrap_or_else(|e| {
-                                tracing::warn!(error = %e, "cannot build a packet; its receivers will ask for their samples plainly");
-                                Vec::new()
-                            })
-                    })
-                    .collect();
-                encode_seconds += encoding.elapsed().as_secs_f64();
-                packet_bytes += packets.iter().map(|p| p.len() as u64).sum::<u64>();
-                let msg = routes::pack(&packets);
-                self.routes.deliver(world, burst.route, msg, abort)?;
+            if let Some(ended) = self.step(world, &hellos, target, abort)? {
+                return Ok(ended);
             }
-            let fallbacks = recv_requests(world, abort)?;
-            if fallbacks.contains(&Request::Bye) {
-                // Not part of the protocol: a rank leaves only between steps.
-                return Ok(Ended::Disagree(
-                    "a rank left in the middle of a step".into(),
-                ));
-            }
-            let fell_back = self.answer(world, &fallbacks, abort)?;
-            self.steps.push(StepStats {
-                target_epoch: target,
-                packets: txs.len() as u64,
-                packet_bytes,
-                plain_samples: plain + fell_back,
-                fallback_samples: fell_back,
-                encode_seconds,
-            });
-            tracing::info!(
-                epoch = target,
-                scheme = self.settings.scheme.name(),
-                packets = txs.len(),
-                packet_bytes,
-                cache_fill_samples = plain,
-                fallback_samples = fell_back,
-                source_reads = self.samples.reads,
-                held_bytes = self.samples.held_bytes(),
-                secs = started.elapsed().as_secs_f64(),
-                "coded exchange served"
-            );
         }
+    }
+
+    /// One step into `target` after its hellos (protocol steps 1-5 of the parent module);
+    /// `Some` if the server must stop.
+    fn step(
+        &mut self,
+        world: &mut dyn Comm,
+        hellos: &[Request],
+        target: u64,
+        abort: &AtomicBool,
+    ) -> Result<Option<Ended>, CommError> {
+        let started = Instant::now();
+        self.placement.advance_to(target - 1);
+        let plain = self.answer(world, hellos, abort)?;
+        let inst = next_instance(&mut self.placement);
+        let needed = sizes::needed(&inst);
+        let lens = needed.iter().map(|&id| self.samples.size(id)).collect();
+        let sizes = StepSizes::new(needed, lens);
+        send_all(world, TAG_SIZES, &sizes.encode(), abort)?;
+        let txs = sizes.plan(&inst, self.settings.scheme);
+        let (packet_bytes, encode_seconds) = self.send_packets(world, &txs, &sizes, abort)?;
+        let fallbacks = recv_requests(world, abort)?;
+        if fallbacks.contains(&Request::Bye) {
+            // Not part of the protocol: a rank leaves only between steps.
+            return Ok(Some(Ended::Disagree(
+                "a rank left in the middle of a step".into(),
+            )));
+        }
+        let fell_back = self.answer(world, &fallbacks, abort)?;
+        let uncoded_bytes = sizes.uncoded_bytes(&inst);
+        send_totals(world, packet_bytes, uncoded_bytes, abort)?;
+        self.steps.push(StepStats {
+            target_epoch: target,
+            packets: txs.len() as u64,
+            packet_bytes,
+            uncoded_bytes,
+            plain_samples: plain + fell_back,
+            fallback_samples: fell_back,
+            encode_seconds,
+        });
+        tracing::info!(
+            epoch = target,
+            scheme = self.settings.scheme.name(),
+            packets = txs.len(),
+            packet_bytes,
+            uncoded_bytes,
+            ratio = packet_bytes as f64 / uncoded_bytes.max(1) as f64,
+            cache_fill_samples = plain,
+            fallback_samples = fell_back,
+            source_reads = self.samples.reads,
+            held_bytes = self.samples.held_bytes(),
+            secs = started.elapsed().as_secs_f64(),
+            "coded exchange served"
+        );
+        Ok(None)
+    }
+
+    /// Builds and delivers `txs`, burst by burst; returns their bytes and the seconds spent
+    /// building them.
+    fn send_packets(
+        &mut self,
+        world: &mut dyn Comm,
+        txs: &[Transmission],
+        sizes: &StepSizes,
+        abort: &AtomicBool,
+    ) -> Result<(u64, f64), CommError> {
+        let (mut packet_bytes, mut encode_seconds) = (0u64, 0.0);
+        for burst in self.routes.bursts(txs, |id| Some(sizes.len(id))) {
+            let encoding = Instant::now();
+            let packets: Vec<Vec<u8>> = txs[burst.packets.clone()]
+                .iter()
+                .map(|tx| {
+                    let samples = &mut self.samples;
+                    packet::encode(tx, &mut |s| samples.get(s).map(|b| b.to_vec()))
+                        .unwrap_or_else(|e| {
+                            tracing::warn!(error = %e, "cannot build a packet; its receivers will ask for their samples plainly");
+                            Vec::new()
+                        })
+                })
+                .collect();
+            encode_seconds += encoding.elapsed().as_secs_f64();
+            packet_bytes += packets.iter().map(|p| p.len() as u64).sum::<u64>();
+            let msg = routes::pack(&packets);
+            self.routes.deliver(world, burst.route, msg, abort)?;
+        }
+        Ok((packet_bytes, encode_seconds))
     }
 
     /// The common target epoch of the hellos, or `None` if the server must stop.
