@@ -138,12 +138,17 @@ pub use crate::sys::kernel::ReadPath;
 #[derive(Args, Debug, Clone)]
 pub struct MountArgs {
     /// ImageFolder-style dataset: one sub-folder per class, samples inside; with --format
-    /// records, one record file or a folder of shard files. Read by rank 0 for the index, and
+    /// tree, any folder of files; with --format records, one record file or a folder of
+    /// shard files. Read by rank 0 for the index, and
     /// by every rank for the samples it holds.
     #[arg(long, help_heading = "Data")]
     pub source: PathBuf,
-    /// Layout of the source: how its samples are found and read. `records`: one file or a
-    /// folder of shard files of packed records (see --framing), shown as `epoch-N/part-*`.
+    /// Layout of the source: how its samples are found and read. `tree`: every file at any
+    /// depth is a sample (a flat folder of .npz files, speaker/chapter/*.flac), and
+    /// `epoch-N/` mirrors the source's folders, every one of them on every rank. `records`:
+    /// one file or a folder of shard files of packed records (see --framing), shown as
+    /// `epoch-N/part-*`. Never guessed: a source without class folders is refused with a
+    /// pointer to `tree`, so a path that points one level off cannot mount as a tree.
     #[arg(long, value_enum, default_value_t = Format::Imagefolder, help_heading = "Data")]
     pub format: Format,
 
@@ -192,12 +197,12 @@ pub struct MountArgs {
     pub cache: String,
 
     /// How the cache stores samples: `files` (one file per sample) or `packed` (append-only
-    /// segment files, for millions of small records) [default: files for imagefolder].
+    /// segment files, for millions of small records) [default: files for imagefolder and tree].
     #[arg(
         long,
         value_enum,
         help_heading = "Data",
-        long_help = "How the cache folder stores samples [default: files for --format imagefolder].\n\n\
+        long_help = "How the cache folder stores samples [default: files for --format imagefolder and tree].\n\n\
             files: one file per sample (CACHE/samples/<id>). Reads can pass through to the \
             file (--read-path passthrough) and ranks of one host hand samples over by hard \
             link. Best for samples of tens of KB and more.\n\n\

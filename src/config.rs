@@ -27,6 +27,8 @@ pub use crate::sys::kernel::ReadPath;
 pub(crate) enum SourceConfig {
     /// One sub-folder per class, one file per sample.
     ImageFolder,
+    /// Every file at any depth a sample (`--format tree`).
+    Tree,
     /// Packed records, shown as `epoch-N/part-*` files of about `part_size` bytes.
     Records {
         params: RecordParams,
@@ -38,6 +40,7 @@ impl SourceConfig {
     pub(crate) fn format(&self) -> Format {
         match self {
             SourceConfig::ImageFolder => Format::Imagefolder,
+            SourceConfig::Tree => Format::Tree,
             SourceConfig::Records { .. } => Format::Records,
         }
     }
@@ -45,7 +48,7 @@ impl SourceConfig {
     /// The record settings (an image folder has none: the defaults, which nothing reads).
     pub(crate) fn params(&self) -> RecordParams {
         match self {
-            SourceConfig::ImageFolder => RecordParams::default(),
+            SourceConfig::ImageFolder | SourceConfig::Tree => RecordParams::default(),
             SourceConfig::Records { params, .. } => params.clone(),
         }
     }
@@ -53,7 +56,7 @@ impl SourceConfig {
     /// Target size of a record view's parts (an image folder has no parts: the default).
     pub(crate) fn part_size(&self) -> u64 {
         match self {
-            SourceConfig::ImageFolder => crate::vfs::DEFAULT_PART_SIZE,
+            SourceConfig::ImageFolder | SourceConfig::Tree => crate::vfs::DEFAULT_PART_SIZE,
             SourceConfig::Records { part_size, .. } => *part_size,
         }
     }
@@ -160,7 +163,10 @@ fn source_config(args: &MountArgs) -> Result<SourceConfig, String> {
                 "{flag} applies to record sources; add --format records or drop {flag}"
             ));
         }
-        return Ok(SourceConfig::ImageFolder);
+        return Ok(match args.format {
+            Format::Tree => SourceConfig::Tree,
+            _ => SourceConfig::ImageFolder,
+        });
     }
     let framing = args.framing.unwrap_or_default();
     let record_size = match (framing, args.record_size) {

@@ -31,7 +31,8 @@ struct CacheSnapshot {
     problems: Vec<String>,
 }
 
-/// What the mount serves: `imagefolder`, or `records` with its framing and counts.
+/// What the mount serves: `imagefolder`, `tree` (its folders are the `classes`), or
+/// `records` with its framing and counts.
 #[derive(Serialize)]
 struct DatasetSnapshot {
     format: &'static str,
@@ -54,8 +55,12 @@ struct DatasetSnapshot {
 impl DatasetSnapshot {
     fn of(manifest: &crate::dataset::Manifest) -> DatasetSnapshot {
         match manifest.index() {
-            Index::Folders(_) => DatasetSnapshot {
-                format: "imagefolder",
+            Index::Folders(_) | Index::Tree(_) => DatasetSnapshot {
+                format: if manifest.is_tree() {
+                    "tree"
+                } else {
+                    "imagefolder"
+                },
                 framing: None,
                 record_size: None,
                 group: None,

@@ -9,7 +9,8 @@
 //! to `.shufflefs/epoch` does) and `epoch-N` is gone afterwards. Every `epoch-N/` lists all
 //! classes, even those this rank holds no sample of, so class indices agree everywhere.
 //! A record source (`--format records`) has no classes: `epoch-N/` holds the epoch's part
-//! files instead (`parts`), laid out once per epoch.
+//! files instead (`parts`), laid out once per epoch. A tree (`--format tree`) lists every
+//! folder of the source at its own depth, on every rank, beside this rank's samples in it.
 
 use std::borrow::Cow;
 use std::ffi::{OsStr, OsString};
@@ -74,6 +75,19 @@ pub struct ShuffleFs {
     part_size: u64,
     /// Owners and modes shown, and who may advance (see `access`).
     access: Access,
+}
+
+/// The entry `name` of tree folder `c` in epoch `e`: a sub-folder, or a sample in it (which
+/// `entry` finds only if this rank holds it).
+fn tree_child(fs: &ShuffleFs, e: u64, c: u32, name: &OsStr) -> Result<Node, FsError> {
+    let manifest = fs.store.manifest();
+    if let Some(d) = manifest.child_dir(c, name) {
+        return Ok(Node::ClassDir(e, d));
+    }
+    manifest
+        .find(c, name)
+        .map(Node::Sample)
+        .ok_or(FsError::NotFound)
 }
 
 /// The part of `bytes` from `offset` on copied into `out`; returns how much.
@@ -269,7 +283,10 @@ impl ShuffleFs {
                 )
             },
             Node::EpochDir(e) if e == current => view(Kind::Dir, 0, a.dir_perm),
-            Node::ClassDir(e, c) if e == current && c < manifest.class_count() => {
+            // A tree's root folder is the epoch folder itself, never a class folder.
+            Node::ClassDir(e, c)
+                if e == current && c < manifest.class_count() && (c > 0 || !manifest.is_tree()) =>
+            {
                 view(Kind::Dir, 0, a.dir_perm)
             }
             Node::Part(e, p) if e == current => {
@@ -373,6 +390,10 @@ impl ShuffleFs {
                 let name = name.to_str().ok_or(FsError::NotFound)?;
                 Node::Part(e, layout.parse_name(name).ok_or(FsError::NotFound)?)
             }
+            Node::EpochDir(e) if self.store.manifest().is_tree() => tree_child(self, e, 0, name)?,
+            Node::ClassDir(e, c) if self.store.manifest().is_tree() => {
+                tree_child(self, e, c, name)?
+            }
             Node::EpochDir(e) => Node::ClassDir(
                 e,
                 self.store
@@ -435,6 +456,10 @@ impl ShuffleFs {
                 let parts = self.layout(e)?.parts();
                 Box::new((0..parts).map(move |p| Node::Part(e, p)))
             }
+            Node::EpochDir(e) if manifest.is_tree() => return self.tree_readdir(e, 0, offset, add),
+            Node::ClassDir(e, c) if manifest.is_tree() => {
+                return self.tree_readdir(e, c, offset, add);
+            }
             Node::EpochDir(e) => {
                 Box::new((0..manifest.class_count()).map(move |c| Node::ClassDir(e, c)))
             }
@@ -447,6 +472,26 @@ impl ShuffleFs {
             _ => return Err(FsError::NotDir),
         };
         self.add_entries(children.skip(offset as usize), offset, add)
+    }
+
+    /// Lists tree folder `c` of epoch `e` from position `offset` on: its sub-folders (all
+    /// of them, on every rank), then this rank's samples in it.
+    fn tree_readdir(
+        &self,
+        e: u64,
+        c: u32,
+        offset: u64,
+        add: impl FnMut(Entry, &OsStr, u64) -> bool,
+    ) -> Result<(), FsError> {
+        let manifest = self.store.manifest();
+        let cur = self.epochs.current();
+        let dirs = manifest.subdirs(c);
+        let ids = share_in_range(cur.share(self.epochs.rank()), manifest.class_range(c));
+        let skip_dirs = (offset as usize).min(dirs.len());
+        let skip_ids = (offset as usize - skip_dirs).min(ids.len());
+        let dirs = dirs[skip_dirs..].iter().map(|&d| Node::ClassDir(e, d));
+        let ids = ids[skip_ids..].iter().map(|&id| Node::Sample(id));
+        self.add_entries(dirs.chain(ids), offset, add)
     }
 
     /// Hands `children` (the folder's entries from `offset` on) to `add` until it is full.
@@ -464,7 +509,7 @@ impl ShuffleFs {
                 Node::EpochDir(e) => OsString::from(inodes::epoch_dir_name(e)).into(),
                 Node::Status => OsStr::new(STATUS_NAME).into(),
                 Node::EpochCtl => OsStr::new(EPOCH_CTL_NAME).into(),
-                Node::ClassDir(_, c) => manifest.class_name(c).into(),
+                Node::ClassDir(_, c) => manifest.dir_name(c).into(),
                 Node::Sample(id) => manifest.name(id).into(),
                 Node::Part(e, p) => OsString::from(self.layout(e)?.name(p)).into(),
                 Node::Root => continue,

@@ -1,0 +1,64 @@
+//! `--format tree` and `--replicate` with one real mount: what a bad source or a bad glob
+//! is refused with (naming it and the fix, leaving no mount behind).
+
+use std::fs;
+use std::path::Path;
+
+use crate::common::*;
+
+/// A mount of `source` that must be refused (foreground and detached alike), with every
+/// `needle` in its message.
+#[track_caller]
+fn refused_naming(data: &Dataset, source: &Path, extra: &[&str], needles: &[&str]) {
+    let mnt = data.dir("mnt");
+    let args = mount_args(source, &data.path("cache"), &mnt, extra);
+    for foreground in [true, false] {
+        let r = mount_refused(&mnt, &args, foreground);
+        for n in needles {
+            r.assert_mentions(n);
+        }
+    }
+}
+
+#[test]
+fn a_flat_source_is_pointed_to_the_tree_format() {
+    if !require_fuse() {
+        return;
+    }
+    let data = standard_dataset();
+    let flat = data.dir("flat");
+    fs::write(flat.join("a.npz"), b"x").unwrap();
+    refused_naming(&data, &flat, &[], &["no class folders", "--format tree"]);
+}
+
+#[test]
+fn a_tree_without_files_or_with_an_unreadable_folder_is_refused() {
+    if !require_fuse() {
+        return;
+    }
+    let data = standard_dataset();
+    let tree = data.dir("tree");
+    fs::create_dir_all(tree.join("a/b")).unwrap();
+    let path = tree.to_str().unwrap();
+    refused_naming(
+        &data,
+        &tree,
+        &["--format", "tree"],
+        &[path, "no sample files at any depth"],
+    );
+    if nix::unistd::geteuid().is_root() {
+        return; // root lists any folder
+    }
+    fs::write(tree.join("a/x.flac"), b"x").unwrap();
+    let locked = tree.join("a/b/locked");
+    fs::create_dir(&locked).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&locked, fs::Permissions::from_mode(0o000)).unwrap();
+    refused_naming(
+        &data,
+        &tree,
+        &["--format", "tree"],
+        &[locked.to_str().unwrap()],
+    );
+    fs::set_permissions(&locked, fs::Permissions::from_mode(0o755)).unwrap();
+}
