@@ -152,6 +152,17 @@ pub struct MountArgs {
     #[arg(long, value_enum, default_value_t = Format::Imagefolder, help_heading = "Data")]
     pub format: Format,
 
+    /// Files every rank needs whole, not samples (repeatable; relative to --source): e.g.
+    /// 'annotations/*.json', 'classes.txt'. Shown at their own path in every epoch on every
+    /// rank, copied once per host into the cache, never exchanged.
+    #[arg(
+        long,
+        value_name = "GLOB",
+        help_heading = "Data",
+        long_help = "Files every rank needs whole that are not samples (COCO's annotations/*.json, a classes.txt, normalisation statistics). Repeatable; each GLOB is a path relative to --source: `*`, `?` and `[...]` stay within one folder, `**` crosses folders (quote it from the shell).\n\n            A file a glob names is no sample: it is shown at its own path in every epoch on every rank (epoch-N/annotations/instances_train.json), copied from the source once per host into the first rank's cache (CACHE/side/), kept across epochs and remounts, never exchanged. Its bytes are in the status (`replicated`).\n\n            A glob that names no file is refused, naming it. With --format imagefolder a side file must lie at the top of the source or in a class folder (the folders the view shows); --format tree shows every folder. Not for --format records."
+    )]
+    pub replicate: Vec<String>,
+
     /// How records lie in the files (--format records) [default: lines].
     #[arg(
         long,

@@ -89,6 +89,8 @@ pub enum ExchangeMode {
 pub(crate) struct MountConfig {
     pub source: PathBuf,
     pub source_config: SourceConfig,
+    /// `--replicate`: globs of the side files (checked; see `dataset::side`).
+    pub replicate: Vec<String>,
     /// Cache folder template (`{rank}` is replaced, see [`for_rank`]).
     pub cache: String,
     pub layout: CacheLayout,
@@ -120,6 +122,10 @@ impl TryFrom<MountArgs> for MountConfig {
     /// Every refusal of the command line's combinations, with the message the user reads.
     fn try_from(args: MountArgs) -> Result<MountConfig, String> {
         let source_config = source_config(&args)?;
+        crate::dataset::side::Globs::parse(&args.replicate)?;
+        if !args.replicate.is_empty() && args.format == Format::Records {
+            return Err("--replicate applies to --format imagefolder and tree (a record source's files are all records); drop --replicate, or keep the side files outside the record folder".into());
+        }
         if args.exchange_rate == Some(0) {
             return Err("--exchange-rate 0 would never send a sample, so the exchange could not finish; give a cap in bytes per second (e.g. 200000000 for 200 MB/s) or leave it out for no cap".into());
         }
@@ -130,6 +136,7 @@ impl TryFrom<MountArgs> for MountConfig {
         Ok(MountConfig {
             source: args.source,
             source_config,
+            replicate: args.replicate,
             cache: args.cache,
             layout,
             mountpoint: args.mountpoint,

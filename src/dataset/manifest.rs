@@ -27,8 +27,11 @@ use crate::dataset::records::RecordIndex;
 use crate::dataset::records::scan::RecordError;
 use crate::plan::SampleId;
 
+mod side;
 mod tree;
 
+use side::Side;
+pub use side::SideFile;
 use tree::Extras;
 pub(crate) use tree::Tree;
 
@@ -60,6 +63,22 @@ pub enum ManifestError {
     UnsafeName(OsString),
     #[error(transparent)]
     Records(#[from] RecordError),
+    #[error(
+        "--replicate {glob:?} matches no file under {source_dir}; globs are relative to --source, `*` stays within one folder and `**` crosses folders (e.g. 'annotations/*.json', '**/*.txt')"
+    )]
+    ReplicateUnmatched { glob: String, source_dir: PathBuf },
+    #[error(
+        "side file {0:?} lies in no folder of the view (an ImageFolder view shows only the top folder and the class folders; use --format tree for files deeper down)"
+    )]
+    SideOutside(OsString),
+    #[error("side file {0:?} collides with a sample or a folder of the same path")]
+    SideCollides(OsString),
+    #[error(
+        "--replicate took every sample file of {0}; narrow the globs so that some files remain samples"
+    )]
+    AllReplicated(PathBuf),
+    #[error("side file {path}: {source}. Check that it is readable by this user")]
+    SideIo { path: PathBuf, source: io::Error },
 }
 
 /// A class folder's name and its `(sample name, size)` entries; [`UNKNOWN_SIZE`] for a size
@@ -74,6 +93,8 @@ pub(crate) const UNKNOWN_SIZE: u64 = u64::MAX;
 pub struct Manifest {
     index: Index,
     pub skipped: Vec<Skipped>,
+    /// Files shown whole on every rank (`--replicate`), not samples.
+    side: Side,
 }
 
 /// What a source's units are: one or the other, never both.
@@ -165,6 +186,7 @@ impl Manifest {
         Manifest {
             index: Index::Records(Box::new(index)),
             skipped,
+            side: Side::default(),
         }
     }
 
@@ -261,6 +283,7 @@ impl Manifest {
         Manifest {
             index: Index::Folders(Folders::new()),
             skipped: Vec::new(),
+            side: Side::default(),
         }
     }
 
@@ -337,9 +360,14 @@ impl Manifest {
             skipped: &self.skipped,
         };
         let bytes = postcard::to_allocvec(&wire).expect("manifest serialization cannot fail");
+        let extras = || Extras {
+            tree: self.is_tree(),
+            replicate: self.side.globs.clone(),
+            side: self.side.files().to_vec(),
+        };
         match &self.index {
-            Index::Folders(_) => bytes,
-            Index::Tree(_) => tree::encode_extras(bytes, &Extras { tree: true }),
+            Index::Folders(_) if self.side == Side::default() => bytes,
+            Index::Folders(_) | Index::Tree(_) => tree::encode_extras(bytes, &extras()),
             Index::Records(r) => {
                 postcard::to_extend(r, bytes).expect("record index serialization cannot fail")
             }
@@ -353,12 +381,17 @@ impl Manifest {
         if let Some(extras) = tree::decode_extras(rest)? {
             let index = match extras.tree {
                 true => Index::Tree(Box::new(Tree::new(wire.folders)?)),
-                false => return Err(ManifestError::Decode("extras without a tree".into())),
+                false => {
+                    wire.folders.validate()?;
+                    Index::Folders(wire.folders)
+                }
             };
-            return Ok(Manifest {
+            let m = Manifest {
                 index,
                 skipped: wire.skipped,
-            });
+                side: Side::default(),
+            };
+            return m.with_side(extras.replicate, extras.side);
         }
         wire.folders.validate()?;
         let index = if rest.is_empty() {
@@ -376,6 +409,7 @@ impl Manifest {
         Ok(Manifest {
             index,
             skipped: wire.skipped,
+            side: Side::default(),
         })
     }
 

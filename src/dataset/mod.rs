@@ -22,6 +22,7 @@ pub(crate) mod names;
 pub mod records;
 pub(crate) mod rescan;
 pub mod scan;
+pub(crate) mod side;
 pub(crate) mod synthetic;
 
 pub use imagefolder::ImageFolder;

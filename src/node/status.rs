@@ -119,6 +119,9 @@ struct Status<'a> {
     advance_waiting: Option<AdvanceWait>,
     /// Where the index came from: scanned now, or loaded from the cache (`stale_possible`).
     source_scan: &'a crate::cache::SourceScan,
+    /// Only with `--replicate`: the side files, where this rank reads them, what it copied.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    replicated: Option<&'a crate::cache::side::Replicated>,
 }
 
 pub struct DaemonStatus {
@@ -180,6 +183,7 @@ impl StatusReport for DaemonStatus {
             resize: self.resize.as_ref(),
             advance_waiting: self.epochs.waiting(),
             source_scan: self.store.dir().source_scan(),
+            replicated: self.store.dir().replicated(),
         };
         let mut out = serde_json::to_vec_pretty(&status).expect("status serializes");
         out.push(b'\n');

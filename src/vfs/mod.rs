@@ -15,6 +15,7 @@
 use std::borrow::Cow;
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -309,6 +310,10 @@ impl ShuffleFs {
                     ..view(Kind::File, size.unwrap_or(0), a.file_perm)
                 }
             }
+            Node::Side(i) if (i as usize) < manifest.side_files().len() => {
+                let size = manifest.side_files()[i as usize].size;
+                view(Kind::File, size, a.file_perm)
+            }
             _ => return Err(FsError::NotFound),
         })
     }
@@ -390,6 +395,9 @@ impl ShuffleFs {
                 let name = name.to_str().ok_or(FsError::NotFound)?;
                 Node::Part(e, layout.parse_name(name).ok_or(FsError::NotFound)?)
             }
+            Node::EpochDir(_) | Node::ClassDir(..) if self.side_child(parent, name).is_some() => {
+                Node::Side(self.side_child(parent, name).expect("just found"))
+            }
             Node::EpochDir(e) if self.store.manifest().is_tree() => tree_child(self, e, 0, name)?,
             Node::ClassDir(e, c) if self.store.manifest().is_tree() => {
                 tree_child(self, e, c, name)?
@@ -456,42 +464,63 @@ impl ShuffleFs {
                 let parts = self.layout(e)?.parts();
                 Box::new((0..parts).map(move |p| Node::Part(e, p)))
             }
-            Node::EpochDir(e) if manifest.is_tree() => return self.tree_readdir(e, 0, offset, add),
+            Node::EpochDir(e) if manifest.is_tree() => {
+                let dirs = manifest.subdirs(0).iter().copied();
+                return self.folder_readdir(e, dirs, Some(0), offset, add);
+            }
             Node::ClassDir(e, c) if manifest.is_tree() => {
-                return self.tree_readdir(e, c, offset, add);
+                let dirs = manifest.subdirs(c).iter().copied();
+                return self.folder_readdir(e, dirs, Some(c), offset, add);
             }
             Node::EpochDir(e) => {
-                Box::new((0..manifest.class_count()).map(move |c| Node::ClassDir(e, c)))
+                let sides = manifest.side_in(None).map(Node::Side);
+                Box::new(
+                    (0..manifest.class_count())
+                        .map(move |c| Node::ClassDir(e, c))
+                        .chain(sides),
+                )
             }
-            Node::ClassDir(_, c) => {
-                let cur = self.epochs.current();
-                let ids = share_in_range(cur.share(self.epochs.rank()), manifest.class_range(c));
-                let rest = ids.get(offset as usize..).unwrap_or_default();
-                return self.add_entries(rest.iter().map(|&id| Node::Sample(id)), offset, add);
+            Node::ClassDir(e, c) => {
+                return self.folder_readdir(e, std::iter::empty(), Some(c), offset, add);
             }
             _ => return Err(FsError::NotDir),
         };
         self.add_entries(children.skip(offset as usize), offset, add)
     }
 
-    /// Lists tree folder `c` of epoch `e` from position `offset` on: its sub-folders (all
-    /// of them, on every rank), then this rank's samples in it.
-    fn tree_readdir(
+    /// Lists folder `c` of epoch `e` (a class folder, or any folder of a tree) from position
+    /// `offset` on: its sub-folders `dirs` (all of them, on every rank), its side files,
+    /// then this rank's samples in it. Skipping to `offset` costs nothing per entry.
+    fn folder_readdir(
         &self,
         e: u64,
-        c: u32,
+        dirs: impl ExactSizeIterator<Item = u32>,
+        c: Option<u32>,
         offset: u64,
         add: impl FnMut(Entry, &OsStr, u64) -> bool,
     ) -> Result<(), FsError> {
         let manifest = self.store.manifest();
         let cur = self.epochs.current();
-        let dirs = manifest.subdirs(c);
-        let ids = share_in_range(cur.share(self.epochs.rank()), manifest.class_range(c));
-        let skip_dirs = (offset as usize).min(dirs.len());
-        let skip_ids = (offset as usize - skip_dirs).min(ids.len());
-        let dirs = dirs[skip_dirs..].iter().map(|&d| Node::ClassDir(e, d));
-        let ids = ids[skip_ids..].iter().map(|&id| Node::Sample(id));
-        self.add_entries(dirs.chain(ids), offset, add)
+        let class = c.unwrap_or(0);
+        let ids = share_in_range(cur.share(self.epochs.rank()), manifest.class_range(class));
+        let sides = manifest.side_in(c);
+        let (off, nd, ns) = (offset as usize, dirs.len(), sides.len());
+        let dirs = dirs.skip(off).map(|d| Node::ClassDir(e, d));
+        let sides = sides.skip(off.saturating_sub(nd)).map(Node::Side);
+        let rest = ids.get(off.saturating_sub(nd + ns)..).unwrap_or_default();
+        let ids = rest.iter().map(|&id| Node::Sample(id));
+        self.add_entries(dirs.chain(sides).chain(ids), offset, add)
+    }
+
+    /// The side file `name` in folder `parent` (an epoch folder or a class folder).
+    fn side_child(&self, parent: Node, name: &OsStr) -> Option<u32> {
+        let manifest = self.store.manifest();
+        let folder = match parent {
+            Node::EpochDir(_) => manifest.epoch_folder(),
+            Node::ClassDir(_, c) => Some(c),
+            _ => return None,
+        };
+        manifest.side_named(folder, name)
     }
 
     /// Hands `children` (the folder's entries from `offset` on) to `add` until it is full.
@@ -511,6 +540,7 @@ impl ShuffleFs {
                 Node::EpochCtl => OsStr::new(EPOCH_CTL_NAME).into(),
                 Node::ClassDir(_, c) => manifest.dir_name(c).into(),
                 Node::Sample(id) => manifest.name(id).into(),
+                Node::Side(i) => OsStr::from_bytes(manifest.side_files()[i as usize].name()).into(),
                 Node::Part(e, p) => OsString::from(self.layout(e)?.name(p)).into(),
                 Node::Root => continue,
             };
@@ -547,6 +577,11 @@ impl ShuffleFs {
             _ if write => Err(FsError::ReadOnly),
             Node::Status => Ok(Opened::Snapshot(self.status.render())),
             Node::Part(e, p) => Ok(Opened::Part(self.layout(e)?, p)),
+            Node::Side(i) => {
+                let rel = OsStr::from_bytes(&self.store.manifest().side_files()[i as usize].path);
+                let dir = self.store.dir().replicated().ok_or(FsError::NotFound)?;
+                Ok(Opened::Sample(File::open(dir.dir.join(rel))?))
+            }
             Node::Sample(id) => match self.fetch(id)? {
                 // A backend without a file per sample is read through the store.
                 None => match self.store.file(id) {

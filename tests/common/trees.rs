@@ -47,16 +47,38 @@ pub fn views(job: &MpiJob, epoch: u64) -> Vec<Walk> {
     })
 }
 
-/// Epochs 0..`epochs` of `job` partition `source`'s files with their bytes, and every rank
-/// shows every folder; returns each epoch's share sizes.
-pub fn assert_epochs_partition(job: &MpiJob, source: &Path, epochs: u64) -> Vec<Vec<usize>> {
-    let src = walk(source);
+/// Epochs 0..`epochs` of `job` partition `source`'s files with their bytes, but the `side`
+/// files, which every rank shows whole; and every rank shows every folder. Returns each
+/// epoch's share sizes (side files not counted).
+pub fn assert_epochs_partition(
+    job: &MpiJob,
+    source: &Path,
+    epochs: u64,
+    side: &[&str],
+) -> Vec<Vec<usize>> {
+    let mut src = walk(source);
+    let side: BTreeMap<String, Vec<u8>> = side
+        .iter()
+        .map(|s| {
+            (
+                s.to_string(),
+                src.files.remove(*s).expect("a side file of the source"),
+            )
+        })
+        .collect();
     let mut sizes = Vec::new();
     for epoch in 0..epochs {
         let mut seen = BTreeMap::new();
-        let views = views(job, epoch);
-        for (rank, view) in views.iter().enumerate() {
+        let mut views = views(job, epoch);
+        for (rank, view) in views.iter_mut().enumerate() {
             assert_eq!(view.dirs, src.dirs, "rank {rank}, epoch {epoch}: folders");
+            for (path, bytes) in &side {
+                let shown = view.files.remove(path);
+                assert!(
+                    shown.as_ref() == Some(bytes),
+                    "rank {rank}, epoch {epoch}: side file {path}"
+                );
+            }
             for (path, bytes) in &view.files {
                 assert!(
                     src.files.get(path) == Some(bytes),

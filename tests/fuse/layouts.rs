@@ -62,3 +62,32 @@ fn a_tree_without_files_or_with_an_unreadable_folder_is_refused() {
     );
     fs::set_permissions(&locked, fs::Permissions::from_mode(0o755)).unwrap();
 }
+
+#[test]
+fn a_replicate_glob_that_names_nothing_or_cannot_is_refused_naming_it() {
+    if !require_fuse() {
+        return;
+    }
+    let data = standard_dataset();
+    let src = data.root.clone();
+    let needles = [
+        "\"annotations/*.jsn\"",
+        "matches no file",
+        "relative to --source",
+    ];
+    refused_naming(&data, &src, &["--replicate", "annotations/*.jsn"], &needles);
+    refused_naming(
+        &data,
+        &src,
+        &["--replicate", "/etc/*"],
+        &["\"/etc/*\"", "relative to --source"],
+    );
+    refused_naming(&data, &src, &["--replicate", "../x"], &["\"../x\"", "'..'"]);
+    let records = ["--format", "records", "--replicate", "x"];
+    refused_naming(
+        &data,
+        &src,
+        &records,
+        &["--replicate applies to --format imagefolder and tree"],
+    );
+}

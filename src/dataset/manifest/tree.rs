@@ -19,6 +19,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 
 use serde::{Deserialize, Serialize};
 
+use super::side::{Side, SideFile};
 use super::{Folders, Index, Manifest, ManifestError};
 use crate::dataset::names::is_safe_name;
 
@@ -30,6 +31,9 @@ const EXTRAS_MAGIC: &[u8] = b"\xffSFX1";
 pub(super) struct Extras {
     /// The classes are the folders of a tree (see the module doc).
     pub tree: bool,
+    /// `--replicate` as given, and the side files it chose (see `side`).
+    pub replicate: Vec<String>,
+    pub side: Vec<SideFile>,
 }
 
 /// Appends the magic and `extras` to an encoded manifest.
@@ -120,14 +124,17 @@ impl Manifest {
             other => {
                 return Ok(Manifest {
                     index: other,
-                    skipped: self.skipped,
+                    ..self
                 });
             }
         };
-        Ok(Manifest {
+        let tree = Manifest {
             index: Index::Tree(Box::new(Tree::new(folders)?)),
             skipped: self.skipped,
-        })
+            side: Side::default(),
+        };
+        let files = self.side.files().to_vec();
+        tree.with_side(self.side.globs, files)
     }
 
     /// A tree manifest from `(folder path, [(sample name, size)])`: folders missing from the
