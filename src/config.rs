@@ -91,6 +91,8 @@ pub(crate) struct MountConfig {
     pub source_config: SourceConfig,
     /// `--replicate`: globs of the side files (checked; see `dataset::side`).
     pub replicate: Vec<String>,
+    /// `--equal-shares drop`: every view holds floor(N/M) samples (see `plan::equal`).
+    pub equal_shares: bool,
     /// Cache folder template (`{rank}` is replaced, see [`for_rank`]).
     pub cache: String,
     pub layout: CacheLayout,
@@ -137,6 +139,7 @@ impl TryFrom<MountArgs> for MountConfig {
             source: args.source,
             source_config,
             replicate: args.replicate,
+            equal_shares: args.equal_shares.is_some(),
             cache: args.cache,
             layout,
             mountpoint: args.mountpoint,

@@ -13,6 +13,7 @@ use crate::exchange::{ExchangeReport, ExchangeTracker};
 use crate::node::coordinator::{AdvanceWait, Coordinator};
 use crate::node::resumed::RegrowReport;
 use crate::node::staging::{StagingProgress, StagingSnapshot};
+use crate::plan::equal::EqualShares;
 
 pub trait StatusReport: Send + Sync {
     fn render(&self) -> Vec<u8>;
@@ -119,6 +120,9 @@ struct Status<'a> {
     advance_waiting: Option<AdvanceWait>,
     /// Where the index came from: scanned now, or loaded from the cache (`stale_possible`).
     source_scan: &'a crate::cache::SourceScan,
+    /// Only with `--equal-shares`: what the view leaves out.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    equal_shares: Option<EqualSnapshot>,
     /// Only with `--replicate`: the side files, where this rank reads them, what it copied.
     #[serde(skip_serializing_if = "Option::is_none")]
     replicated: Option<&'a crate::cache::side::Replicated>,
@@ -134,6 +138,17 @@ pub struct DaemonStatus {
     pub exchange: Arc<ExchangeTracker>,
     /// How a resized job's share was filled at start-up (see `node::regrow`).
     pub resize: Option<RegrowReport>,
+    /// Under `--equal-shares`: what the view leaves out (set once the view is made).
+    pub equal_shares: std::sync::OnceLock<Arc<EqualShares>>,
+}
+
+/// Under `--equal-shares drop`: the samples every view holds, and the ids this rank's view
+/// leaves out of its share this epoch.
+#[derive(Serialize)]
+struct EqualSnapshot {
+    mode: &'static str,
+    view_samples: usize,
+    left_out: Vec<crate::plan::SampleId>,
 }
 
 impl StatusReport for DaemonStatus {
@@ -184,6 +199,11 @@ impl StatusReport for DaemonStatus {
             advance_waiting: self.epochs.waiting(),
             source_scan: self.store.dir().source_scan(),
             replicated: self.store.dir().replicated(),
+            equal_shares: self.equal_shares.get().map(|e| EqualSnapshot {
+                mode: "drop",
+                view_samples: e.view_size(),
+                left_out: e.left_out(&cur).to_vec(),
+            }),
         };
         let mut out = serde_json::to_vec_pretty(&status).expect("status serializes");
         out.push(b'\n');

@@ -11,6 +11,9 @@
 //! A record source (`--format records`) has no classes: `epoch-N/` holds the epoch's part
 //! files instead (`parts`), laid out once per epoch. A tree (`--format tree`) lists every
 //! folder of the source at its own depth, on every rank, beside this rank's samples in it.
+//! Side files (`--replicate`) are listed in their folders on every rank; under
+//! `--equal-shares drop` the samples `plan::equal` leaves out are in no listing and no
+//! lookup finds them (the share and the cache still hold them).
 
 use std::borrow::Cow;
 use std::ffi::{OsStr, OsString};
@@ -23,7 +26,8 @@ use std::sync::{Arc, Mutex};
 use crate::cache::SampleStore;
 use crate::node::coordinator::Coordinator;
 use crate::node::status::StatusReport;
-use crate::plan::{SampleId, share_in_range};
+use crate::plan::equal::{EqualShares, visible_from};
+use crate::plan::{EpochShares, SampleId, share_in_range};
 use crate::vfs::access::Access;
 use crate::vfs::error::FsError;
 use crate::vfs::inodes::{CTL_DIR_NAME, CURRENT_NAME, EPOCH_CTL_NAME, Node, STATUS_NAME};
@@ -76,6 +80,8 @@ pub struct ShuffleFs {
     part_size: u64,
     /// Owners and modes shown, and who may advance (see `access`).
     access: Access,
+    /// `--equal-shares drop`: what the view leaves out of this rank's share.
+    equal: Option<Arc<EqualShares>>,
 }
 
 /// The entry `name` of tree folder `c` in epoch `e`: a sub-folder, or a sample in it (which
@@ -117,6 +123,7 @@ impl ShuffleFs {
             parts: Mutex::new(None),
             part_size: DEFAULT_PART_SIZE,
             access: Access::mounter(),
+            equal: None,
         }
     }
 
@@ -141,6 +148,21 @@ impl ShuffleFs {
         self.access.may_control(uid)
     }
 
+    /// Shows every epoch with `equal`'s samples left out (`--equal-shares drop`).
+    pub fn with_equal_shares(mut self, equal: Arc<EqualShares>) -> ShuffleFs {
+        self.equal = Some(equal);
+        self
+    }
+
+    /// What this rank's view leaves out of its share of `cur` (nothing without
+    /// `--equal-shares`), sorted by id.
+    fn left_out(&self, cur: &EpochShares) -> Arc<Vec<SampleId>> {
+        match &self.equal {
+            Some(equal) => equal.left_out(cur),
+            None => Arc::default(),
+        }
+    }
+
     /// Sets the target size of a record source's part files (`--part-size`).
     pub(crate) fn with_part_size(mut self, bytes: u64) -> ShuffleFs {
         self.part_size = bytes.max(1);
@@ -161,7 +183,8 @@ impl ShuffleFs {
             return Ok(l.clone());
         }
         let rank = self.epochs.rank();
-        let mut order = cur.share(rank).to_vec();
+        let left = self.left_out(&cur);
+        let mut order: Vec<SampleId> = visible_from(cur.share(rank), &left, 0).collect();
         let seed = self.epochs.plan().params().seed;
         crate::plan::shuffle(
             &mut order,
@@ -321,6 +344,7 @@ impl ShuffleFs {
     fn holds(&self, id: u32) -> bool {
         let cur = self.epochs.current();
         cur.share(self.epochs.rank()).binary_search(&id).is_ok()
+            && self.left_out(&cur).binary_search(&id).is_err()
     }
 
     pub fn getattr(&self, ino: u64) -> Result<Entry, FsError> {
@@ -504,11 +528,11 @@ impl ShuffleFs {
         let class = c.unwrap_or(0);
         let ids = share_in_range(cur.share(self.epochs.rank()), manifest.class_range(class));
         let sides = manifest.side_in(c);
+        let left = self.left_out(&cur);
         let (off, nd, ns) = (offset as usize, dirs.len(), sides.len());
         let dirs = dirs.skip(off).map(|d| Node::ClassDir(e, d));
         let sides = sides.skip(off.saturating_sub(nd)).map(Node::Side);
-        let rest = ids.get(off.saturating_sub(nd + ns)..).unwrap_or_default();
-        let ids = rest.iter().map(|&id| Node::Sample(id));
+        let ids = visible_from(ids, &left, off.saturating_sub(nd + ns)).map(Node::Sample);
         self.add_entries(dirs.chain(sides).chain(ids), offset, add)
     }
 

@@ -4,8 +4,10 @@
 //! empty ones too) is in every rank's view.
 
 use crate::common::mpi_job::MpiJob;
-use crate::common::trees::{assert_epochs_partition, write_tree};
+use crate::common::trees::{assert_epochs_partition, views, walk, write_tree};
 use crate::common::{require_fuse, require_mpi, run_with_timeout};
+use shufflefs::plan::equal::Replay;
+use shufflefs::plan::{Plan, PlanParams};
 
 const RANKS: u32 = 4;
 const SEED: u64 = 11;
@@ -166,6 +168,71 @@ fn coco_shaped_data_with_replicated_annotations_reads_in_a_plain_loop() {
         let fetched = if rank == 0 { side_bytes } else { 0 };
         assert_eq!(r["fetched_bytes"], fetched, "{st:#}");
         assert_eq!(st["samples"], 41);
+    }
+    job.unmount();
+}
+
+#[test]
+fn equal_shares_drop_gives_every_rank_floor_n_over_m_by_the_stated_rule() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let files: Vec<_> = (0..39)
+        .map(|i| (format!("x/{i:03}.npz"), 100 + i))
+        .collect();
+    write_tree(tmp.path(), &files, &[]);
+    let src = tmp.path().join("src");
+    let args = ["--format", "tree", "--equal-shares", "drop"];
+    let job = MpiJob::start(tmp.path(), RANKS, SEED, 0.3, &args);
+    // The rule, from the library: the same plan replayed.
+    let manifest = shufflefs::dataset::scan::scan_tree(&src).unwrap();
+    let plan = Plan::new(PlanParams {
+        samples: 39,
+        world: RANKS,
+        fraction: 0.3,
+        seed: SEED,
+    })
+    .unwrap();
+    let mut replay = Replay::new(&plan);
+    let all = walk(&src);
+    let mut ever_left = std::collections::BTreeSet::new();
+    for epoch in 0..5 {
+        let views = views(&job, epoch);
+        let mut shown = std::collections::BTreeSet::new();
+        for (rank, view) in views.iter().enumerate() {
+            assert_eq!(
+                view.files.len(),
+                9,
+                "rank {rank}, epoch {epoch}: floor(39/4)"
+            );
+            for (path, bytes) in &view.files {
+                assert_eq!(Some(bytes), all.files.get(path), "{path}");
+                assert!(shown.insert(path.clone()), "{path} on two ranks");
+            }
+            let st = job.status(rank);
+            assert_eq!(st["equal_shares"]["view_samples"], 9, "{st:#}");
+            assert_eq!(st["share_samples"], if rank < 3 { 10 } else { 9 });
+        }
+        replay.advance_to(&plan, epoch);
+        let expected: std::collections::BTreeSet<String> = (replay.left_out_all(&plan))
+            .into_iter()
+            .flatten()
+            .map(|id| manifest.relative_path(id).to_string_lossy().into_owned())
+            .collect();
+        let left: std::collections::BTreeSet<String> = all
+            .files
+            .keys()
+            .filter(|p| !shown.contains(*p))
+            .cloned()
+            .collect();
+        assert_eq!(left, expected, "epoch {epoch}: left out by the rule");
+        for l in left {
+            assert!(
+                ever_left.insert(l.clone()),
+                "{l} left out twice in 5 epochs"
+            );
+        }
     }
     job.unmount();
 }

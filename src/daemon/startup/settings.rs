@@ -55,6 +55,7 @@ fn shared_settings(config: &MountConfig) -> Vec<(&'static str, String)> {
         ("record settings", source.params().describe()),
         ("--part-size", source.part_size().to_string()),
         ("--replicate", format!("{:?}", config.replicate)),
+        ("--equal-shares", config.equal_shares.to_string()),
     ]
 }
 
