@@ -40,4 +40,5 @@ exec "$python" -m dlio_benchmark.main "$@" \
     "++workload.dataset.data_folder=$view" \
     "++workload.dataset.num_files_train=$files" \
     "++workload.workflow.generate_data=False" \
-    "++workload.output.folder=$out/rank-$rank"
+    "++workload.output.folder=$out/rank-$rank" \
+    "hydra.run.dir=$out/rank-$rank/hydra"

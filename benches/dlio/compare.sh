@@ -19,7 +19,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 TF_CPP_MIN_LOG_
 mkdir -p "$work"
 mpirun --oversubscribe -np "$ranks" -x PYTHONPATH -x TF_CPP_MIN_LOG_LEVEL "$py" -m dlio_benchmark.main "$@" \
     ++workload.workflow.generate_data=False "++workload.dataset.data_folder=$data" \
-    "++workload.output.folder=$work/native" > "$work/native.log" 2>&1
+    "++workload.output.folder=$work/native" "hydra.run.dir=$work/native/hydra" > "$work/native.log" 2>&1
 for r in $(seq 0 $((ranks - 1))); do mkdir -p "$work/mnt$r"; done
 mpirun --oversubscribe -np "$ranks" "$sfs" mount --format tree --equal-shares drop --source "$data" \
     --cache "$work/cache{rank}" "$work/mnt{rank}" > "$work/mount.log" 2>&1 &

@@ -84,7 +84,8 @@ fn dlio_reads_each_rank_view_once_without_splitting_it() {
                 .arg(format!(
                     "++workload.output.folder={}",
                     dir.join("gen").display()
-                )),
+                ))
+                .arg(format!("hydra.run.dir={}", dir.join("gen/hydra").display())),
             Duration::from_secs(300),
         ),
     );
