@@ -37,6 +37,8 @@ pub(crate) mod attr;
 pub mod error;
 pub(crate) mod handles;
 pub mod inodes;
+#[cfg(test)]
+mod listing_tests;
 pub(crate) mod parts;
 pub(crate) mod statfs;
 pub(crate) mod wait;
