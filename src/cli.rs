@@ -166,7 +166,9 @@ pub struct MountArgs {
         long,
         value_name = "GLOB",
         help_heading = "Data",
-        long_help = "Files every rank needs whole that are not samples (COCO's annotations/*.json, a classes.txt, normalisation statistics). Repeatable; each GLOB is a path relative to --source: `*`, `?` and `[...]` stay within one folder, `**` crosses folders (quote it from the shell).\n\n            A file a glob names is no sample: it is shown at its own path in every epoch on every rank (epoch-N/annotations/instances_train.json), copied from the source once per host into the first rank's cache (CACHE/side/), kept across epochs and remounts, never exchanged. Its bytes are in the status (`replicated`).\n\n            A glob that names no file is refused, naming it. With --format imagefolder a side file must lie at the top of the source or in a class folder (the folders the view shows); --format tree shows every folder. Not for --format records."
+        long_help = "Files every rank needs whole that are not samples (COCO's annotations/*.json, a classes.txt, normalisation statistics). Repeatable; each GLOB is a path relative to --source: `*`, `?` and `[...]` stay within one folder, `**` crosses folders (quote it from the shell).\n\n\
+            A file a glob names is no sample: it is shown at its own path in every epoch on every rank (epoch-N/annotations/instances_train.json), copied from the source once per host into the first rank's cache (CACHE/side/), kept across epochs and remounts, never exchanged. Its bytes are in the status (`replicated`).\n\n\
+            A glob that names no file is refused, naming it. With --format imagefolder a side file must lie at the top of the source or in a class folder (the folders the view shows); --format tree shows every folder. Not for --format records."
     )]
     pub replicate: Vec<String>,
 
@@ -177,7 +179,9 @@ pub struct MountArgs {
         value_enum,
         value_name = "MODE",
         help_heading = "Data",
-        long_help = "Make every rank's view of an epoch hold exactly floor(N/M) samples (N samples, M ranks), so data-parallel training runs the same number of steps on every rank and needs no DDP join() or uneven-input handling.\n\n            drop: a rank whose share is one longer leaves one sample out of its view (N mod M samples in all, per epoch). It leaves out the sample of its share left out the fewest times so far, ties by a seeded order, so left-out samples rotate; with --fraction 0 each longer share's samples are left out in turn. Samples are still staged and exchanged as without the option (the plan is unchanged); the view only hides them. The status shows `equal_shares`.\n\n            There is no `pad` (DistributedSampler's default, which repeats samples): a folder cannot list one file twice, so a repeat would need an invented name that no source has, which loaders that map names to labels or annotations would not find."
+        long_help = "Make every rank's view of an epoch hold exactly floor(N/M) samples (N samples, M ranks), so data-parallel training runs the same number of steps on every rank and needs no DDP join() or uneven-input handling.\n\n\
+            drop: a rank whose share is one longer leaves one sample out of its view (N mod M samples in all, per epoch). It leaves out the sample of its share left out the fewest times so far, ties by a seeded order, so left-out samples rotate; with --fraction 0 each longer share's samples are left out in turn. Samples are still staged and exchanged as without the option (the plan is unchanged); the view only hides them. The status shows `equal_shares`.\n\n\
+            There is no `pad` (DistributedSampler's default, which repeats samples): a folder cannot list one file twice, so a repeat would need an invented name that no source has, which loaders that map names to labels or annotations would not find."
     )]
     pub equal_shares: Option<EqualSharesMode>,
 
