@@ -18,7 +18,9 @@ pub fn walk(root: &Path) -> Walk {
     let mut out = Walk::default();
     let mut todo = vec![String::new()];
     while let Some(rel) = todo.pop() {
-        for entry in std::fs::read_dir(root.join(&rel)).unwrap() {
+        let listed = std::fs::read_dir(root.join(&rel));
+        let listed = listed.unwrap_or_else(|e| panic!("{}: {e}", root.join(&rel).display()));
+        for entry in listed {
             let entry = entry.unwrap();
             let name = entry.file_name().to_string_lossy().into_owned();
             let path = if rel.is_empty() {

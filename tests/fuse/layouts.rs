@@ -91,3 +91,63 @@ fn a_replicate_glob_that_names_nothing_or_cannot_is_refused_naming_it() {
         &["--replicate applies to --format imagefolder and tree"],
     );
 }
+
+/// A tree with side files on one rank, in each cache layout and read path: every file reads
+/// back as the source has it, in two epochs, and a remount keeps the side files' copy.
+#[test]
+fn a_tree_with_side_files_reads_back_in_every_layout_and_read_path() {
+    if !require_fuse() {
+        return;
+    }
+    use crate::common::trees::{walk, write_tree};
+    let tmp = tempfile::tempdir().unwrap();
+    let files: Vec<_> = (0..12)
+        .map(|i| (format!("spk{}/ch{}/{i:02}.flac", i % 3, i % 2), 100 + i * 7))
+        .chain([
+            ("stats/mean.npy".to_string(), 64),
+            ("classes.txt".to_string(), 9),
+        ])
+        .collect();
+    write_tree(tmp.path(), &files, &["spk9/empty"]);
+    let src = tmp.path().join("src");
+    let expected = walk(&src);
+    for (layout, path) in [
+        ("files", "passthrough"),
+        ("packed", "daemon"),
+        ("files", "page-cache"),
+    ] {
+        let cache = tmp.path().join(format!("cache-{layout}-{path}"));
+        let mnt = tmp.path().join(format!("mnt-{layout}-{path}"));
+        fs::create_dir(&mnt).unwrap();
+        let extra = [
+            "--format",
+            "tree",
+            "--replicate",
+            "stats/*.npy",
+            "--replicate",
+            "classes.txt",
+            "--cache-layout",
+            layout,
+            "--read-path",
+            path,
+        ];
+        for mount in 0..2 {
+            let d = Daemon::mount(&src, &cache, &mnt, &extra);
+            // A remount resumes at the epoch the cache reached.
+            let first = read_epoch(&mnt);
+            for epoch in first..first + 2 {
+                let view = walk(&mnt.join(format!("epoch-{epoch}")));
+                assert_eq!(view.dirs, expected.dirs, "{layout}/{path}: folders");
+                assert_eq!(view.files, expected.files, "{layout}/{path}: bytes");
+            }
+            let st = read_status(&mnt);
+            assert_eq!(st["replicated"]["files"], 2, "{st:#}");
+            let fetched = if mount == 0 { 73 } else { 0 };
+            assert_eq!(
+                st["replicated"]["fetched_bytes"], fetched,
+                "{layout}/{path} mount {mount}"
+            );
+            d.unmount();
+        }
+    }
+}
