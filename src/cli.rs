@@ -82,6 +82,13 @@ pub struct ServeArgs {
     pub memory: u64,
 }
 
+/// `--equal-shares`: how views are made equal.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EqualSharesMode {
+    /// Leave samples out of the longer views, least-left-out first.
+    Drop,
+}
+
 /// `--scheme` of `shufflefs plan`.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PlanScheme {
@@ -138,14 +145,45 @@ pub use crate::sys::kernel::ReadPath;
 #[derive(Args, Debug, Clone)]
 pub struct MountArgs {
     /// ImageFolder-style dataset: one sub-folder per class, samples inside; with --format
-    /// records, one record file or a folder of shard files. Read by rank 0 for the index, and
+    /// tree, any folder of files; with --format records, one record file or a folder of
+    /// shard files. Read by rank 0 for the index, and
     /// by every rank for the samples it holds.
     #[arg(long, help_heading = "Data")]
     pub source: PathBuf,
-    /// Layout of the source: how its samples are found and read. `records`: one file or a
-    /// folder of shard files of packed records (see --framing), shown as `epoch-N/part-*`.
+    /// Layout of the source: how its samples are found and read. `tree`: every file at any
+    /// depth is a sample (a flat folder of .npz files, speaker/chapter/*.flac), and
+    /// `epoch-N/` mirrors the source's folders, every one of them on every rank. `records`:
+    /// one file or a folder of shard files of packed records (see --framing), shown as
+    /// `epoch-N/part-*`. Never guessed: a source without class folders is refused with a
+    /// pointer to `tree`, so a path that points one level off cannot mount as a tree.
     #[arg(long, value_enum, default_value_t = Format::Imagefolder, help_heading = "Data")]
     pub format: Format,
+
+    /// Files every rank needs whole, not samples (repeatable; relative to --source): e.g.
+    /// 'annotations/*.json', 'classes.txt'. Shown at their own path in every epoch on every
+    /// rank, copied once per host into the cache, never exchanged.
+    #[arg(
+        long,
+        value_name = "GLOB",
+        help_heading = "Data",
+        long_help = "Files every rank needs whole that are not samples (COCO's annotations/*.json, a classes.txt, normalisation statistics). Repeatable; each GLOB is a path relative to --source: `*`, `?` and `[...]` stay within one folder, `**` crosses folders (quote it from the shell).\n\n\
+            A file a glob names is no sample: it is shown at its own path in every epoch on every rank (epoch-N/annotations/instances_train.json), copied from the source once per host into the first rank's cache (CACHE/side/), kept across epochs and remounts, never exchanged. Its bytes are in the status (`replicated`).\n\n\
+            A glob that names no file is refused, naming it. With --format imagefolder a side file must lie at the top of the source or in a class folder (the folders the view shows); --format tree shows every folder. Not for --format records."
+    )]
+    pub replicate: Vec<String>,
+
+    /// Every rank's view of an epoch holds exactly floor(N/M) samples, so DDP needs no
+    /// join(): `drop` leaves out the rest, least-left-out first (see docs/layouts.md).
+    #[arg(
+        long,
+        value_enum,
+        value_name = "MODE",
+        help_heading = "Data",
+        long_help = "Make every rank's view of an epoch hold exactly floor(N/M) samples (N samples, M ranks), so data-parallel training runs the same number of steps on every rank and needs no DDP join() or uneven-input handling.\n\n\
+            drop: a rank whose share is one longer leaves one sample out of its view (N mod M samples in all, per epoch). It leaves out the sample of its share left out the fewest times so far, ties by a seeded order, so left-out samples rotate; with --fraction 0 each longer share's samples are left out in turn. Samples are still staged and exchanged as without the option (the plan is unchanged); the view only hides them. The status shows `equal_shares`.\n\n\
+            There is no `pad` (DistributedSampler's default, which repeats samples): a folder cannot list one file twice, so a repeat would need an invented name that no source has, which loaders that map names to labels or annotations would not find."
+    )]
+    pub equal_shares: Option<EqualSharesMode>,
 
     /// How records lie in the files (--format records) [default: lines].
     #[arg(
@@ -192,12 +230,12 @@ pub struct MountArgs {
     pub cache: String,
 
     /// How the cache stores samples: `files` (one file per sample) or `packed` (append-only
-    /// segment files, for millions of small records) [default: files for imagefolder].
+    /// segment files, for millions of small records) [default: files for imagefolder and tree].
     #[arg(
         long,
         value_enum,
         help_heading = "Data",
-        long_help = "How the cache folder stores samples [default: files for --format imagefolder].\n\n\
+        long_help = "How the cache folder stores samples [default: files for --format imagefolder and tree].\n\n\
             files: one file per sample (CACHE/samples/<id>). Reads can pass through to the \
             file (--read-path passthrough) and ranks of one host hand samples over by hard \
             link. Best for samples of tens of KB and more.\n\n\

@@ -27,6 +27,8 @@ pub use crate::sys::kernel::ReadPath;
 pub(crate) enum SourceConfig {
     /// One sub-folder per class, one file per sample.
     ImageFolder,
+    /// Every file at any depth a sample (`--format tree`).
+    Tree,
     /// Packed records, shown as `epoch-N/part-*` files of about `part_size` bytes.
     Records {
         params: RecordParams,
@@ -38,6 +40,7 @@ impl SourceConfig {
     pub(crate) fn format(&self) -> Format {
         match self {
             SourceConfig::ImageFolder => Format::Imagefolder,
+            SourceConfig::Tree => Format::Tree,
             SourceConfig::Records { .. } => Format::Records,
         }
     }
@@ -45,7 +48,7 @@ impl SourceConfig {
     /// The record settings (an image folder has none: the defaults, which nothing reads).
     pub(crate) fn params(&self) -> RecordParams {
         match self {
-            SourceConfig::ImageFolder => RecordParams::default(),
+            SourceConfig::ImageFolder | SourceConfig::Tree => RecordParams::default(),
             SourceConfig::Records { params, .. } => params.clone(),
         }
     }
@@ -53,7 +56,7 @@ impl SourceConfig {
     /// Target size of a record view's parts (an image folder has no parts: the default).
     pub(crate) fn part_size(&self) -> u64 {
         match self {
-            SourceConfig::ImageFolder => crate::vfs::DEFAULT_PART_SIZE,
+            SourceConfig::ImageFolder | SourceConfig::Tree => crate::vfs::DEFAULT_PART_SIZE,
             SourceConfig::Records { part_size, .. } => *part_size,
         }
     }
@@ -86,6 +89,10 @@ pub enum ExchangeMode {
 pub(crate) struct MountConfig {
     pub source: PathBuf,
     pub source_config: SourceConfig,
+    /// `--replicate`: globs of the side files (checked; see `dataset::side`).
+    pub replicate: Vec<String>,
+    /// `--equal-shares drop`: every view holds floor(N/M) samples (see `plan::equal`).
+    pub equal_shares: bool,
     /// Cache folder template (`{rank}` is replaced, see [`for_rank`]).
     pub cache: String,
     pub layout: CacheLayout,
@@ -117,6 +124,10 @@ impl TryFrom<MountArgs> for MountConfig {
     /// Every refusal of the command line's combinations, with the message the user reads.
     fn try_from(args: MountArgs) -> Result<MountConfig, String> {
         let source_config = source_config(&args)?;
+        crate::dataset::side::Globs::parse(&args.replicate)?;
+        if !args.replicate.is_empty() && args.format == Format::Records {
+            return Err("--replicate applies to --format imagefolder and tree (a record source's files are all records); drop --replicate, or keep the side files outside the record folder".into());
+        }
         if args.exchange_rate == Some(0) {
             return Err("--exchange-rate 0 would never send a sample, so the exchange could not finish; give a cap in bytes per second (e.g. 200000000 for 200 MB/s) or leave it out for no cap".into());
         }
@@ -127,6 +138,8 @@ impl TryFrom<MountArgs> for MountConfig {
         Ok(MountConfig {
             source: args.source,
             source_config,
+            replicate: args.replicate,
+            equal_shares: args.equal_shares.is_some(),
             cache: args.cache,
             layout,
             mountpoint: args.mountpoint,
@@ -160,7 +173,10 @@ fn source_config(args: &MountArgs) -> Result<SourceConfig, String> {
                 "{flag} applies to record sources; add --format records or drop {flag}"
             ));
         }
-        return Ok(SourceConfig::ImageFolder);
+        return Ok(match args.format {
+            Format::Tree => SourceConfig::Tree,
+            _ => SourceConfig::ImageFolder,
+        });
     }
     let framing = args.framing.unwrap_or_default();
     let record_size = match (framing, args.record_size) {

@@ -7,10 +7,16 @@ The change from the usual DDP script is the dataset path: each epoch reads
 DistributedSampler: this rank's mount already holds its own share, and shufflefs reshuffles a
 fraction of it across ranks before every epoch. Everything else is the stock loop.
 
+Shares differ by one sample when the ranks do not divide the dataset, so the loop runs under
+`model.join()`. Mounted with `--equal-shares drop`, every rank's epoch holds the same number of
+samples: pass `--no-join` to train with the plain loop (the script checks the counts agree first
+and stops with a message instead of hanging if they do not).
+
 Rank and world size come from mpirun/srun (or RANK/WORLD_SIZE); MASTER_ADDR/MASTER_PORT
 default to 127.0.0.1:29500. Uses the gloo backend, so it runs on CPU.
 """
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -51,6 +57,16 @@ def record(folder, mount, epoch, rank, ds):
     os.replace(out + ".tmp", out)
 
 
+def same_length(n, epoch):
+    """Stops every rank with a message (instead of a DDP hang) unless all hold `n` samples."""
+    lengths = torch.tensor([n, -n])
+    dist.all_reduce(lengths, op=dist.ReduceOp.MAX)
+    if lengths[0] != -lengths[1]:
+        raise SystemExit(f"train_ddp.py --no-join: epoch {epoch} holds {-int(lengths[1])} to "
+                         f"{int(lengths[0])} samples per rank; mount with --equal-shares drop "
+                         "or drop --no-join")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mount", required=True, help="this rank's mount point; {rank} is replaced")
@@ -60,6 +76,9 @@ def main():
     ap.add_argument("--record", metavar="DIR",
                     help="after each epoch, write DIR/epoch-E.rank-R.json: the samples this rank "
                     "read (path, bytes, sha256) and its mount's status, to check a run")
+    ap.add_argument("--no-join", action="store_true",
+                    help="train without model.join(): every rank's epoch must hold as many samples "
+                    "(mount with --equal-shares drop)")
     a = ap.parse_args()
     rank = env_int("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
     world = env_int("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS")
@@ -88,8 +107,11 @@ def main():
         ds = datasets.ImageFolder(shufflefs.epoch_dir(mount, epoch), transforms.ToTensor(), allow_empty=True)
         loader = torch.utils.data.DataLoader(ds, batch_size=a.batch_size, shuffle=True, num_workers=2)
         total = torch.zeros(2)
-        # Shares differ by at most one sample, so ranks may run one batch more or less.
-        with model.join():
+        if a.no_join:
+            same_length(len(ds), epoch)
+        # Shares differ by at most one sample, so ranks may run one batch more or less, unless
+        # the mount makes them equal (--equal-shares drop).
+        with contextlib.nullcontext() if a.no_join else model.join():
             for images, labels in loader:
                 opt.zero_grad()
                 loss = loss_fn(model(images), labels)

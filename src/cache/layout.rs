@@ -28,7 +28,7 @@ impl CacheLayout {
     /// The layout a dataset format gets when `--cache-layout` is not given.
     pub(crate) fn default_for(format: Format) -> CacheLayout {
         match format {
-            Format::Imagefolder => CacheLayout::Files,
+            Format::Imagefolder | Format::Tree => CacheLayout::Files,
             Format::Records => CacheLayout::Packed,
         }
     }

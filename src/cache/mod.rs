@@ -43,6 +43,7 @@ mod layout;
 pub(crate) mod own;
 mod packed;
 pub(crate) mod private;
+pub(crate) mod side;
 mod store;
 
 pub(crate) use backend::{Borrowed, CacheBackend, ChecksumMismatch};
@@ -208,6 +209,8 @@ pub struct CacheDir {
     root: PathBuf,
     _lock: File,
     scan: SourceScan,
+    /// Where the side files (`--replicate`) are read from, if the source has any.
+    replicated: Option<side::Replicated>,
 }
 
 /// Where this mount's index came from, for the status: scanned now, or loaded from the
@@ -284,6 +287,7 @@ impl CacheDir {
             root: root.to_path_buf(),
             _lock: lock,
             scan: SourceScan::default(),
+            replicated: None,
         })
     }
 
@@ -294,6 +298,15 @@ impl CacheDir {
 
     pub(crate) fn set_source_scan(&mut self, scan: SourceScan) {
         self.scan = scan;
+    }
+
+    /// Where the side files are read from (see [`side`]), if the source has any.
+    pub(crate) fn replicated(&self) -> Option<&side::Replicated> {
+        self.replicated.as_ref()
+    }
+
+    pub(crate) fn set_replicated(&mut self, replicated: side::Replicated) {
+        self.replicated = Some(replicated);
     }
 
     /// Gives each cached sample file (`files` layout) the id `carry` says, with its length

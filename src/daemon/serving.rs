@@ -13,6 +13,8 @@
 //! whose FUSE session ended with an error leaves too (and exits 1 after): a peer that
 //! leaves waits for every rank in that exchange, so skipping it would hang the whole job.
 
+use std::sync::Arc;
+
 use crate::comm::Comm;
 use crate::config::MountConfig;
 use crate::exchange::coded::CodedClient;
@@ -20,6 +22,7 @@ use crate::exchange::{
     EpochExchange, ExchangeConfig, ExchangeCtx, ExchangeError, Partial, Peers, Settled,
 };
 use crate::node::{ExchangeCmd, Node, NodeConfig, serve};
+use crate::plan::equal::EqualShares;
 use crate::plan::{Plan, Step};
 use crate::vfs::ShuffleFs;
 
@@ -63,9 +66,7 @@ pub(crate) fn run_node(
         hosts: comm.hosts().to_vec(),
     };
     let (node, queue) = Node::start(store.clone(), plan, rank, resumed, node_cfg);
-    let fs = ShuffleFs::of(&node)
-        .with_part_size(config.source_config.part_size())
-        .with_access(crate::vfs::access::Access::of_source(&config.source));
+    let fs = view(config, &node, rank);
     let session = super::mount_everywhere(
         config,
         fs,
@@ -213,4 +214,17 @@ impl EpochExchange for Recorded {
         self.last = Some(step.next.epoch);
         self.partial.run(comm, step, ctx, settled)
     }
+}
+
+/// The filesystem over `node` as `config` shows it: part size, the source's owners and
+/// modes, and under `--equal-shares` the samples left out (also shown in the status).
+fn view(config: &MountConfig, node: &Node, rank: u32) -> ShuffleFs {
+    let mut fs = ShuffleFs::of(node);
+    if config.equal_shares {
+        let equal = Arc::new(EqualShares::new(node.coordinator.plan().clone(), rank));
+        let _ = node.status.equal_shares.set(equal.clone());
+        fs = fs.with_equal_shares(equal);
+    }
+    fs.with_part_size(config.source_config.part_size())
+        .with_access(crate::vfs::access::Access::of_source(&config.source))
 }

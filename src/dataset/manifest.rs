@@ -27,6 +27,14 @@ use crate::dataset::records::RecordIndex;
 use crate::dataset::records::scan::RecordError;
 use crate::plan::SampleId;
 
+mod side;
+mod tree;
+
+use side::Side;
+pub use side::SideFile;
+use tree::Extras;
+pub(crate) use tree::Tree;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
     #[error("source {0} does not exist; pass the dataset folder with --source")]
@@ -37,10 +45,16 @@ pub enum ManifestError {
         "source {0} is not a folder; --source must be an ImageFolder-style folder of class folders"
     )]
     NotADir(PathBuf),
-    #[error("source {0} has no class folders; --source must hold one sub-folder per class")]
+    #[error(
+        "source {0} has no class folders; --source must hold one sub-folder per class, or add --format tree to serve every file at any depth"
+    )]
     NoClasses(PathBuf),
-    #[error("source {0} has class folders but no sample files in them")]
+    #[error(
+        "source {0} has class folders but no sample files in them; add --format tree if the samples lie deeper"
+    )]
     NoSamples(PathBuf),
+    #[error("source {0} has no sample files at any depth (--format tree)")]
+    EmptyTree(PathBuf),
     #[error("source has {0} samples; shufflefs supports at most 4294967295")]
     TooMany(usize),
     #[error("manifest data is corrupt or from another version: {0}")]
@@ -49,6 +63,22 @@ pub enum ManifestError {
     UnsafeName(OsString),
     #[error(transparent)]
     Records(#[from] RecordError),
+    #[error(
+        "--replicate {glob:?} matches no file under {source_dir}; globs are relative to --source, `*` stays within one folder and `**` crosses folders (e.g. 'annotations/*.json', '**/*.txt')"
+    )]
+    ReplicateUnmatched { glob: String, source_dir: PathBuf },
+    #[error(
+        "side file {0:?} lies in no folder of the view (an ImageFolder view shows only the top folder and the class folders; use --format tree for files deeper down)"
+    )]
+    SideOutside(OsString),
+    #[error("side file {0:?} collides with a sample or a folder of the same path")]
+    SideCollides(OsString),
+    #[error(
+        "--replicate took every sample file of {0}; narrow the globs so that some files remain samples"
+    )]
+    AllReplicated(PathBuf),
+    #[error("side file {path}: {source}. Check that it is readable by this user")]
+    SideIo { path: PathBuf, source: io::Error },
 }
 
 /// A class folder's name and its `(sample name, size)` entries; [`UNKNOWN_SIZE`] for a size
@@ -63,6 +93,8 @@ pub(crate) const UNKNOWN_SIZE: u64 = u64::MAX;
 pub struct Manifest {
     index: Index,
     pub skipped: Vec<Skipped>,
+    /// Files shown whole on every rank (`--replicate`), not samples.
+    side: Side,
 }
 
 /// What a source's units are: one or the other, never both.
@@ -70,6 +102,9 @@ pub struct Manifest {
 pub(crate) enum Index {
     /// An ImageFolder source: named files in class folders.
     Folders(Folders),
+    /// A tree (`--format tree`): named files in folders at any depth; its "classes" are
+    /// every folder of the source by relative path, the root first (see `tree`).
+    Tree(Box<Tree>),
     /// A record source (`--format records`): its units are groups of records, with no
     /// classes or names.
     Records(Box<RecordIndex>),
@@ -137,6 +172,7 @@ impl Manifest {
     pub fn len(&self) -> u32 {
         match &self.index {
             Index::Folders(f) => f.size_plus_one.len() as u32,
+            Index::Tree(t) => t.folders.size_plus_one.len() as u32,
             Index::Records(r) => r.groups(),
         }
     }
@@ -150,6 +186,7 @@ impl Manifest {
         Manifest {
             index: Index::Records(Box::new(index)),
             skipped,
+            side: Side::default(),
         }
     }
 
@@ -162,7 +199,7 @@ impl Manifest {
     pub fn records(&self) -> Option<&RecordIndex> {
         match &self.index {
             Index::Records(r) => Some(r),
-            Index::Folders(_) => None,
+            Index::Folders(_) | Index::Tree(_) => None,
         }
     }
 
@@ -170,6 +207,7 @@ impl Manifest {
     fn folders(&self) -> &Folders {
         match &self.index {
             Index::Folders(f) => f,
+            Index::Tree(t) => &t.folders,
             Index::Records(_) => &NO_FOLDERS,
         }
     }
@@ -214,6 +252,7 @@ impl Manifest {
     pub fn size(&self, id: SampleId) -> Option<u64> {
         match &self.index {
             Index::Folders(f) => f.size_plus_one[id as usize].checked_sub(1),
+            Index::Tree(t) => t.folders.size_plus_one[id as usize].checked_sub(1),
             Index::Records(r) => Some(r.group_len(id)),
         }
     }
@@ -233,7 +272,8 @@ impl Manifest {
         None
     }
 
-    /// Relative path of a sample under the source root: `<class>/<name>`.
+    /// Relative path of a sample under the source root: `<class>/<name>` (a tree's
+    /// "class" is the sample's folder, the root's is empty).
     pub fn relative_path(&self, id: SampleId) -> PathBuf {
         Path::new(self.class_name(self.class_of(id))).join(self.name(id))
     }
@@ -243,6 +283,7 @@ impl Manifest {
         Manifest {
             index: Index::Folders(Folders::new()),
             skipped: Vec::new(),
+            side: Side::default(),
         }
     }
 
@@ -295,19 +336,23 @@ impl Manifest {
 
     /// Gives back the spare capacity left by growing while scanning.
     pub(crate) fn shrink_to_fit(&mut self) {
-        if let Index::Folders(f) = &mut self.index {
-            f.classes.shrink_to_fit();
-            f.class_start.shrink_to_fit();
-            f.names.shrink_to_fit();
-            f.name_end.shrink_to_fit();
-            f.size_plus_one.shrink_to_fit();
-        }
+        let f = match &mut self.index {
+            Index::Folders(f) => f,
+            Index::Tree(t) => &mut t.folders,
+            Index::Records(_) => return,
+        };
+        f.classes.shrink_to_fit();
+        f.class_start.shrink_to_fit();
+        f.names.shrink_to_fit();
+        f.name_end.shrink_to_fit();
+        f.size_plus_one.shrink_to_fit();
     }
 
     pub(crate) fn encode(&self) -> Vec<u8> {
         let records_folders = Folders::new();
         let folders = match &self.index {
             Index::Folders(f) => f,
+            Index::Tree(t) => &t.folders,
             Index::Records(_) => &records_folders,
         };
         let wire = WireRef {
@@ -315,8 +360,14 @@ impl Manifest {
             skipped: &self.skipped,
         };
         let bytes = postcard::to_allocvec(&wire).expect("manifest serialization cannot fail");
+        let extras = || Extras {
+            tree: self.is_tree(),
+            replicate: self.side.globs.clone(),
+            side: self.side.files().to_vec(),
+        };
         match &self.index {
-            Index::Folders(_) => bytes,
+            Index::Folders(_) if self.side == Side::default() => bytes,
+            Index::Folders(_) | Index::Tree(_) => tree::encode_extras(bytes, &extras()),
             Index::Records(r) => {
                 postcard::to_extend(r, bytes).expect("record index serialization cannot fail")
             }
@@ -327,6 +378,21 @@ impl Manifest {
     pub(crate) fn decode(bytes: &[u8]) -> Result<Manifest, ManifestError> {
         let decode_err = |e: postcard::Error| ManifestError::Decode(e.to_string());
         let (wire, rest): (Wire, _) = postcard::take_from_bytes(bytes).map_err(decode_err)?;
+        if let Some(extras) = tree::decode_extras(rest)? {
+            let index = match extras.tree {
+                true => Index::Tree(Box::new(Tree::new(wire.folders)?)),
+                false => {
+                    wire.folders.validate()?;
+                    Index::Folders(wire.folders)
+                }
+            };
+            let m = Manifest {
+                index,
+                skipped: wire.skipped,
+                side: Side::default(),
+            };
+            return m.with_side(extras.replicate, extras.side);
+        }
         wire.folders.validate()?;
         let index = if rest.is_empty() {
             Index::Folders(wire.folders)
@@ -343,6 +409,7 @@ impl Manifest {
         Ok(Manifest {
             index,
             skipped: wire.skipped,
+            side: Side::default(),
         })
     }
 
@@ -354,6 +421,17 @@ impl Manifest {
 
 impl Folders {
     fn validate(&self) -> Result<(), ManifestError> {
+        self.validate_tables()?;
+        for c in &self.classes {
+            if !is_safe_name(c) {
+                return Err(ManifestError::UnsafeName(OsString::from_vec(c.clone())));
+            }
+        }
+        self.validate_names()
+    }
+
+    /// The class ranges and the name table agree with each other.
+    fn validate_tables(&self) -> Result<(), ManifestError> {
         let bad = |what: &str| Err(ManifestError::Decode(what.to_string()));
         if self.class_start.len() != self.classes.len() + 1
             || self.class_start.first() != Some(&0)
@@ -371,11 +449,11 @@ impl Folders {
         {
             return bad("name table is inconsistent");
         }
-        for c in &self.classes {
-            if !is_safe_name(c) {
-                return Err(ManifestError::UnsafeName(OsString::from_vec(c.clone())));
-            }
-        }
+        Ok(())
+    }
+
+    /// Every sample name is safe to serve as a file name.
+    fn validate_names(&self) -> Result<(), ManifestError> {
         for (i, &end) in self.name_end.iter().enumerate() {
             let start = if i == 0 { 0 } else { self.name_end[i - 1] };
             let name = &self.names[start as usize..end as usize];

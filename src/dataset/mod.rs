@@ -4,7 +4,8 @@
 //! [`Dataset`] for their bytes; the index itself is a [`Manifest`] (names in view order,
 //! class ranges, sizes where known), built once by rank 0 and shipped to the other ranks.
 //! The [`Format`] chosen on the command line (`--format`) decides how the index is built
-//! and which `Dataset` reads the source: ImageFolder trees, one file per sample, or packed
+//! and which `Dataset` reads the source: ImageFolder trees or any tree of folders
+//! (`--format tree`), one file per sample, or packed
 //! [`records`] (an offset table into large record files, whose units are groups of records;
 //! their `read_batch` coalesces reads by file and offset).
 
@@ -21,6 +22,7 @@ pub(crate) mod names;
 pub mod records;
 pub(crate) mod rescan;
 pub mod scan;
+pub(crate) mod side;
 pub(crate) mod synthetic;
 
 pub use imagefolder::ImageFolder;
@@ -63,6 +65,8 @@ pub enum Format {
     /// A folder of class folders of sample files (torchvision's ImageFolder).
     #[default]
     Imagefolder,
+    /// Every regular file at any depth is a sample; `epoch-N/` mirrors the folders.
+    Tree,
     /// Packed records in one file or a folder of shard files (see `--framing`).
     Records,
 }
@@ -72,7 +76,7 @@ impl Format {
     /// (rank 0 only: other ranks make no metadata calls on the source).
     pub(crate) fn check_source(self, source: &Path) -> Result<(), ManifestError> {
         match self {
-            Format::Imagefolder => imagefolder::check_source(source),
+            Format::Imagefolder | Format::Tree => imagefolder::check_source(source),
             Format::Records => {
                 records::scan::list_files(source, &mut Vec::new())?;
                 Ok(())
@@ -89,6 +93,7 @@ impl Format {
     ) -> Result<Manifest, ManifestError> {
         match self {
             Format::Imagefolder => scan::scan(source),
+            Format::Tree => scan::scan_tree(source),
             Format::Records => {
                 let (index, skipped) = records::build_index(source, records)?;
                 Ok(Manifest::from_records(index, skipped))
@@ -99,7 +104,10 @@ impl Format {
     /// The reader of `source`'s samples, as `manifest` names them.
     pub(crate) fn open(self, source: &Path, manifest: Arc<Manifest>) -> Arc<dyn Dataset> {
         match self {
-            Format::Imagefolder => Arc::new(ImageFolder::new(source.to_path_buf(), manifest)),
+            // A tree's sample is a file under its folder path, read as an ImageFolder's is.
+            Format::Imagefolder | Format::Tree => {
+                Arc::new(ImageFolder::new(source.to_path_buf(), manifest))
+            }
             Format::Records => Arc::new(RecordSource::new(source.to_path_buf(), manifest)),
         }
     }
@@ -107,7 +115,8 @@ impl Format {
     /// Whether a manifest (from the cache, say) fits this format and these record settings.
     pub(crate) fn fits(self, manifest: &Manifest, records: &RecordParams) -> bool {
         match (self, manifest.records()) {
-            (Format::Imagefolder, None) => true,
+            (Format::Imagefolder, None) => !manifest.is_tree(),
+            (Format::Tree, None) => manifest.is_tree(),
             (Format::Records, Some(index)) => index.params == *records,
             _ => false,
         }

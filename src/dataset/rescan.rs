@@ -15,7 +15,7 @@ use crate::plan::SampleId;
 pub(crate) fn same_sample(old: &Manifest, new: &Manifest, id: SampleId) -> Option<SampleId> {
     if !matches!(
         (old.index(), new.index()),
-        (Index::Folders(_), Index::Folders(_))
+        (Index::Folders(_), Index::Folders(_)) | (Index::Tree(_), Index::Tree(_))
     ) {
         return None;
     }

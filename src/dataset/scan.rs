@@ -36,6 +36,10 @@ use nix::sys::stat::{FileStat, Mode, SFlag, fstatat};
 use crate::dataset::manifest::{Manifest, ManifestError, UNKNOWN_SIZE};
 use crate::dataset::names::Skipped;
 
+mod tree;
+
+pub use tree::scan_tree;
+
 /// Threads listing class folders. Measured when every sample was stat'ed (1M files, 2-core
 /// VM): warm, two threads filled two cores; cold, 8 kept more reads in flight than 2 or 4.
 const THREADS: usize = 8;

@@ -106,6 +106,7 @@ impl Node {
             staging: staging.progress.clone(),
             exchange: tracker.clone(),
             resize,
+            equal_shares: std::sync::OnceLock::new(),
         });
         let node = Node {
             store,

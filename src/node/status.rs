@@ -13,6 +13,7 @@ use crate::exchange::{ExchangeReport, ExchangeTracker};
 use crate::node::coordinator::{AdvanceWait, Coordinator};
 use crate::node::resumed::RegrowReport;
 use crate::node::staging::{StagingProgress, StagingSnapshot};
+use crate::plan::equal::EqualShares;
 
 pub trait StatusReport: Send + Sync {
     fn render(&self) -> Vec<u8>;
@@ -31,7 +32,8 @@ struct CacheSnapshot {
     problems: Vec<String>,
 }
 
-/// What the mount serves: `imagefolder`, or `records` with its framing and counts.
+/// What the mount serves: `imagefolder`, `tree` (its folders are the `classes`), or
+/// `records` with its framing and counts.
 #[derive(Serialize)]
 struct DatasetSnapshot {
     format: &'static str,
@@ -54,8 +56,12 @@ struct DatasetSnapshot {
 impl DatasetSnapshot {
     fn of(manifest: &crate::dataset::Manifest) -> DatasetSnapshot {
         match manifest.index() {
-            Index::Folders(_) => DatasetSnapshot {
-                format: "imagefolder",
+            Index::Folders(_) | Index::Tree(_) => DatasetSnapshot {
+                format: if manifest.is_tree() {
+                    "tree"
+                } else {
+                    "imagefolder"
+                },
                 framing: None,
                 record_size: None,
                 group: None,
@@ -114,6 +120,12 @@ struct Status<'a> {
     advance_waiting: Option<AdvanceWait>,
     /// Where the index came from: scanned now, or loaded from the cache (`stale_possible`).
     source_scan: &'a crate::cache::SourceScan,
+    /// Only with `--equal-shares`: what the view leaves out.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    equal_shares: Option<EqualSnapshot>,
+    /// Only with `--replicate`: the side files, where this rank reads them, what it copied.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    replicated: Option<&'a crate::cache::side::Replicated>,
 }
 
 pub struct DaemonStatus {
@@ -126,6 +138,17 @@ pub struct DaemonStatus {
     pub exchange: Arc<ExchangeTracker>,
     /// How a resized job's share was filled at start-up (see `node::regrow`).
     pub resize: Option<RegrowReport>,
+    /// Under `--equal-shares`: what the view leaves out (set once the view is made).
+    pub equal_shares: std::sync::OnceLock<Arc<EqualShares>>,
+}
+
+/// Under `--equal-shares drop`: the samples every view holds, and the ids this rank's view
+/// leaves out of its share this epoch.
+#[derive(Serialize)]
+struct EqualSnapshot {
+    mode: &'static str,
+    view_samples: usize,
+    left_out: Vec<crate::plan::SampleId>,
 }
 
 impl StatusReport for DaemonStatus {
@@ -175,6 +198,12 @@ impl StatusReport for DaemonStatus {
             resize: self.resize.as_ref(),
             advance_waiting: self.epochs.waiting(),
             source_scan: self.store.dir().source_scan(),
+            replicated: self.store.dir().replicated(),
+            equal_shares: self.equal_shares.get().map(|e| EqualSnapshot {
+                mode: "drop",
+                view_samples: e.view_size(),
+                left_out: e.left_out(&cur).to_vec(),
+            }),
         };
         let mut out = serde_json::to_vec_pretty(&status).expect("status serializes");
         out.push(b'\n');

@@ -43,6 +43,7 @@ use rand_core::{Rng, SeedableRng};
 
 pub(crate) mod coded;
 pub mod elastic;
+pub mod equal;
 pub mod placement;
 
 pub use coded::CodedShares;

@@ -215,7 +215,7 @@ impl OpenFiles {
                 };
                 Ok(window(&bytes, offset, size).to_vec())
             }
-            Some(Node::Sample(_)) => match self.fs.open(ino, false)? {
+            Some(Node::Sample(_) | Node::Side(_)) => match self.fs.open(ino, false)? {
                 Opened::Sample(file) => {
                     let data = read_full(&file, offset, size)?;
                     let _ = nix::fcntl::posix_fadvise(

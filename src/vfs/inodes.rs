@@ -10,7 +10,9 @@
 //! /epoch-N/<class>/              kind 2: (2 << 62) | N << 32 | class
 //! /epoch-N/<class>/<sample>      kind 3: (3 << 62) | sample id
 //! /epoch-N/part-<P>.<ext>        kind 3: (3 << 62) | (N + 1) << 32 | P   (record sources)
+//! /epoch-N/.../<side file>       kind 0: 1 << 32 | index                (--replicate)
 //! ```
+//! A side file's bytes never change, so like a sample it keeps one inode in every epoch.
 //! A part's bytes differ every epoch, so its inode names the epoch (kind 3 with a non-zero
 //! epoch field; a sample's is zero). The field holds N + 1 in 30 bits, so the last epoch
 //! that can show parts is `MAX_EPOCH - 1`.
@@ -47,6 +49,8 @@ pub enum Node {
     Sample(SampleId),
     /// Part `.1` of epoch `.0`'s view of a record source (see `vfs::parts`).
     Part(u64, u32),
+    /// Side file `.0` (`--replicate`), in whichever folder and epoch shows it.
+    Side(u32),
 }
 
 impl Node {
@@ -61,6 +65,7 @@ impl Node {
             Node::ClassDir(e, c) => 2 << 62 | e << 32 | u64::from(c),
             Node::Sample(s) => 3 << 62 | u64::from(s),
             Node::Part(e, p) => 3 << 62 | (e + 1) << 32 | u64::from(p),
+            Node::Side(i) => 1 << 32 | u64::from(i),
         }
     }
 
@@ -74,6 +79,7 @@ impl Node {
                 3 => Node::Status,
                 4 => Node::EpochCtl,
                 5 => Node::Current,
+                _ if ino >> 32 == 1 => Node::Side(ino as u32),
                 _ => return None,
             },
             1 if low <= MAX_EPOCH => Node::EpochDir(low),
@@ -133,6 +139,8 @@ mod tests {
             Node::Sample(u32::MAX),
             Node::Part(0, 0),
             Node::Part(MAX_EPOCH - 1, u32::MAX),
+            Node::Side(0),
+            Node::Side(u32::MAX),
         ] {
             assert_eq!(Node::from_ino(node.ino()), Some(node), "{node:?}");
         }

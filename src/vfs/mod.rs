@@ -9,11 +9,16 @@
 //! to `.shufflefs/epoch` does) and `epoch-N` is gone afterwards. Every `epoch-N/` lists all
 //! classes, even those this rank holds no sample of, so class indices agree everywhere.
 //! A record source (`--format records`) has no classes: `epoch-N/` holds the epoch's part
-//! files instead (`parts`), laid out once per epoch.
+//! files instead (`parts`), laid out once per epoch. A tree (`--format tree`) lists every
+//! folder of the source at its own depth, on every rank, beside this rank's samples in it.
+//! Side files (`--replicate`) are listed in their folders on every rank; under
+//! `--equal-shares drop` the samples `plan::equal` leaves out are in no listing and no
+//! lookup finds them (the share and the cache still hold them).
 
 use std::borrow::Cow;
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,7 +26,8 @@ use std::sync::{Arc, Mutex};
 use crate::cache::SampleStore;
 use crate::node::coordinator::Coordinator;
 use crate::node::status::StatusReport;
-use crate::plan::{SampleId, share_in_range};
+use crate::plan::equal::{EqualShares, visible_from};
+use crate::plan::{EpochShares, SampleId, share_in_range};
 use crate::vfs::access::Access;
 use crate::vfs::error::FsError;
 use crate::vfs::inodes::{CTL_DIR_NAME, CURRENT_NAME, EPOCH_CTL_NAME, Node, STATUS_NAME};
@@ -31,6 +37,8 @@ pub(crate) mod attr;
 pub mod error;
 pub(crate) mod handles;
 pub mod inodes;
+#[cfg(test)]
+mod listing_tests;
 pub(crate) mod parts;
 pub(crate) mod statfs;
 pub(crate) mod wait;
@@ -74,6 +82,21 @@ pub struct ShuffleFs {
     part_size: u64,
     /// Owners and modes shown, and who may advance (see `access`).
     access: Access,
+    /// `--equal-shares drop`: what the view leaves out of this rank's share.
+    equal: Option<Arc<EqualShares>>,
+}
+
+/// The entry `name` of tree folder `c` in epoch `e`: a sub-folder, or a sample in it (which
+/// `entry` finds only if this rank holds it).
+fn tree_child(fs: &ShuffleFs, e: u64, c: u32, name: &OsStr) -> Result<Node, FsError> {
+    let manifest = fs.store.manifest();
+    if let Some(d) = manifest.child_dir(c, name) {
+        return Ok(Node::ClassDir(e, d));
+    }
+    manifest
+        .find(c, name)
+        .map(Node::Sample)
+        .ok_or(FsError::NotFound)
 }
 
 /// The part of `bytes` from `offset` on copied into `out`; returns how much.
@@ -102,6 +125,7 @@ impl ShuffleFs {
             parts: Mutex::new(None),
             part_size: DEFAULT_PART_SIZE,
             access: Access::mounter(),
+            equal: None,
         }
     }
 
@@ -126,6 +150,21 @@ impl ShuffleFs {
         self.access.may_control(uid)
     }
 
+    /// Shows every epoch with `equal`'s samples left out (`--equal-shares drop`).
+    pub fn with_equal_shares(mut self, equal: Arc<EqualShares>) -> ShuffleFs {
+        self.equal = Some(equal);
+        self
+    }
+
+    /// What this rank's view leaves out of its share of `cur` (nothing without
+    /// `--equal-shares`), sorted by id.
+    fn left_out(&self, cur: &EpochShares) -> Arc<Vec<SampleId>> {
+        match &self.equal {
+            Some(equal) => equal.left_out(cur),
+            None => Arc::default(),
+        }
+    }
+
     /// Sets the target size of a record source's part files (`--part-size`).
     pub(crate) fn with_part_size(mut self, bytes: u64) -> ShuffleFs {
         self.part_size = bytes.max(1);
@@ -146,7 +185,8 @@ impl ShuffleFs {
             return Ok(l.clone());
         }
         let rank = self.epochs.rank();
-        let mut order = cur.share(rank).to_vec();
+        let left = self.left_out(&cur);
+        let mut order: Vec<SampleId> = visible_from(cur.share(rank), &left, 0).collect();
         let seed = self.epochs.plan().params().seed;
         crate::plan::shuffle(
             &mut order,
@@ -269,7 +309,10 @@ impl ShuffleFs {
                 )
             },
             Node::EpochDir(e) if e == current => view(Kind::Dir, 0, a.dir_perm),
-            Node::ClassDir(e, c) if e == current && c < manifest.class_count() => {
+            // A tree's root folder is the epoch folder itself, never a class folder.
+            Node::ClassDir(e, c)
+                if e == current && c < manifest.class_count() && (c > 0 || !manifest.is_tree()) =>
+            {
                 view(Kind::Dir, 0, a.dir_perm)
             }
             Node::Part(e, p) if e == current => {
@@ -292,6 +335,10 @@ impl ShuffleFs {
                     ..view(Kind::File, size.unwrap_or(0), a.file_perm)
                 }
             }
+            Node::Side(i) if (i as usize) < manifest.side_files().len() => {
+                let size = manifest.side_files()[i as usize].size;
+                view(Kind::File, size, a.file_perm)
+            }
             _ => return Err(FsError::NotFound),
         })
     }
@@ -299,6 +346,7 @@ impl ShuffleFs {
     fn holds(&self, id: u32) -> bool {
         let cur = self.epochs.current();
         cur.share(self.epochs.rank()).binary_search(&id).is_ok()
+            && self.left_out(&cur).binary_search(&id).is_err()
     }
 
     pub fn getattr(&self, ino: u64) -> Result<Entry, FsError> {
@@ -373,6 +421,13 @@ impl ShuffleFs {
                 let name = name.to_str().ok_or(FsError::NotFound)?;
                 Node::Part(e, layout.parse_name(name).ok_or(FsError::NotFound)?)
             }
+            Node::EpochDir(_) | Node::ClassDir(..) if self.side_child(parent, name).is_some() => {
+                Node::Side(self.side_child(parent, name).expect("just found"))
+            }
+            Node::EpochDir(e) if self.store.manifest().is_tree() => tree_child(self, e, 0, name)?,
+            Node::ClassDir(e, c) if self.store.manifest().is_tree() => {
+                tree_child(self, e, c, name)?
+            }
             Node::EpochDir(e) => Node::ClassDir(
                 e,
                 self.store
@@ -435,18 +490,63 @@ impl ShuffleFs {
                 let parts = self.layout(e)?.parts();
                 Box::new((0..parts).map(move |p| Node::Part(e, p)))
             }
-            Node::EpochDir(e) => {
-                Box::new((0..manifest.class_count()).map(move |c| Node::ClassDir(e, c)))
+            Node::EpochDir(e) if manifest.is_tree() => {
+                let dirs = manifest.subdirs(0).iter().copied();
+                return self.folder_readdir(e, dirs, Some(0), offset, add);
             }
-            Node::ClassDir(_, c) => {
-                let cur = self.epochs.current();
-                let ids = share_in_range(cur.share(self.epochs.rank()), manifest.class_range(c));
-                let rest = ids.get(offset as usize..).unwrap_or_default();
-                return self.add_entries(rest.iter().map(|&id| Node::Sample(id)), offset, add);
+            Node::ClassDir(e, c) if manifest.is_tree() => {
+                let dirs = manifest.subdirs(c).iter().copied();
+                return self.folder_readdir(e, dirs, Some(c), offset, add);
+            }
+            Node::EpochDir(e) => {
+                let sides = manifest.side_in(None).map(Node::Side);
+                Box::new(
+                    (0..manifest.class_count())
+                        .map(move |c| Node::ClassDir(e, c))
+                        .chain(sides),
+                )
+            }
+            Node::ClassDir(e, c) => {
+                return self.folder_readdir(e, std::iter::empty(), Some(c), offset, add);
             }
             _ => return Err(FsError::NotDir),
         };
         self.add_entries(children.skip(offset as usize), offset, add)
+    }
+
+    /// Lists folder `c` of epoch `e` (a class folder, or any folder of a tree) from position
+    /// `offset` on: its sub-folders `dirs` (all of them, on every rank), its side files,
+    /// then this rank's samples in it. Skipping to `offset` costs nothing per entry.
+    fn folder_readdir(
+        &self,
+        e: u64,
+        dirs: impl ExactSizeIterator<Item = u32>,
+        c: Option<u32>,
+        offset: u64,
+        add: impl FnMut(Entry, &OsStr, u64) -> bool,
+    ) -> Result<(), FsError> {
+        let manifest = self.store.manifest();
+        let cur = self.epochs.current();
+        let class = c.unwrap_or(0);
+        let ids = share_in_range(cur.share(self.epochs.rank()), manifest.class_range(class));
+        let sides = manifest.side_in(c);
+        let left = self.left_out(&cur);
+        let (off, nd, ns) = (offset as usize, dirs.len(), sides.len());
+        let dirs = dirs.skip(off).map(|d| Node::ClassDir(e, d));
+        let sides = sides.skip(off.saturating_sub(nd)).map(Node::Side);
+        let ids = visible_from(ids, &left, off.saturating_sub(nd + ns)).map(Node::Sample);
+        self.add_entries(dirs.chain(sides).chain(ids), offset, add)
+    }
+
+    /// The side file `name` in folder `parent` (an epoch folder or a class folder).
+    fn side_child(&self, parent: Node, name: &OsStr) -> Option<u32> {
+        let manifest = self.store.manifest();
+        let folder = match parent {
+            Node::EpochDir(_) => manifest.epoch_folder(),
+            Node::ClassDir(_, c) => Some(c),
+            _ => return None,
+        };
+        manifest.side_named(folder, name)
     }
 
     /// Hands `children` (the folder's entries from `offset` on) to `add` until it is full.
@@ -464,8 +564,9 @@ impl ShuffleFs {
                 Node::EpochDir(e) => OsString::from(inodes::epoch_dir_name(e)).into(),
                 Node::Status => OsStr::new(STATUS_NAME).into(),
                 Node::EpochCtl => OsStr::new(EPOCH_CTL_NAME).into(),
-                Node::ClassDir(_, c) => manifest.class_name(c).into(),
+                Node::ClassDir(_, c) => manifest.dir_name(c).into(),
                 Node::Sample(id) => manifest.name(id).into(),
+                Node::Side(i) => OsStr::from_bytes(manifest.side_files()[i as usize].name()).into(),
                 Node::Part(e, p) => OsString::from(self.layout(e)?.name(p)).into(),
                 Node::Root => continue,
             };
@@ -502,6 +603,11 @@ impl ShuffleFs {
             _ if write => Err(FsError::ReadOnly),
             Node::Status => Ok(Opened::Snapshot(self.status.render())),
             Node::Part(e, p) => Ok(Opened::Part(self.layout(e)?, p)),
+            Node::Side(i) => {
+                let rel = OsStr::from_bytes(&self.store.manifest().side_files()[i as usize].path);
+                let dir = self.store.dir().replicated().ok_or(FsError::NotFound)?;
+                Ok(Opened::Sample(File::open(dir.dir.join(rel))?))
+            }
             Node::Sample(id) => match self.fetch(id)? {
                 // A backend without a file per sample is read through the store.
                 None => match self.store.file(id) {

@@ -10,9 +10,10 @@
 //!   `DetachedMount`.
 //! - [`view`]: reading a mounted view (status, epoch, listings) and errno assertions.
 //! - [`mounts`], [`process`], [`venv`]: the mount table, child processes, the Python venv.
-//! - [`mpi_job`], [`records`], [`shares`]: multi-rank jobs, record datasets, plan checks.
+//! - [`mpi_job`], [`records`], [`shares`], [`trees`]: multi-rank jobs, record datasets,
+//!   plan checks, `--format tree` sources and views.
 //!
-//! Everything but the last three is re-exported here, so tests `use crate::common::*`.
+//! Everything but the last four is re-exported here, so tests `use crate::common::*`.
 //! Each group uses a different subset, hence the `dead_code` and `unused_imports` allowances.
 #![allow(dead_code, unused_imports)]
 
@@ -25,6 +26,7 @@ pub mod records;
 pub mod refused;
 pub mod shares;
 pub mod skip;
+pub mod trees;
 pub mod venv;
 pub mod view;
 

@@ -13,6 +13,7 @@ mod bad_input;
 mod cache_safety;
 mod corrupt_cache;
 mod host_calls;
+mod layouts;
 mod mount_point_made;
 mod mount_single;
 mod overlaps;

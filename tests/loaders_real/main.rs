@@ -10,6 +10,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod dlio;
 mod real_loaders;
 mod records_mount;
 mod records_mpi;

@@ -44,6 +44,11 @@ struct Job {
 
 impl Job {
     fn start(python: PathBuf) -> Job {
+        Job::start_with(python, &[])
+    }
+
+    /// As [`Job::start`], with `extra` mount options.
+    fn start_with(python: PathBuf, extra: &[&str]) -> Job {
         let dir = tempfile::tempdir().unwrap();
         let job = Job { dir, python };
         check(
@@ -69,6 +74,7 @@ impl Job {
                     .arg(job.source())
                     .arg("--cache")
                     .arg(d.join("cache-{rank}"))
+                    .args(extra)
                     .arg(d.join("mnt-{rank}")),
                 Duration::from_secs(180),
             ),
@@ -231,6 +237,37 @@ fn ddp_training_loss_goes_down() {
         EPOCHS,
         "{stdout}"
     );
+}
+
+/// The DDP example without `join()` over 5 epochs: 121 samples on 4 ranks (not divisible),
+/// mounted with `--equal-shares drop`, so every rank runs the same number of steps. Without
+/// equal views the script stops with its message rather than hanging.
+#[test]
+fn ddp_trains_without_join_under_equal_shares() {
+    let Some(python) = require_loaders() else {
+        return;
+    };
+    let job = Job::start_with(python, &["--equal-shares", "drop"]);
+    assert_ne!(
+        job.source_samples().len() % RANKS,
+        0,
+        "N must not divide by M"
+    );
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let stdout = job.python(
+        "mount-helpers/examples/train_ddp.py",
+        &["--epochs", "5", "--no-join"],
+        &[("MASTER_PORT", port.to_string())],
+    );
+    let per_epoch = format!(
+        "{} samples on 4 ranks",
+        RANKS * (job.source_samples().len() / RANKS)
+    );
+    assert_eq!(stdout.matches(&per_epoch).count(), 5, "{stdout}");
 }
 
 #[test]

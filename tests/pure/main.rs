@@ -16,6 +16,7 @@ mod common;
 
 mod coded_inproc;
 mod elastic_props;
+mod equal_props;
 mod exchange_inproc;
 mod plan_props;
 mod reftest;

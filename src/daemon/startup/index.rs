@@ -10,6 +10,7 @@ use crate::cache::{CacheDir, CacheState, FORMAT_VERSION};
 use crate::comm::{Comm, decide};
 use crate::config::MountConfig;
 use crate::dataset::Manifest;
+use crate::dataset::side::{self, Globs};
 
 /// The seed: `--seed`, else the one rank 0's reusable cache was built with, else random.
 pub(crate) fn seed(
@@ -107,7 +108,8 @@ fn cached(config: &MountConfig, dir: &CacheDir, reusable: Option<&CacheState>) -
     let params = config.source_config.params();
     let m = reusable
         .and_then(|s| dir.load_manifest(s.manifest_fingerprint).ok().flatten())
-        .filter(|m| config.format().fits(m, &params))?;
+        .filter(|m| config.format().fits(m, &params))
+        .filter(|m| m.side_globs() == config.replicate.as_slice())?;
     tracing::info!(
         samples = m.len(),
         "manifest loaded from the cache; source not rescanned (--rescan to see its changes)"
@@ -123,6 +125,8 @@ fn scan(config: &MountConfig) -> Result<Manifest, String> {
         .format()
         .build_index(&config.source, &params)
         .map_err(|e| e.to_string())?;
+    let globs = Globs::parse(&config.replicate)?;
+    let m = side::split(m, &config.source, &globs).map_err(|e| e.to_string())?;
     tracing::info!(
         classes = m.class_count(),
         records = m.records().map(|r| r.records()),

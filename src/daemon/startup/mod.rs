@@ -8,6 +8,7 @@
 //! 2. the same settings everywhere: `settings`;
 //! 3. seed and index, decided by rank 0 (the index is reused from rank 0's cache when its
 //!    settings match, else built by the dataset format): `index`;
+//!    The side files (`--replicate`) are then copied once per host: `side`;
 //! 4. does each cache belong to these settings? (`cache`) resume at the furthest epoch any rank saved
 //!    (with another number of ranks too: an elastic restart, see `resize`);
 //!    under `--exchange-scope node` the settings include the host layout (which ranks share
@@ -47,6 +48,7 @@ mod index;
 mod local;
 mod rescan;
 mod settings;
+mod side;
 
 pub(crate) use agree::{PhaseError, agreed};
 
@@ -151,6 +153,7 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
     let (job, backend) = cache::belongs(comm, config, &dir, state, &expected, samples)?;
     cache::save_manifest(&dir, &manifest_bytes);
     drop(manifest_bytes); // saved; the manifest itself is all that is needed from here
+    side::place(comm, config, &manifest, &mut dir)?;
 
     let params = PlanParams {
         samples,

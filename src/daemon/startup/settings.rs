@@ -54,6 +54,8 @@ fn shared_settings(config: &MountConfig) -> Vec<(&'static str, String)> {
         ("--multicast", multicast.to_string()),
         ("record settings", source.params().describe()),
         ("--part-size", source.part_size().to_string()),
+        ("--replicate", format!("{:?}", config.replicate)),
+        ("--equal-shares", config.equal_shares.to_string()),
     ]
 }
 
