@@ -26,12 +26,18 @@
 # .ci/run) turn a skip into a failure. The emulated-host tests (tests/cluster/, through
 # mount-helpers/shufflefs-cluster) also need root, iproute2 (ip, tc), nsenter and python3;
 # SHUFFLEFS_REQUIRE_CLUSTER=1 (set by .ci/run) makes their skip a failure too.
+# SHUFFLEFS_REQUIRE_DLIO=1 does the same for the DLIO test (DLIO is installed beside the loaders).
 # SHUFFLEFS_NO_LOADERS=1 skips the venv install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 source mount-helpers/install-deps.sh
 source mount-helpers/install-python.sh
+# DLIO (issue 30) beside the loaders, when missing: tests/loaders_real/dlio.rs runs it for real.
+if [ "${SHUFFLEFS_NO_LOADERS:-0}" != 1 ] && [ -x "$venv/bin/python" ] &&
+   ! "$venv/bin/python" -c 'import dlio_benchmark.main' >/dev/null 2>&1; then
+  bash mount-helpers/install-dlio.sh
+fi
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
