@@ -61,6 +61,8 @@ use crate::dataset::manifest::UNKNOWN_SIZE;
 use crate::plan::{Rank, SampleId};
 
 mod incoming;
+mod stop;
+use stop::stop_sending;
 
 /// Frames per stream posted to the transport at once.
 const IN_FLIGHT: usize = 2;
@@ -91,6 +93,15 @@ pub(super) struct Ctx<'a> {
 /// The confirmation of a rank that left (`Partial::leave`): nothing stored, and no
 /// exchange after this one with it.
 const LEFT: u8 = 2;
+/// The confirmation of a rank that its receivers found far slower than the others (see
+/// `withdraws`): stored, and no exchange after this one with it; it fetches its share from
+/// the source from then on.
+const WITHDRAWN: u8 = 3;
+/// Bytes of a confirmation: the outcome, then 1 if the receiver gave the stream up (the
+/// sender stops after the frames it already posted).
+const CONFIRM: usize = 2;
+/// Bytes of the end of a stream: how many frames its sender posted, u64 little-endian.
+const END: usize = 8;
 
 impl Ctx<'_> {
     fn comm_error(&self, phase: Phase, peers: Vec<Rank>, source: CommError) -> ExchangeError {
@@ -102,11 +113,12 @@ impl Ctx<'_> {
         }
     }
 
-    /// Tags of this exchange: data, and confirmations (which cross data in the other
-    /// direction, so they need a tag of their own to keep each pair's order unambiguous).
-    fn tags(&self) -> (u16, u16) {
-        let data = ((self.target & 0x3FFF) as u16) << 1;
-        (data, data | 1)
+    /// Tags of this exchange: data, confirmations (which cross data in the other
+    /// direction, so they need a tag of their own to keep each pair's order unambiguous),
+    /// and the end of each stream (sent when its sender knows how many frames it posts).
+    fn tags(&self) -> (u16, u16, u16) {
+        let data = ((self.target & 0x1FFF) as u16) << 2;
+        (data, data | 1, data | 2)
     }
 
     /// Frame size: the configured one, shrunk so all streams' frames fit the budget. A
@@ -249,12 +261,14 @@ enum Slot {
     FrameOut(usize),
     ConfirmIn(usize),
     ConfirmOut,
+    EndIn(usize),
+    EndOut,
 }
 
 fn phase_of(slot: Slot) -> Phase {
     match slot {
         Slot::SizesIn(_) | Slot::SizesOut => Phase::Sizes,
-        Slot::FrameIn(..) | Slot::FrameOut(_) => Phase::Samples,
+        Slot::FrameIn(..) | Slot::FrameOut(_) | Slot::EndIn(_) | Slot::EndOut => Phase::Samples,
         Slot::ConfirmIn(_) | Slot::ConfirmOut => Phase::Confirm,
     }
 }
@@ -272,6 +286,14 @@ struct Out<'s> {
     /// Frames from the reader; `None` once it is done or failed (then zeros go out).
     reader: Option<Receiver<Vec<u8>>>,
     confirmed: Option<bool>,
+    /// The receiver gave the stream up (its confirmation said so).
+    stop_asked: bool,
+    /// No frame after those posted goes out (`frames` was cut to them).
+    stopped: bool,
+    /// Its end (the number of frames) is posted.
+    ended: bool,
+    /// From the round's start to its last frame sent.
+    took: Option<Duration>,
 }
 
 /// A stream arriving at this rank.
@@ -297,11 +319,15 @@ struct In<'s, 'scope> {
     /// When its size list arrived: its bytes can flow from then on.
     began: Option<Instant>,
     took: Option<Duration>,
+    /// The frames its sender posts in all (its end message); `frames` is cut to it.
+    end: Option<usize>,
+    /// Its sender stopped it before its last frame.
+    cut: bool,
 }
 
 impl In<'_, '_> {
     fn drained(&self) -> bool {
-        self.samples.is_some() && self.arrived == self.frames
+        self.samples.is_some() && (self.disk || self.end.is_some()) && self.arrived == self.frames
     }
 }
 
@@ -327,6 +353,7 @@ fn run_round(
             started: Instant::now(),
             pacer: Pacer::new(ctx.cfg.rate),
             local: None,
+            ends_out: 0,
             scope,
             last_heard: (round.ops.iter())
                 .map(|op| (op.stream().peer, Instant::now()))
@@ -352,6 +379,8 @@ struct RoundRun<'a, 's, 'scope, 'env> {
     started: Instant,
     pacer: Pacer,
     local: Option<ExchangeError>,
+    /// Ends of streams posted and not completed.
+    ends_out: usize,
     scope: &'scope Scope<'scope, 'env>,
     /// When each peer last completed a message with this rank.
     last_heard: HashMap<Rank, Instant>,
@@ -398,14 +427,14 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
             self.feed_out(comm, &mut outs)?;
             self.feed_in(comm, &mut ins)?;
             if settled_at.is_none() && ins.iter().all(|s| s.settled) {
-                confirms_out = self.settle(comm, &ins)?;
+                confirms_out = self.settle(comm, &ins, &outs)?;
                 settled_at = Some(Instant::now());
                 settled(&self.local);
             }
-            let sent = outs
-                .iter()
-                .all(|o| o.sent == o.frames && o.confirmed.is_some());
-            if settled_at.is_some() && confirms_out == 0 && sent && ins.iter().all(In::drained) {
+            let sent = (outs.iter())
+                .all(|o| o.sent == o.frames && o.confirmed.is_some() && (o.disk || o.ended));
+            let posted = confirms_out + self.ends_out;
+            if settled_at.is_some() && posted == 0 && sent && ins.iter().all(In::drained) {
                 return Ok(());
             }
             let completed = comm.progress(POLL, ctx.abort).map_err(|e| {
@@ -416,12 +445,13 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
                 ctx.comm_error(Phase::Samples, peers.collect(), e)
             })?;
             for done in completed {
-                self.completed(done, &mut outs, &mut ins, &mut confirms_out);
+                self.completed(comm, done, &mut outs, &mut ins, &mut confirms_out);
             }
             self.reap(&mut ins);
             if settled_at.is_none() {
                 self.give_up_overdue(&mut ins);
             } else if !ctx.leaving {
+                self.stop_overdue(&mut outs);
                 // A leaving rank waits for its peers to reach this exchange, however long.
                 self.abandon_idle(comm, &mut outs, &mut ins);
             }
@@ -436,7 +466,7 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
         round: &'s Round,
     ) -> Result<(Vec<Out<'s>>, Vec<In<'s, 'scope>>), ExchangeError> {
         let ctx = self.ctx;
-        let (data, confirm) = ctx.tags();
+        let (data, confirm, end) = ctx.tags();
         let mut outs: Vec<Out> = Vec::new();
         let mut ins: Vec<In> = Vec::new();
         for op in &round.ops {
@@ -454,8 +484,12 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
                     sent: 0,
                     reader: None,
                     confirmed: None,
+                    stop_asked: false,
+                    stopped: false,
+                    ended: false,
+                    took: None,
                 });
-                self.post(comm, Op::recv(s.peer, confirm, vec![0]), slot)?;
+                self.post(comm, Op::recv(s.peer, confirm, vec![0; CONFIRM]), slot)?;
             } else {
                 let slot = Slot::SizesIn(ins.len());
                 ins.push(In {
@@ -475,9 +509,15 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
                     given_up: ctx.leaving,
                     began: None,
                     took: None,
+                    end: None,
+                    cut: false,
                 });
                 let list = vec![0u8; s.samples.len() * ENTRY];
                 self.post(comm, Op::recv(s.peer, data, list), slot)?;
+                if !disk {
+                    let slot = Slot::EndIn(ins.len() - 1);
+                    self.post(comm, Op::recv(s.peer, end, vec![0; END]), slot)?;
+                }
             }
         }
         Ok((outs, ins))
@@ -486,6 +526,7 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
     /// Takes in one completed message of this round.
     fn completed(
         &mut self,
+        comm: &mut dyn Comm,
         done: Done,
         outs: &mut [Out],
         ins: &mut [In<'s, 'scope>],
@@ -495,9 +536,9 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
             return;
         };
         let peer = match slot {
-            Slot::SizesIn(i) | Slot::FrameIn(i, _) => Some(ins[i].peer),
+            Slot::SizesIn(i) | Slot::FrameIn(i, _) | Slot::EndIn(i) => Some(ins[i].peer),
             Slot::FrameOut(i) | Slot::ConfirmIn(i) => Some(outs[i].peer),
-            Slot::SizesOut | Slot::ConfirmOut => None,
+            Slot::SizesOut | Slot::ConfirmOut | Slot::EndOut => None,
         };
         if let Some(peer) = peer {
             self.last_heard.insert(peer, Instant::now());
@@ -509,6 +550,8 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
             Slot::FrameOut(i) => self.frame_sent(&mut outs[i], done.buf),
             Slot::ConfirmIn(i) => self.confirmed(&mut outs[i], &done.buf),
             Slot::ConfirmOut => *confirms_out -= 1,
+            Slot::EndIn(i) => self.end_arrived(comm, &mut ins[i], i, &done.buf),
+            Slot::EndOut => self.ends_out -= 1,
         }
     }
 
@@ -516,6 +559,9 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
     fn frame_sent(&mut self, o: &mut Out, buf: Vec<u8>) {
         let ctx = self.ctx;
         (o.sent, o.posted) = (o.sent + 1, o.posted - 1);
+        if o.sent == o.frames && !o.stopped {
+            o.took = Some(self.started.elapsed());
+        }
         let (n, peer) = (buf.len() as u64, o.peer);
         ctx.tracker.update(ctx.target, |r| {
             r.bytes_sent += n;
@@ -529,14 +575,25 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
         let ctx = self.ctx;
         let ok = buf.first() == Some(&1);
         o.confirmed = Some(ok);
-        if buf.first() == Some(&LEFT) {
+        if buf.get(1) == Some(&1) {
+            o.stop_asked = true;
+            stop_sending(o);
+        }
+        if buf.first() == Some(&WITHDRAWN) {
+            ctx.peers.left.mark(o.peer, ctx.target);
+            tracing::warn!(
+                rank = o.peer,
+                target_epoch = ctx.target,
+                "peer is far slower than the others: later exchanges leave it out and fetch its samples from the source"
+            );
+        } else if buf.first() == Some(&LEFT) {
             ctx.peers.left.mark(o.peer, ctx.target);
             tracing::info!(
                 rank = o.peer,
                 target_epoch = ctx.target,
                 "peer left the job: later exchanges leave it out and fetch its samples from the source"
             );
-        } else if !ok {
+        } else if !ok && buf.first() != Some(&WITHDRAWN) {
             tracing::warn!(
                 rank = o.peer,
                 target_epoch = ctx.target,
@@ -553,7 +610,7 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
         outs: &mut [Out<'s>],
     ) -> Result<(), ExchangeError> {
         let ctx = self.ctx;
-        let (data, _) = ctx.tags();
+        let (data, ..) = ctx.tags();
         let all: Vec<SampleId> = outs.iter().flat_map(|o| o.ids.iter().copied()).collect();
         // A leaving rank sends nothing (`Ctx::leaving`).
         let known = match ctx.leaving {
@@ -592,7 +649,7 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
 
     /// Posts the frames of outgoing streams that their readers have ready.
     fn feed_out(&mut self, comm: &mut dyn Comm, outs: &mut [Out]) -> Result<(), ExchangeError> {
-        let (data, _) = self.ctx.tags();
+        let (data, ..) = self.ctx.tags();
         for (i, o) in outs.iter_mut().enumerate() {
             while o.posted < IN_FLIGHT && o.sent + o.posted < o.frames {
                 let k = o.sent + o.posted;
@@ -618,13 +675,19 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
                 self.post(comm, Op::send(o.peer, data, buf), Slot::FrameOut(i))?;
                 o.posted += 1;
             }
+            self.end_if_posted(comm, o)?;
         }
         Ok(())
     }
 
     /// Makes what arrived durable and tells every sender whether it is stored; returns the
     /// number of confirmations posted.
-    fn settle(&mut self, comm: &mut dyn Comm, ins: &[In]) -> Result<usize, ExchangeError> {
+    fn settle(
+        &mut self,
+        comm: &mut dyn Comm,
+        ins: &[In],
+        outs: &[Out],
+    ) -> Result<usize, ExchangeError> {
         let t0 = Instant::now();
         if !self.ctx.leaving
             && let Err(e) = self.ctx.store.sync()
@@ -635,13 +698,19 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
         self.ctx
             .tracker
             .update(self.ctx.target, |r| r.sync_seconds += secs);
-        let (_, confirm) = self.ctx.tags();
+        let (_, confirm, _) = self.ctx.tags();
         let ok = match self.ctx.leaving {
             true => LEFT,
             false => u8::from(self.local.is_none()),
         };
+        let withdraw = self.withdraws(outs);
         for s in ins {
-            self.post(comm, Op::send(s.peer, confirm, vec![ok]), Slot::ConfirmOut)?;
+            let status = match withdraw && !s.disk {
+                true => self.withdraw_from(s.peer),
+                false => ok,
+            };
+            let msg = vec![status, u8::from(s.given_up && !s.disk)];
+            self.post(comm, Op::send(s.peer, confirm, msg), Slot::ConfirmOut)?;
         }
         Ok(ins.len())
     }
