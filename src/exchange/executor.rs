@@ -93,15 +93,12 @@ pub(super) struct Ctx<'a> {
 /// The confirmation of a rank that left (`Partial::leave`): nothing stored, and no
 /// exchange after this one with it.
 const LEFT: u8 = 2;
-/// The confirmation of a rank that its receivers found far slower than the others (see
-/// `withdraws`): stored, and no exchange after this one with it; it fetches its share from
-/// the source from then on.
-const WITHDRAWN: u8 = 3;
 /// Bytes of a confirmation: the outcome, then 1 if the receiver gave the stream up (the
 /// sender stops after the frames it already posted).
 const CONFIRM: usize = 2;
-/// Bytes of the end of a stream: how many frames its sender posted, u64 little-endian.
-const END: usize = 8;
+/// Bytes of the end of a stream: how many frames its sender posted, u64 little-endian,
+/// then 1 if the sender leaves the exchanges after this one (see `stop`).
+const END: usize = 9;
 
 impl Ctx<'_> {
     fn comm_error(&self, phase: Phase, peers: Vec<Rank>, source: CommError) -> ExchangeError {
@@ -427,7 +424,7 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
             self.feed_out(comm, &mut outs)?;
             self.feed_in(comm, &mut ins)?;
             if settled_at.is_none() && ins.iter().all(|s| s.settled) {
-                confirms_out = self.settle(comm, &ins, &outs)?;
+                confirms_out = self.settle(comm, &ins)?;
                 settled_at = Some(Instant::now());
                 settled(&self.local);
             }
@@ -579,21 +576,14 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
             o.stop_asked = true;
             stop_sending(o);
         }
-        if buf.first() == Some(&WITHDRAWN) {
-            ctx.peers.left.mark(o.peer, ctx.target);
-            tracing::warn!(
-                rank = o.peer,
-                target_epoch = ctx.target,
-                "peer is far slower than the others: later exchanges leave it out and fetch its samples from the source"
-            );
-        } else if buf.first() == Some(&LEFT) {
+        if buf.first() == Some(&LEFT) {
             ctx.peers.left.mark(o.peer, ctx.target);
             tracing::info!(
                 rank = o.peer,
                 target_epoch = ctx.target,
                 "peer left the job: later exchanges leave it out and fetch its samples from the source"
             );
-        } else if !ok && buf.first() != Some(&WITHDRAWN) {
+        } else if !ok {
             tracing::warn!(
                 rank = o.peer,
                 target_epoch = ctx.target,
@@ -650,6 +640,7 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
     /// Posts the frames of outgoing streams that their readers have ready.
     fn feed_out(&mut self, comm: &mut dyn Comm, outs: &mut [Out]) -> Result<(), ExchangeError> {
         let (data, ..) = self.ctx.tags();
+        let withdraw = self.withdrawal(outs);
         for (i, o) in outs.iter_mut().enumerate() {
             while o.posted < IN_FLIGHT && o.sent + o.posted < o.frames {
                 let k = o.sent + o.posted;
@@ -675,19 +666,14 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
                 self.post(comm, Op::send(o.peer, data, buf), Slot::FrameOut(i))?;
                 o.posted += 1;
             }
-            self.end_if_posted(comm, o)?;
+            self.end_if_posted(comm, o, withdraw)?;
         }
         Ok(())
     }
 
     /// Makes what arrived durable and tells every sender whether it is stored; returns the
     /// number of confirmations posted.
-    fn settle(
-        &mut self,
-        comm: &mut dyn Comm,
-        ins: &[In],
-        outs: &[Out],
-    ) -> Result<usize, ExchangeError> {
+    fn settle(&mut self, comm: &mut dyn Comm, ins: &[In]) -> Result<usize, ExchangeError> {
         let t0 = Instant::now();
         if !self.ctx.leaving
             && let Err(e) = self.ctx.store.sync()
@@ -703,13 +689,8 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
             true => LEFT,
             false => u8::from(self.local.is_none()),
         };
-        let withdraw = self.withdraws(outs);
         for s in ins {
-            let status = match withdraw && !s.disk {
-                true => self.withdraw_from(s.peer),
-                false => ok,
-            };
-            let msg = vec![status, u8::from(s.given_up && !s.disk)];
+            let msg = vec![ok, u8::from(s.given_up && !s.disk)];
             self.post(comm, Op::send(s.peer, confirm, msg), Slot::ConfirmOut)?;
         }
         Ok(ins.len())

@@ -15,16 +15,17 @@
 //! stream up posts no more receives for it until its end arrives, so a given-up sender's
 //! frames past those the receiver posted never go out at all.
 //!
-//! A rank whose every receiver across hosts gave it up in one exchange is the slow one: it
-//! confirms its own incoming streams as [`WITHDRAWN`], and from the next exchange on it and
-//! those peers leave each other out (`peers::Left`), each fetching from the source what the
-//! other would have sent. So a persistently slow host holds the others for one exchange,
-//! not every epoch, and catches up from the source at its own pace. It stays out for the
-//! rest of the job.
+//! A rank whose every receiver across hosts gave it up in one exchange is the slow one: the
+//! ends of those streams say it leaves, and from the next exchange on it and those peers
+//! leave each other out (`peers::Left`), each fetching from the source what the other
+//! would have sent. So a persistently slow host holds the others for one exchange, not
+//! every epoch, and catches up from the source at its own pace. It stays out for the rest
+//! of the job. The end of a stream its receiver gave up waits until every other outgoing
+//! stream was given up too or has posted its last frame, so that all of them say the same.
 
 use super::super::ExchangeError;
 use super::super::deadline::Progress;
-use super::{END, In, Out, RoundRun, Slot, WITHDRAWN};
+use super::{END, In, Out, RoundRun, Slot};
 use crate::comm::{Comm, Op, Ticket};
 use crate::plan::Rank;
 
@@ -39,18 +40,29 @@ pub(super) fn stop_sending(o: &mut Out) {
 }
 
 impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
-    /// Posts the end of `o` once every frame it will send is posted.
+    /// Posts the end of `o` once every frame it will send is posted (and, for a stream its
+    /// receiver gave up, once `withdraw` is decided).
     pub(super) fn end_if_posted(
         &mut self,
         comm: &mut dyn Comm,
         o: &mut Out,
+        withdraw: Option<bool>,
     ) -> Result<(), ExchangeError> {
         if o.disk || o.ended || o.sent + o.posted < o.frames {
             return Ok(());
         }
+        let leaves = match (o.stop_asked, withdraw) {
+            (true, None) => return Ok(()),
+            (true, Some(leaves)) => leaves,
+            (false, _) => false,
+        };
+        if leaves {
+            self.withdraw_from(o.peer);
+        }
         let (.., end) = self.ctx.tags();
-        let count = (o.frames as u64).to_le_bytes().to_vec();
-        self.post(comm, Op::send(o.peer, end, count), Slot::EndOut)?;
+        let mut msg = (o.frames as u64).to_le_bytes().to_vec();
+        msg.push(u8::from(leaves));
+        self.post(comm, Op::send(o.peer, end, msg), Slot::EndOut)?;
         o.ended = true;
         self.ends_out += 1;
         Ok(())
@@ -58,9 +70,18 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
 
     /// The end of incoming stream `i` arrived: its sender posts that many frames.
     pub(super) fn end_arrived(&mut self, comm: &mut dyn Comm, s: &mut In, i: usize, buf: &[u8]) {
-        let count = buf.get(..END).and_then(|b| b.try_into().ok());
+        let count = buf.get(..8).and_then(|b| b.try_into().ok());
         let n = count.map_or(0, u64::from_le_bytes) as usize;
         s.end = Some(n);
+        if buf.get(END - 1) == Some(&1) {
+            let ctx = self.ctx;
+            ctx.peers.left.mark(s.peer, ctx.target);
+            tracing::warn!(
+                rank = s.peer,
+                target_epoch = ctx.target,
+                "peer is far slower than the others: later exchanges leave it out and fetch its samples from the source"
+            );
+        }
         if s.samples.is_some() {
             self.cut(comm, s, i, n);
         }
@@ -121,17 +142,22 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
     }
 
     /// Whether this rank leaves the exchanges after this one: every receiver across hosts
-    /// that had bytes from it gave it up (see the module docs).
-    pub(super) fn withdraws(&self, outs: &[Out]) -> bool {
+    /// that had bytes from it gave it up (see the module docs). `None` while some of them
+    /// still takes its frames.
+    pub(super) fn withdrawal(&self, outs: &[Out]) -> Option<bool> {
         if self.ctx.leaving || self.ctx.cfg.slow_peers.factor <= 0.0 {
-            return false;
+            return Some(false);
         }
-        let mut rated = (outs.iter()).filter(|o| !o.disk && o.len > 0).peekable();
-        rated.peek().is_some() && rated.all(|o| o.stop_asked)
+        let rated = || (outs.iter()).filter(|o| !o.disk && o.len > 0);
+        if rated().any(|o| !o.stop_asked && o.sent + o.posted < o.frames) {
+            return None;
+        }
+        Some(rated().next().is_some() && rated().all(|o| o.stop_asked))
     }
 
-    /// This rank leaves the exchanges with `peer` after this one; the confirmation says so.
-    pub(super) fn withdraw_from(&self, peer: Rank) -> u8 {
+    /// This rank leaves the exchanges with `peer` after this one; the end of its stream to
+    /// it says so.
+    fn withdraw_from(&self, peer: Rank) {
         let ctx = self.ctx;
         ctx.peers.left.mark(peer, ctx.target);
         tracing::warn!(
@@ -139,6 +165,5 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
             target_epoch = ctx.target,
             "every peer found this rank far slower than the others: later exchanges leave it out, it fetches its share from the source"
         );
-        WITHDRAWN
     }
 }
