@@ -10,10 +10,14 @@
 //!    shorter): many small samples share a frame, and a sample larger than 2 GiB simply
 //!    spans many frames. Both sides know the frames' lengths from the size list.
 //!
-//! and, once the receiver holds the stream durably, one byte back on the confirmation tag
-//! (1: stored; 0: this rank failed locally and fetches from the source). A stream between
-//! ranks that share a disk ([`RoundOp::Hand`]/[`RoundOp::Take`]) has only the size list and
-//! the confirmation: the receiver takes the samples from the sender's cache folder.
+//! 3. on the end tag, once the sender posted the last frame it will send, their count (see
+//!    "Stopping a stream" below);
+//!
+//! and, once the receiver holds the stream durably, two bytes back on the confirmation tag
+//! (1: stored; 0: this rank failed locally and fetches from the source; then 1 if the
+//! receiver gave the stream up). A stream between ranks that share a disk
+//! ([`RoundOp::Hand`]/[`RoundOp::Take`]) has only the size list and the confirmation: the
+//! receiver takes the samples from the sender's cache folder.
 //!
 //! All streams of a round move at once, each at its own pace: the loop below posts a few
 //! frames per stream ([`IN_FLIGHT`]) and refills a stream as its own messages complete, so a
@@ -35,10 +39,19 @@
 //! ranks each one writes back everybody's dirty pages), confirms to its senders, and reports
 //! the exchange settled, so its next epoch can be published; what a given-up peer did not
 //! deliver is fetched from the source by the caller. The round still runs until every
-//! message of it completed: a given-up peer's late frames are received and dropped (its
-//! sends must not block), and this rank's own streams finish at its receivers' pace. A rank
-//! drops the samples it sent only after `run` returned, that is after hearing from each
-//! receiver that it holds them durably. A rank whose disk failed still takes part in every
+//! message of it completed: a given-up peer's frames already posted are received and
+//! dropped (its sends must not block), and this rank's own streams finish at its receivers'
+//! pace. A rank drops the samples it sent only after `run` returned, that is after hearing
+//! from each receiver that it holds them durably.
+//!
+//! # Stopping a stream
+//! The next exchange starts only once this one's messages all completed, so a slow peer's
+//! late bytes, or this rank's bytes to a slow receiver, would hold it. Hence the end message
+//! (see `stop`): a sender whose receiver gave it up (the confirmation says so), or that
+//! finds a receiver far behind its other ones once it settled, posts no more frames and
+//! says how many it posted; the receiver withdraws its receives past them, and fetches from
+//! the source what did not come. A rank that every receiver gave up leaves the exchanges
+//! after this one and fetches its shares from the source. A rank whose disk failed still takes part in every
 //! stream (sending zeros, draining what arrives), so a local failure never leaves a peer
 //! waiting.
 
