@@ -304,6 +304,10 @@ struct Out<'s> {
     ended: bool,
     /// From the round's start to its last frame sent.
     took: Option<Duration>,
+    /// Its size list is posted; it was posted as sending nothing because the receiver gave
+    /// the stream up before its sizes were known.
+    listed: bool,
+    skipped: bool,
 }
 
 /// A stream arriving at this rank.
@@ -364,6 +368,7 @@ fn run_round(
             pacer: Pacer::new(ctx.cfg.rate),
             local: None,
             ends_out: 0,
+            sizing: None,
             scope,
             last_heard: (round.ops.iter())
                 .map(|op| (op.stream().peer, Instant::now()))
@@ -391,6 +396,8 @@ struct RoundRun<'a, 's, 'scope, 'env> {
     local: Option<ExchangeError>,
     /// Ends of streams posted and not completed.
     ends_out: usize,
+    /// Resolving the sizes of what this rank sends, when some had to be fetched.
+    sizing: Option<ScopedJoinHandle<'scope, Vec<u64>>>,
     scope: &'scope Scope<'scope, 'env>,
     /// When each peer last completed a message with this rank.
     last_heard: HashMap<Rank, Instant>,
@@ -434,6 +441,7 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
         let mut confirms_out = 0usize;
         let mut settled_at: Option<Instant> = None;
         loop {
+            self.list_resolved(comm, &mut outs)?;
             self.feed_out(comm, &mut outs)?;
             self.feed_in(comm, &mut ins)?;
             if settled_at.is_none() && ins.iter().all(|s| s.settled) {
@@ -498,6 +506,8 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
                     stopped: false,
                     ended: false,
                     took: None,
+                    listed: false,
+                    skipped: false,
                 });
                 self.post(comm, Op::recv(s.peer, confirm, vec![0; CONFIRM]), slot)?;
             } else {
@@ -605,48 +615,98 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
         }
     }
 
-    /// Resolves the sizes of everything this rank sends (fetching what is not staged yet),
-    /// sends each peer its size list and starts a reader for each stream that moves bytes.
+    /// Resolves the sizes of everything this rank sends and sends each peer its size list.
+    /// Sizes not known yet (samples not staged) are resolved by fetching them on threads of
+    /// their own (`sizing`), so the round goes on meanwhile: on a slow link that takes long,
+    /// and its peers may give it up and stop its streams before it is done (see `stop`).
     fn start_sending(
         &mut self,
         comm: &mut dyn Comm,
         outs: &mut [Out<'s>],
     ) -> Result<(), ExchangeError> {
         let ctx = self.ctx;
-        let (data, ..) = ctx.tags();
         let all: Vec<SampleId> = outs.iter().flat_map(|o| o.ids.iter().copied()).collect();
         // A leaving rank sends nothing (`Ctx::leaving`).
-        let known = match ctx.leaving {
-            true => vec![UNKNOWN_SIZE; all.len()],
-            false => sizes::resolve_sizes(ctx.store, &all),
-        };
+        if ctx.leaving {
+            return self.list(comm, outs, vec![UNKNOWN_SIZE; all.len()]);
+        }
+        if all.iter().all(|&id| ctx.store.size(id).is_some()) {
+            return self.list(comm, outs, sizes::resolve_sizes(ctx.store, &all));
+        }
+        let store = ctx.store;
+        self.sizing = Some(self.scope.spawn(move || sizes::resolve_sizes(store, &all)));
+        Ok(())
+    }
+
+    /// Lists the streams whose sizes are now known: all of them once `sizing` is done, and
+    /// at once, as sending nothing, those their receiver gave up before.
+    fn list_resolved(
+        &mut self,
+        comm: &mut dyn Comm,
+        outs: &mut [Out<'s>],
+    ) -> Result<(), ExchangeError> {
+        for o in outs.iter_mut().filter(|o| o.stop_asked && !o.listed) {
+            o.skipped = true;
+            self.list_one(comm, o, vec![UNKNOWN_SIZE; o.ids.len()])?;
+        }
+        if !self.sizing.as_ref().is_some_and(|h| h.is_finished()) {
+            return Ok(());
+        }
+        let n = outs.iter().map(|o| o.ids.len()).sum();
+        let sizing = self.sizing.take().expect("sizing");
+        let known = sizing.join().unwrap_or_else(|_| vec![UNKNOWN_SIZE; n]);
+        self.list(comm, outs, known)
+    }
+
+    /// Lists every stream not listed yet, with `known` the sizes of all streams' samples.
+    fn list(
+        &mut self,
+        comm: &mut dyn Comm,
+        outs: &mut [Out<'s>],
+        known: Vec<u64>,
+    ) -> Result<(), ExchangeError> {
         let mut known = known.into_iter();
         for o in outs.iter_mut() {
             let sizes: Vec<u64> = known.by_ref().take(o.ids.len()).collect();
-            let list = sizes::encode(ctx.store, o.ids, &sizes);
-            self.post(comm, Op::send(o.peer, data, list), Slot::SizesOut)?;
-            if o.disk {
-                continue;
+            if !o.listed {
+                self.list_one(comm, o, sizes)?;
             }
-            let samples: Vec<Sized> = (o.ids.iter().copied().zip(sizes))
-                .filter(|&(_, size)| size != UNKNOWN_SIZE)
-                .collect();
-            o.len = stream_len(&samples);
-            o.frames = self.frames(o.len);
-            let len = o.len;
-            ctx.tracker.update(ctx.target, |r| r.bytes_to_send += len);
-            if samples.is_empty() {
-                continue;
-            }
-            let (tx, rx) = sync_channel::<Vec<u8>>(QUEUED);
-            let (store, tracker, target, pool) =
-                (ctx.store, ctx.tracker, ctx.target, self.send_pool);
-            self.scope.spawn(move || {
-                idle_io_priority();
-                read_stream(store, &samples, pool, tx, tracker, target)
-            });
-            o.reader = Some(rx);
         }
+        Ok(())
+    }
+
+    /// Sends `o`'s size list and starts a reader if it moves bytes.
+    fn list_one(
+        &mut self,
+        comm: &mut dyn Comm,
+        o: &mut Out<'s>,
+        sizes: Vec<u64>,
+    ) -> Result<(), ExchangeError> {
+        let ctx = self.ctx;
+        let (data, ..) = ctx.tags();
+        o.listed = true;
+        let list = sizes::encode(ctx.store, o.ids, &sizes);
+        self.post(comm, Op::send(o.peer, data, list), Slot::SizesOut)?;
+        if o.disk {
+            return Ok(());
+        }
+        let samples: Vec<Sized> = (o.ids.iter().copied().zip(sizes))
+            .filter(|&(_, size)| size != UNKNOWN_SIZE)
+            .collect();
+        o.len = stream_len(&samples);
+        o.frames = self.frames(o.len);
+        let len = o.len;
+        ctx.tracker.update(ctx.target, |r| r.bytes_to_send += len);
+        if samples.is_empty() {
+            return Ok(());
+        }
+        let (tx, rx) = sync_channel::<Vec<u8>>(QUEUED);
+        let (store, tracker, target, pool) = (ctx.store, ctx.tracker, ctx.target, self.send_pool);
+        self.scope.spawn(move || {
+            idle_io_priority();
+            read_stream(store, &samples, pool, tx, tracker, target)
+        });
+        o.reader = Some(rx);
         Ok(())
     }
 

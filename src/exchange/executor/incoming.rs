@@ -78,7 +78,9 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
         let ctx = self.ctx;
         s.began = Some(Instant::now());
         let (samples, unsendable) = sizes::decode(ctx.store, s.ids, list);
-        if unsendable.len() == s.ids.len() && unsendable.len() > 1 {
+        // Given up before it knew its sizes, the peer may send none: nothing failed.
+        let quiet = s.given_up && !ctx.leaving;
+        if !quiet && unsendable.len() == s.ids.len() && unsendable.len() > 1 {
             if !ctx.leaving {
                 tracing::warn!(
                     samples = unsendable.len(),
@@ -86,7 +88,7 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
                     "peer sends none of its samples (it is leaving, or its cache failed); they will be fetched from the source"
                 );
             }
-        } else {
+        } else if !quiet {
             for &id in &unsendable {
                 tracing::warn!(
                     sample = id,
@@ -95,7 +97,7 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
                 );
             }
         }
-        let failed = unsendable.len() as u64;
+        let failed = if quiet { 0 } else { unsendable.len() as u64 };
         ctx.tracker
             .update(ctx.target, |r| r.failed_samples += failed);
         if s.disk {
@@ -265,6 +267,7 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
             }
             for o in outs.iter_mut().filter(|o| o.peer == peer) {
                 (o.sent, o.posted, o.reader, o.ended) = (o.frames, 0, None, true);
+                o.listed = true;
                 o.confirmed.get_or_insert(false);
             }
             for s in ins.iter_mut().filter(|s| s.peer == peer) {

@@ -48,7 +48,7 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
         o: &mut Out,
         withdraw: Option<bool>,
     ) -> Result<(), ExchangeError> {
-        if o.disk || o.ended || o.sent + o.posted < o.frames {
+        if o.disk || o.ended || !o.listed || o.sent + o.posted < o.frames {
             return Ok(());
         }
         let leaves = match (o.stop_asked, withdraw) {
@@ -148,8 +148,8 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
         if self.ctx.leaving || self.ctx.cfg.slow_peers.factor <= 0.0 {
             return Some(false);
         }
-        let rated = || (outs.iter()).filter(|o| !o.disk && o.len > 0);
-        if rated().any(|o| !o.stop_asked && o.sent + o.posted < o.frames) {
+        let rated = || (outs.iter()).filter(|o| !o.disk && (o.len > 0 || o.skipped || !o.listed));
+        if rated().any(|o| !o.stop_asked && (!o.listed || o.sent + o.posted < o.frames)) {
             return None;
         }
         Some(rated().next().is_some() && rated().all(|o| o.stop_asked))
