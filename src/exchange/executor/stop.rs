@@ -75,7 +75,7 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
         s.end = Some(n);
         if buf.get(END - 1) == Some(&1) {
             let ctx = self.ctx;
-            ctx.peers.left.mark(s.peer, ctx.target);
+            ctx.peers.left.mark_slow(s.peer, ctx.target);
             tracing::warn!(
                 rank = s.peer,
                 target_epoch = ctx.target,
@@ -159,7 +159,7 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
     /// it says so.
     fn withdraw_from(&self, peer: Rank) {
         let ctx = self.ctx;
-        ctx.peers.left.mark(peer, ctx.target);
+        ctx.peers.left.mark_slow(peer, ctx.target);
         tracing::warn!(
             rank = peer,
             target_epoch = ctx.target,
