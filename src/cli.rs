@@ -361,15 +361,17 @@ pub struct MountArgs {
     #[arg(long, value_enum, default_value_t = ShareDisk::Auto, help_heading = "Shuffling")]
     pub share_disk: ShareDisk,
 
-    /// Stop waiting for a peer whose samples take more than F times as long as they would at
-    /// the rate of the slowest peer that already delivered (measured during the exchange,
-    /// once half the peers have), plus --slow-peer-grace: what it has not delivered is
-    /// fetched from the source, so one slow node does not hold every rank's next epoch.
-    /// 0 waits for every peer.
+    /// Stop waiting for a peer whose samples, at the rate it shows, take more than F times as
+    /// long as they would at the rate of the slowest peer that already delivered (measured
+    /// during the exchange, once half the peers have), plus a slack (--slow-peer-grace, at
+    /// most the longest delivery): what it has not delivered is fetched from the source, so
+    /// one slow node does not hold every rank's next epoch; a node every peer gave up leaves
+    /// the later exchanges and fetches its shares from the source. 0 waits for every peer.
     #[arg(long, value_name = "F", default_value_t = 4.0, value_parser = non_negative, help_heading = "Shuffling")]
     pub slow_peer_factor: f64,
 
-    /// Seconds added to every slow-peer deadline (see --slow-peer-factor).
+    /// Seconds added to every slow-peer deadline, at most the longest delivery for a peer that
+    /// shows its rate (see --slow-peer-factor).
     #[arg(long, value_name = "SECONDS", default_value_t = 2.0, value_parser = non_negative, help_heading = "Shuffling")]
     pub slow_peer_grace: f64,
 

@@ -53,6 +53,9 @@ macro_rules! delegate {
         fn detach(&mut self, tickets: &[Ticket]) {
             self.inner.detach(tickets)
         }
+        fn cancel(&mut self, tickets: &[Ticket]) {
+            self.inner.cancel(tickets)
+        }
     };
 }
 
@@ -171,6 +174,10 @@ impl<C: Comm> Comm for Failing<C> {
 
     fn detach(&mut self, tickets: &[Ticket]) {
         self.inner.detach(tickets)
+    }
+
+    fn cancel(&mut self, tickets: &[Ticket]) {
+        self.inner.cancel(tickets)
     }
 }
 

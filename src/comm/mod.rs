@@ -153,6 +153,13 @@ pub trait Comm {
     /// detached send still goes out. Their buffers are freed once the transport is done
     /// with them, and [`Comm::progress`] never returns them.
     fn detach(&mut self, tickets: &[Ticket]);
+    /// Withdraws posted receives whose messages will never be sent (a stream its sender
+    /// cut short): unlike a detached one, a cancelled receive takes nothing off the wire
+    /// and does not keep the transport from finishing. By default they are detached, which
+    /// is enough for a transport that can drop a receive nobody sends to.
+    fn cancel(&mut self, tickets: &[Ticket]) {
+        self.detach(tickets)
+    }
 
     /// Moves a batch of point-to-point messages, all in flight at once: every receive is
     /// posted before any send, so ranks that pair up in any pattern where each send has its
@@ -270,6 +277,9 @@ impl<C: Comm + ?Sized> Comm for Box<C> {
     }
     fn detach(&mut self, tickets: &[Ticket]) {
         (**self).detach(tickets)
+    }
+    fn cancel(&mut self, tickets: &[Ticket]) {
+        (**self).cancel(tickets)
     }
 }
 

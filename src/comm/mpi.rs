@@ -321,6 +321,21 @@ impl Comm for MpiComm {
         self.detached
             .extend(tickets.iter().filter(|t| pending.contains(t)));
     }
+
+    /// `MPI_Cancel` on each, then detached: the cancelled request completes at a later
+    /// test and its buffer is freed then.
+    fn cancel(&mut self, tickets: &[Ticket]) {
+        for (ticket, (request, _)) in self.pending.iter_mut() {
+            if tickets.contains(ticket) {
+                // SAFETY: `request` is an active request of this transport (pending), and
+                // stays in `pending` until a test reports it complete.
+                unsafe {
+                    ffi::MPI_Cancel(request);
+                }
+                self.detached.insert(*ticket);
+            }
+        }
+    }
 }
 
 impl Drop for MpiComm {

@@ -3,11 +3,24 @@
 //! A peer whose link is much slower than the others' (a congested switch port, a node
 //! shaped to a tenth) must not hold every other rank's next epoch. Each incoming stream is
 //! measured as it completes; once at least half of the non-empty incoming streams are
-//! complete, a stream still arriving is *overdue* when the time since the exchange started
-//! exceeds `factor` times what its bytes would take at the median rate of the completed
-//! streams, plus `grace`. The receiver then gives that peer up: samples it already stored
-//! from it stay, the rest are fetched from the source, and the peer's remaining bytes are
-//! still taken off the wire (so the peer is never blocked) but dropped.
+//! complete, a stream still arriving is *overdue* when the time it would take in all, at
+//! the rate it has shown so far, exceeds `factor` times what its bytes would take at the
+//! rate of the slowest completed stream, plus a slack: `grace`, but never more than the
+//! longest completed stream took nor less than a quarter of `grace`, so that a fixed grace
+//! does not dominate a small exchange. A stream that has not shown a byte yet (its size list
+//! has not arrived, or its first frame) is judged as before by its time so far against
+//! `factor` times its expected time plus the whole `grace`: a peer that merely started late
+//! (it was draining its previous exchange, or descheduled on a loaded node) is not a slow
+//! link. The
+//! receiver then gives that peer up: samples it already stored from it stay, the rest are
+//! fetched from the source, and the peer is told to stop after the frames it already posted
+//! (see the executor's docs).
+//!
+//! Projecting from the stream's own rate is what lets a rank give up a peer ten or a
+//! hundred times slower as soon as the others are in, rather than `factor` times their time
+//! later: the epoch's own measured rates set the deadline. The same rule, applied by a
+//! sender to its outgoing streams once it settled, stops sending to a receiver far slower
+//! than the others (that receiver fetches the rest from the source).
 //!
 //! The rule is relative on purpose: a rank whose own link is slow sees every stream slow
 //! alike and gives nobody up. It compares with the *slowest* completed stream, not the
@@ -47,6 +60,8 @@ impl Default for SlowPeers {
 pub(crate) struct Progress {
     /// Bytes of the stream (when its size list has not arrived: an estimate, see `estimate`).
     pub bytes: u64,
+    /// Bytes of it that arrived so far.
+    pub done: u64,
     /// Time since the stream started (see the module docs).
     pub elapsed: Duration,
     /// Time from the stream's start to its last byte over the transport, if complete.
@@ -75,6 +90,7 @@ impl SlowPeers {
         rates.sort_by(f64::total_cmp);
         times.sort();
         let (slowest, longest) = (rates[0], times[times.len() - 1]);
+        let slack = self.grace.min(longest).max(self.grace / 4);
         (streams.iter())
             .map(|s| {
                 let expected = if s.rated {
@@ -82,10 +98,21 @@ impl SlowPeers {
                 } else {
                     longest
                 };
-                s.took.is_none() && s.elapsed > expected.mul_f64(self.factor) + self.grace
+                let limit = expected.mul_f64(self.factor);
+                let shown = s.rated && s.done > 0 && s.done < s.bytes;
+                s.took.is_none()
+                    && match shown {
+                        true => s.elapsed > slack && projected(s) > limit + slack,
+                        false => s.elapsed > limit + self.grace,
+                    }
             })
             .collect()
     }
+}
+
+/// How long a stream that has shown some of its bytes takes in all, at its rate so far.
+fn projected(s: &Progress) -> Duration {
+    s.elapsed.mul_f64(s.bytes as f64 / s.done as f64)
 }
 
 /// Bytes of a stream of `samples` samples whose sizes are not known yet: at the mean size
@@ -107,6 +134,7 @@ mod tests {
         Progress {
             bytes,
             elapsed: Duration::from_millis(ms),
+            done: bytes,
             took: Some(Duration::from_millis(ms)),
             rated: true,
         }
@@ -115,6 +143,7 @@ mod tests {
     fn pending(bytes: u64) -> Progress {
         Progress {
             bytes,
+            done: 0,
             elapsed: Duration::ZERO,
             took: None,
             rated: true,
@@ -141,6 +170,7 @@ mod tests {
         };
         let disk = Progress {
             bytes: 160,
+            done: 0,
             elapsed: Duration::ZERO,
             took: None,
             rated: false,
@@ -211,6 +241,44 @@ mod tests {
         let s = [done(1 << 20, 10), pending(0)];
         assert_eq!(at(&rule, 1, &s), vec![false, false]);
         assert_eq!(at(&rule, 3, &s), vec![false, true]);
+    }
+
+    /// A stream that shows a hundredth of the others' rate is overdue as soon as the
+    /// others are in; one at half their rate is not.
+    #[test]
+    fn a_stream_is_judged_by_its_projected_time() {
+        let rule = SlowPeers::default();
+        let mb = 1 << 20;
+        let with = |done| Progress {
+            done,
+            elapsed: Duration::from_millis(1200),
+            ..pending(100 * mb)
+        };
+        let s = [
+            done(100 * mb, 1000),
+            done(100 * mb, 1100),
+            with(mb),
+            with(60 * mb),
+        ];
+        assert_eq!(rule.overdue(&s), vec![false, false, true, false]);
+    }
+
+    /// On a small exchange the grace does not set the deadline of a stream that shows its
+    /// rate: streams of 0.3 s give up one at a twentieth of their rate once half a second
+    /// (a quarter of the grace) went by, not 2 s later.
+    #[test]
+    fn a_small_exchange_is_not_dominated_by_the_grace() {
+        let rule = SlowPeers::default();
+        let mb = 1 << 20;
+        let slow = |ms| Progress {
+            done: 6 * mb * ms / 300 / 20,
+            elapsed: Duration::from_millis(ms),
+            ..pending(6 * mb)
+        };
+        let s = [done(6 * mb, 300), done(6 * mb, 300), slow(400)];
+        assert_eq!(rule.overdue(&s), vec![false; 3]);
+        let s = [done(6 * mb, 300), done(6 * mb, 300), slow(600)];
+        assert_eq!(rule.overdue(&s), vec![false, false, true]);
     }
 
     #[test]

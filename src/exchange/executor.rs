@@ -10,10 +10,14 @@
 //!    shorter): many small samples share a frame, and a sample larger than 2 GiB simply
 //!    spans many frames. Both sides know the frames' lengths from the size list.
 //!
-//! and, once the receiver holds the stream durably, one byte back on the confirmation tag
-//! (1: stored; 0: this rank failed locally and fetches from the source). A stream between
-//! ranks that share a disk ([`RoundOp::Hand`]/[`RoundOp::Take`]) has only the size list and
-//! the confirmation: the receiver takes the samples from the sender's cache folder.
+//! 3. on the end tag, once the sender posted the last frame it will send, their count (see
+//!    "Stopping a stream" below);
+//!
+//! and, once the receiver holds the stream durably, two bytes back on the confirmation tag
+//! (1: stored; 0: this rank failed locally and fetches from the source; then 1 if the
+//! receiver gave the stream up). A stream between ranks that share a disk
+//! ([`RoundOp::Hand`]/[`RoundOp::Take`]) has only the size list and the confirmation: the
+//! receiver takes the samples from the sender's cache folder.
 //!
 //! All streams of a round move at once, each at its own pace: the loop below posts a few
 //! frames per stream ([`IN_FLIGHT`]) and refills a stream as its own messages complete, so a
@@ -35,32 +39,43 @@
 //! ranks each one writes back everybody's dirty pages), confirms to its senders, and reports
 //! the exchange settled, so its next epoch can be published; what a given-up peer did not
 //! deliver is fetched from the source by the caller. The round still runs until every
-//! message of it completed: a given-up peer's late frames are received and dropped (its
-//! sends must not block), and this rank's own streams finish at its receivers' pace. A rank
-//! drops the samples it sent only after `run` returned, that is after hearing from each
-//! receiver that it holds them durably. A rank whose disk failed still takes part in every
+//! message of it completed: a given-up peer's frames already posted are received and
+//! dropped (its sends must not block), and this rank's own streams finish at its receivers'
+//! pace. A rank drops the samples it sent only after `run` returned, that is after hearing
+//! from each receiver that it holds them durably.
+//!
+//! # Stopping a stream
+//! The next exchange starts only once this one's messages all completed, so a slow peer's
+//! late bytes, or this rank's bytes to a slow receiver, would hold it. Hence the end message
+//! (see `stop`): a sender whose receiver gave it up (the confirmation says so), or that
+//! finds a receiver far behind its other ones once it settled, posts no more frames and
+//! says how many it posted; the receiver withdraws its receives past them, and fetches from
+//! the source what did not come. A rank that every receiver gave up leaves the exchanges
+//! after this one and fetches its shares from the source. A rank whose disk failed still takes part in every
 //! stream (sending zeros, draining what arrives), so a local failure never leaves a peer
 //! waiting.
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
-use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, sync_channel};
+use std::sync::mpsc::{Receiver, SyncSender};
 use std::thread::{self, Scope, ScopedJoinHandle};
 use std::time::{Duration, Instant};
 
-use super::frames::{Pool, idle_io_priority, read_stream};
+use super::frames::Pool;
 use super::schedule::{Round, RoundOp, Schedule};
-use super::sizes::{self, ENTRY};
+use super::sizes::ENTRY;
 use super::{
     ExchangeConfig, ExchangeError, ExchangeReport, ExchangeState, ExchangeTracker, Peers, Phase,
-    Sized, stream_len,
+    Sized,
 };
 use crate::cache::SampleStore;
 use crate::comm::{Comm, CommError, Done, Op, Ticket};
-use crate::dataset::manifest::UNKNOWN_SIZE;
 use crate::plan::{Rank, SampleId};
 
 mod incoming;
+mod outgoing;
+mod stop;
+use stop::stop_sending;
 
 /// Frames per stream posted to the transport at once.
 const IN_FLIGHT: usize = 2;
@@ -91,6 +106,12 @@ pub(super) struct Ctx<'a> {
 /// The confirmation of a rank that left (`Partial::leave`): nothing stored, and no
 /// exchange after this one with it.
 const LEFT: u8 = 2;
+/// Bytes of a confirmation: the outcome, then 1 if the receiver gave the stream up (the
+/// sender stops after the frames it already posted).
+const CONFIRM: usize = 2;
+/// Bytes of the end of a stream: how many frames its sender posted, u64 little-endian,
+/// then 1 if the sender leaves the exchanges after this one (see `stop`).
+const END: usize = 9;
 
 impl Ctx<'_> {
     fn comm_error(&self, phase: Phase, peers: Vec<Rank>, source: CommError) -> ExchangeError {
@@ -102,11 +123,12 @@ impl Ctx<'_> {
         }
     }
 
-    /// Tags of this exchange: data, and confirmations (which cross data in the other
-    /// direction, so they need a tag of their own to keep each pair's order unambiguous).
-    fn tags(&self) -> (u16, u16) {
-        let data = ((self.target & 0x3FFF) as u16) << 1;
-        (data, data | 1)
+    /// Tags of this exchange: data, confirmations (which cross data in the other
+    /// direction, so they need a tag of their own to keep each pair's order unambiguous),
+    /// and the end of each stream (sent when its sender knows how many frames it posts).
+    fn tags(&self) -> (u16, u16, u16) {
+        let data = ((self.target & 0x1FFF) as u16) << 2;
+        (data, data | 1, data | 2)
     }
 
     /// Frame size: the configured one, shrunk so all streams' frames fit the budget. A
@@ -249,12 +271,14 @@ enum Slot {
     FrameOut(usize),
     ConfirmIn(usize),
     ConfirmOut,
+    EndIn(usize),
+    EndOut,
 }
 
 fn phase_of(slot: Slot) -> Phase {
     match slot {
         Slot::SizesIn(_) | Slot::SizesOut => Phase::Sizes,
-        Slot::FrameIn(..) | Slot::FrameOut(_) => Phase::Samples,
+        Slot::FrameIn(..) | Slot::FrameOut(_) | Slot::EndIn(_) | Slot::EndOut => Phase::Samples,
         Slot::ConfirmIn(_) | Slot::ConfirmOut => Phase::Confirm,
     }
 }
@@ -272,6 +296,18 @@ struct Out<'s> {
     /// Frames from the reader; `None` once it is done or failed (then zeros go out).
     reader: Option<Receiver<Vec<u8>>>,
     confirmed: Option<bool>,
+    /// The receiver gave the stream up (its confirmation said so).
+    stop_asked: bool,
+    /// No frame after those posted goes out (`frames` was cut to them).
+    stopped: bool,
+    /// Its end (the number of frames) is posted.
+    ended: bool,
+    /// From the round's start to its last frame sent.
+    took: Option<Duration>,
+    /// Its size list is posted; it was posted as sending nothing because the receiver gave
+    /// the stream up before its sizes were known.
+    listed: bool,
+    skipped: bool,
 }
 
 /// A stream arriving at this rank.
@@ -297,11 +333,15 @@ struct In<'s, 'scope> {
     /// When its size list arrived: its bytes can flow from then on.
     began: Option<Instant>,
     took: Option<Duration>,
+    /// The frames its sender posts in all (its end message); `frames` is cut to it.
+    end: Option<usize>,
+    /// Its sender stopped it before its last frame.
+    cut: bool,
 }
 
 impl In<'_, '_> {
     fn drained(&self) -> bool {
-        self.samples.is_some() && self.arrived == self.frames
+        self.samples.is_some() && (self.disk || self.end.is_some()) && self.arrived == self.frames
     }
 }
 
@@ -327,6 +367,8 @@ fn run_round(
             started: Instant::now(),
             pacer: Pacer::new(ctx.cfg.rate),
             local: None,
+            ends_out: 0,
+            sizing: None,
             scope,
             last_heard: (round.ops.iter())
                 .map(|op| (op.stream().peer, Instant::now()))
@@ -352,6 +394,10 @@ struct RoundRun<'a, 's, 'scope, 'env> {
     started: Instant,
     pacer: Pacer,
     local: Option<ExchangeError>,
+    /// Ends of streams posted and not completed.
+    ends_out: usize,
+    /// Resolving the sizes of what this rank sends, when some had to be fetched.
+    sizing: Option<ScopedJoinHandle<'scope, Vec<u64>>>,
     scope: &'scope Scope<'scope, 'env>,
     /// When each peer last completed a message with this rank.
     last_heard: HashMap<Rank, Instant>,
@@ -395,6 +441,7 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
         let mut confirms_out = 0usize;
         let mut settled_at: Option<Instant> = None;
         loop {
+            self.list_resolved(comm, &mut outs)?;
             self.feed_out(comm, &mut outs)?;
             self.feed_in(comm, &mut ins)?;
             if settled_at.is_none() && ins.iter().all(|s| s.settled) {
@@ -402,10 +449,10 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
                 settled_at = Some(Instant::now());
                 settled(&self.local);
             }
-            let sent = outs
-                .iter()
-                .all(|o| o.sent == o.frames && o.confirmed.is_some());
-            if settled_at.is_some() && confirms_out == 0 && sent && ins.iter().all(In::drained) {
+            let sent = (outs.iter())
+                .all(|o| o.sent == o.frames && o.confirmed.is_some() && (o.disk || o.ended));
+            let posted = confirms_out + self.ends_out;
+            if settled_at.is_some() && posted == 0 && sent && ins.iter().all(In::drained) {
                 return Ok(());
             }
             let completed = comm.progress(POLL, ctx.abort).map_err(|e| {
@@ -416,12 +463,13 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
                 ctx.comm_error(Phase::Samples, peers.collect(), e)
             })?;
             for done in completed {
-                self.completed(done, &mut outs, &mut ins, &mut confirms_out);
+                self.completed(comm, done, &mut outs, &mut ins, &mut confirms_out);
             }
             self.reap(&mut ins);
             if settled_at.is_none() {
                 self.give_up_overdue(&mut ins);
             } else if !ctx.leaving {
+                self.stop_overdue(&mut outs);
                 // A leaving rank waits for its peers to reach this exchange, however long.
                 self.abandon_idle(comm, &mut outs, &mut ins);
             }
@@ -436,7 +484,7 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
         round: &'s Round,
     ) -> Result<(Vec<Out<'s>>, Vec<In<'s, 'scope>>), ExchangeError> {
         let ctx = self.ctx;
-        let (data, confirm) = ctx.tags();
+        let (data, confirm, end) = ctx.tags();
         let mut outs: Vec<Out> = Vec::new();
         let mut ins: Vec<In> = Vec::new();
         for op in &round.ops {
@@ -454,8 +502,14 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
                     sent: 0,
                     reader: None,
                     confirmed: None,
+                    stop_asked: false,
+                    stopped: false,
+                    ended: false,
+                    took: None,
+                    listed: false,
+                    skipped: false,
                 });
-                self.post(comm, Op::recv(s.peer, confirm, vec![0]), slot)?;
+                self.post(comm, Op::recv(s.peer, confirm, vec![0; CONFIRM]), slot)?;
             } else {
                 let slot = Slot::SizesIn(ins.len());
                 ins.push(In {
@@ -475,9 +529,15 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
                     given_up: ctx.leaving,
                     began: None,
                     took: None,
+                    end: None,
+                    cut: false,
                 });
                 let list = vec![0u8; s.samples.len() * ENTRY];
                 self.post(comm, Op::recv(s.peer, data, list), slot)?;
+                if !disk {
+                    let slot = Slot::EndIn(ins.len() - 1);
+                    self.post(comm, Op::recv(s.peer, end, vec![0; END]), slot)?;
+                }
             }
         }
         Ok((outs, ins))
@@ -486,6 +546,7 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
     /// Takes in one completed message of this round.
     fn completed(
         &mut self,
+        comm: &mut dyn Comm,
         done: Done,
         outs: &mut [Out],
         ins: &mut [In<'s, 'scope>],
@@ -495,9 +556,9 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
             return;
         };
         let peer = match slot {
-            Slot::SizesIn(i) | Slot::FrameIn(i, _) => Some(ins[i].peer),
+            Slot::SizesIn(i) | Slot::FrameIn(i, _) | Slot::EndIn(i) => Some(ins[i].peer),
             Slot::FrameOut(i) | Slot::ConfirmIn(i) => Some(outs[i].peer),
-            Slot::SizesOut | Slot::ConfirmOut => None,
+            Slot::SizesOut | Slot::ConfirmOut | Slot::EndOut => None,
         };
         if let Some(peer) = peer {
             self.last_heard.insert(peer, Instant::now());
@@ -509,117 +570,9 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
             Slot::FrameOut(i) => self.frame_sent(&mut outs[i], done.buf),
             Slot::ConfirmIn(i) => self.confirmed(&mut outs[i], &done.buf),
             Slot::ConfirmOut => *confirms_out -= 1,
+            Slot::EndIn(i) => self.end_arrived(comm, &mut ins[i], i, &done.buf),
+            Slot::EndOut => self.ends_out -= 1,
         }
-    }
-
-    /// Counts a frame the transport finished sending and returns its buffer to the pool.
-    fn frame_sent(&mut self, o: &mut Out, buf: Vec<u8>) {
-        let ctx = self.ctx;
-        (o.sent, o.posted) = (o.sent + 1, o.posted - 1);
-        let (n, peer) = (buf.len() as u64, o.peer);
-        ctx.tracker.update(ctx.target, |r| {
-            r.bytes_sent += n;
-            r.peer(peer).bytes_sent += n;
-        });
-        self.send_pool.put(buf);
-    }
-
-    /// Records a receiver's confirmation of an outgoing stream.
-    fn confirmed(&self, o: &mut Out, buf: &[u8]) {
-        let ctx = self.ctx;
-        let ok = buf.first() == Some(&1);
-        o.confirmed = Some(ok);
-        if buf.first() == Some(&LEFT) {
-            ctx.peers.left.mark(o.peer, ctx.target);
-            tracing::info!(
-                rank = o.peer,
-                target_epoch = ctx.target,
-                "peer left the job: later exchanges leave it out and fetch its samples from the source"
-            );
-        } else if !ok {
-            tracing::warn!(
-                rank = o.peer,
-                target_epoch = ctx.target,
-                "a peer could not store what it received; it fetches those samples from the source"
-            );
-        }
-    }
-
-    /// Resolves the sizes of everything this rank sends (fetching what is not staged yet),
-    /// sends each peer its size list and starts a reader for each stream that moves bytes.
-    fn start_sending(
-        &mut self,
-        comm: &mut dyn Comm,
-        outs: &mut [Out<'s>],
-    ) -> Result<(), ExchangeError> {
-        let ctx = self.ctx;
-        let (data, _) = ctx.tags();
-        let all: Vec<SampleId> = outs.iter().flat_map(|o| o.ids.iter().copied()).collect();
-        // A leaving rank sends nothing (`Ctx::leaving`).
-        let known = match ctx.leaving {
-            true => vec![UNKNOWN_SIZE; all.len()],
-            false => sizes::resolve_sizes(ctx.store, &all),
-        };
-        let mut known = known.into_iter();
-        for o in outs.iter_mut() {
-            let sizes: Vec<u64> = known.by_ref().take(o.ids.len()).collect();
-            let list = sizes::encode(ctx.store, o.ids, &sizes);
-            self.post(comm, Op::send(o.peer, data, list), Slot::SizesOut)?;
-            if o.disk {
-                continue;
-            }
-            let samples: Vec<Sized> = (o.ids.iter().copied().zip(sizes))
-                .filter(|&(_, size)| size != UNKNOWN_SIZE)
-                .collect();
-            o.len = stream_len(&samples);
-            o.frames = self.frames(o.len);
-            let len = o.len;
-            ctx.tracker.update(ctx.target, |r| r.bytes_to_send += len);
-            if samples.is_empty() {
-                continue;
-            }
-            let (tx, rx) = sync_channel::<Vec<u8>>(QUEUED);
-            let (store, tracker, target, pool) =
-                (ctx.store, ctx.tracker, ctx.target, self.send_pool);
-            self.scope.spawn(move || {
-                idle_io_priority();
-                read_stream(store, &samples, pool, tx, tracker, target)
-            });
-            o.reader = Some(rx);
-        }
-        Ok(())
-    }
-
-    /// Posts the frames of outgoing streams that their readers have ready.
-    fn feed_out(&mut self, comm: &mut dyn Comm, outs: &mut [Out]) -> Result<(), ExchangeError> {
-        let (data, _) = self.ctx.tags();
-        for (i, o) in outs.iter_mut().enumerate() {
-            while o.posted < IN_FLIGHT && o.sent + o.posted < o.frames {
-                let k = o.sent + o.posted;
-                let want = self.frame_len(o.len, k);
-                if !self.pacer.allow(want) {
-                    break;
-                }
-                let buf = match o.reader.as_ref().map(Receiver::try_recv) {
-                    Some(Ok(buf)) => buf,
-                    Some(Err(TryRecvError::Empty)) => break,
-                    // The reader stopped early: zeros keep the stream's length, and their
-                    // checksums cannot match, so the receiver drops them.
-                    Some(Err(TryRecvError::Disconnected)) | None => {
-                        if o.reader.take().is_some() {
-                            self.fail_locally(ExchangeError::Local(
-                                "reading samples to send failed".into(),
-                            ));
-                        }
-                        vec![0u8; want]
-                    }
-                };
-                self.pacer.spent(buf.len());
-                self.post(comm, Op::send(o.peer, data, buf), Slot::FrameOut(i))?;
-                o.posted += 1;
-            }
-        }
-        Ok(())
     }
 
     /// Makes what arrived durable and tells every sender whether it is stored; returns the
@@ -635,13 +588,14 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
         self.ctx
             .tracker
             .update(self.ctx.target, |r| r.sync_seconds += secs);
-        let (_, confirm) = self.ctx.tags();
+        let (_, confirm, _) = self.ctx.tags();
         let ok = match self.ctx.leaving {
             true => LEFT,
             false => u8::from(self.local.is_none()),
         };
         for s in ins {
-            self.post(comm, Op::send(s.peer, confirm, vec![ok]), Slot::ConfirmOut)?;
+            let msg = vec![ok, u8::from(s.given_up && !s.disk)];
+            self.post(comm, Op::send(s.peer, confirm, msg), Slot::ConfirmOut)?;
         }
         Ok(ins.len())
     }

@@ -30,21 +30,35 @@ pub struct Peers {
 /// The ranks that left the job while this one goes on, each with the last exchange it
 /// takes part in. A rank that stops serves one more exchange than it ran (see
 /// `Partial::leave`) and says so in that exchange's confirmations; later exchanges leave
-/// it out, and what it would have sent comes from the source.
+/// it out, and what it would have sent comes from the source. A rank far slower than the
+/// others leaves the exchanges the same way (`slow`, see the executor's `stop`) while it
+/// goes on reading its views.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct Left(Arc<Mutex<BTreeMap<u32, u64>>>);
+pub(crate) struct Left(Arc<Mutex<BTreeMap<u32, (u64, bool)>>>);
 
 impl Left {
     /// `rank` takes part in no exchange after the one into `last`.
     pub(crate) fn mark(&self, rank: u32, last: u64) {
         let mut left = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        left.entry(rank).or_insert(last);
+        left.entry(rank).or_insert((last, false));
+    }
+
+    /// As [`Left::mark`], because `rank` (or this rank) is far slower than the others.
+    pub(crate) fn mark_slow(&self, rank: u32, last: u64) {
+        let mut left = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        left.entry(rank).or_insert((last, true));
     }
 
     /// Whether `rank` takes part in the exchange into `target`.
     pub(crate) fn takes_part(&self, rank: u32, target: u64) -> bool {
         let left = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        left.get(&rank).is_none_or(|&last| target <= last)
+        left.get(&rank).is_none_or(|&(last, _)| target <= last)
+    }
+
+    /// Whether `rank` left the exchanges for being far slower (see [`Left::mark_slow`]).
+    pub(crate) fn slow(&self, rank: u32) -> bool {
+        let left = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        left.get(&rank).is_some_and(|&(_, slow)| slow)
     }
 }
 

@@ -140,7 +140,9 @@ impl Partial {
     }
 
     /// Drops the streams of peers that left before the exchange into `target`; the
-    /// status shows them given up, and their samples come from the source.
+    /// status shows them given up, and their samples come from the source. For a peer left
+    /// out for being slow it also shows what the plan would have had it send (a rank that
+    /// left sends nothing it could owe).
     fn leave_out_the_left(&self, schedule: &mut Schedule, target: u64, tracker: &ExchangeTracker) {
         let left = &self.peers.left;
         for round in &mut schedule.rounds {
@@ -148,7 +150,15 @@ impl Partial {
                 let peer = op.stream().peer;
                 let stays = left.takes_part(peer, target);
                 if !stays {
-                    tracker.update(target, |r| r.peer(peer).given_up = true);
+                    let owed = match !op.is_outgoing() && left.slow(peer) {
+                        true => op.stream().samples.len() as u64,
+                        false => 0,
+                    };
+                    tracker.update(target, |r| {
+                        let p = r.peer(peer);
+                        p.given_up = true;
+                        p.samples_to_receive += owed;
+                    });
                 }
                 stays
             });

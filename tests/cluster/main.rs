@@ -13,5 +13,6 @@ mod cluster_mpi;
 mod harness;
 mod host_job;
 mod private_hosts;
+mod slow_steady;
 mod slurm;
 mod slurm_private;

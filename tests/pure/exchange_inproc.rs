@@ -646,8 +646,10 @@ fn a_source_that_hangs_during_the_fallback_is_reported_not_waited_for() {
 
 /// One rank's uplink is a trickle (`Slow`): the others settle once their other streams are
 /// in and the deadline passed, well before its stream could arrive, and fetch what it owed
-/// them from the source; its late bytes are drained and dropped, and every rank ends up
-/// holding its next share exactly. The slow rank itself waits for nobody.
+/// them from the source; it stops sending after the frames it had posted, and every rank
+/// ends up holding its next share exactly. The slow rank itself waits for nobody. Given up
+/// by every receiver, it leaves the next exchange, which the others run without it (and
+/// it without them), each fetching the rest from the source.
 #[test]
 fn a_slow_peer_is_given_up_and_its_samples_come_from_the_source() {
     let world = 4;
@@ -715,13 +717,32 @@ fn a_slow_peer_is_given_up_and_its_samples_come_from_the_source() {
                     assert_eq!(got, want, "rank {me}: sample {id}");
                 }
                 let report = tracker.snapshot().pop().unwrap();
-                (
-                    me,
-                    settled_after.unwrap(),
-                    started.elapsed(),
-                    report,
-                    fetched,
-                )
+                let total = started.elapsed();
+                // The next exchange: every receiver gave rank 3 up, so it left the
+                // exchanges; both sides leave each other out and fetch from the source.
+                let step2 = plan.step(&step.next);
+                partial
+                    .run(comm.as_mut(), &step2, ctx, &mut |r| r.unwrap())
+                    .unwrap();
+                shufflefs::node::fetch_missing(&store, me, &step2, Duration::from_secs(30));
+                for &id in step2.next.share(me) {
+                    let got = store.read(id).unwrap();
+                    assert!(
+                        got.iter()
+                            .enumerate()
+                            .all(|(o, &b)| b == synthetic_byte(id, o as u64))
+                    );
+                }
+                let next = tracker.snapshot().pop().unwrap();
+                assert_eq!(next.target_epoch, 2);
+                for p in &next.peers {
+                    let left_out = me == 3 || p.rank == 3;
+                    assert_eq!(p.given_up, left_out, "rank {me} into 2: {next:?}");
+                    if left_out {
+                        assert_eq!(p.samples_received, 0, "rank {me} into 2: {next:?}");
+                    }
+                }
+                (me, settled_after.unwrap(), total, report, fetched)
             })
         })
         .collect();

@@ -22,7 +22,7 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
         comm: &mut dyn Comm,
         ins: &mut [In],
     ) -> Result<(), ExchangeError> {
-        let (data, _) = self.ctx.tags();
+        let (data, ..) = self.ctx.tags();
         for (i, s) in ins.iter_mut().enumerate() {
             while let Some(tx) = &s.writer {
                 let Some(buf) = s.pending.remove(&s.next_write) else {
@@ -49,7 +49,8 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
                     self.recv_pool.put(buf);
                 }
             }
-            if s.samples.is_none() {
+            // A given-up stream takes no more frames until its sender says how many come.
+            if s.samples.is_none() || (s.given_up && s.end.is_none()) {
                 continue;
             }
             while s.posted < IN_FLIGHT
@@ -67,10 +68,19 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
 
     /// A peer's size list arrived: the stream's length is known; start storing it.
     pub(super) fn sizes_arrived(&mut self, s: &mut In<'s, 'scope>, list: &[u8]) {
+        self.sizes_known(s, list);
+        if let Some(n) = s.end.filter(|&n| n < s.frames) {
+            (s.frames, s.cut) = (n, true); // nothing is posted for it yet
+        }
+    }
+
+    fn sizes_known(&mut self, s: &mut In<'s, 'scope>, list: &[u8]) {
         let ctx = self.ctx;
         s.began = Some(Instant::now());
         let (samples, unsendable) = sizes::decode(ctx.store, s.ids, list);
-        if unsendable.len() == s.ids.len() && unsendable.len() > 1 {
+        // Given up before it knew its sizes, the peer may send none: nothing failed.
+        let quiet = s.given_up && !ctx.leaving;
+        if !quiet && unsendable.len() == s.ids.len() && unsendable.len() > 1 {
             if !ctx.leaving {
                 tracing::warn!(
                     samples = unsendable.len(),
@@ -78,7 +88,7 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
                     "peer sends none of its samples (it is leaving, or its cache failed); they will be fetched from the source"
                 );
             }
-        } else {
+        } else if !quiet {
             for &id in &unsendable {
                 tracing::warn!(
                     sample = id,
@@ -87,7 +97,7 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
                 );
             }
         }
-        let failed = unsendable.len() as u64;
+        let failed = if quiet { 0 } else { unsendable.len() as u64 };
         ctx.tracker
             .update(ctx.target, |r| r.failed_samples += failed);
         if s.disk {
@@ -149,7 +159,7 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
             // Given up, or the writer failed: late bytes are dropped.
             self.recv_pool.put(buf);
         }
-        if s.arrived == s.frames && !s.given_up {
+        if s.arrived == s.frames && !s.given_up && !s.cut {
             s.took = s.began.map(|b| b.elapsed());
             let secs = self.started.elapsed().as_secs_f64();
             ctx.tracker
@@ -166,7 +176,8 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
                     .join()
                     .unwrap_or_else(|_| Err(ExchangeError::Local("a disk thread panicked".into())));
                 match result {
-                    Err(e) if !s.given_up => self.fail_locally(e),
+                    // A stream cut short ends its writer inside a sample (dropped).
+                    Err(e) if !s.given_up && !s.cut => self.fail_locally(e),
                     _ => {}
                 }
                 s.writer = None;
@@ -188,6 +199,7 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
                     (Some(_), false) => s.len,
                     (None, false) => estimate(s.ids.len(), &known),
                 },
+                done: (s.arrived as u64 * self.frame as u64).min(s.len),
                 elapsed: s.began.unwrap_or(self.started).elapsed(),
                 took: s.took.or(s.given_up.then_some(Duration::ZERO)),
                 rated: !s.disk,
@@ -243,9 +255,9 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
             );
             let tickets: Vec<Ticket> = (self.tickets.iter())
                 .filter(|(_, slot)| match **slot {
-                    Slot::SizesIn(i) | Slot::FrameIn(i, _) => ins[i].peer == peer,
+                    Slot::SizesIn(i) | Slot::FrameIn(i, _) | Slot::EndIn(i) => ins[i].peer == peer,
                     Slot::FrameOut(i) | Slot::ConfirmIn(i) => outs[i].peer == peer,
-                    Slot::SizesOut | Slot::ConfirmOut => false,
+                    Slot::SizesOut | Slot::ConfirmOut | Slot::EndOut => false,
                 })
                 .map(|(&t, _)| t)
                 .collect();
@@ -254,12 +266,14 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
                 self.tickets.remove(&t);
             }
             for o in outs.iter_mut().filter(|o| o.peer == peer) {
-                (o.sent, o.posted, o.reader) = (o.frames, 0, None);
+                (o.sent, o.posted, o.reader, o.ended) = (o.frames, 0, None, true);
+                o.listed = true;
                 o.confirmed.get_or_insert(false);
             }
             for s in ins.iter_mut().filter(|s| s.peer == peer) {
                 s.samples.get_or_insert_with(Vec::new);
                 (s.arrived, s.posted) = (s.frames, 0);
+                s.end.get_or_insert(s.frames);
             }
             self.last_heard.remove(&peer);
         }
