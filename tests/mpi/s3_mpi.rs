@@ -1,0 +1,120 @@
+//! `--source s3://BUCKET/PREFIX` against a real S3-compatible server on 127.0.0.1 (moto's,
+//! see `common::s3`): a 4-rank `mpirun` mount of an ImageFolder dataset in a bucket, every
+//! epoch a partition with exact bytes and rank 0 the only rank that lists; a missing bucket
+//! refused with the fix and no mount left; and 503 SlowDown answers injected by a proxy,
+//! retried, so the mount still gets every byte.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::common::mpi_job::{MpiJob, mpirun};
+use crate::common::s3::{S3Server, moto_python};
+use crate::common::trees::{assert_epochs_partition, write_tree};
+use crate::common::{
+    is_mounted, mount_args, require_fuse, require_mpi, run_with_timeout, shufflefs,
+};
+
+const RANKS: u32 = 4;
+const SEED: u64 = 5;
+const BUCKET: &str = "shufflefs-test";
+const PREFIX: &str = "datasets/tiny";
+
+/// `DIR/src`: 3 classes of 13 to 15 samples, 1 to 9 KB each, uploaded under `PREFIX/`.
+fn dataset(dir: &Path, server: &S3Server) {
+    let mut files = Vec::new();
+    for c in 0..3 {
+        for i in 0..(13 + c) {
+            files.push((
+                format!("class{c}/img_{i:03}.jpg"),
+                1000 + (i * 571 + c * 97) % 8000,
+            ));
+        }
+    }
+    write_tree(dir, &files, &[]);
+    server.upload(BUCKET, PREFIX, &dir.join("src"));
+}
+
+fn job(dir: &Path, endpoint: &str) -> MpiJob {
+    let mut launcher = mpirun(RANKS);
+    launcher.envs(S3Server::env(endpoint));
+    let source = format!("s3://{BUCKET}/{PREFIX}");
+    MpiJob::start_from(launcher, source.as_ref(), dir, RANKS, SEED, 0.5, &[])
+}
+
+#[test]
+fn imagefolder_in_a_bucket_is_partitioned_every_epoch_and_listed_once() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let Some(python) = moto_python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&python, &tmp.path().join("moto.log"));
+    dataset(tmp.path(), &server);
+    let before = server.list_requests();
+    let job = job(tmp.path(), &server.endpoint());
+    // Rank 0's bucket check and its one listing (one page: under 1,000 keys); no other rank lists.
+    assert_eq!(server.list_requests() - before, 2, "listing requests");
+    let sizes = assert_epochs_partition(&job, &tmp.path().join("src"), 3, &[]);
+    for s in sizes {
+        assert_eq!(s.iter().sum::<usize>(), 42, "{s:?}");
+    }
+    let status = job.status(0);
+    assert_eq!(status["source"], format!("s3://{BUCKET}/{PREFIX}"));
+    assert_eq!(
+        server.list_requests() - before,
+        2,
+        "listing requests after 3 epochs"
+    );
+    job.unmount();
+}
+
+#[test]
+fn missing_bucket_is_refused_with_the_fix_and_no_mount() {
+    if !require_fuse() {
+        return;
+    }
+    let Some(python) = moto_python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&python, &tmp.path().join("moto.log"));
+    let mnt = tmp.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let source = Path::new("s3://no-such-bucket/x");
+    let args = mount_args(source, &tmp.path().join("cache"), &mnt, &[]);
+    let out = run_with_timeout(
+        shufflefs()
+            .arg("mount")
+            .args(&args)
+            .envs(S3Server::env(&server.endpoint())),
+        Duration::from_secs(60),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "mounted a missing bucket: {stderr}");
+    for needle in ["no-such-bucket", "does not exist", "AWS_ENDPOINT_URL"] {
+        assert!(
+            stderr.contains(needle),
+            "stderr lacks {needle:?}:\n{stderr}"
+        );
+    }
+    assert!(!is_mounted(&mnt), "a refused mount left a mount behind");
+}
+
+#[test]
+fn slowdown_503s_are_retried_and_every_byte_arrives() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let Some(python) = moto_python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&python, &tmp.path().join("moto.log"));
+    dataset(tmp.path(), &server);
+    let proxy = server.faulty_proxy(3, &tmp.path().join("proxy.log"));
+    let job = job(tmp.path(), &proxy.endpoint());
+    assert_epochs_partition(&job, &tmp.path().join("src"), 2, &[]);
+    assert!(proxy.injected() > 0, "the proxy injected no 503");
+    let problems = job.status(0)["problems"].to_string();
+    job.unmount();
+    eprintln!(
+        "503s injected: {}; rank 0 problems: {problems}",
+        proxy.injected()
+    );
+}
