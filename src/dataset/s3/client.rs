@@ -14,7 +14,7 @@ use std::future::Future;
 use std::io;
 use std::time::Duration;
 
-use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::path::Path as KeyPath;
 use object_store::{BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectStore, RetryConfig};
 use tokio::runtime::Runtime;
@@ -91,8 +91,9 @@ impl Client {
             max_retries: RETRIES,
             retry_timeout: RETRY_WINDOW,
         };
-        let mut builder = AmazonS3Builder::from_env()
-            .with_bucket_name(&url.bucket)
+        // Our client options first: `with_client_options` replaces all of them, so the
+        // environment's (`AWS_ALLOW_HTTP`, ...) must come after, as `from_env` reads them.
+        let mut builder = AmazonS3Builder::new()
             .with_retry(retry)
             .with_client_options(
                 ClientOptions::new()
@@ -100,6 +101,12 @@ impl Client {
                     .with_timeout(Duration::from_secs(60))
                     .with_pool_max_idle_per_host(CONCURRENCY),
             );
+        for (key, value) in std::env::vars().filter(|(k, _)| k.starts_with("AWS_")) {
+            if let Ok(key) = key.to_ascii_lowercase().parse::<AmazonS3ConfigKey>() {
+                builder = builder.with_config(key, value);
+            }
+        }
+        builder = builder.with_bucket_name(&url.bucket);
         // A custom endpoint (MinIO, Ceph, a test server) is addressed by path, and any
         // region name is accepted there.
         if std::env::var_os("AWS_ENDPOINT_URL").is_some()
@@ -186,5 +193,21 @@ pub(crate) fn io_error(url: &S3Url, key: &str, e: object_store::Error) -> io::Er
         E::Precondition { .. } | E::NotModified { .. } => io::ErrorKind::InvalidData,
         _ => io::ErrorKind::ConnectionRefused,
     };
-    io::Error::new(kind, format!("s3://{}/{key}: {e}", url.bucket))
+    io::Error::new(kind, format!("s3://{}/{key}: {}", url.bucket, chain(&e)))
+}
+
+/// `e` and its sources, `: `-separated: `object_store` keeps the HTTP status and the
+/// transport's reason (a reset, a timeout) in the sources.
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        let more = cause.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        next = cause.source();
+    }
+    text.replace('\n', " ")
 }

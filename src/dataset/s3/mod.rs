@@ -96,7 +96,7 @@ pub(crate) fn check_source(source: &Path) -> Result<(), ManifestError> {
 
 /// Why the bucket of `url` cannot be a source, and what to do about it.
 fn refusal(url: &S3Url, e: object_store::Error) -> String {
-    let text = e.to_string();
+    let text = client::chain(&e);
     let fix = if text.contains("NoSuchBucket") || matches!(e, object_store::Error::NotFound { .. })
     {
         "the bucket does not exist at this endpoint: check the bucket name and AWS_ENDPOINT_URL / AWS_REGION"
