@@ -96,6 +96,24 @@ fn missing_bucket_is_refused_with_the_fix_and_no_mount() {
         );
     }
     assert!(!is_mounted(&mnt), "a refused mount left a mount behind");
+
+    // A bucket that exists but holds nothing under the prefix is refused too.
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    server.upload("empty-bucket", "", &empty);
+    let source = Path::new("s3://empty-bucket/train");
+    let args = mount_args(source, &tmp.path().join("cache"), &mnt, &[]);
+    let out = run_with_timeout(
+        shufflefs()
+            .arg("mount")
+            .args(&args)
+            .envs(S3Server::env(&server.endpoint())),
+        Duration::from_secs(60),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "mounted an empty prefix: {stderr}");
+    assert!(stderr.contains("holds no objects"), "{stderr}");
+    assert!(!is_mounted(&mnt), "a refused mount left a mount behind");
 }
 
 #[test]

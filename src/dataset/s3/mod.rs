@@ -54,6 +54,15 @@ fn client(source: &Path) -> Result<Client, ManifestError> {
 /// Refuses on the command line what a bucket source does not support yet, and a malformed
 /// `s3://` URL.
 pub(crate) fn check_args(source: &Path, format: Format, replicate: bool) -> Result<(), String> {
+    let text = source.to_string_lossy();
+    let other = [
+        "gs://", "az://", "abfs://", "abfss://", "azure://", "http://", "https://",
+    ];
+    if let Some(scheme) = other.iter().find(|s| text.starts_with(**s)) {
+        return Err(format!(
+            "--source {text}: {scheme} sources are not supported (only s3://, an S3-compatible store at AWS_ENDPOINT_URL or AWS itself; see docs/s3.md)"
+        ));
+    }
     let Some(url) = url_of(source) else {
         return Ok(());
     };
@@ -195,5 +204,40 @@ impl Dataset for S3Source {
             Ok(c) => format!("s3://{}/{}", c.url.bucket, c.url.key(&self.relative(id))),
             Err(_) => format!("{}/{}", self.name, self.relative(id)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(source: &str, format: Format, replicate: bool) -> String {
+        check_args(Path::new(source), format, replicate).unwrap_err()
+    }
+
+    #[test]
+    fn what_a_bucket_cannot_serve_yet_is_refused_on_the_command_line() {
+        let ok = |s: &str| check_args(Path::new(s), Format::Imagefolder, false);
+        assert_eq!(ok("s3://b/p"), Ok(()));
+        assert_eq!(ok("/data/train"), Ok(()));
+        assert!(refusal("s3:///p", Format::Imagefolder, false).contains("no bucket name"));
+        assert!(refusal("s3://b/p", Format::Records, false).contains("--format records"));
+        assert!(refusal("s3://b/p", Format::Tree, true).contains("--replicate"));
+        assert!(
+            refusal("gs://b/p", Format::Imagefolder, false)
+                .contains("gs:// sources are not supported")
+        );
+        assert_eq!(default_staging_threads(Path::new("s3://b")), CONCURRENCY);
+        assert_eq!(default_staging_threads(Path::new("/data")), 4);
+    }
+
+    #[test]
+    fn urls_split_into_bucket_and_prefix() {
+        let url = |s: &str| S3Url::parse(s).unwrap().unwrap();
+        assert_eq!(url("s3://b").prefix, "");
+        assert_eq!(url("s3://b/a/b/").prefix, "a/b");
+        assert_eq!(url("s3://b/a/b/").key("c/1.jpg"), "a/b/c/1.jpg");
+        assert_eq!(url("s3://b").key("c/1.jpg"), "c/1.jpg");
+        assert!(S3Url::parse("/s3://b").is_none());
     }
 }
