@@ -123,12 +123,18 @@ impl S3Server {
     }
 
     /// A proxy in front of the server answering every `every`-th object GET with 503
-    /// SlowDown (killed on drop); its log counts the 503s as lines with `INJECTED`.
+    /// SlowDown (never for 0) (killed on drop); its log counts the 503s as lines with
+    /// `INJECTED`.
     pub fn faulty_proxy(&self, every: u32, log: &Path) -> Proxy {
-        let port = free_port();
+        self.proxy_on(free_port(), every, 0, log)
+    }
+
+    /// A proxy on `port` that delays every object GET by `delay_ms` and answers every
+    /// `every`-th one (never for 0) with 503 SlowDown.
+    pub fn proxy_on(&self, port: u16, every: u32, delay_ms: u32, log: &Path) -> Proxy {
         let mut child = Command::new(&self.python)
             .args(["-c", PROXY, &port.to_string(), &self.port.to_string()])
-            .arg(every.to_string())
+            .args([every.to_string(), delay_ms.to_string()])
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(log).unwrap())
             .spawn()
@@ -187,11 +193,12 @@ for dirpath, _, files in os.walk(root):
 "#;
 
 /// Forwards every request to the server, but answers every N-th GET of an object (a path
-/// with a key, no query) with 503 SlowDown, as S3 does under load.
+/// with a key, no query) with 503 SlowDown, as S3 does under load, and delays each such GET.
 const PROXY: &str = r#"
 import http.client, sys, threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-port, upstream, every = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+import time
+port, upstream, every, delay = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]) / 1000
 count = [0]
 lock = threading.Lock()
 class Handler(BaseHTTPRequestHandler):
@@ -199,9 +206,10 @@ class Handler(BaseHTTPRequestHandler):
     def handle_any(self):
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if self.command == "GET" and "?" not in self.path and self.path.count("/") >= 2:
+            time.sleep(delay)
             with lock:
                 count[0] += 1
-                fail = count[0] % every == 0
+                fail = every > 0 and count[0] % every == 0
             if fail:
                 sys.stderr.write("INJECTED 503 %s\n" % self.path)
                 sys.stderr.flush()
@@ -228,5 +236,6 @@ class Handler(BaseHTTPRequestHandler):
     do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = handle_any
     def log_message(self, *args):
         pass
+ThreadingHTTPServer.allow_reuse_address = True
 ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 "#;

@@ -174,3 +174,65 @@ fn tree_in_a_bucket_is_partitioned_with_its_folders() {
     assert_eq!(job.status(0)["dataset"]["format"], "tree");
     job.unmount();
 }
+
+/// Waits up to `secs` for `what` of rank 0's status to hold.
+fn wait_status(job: &MpiJob, secs: u64, what: &str, holds: impl Fn(&serde_json::Value) -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    while !holds(&job.status(0)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: {}",
+            job.status(0)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn the_store_going_away_mid_staging_keeps_the_mount_and_staging_resumes() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let Some(python) = moto_python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&python, &tmp.path().join("moto.log"));
+    dataset(tmp.path(), &server);
+    // One rank staging one sample at a time, 100 ms a GET: about 4 s for the 42 samples.
+    let port = server.faulty_proxy(0, &tmp.path().join("probe.log")).port;
+    let proxy = server.proxy_on(port, 0, 100, &tmp.path().join("proxy.log"));
+    let mut launcher = mpirun(1);
+    launcher.envs(S3Server::env(&proxy.endpoint()));
+    let source = format!("s3://{BUCKET}/{PREFIX}");
+    let extra = ["--staging-threads", "1"];
+    let job = MpiJob::start_from(launcher, source.as_ref(), tmp.path(), 1, SEED, 0.5, &extra);
+    wait_status(&job, 30, "some samples staged", |s| {
+        s["cache"]["files"].as_u64() >= Some(3)
+    });
+    drop(proxy);
+    // The GET in flight fails after object_store's retries (about 20 s of backoff), and the
+    // problem shows in the status; the mount still answers.
+    wait_status(&job, 90, "the outage in the status", |s| {
+        s["cache"]["problems"]
+            .as_array()
+            .is_some_and(|p| !p.is_empty())
+    });
+    let problems = job.status(0)["cache"]["problems"].to_string();
+    assert!(
+        problems.contains(&format!("s3://{BUCKET}/{PREFIX}/")),
+        "{problems}"
+    );
+    let staged = job.status(0)["cache"]["files"].as_u64().unwrap();
+    assert!(staged < 42, "staging finished before the outage");
+    assert_eq!(
+        std::fs::read_dir(job.mounts[0].join("epoch-0"))
+            .unwrap()
+            .count(),
+        3
+    );
+    // The store comes back on the same address: staging's own retry finishes the share.
+    let _back = server.proxy_on(port, 0, 0, &tmp.path().join("proxy2.log"));
+    wait_status(&job, 90, "staging resumed", |s| s["cache"]["files"] == 42);
+    assert_epochs_partition(&job, &tmp.path().join("src"), 1, &[]);
+    eprintln!("staged before the outage: {staged}; problems: {problems}");
+    job.unmount();
+}

@@ -171,8 +171,7 @@ impl Client {
             let modified = std::time::SystemTime::from(got.meta.last_modified);
             Ok((got.bytes().await?, modified))
         };
-        self.run(request)
-            .map_err(|e| io_error(&self.url, path.as_ref(), e))
+        self.run(request).map_err(io_error)
     }
 
     /// The key path of `relative`.
@@ -181,11 +180,12 @@ impl Client {
     }
 }
 
-/// `e` from a request about `key` as an `io::Error` naming bucket, key and what the store
-/// answered. Its kind says what it means to the caller: the object is missing
+/// `e` from a request as an `io::Error` saying what the store answered (the status and its
+/// error code, or the transport's reason); the caller names the object, as it names a
+/// file (`Dataset::describe`). Its kind says what it means to the caller: the object is missing
 /// (`NotFound`), not ours to read (`PermissionDenied`), or the store cannot be reached or
 /// keeps failing (`ConnectionRefused`, which staging treats as a source that went away).
-pub(crate) fn io_error(url: &S3Url, key: &str, e: object_store::Error) -> io::Error {
+pub(crate) fn io_error(e: object_store::Error) -> io::Error {
     use object_store::Error as E;
     let kind = match &e {
         E::NotFound { .. } => io::ErrorKind::NotFound,
@@ -193,7 +193,7 @@ pub(crate) fn io_error(url: &S3Url, key: &str, e: object_store::Error) -> io::Er
         E::Precondition { .. } | E::NotModified { .. } => io::ErrorKind::InvalidData,
         _ => io::ErrorKind::ConnectionRefused,
     };
-    io::Error::new(kind, format!("s3://{}/{key}: {}", url.bucket, chain(&e)))
+    io::Error::new(kind, chain(&e))
 }
 
 /// `e` and its sources, `: `-separated: `object_store` keeps the HTTP status and the

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use futures::TryStreamExt;
 
-use super::client::{Client, io_error};
+use super::client::{Client, chain};
 use crate::dataset::Format;
 use crate::dataset::manifest::{ClassListing, Manifest, ManifestError};
 use crate::dataset::names::{Skipped, is_safe_name};
@@ -36,7 +36,9 @@ pub(crate) fn build_index(client: &Client, format: Format) -> Result<Manifest, M
             }
             Ok::<_, object_store::Error>(out)
         })
-        .map_err(|e| ManifestError::Store(io_error(url, &url.prefix, e).to_string()))?;
+        .map_err(|e| {
+            ManifestError::Store(format!("--source {url}: listing failed: {}", chain(&e)))
+        })?;
     let (folders, mut skipped) = split(&url.prefix, objects, format);
     if folders.values().all(|s| s.is_empty()) {
         return Err(ManifestError::Store(format!(
