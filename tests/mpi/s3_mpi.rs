@@ -66,6 +66,15 @@ fn imagefolder_in_a_bucket_is_partitioned_every_epoch_and_listed_once() {
         "listing requests after 3 epochs"
     );
     job.unmount();
+    // A remount takes the index from rank 0's cache: the bucket check is its one request.
+    let job = self::job(tmp.path(), &server.endpoint());
+    assert_eq!(
+        server.list_requests() - before,
+        3,
+        "listing requests after a remount"
+    );
+    assert_eq!(job.status(0)["source"], format!("s3://{BUCKET}/{PREFIX}"));
+    job.unmount();
 }
 
 #[test]
