@@ -149,8 +149,8 @@ impl Client {
         self.runtime.block_on(request)
     }
 
-    /// GETs `relative` (the bytes in `range`, or all), as one of at most [`CONCURRENCY`]
-    /// requests in flight; the bytes and the object's modification time.
+    /// GETs `relative` (the bytes in `range`, or all) into memory, as one of at most
+    /// [`CONCURRENCY`] requests in flight; the bytes and the object's modification time.
     pub(crate) fn get(
         &self,
         relative: &str,
@@ -172,6 +172,33 @@ impl Client {
             Ok((got.bytes().await?, modified))
         };
         self.run(request).map_err(io_error)
+    }
+
+    /// GETs the whole of `relative` into `out` chunk by chunk as the body arrives (a large
+    /// object is never held whole in memory), as one of at most [`CONCURRENCY`] requests
+    /// in flight; its length and modification time.
+    pub(crate) fn get_to(
+        &self,
+        relative: &str,
+        out: &mut dyn std::io::Write,
+    ) -> io::Result<(u64, std::time::SystemTime)> {
+        use futures::StreamExt;
+        let path = self.path(relative);
+        let _slot = self
+            .run(self.slots.acquire())
+            .expect("the semaphore is never closed");
+        let got = self
+            .run(self.store.get_opts(&path, GetOptions::default()))
+            .map_err(io_error)?;
+        let modified = std::time::SystemTime::from(got.meta.last_modified);
+        let mut body = got.into_stream();
+        let mut len = 0u64;
+        while let Some(chunk) = self.run(body.next()) {
+            let chunk = chunk.map_err(io_error)?;
+            out.write_all(&chunk)?;
+            len += chunk.len() as u64;
+        }
+        Ok((len, modified))
     }
 
     /// The key path of `relative`.

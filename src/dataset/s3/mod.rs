@@ -174,10 +174,9 @@ impl S3Source {
 
 impl Dataset for S3Source {
     fn copy_to(&self, id: SampleId, out: &mut dyn Write) -> io::Result<Copied> {
-        let (bytes, modified) = self.client()?.get(&self.relative(id), None)?;
-        out.write_all(&bytes)?;
+        let (len, modified) = self.client()?.get_to(&self.relative(id), out)?;
         Ok(Copied {
-            len: bytes.len() as u64,
+            len,
             mtime: Some(modified),
         })
     }
