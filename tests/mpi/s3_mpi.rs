@@ -147,6 +147,7 @@ fn slowdown_503s_are_retried_and_every_byte_arrives() {
     job.unmount();
 }
 
+/// Also: the endpoint and credentials come from a profile of the AWS shared files.
 #[test]
 fn tree_in_a_bucket_is_partitioned_with_its_folders() {
     if !require_fuse() || !require_mpi() {
@@ -166,8 +167,23 @@ fn tree_in_a_bucket_is_partitioned_with_its_folders() {
     }
     write_tree(tmp.path(), &files, &[]);
     server.upload(BUCKET, "tree", &tmp.path().join("src"));
+    // Endpoint, keys and region from a profile of the AWS shared files, not the variables.
+    let (creds, config) = (tmp.path().join("credentials"), tmp.path().join("config"));
+    let keys = "aws_access_key_id = testing\naws_secret_access_key = testing\n";
+    std::fs::write(
+        &creds,
+        format!("[default]\naws_access_key_id = wrong\n[moto]\n{keys}"),
+    )
+    .unwrap();
+    let endpoint = server.endpoint();
+    let profile = format!("[profile moto]\nregion = us-east-1\nendpoint_url = {endpoint}\n");
+    std::fs::write(&config, profile).unwrap();
     let mut launcher = mpirun(RANKS);
-    launcher.envs(S3Server::env(&server.endpoint()));
+    launcher
+        .env("AWS_PROFILE", "moto")
+        .env("AWS_SHARED_CREDENTIALS_FILE", &creds)
+        .env("AWS_CONFIG_FILE", &config)
+        .env("AWS_ALLOW_HTTP", "true");
     let source = format!("s3://{BUCKET}/tree");
     let extra = ["--format", "tree"];
     let job = MpiJob::start_from(

@@ -101,24 +101,21 @@ impl Client {
                     .with_timeout(Duration::from_secs(60))
                     .with_pool_max_idle_per_host(CONCURRENCY),
             );
-        for (key, value) in std::env::vars().filter(|(k, _)| k.starts_with("AWS_")) {
+        let settings = settings();
+        let given = |var: &str| settings.iter().any(|(k, _)| k == var);
+        // A custom endpoint (MinIO, Ceph, a test server) takes any region name.
+        if (given("AWS_ENDPOINT_URL") || given("AWS_ENDPOINT"))
+            && !given("AWS_REGION")
+            && !given("AWS_DEFAULT_REGION")
+        {
+            builder = builder.with_region("us-east-1");
+        }
+        for (key, value) in settings {
             if let Ok(key) = key.to_ascii_lowercase().parse::<AmazonS3ConfigKey>() {
                 builder = builder.with_config(key, value);
             }
         }
         builder = builder.with_bucket_name(&url.bucket);
-        // A custom endpoint (MinIO, Ceph, a test server) is addressed by path, and any
-        // region name is accepted there.
-        if std::env::var_os("AWS_ENDPOINT_URL").is_some()
-            || std::env::var_os("AWS_ENDPOINT").is_some()
-        {
-            builder = builder.with_virtual_hosted_style_request(false);
-            if std::env::var_os("AWS_REGION").is_none()
-                && std::env::var_os("AWS_DEFAULT_REGION").is_none()
-            {
-                builder = builder.with_region("us-east-1");
-            }
-        }
         let store = builder.build().map_err(|e| {
             format!("--source {url}: {e}. Set the AWS_* variables (see docs/s3.md)")
         })?;
@@ -205,6 +202,21 @@ impl Client {
     pub(crate) fn path(&self, relative: &str) -> KeyPath {
         KeyPath::from(self.url.key(relative))
     }
+}
+
+/// The `AWS_*` settings: the shared files' profile, then the variables, which win.
+fn settings() -> Vec<(String, String)> {
+    let env = |var: &str| std::env::var(var).ok();
+    let vars: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("AWS_"))
+        .collect();
+    let mut all: Vec<(String, String)> = super::profile::settings(&env)
+        .into_iter()
+        .filter(|(k, _)| !vars.iter().any(|(v, _)| v == k))
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    all.extend(vars);
+    all
 }
 
 /// `e` from a request as an `io::Error` saying what the store answered (the status and its

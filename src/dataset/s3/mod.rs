@@ -23,6 +23,7 @@ use crate::plan::SampleId;
 
 mod client;
 mod list;
+mod profile;
 
 pub(crate) use client::CONCURRENCY;
 use client::{Client, S3Url};
