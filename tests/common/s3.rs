@@ -67,8 +67,18 @@ pub struct S3Server {
 
 impl S3Server {
     pub fn start(python: &Path, log: &Path) -> S3Server {
+        S3Server::start_checking(python, log, false)
+    }
+
+    /// As [`start`](Self::start); with `auth`, moto checks credentials (unknown keys get
+    /// 403 InvalidAccessKeyId).
+    pub fn start_checking(python: &Path, log: &Path, auth: bool) -> S3Server {
         let port = free_port();
-        let mut child = Command::new(python)
+        let mut server = Command::new(python);
+        if auth {
+            server.env("INITIAL_NO_AUTH_ACTION_COUNT", "0");
+        }
+        let mut child = server
             .args([
                 "-m",
                 "moto.server",

@@ -126,6 +126,38 @@ fn missing_bucket_is_refused_with_the_fix_and_no_mount() {
 }
 
 #[test]
+fn forbidden_bucket_is_refused_naming_the_credentials() {
+    if !require_fuse() {
+        return;
+    }
+    let Some(python) = moto_python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let server = S3Server::start_checking(&python, &tmp.path().join("moto.log"), true);
+    let mnt = tmp.path().join("mnt");
+    let source = Path::new("s3://some-bucket/x");
+    let args = mount_args(source, &tmp.path().join("cache"), &mnt, &[]);
+    let out = run_with_timeout(
+        shufflefs()
+            .arg("mount")
+            .args(&args)
+            .envs(S3Server::env(&server.endpoint())),
+        Duration::from_secs(60),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "mounted a forbidden bucket: {stderr}"
+    );
+    for needle in ["some-bucket", "403", "AWS_ACCESS_KEY_ID", "bucket policy"] {
+        assert!(
+            stderr.contains(needle),
+            "stderr lacks {needle:?}:\n{stderr}"
+        );
+    }
+    assert!(!mnt.exists(), "a refused mount left its mount point behind");
+}
+
+#[test]
 fn slowdown_503s_are_retried_and_every_byte_arrives() {
     if !require_fuse() || !require_mpi() {
         return;
