@@ -23,6 +23,14 @@ if [ "${SHUFFLEFS_NO_LOADERS:-0}" != 1 ] && ! loaders_ok; then
   "$venv/bin/pip" install -q torch torchvision tensorflow-cpu pillow scikit-learn pandas webdataset
   loaders_ok || { echo "install-python.sh: the loaders in $venv do not import" >&2; return 1 2>/dev/null || exit 1; }
 fi
+# The S3-compatible test server of the s3:// source tests (tests/mpi/s3_mpi.rs): moto's,
+# pure-Python wheels (about a minute), into the same venv.
+if [ "${SHUFFLEFS_NO_LOADERS:-0}" != 1 ] && [ -x "$venv/bin/python" ] \
+  && ! "$venv/bin/python" -c "import moto.server, boto3" >/dev/null 2>&1; then
+  echo "== installing moto[server] (the S3 test server) into $venv"
+  "$venv/bin/pip" install -q 'moto[server]' \
+    || { echo "install-python.sh: moto[server] did not install" >&2; return 1 2>/dev/null || exit 1; }
+fi
 if loaders_ok; then
   export SHUFFLEFS_PYTHON="$venv/bin/python"
 fi

@@ -147,7 +147,8 @@ pub struct MountArgs {
     /// ImageFolder-style dataset: one sub-folder per class, samples inside; with --format
     /// tree, any folder of files; with --format records, one record file or a folder of
     /// shard files. Read by rank 0 for the index, and
-    /// by every rank for the samples it holds.
+    /// by every rank for the samples it holds. Or a bucket: s3://BUCKET/PREFIX, with the
+    /// endpoint and credentials from the AWS_* variables (docs/s3.md).
     #[arg(long, help_heading = "Data")]
     pub source: PathBuf,
     /// Layout of the source: how its samples are found and read. `tree`: every file at any
@@ -375,9 +376,10 @@ pub struct MountArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 2.0, value_parser = non_negative, help_heading = "Shuffling")]
     pub slow_peer_grace: f64,
 
-    /// Threads copying samples from the source into the cache.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256), help_heading = "Tuning")]
-    pub staging_threads: u16,
+    /// Threads copying samples from the source into the cache [default: 4; for an s3://
+    /// source 32, the requests in flight per rank (docs/s3.md)].
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256), help_heading = "Tuning")]
+    pub staging_threads: Option<u16>,
 
     /// Threads answering kernel requests [default: with passthrough: one per CPU core, 2 to
     /// 8; otherwise 8]. Passthrough sends every open and close here, and each idle thread

@@ -128,6 +128,7 @@ impl TryFrom<MountArgs> for MountConfig {
         if !args.replicate.is_empty() && args.format == Format::Records {
             return Err("--replicate applies to --format imagefolder and tree (a record source's files are all records); drop --replicate, or keep the side files outside the record folder".into());
         }
+        crate::dataset::s3::check_args(&args.source, args.format, !args.replicate.is_empty())?;
         if args.exchange_rate == Some(0) {
             return Err("--exchange-rate 0 would never send a sample, so the exchange could not finish; give a cap in bytes per second (e.g. 200000000 for 200 MB/s) or leave it out for no cap".into());
         }
@@ -135,6 +136,10 @@ impl TryFrom<MountArgs> for MountConfig {
         let layout = args
             .cache_layout
             .unwrap_or_else(|| CacheLayout::default_for(args.format));
+        let staging_threads = args.staging_threads.map_or_else(
+            || crate::dataset::s3::default_staging_threads(&args.source),
+            usize::from,
+        );
         Ok(MountConfig {
             source: args.source,
             source_config,
@@ -152,7 +157,7 @@ impl TryFrom<MountArgs> for MountConfig {
             reset_cache: args.reset_cache,
             rescan: args.rescan,
             exchange_rate: args.exchange_rate,
-            staging_threads: usize::from(args.staging_threads),
+            staging_threads,
             fuse_threads: args.fuse_threads,
             read_path: args.read_path,
         })
@@ -362,6 +367,10 @@ pub(crate) fn check_overlaps(config: &MountConfig, rank: u32) -> Result<(), Stri
         }
     };
     for (a, b) in [(0, 1), (0, 2), (1, 2)] {
+        // A bucket overlaps no folder.
+        if a == 0 && crate::dataset::s3::is_s3(&config.source) {
+            continue;
+        }
         // Named the later first ("--cache X is inside --source Y") unless it holds the other.
         let (inner, relation, outer) = if resolved[a] == resolved[b] {
             (b, "is the same folder as", a)

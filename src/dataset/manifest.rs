@@ -77,6 +77,9 @@ pub enum ManifestError {
         "--replicate took every sample file of {0}; narrow the globs so that some files remain samples"
     )]
     AllReplicated(PathBuf),
+    /// An object-store source's problem, already naming the bucket and the fix.
+    #[error("{0}")]
+    Store(String),
     #[error("side file {path}: {source}. Check that it is readable by this user")]
     SideIo { path: PathBuf, source: io::Error },
 }

@@ -21,6 +21,7 @@ pub mod manifest;
 pub(crate) mod names;
 pub mod records;
 pub(crate) mod rescan;
+pub(crate) mod s3;
 pub mod scan;
 pub(crate) mod side;
 pub(crate) mod synthetic;
@@ -75,6 +76,9 @@ impl Format {
     /// Checks, before anything else starts, that `source` can be this format's source
     /// (rank 0 only: other ranks make no metadata calls on the source).
     pub(crate) fn check_source(self, source: &Path) -> Result<(), ManifestError> {
+        if s3::is_s3(source) {
+            return s3::check_source(source);
+        }
         match self {
             Format::Imagefolder | Format::Tree => imagefolder::check_source(source),
             Format::Records => {
@@ -91,6 +95,9 @@ impl Format {
         source: &Path,
         records: &RecordParams,
     ) -> Result<Manifest, ManifestError> {
+        if s3::is_s3(source) {
+            return s3::build_index(source, self);
+        }
         match self {
             Format::Imagefolder => scan::scan(source),
             Format::Tree => scan::scan_tree(source),
@@ -103,6 +110,9 @@ impl Format {
 
     /// The reader of `source`'s samples, as `manifest` names them.
     pub(crate) fn open(self, source: &Path, manifest: Arc<Manifest>) -> Arc<dyn Dataset> {
+        if s3::is_s3(source) {
+            return s3::open(source, manifest);
+        }
         match self {
             // A tree's sample is a file under its folder path, read as an ImageFolder's is.
             Format::Imagefolder | Format::Tree => {

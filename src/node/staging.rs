@@ -197,8 +197,13 @@ fn retry_after(
 }
 
 /// Whether `e` is how a source behind a network (sshfs, NFS, a parallel filesystem) fails
-/// while its server is away, rather than a problem of one sample.
+/// while its server is away, rather than a problem of one sample. An object store's
+/// failures carry no errno, only their kind (`dataset::s3`).
 fn source_unreachable(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind as K;
+    if matches!(e.kind(), K::ConnectionRefused | K::TimedOut) {
+        return true;
+    }
     matches!(
         crate::cache::source_errno(e),
         Some(

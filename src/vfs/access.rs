@@ -64,13 +64,20 @@ impl Access {
     /// user's (files 0400, folders 0500): a view never grants what it cannot check.
     pub(crate) fn of_source(root: &Path) -> Access {
         let me = Access::mounter();
-        match examine(root) {
+        // A bucket has no owner or mode to derive from: the mounting user's alone, quietly.
+        let examined = match crate::dataset::s3::is_s3(root) {
+            true => Err(std::io::Error::other("an s3:// source")),
+            false => examine(root),
+        };
+        match examined {
             Ok((meta, above)) => {
                 let derived = me.derived(meta.uid(), meta.gid(), meta.mode(), meta.is_dir());
                 derived.reachable_by(search_classes(meta.uid(), meta.gid(), &above))
             }
             Err(e) => {
-                tracing::warn!(source = %root.display(), error = %e, "cannot read the source's owner and mode; the view is the mounting user's alone");
+                if !crate::dataset::s3::is_s3(root) {
+                    tracing::warn!(source = %root.display(), error = %e, "cannot read the source's owner and mode; the view is the mounting user's alone");
+                }
                 Access {
                     file_perm: 0o400,
                     dir_perm: 0o500,

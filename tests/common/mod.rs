@@ -24,6 +24,7 @@ pub mod mpi_job;
 pub mod process;
 pub mod records;
 pub mod refused;
+pub mod s3;
 pub mod shares;
 pub mod skip;
 pub mod trees;

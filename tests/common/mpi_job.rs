@@ -43,7 +43,30 @@ impl MpiJob {
     /// As [`MpiJob::start`], with `launcher` (a launcher command that starts `ranks` copies
     /// of the program that follows its arguments, e.g. `shufflefs-cluster mpirun NAME --`).
     pub fn start_with(
+        launcher: Command,
+        dir: &Path,
+        ranks: u32,
+        seed: u64,
+        fraction: f64,
+        extra: &[&str],
+    ) -> MpiJob {
+        let source = dir.join("src");
+        MpiJob::start_from(
+            launcher,
+            source.as_os_str(),
+            dir,
+            ranks,
+            seed,
+            fraction,
+            extra,
+        )
+    }
+
+    /// As [`MpiJob::start_with`], with `--source SOURCE` (e.g. an `s3://` URL) instead of
+    /// `DIR/src`.
+    pub fn start_from(
         mut launcher: Command,
+        source: &std::ffi::OsStr,
         dir: &Path,
         ranks: u32,
         seed: u64,
@@ -63,7 +86,7 @@ impl MpiJob {
                 &fraction.to_string(),
             ])
             .arg("--source")
-            .arg(dir.join("src"))
+            .arg(source)
             .arg("--cache")
             .arg(dir.join("cache{rank}"))
             .args(extra)

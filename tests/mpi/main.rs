@@ -22,5 +22,6 @@ mod mpi_exchange;
 mod rank_leaves;
 mod rescan_mpi;
 mod resume_mpi;
+mod s3_mpi;
 mod signal_mpi;
 mod stress_mpi;

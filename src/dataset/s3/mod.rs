@@ -1,0 +1,243 @@
+//! `--source s3://BUCKET/PREFIX`: a dataset in an S3-compatible object store (AWS S3, MinIO,
+//! Ceph RGW, ...), read through the `object_store` crate. The objects under the prefix are
+//! the files: `PREFIX/CLASS/NAME` for ImageFolder, any key for `--format tree`.
+//!
+//! Only rank 0 talks to the bucket before the mount: it checks that the bucket answers
+//! ([`check_source`]) and lists the prefix once ([`build_index`]); the index then travels
+//! to the other ranks over MPI as a folder scan's does, so they make no listing calls.
+//! After that every rank GETs the objects it stages or fetches on demand (a ranged GET for
+//! a read at an offset), at most [`CONCURRENCY`] at once. Records (`--format records`) and
+//! `--replicate` are not served from a bucket yet; both are refused at startup.
+//!
+//! The hooks elsewhere are few: `Format::{check_source, build_index, open}` send an
+//! `s3://` source here, the configuration refuses what is not supported, and the staging
+//! threads default to [`CONCURRENCY`] for a bucket.
+
+use std::io::{self, Write};
+use std::path::Path;
+use std::sync::Arc;
+
+use super::manifest::{Manifest, ManifestError};
+use super::{Copied, Dataset, Format};
+use crate::plan::SampleId;
+
+mod client;
+mod list;
+mod profile;
+
+pub(crate) use client::CONCURRENCY;
+use client::{Client, S3Url};
+
+/// The bucket and prefix of `source` when it is an `s3://` URL (an error for a malformed
+/// one), `None` for a path.
+pub(crate) fn url_of(source: &Path) -> Option<Result<S3Url, String>> {
+    S3Url::parse(source.to_str()?)
+}
+
+/// `--staging-threads` left out: 4 for a folder (a parallel filesystem rewards a few
+/// readers), [`CONCURRENCY`] for a bucket, where each thread holds one GET in flight.
+pub(crate) fn default_staging_threads(source: &Path) -> usize {
+    if is_s3(source) { CONCURRENCY } else { 4 }
+}
+
+/// Whether `source` names a bucket rather than a folder.
+pub(crate) fn is_s3(source: &Path) -> bool {
+    url_of(source).is_some()
+}
+
+fn client(source: &Path) -> Result<Client, ManifestError> {
+    let url = url_of(source)
+        .expect("only s3:// sources come here")
+        .map_err(ManifestError::Store)?;
+    Client::new(url).map_err(ManifestError::Store)
+}
+
+/// Refuses on the command line what a bucket source does not support yet, and a malformed
+/// `s3://` URL.
+pub(crate) fn check_args(source: &Path, format: Format, replicate: bool) -> Result<(), String> {
+    let text = source.to_string_lossy();
+    let other = [
+        "gs://", "az://", "abfs://", "abfss://", "azure://", "http://", "https://",
+    ];
+    if let Some(scheme) = other.iter().find(|s| text.starts_with(**s)) {
+        return Err(format!(
+            "--source {text}: {scheme} sources are not supported (only s3://, an S3-compatible store at AWS_ENDPOINT_URL or AWS itself; see docs/s3.md)"
+        ));
+    }
+    let Some(url) = url_of(source) else {
+        return Ok(());
+    };
+    url?;
+    if format == Format::Records {
+        return Err(format!(
+            "--source {}: --format records is not served from a bucket yet; copy the shards to a filesystem, or use --format imagefolder or tree",
+            source.display()
+        ));
+    }
+    if replicate {
+        return Err(format!(
+            "--source {}: --replicate is not served from a bucket yet; copy the side files next to the mount, or drop --replicate",
+            source.display()
+        ));
+    }
+    Ok(())
+}
+
+/// Checks at mount that the bucket exists and is readable with these credentials (one
+/// listing request of one page): a missing bucket, a refused one, or no answer is named
+/// with the fix.
+pub(crate) fn check_source(source: &Path) -> Result<(), ManifestError> {
+    let client = client(source)?;
+    let url = client.url.clone();
+    let probe = client.run(async {
+        use futures::TryStreamExt;
+        use object_store::ObjectStore;
+        let prefix =
+            (!url.prefix.is_empty()).then(|| object_store::path::Path::from(url.prefix.as_str()));
+        client
+            .store
+            .list(prefix.as_ref())
+            .try_next()
+            .await
+            .map(|_| ())
+    });
+    probe.map_err(|e| ManifestError::Store(refusal(&url, e)))
+}
+
+/// Why the bucket of `url` cannot be a source, and what to do about it.
+fn refusal(url: &S3Url, e: object_store::Error) -> String {
+    let text = client::chain(&e);
+    let fix = if text.contains("NoSuchBucket") || matches!(e, object_store::Error::NotFound { .. })
+    {
+        "the bucket does not exist at this endpoint: check the bucket name and AWS_ENDPOINT_URL / AWS_REGION"
+    } else if matches!(
+        e,
+        object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. }
+    ) || text.contains("AccessDenied")
+        || text.contains("403")
+    {
+        "these credentials may not list it: check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE's) and the bucket policy (s3:ListBucket, s3:GetObject)"
+    } else {
+        "the store did not answer as S3 does: check AWS_ENDPOINT_URL (and AWS_ALLOW_HTTP=true for a plain-http endpoint) and the network"
+    };
+    format!(
+        "--source {url}: bucket {:?} refused: {fix} ({text})",
+        url.bucket
+    )
+}
+
+/// Rank 0's one listing of the prefix as `format`'s index.
+pub(crate) fn build_index(source: &Path, format: Format) -> Result<Manifest, ManifestError> {
+    if format == Format::Records {
+        return Err(ManifestError::Store(format!(
+            "--source {}: --format records is not served from a bucket yet; copy the shards to a filesystem, or use --format imagefolder or tree",
+            source.display()
+        )));
+    }
+    list::build_index(&client(source)?, format)
+}
+
+/// The reader of the bucket's samples, as `manifest` names them.
+/// A client that cannot be built (this rank's environment lacks what rank 0's had) makes
+/// every read fail with the reason, as an unreadable folder would.
+pub(crate) fn open(source: &Path, manifest: Arc<Manifest>) -> Arc<dyn Dataset> {
+    let client = client(source).map_err(|e| e.to_string());
+    let name = source.display().to_string();
+    Arc::new(S3Source {
+        client,
+        name,
+        manifest,
+    })
+}
+
+/// A bucket's objects as samples.
+struct S3Source {
+    client: Result<Client, String>,
+    /// The source as given, for errors before a client exists.
+    name: String,
+    manifest: Arc<Manifest>,
+}
+
+impl S3Source {
+    fn client(&self) -> io::Result<&Client> {
+        self.client
+            .as_ref()
+            .map_err(|e| io::Error::new(io::ErrorKind::ConnectionRefused, e.clone()))
+    }
+
+    fn relative(&self, id: SampleId) -> String {
+        self.manifest
+            .relative_path(id)
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
+impl Dataset for S3Source {
+    fn copy_to(&self, id: SampleId, out: &mut dyn Write) -> io::Result<Copied> {
+        let (len, modified) = self.client()?.get_to(&self.relative(id), out)?;
+        Ok(Copied {
+            len,
+            mtime: Some(modified),
+        })
+    }
+
+    fn read_at(&self, id: SampleId, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let range = match self.manifest.size(id) {
+            Some(size) if offset >= size => return Ok(0),
+            Some(size) => Some(offset..size.min(offset + buf.len() as u64)),
+            None => None,
+        };
+        let ranged = range.is_some();
+        let (bytes, _) = self.client()?.get(&self.relative(id), range)?;
+        let bytes = match ranged {
+            true => &bytes[..],
+            false => bytes.get(offset as usize..).unwrap_or(&[]),
+        };
+        let n = bytes.len().min(buf.len());
+        buf[..n].copy_from_slice(&bytes[..n]);
+        Ok(n)
+    }
+
+    fn describe(&self, id: SampleId) -> String {
+        match &self.client {
+            Ok(c) => format!("s3://{}/{}", c.url.bucket, c.url.key(&self.relative(id))),
+            Err(_) => format!("{}/{}", self.name, self.relative(id)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(source: &str, format: Format, replicate: bool) -> String {
+        check_args(Path::new(source), format, replicate).unwrap_err()
+    }
+
+    #[test]
+    fn what_a_bucket_cannot_serve_yet_is_refused_on_the_command_line() {
+        let ok = |s: &str| check_args(Path::new(s), Format::Imagefolder, false);
+        assert_eq!(ok("s3://b/p"), Ok(()));
+        assert_eq!(ok("/data/train"), Ok(()));
+        assert!(refusal("s3:///p", Format::Imagefolder, false).contains("no bucket name"));
+        assert!(refusal("s3://b/p", Format::Records, false).contains("--format records"));
+        assert!(refusal("s3://b/p", Format::Tree, true).contains("--replicate"));
+        assert!(
+            refusal("gs://b/p", Format::Imagefolder, false)
+                .contains("gs:// sources are not supported")
+        );
+        assert_eq!(default_staging_threads(Path::new("s3://b")), CONCURRENCY);
+        assert_eq!(default_staging_threads(Path::new("/data")), 4);
+    }
+
+    #[test]
+    fn urls_split_into_bucket_and_prefix() {
+        let url = |s: &str| S3Url::parse(s).unwrap().unwrap();
+        assert_eq!(url("s3://b").prefix, "");
+        assert_eq!(url("s3://b/a/b/").prefix, "a/b");
+        assert_eq!(url("s3://b/a/b/").key("c/1.jpg"), "a/b/c/1.jpg");
+        assert_eq!(url("s3://b").key("c/1.jpg"), "c/1.jpg");
+        assert!(S3Url::parse("/s3://b").is_none());
+    }
+}

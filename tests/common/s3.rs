@@ -1,0 +1,251 @@
+//! An S3-compatible server on 127.0.0.1 for the `s3://` source tests: `moto`'s server
+//! (PyPI `moto[server]`, installed into the loaders' venv by
+//! `mount-helpers/install-python.sh`), its request log, an uploader (boto3, which moto
+//! brings), and a proxy in front of it that answers some GETs with 503 SlowDown.
+//!
+//! moto was picked over `s3s-fs` because it installs as wheels in about a minute here,
+//! where `cargo install s3s-fs` compiles a few hundred crates on a 2-core machine.
+
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::skip::require;
+use super::venv::check;
+
+/// The venv's python if it has moto's server and boto3, else `None` (skip; a failure
+/// under `SHUFFLEFS_REQUIRE_S3=1`).
+pub fn moto_python() -> Option<PathBuf> {
+    let python = std::env::var_os("SHUFFLEFS_PYTHON")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .map(|h| PathBuf::from(h).join(".cache/shufflefs/venv/bin/python"))
+        })
+        .filter(|p| p.exists());
+    let usable = python.as_ref().is_some_and(|p| {
+        Command::new(p)
+            .args(["-c", "import moto.server, boto3"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    let missing = (!usable).then(|| {
+        "no venv with moto[server]; run `source mount-helpers/install-python.sh`".to_string()
+    });
+    require("an S3 test server (moto)", "SHUFFLEFS_REQUIRE_S3", missing)
+        .then_some(python)
+        .flatten()
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_listening(port: u16, child: &mut Child, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("{what} exited before listening: {status}");
+        }
+        assert!(Instant::now() < deadline, "{what} did not listen in time");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A moto server (killed on drop), logging its requests to `log`.
+pub struct S3Server {
+    child: Child,
+    python: PathBuf,
+    pub port: u16,
+    pub log: PathBuf,
+}
+
+impl S3Server {
+    pub fn start(python: &Path, log: &Path) -> S3Server {
+        S3Server::start_checking(python, log, false)
+    }
+
+    /// As [`start`](Self::start); with `auth`, moto checks credentials (unknown keys get
+    /// 403 InvalidAccessKeyId).
+    pub fn start_checking(python: &Path, log: &Path, auth: bool) -> S3Server {
+        let port = free_port();
+        let mut server = Command::new(python);
+        if auth {
+            server.env("INITIAL_NO_AUTH_ACTION_COUNT", "0");
+        }
+        let mut child = server
+            .args([
+                "-m",
+                "moto.server",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .unwrap();
+        wait_listening(port, &mut child, "moto's server");
+        S3Server {
+            child,
+            python: python.to_path_buf(),
+            port,
+            log: log.to_path_buf(),
+        }
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The AWS variables that point a client at `endpoint`.
+    pub fn env(endpoint: &str) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ENDPOINT_URL", endpoint.to_string()),
+            ("AWS_ALLOW_HTTP", "true".into()),
+            ("AWS_ACCESS_KEY_ID", "testing".into()),
+            ("AWS_SECRET_ACCESS_KEY", "testing".into()),
+            ("AWS_REGION", "us-east-1".into()),
+        ]
+    }
+
+    /// Makes `bucket` and uploads every file under `dir` to `prefix/` + its relative path.
+    pub fn upload(&self, bucket: &str, prefix: &str, dir: &Path) {
+        let out = Command::new(&self.python)
+            .args(["-c", UPLOAD, &self.endpoint(), bucket, prefix])
+            .arg(dir)
+            .envs(S3Server::env(&self.endpoint()))
+            .output()
+            .unwrap();
+        check("uploading the dataset", &out);
+    }
+
+    /// How many ListObjectsV2 requests the server answered so far.
+    pub fn list_requests(&self) -> usize {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        log.lines().filter(|l| l.contains("list-type=2")).count()
+    }
+
+    /// A proxy in front of the server answering every `every`-th object GET with 503
+    /// SlowDown (never for 0) (killed on drop); its log counts the 503s as lines with
+    /// `INJECTED`.
+    pub fn faulty_proxy(&self, every: u32, log: &Path) -> Proxy {
+        self.proxy_on(free_port(), every, 0, log)
+    }
+
+    /// A proxy on `port` that delays every object GET by `delay_ms` and answers every
+    /// `every`-th one (never for 0) with 503 SlowDown.
+    pub fn proxy_on(&self, port: u16, every: u32, delay_ms: u32, log: &Path) -> Proxy {
+        let mut child = Command::new(&self.python)
+            .args(["-c", PROXY, &port.to_string(), &self.port.to_string()])
+            .args([every.to_string(), delay_ms.to_string()])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .unwrap();
+        wait_listening(port, &mut child, "the 503 proxy");
+        Proxy {
+            child,
+            port,
+            log: log.to_path_buf(),
+        }
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The 503-injecting proxy of [`S3Server::faulty_proxy`].
+pub struct Proxy {
+    child: Child,
+    pub port: u16,
+    pub log: PathBuf,
+}
+
+impl Proxy {
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn injected(&self) -> usize {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        log.lines().filter(|l| l.contains("INJECTED")).count()
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const UPLOAD: &str = r#"
+import os, sys, boto3
+endpoint, bucket, prefix, root = sys.argv[1:5]
+s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+s3.create_bucket(Bucket=bucket)
+for dirpath, _, files in os.walk(root):
+    for f in files:
+        path = os.path.join(dirpath, f)
+        rel = os.path.relpath(path, root)
+        s3.upload_file(path, bucket, prefix + "/" + rel if prefix else rel)
+"#;
+
+/// Forwards every request to the server, but answers every N-th GET of an object (a path
+/// with a key, no query) with 503 SlowDown, as S3 does under load, and delays each such GET.
+const PROXY: &str = r#"
+import http.client, sys, threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import time
+port, upstream, every, delay = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]) / 1000
+count = [0]
+lock = threading.Lock()
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def handle_any(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.command == "GET" and "?" not in self.path and self.path.count("/") >= 2:
+            time.sleep(delay)
+            with lock:
+                count[0] += 1
+                fail = every > 0 and count[0] % every == 0
+            if fail:
+                sys.stderr.write("INJECTED 503 %s\n" % self.path)
+                sys.stderr.flush()
+                msg = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+                self.send_response(503)
+                self.send_header("Content-Length", str(len(msg)))
+                self.send_header("Content-Type", "application/xml")
+                self.end_headers()
+                self.wfile.write(msg)
+                return
+        conn = http.client.HTTPConnection("127.0.0.1", upstream, timeout=30)
+        headers = {k: v for k, v in self.headers.items()}
+        conn.request(self.command, self.path, body=body, headers=headers)
+        resp = conn.getresponse()
+        data = resp.read()
+        self.send_response(resp.status)
+        for k, v in resp.getheaders():
+            if k.lower() not in ("content-length", "transfer-encoding", "connection", "server", "date"):
+                self.send_header(k, v)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        conn.close()
+    do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = handle_any
+    def log_message(self, *args):
+        pass
+ThreadingHTTPServer.allow_reuse_address = True
+ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"#;

@@ -1,0 +1,295 @@
+//! `--source s3://BUCKET/PREFIX` against a real S3-compatible server on 127.0.0.1 (moto's,
+//! see `common::s3`): a 4-rank `mpirun` mount of an ImageFolder dataset in a bucket, every
+//! epoch a partition with exact bytes and rank 0 the only rank that lists; a missing bucket
+//! refused with the fix and no mount left; and 503 SlowDown answers injected by a proxy,
+//! retried, so the mount still gets every byte.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::common::mpi_job::{MpiJob, mpirun};
+use crate::common::s3::{S3Server, moto_python};
+use crate::common::trees::{assert_epochs_partition, write_tree};
+use crate::common::{
+    is_mounted, mount_args, require_fuse, require_mpi, run_with_timeout, shufflefs,
+};
+
+const RANKS: u32 = 4;
+const SEED: u64 = 5;
+const BUCKET: &str = "shufflefs-test";
+const PREFIX: &str = "datasets/tiny";
+
+/// `DIR/src`: 3 classes of 13 to 15 samples, 1 to 9 KB each, uploaded under `PREFIX/`.
+fn dataset(dir: &Path, server: &S3Server) {
+    let mut files = Vec::new();
+    for c in 0..3 {
+        for i in 0..(13 + c) {
+            files.push((
+                format!("class{c}/img_{i:03}.jpg"),
+                1000 + (i * 571 + c * 97) % 8000,
+            ));
+        }
+    }
+    write_tree(dir, &files, &[]);
+    server.upload(BUCKET, PREFIX, &dir.join("src"));
+}
+
+fn job(dir: &Path, endpoint: &str) -> MpiJob {
+    let mut launcher = mpirun(RANKS);
+    launcher.envs(S3Server::env(endpoint));
+    let source = format!("s3://{BUCKET}/{PREFIX}");
+    MpiJob::start_from(launcher, source.as_ref(), dir, RANKS, SEED, 0.5, &[])
+}
+
+#[test]
+fn imagefolder_in_a_bucket_is_partitioned_every_epoch_and_listed_once() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let Some(python) = moto_python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&python, &tmp.path().join("moto.log"));
+    dataset(tmp.path(), &server);
+    let before = server.list_requests();
+    let job = job(tmp.path(), &server.endpoint());
+    // Rank 0's bucket check and its one listing (one page: under 1,000 keys); no other rank lists.
+    assert_eq!(server.list_requests() - before, 2, "listing requests");
+    let sizes = assert_epochs_partition(&job, &tmp.path().join("src"), 3, &[]);
+    for s in sizes {
+        assert_eq!(s.iter().sum::<usize>(), 42, "{s:?}");
+    }
+    let status = job.status(0);
+    assert_eq!(status["source"], format!("s3://{BUCKET}/{PREFIX}"));
+    assert_eq!(
+        server.list_requests() - before,
+        2,
+        "listing requests after 3 epochs"
+    );
+    job.unmount();
+    // A remount takes the index from rank 0's cache: the bucket check is its one request.
+    let job = self::job(tmp.path(), &server.endpoint());
+    assert_eq!(
+        server.list_requests() - before,
+        3,
+        "listing requests after a remount"
+    );
+    assert_eq!(job.status(0)["source"], format!("s3://{BUCKET}/{PREFIX}"));
+    job.unmount();
+}
+
+#[test]
+fn missing_bucket_is_refused_with_the_fix_and_no_mount() {
+    if !require_fuse() {
+        return;
+    }
+    let Some(python) = moto_python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&python, &tmp.path().join("moto.log"));
+    let mnt = tmp.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let source = Path::new("s3://no-such-bucket/x");
+    let args = mount_args(source, &tmp.path().join("cache"), &mnt, &[]);
+    let out = run_with_timeout(
+        shufflefs()
+            .arg("mount")
+            .args(&args)
+            .envs(S3Server::env(&server.endpoint())),
+        Duration::from_secs(60),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "mounted a missing bucket: {stderr}");
+    for needle in ["no-such-bucket", "does not exist", "AWS_ENDPOINT_URL"] {
+        assert!(
+            stderr.contains(needle),
+            "stderr lacks {needle:?}:\n{stderr}"
+        );
+    }
+    assert!(!is_mounted(&mnt), "a refused mount left a mount behind");
+
+    // A bucket that exists but holds nothing under the prefix is refused too.
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    server.upload("empty-bucket", "", &empty);
+    let source = Path::new("s3://empty-bucket/train");
+    let args = mount_args(source, &tmp.path().join("cache"), &mnt, &[]);
+    let out = run_with_timeout(
+        shufflefs()
+            .arg("mount")
+            .args(&args)
+            .envs(S3Server::env(&server.endpoint())),
+        Duration::from_secs(60),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "mounted an empty prefix: {stderr}");
+    assert!(stderr.contains("holds no objects"), "{stderr}");
+    assert!(!is_mounted(&mnt), "a refused mount left a mount behind");
+}
+
+#[test]
+fn forbidden_bucket_is_refused_naming_the_credentials() {
+    if !require_fuse() {
+        return;
+    }
+    let Some(python) = moto_python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let server = S3Server::start_checking(&python, &tmp.path().join("moto.log"), true);
+    let mnt = tmp.path().join("mnt");
+    let source = Path::new("s3://some-bucket/x");
+    let args = mount_args(source, &tmp.path().join("cache"), &mnt, &[]);
+    let out = run_with_timeout(
+        shufflefs()
+            .arg("mount")
+            .args(&args)
+            .envs(S3Server::env(&server.endpoint())),
+        Duration::from_secs(60),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "mounted a forbidden bucket: {stderr}"
+    );
+    for needle in ["some-bucket", "403", "AWS_ACCESS_KEY_ID", "bucket policy"] {
+        assert!(
+            stderr.contains(needle),
+            "stderr lacks {needle:?}:\n{stderr}"
+        );
+    }
+    assert!(!mnt.exists(), "a refused mount left its mount point behind");
+}
+
+#[test]
+fn slowdown_503s_are_retried_and_every_byte_arrives() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let Some(python) = moto_python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&python, &tmp.path().join("moto.log"));
+    dataset(tmp.path(), &server);
+    let proxy = server.faulty_proxy(3, &tmp.path().join("proxy.log"));
+    let job = job(tmp.path(), &proxy.endpoint());
+    assert_epochs_partition(&job, &tmp.path().join("src"), 2, &[]);
+    assert!(proxy.injected() > 0, "the proxy injected no 503");
+    // Every 503 was retried inside the request: no sample failed on any rank.
+    for rank in 0..RANKS as usize {
+        let cache = &job.status(rank)["cache"];
+        assert_eq!(cache["source_errors"], 0, "rank {rank}: {cache}");
+    }
+    eprintln!("503s injected: {}", proxy.injected());
+    job.unmount();
+}
+
+/// Also: the endpoint and credentials come from a profile of the AWS shared files.
+#[test]
+fn tree_in_a_bucket_is_partitioned_with_its_folders() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let Some(python) = moto_python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&python, &tmp.path().join("moto.log"));
+    let mut files: Vec<_> = (0..9)
+        .map(|i| (format!("top_{i}.npz"), 300 + i * 41))
+        .collect();
+    for i in 0..11 {
+        files.push((
+            format!("spk{}/ch{}/{i:04}.flac", i % 3, i % 2),
+            900 + i * 77,
+        ));
+    }
+    write_tree(tmp.path(), &files, &[]);
+    server.upload(BUCKET, "tree", &tmp.path().join("src"));
+    // Endpoint, keys and region from a profile of the AWS shared files, not the variables.
+    let (creds, config) = (tmp.path().join("credentials"), tmp.path().join("config"));
+    let keys = "aws_access_key_id = testing\naws_secret_access_key = testing\n";
+    std::fs::write(
+        &creds,
+        format!("[default]\naws_access_key_id = wrong\n[moto]\n{keys}"),
+    )
+    .unwrap();
+    let endpoint = server.endpoint();
+    let profile = format!("[profile moto]\nregion = us-east-1\nendpoint_url = {endpoint}\n");
+    std::fs::write(&config, profile).unwrap();
+    let mut launcher = mpirun(RANKS);
+    launcher
+        .env("AWS_PROFILE", "moto")
+        .env("AWS_SHARED_CREDENTIALS_FILE", &creds)
+        .env("AWS_CONFIG_FILE", &config)
+        .env("AWS_ALLOW_HTTP", "true");
+    let source = format!("s3://{BUCKET}/tree");
+    let extra = ["--format", "tree"];
+    let job = MpiJob::start_from(
+        launcher,
+        source.as_ref(),
+        tmp.path(),
+        RANKS,
+        SEED,
+        0.5,
+        &extra,
+    );
+    assert_epochs_partition(&job, &tmp.path().join("src"), 2, &[]);
+    assert_eq!(job.status(0)["dataset"]["format"], "tree");
+    job.unmount();
+}
+
+/// Waits up to `secs` for `what` of rank 0's status to hold.
+fn wait_status(job: &MpiJob, secs: u64, what: &str, holds: impl Fn(&serde_json::Value) -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    while !holds(&job.status(0)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: {}",
+            job.status(0)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn the_store_going_away_mid_staging_keeps_the_mount_and_staging_resumes() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let Some(python) = moto_python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&python, &tmp.path().join("moto.log"));
+    dataset(tmp.path(), &server);
+    // One rank staging one sample at a time, 100 ms a GET: about 4 s for the 42 samples.
+    let port = server.faulty_proxy(0, &tmp.path().join("probe.log")).port;
+    let proxy = server.proxy_on(port, 0, 100, &tmp.path().join("proxy.log"));
+    let mut launcher = mpirun(1);
+    launcher.envs(S3Server::env(&proxy.endpoint()));
+    let source = format!("s3://{BUCKET}/{PREFIX}");
+    let extra = ["--staging-threads", "1"];
+    let job = MpiJob::start_from(launcher, source.as_ref(), tmp.path(), 1, SEED, 0.5, &extra);
+    wait_status(&job, 30, "some samples staged", |s| {
+        s["cache"]["files"].as_u64() >= Some(3)
+    });
+    drop(proxy);
+    // The GET in flight fails after object_store's retries (about 20 s of backoff), and the
+    // problem shows in the status; the mount still answers.
+    wait_status(&job, 90, "the outage in the status", |s| {
+        s["cache"]["problems"]
+            .as_array()
+            .is_some_and(|p| !p.is_empty())
+    });
+    let problems = job.status(0)["cache"]["problems"].to_string();
+    assert!(
+        problems.contains(&format!("s3://{BUCKET}/{PREFIX}/")),
+        "{problems}"
+    );
+    let staged = job.status(0)["cache"]["files"].as_u64().unwrap();
+    assert!(staged < 42, "staging finished before the outage");
+    assert_eq!(
+        std::fs::read_dir(job.mounts[0].join("epoch-0"))
+            .unwrap()
+            .count(),
+        3
+    );
+    // The store comes back on the same address: staging's own retry finishes the share.
+    let _back = server.proxy_on(port, 0, 0, &tmp.path().join("proxy2.log"));
+    wait_status(&job, 90, "staging resumed", |s| s["cache"]["files"] == 42);
+    assert_epochs_partition(&job, &tmp.path().join("src"), 1, &[]);
+    eprintln!("staged before the outage: {staged}; problems: {problems}");
+    job.unmount();
+}
