@@ -7,6 +7,7 @@
 #
 #   cargo bench --bench exchange_mpi --no-run   # then copy target/release/deps/exchange_mpi-*
 #   SCENARIOS=100KB,4KB nice -n -19 bash benches/exchange_ab.sh 3 /tmp/old /tmp/new
+# SUBNET=10.214.X.0/24 picks the cluster's /24 (default 10.214.98.0/24).
 set -euo pipefail
 [ $# -ge 2 ] || { sed -n 2,10p "$0"; exit 2; }
 cd "$(dirname "$0")/.."
@@ -16,7 +17,7 @@ shift
 cluster=mount-helpers/shufflefs-cluster
 name=abx$$
 name=${name:0:7}
-"$cluster" up "$name" --hosts 4 --rate 1gbit --disk 4G >/dev/null
+"$cluster" up "$name" --hosts 4 --rate 1gbit --disk 4G --subnet "${SUBNET:-10.214.98.0/24}" >/dev/null
 trap '"$cluster" down "$name" >/dev/null 2>&1 || true' EXIT
 export SHUFFLEFS_BENCH_DIR
 SHUFFLEFS_BENCH_DIR=$(awk -F= '$1 == "LOCAL" { print $2 }' "/run/shufflefs-cluster/$name/config")
