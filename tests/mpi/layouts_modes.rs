@@ -1,9 +1,11 @@
 //! A tree source with side files and equal shares (`--format tree --replicate GLOB
 //! --equal-shares drop`) under every way a job can run, 4 ranks on this host: the coded
-//! exchange (with its server), node scope, a job killed with SIGKILL and started again, and
-//! an elastic restart from 4 ranks to 3. In every epoch checked, each rank's view holds
-//! exactly `floor(N/M)` samples, the views are disjoint with the source's bytes, every folder
-//! of the source is on every rank, and the side files are whole on every rank.
+//! exchange (with its server), node scope, a job killed with SIGKILL and started again, an
+//! elastic restart from 4 ranks to 3, and the packed cache layout (walked and resumed). In
+//! every epoch checked, each rank's view holds exactly `floor(N/M)` samples, the views are
+//! disjoint with the source's bytes, every folder of the source is on every rank, and the
+//! side files are whole on every rank. (All ranks share one host here, so node scope is
+//! checked for what it does to the views, not for keeping samples on their host.)
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -141,18 +143,29 @@ fn node_scope_with_side_files_and_equal_shares() {
     job.unmount();
 }
 
-/// Killed with SIGKILL at epoch 2, then the same command: every rank resumes at epoch 2 and
-/// goes on, with the same views an uninterrupted run shows (checked by the rule's counts:
-/// each view holds floor(N/M) of the partition) and the side files still whole.
+/// Killed with SIGKILL at epoch 2, then the same command: every rank resumes at epoch 2 with
+/// the views it showed before the kill (the equal-shares rule replays to the same choice),
+/// goes on to epoch 3, and nothing is fetched from the source again.
 #[test]
 fn a_killed_tree_job_resumes_with_side_files_and_equal_shares() {
+    killed_and_resumed(&[]);
+}
+
+/// The same with the packed cache layout (samples in segment files, not one file each):
+/// staging, the exchange's writes into segments, and the resume from them.
+#[test]
+fn a_tree_job_on_the_packed_cache_layout_walks_and_resumes() {
+    killed_and_resumed(&["--cache-layout", "packed"]);
+}
+
+fn killed_and_resumed(layout: &[&str]) {
     if !require_fuse() || !require_mpi() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
     source(tmp.path());
     let src = tmp.path().join("src");
-    let extra = args(&[]);
+    let extra = args(layout);
     let job = MpiJob::start(tmp.path(), 4, SEED, 0.5, &extra);
     check_epoch(&job, &src, 0);
     advance_and_check(&job, &src, 1);
@@ -171,7 +184,12 @@ fn a_killed_tree_job_resumes_with_side_files_and_equal_shares() {
         assert_eq!(now.files, was.files, "rank {r}: epoch 2 after the resume");
     }
     check_epoch(&job, &src, 3);
-    assert_eq!(job.status(0)["cache"]["fetched_from_source"], 0);
+    let want = layout.get(1).copied().unwrap_or("files");
+    for r in 0..4 {
+        let st = job.status(r);
+        assert_eq!(st["cache"]["fetched_from_source"], 0, "rank {r}: {st:#}");
+        assert_eq!(st["cache"]["layout"], want, "rank {r}: {st:#}");
+    }
     job.unmount();
 }
 
