@@ -145,7 +145,7 @@ fn node_scope_with_side_files_and_equal_shares() {
 
 /// Killed with SIGKILL at epoch 2, then the same command: every rank resumes at epoch 2 with
 /// the views it showed before the kill (the equal-shares rule replays to the same choice),
-/// goes on to epoch 3, and nothing is fetched from the source again.
+/// goes on to epoch 3, and nothing (sample or side file) is fetched from the source again.
 #[test]
 fn a_killed_tree_job_resumes_with_side_files_and_equal_shares() {
     killed_and_resumed(&[]);
@@ -188,6 +188,10 @@ fn killed_and_resumed(layout: &[&str]) {
     for r in 0..4 {
         let st = job.status(r);
         assert_eq!(st["cache"]["fetched_from_source"], 0, "rank {r}: {st:#}");
+        assert_eq!(
+            st["replicated"]["fetched_bytes"], 0,
+            "side files kept: {st:#}"
+        );
         assert_eq!(st["cache"]["layout"], want, "rank {r}: {st:#}");
     }
     job.unmount();
