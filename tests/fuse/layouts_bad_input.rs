@@ -2,7 +2,8 @@
 //! cannot list (refused, naming the folder, no mount left behind, even when the test runs as
 //! root), symlink loops (skipped and named in the status, the rest served), and a side-file
 //! glob that matches a file the scan would otherwise take as a sample (the file is taken out
-//! of the samples and shown whole: a side file, never also a sample).
+//! of the samples and shown whole: a side file, never also a sample); a glob naming a folder
+//! is refused with the glob that takes its files.
 
 use std::fs;
 use std::os::unix::fs::{PermissionsExt, symlink};
@@ -147,4 +148,33 @@ fn a_glob_matching_sample_files_takes_them_out_of_the_samples() {
     assert_eq!(st["replicated"]["files"], 3, "{st:#}");
     assert_eq!(st["replicated"]["bytes"], 103 + 100, "{st:#}");
     d.unmount();
+}
+
+/// A glob naming a folder (`--replicate annotations`, where the files were meant) is refused
+/// with the globs that take its files, and leaves no mount behind.
+#[test]
+fn a_replicate_glob_naming_a_folder_is_refused_with_the_glob_to_use() {
+    if !require_fuse() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let files = [
+        ("annotations/a.json".to_string(), 10),
+        ("train/x.jpg".to_string(), 20),
+    ];
+    write_tree(tmp.path(), &files, &[]);
+    let mnt = tmp.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let extra = ["--format", "tree", "--replicate", "annotations"];
+    let args = mount_args(
+        &tmp.path().join("src"),
+        &tmp.path().join("cache"),
+        &mnt,
+        &extra,
+    );
+    for foreground in [true, false] {
+        let r = mount_refused(&mnt, &args, foreground);
+        r.assert_mentions("--replicate \"annotations\" names a folder");
+        r.assert_mentions("'annotations/*'");
+    }
 }
