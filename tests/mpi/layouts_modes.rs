@@ -7,7 +7,7 @@
 //! side files are whole on every rank. (All ranks share one host here, so node scope is
 //! checked for what it does to the views, not for keeping samples on their host.)
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::Command;
 
@@ -15,14 +15,19 @@ use crate::coded_mpi::kill_server;
 use crate::common::mpi_job::{MpiJob, wait_all};
 use crate::common::trees::{Walk, views, walk, write_tree};
 use crate::common::{BIN, force_unmount, is_mounted, require_fuse, require_mpi};
+use shufflefs::plan::PlanParams;
+use shufflefs::plan::elastic::{ElasticPlan, History};
+use shufflefs::plan::equal::Replay;
 
 const SEED: u64 = 17;
+/// 2 left out per epoch on 4 ranks and on 3.
+const SAMPLES: usize = 38;
 const SIDE: [&str; 2] = ["meta/classes.txt", "a/stats.npy"];
 
-/// A nested tree of 39 samples (not divisible by 4 or 3), two side files and an empty
+/// A nested tree of `SAMPLES` samples (not divisible by 4 or 3), two side files and an empty
 /// folder.
 fn source(dir: &Path) {
-    let mut files: Vec<(String, usize)> = (0..39)
+    let mut files: Vec<(String, usize)> = (0..SAMPLES)
         .map(|i| (format!("{}/{}/s{i:03}.npz", i % 3, i % 2), 900 + i * 131))
         .collect();
     files.extend(SIDE.iter().map(|s| (s.to_string(), 321)));
@@ -44,9 +49,9 @@ fn args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
     out
 }
 
-/// Epoch `epoch` on every rank of `job`: `floor(39/M)` samples each, disjoint, the source's
-/// bytes; every folder and both side files on every rank.
-fn check_epoch(job: &MpiJob, src: &Path, epoch: u64) {
+/// Epoch `epoch` on every rank of `job`: `floor(SAMPLES/M)` samples each, disjoint, the source's
+/// bytes; every folder and both side files on every rank. Returns the samples left out.
+fn check_epoch(job: &MpiJob, src: &Path, epoch: u64) -> BTreeSet<String> {
     let mut source: Walk = walk(src);
     let side: BTreeMap<String, Vec<u8>> = (SIDE.iter())
         .map(|s| (s.to_string(), source.files.remove(*s).unwrap()))
@@ -67,8 +72,8 @@ fn check_epoch(job: &MpiJob, src: &Path, epoch: u64) {
         }
         assert_eq!(
             view.files.len(),
-            39 / ranks,
-            "rank {rank}, epoch {epoch}: floor(39/{ranks}) samples"
+            SAMPLES / ranks,
+            "rank {rank}, epoch {epoch}: floor({SAMPLES}/{ranks}) samples"
         );
         for (path, bytes) in &view.files {
             assert!(
@@ -80,6 +85,8 @@ fn check_epoch(job: &MpiJob, src: &Path, epoch: u64) {
             }
         }
     }
+    let left: BTreeSet<String> = source.files.into_keys().collect();
+    left.into_iter().filter(|p| !seen.contains_key(p)).collect()
 }
 
 /// Moves every rank of `job` to `epoch` and checks it.
@@ -198,7 +205,9 @@ fn killed_and_resumed(layout: &[&str]) {
 }
 
 /// Four ranks to epoch 1, killed, then three ranks on the same caches: epoch 1 again with
-/// floor(39/3) = 13 samples per view, then epoch 2; the side files stay whole on every rank.
+/// floor(38/3) = 12 samples per view, then epochs 2 and 3; the side files stay whole on
+/// every rank, and the samples left out are those the rule gives replayed through the job's
+/// real history (4 ranks in epoch 0, 3 from epoch 1).
 #[test]
 fn an_elastic_restart_from_four_to_three_ranks_keeps_the_tree_whole() {
     if !require_fuse() || !require_mpi() {
@@ -213,17 +222,67 @@ fn an_elastic_restart_from_four_to_three_ranks_keeps_the_tree_whole() {
     advance_and_check(&job, &src, 1);
     job.kill();
     force_unmount_all(tmp.path(), 4);
+    let rule = LeftOutRule::new(tmp.path(), History::new(4).resized(1, 3).unwrap());
 
     let job = MpiJob::start(tmp.path(), 3, SEED, 0.5, &extra);
     wait_all(&job, "the resumed epoch", |st| st["epoch"] == 1);
     for r in 0..3 {
         assert_eq!(job.status(r)["world_size"], 3);
-        assert_eq!(job.status(r)["equal_shares"]["view_samples"], 13);
+        assert_eq!(job.status(r)["equal_shares"]["view_samples"], 12);
     }
-    check_epoch(&job, &src, 1);
-    check_epoch(&job, &src, 2);
+    for epoch in 1..=3 {
+        let left = check_epoch(&job, &src, epoch);
+        assert_eq!(
+            left,
+            rule.left_out(epoch),
+            "epoch {epoch}: left out by the rule"
+        );
+    }
     job.unmount();
     force_unmount_all(tmp.path(), 4);
+}
+
+/// The equal-shares rule replayed through a job's history of world sizes, from the library.
+struct LeftOutRule {
+    elastic: ElasticPlan,
+    names: Vec<String>,
+}
+
+impl LeftOutRule {
+    /// The samples' ids are those of the source without its side files: a copy without
+    /// them, scanned, numbers them alike (ids go in path order; side files hold none).
+    fn new(dir: &Path, history: History) -> LeftOutRule {
+        let mut files = walk(&dir.join("src")).files;
+        for s in SIDE {
+            files.remove(s);
+        }
+        let plain = dir.join("plain");
+        for (path, bytes) in &files {
+            std::fs::create_dir_all(plain.join(path).parent().unwrap()).unwrap();
+            std::fs::write(plain.join(path), bytes).unwrap();
+        }
+        let m = shufflefs::dataset::scan::scan_tree(&plain).unwrap();
+        let names = (0..m.len())
+            .map(|id| m.relative_path(id).to_string_lossy().into_owned())
+            .collect();
+        let params = PlanParams {
+            samples: m.len(),
+            world: 0,
+            fraction: 0.5,
+            seed: SEED,
+        };
+        let elastic = ElasticPlan::new(params, history).unwrap();
+        LeftOutRule { elastic, names }
+    }
+
+    fn left_out(&self, epoch: u64) -> BTreeSet<String> {
+        let mut replay = Replay::of_history(&self.elastic);
+        replay.advance_through(&self.elastic, epoch);
+        let plan = self.elastic.plan_at(epoch);
+        (replay.left_out_all(plan).into_iter().flatten())
+            .map(|id| self.names[id as usize].clone())
+            .collect()
+    }
 }
 
 fn force_unmount_all(dir: &Path, ranks: u32) {
