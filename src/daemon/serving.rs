@@ -22,6 +22,7 @@ use crate::exchange::{
     EpochExchange, ExchangeConfig, ExchangeCtx, ExchangeError, Partial, Peers, Settled,
 };
 use crate::node::{ExchangeCmd, Node, NodeConfig, serve};
+use crate::plan::elastic::ElasticPlan;
 use crate::plan::equal::EqualShares;
 use crate::plan::{Plan, Step};
 use crate::vfs::ShuffleFs;
@@ -51,6 +52,7 @@ pub(crate) fn run_node(
     let Prepared {
         store,
         plan,
+        elastic,
         resumed,
         mountpoint,
         mount_dirs,
@@ -66,7 +68,7 @@ pub(crate) fn run_node(
         hosts: comm.hosts().to_vec(),
     };
     let (node, queue) = Node::start(store.clone(), plan, rank, resumed, node_cfg);
-    let fs = view(config, &node, rank);
+    let fs = view(config, &node, rank, elastic);
     let session = super::mount_everywhere(
         config,
         fs,
@@ -218,10 +220,14 @@ impl EpochExchange for Recorded {
 
 /// The filesystem over `node` as `config` shows it: part size, the source's owners and
 /// modes, and under `--equal-shares` the samples left out (also shown in the status).
-fn view(config: &MountConfig, node: &Node, rank: u32) -> ShuffleFs {
+fn view(config: &MountConfig, node: &Node, rank: u32, elastic: Option<ElasticPlan>) -> ShuffleFs {
     let mut fs = ShuffleFs::of(node);
     if config.equal_shares {
-        let equal = Arc::new(EqualShares::new(node.coordinator.plan().clone(), rank));
+        // A resized job's counts are replayed through its history (see `plan::equal`).
+        let equal = Arc::new(match elastic {
+            Some(elastic) => EqualShares::of_history(elastic, rank),
+            None => EqualShares::new(node.coordinator.plan().clone(), rank),
+        });
         let _ = node.status.equal_shares.set(equal.clone());
         fs = fs.with_equal_shares(equal);
     }

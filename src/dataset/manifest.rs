@@ -68,6 +68,10 @@ pub enum ManifestError {
     )]
     ReplicateUnmatched { glob: String, source_dir: PathBuf },
     #[error(
+        "--replicate {glob:?} names a folder, and side files are files: give '{glob}/*' for the files in it, or '{glob}/**' for every file below it"
+    )]
+    ReplicateFolder { glob: String },
+    #[error(
         "side file {0:?} lies in no folder of the view (an ImageFolder view shows only the top folder and the class folders; use --format tree for files deeper down)"
     )]
     SideOutside(OsString),

@@ -113,8 +113,14 @@ pub(crate) fn split(
         kept.push_class(class, &names, &ends, &sizes)?;
     }
     if let Some(g) = used.iter().position(|u| !u) {
+        let glob = globs.given[g].clone();
+        // A glob naming a folder matches no file: say so, rather than only "no file" (one
+        // stat, on the way to a refusal).
+        if source.join(&glob).is_dir() {
+            return Err(ManifestError::ReplicateFolder { glob });
+        }
         return Err(ManifestError::ReplicateUnmatched {
-            glob: globs.given[g].clone(),
+            glob,
             source_dir: source.to_path_buf(),
         });
     }
@@ -212,6 +218,15 @@ mod tests {
                 "{err}"
             );
         }
+        // A folder named as if it were a file: refused with the glob that takes its files,
+        // and that glob takes them.
+        let tree = crate::dataset::scan::scan_tree(root).unwrap();
+        let err = split(tree.clone(), root, &globs(&["annotations"])).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("\"annotations\" names a folder"), "{msg}");
+        assert!(msg.contains("'annotations/**'"), "{msg}");
+        let m = split(tree, root, &globs(&["annotations/**"])).unwrap();
+        assert_eq!(m.side_files().len(), 1);
         let all = crate::dataset::scan::scan(root).unwrap();
         let err = split(all, root, &globs(&["train2017/*", "annotations/*"])).unwrap_err();
         assert!(matches!(err, ManifestError::AllReplicated(_)), "{err}");

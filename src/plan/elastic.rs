@@ -247,6 +247,25 @@ impl ElasticPlan {
         &self.eras.last().expect("never empty").1
     }
 
+    /// The plan of the era `epoch` is in (the last one started at or before it).
+    pub fn plan_at(&self, epoch: u64) -> &Plan {
+        let i = self.eras.iter().rposition(|(era, _)| era.epoch <= epoch);
+        &self.eras[i.unwrap_or(0)].1
+    }
+
+    /// The shares of the epoch after `cur`'s under this history: `cur`'s era steps, then the
+    /// eras that start at the new epoch remap, as [`ElasticPlan::shares_at`] walks. One
+    /// step at a time for who walks every epoch (`plan::equal`'s replay).
+    pub fn step_from(&self, cur: &EpochShares) -> EpochShares {
+        let mut next = self.plan_at(cur.epoch).step(cur).next;
+        for (era, plan) in &self.eras[1..] {
+            if era.epoch == next.epoch {
+                next = remap(&next, era.world, plan.params().seed).next;
+            }
+        }
+        next
+    }
+
     /// Ownership at `epoch` under this history: eras that start after `epoch` are ignored,
     /// and at an epoch where the world changed, the shares are those after the change.
     pub fn shares_at(&self, epoch: u64) -> EpochShares {

@@ -28,10 +28,12 @@
 //!
 //! Each rank computes its own choice from the plan alone: the counts are replayed from
 //! epoch 0 with the plan's steps (no communication; a restart at epoch `e` replays `e`
-//! steps once, then one step per epoch).
+//! steps once, then one step per epoch). A job resized on the way (an elastic restart) is
+//! replayed through its history of world sizes, each epoch with its own `floor(N/M)`.
 
 use std::sync::{Arc, Mutex};
 
+use super::elastic::ElasticPlan;
 use super::{EpochShares, Plan, Rank, SampleId};
 
 /// The domain of the seeded key that breaks ties.
@@ -106,6 +108,32 @@ impl Replay {
             self.shares = plan.step(&self.shares).next;
         }
     }
+
+    /// A replay of a job resized on the way ([`ElasticPlan`]), from epoch 0.
+    pub fn of_history(elastic: &ElasticPlan) -> Replay {
+        let shares = elastic.shares_at(0);
+        Replay {
+            counts: vec![0; elastic.plan_at(0).params().samples as usize],
+            shares,
+        }
+    }
+
+    /// [`Replay::advance_to`] through the job's real history: each epoch's left-out samples
+    /// counted with the world size of its era (`floor(N/M)` of that era), the shares
+    /// remapped where the world changed. So the rule's counts after an elastic restart are
+    /// those of the epochs that ran, not of a job that always had the new world size.
+    pub fn advance_through(&mut self, elastic: &ElasticPlan, epoch: u64) {
+        if self.shares.epoch > epoch {
+            *self = Replay::of_history(elastic);
+        }
+        while self.shares.epoch < epoch {
+            let plan = elastic.plan_at(self.shares.epoch);
+            for id in self.left_out_all(plan).into_iter().flatten() {
+                self.counts[id as usize] += 1;
+            }
+            self.shares = elastic.step_from(&self.shares);
+        }
+    }
 }
 
 /// The samples every view of an epoch holds: `floor(N/M)`.
@@ -117,6 +145,8 @@ pub fn view_size(plan: &Plan) -> usize {
 #[derive(Debug)]
 pub struct EqualShares {
     plan: Plan,
+    /// The job's history when it was resized (the counts are replayed through it).
+    history: Option<ElasticPlan>,
     rank: Rank,
     state: Mutex<(Replay, Option<LeftOut>)>,
 }
@@ -129,6 +159,19 @@ impl EqualShares {
         let replay = Replay::new(&plan);
         EqualShares {
             plan,
+            history: None,
+            rank,
+            state: Mutex::new((replay, None)),
+        }
+    }
+
+    /// As [`EqualShares::new`] for a job resized on the way: `elastic`'s last era is the
+    /// plan it follows now, and its history is replayed for the counts.
+    pub fn of_history(elastic: ElasticPlan, rank: Rank) -> EqualShares {
+        let replay = Replay::of_history(&elastic);
+        EqualShares {
+            plan: elastic.current().clone(),
+            history: Some(elastic),
             rank,
             state: Mutex::new((replay, None)),
         }
@@ -147,7 +190,10 @@ impl EqualShares {
         {
             return left.clone();
         }
-        state.0.advance_to(&self.plan, cur.epoch);
+        match &self.history {
+            Some(elastic) => state.0.advance_through(elastic, cur.epoch),
+            None => state.0.advance_to(&self.plan, cur.epoch),
+        }
         let share = cur.share(self.rank);
         let seed = self.plan.params().seed;
         let left = Arc::new(left_out(share, self.view_size(), &state.0.counts, seed));
@@ -228,5 +274,39 @@ mod tests {
         assert_eq!(all(&[11], 5), [] as [u32; 0]);
         assert_eq!(all(&[3, 9], 2), [7, 11]);
         assert_eq!(all(&[], 7), [] as [u32; 0]);
+    }
+
+    /// A job of 4 ranks resized to 3 at epoch 2 and to 5 at epoch 4: the replay walks the
+    /// real shares (those `ElasticPlan::shares_at` gives) and each epoch leaves out `N mod M`
+    /// of its own era, from the longer shares.
+    #[test]
+    fn a_resized_job_is_replayed_through_its_history() {
+        use crate::plan::elastic::{ElasticPlan, History};
+        let history = History::new(4).resized(2, 3).unwrap();
+        let history = history.resized(4, 5).unwrap();
+        let params = PlanParams {
+            samples: 39,
+            world: 0,
+            fraction: 0.5,
+            seed: 3,
+        };
+        let elastic = ElasticPlan::new(params, history).unwrap();
+        let mut replay = Replay::of_history(&elastic);
+        for epoch in 0..7 {
+            replay.advance_through(&elastic, epoch);
+            assert_eq!(replay.shares, elastic.shares_at(epoch), "epoch {epoch}");
+            let plan = elastic.plan_at(epoch);
+            let world = plan.params().world;
+            assert_eq!(world, [4, 4, 3, 3, 5, 5, 5][epoch as usize]);
+            let left = replay.left_out_all(plan);
+            assert_eq!(left.iter().flatten().count() as u32, 39 % world);
+            for (r, l) in left.iter().enumerate() {
+                let share = replay.shares.share(r as Rank);
+                assert_eq!(share.len() - l.len(), (39 / world) as usize, "rank {r}");
+            }
+        }
+        let total: u32 = replay.counts.iter().sum();
+        // 39 mod 4, twice; 39 mod 3 = 0, twice; 39 mod 5, twice.
+        assert_eq!(total, 2 * 3 + 2 * 4, "epochs 0..6 counted");
     }
 }

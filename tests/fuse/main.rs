@@ -14,6 +14,7 @@ mod cache_safety;
 mod corrupt_cache;
 mod host_calls;
 mod layouts;
+mod layouts_bad_input;
 mod mount_point_made;
 mod mount_single;
 mod overlaps;

@@ -195,7 +195,7 @@ fn walk(scheme: &str, how: &[&str]) {
 }
 
 /// SIGKILL to the `shufflefs serve` process reading `src` (it has no status file).
-fn kill_server(src: &Path) {
+pub(crate) fn kill_server(src: &Path) {
     let want = src.to_string_lossy().into_owned();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {

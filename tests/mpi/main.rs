@@ -17,6 +17,7 @@ mod disk_full;
 mod elastic_mpi;
 mod interrupt_mpi;
 mod launch_mpi;
+mod layouts_modes;
 mod layouts_mpi;
 mod mpi_exchange;
 mod rank_leaves;

@@ -38,6 +38,7 @@ use crate::cache::{CacheError, CacheState, FORMAT_VERSION, SampleStore, SourceSc
 use crate::comm::{Comm, CommError};
 use crate::config::{MountConfig, for_rank};
 use crate::node::resumed::Resumed;
+use crate::plan::elastic::ElasticPlan;
 use crate::plan::{ExchangeScope, Plan, PlanError, PlanParams, Rank};
 use crate::sys::made_dirs::MountDirs;
 
@@ -89,6 +90,8 @@ fn describe_failures(failures: &[(Rank, String)], world: u32) -> String {
 pub(crate) struct Prepared {
     pub store: Arc<SampleStore>,
     pub plan: Plan,
+    /// The job's plan through its history of world sizes, where it was resized.
+    pub elastic: Option<ElasticPlan>,
     pub resumed: Resumed,
     pub mountpoint: PathBuf,
     /// The folders the mount point lacks: created at the mount (`sys::made_dirs`).
@@ -167,6 +170,7 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
     Ok(Prepared {
         store,
         plan,
+        elastic,
         resumed,
         mountpoint,
         mount_dirs,
