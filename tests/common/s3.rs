@@ -132,6 +132,18 @@ impl S3Server {
         log.lines().filter(|l| l.contains("list-type=2")).count()
     }
 
+    /// How many GETs of objects under `bucket/prefix/` the server answered so far: whole
+    /// objects (200) and ranges (206); listings not counted.
+    pub fn object_gets(&self, bucket: &str, prefix: &str) -> (usize, usize) {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let wanted = format!("GET /{bucket}/{prefix}/");
+        let gets: Vec<&str> = (log.lines())
+            .filter(|l| l.contains(&wanted) && !l.contains('?'))
+            .collect();
+        let count = |status: &str| gets.iter().filter(|l| l.ends_with(status)).count();
+        (count(" 200 -"), count(" 206 -"))
+    }
+
     /// A proxy in front of the server answering every `every`-th object GET with 503
     /// SlowDown (never for 0) (killed on drop); its log counts the 503s as lines with
     /// `INJECTED`.

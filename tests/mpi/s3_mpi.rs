@@ -293,3 +293,86 @@ fn the_store_going_away_mid_staging_keeps_the_mount_and_staging_resumes() {
     eprintln!("staged before the outage: {staged}; problems: {problems}");
     job.unmount();
 }
+
+/// TFRecord shards `DIR/src/shard-*.tfrecord` (`make_dataset.py --records tfrecord`): each
+/// record's data is `record-I|` and padding. The data of every record of `bytes`, in order.
+fn tfrecords(bytes: &[u8]) -> Vec<Vec<u8>> {
+    let (mut at, mut out) = (0, Vec::new());
+    while at < bytes.len() {
+        let len = u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap()) as usize;
+        out.push(bytes[at + 12..at + 12 + len].to_vec());
+        at += 12 + len + 4;
+    }
+    out
+}
+
+#[test]
+fn records_in_a_bucket_are_read_as_coalesced_ranges_every_record_once() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let Some(python) = moto_python() else { return };
+    const COUNT: u32 = 3000;
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    crate::common::records::make_records(&src, "tfrecord", COUNT, 3);
+    let mut want: Vec<Vec<u8>> = Vec::new();
+    for e in std::fs::read_dir(&src).unwrap() {
+        want.extend(tfrecords(&std::fs::read(e.unwrap().path()).unwrap()));
+    }
+    want.sort();
+    let server = S3Server::start(&python, &tmp.path().join("moto.log"));
+    server.upload(BUCKET, "recs", &src);
+    let mut launcher = mpirun(RANKS);
+    launcher.envs(S3Server::env(&server.endpoint()));
+    let extra = ["--format", "records", "--framing", "tfrecord"];
+    let source = format!("s3://{BUCKET}/recs");
+    let job = MpiJob::start_from(
+        launcher,
+        source.as_ref(),
+        tmp.path(),
+        RANKS,
+        SEED,
+        0.5,
+        &extra,
+    );
+    // Rank 0's index pass fetched each shard once.
+    assert_eq!(
+        server.object_gets(BUCKET, "recs").0,
+        3,
+        "whole GETs (the index)"
+    );
+    let groups = job.status(0)["dataset"]["groups"].as_u64().unwrap();
+    assert_eq!(job.status(0)["dataset"]["records"], COUNT);
+    for epoch in 0..3 {
+        let mut got: Vec<Vec<u8>> = crate::common::trees::views(&job, epoch)
+            .iter()
+            .flat_map(|v| {
+                v.files
+                    .values()
+                    .flat_map(|b| tfrecords(b))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        got.sort();
+        assert_eq!(got.len(), want.len(), "epoch {epoch}: records");
+        assert!(
+            got == want,
+            "epoch {epoch}: the records differ from the source"
+        );
+    }
+    // Each rank's share is staged as a few ranged GETs (a shard is under 8 MiB, so a
+    // run of neighbouring groups each), not one GET per group.
+    let (whole, gets) = server.object_gets(BUCKET, "recs");
+    assert_eq!(whole, 3, "whole GETs (the index)");
+    eprintln!("{groups} groups, {gets} ranged GETs after the index");
+    assert!(
+        gets <= (RANKS * 3 * 3) as usize,
+        "{gets} GETs for {groups} groups"
+    );
+    assert!(
+        (gets as u64) < groups / 4,
+        "{gets} GETs for {groups} groups"
+    );
+    job.unmount();
+}
