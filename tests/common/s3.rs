@@ -38,7 +38,7 @@ pub fn moto_python() -> Option<PathBuf> {
         .flatten()
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

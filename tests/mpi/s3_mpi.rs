@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::common::mpi_job::{MpiJob, mpirun};
-use crate::common::s3::{S3Server, moto_python};
+use crate::common::s3::{S3Server, free_port, moto_python};
 use crate::common::trees::{assert_epochs_partition, write_tree};
 use crate::common::{
     is_mounted, mount_args, require_fuse, require_mpi, run_with_timeout, shufflefs,
@@ -374,5 +374,56 @@ fn records_in_a_bucket_are_read_as_coalesced_ranges_every_record_once() {
         (gets as u64) < groups / 4,
         "{gets} GETs for {groups} groups"
     );
+    job.unmount();
+}
+
+#[test]
+fn an_object_overwritten_since_the_listing_is_reported_as_changed() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let Some(python) = moto_python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&python, &tmp.path().join("moto.log"));
+    dataset(tmp.path(), &server);
+    // One rank staging one sample at a time, 100 ms a GET: the last sample (by id) is
+    // fetched about 4 s after the listing.
+    let proxy = server.proxy_on(free_port(), 0, 100, &tmp.path().join("proxy.log"));
+    let mut launcher = mpirun(1);
+    launcher.envs(S3Server::env(&proxy.endpoint()));
+    let source = format!("s3://{BUCKET}/{PREFIX}");
+    let extra = ["--staging-threads", "1"];
+    let job = MpiJob::start_from(launcher, source.as_ref(), tmp.path(), 1, SEED, 0.5, &extra);
+    // Same size, other bytes: only the ETag tells.
+    let name = "class2/img_014.jpg";
+    let original = std::fs::read(tmp.path().join("src").join(name)).unwrap();
+    let changed = tmp.path().join("changed");
+    std::fs::create_dir_all(changed.join("class2")).unwrap();
+    let other: Vec<u8> = original.iter().map(|b| b ^ 0x5a).collect();
+    std::fs::write(changed.join(name), &other).unwrap();
+    server.upload(BUCKET, PREFIX, &changed);
+    wait_status(&job, 60, "the change in the status", |s| {
+        s["cache"]["problems"]
+            .as_array()
+            .is_some_and(|p| !p.is_empty())
+    });
+    let problems = job.status(0)["cache"]["problems"].to_string();
+    for needle in [
+        &format!("s3://{BUCKET}/{PREFIX}/{name}"),
+        "changed since the listing",
+    ] {
+        assert!(problems.contains(needle), "{needle:?} not in {problems}");
+    }
+    let view = job.mounts[0].join("epoch-0");
+    let read = std::fs::read(view.join(name));
+    assert!(
+        read.is_err(),
+        "a changed object served: {:?}",
+        read.map(|b| b == other)
+    );
+    let kept = "class2/img_013.jpg";
+    let want = std::fs::read(tmp.path().join("src").join(kept)).unwrap();
+    assert_eq!(std::fs::read(view.join(kept)).unwrap(), want, "{kept}");
+    eprintln!("problems: {problems}");
     job.unmount();
 }

@@ -175,7 +175,8 @@ impl S3Source {
 
 impl Dataset for S3Source {
     fn copy_to(&self, id: SampleId, out: &mut dyn Write) -> io::Result<Copied> {
-        let (len, modified) = self.client()?.get_to(&self.relative(id), out)?;
+        let etag = self.manifest.etag(id as usize);
+        let (len, modified) = self.client()?.get_to(&self.relative(id), etag, out)?;
         Ok(Copied {
             len,
             mtime: Some(modified),
@@ -189,7 +190,8 @@ impl Dataset for S3Source {
             None => None,
         };
         let ranged = range.is_some();
-        let (bytes, _) = self.client()?.get(&self.relative(id), range)?;
+        let etag = self.manifest.etag(id as usize);
+        let (bytes, _) = self.client()?.get(&self.relative(id), range, etag)?;
         let bytes = match ranged {
             true => &bytes[..],
             false => bytes.get(offset as usize..).unwrap_or(&[]),

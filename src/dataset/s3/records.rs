@@ -34,15 +34,27 @@ pub(crate) fn build_index(
     source: &Path,
     params: &RecordParams,
 ) -> Result<Manifest, ManifestError> {
-    let (files, skipped) = list(client)?;
+    let (files, skipped, etags) = list(client)?;
     let open = |name: &str| -> io::Result<memmap2::Mmap> {
         let mut file = scratch_file()?;
-        client.get_to(name, &mut file)?;
+        let etag = etags.get(name).map(String::as_str);
+        client.get_to(name, etag, &mut file)?;
         // SAFETY: the file is ours alone (unlinked, never written again) and read only.
         unsafe { memmap2::Mmap::map(&file) }
     };
     let (index, skipped) = scan::build_index_of(source, params, &files, skipped, &open)?;
-    Ok(Manifest::from_records(index, skipped))
+    let mut kept = Some(crate::dataset::manifest::Etags::default());
+    for f in &index.files {
+        match (kept.as_mut(), etags.get(&f.name)) {
+            (Some(all), Some(etag)) => all.push(etag),
+            _ => kept = None,
+        }
+    }
+    let mut manifest = Manifest::from_records(index, skipped);
+    if let Some(etags) = kept {
+        manifest.set_etags(etags);
+    }
+    Ok(manifest)
 }
 
 /// A new file in the temporary folder, unlinked at once: it lives while it is open.
@@ -62,9 +74,11 @@ fn scratch_file() -> io::Result<std::fs::File> {
 
 /// Shard names (relative to the prefix) and sizes.
 type Shards = Vec<(String, u64)>;
+/// Each listed shard's ETag, by name.
+type Etags = HashMap<String, String>;
 
 /// The objects directly under the prefix, by name, with their sizes; deeper keys skipped.
-fn list(client: &Client) -> Result<(Shards, Vec<Skipped>), ManifestError> {
+fn list(client: &Client) -> Result<(Shards, Vec<Skipped>, Etags), ManifestError> {
     let url = &client.url;
     let prefix =
         (!url.prefix.is_empty()).then(|| object_store::path::Path::from(url.prefix.as_str()));
@@ -73,15 +87,15 @@ fn list(client: &Client) -> Result<(Shards, Vec<Skipped>), ManifestError> {
             use object_store::ObjectStore;
             let stream = client.store.list(prefix.as_ref());
             stream
-                .map_ok(|m| (m.location.as_ref().to_string(), m.size))
+                .map_ok(|m| (m.location.as_ref().to_string(), m.size, m.e_tag))
                 .try_collect::<Vec<_>>()
                 .await
         })
         .map_err(|e| {
             ManifestError::Store(format!("--source {url}: listing failed: {}", chain(&e)))
         })?;
-    let (mut files, mut skipped) = (Vec::new(), Vec::new());
-    for (key, size) in listed {
+    let (mut files, mut skipped, mut etags) = (Vec::new(), Vec::new(), HashMap::new());
+    for (key, size, etag) in listed {
         let relative = match url.prefix.is_empty() {
             true => Some(key.as_str()),
             false => key
@@ -103,10 +117,13 @@ fn list(client: &Client) -> Result<(Shards, Vec<Skipped>), ManifestError> {
             });
             continue;
         }
+        if let Some(etag) = etag {
+            etags.insert(name.to_string(), etag);
+        }
         files.push((name.to_string(), size));
     }
     files.sort();
-    Ok((files, skipped))
+    Ok((files, skipped, etags))
 }
 
 /// The reader of a bucket's record groups.
@@ -177,7 +194,8 @@ impl S3Records {
     /// One ranged GET of `span`, failing if the object is shorter than the listing said.
     fn get(&self, span: Span) -> io::Result<bytes::Bytes> {
         let name = &self.index()?.files[span.file as usize].name;
-        let (bytes, _) = self.client()?.get(name, Some(span.start..span.end))?;
+        let etag = self.manifest.etag(span.file as usize);
+        let (bytes, _) = self.client()?.get(name, Some(span.start..span.end), etag)?;
         if bytes.len() as u64 != span.end - span.start {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
