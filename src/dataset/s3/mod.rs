@@ -11,8 +11,9 @@
 //! bucket yet and is refused at startup.
 //!
 //! The hooks elsewhere are few: `Format::{check_source, build_index, open}` send an
-//! `s3://` source here, the configuration refuses what is not supported, and the staging
-//! threads default to [`CONCURRENCY`] for a bucket.
+//! `s3://` source here, the configuration refuses what is not supported, the staging
+//! threads default to [`CONCURRENCY`] for a bucket, and staging announces what it is about
+//! to copy (`Dataset::will_read`) so that record groups are fetched as coalesced runs.
 
 use std::io::{self, Write};
 use std::path::Path;
