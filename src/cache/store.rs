@@ -264,6 +264,11 @@ impl SampleStore {
             .fetch_add(self.size(id).unwrap_or(0), Ordering::Relaxed);
     }
 
+    /// Staging is about to copy `ids` from the source (see [`Dataset::will_read`]).
+    pub(crate) fn will_stage(&self, ids: &[SampleId]) {
+        self.source.will_read(ids);
+    }
+
     /// Makes sure sample `id` is cached, copying it from the source if needed.
     pub fn ensure(&self, id: SampleId) -> io::Result<()> {
         if self.contains(id) {

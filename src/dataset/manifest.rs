@@ -27,7 +27,9 @@ use crate::dataset::records::RecordIndex;
 use crate::dataset::records::scan::RecordError;
 use crate::plan::SampleId;
 
+mod etags;
 mod side;
+pub(crate) use etags::Etags;
 mod tree;
 
 use side::Side;
@@ -102,6 +104,9 @@ pub struct Manifest {
     pub skipped: Vec<Skipped>,
     /// Files shown whole on every rank (`--replicate`), not samples.
     side: Side,
+    /// A bucket's objects' ETags as listed (per sample, or per shard of a record source);
+    /// empty for a folder, whose encoding they leave unchanged (see `etags`).
+    etags: Etags,
 }
 
 /// What a source's units are: one or the other, never both.
@@ -194,6 +199,7 @@ impl Manifest {
             index: Index::Records(Box::new(index)),
             skipped,
             side: Side::default(),
+            etags: Etags::default(),
         }
     }
 
@@ -291,6 +297,7 @@ impl Manifest {
             index: Index::Folders(Folders::new()),
             skipped: Vec::new(),
             side: Side::default(),
+            etags: Etags::default(),
         }
     }
 
@@ -356,6 +363,11 @@ impl Manifest {
     }
 
     pub(crate) fn encode(&self) -> Vec<u8> {
+        etags::encode(self.encode_index(), &self.etags)
+    }
+
+    /// The encoding without the ETags: a folder's whole encoding.
+    fn encode_index(&self) -> Vec<u8> {
         let records_folders = Folders::new();
         let folders = match &self.index {
             Index::Folders(f) => f,
@@ -383,6 +395,37 @@ impl Manifest {
 
     /// Decodes bytes from the cache or a peer, refusing anything inconsistent or unsafe.
     pub(crate) fn decode(bytes: &[u8]) -> Result<Manifest, ManifestError> {
+        let (bytes, etags) = etags::decode(bytes)?;
+        let mut m = Manifest::decode_index(bytes)?;
+        if !etags.is_empty() && etags.len() != m.etag_count() {
+            return Err(ManifestError::Decode(
+                "ETags do not match the objects".into(),
+            ));
+        }
+        m.etags = etags;
+        Ok(m)
+    }
+
+    /// The objects (samples, or a record source's shards) an ETag is kept for.
+    fn etag_count(&self) -> usize {
+        match &self.index {
+            Index::Records(r) => r.files.len(),
+            _ => self.len() as usize,
+        }
+    }
+
+    /// Keeps a bucket's ETags as listed: one per sample, or per shard of a record source.
+    pub(crate) fn set_etags(&mut self, etags: Etags) {
+        assert_eq!(etags.len(), self.etag_count(), "one ETag per object");
+        self.etags = etags;
+    }
+
+    /// The listed ETag of sample `i` (or of shard `i` of a record source), if any.
+    pub(crate) fn etag(&self, i: usize) -> Option<&str> {
+        self.etags.get(i)
+    }
+
+    fn decode_index(bytes: &[u8]) -> Result<Manifest, ManifestError> {
         let decode_err = |e: postcard::Error| ManifestError::Decode(e.to_string());
         let (wire, rest): (Wire, _) = postcard::take_from_bytes(bytes).map_err(decode_err)?;
         if let Some(extras) = tree::decode_extras(rest)? {
@@ -397,6 +440,7 @@ impl Manifest {
                 index,
                 skipped: wire.skipped,
                 side: Side::default(),
+                etags: Etags::default(),
             };
             return m.with_side(extras.replicate, extras.side);
         }
@@ -417,6 +461,7 @@ impl Manifest {
             index,
             skipped: wire.skipped,
             side: Side::default(),
+            etags: Etags::default(),
         })
     }
 

@@ -55,6 +55,9 @@ pub trait Dataset: Send + Sync {
             each(id, got);
         }
     }
+    /// Staging is about to copy `ids` (this rank's missing share, in order): a source that
+    /// reads neighbours together (a bucket's records) plans its reads; the rest ignore it.
+    fn will_read(&self, _ids: &[SampleId]) {}
     /// A human-readable location for errors and the log.
     fn describe(&self, id: SampleId) -> String;
 }
@@ -96,7 +99,7 @@ impl Format {
         records: &RecordParams,
     ) -> Result<Manifest, ManifestError> {
         if s3::is_s3(source) {
-            return s3::build_index(source, self);
+            return s3::build_index(source, self, records);
         }
         match self {
             Format::Imagefolder => scan::scan(source),

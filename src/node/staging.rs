@@ -144,6 +144,7 @@ fn run(
         progress.busy.store(!missing.is_empty(), Ordering::Relaxed);
         progress.started.store(true, Ordering::Relaxed);
         let started = std::time::Instant::now();
+        store.will_stage(&missing.iter().map(|m| m.0).collect::<Vec<_>>());
         let unreachable;
         (pending, unreachable) = stage(store, &missing, threads, rx, progress);
         progress.busy.store(false, Ordering::Relaxed);

@@ -12,6 +12,9 @@
 //!   not the exchange (numbers reported, not asserted: 2 loaded cores make timings loose).
 //! - The store taken away during staging: the status and the log name the source, the mount
 //!   serves what is cached, and staging resumes when the store is back.
+//! - 4 hosts x 1 rank with `--source s3://...`: moto serves the bucket on the bridge address
+//!   (cluster `s3c`, 10.214.80.0/24), 3 epochs read exactly inside the hosts, rank 0 alone
+//!   lists, every object fetched once (needs moto too; skips without it).
 //!
 //! Needs what `cluster_mpi` needs plus sshfs and openssh-server; skips otherwise unless
 //! `SHUFFLEFS_REQUIRE_CLUSTER=1`.
@@ -160,6 +163,18 @@ struct Job<'a> {
 
 impl<'a> Job<'a> {
     fn start(cluster: &'a Cluster, source: &str, tag: &str, log: PathBuf, seed: u64) -> Job<'a> {
+        Job::start_env(cluster, source, tag, log, seed, &[])
+    }
+
+    /// As [`start`](Self::start), with `env` set for every rank (`mpirun -x`).
+    fn start_env(
+        cluster: &'a Cluster,
+        source: &str,
+        tag: &str,
+        log: PathBuf,
+        seed: u64,
+        env: &[(&str, String)],
+    ) -> Job<'a> {
         let local = cluster.config("LOCAL");
         let mounts: Vec<String> = (0..cluster.hosts)
             .map(|r| format!("{local}/{tag}mnt{r}"))
@@ -169,8 +184,11 @@ impl<'a> Job<'a> {
             let disk = cluster.dir().join(format!("disk-h{r}"));
             fs::create_dir_all(disk.join(format!("{tag}mnt{r}"))).unwrap();
         }
-        let child = cluster
-            .mpirun(1)
+        let mut launcher = cluster.mpirun(1);
+        for (name, value) in env {
+            launcher.env(name, value).args(["-x", name]);
+        }
+        let child = launcher
             .args([BIN, "mount", "--seed", &seed.to_string(), "--fraction"])
             .arg(Q.to_string())
             .args(["--source", source, "--cache"])
@@ -618,5 +636,45 @@ fn the_store_going_away_during_staging_is_named_and_staging_resumes() {
     harness_ok(&["store", "ha5", "start"]);
     job.wait_all("staging to resume and finish", staged);
     walk(&job, &ds, SEED, 0..2);
+    job.unmount();
+}
+
+/// 4 private hosts x 1 rank mounting a bucket: moto serves it on the bridge address
+/// (SUBNET.254, which every host reaches over its shaped link), the ranks get the AWS
+/// variables through `mpirun -x`, rank 0 alone lists, and 3 epochs are each a partition of
+/// the dataset with exact bytes, read inside each host.
+#[test]
+fn four_private_hosts_mount_a_bucket_and_walk_three_epochs() {
+    if !require_cluster() {
+        return;
+    }
+    let Some(python) = crate::common::s3::moto_python() else {
+        return;
+    };
+    const SEED: u64 = 31;
+    let ds = four_classes(12, |i| 5_000 + 331 * i as u64);
+    let cluster = Cluster::private("s3c", "10.214.80.0/24", 4, &["--disk", "128M"]);
+    let server =
+        crate::common::s3::S3Server::start_on(&python, &ds.base.join("moto.log"), "10.214.80.254");
+    server.upload("shufflefs-cluster", "ds", &ds.root);
+    let env = crate::common::s3::S3Server::env(&server.endpoint());
+    let before = server.list_requests();
+    let source = "s3://shufflefs-cluster/ds";
+    let job = Job::start_env(&cluster, source, "s", ds.base.join("s.log"), SEED, &env);
+    job.wait_all("staging", staged);
+    walk(&job, &ds, SEED, 0..3);
+    assert_eq!(server.list_requests() - before, 2, "listing requests");
+    assert_eq!(job.status(0)["source"], source);
+    let gets = std::fs::read_to_string(&server.log).unwrap_or_default();
+    let gets = gets
+        .lines()
+        .filter(|l| l.contains("GET /shufflefs-cluster/ds/"))
+        .count();
+    eprintln!(
+        "{} samples over 4 hosts from the bucket: {gets} object GETs",
+        ds.samples.len()
+    );
+    // Each sample came from the bucket once (staged by its epoch-0 owner), then from peers.
+    assert_eq!(gets, ds.samples.len(), "object GETs");
     job.unmount();
 }

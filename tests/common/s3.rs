@@ -38,7 +38,8 @@ pub fn moto_python() -> Option<PathBuf> {
         .flatten()
 }
 
-fn free_port() -> u16 {
+/// A port free on 127.0.0.1 now.
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -47,8 +48,12 @@ fn free_port() -> u16 {
 }
 
 fn wait_listening(port: u16, child: &mut Child, what: &str) {
+    wait_listening_on("127.0.0.1", port, child, what)
+}
+
+fn wait_listening_on(host: &str, port: u16, child: &mut Child, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+    while TcpStream::connect((host, port)).is_err() {
         if let Ok(Some(status)) = child.try_wait() {
             panic!("{what} exited before listening: {status}");
         }
@@ -61,6 +66,8 @@ fn wait_listening(port: u16, child: &mut Child, what: &str) {
 pub struct S3Server {
     child: Child,
     python: PathBuf,
+    /// The address it listens on.
+    host: String,
     pub port: u16,
     pub log: PathBuf,
 }
@@ -73,35 +80,39 @@ impl S3Server {
     /// As [`start`](Self::start); with `auth`, moto checks credentials (unknown keys get
     /// 403 InvalidAccessKeyId).
     pub fn start_checking(python: &Path, log: &Path, auth: bool) -> S3Server {
+        S3Server::launch(python, log, auth, "127.0.0.1")
+    }
+
+    /// As [`start`](Self::start), listening on `host` (an emulated cluster's bridge
+    /// address, which its hosts reach) instead of 127.0.0.1.
+    pub fn start_on(python: &Path, log: &Path, host: &str) -> S3Server {
+        S3Server::launch(python, log, false, host)
+    }
+
+    fn launch(python: &Path, log: &Path, auth: bool, host: &str) -> S3Server {
         let port = free_port();
         let mut server = Command::new(python);
         if auth {
             server.env("INITIAL_NO_AUTH_ACTION_COUNT", "0");
         }
         let mut child = server
-            .args([
-                "-m",
-                "moto.server",
-                "-H",
-                "127.0.0.1",
-                "-p",
-                &port.to_string(),
-            ])
+            .args(["-m", "moto.server", "-H", host, "-p", &port.to_string()])
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(log).unwrap())
             .spawn()
             .unwrap();
-        wait_listening(port, &mut child, "moto's server");
+        wait_listening_on(host, port, &mut child, "moto's server");
         S3Server {
             child,
             python: python.to_path_buf(),
+            host: host.to_string(),
             port,
             log: log.to_path_buf(),
         }
     }
 
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("http://{}:{}", self.host, self.port)
     }
 
     /// The AWS variables that point a client at `endpoint`.
@@ -130,6 +141,18 @@ impl S3Server {
     pub fn list_requests(&self) -> usize {
         let log = std::fs::read_to_string(&self.log).unwrap_or_default();
         log.lines().filter(|l| l.contains("list-type=2")).count()
+    }
+
+    /// How many GETs of objects under `bucket/prefix/` the server answered so far: whole
+    /// objects (200) and ranges (206); listings not counted.
+    pub fn object_gets(&self, bucket: &str, prefix: &str) -> (usize, usize) {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let wanted = format!("GET /{bucket}/{prefix}/");
+        let gets: Vec<&str> = (log.lines())
+            .filter(|l| l.contains(&wanted) && !l.contains('?'))
+            .collect();
+        let count = |status: &str| gets.iter().filter(|l| l.ends_with(status)).count();
+        (count(" 200 -"), count(" 206 -"))
     }
 
     /// A proxy in front of the server answering every `every`-th object GET with 503

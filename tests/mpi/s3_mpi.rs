@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::common::mpi_job::{MpiJob, mpirun};
-use crate::common::s3::{S3Server, moto_python};
+use crate::common::s3::{S3Server, free_port, moto_python};
 use crate::common::trees::{assert_epochs_partition, write_tree};
 use crate::common::{
     is_mounted, mount_args, require_fuse, require_mpi, run_with_timeout, shufflefs,
@@ -291,5 +291,139 @@ fn the_store_going_away_mid_staging_keeps_the_mount_and_staging_resumes() {
     wait_status(&job, 90, "staging resumed", |s| s["cache"]["files"] == 42);
     assert_epochs_partition(&job, &tmp.path().join("src"), 1, &[]);
     eprintln!("staged before the outage: {staged}; problems: {problems}");
+    job.unmount();
+}
+
+/// TFRecord shards `DIR/src/shard-*.tfrecord` (`make_dataset.py --records tfrecord`): each
+/// record's data is `record-I|` and padding. The data of every record of `bytes`, in order.
+fn tfrecords(bytes: &[u8]) -> Vec<Vec<u8>> {
+    let (mut at, mut out) = (0, Vec::new());
+    while at < bytes.len() {
+        let len = u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap()) as usize;
+        out.push(bytes[at + 12..at + 12 + len].to_vec());
+        at += 12 + len + 4;
+    }
+    out
+}
+
+#[test]
+fn records_in_a_bucket_are_read_as_coalesced_ranges_every_record_once() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let Some(python) = moto_python() else { return };
+    const COUNT: u32 = 3000;
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    crate::common::records::make_records(&src, "tfrecord", COUNT, 3);
+    let mut want: Vec<Vec<u8>> = Vec::new();
+    for e in std::fs::read_dir(&src).unwrap() {
+        want.extend(tfrecords(&std::fs::read(e.unwrap().path()).unwrap()));
+    }
+    want.sort();
+    let server = S3Server::start(&python, &tmp.path().join("moto.log"));
+    server.upload(BUCKET, "recs", &src);
+    let mut launcher = mpirun(RANKS);
+    launcher.envs(S3Server::env(&server.endpoint()));
+    let extra = ["--format", "records", "--framing", "tfrecord"];
+    let source = format!("s3://{BUCKET}/recs");
+    let job = MpiJob::start_from(
+        launcher,
+        source.as_ref(),
+        tmp.path(),
+        RANKS,
+        SEED,
+        0.5,
+        &extra,
+    );
+    // Rank 0's index pass fetched each shard once.
+    assert_eq!(
+        server.object_gets(BUCKET, "recs").0,
+        3,
+        "whole GETs (the index)"
+    );
+    let groups = job.status(0)["dataset"]["groups"].as_u64().unwrap();
+    assert_eq!(job.status(0)["dataset"]["records"], COUNT);
+    for epoch in 0..3 {
+        let mut got: Vec<Vec<u8>> = crate::common::trees::views(&job, epoch)
+            .iter()
+            .flat_map(|v| {
+                v.files
+                    .values()
+                    .flat_map(|b| tfrecords(b))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        got.sort();
+        assert_eq!(got.len(), want.len(), "epoch {epoch}: records");
+        assert!(
+            got == want,
+            "epoch {epoch}: the records differ from the source"
+        );
+    }
+    // Each rank's share is staged as a few ranged GETs (a shard is under 8 MiB, so a
+    // run of neighbouring groups each), not one GET per group.
+    let (whole, gets) = server.object_gets(BUCKET, "recs");
+    assert_eq!(whole, 3, "whole GETs (the index)");
+    eprintln!("{groups} groups, {gets} ranged GETs after the index");
+    assert!(
+        gets <= (RANKS * 3 * 3) as usize,
+        "{gets} GETs for {groups} groups"
+    );
+    assert!(
+        (gets as u64) < groups / 4,
+        "{gets} GETs for {groups} groups"
+    );
+    job.unmount();
+}
+
+#[test]
+fn an_object_overwritten_since_the_listing_is_reported_as_changed() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let Some(python) = moto_python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&python, &tmp.path().join("moto.log"));
+    dataset(tmp.path(), &server);
+    // One rank staging one sample at a time, 100 ms a GET: the last sample (by id) is
+    // fetched about 4 s after the listing.
+    let proxy = server.proxy_on(free_port(), 0, 100, &tmp.path().join("proxy.log"));
+    let mut launcher = mpirun(1);
+    launcher.envs(S3Server::env(&proxy.endpoint()));
+    let source = format!("s3://{BUCKET}/{PREFIX}");
+    let extra = ["--staging-threads", "1"];
+    let job = MpiJob::start_from(launcher, source.as_ref(), tmp.path(), 1, SEED, 0.5, &extra);
+    // Same size, other bytes: only the ETag tells.
+    let name = "class2/img_014.jpg";
+    let original = std::fs::read(tmp.path().join("src").join(name)).unwrap();
+    let changed = tmp.path().join("changed");
+    std::fs::create_dir_all(changed.join("class2")).unwrap();
+    let other: Vec<u8> = original.iter().map(|b| b ^ 0x5a).collect();
+    std::fs::write(changed.join(name), &other).unwrap();
+    server.upload(BUCKET, PREFIX, &changed);
+    wait_status(&job, 60, "the change in the status", |s| {
+        s["cache"]["problems"]
+            .as_array()
+            .is_some_and(|p| !p.is_empty())
+    });
+    let problems = job.status(0)["cache"]["problems"].to_string();
+    for needle in [
+        &format!("s3://{BUCKET}/{PREFIX}/{name}"),
+        "changed since the listing",
+    ] {
+        assert!(problems.contains(needle), "{needle:?} not in {problems}");
+    }
+    let view = job.mounts[0].join("epoch-0");
+    let read = std::fs::read(view.join(name));
+    assert!(
+        read.is_err(),
+        "a changed object served: {:?}",
+        read.map(|b| b == other)
+    );
+    let kept = "class2/img_013.jpg";
+    let want = std::fs::read(tmp.path().join("src").join(kept)).unwrap();
+    assert_eq!(std::fs::read(view.join(kept)).unwrap(), want, "{kept}");
+    eprintln!("problems: {problems}");
     job.unmount();
 }

@@ -132,6 +132,7 @@ impl Manifest {
             index: Index::Tree(Box::new(Tree::new(folders)?)),
             skipped: self.skipped,
             side: Side::default(),
+            etags: self.etags,
         };
         let files = self.side.files().to_vec();
         tree.with_side(self.side.globs, files)

@@ -87,10 +87,30 @@ pub fn build_index(
 ) -> Result<(RecordIndex, Vec<Skipped>), RecordError> {
     let mut skipped = Vec::new();
     let files = list_files(source, &mut skipped)?;
-    let ext = part_ext(source, &files, params.framing);
+    build_index_of(source, params, &files, skipped, &|name| {
+        map(&path_of(source, name))
+    })
+}
+
+/// A file's bytes for the pass, by its name under the source.
+pub(crate) type Open<'a> = dyn Fn(&str) -> io::Result<memmap2::Mmap> + 'a;
+
+/// Builds the index of the listed `files` (name, length) of `source` (named in messages),
+/// each mapped by `open`: a folder's files, or a bucket's objects (fetched by `open`).
+pub(crate) fn build_index_of(
+    source: &Path,
+    params: &RecordParams,
+    files: &[(String, u64)],
+    mut skipped: Vec<Skipped>,
+    open: &Open<'_>,
+) -> Result<(RecordIndex, Vec<Skipped>), RecordError> {
+    if files.is_empty() {
+        return Err(RecordError::NoFiles(source.to_path_buf()));
+    }
+    let ext = part_ext(source, files, params.framing);
     let mut index = match params.framing {
-        Framing::Fixed => fixed_index(source, params, &files, &mut skipped)?,
-        _ => scanned_index(source, params, &files, &mut skipped)?,
+        Framing::Fixed => fixed_index(source, params, files, &mut skipped)?,
+        _ => scanned_index(source, params, files, &mut skipped, open)?,
     };
     if index.records == 0 {
         return Err(RecordError::NoRecords(source.to_path_buf()));
@@ -178,6 +198,7 @@ fn scanned_index(
     params: &RecordParams,
     files: &[(String, u64)],
     skipped: &mut Vec<Skipped>,
+    open: &Open<'_>,
 ) -> Result<RecordIndex, RecordError> {
     let mut b = TableBuilder::new(params.grouping);
     let mut header: Option<(Vec<u8>, String)> = None;
@@ -194,7 +215,7 @@ fn scanned_index(
             skipped.push(empty_file(shown.clone()));
             continue;
         }
-        let data = match map(&path_of(source, name)) {
+        let data = match open(name) {
             Ok(m) => m,
             Err(e) => {
                 let why = format!("cannot read the file: {e}; its records are left out");

@@ -78,6 +78,40 @@ impl RecordSource {
     }
 }
 
+/// Sorts `spans` by file and offset and cuts them into runs read as one: neighbouring
+/// groups of one file at most [`COALESCE_GAP`] apart, each run under [`COALESCE_MAX`]
+/// bytes. Each run's byte range and the `spans` it covers.
+pub(crate) fn coalesce(spans: &mut [(Span, SampleId)]) -> Vec<(Span, std::ops::Range<usize>)> {
+    spans.sort_by_key(|(s, _)| (s.file, s.start));
+    let mut runs = Vec::new();
+    let mut i = 0;
+    while i < spans.len() {
+        // The run spans[i..j]: one file, small gaps, bounded size.
+        let first = spans[i].0;
+        let mut end = first.end;
+        let mut j = i + 1;
+        while j < spans.len() {
+            let s = spans[j].0;
+            if s.file != first.file
+                || s.start > end + COALESCE_GAP
+                || s.end.max(end) - first.start > COALESCE_MAX
+            {
+                break;
+            }
+            end = end.max(s.end);
+            j += 1;
+        }
+        let run = Span {
+            file: first.file,
+            start: first.start,
+            end,
+        };
+        runs.push((run, i..j));
+        i = j;
+    }
+    runs
+}
+
 impl Dataset for RecordSource {
     fn copy_to(&self, id: SampleId, out: &mut dyn Write) -> io::Result<Copied> {
         let span = self.span(id)?;
@@ -122,44 +156,22 @@ impl Dataset for RecordSource {
                 Err(e) => each(id, Err(e)),
             }
         }
-        spans.sort_by_key(|(s, _)| (s.file, s.start));
-        let mut i = 0;
-        while i < spans.len() {
-            // The run spans[i..j]: one file, small gaps, bounded size.
-            let first = spans[i].0;
-            let mut end = first.end;
-            let mut j = i + 1;
-            while j < spans.len() {
-                let s = spans[j].0;
-                if s.file != first.file
-                    || s.start > end + COALESCE_GAP
-                    || s.end.max(end) - first.start > COALESCE_MAX
-                {
-                    break;
-                }
-                end = end.max(s.end);
-                j += 1;
-            }
-            let run = Span {
-                file: first.file,
-                start: first.start,
-                end,
-            };
+        for (run, members) in coalesce(&mut spans) {
+            let members = &spans[members];
             match self.read_span(run) {
                 Ok(bytes) => {
-                    for &(s, id) in &spans[i..j] {
+                    for &(s, id) in members {
                         let at = (s.start - run.start) as usize;
                         each(id, Ok(bytes[at..at + (s.end - s.start) as usize].to_vec()));
                     }
                 }
                 // One group's failure is its own: read the others one by one.
                 Err(_) => {
-                    for &(s, id) in &spans[i..j] {
+                    for &(s, id) in members {
                         each(id, self.read_span(s));
                     }
                 }
             }
-            i = j;
         }
     }
 

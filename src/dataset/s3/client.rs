@@ -153,6 +153,7 @@ impl Client {
         &self,
         relative: &str,
         range: Option<std::ops::Range<u64>>,
+        etag: Option<&str>,
     ) -> io::Result<(bytes::Bytes, std::time::SystemTime)> {
         let path = self.path(relative);
         let request = async {
@@ -163,13 +164,14 @@ impl Client {
                 .expect("the semaphore is never closed");
             let options = GetOptions {
                 range: range.map(GetRange::from),
+                if_match: etag.map(str::to_string),
                 ..GetOptions::default()
             };
             let got = self.store.get_opts(&path, options).await?;
             let modified = std::time::SystemTime::from(got.meta.last_modified);
             Ok((got.bytes().await?, modified))
         };
-        self.run(request).map_err(io_error)
+        self.run(request).map_err(|e| changed_or(e, etag))
     }
 
     /// GETs the whole of `relative` into `out` chunk by chunk as the body arrives (a large
@@ -178,6 +180,7 @@ impl Client {
     pub(crate) fn get_to(
         &self,
         relative: &str,
+        etag: Option<&str>,
         out: &mut dyn std::io::Write,
     ) -> io::Result<(u64, std::time::SystemTime)> {
         use futures::StreamExt;
@@ -185,9 +188,13 @@ impl Client {
         let _slot = self
             .run(self.slots.acquire())
             .expect("the semaphore is never closed");
+        let options = GetOptions {
+            if_match: etag.map(str::to_string),
+            ..GetOptions::default()
+        };
         let got = self
-            .run(self.store.get_opts(&path, GetOptions::default()))
-            .map_err(io_error)?;
+            .run(self.store.get_opts(&path, options))
+            .map_err(|e| changed_or(e, etag))?;
         let modified = std::time::SystemTime::from(got.meta.last_modified);
         let mut body = got.into_stream();
         let mut len = 0u64;
@@ -234,6 +241,20 @@ pub(crate) fn io_error(e: object_store::Error) -> io::Error {
         _ => io::ErrorKind::ConnectionRefused,
     };
     io::Error::new(kind, chain(&e))
+}
+
+/// `e` as [`io_error`] does, but a failed `If-Match` (the object's ETag is no longer the
+/// listed `etag`) as a changed file is reported.
+fn changed_or(e: object_store::Error, etag: Option<&str>) -> io::Error {
+    match (&e, etag) {
+        (object_store::Error::Precondition { .. }, Some(etag)) => io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "the object changed since the listing (its ETag is no longer {etag}); remount with --rescan or --reset-cache"
+            ),
+        ),
+        _ => io_error(e),
+    }
 }
 
 /// `e` and its sources, `: `-separated: `object_store` keeps the HTTP status and the

@@ -15,11 +15,14 @@ use futures::TryStreamExt;
 
 use super::client::{Client, chain};
 use crate::dataset::Format;
-use crate::dataset::manifest::{ClassListing, Manifest, ManifestError};
+use crate::dataset::manifest::{ClassListing, Etags, Manifest, ManifestError};
 use crate::dataset::names::{Skipped, is_safe_name};
 
-/// Folders (by path under the prefix) and their `(name, size)` samples.
-type Listing = BTreeMap<Vec<u8>, Vec<(Vec<u8>, u64)>>;
+/// Folders (by path under the prefix) and their `(name, size, ETag)` samples, the ETag
+/// by its place in [`Split::etags`] ([`NO_ETAG`] when the store gave none).
+type Listing = BTreeMap<Vec<u8>, Vec<(Vec<u8>, u64, u32)>>;
+
+const NO_ETAG: u32 = u32::MAX;
 
 /// Lists every object under the prefix and builds `format`'s index of them. Each page's
 /// keys are sorted into folders as they arrive: no second copy of the whole listing.
@@ -33,7 +36,7 @@ pub(crate) fn build_index(client: &Client, format: Format) -> Result<Manifest, M
             use object_store::ObjectStore;
             let mut stream = client.store.list(prefix.as_ref());
             while let Some(meta) = stream.try_next().await? {
-                split.add(meta.location.as_ref(), meta.size);
+                split.add(meta.location.as_ref(), meta.size, meta.e_tag);
             }
             Ok::<_, object_store::Error>(())
         })
@@ -43,6 +46,7 @@ pub(crate) fn build_index(client: &Client, format: Format) -> Result<Manifest, M
     let Split {
         folders,
         mut skipped,
+        etags,
         ..
     } = split;
     if folders.values().all(|s| s.is_empty()) {
@@ -56,14 +60,47 @@ pub(crate) fn build_index(client: &Client, format: Format) -> Result<Manifest, M
         )));
     }
     skipped.sort_by(|a, b| a.path.cmp(&b.path));
-    let parts: Vec<ClassListing> = folders.into_iter().collect();
+    let (parts, etags) = without_etags(folders, &etags);
     let mut manifest = match format {
         Format::Tree => Manifest::tree_from_parts(parts)?,
         _ => Manifest::from_parts(parts)?,
     };
     manifest.skipped = skipped;
+    if let Some(etags) = etags.filter(|e| e.len() == manifest.len() as usize) {
+        manifest.set_etags(etags);
+    }
     manifest.shrink_to_fit();
     Ok(manifest)
+}
+
+/// The folders as a manifest's parts, and the ETags in sample order (folders, then names
+/// in byte order, as the manifest numbers samples); `None` if an object had no ETag.
+fn without_etags(folders: Listing, listed: &Etags) -> (Vec<ClassListing>, Option<Etags>) {
+    let mut etags = Some(Etags::default());
+    let parts = folders
+        .into_iter()
+        .map(|(folder, mut samples)| {
+            samples.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+            let samples = samples
+                .into_iter()
+                .map(|(name, size, etag)| {
+                    match (etags.as_mut(), listed.get(etag as usize)) {
+                        (Some(all), Some(etag)) => all.push(etag),
+                        _ => etags = None,
+                    }
+                    (name, size)
+                })
+                .collect();
+            (folder, samples)
+        })
+        .collect();
+    (
+        parts,
+        etags.map(|mut e| {
+            e.shrink_to_fit();
+            e
+        }),
+    )
 }
 
 fn format_name(format: Format) -> &'static str {
@@ -79,6 +116,8 @@ struct Split<'a> {
     format: Format,
     folders: Listing,
     skipped: Vec<Skipped>,
+    /// The listed ETags, in listing order.
+    etags: Etags,
 }
 
 impl<'a> Split<'a> {
@@ -88,12 +127,20 @@ impl<'a> Split<'a> {
             format,
             folders: Listing::new(),
             skipped: Vec::new(),
+            etags: Etags::default(),
         }
     }
 
     /// Takes object `key` of `size` bytes as a sample, skips it with the reason, or
     /// ignores it (a folder marker, a key outside the prefix).
-    fn add(&mut self, key: &str, size: u64) {
+    fn add(&mut self, key: &str, size: u64, etag: Option<String>) {
+        let etag = match etag {
+            Some(e) => {
+                self.etags.push(&e);
+                (self.etags.len() - 1) as u32
+            }
+            None => NO_ETAG,
+        };
         let prefix = self.prefix;
         let relative = match prefix.is_empty() {
             true => Some(key),
@@ -123,7 +170,7 @@ impl<'a> Split<'a> {
             return;
         }
         let folder = dirs.join("/").into_bytes();
-        (self.folders.entry(folder).or_default()).push((name.as_bytes().to_vec(), size));
+        (self.folders.entry(folder).or_default()).push((name.as_bytes().to_vec(), size, etag));
     }
 }
 
@@ -134,7 +181,7 @@ mod tests {
     fn listed(prefix: &str, keys: &[&str], format: Format) -> (Vec<String>, Vec<String>) {
         let mut split = Split::new(prefix, format);
         for k in keys {
-            split.add(k, 1);
+            split.add(k, 1, None);
         }
         let Split {
             folders, skipped, ..
@@ -142,7 +189,7 @@ mod tests {
         let kept = folders
             .iter()
             .flat_map(|(f, s)| {
-                s.iter().map(move |(n, _)| {
+                s.iter().map(move |(n, _, _)| {
                     format!(
                         "{}|{}",
                         String::from_utf8_lossy(f),
@@ -192,10 +239,12 @@ fn a_million_keys_sort_into_a_manifest() {
             i % 1000,
             i % 1000
         );
-        split.add(&key, 110_000);
+        split.add(&key, 110_000, Some(format!("\"{i:032x}\"")));
     }
-    let Split { folders, .. } = split;
-    let manifest = Manifest::from_parts(folders.into_iter().collect()).unwrap();
+    let Split { folders, etags, .. } = split;
+    let (parts, etags) = without_etags(folders, &etags);
+    let mut manifest = Manifest::from_parts(parts).unwrap();
+    manifest.set_etags(etags.unwrap());
     assert_eq!(manifest.len(), 1_000_000);
     eprintln!(
         "1M keys into a manifest: {:.2} s",

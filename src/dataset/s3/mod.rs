@@ -6,24 +6,27 @@
 //! ([`check_source`]) and lists the prefix once ([`build_index`]); the index then travels
 //! to the other ranks over MPI as a folder scan's does, so they make no listing calls.
 //! After that every rank GETs the objects it stages or fetches on demand (a ranged GET for
-//! a read at an offset), at most [`CONCURRENCY`] at once. Records (`--format records`) and
-//! `--replicate` are not served from a bucket yet; both are refused at startup.
+//! a read at an offset), at most [`CONCURRENCY`] at once; records (`--format records`) as
+//! coalesced ranged GETs of page groups ([`records`]). `--replicate` is not served from a
+//! bucket yet and is refused at startup.
 //!
 //! The hooks elsewhere are few: `Format::{check_source, build_index, open}` send an
-//! `s3://` source here, the configuration refuses what is not supported, and the staging
-//! threads default to [`CONCURRENCY`] for a bucket.
+//! `s3://` source here, the configuration refuses what is not supported, the staging
+//! threads default to [`CONCURRENCY`] for a bucket, and staging announces what it is about
+//! to copy (`Dataset::will_read`) so that record groups are fetched as coalesced runs.
 
 use std::io::{self, Write};
 use std::path::Path;
 use std::sync::Arc;
 
 use super::manifest::{Manifest, ManifestError};
-use super::{Copied, Dataset, Format};
+use super::{Copied, Dataset, Format, RecordParams};
 use crate::plan::SampleId;
 
 mod client;
 mod list;
 mod profile;
+mod records;
 
 pub(crate) use client::CONCURRENCY;
 use client::{Client, S3Url};
@@ -54,7 +57,7 @@ fn client(source: &Path) -> Result<Client, ManifestError> {
 
 /// Refuses on the command line what a bucket source does not support yet, and a malformed
 /// `s3://` URL.
-pub(crate) fn check_args(source: &Path, format: Format, replicate: bool) -> Result<(), String> {
+pub(crate) fn check_args(source: &Path, _format: Format, replicate: bool) -> Result<(), String> {
     let text = source.to_string_lossy();
     let other = [
         "gs://", "az://", "abfs://", "abfss://", "azure://", "http://", "https://",
@@ -68,12 +71,6 @@ pub(crate) fn check_args(source: &Path, format: Format, replicate: bool) -> Resu
         return Ok(());
     };
     url?;
-    if format == Format::Records {
-        return Err(format!(
-            "--source {}: --format records is not served from a bucket yet; copy the shards to a filesystem, or use --format imagefolder or tree",
-            source.display()
-        ));
-    }
     if replicate {
         return Err(format!(
             "--source {}: --replicate is not served from a bucket yet; copy the side files next to the mount, or drop --replicate",
@@ -127,12 +124,13 @@ fn refusal(url: &S3Url, e: object_store::Error) -> String {
 }
 
 /// Rank 0's one listing of the prefix as `format`'s index.
-pub(crate) fn build_index(source: &Path, format: Format) -> Result<Manifest, ManifestError> {
+pub(crate) fn build_index(
+    source: &Path,
+    format: Format,
+    records: &RecordParams,
+) -> Result<Manifest, ManifestError> {
     if format == Format::Records {
-        return Err(ManifestError::Store(format!(
-            "--source {}: --format records is not served from a bucket yet; copy the shards to a filesystem, or use --format imagefolder or tree",
-            source.display()
-        )));
+        return records::build_index(&client(source)?, source, records);
     }
     list::build_index(&client(source)?, format)
 }
@@ -143,6 +141,9 @@ pub(crate) fn build_index(source: &Path, format: Format) -> Result<Manifest, Man
 pub(crate) fn open(source: &Path, manifest: Arc<Manifest>) -> Arc<dyn Dataset> {
     let client = client(source).map_err(|e| e.to_string());
     let name = source.display().to_string();
+    if manifest.records().is_some() {
+        return Arc::new(records::S3Records::new(client, name, manifest));
+    }
     Arc::new(S3Source {
         client,
         name,
@@ -175,7 +176,8 @@ impl S3Source {
 
 impl Dataset for S3Source {
     fn copy_to(&self, id: SampleId, out: &mut dyn Write) -> io::Result<Copied> {
-        let (len, modified) = self.client()?.get_to(&self.relative(id), out)?;
+        let etag = self.manifest.etag(id as usize);
+        let (len, modified) = self.client()?.get_to(&self.relative(id), etag, out)?;
         Ok(Copied {
             len,
             mtime: Some(modified),
@@ -189,7 +191,8 @@ impl Dataset for S3Source {
             None => None,
         };
         let ranged = range.is_some();
-        let (bytes, _) = self.client()?.get(&self.relative(id), range)?;
+        let etag = self.manifest.etag(id as usize);
+        let (bytes, _) = self.client()?.get(&self.relative(id), range, etag)?;
         let bytes = match ranged {
             true => &bytes[..],
             false => bytes.get(offset as usize..).unwrap_or(&[]),
@@ -221,7 +224,10 @@ mod tests {
         assert_eq!(ok("s3://b/p"), Ok(()));
         assert_eq!(ok("/data/train"), Ok(()));
         assert!(refusal("s3:///p", Format::Imagefolder, false).contains("no bucket name"));
-        assert!(refusal("s3://b/p", Format::Records, false).contains("--format records"));
+        assert_eq!(
+            check_args(Path::new("s3://b/p"), Format::Records, false),
+            Ok(())
+        );
         assert!(refusal("s3://b/p", Format::Tree, true).contains("--replicate"));
         assert!(
             refusal("gs://b/p", Format::Imagefolder, false)

@@ -1,0 +1,118 @@
+//! A bucket's ETags in the encoded manifest: a footer after everything else, present only
+//! when there are ETags, so a folder's manifest (and the fingerprint of every cache made
+//! before) is byte for byte what it was, and a bucket manifest saved before ETags were kept
+//! still decodes (without them).
+//!
+//! Footer: the ETags (postcard), their encoded length (8 bytes, little-endian), then
+//! [`MAGIC`]. It is found from the end, so the parts before it decode as they always did.
+
+use serde::{Deserialize, Serialize};
+
+use super::ManifestError;
+
+/// ETags in one arena (a `String` each would cost 24 bytes and an allocation per object).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Etags {
+    text: String,
+    /// Where each ETag ends in `text`.
+    end: Vec<u32>,
+}
+
+impl Etags {
+    pub fn push(&mut self, etag: &str) {
+        self.text.push_str(etag);
+        self.end.push(self.text.len() as u32);
+    }
+
+    pub fn get(&self, i: usize) -> Option<&str> {
+        let end = *self.end.get(i)? as usize;
+        let start = match i {
+            0 => 0,
+            _ => self.end[i - 1] as usize,
+        };
+        self.text.get(start..end)
+    }
+
+    pub fn len(&self) -> usize {
+        self.end.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.end.is_empty()
+    }
+
+    /// Whether the ends are in order and inside the text, at character boundaries.
+    fn valid(&self) -> bool {
+        let mut at = 0;
+        self.end.iter().all(|&e| {
+            let ok = e as usize >= at && self.text.is_char_boundary(e as usize);
+            at = e as usize;
+            ok
+        }) && at <= self.text.len()
+    }
+
+    pub fn shrink_to_fit(&mut self) {
+        self.text.shrink_to_fit();
+        self.end.shrink_to_fit();
+    }
+}
+
+/// Ends a manifest that carries ETags.
+const MAGIC: &[u8; 8] = b"\xffSFETAG1";
+
+/// `bytes` with the footer of `etags` appended (nothing when there are none).
+pub(super) fn encode(mut bytes: Vec<u8>, etags: &Etags) -> Vec<u8> {
+    if etags.is_empty() {
+        return bytes;
+    }
+    let start = bytes.len();
+    bytes = postcard::to_extend(etags, bytes).expect("ETag serialization cannot fail");
+    let len = (bytes.len() - start) as u64;
+    bytes.extend_from_slice(&len.to_le_bytes());
+    bytes.extend_from_slice(MAGIC);
+    bytes
+}
+
+/// The bytes before the footer and the ETags in it (none without a footer).
+pub(super) fn decode(bytes: &[u8]) -> Result<(&[u8], Etags), ManifestError> {
+    let Some(rest) = bytes.strip_suffix(MAGIC.as_slice()) else {
+        return Ok((bytes, Etags::default()));
+    };
+    let bad = || ManifestError::Decode("the ETag footer is corrupt".into());
+    let split = rest.len().checked_sub(8).ok_or_else(bad)?;
+    let len = u64::from_le_bytes(rest[split..].try_into().expect("8 bytes"));
+    let at = usize::try_from(len)
+        .ok()
+        .and_then(|len| split.checked_sub(len))
+        .ok_or_else(bad)?;
+    let etags: Etags = postcard::from_bytes(&rest[at..split]).map_err(|_| bad())?;
+    if !etags.valid() {
+        return Err(bad());
+    }
+    Ok((&rest[..at], etags))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_etags_add_nothing_and_a_footer_round_trips() {
+        assert_eq!(encode(b"abc".to_vec(), &Etags::default()), b"abc");
+        let (rest, none) = decode(b"abc").unwrap();
+        assert_eq!((rest, none.len()), (&b"abc"[..], 0));
+        let mut etags = Etags::default();
+        etags.push("\"e1\"");
+        etags.push("\"e22\"");
+        assert_eq!(
+            (etags.get(0), etags.get(1), etags.get(2)),
+            (Some("\"e1\""), Some("\"e22\""), None)
+        );
+        let bytes = encode(b"abc".to_vec(), &etags);
+        let (rest, got) = decode(&bytes).unwrap();
+        assert_eq!((rest, got), (&b"abc"[..], etags));
+        let mut cut = bytes.clone();
+        cut.remove(4);
+        assert!(decode(&cut).is_err());
+    }
+}
