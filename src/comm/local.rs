@@ -295,6 +295,16 @@ impl Comm for LocalComm {
             .collect();
         self.detached.extend(posted);
     }
+
+    /// A cancelled receive is dropped from the queues at once, so it neither matches a later
+    /// message nor counts as waiting on its peer (a detached one would, and a peer that has
+    /// ended would then answer `PeerGone`).
+    fn cancel(&mut self, tickets: &[Ticket]) {
+        self.ready.retain(|d| !tickets.contains(&d.ticket));
+        for queue in self.expected.values_mut() {
+            queue.retain(|(t, _)| !tickets.contains(t));
+        }
+    }
 }
 
 #[cfg(test)]

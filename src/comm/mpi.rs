@@ -338,8 +338,29 @@ impl Comm for MpiComm {
     }
 }
 
+/// How long a communicator being dropped keeps testing its detached requests (cancelled
+/// receives complete locally, late frames of a given-up peer drain) before abandoning them.
+const REAP: Duration = Duration::from_millis(500);
+
 impl Drop for MpiComm {
     fn drop(&mut self) {
+        // Receives cancelled after a given-up stream's end (`cancel`) stay pending until a test
+        // completes them; a rank whose last exchanges were empty never polls again, so reap
+        // them here rather than abandon them and skip MPI_Finalize (which mpirun reports as an
+        // improper exit). Only detached requests: nobody waits for them.
+        let until = Instant::now() + REAP;
+        while !self.pending.is_empty()
+            && self.pending.len() == self.detached.len()
+            && !self.abandoned.get()
+            && Instant::now() < until
+        {
+            for (ticket, owned) in self.test_some() {
+                // SAFETY: MPI reported this transfer complete (or cancelled).
+                drop(unsafe { owned.into_vec() });
+                self.detached.remove(&ticket);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
         // rsmpi panics on dropping a pending request, and MPI_Finalize would wait for it.
         if !self.pending.is_empty() {
             self.abandon();

@@ -208,8 +208,16 @@ impl Client {
 
     /// The key path of `relative`.
     pub(crate) fn path(&self, relative: &str) -> KeyPath {
-        KeyPath::from(self.url.key(relative))
+        key_path(&self.url.key(relative))
     }
+}
+
+/// `key` as `object_store` names an object: kept as written (`Path::parse`), so a key the
+/// listing returned (`a~b[1].jpg`) is fetched under the same name; `Path::from` would
+/// percent-encode such characters and ask for another key. A key `parse` refuses (empty
+/// parts, `.`/`..`) falls back to `from`.
+pub(crate) fn key_path(key: &str) -> KeyPath {
+    KeyPath::parse(key).unwrap_or_else(|_| KeyPath::from(key))
 }
 
 /// The `AWS_*` settings: the shared files' profile, then the variables, which win.
@@ -218,9 +226,22 @@ fn settings() -> Vec<(String, String)> {
     let vars: Vec<(String, String)> = std::env::vars()
         .filter(|(k, _)| k.starts_with("AWS_"))
         .collect();
+    // Keys are a set, as the AWS CLI takes them: with a key id in the environment, no key,
+    // secret or session token comes from the profile (a profile's token sent with other keys
+    // fails every request, and the store may echo it in its error).
+    let env_keys = vars.iter().any(|(k, _)| k == "AWS_ACCESS_KEY_ID");
+    let credential = |k: &str| {
+        [
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_SESSION_TOKEN",
+        ]
+        .contains(&k)
+    };
     let mut all: Vec<(String, String)> = super::profile::settings(&env)
         .into_iter()
         .filter(|(k, _)| !vars.iter().any(|(v, _)| v == k))
+        .filter(|(k, _)| !(env_keys && credential(k)))
         .map(|(k, v)| (k.to_string(), v))
         .collect();
     all.extend(vars);
@@ -270,5 +291,72 @@ pub(crate) fn chain(e: &dyn std::error::Error) -> String {
         }
         next = cause.source();
     }
-    text.replace('\n', " ")
+    redact(&text.replace('\n', " "))
+}
+
+/// Elements of an S3 error body that can echo credentials (a signature mismatch returns the
+/// canonical request, whose signed headers include the session token; an expired token is
+/// returned whole), emptied before an error reaches a log, the status or a refusal; the text
+/// is also capped, as a body can be long.
+const SECRET_ELEMENTS: [&str; 6] = [
+    "CanonicalRequest",
+    "CanonicalRequestBytes",
+    "StringToSign",
+    "StringToSignBytes",
+    "Token-0",
+    "AWSAccessKeyId",
+];
+const ERROR_TEXT_MAX: usize = 1000;
+
+fn redact(text: &str) -> String {
+    let mut out = text.to_string();
+    for name in SECRET_ELEMENTS {
+        let (open, close) = (format!("<{name}>"), format!("</{name}>"));
+        let mut from = 0;
+        while let Some(start) = out[from..].find(&open).map(|i| from + i + open.len()) {
+            let end = out[start..].find(&close).map_or(out.len(), |i| start + i);
+            out.replace_range(start..end, "(redacted)");
+            from = start + "(redacted)".len();
+        }
+    }
+    let marker = "x-amz-security-token:";
+    while let Some(at) = out.find(marker) {
+        let start = at + marker.len();
+        let end = (out[start..].find(|c: char| c.is_whitespace() || c == '<' || c == '&'))
+            .map_or(out.len(), |i| start + i);
+        out.replace_range(at..end, "x-amz-security-token (redacted)");
+    }
+    if out.len() > ERROR_TEXT_MAX {
+        let mut cut = ERROR_TEXT_MAX;
+        while !out.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        out.truncate(cut);
+        out.push_str(" ...");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_body_loses_what_could_echo_credentials() {
+        let body = "403 Forbidden: <Error><Code>SignatureDoesNotMatch</Code><AWSAccessKeyId>AKIA1</AWSAccessKeyId>\
+            <CanonicalRequest>GET /b/k host:x x-amz-security-token:SECRETTOKEN</CanonicalRequest>\
+            <Token-0>SECRET2</Token-0></Error> and x-amz-security-token:SECRET3 more";
+        let out = redact(body);
+        for secret in ["AKIA1", "SECRETTOKEN", "SECRET2", "SECRET3"] {
+            assert!(!out.contains(secret), "{out}");
+        }
+        assert!(out.contains("SignatureDoesNotMatch"), "{out}");
+        assert!(redact(&"x".repeat(5000)).len() < 1100);
+    }
+
+    #[test]
+    fn a_listed_key_is_fetched_under_its_own_name() {
+        assert_eq!(key_path("cls/a~b[1]%.jpg").as_ref(), "cls/a~b[1]%.jpg");
+        assert_eq!(key_path("data~v2").as_ref(), "data~v2");
+    }
 }

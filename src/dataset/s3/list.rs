@@ -28,8 +28,7 @@ const NO_ETAG: u32 = u32::MAX;
 /// keys are sorted into folders as they arrive: no second copy of the whole listing.
 pub(crate) fn build_index(client: &Client, format: Format) -> Result<Manifest, ManifestError> {
     let url = &client.url;
-    let prefix =
-        (!url.prefix.is_empty()).then(|| object_store::path::Path::from(url.prefix.as_str()));
+    let prefix = (!url.prefix.is_empty()).then(|| super::client::key_path(&url.prefix));
     let mut split = Split::new(&url.prefix, format);
     client
         .run(async {

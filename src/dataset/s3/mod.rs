@@ -89,8 +89,7 @@ pub(crate) fn check_source(source: &Path) -> Result<(), ManifestError> {
     let probe = client.run(async {
         use futures::TryStreamExt;
         use object_store::ObjectStore;
-        let prefix =
-            (!url.prefix.is_empty()).then(|| object_store::path::Path::from(url.prefix.as_str()));
+        let prefix = (!url.prefix.is_empty()).then(|| client::key_path(&url.prefix));
         client
             .store
             .list(prefix.as_ref())

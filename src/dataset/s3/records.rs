@@ -80,8 +80,7 @@ type Etags = HashMap<String, String>;
 /// The objects directly under the prefix, by name, with their sizes; deeper keys skipped.
 fn list(client: &Client) -> Result<(Shards, Vec<Skipped>, Etags), ManifestError> {
     let url = &client.url;
-    let prefix =
-        (!url.prefix.is_empty()).then(|| object_store::path::Path::from(url.prefix.as_str()));
+    let prefix = (!url.prefix.is_empty()).then(|| super::client::key_path(&url.prefix));
     let listed = client
         .run(async {
             use object_store::ObjectStore;
