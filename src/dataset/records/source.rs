@@ -38,17 +38,11 @@ impl RecordSource {
     }
 
     fn index(&self) -> io::Result<&RecordIndex> {
-        self.manifest
-            .records()
-            .ok_or_else(|| io::Error::other("the manifest has no record index"))
+        index_of(&self.manifest)
     }
 
     fn span(&self, id: SampleId) -> io::Result<Span> {
-        let index = self.index()?;
-        if id >= index.groups() {
-            return Err(io::Error::other(format!("no group {id} in this source")));
-        }
-        Ok(index.span(id))
+        span_of(&self.manifest, id)
     }
 
     fn file(&self, f: u32) -> io::Result<&File> {
@@ -191,4 +185,20 @@ impl Dataset for RecordSource {
             _ => format!("{} group {id}", self.source.display()),
         }
     }
+}
+
+/// The record index `manifest` carries (every record source's manifest does).
+pub(crate) fn index_of(manifest: &Manifest) -> io::Result<&RecordIndex> {
+    manifest
+        .records()
+        .ok_or_else(|| io::Error::other("the manifest has no record index"))
+}
+
+/// Where group `id` lies in the record files of `manifest`.
+pub(crate) fn span_of(manifest: &Manifest, id: SampleId) -> io::Result<Span> {
+    let index = index_of(manifest)?;
+    if id >= index.groups() {
+        return Err(io::Error::other(format!("no group {id} in this source")));
+    }
+    Ok(index.span(id))
 }

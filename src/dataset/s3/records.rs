@@ -23,7 +23,7 @@ use futures::TryStreamExt;
 use super::client::{Client, chain};
 use crate::dataset::manifest::{Manifest, ManifestError};
 use crate::dataset::names::{Skipped, is_safe_name};
-use crate::dataset::records::source::coalesce;
+use crate::dataset::records::source::{coalesce, index_of, span_of};
 use crate::dataset::records::{RecordIndex, RecordParams, Span, scan};
 use crate::dataset::{Copied, Dataset};
 use crate::plan::SampleId;
@@ -177,17 +177,11 @@ impl S3Records {
     }
 
     fn index(&self) -> io::Result<&RecordIndex> {
-        self.manifest
-            .records()
-            .ok_or_else(|| io::Error::other("the manifest has no record index"))
+        index_of(&self.manifest)
     }
 
     fn span(&self, id: SampleId) -> io::Result<Span> {
-        let index = self.index()?;
-        if id >= index.groups() {
-            return Err(io::Error::other(format!("no group {id} in this source")));
-        }
-        Ok(index.span(id))
+        span_of(&self.manifest, id)
     }
 
     /// One ranged GET of `span`, failing if the object is shorter than the listing said.
