@@ -14,3 +14,4 @@ mod dlio;
 mod real_loaders;
 mod records_mount;
 mod records_mpi;
+mod s3_train;

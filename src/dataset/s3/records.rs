@@ -257,7 +257,7 @@ impl S3Records {
 
 /// Runs fetched ahead of the one a thread waits on: with runs of up to 8 MiB, at most
 /// this many more are held in memory a rank (each is dropped once its groups are copied).
-const AHEAD: usize = 4;
+const AHEAD: usize = 16;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
