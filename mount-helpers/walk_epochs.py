@@ -12,8 +12,7 @@ import sys
 import time
 import zlib
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import shufflefs  # noqa: E402
+import shufflefs
 
 
 def decode_png(data):

@@ -55,7 +55,7 @@ def format_line(label, done, total, rate, ranks=None):
         label,
         f"{human_bytes(done)} / {human_bytes(total)}",
         f"{pct:3.0f}%",
-        f"{human_bytes(rate or 0)}/s",
+        "--/s" if rate is None else f"{human_bytes(rate)}/s",
         "ETA " + ("--:--" if eta is None else human_seconds(eta)),
     ]
     if ranks is not None:
@@ -169,14 +169,19 @@ class Line:
         self.tty = out.isatty() if tty is None else tty
         self.every = every if every is not None else (TTY_EVERY if self.tty else LOG_EVERY)
         self.rate = Rate()
+        self.first = None
         self.last_write = None
         self.width = 0
 
     def update(self, done, total, ranks=None, finished=False, now=None):
         now = time.monotonic() if now is None else now
         rate = self.rate.add(now, done)
+        self.first = self.first or (now, done)
         if finished:
+            # The last line says the whole phase's mean rate.
             done = total = max(done, total)
+            t0, d0 = self.first
+            rate = (done - d0) / (now - t0) if now > t0 else rate
         due = self.last_write is None or now - self.last_write >= self.every
         if not (due or finished):
             return

@@ -25,7 +25,7 @@ class Formatting(unittest.TestCase):
     def test_line(self):
         line = progress.format_line("staging", 12_000_000, 40_000_000, 4_000_000, ranks=4)
         self.assertEqual(line, "staging  12.0 MB / 40.0 MB   30%  4.0 MB/s  ETA 0:07  (4 ranks)")
-        self.assertIn("ETA --:--", progress.format_line("x", 1, 10, None))
+        self.assertIn("--/s  ETA --:--", progress.format_line("x", 1, 10, None))
         self.assertIn("100%", progress.format_line("x", 0, 0, None))
 
     def test_rate_over_a_window(self):
@@ -45,7 +45,7 @@ class Formatting(unittest.TestCase):
         line.update(100, 100, finished=True, now=25.0)
         lines = out.getvalue().splitlines()
         self.assertEqual(len(lines), 4)  # at 0, 10, 20 and the end
-        self.assertIn("100%", lines[-1])
+        self.assertIn("100 B / 100 B  100%  4 B/s  ETA 0:00", lines[-1])
 
     def test_line_on_a_terminal_is_rewritten(self):
         out = io.StringIO()
