@@ -286,10 +286,12 @@ impl SampleStore {
             Ok(None)
         });
         match &result {
-            Ok(len) => {
+            Ok(_) => {
+                // Learned as it was written (see `write_claimed_from`).
+                let len = self.size(id).unwrap_or(0);
                 let stats = &self.stats;
                 stats.fetched_from_source.fetch_add(1, Ordering::Relaxed);
-                (stats.fetched_bytes_from_source).fetch_add(u64::from(*len), Ordering::Relaxed);
+                (stats.fetched_bytes_from_source).fetch_add(len, Ordering::Relaxed);
             }
             Err(_) => {
                 self.stats.source_errors.fetch_add(1, Ordering::Relaxed);
