@@ -1,4 +1,5 @@
 import io
+import os
 import tempfile
 import threading
 import time
@@ -102,6 +103,40 @@ class Watch(unittest.TestCase):
         self.assertTrue(all(line.startswith("staging  ") for line in lines), lines)
         self.assertIn("2.0 kB / 2.0 kB  100%", lines[-1])
         self.assertIn("(2 ranks)", lines[-1])
+
+
+    def test_follow_shows_a_waiting_advance_until_it_is_done(self):
+        staged = {"state": "done", "bytes_done": 10, "bytes_total": 10}
+
+        def exchange(received, state):
+            return [{"target_epoch": 1, "state": state, "bytes_received": received,
+                     "bytes_to_receive": 400, "peers": []}]
+
+        with tempfile.TemporaryDirectory() as d:
+            mount = make_mount(f"{d}/m0", staging=staged, share_samples=4, share_bytes=40,
+                               exchange=exchange(0, "running"))
+
+            def advance():
+                for received in (100, 200, 300):
+                    write_status(mount, staging=staged, share_samples=4, share_bytes=40,
+                                 exchange=exchange(received, "running"),
+                                 advance_waiting={"target_epoch": 1, "seconds": 2.0})
+                    time.sleep(0.15)
+                write_status(mount, staging=staged, exchange=exchange(400, "done"), epoch=1)
+                time.sleep(0.3)
+                os.remove(f"{mount}/.shufflefs/status")  # the mount went
+
+            writer = threading.Thread(target=advance)
+            writer.start()
+            out = io.StringIO()
+            progress.follow([mount], out, poll=0.02, every=0.05)
+            writer.join()
+        lines = out.getvalue().splitlines()
+        self.assertTrue(lines[0].startswith("staging  10 B / 10 B  100%"), lines)
+        exchange_lines = [x for x in lines if x.startswith("exchange into epoch 1  ")]
+        self.assertGreater(len(exchange_lines), 1, lines)
+        self.assertIn("400 B / 400 B  100%", exchange_lines[-1])
+        self.assertEqual(lines[-1], exchange_lines[-1])
 
 
 if __name__ == "__main__":
