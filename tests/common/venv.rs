@@ -54,7 +54,8 @@ sys.exit(any((there / f.name).read_bytes() != f.read_bytes() if (there / f.name)
 ";
 
 /// Installs this checkout's `python/` into the venv of `python` unless it is there already
-/// (one install at a time: a lock file in the venv).
+/// (one install at a time: a lock file in the venv). A python outside a venv is not touched:
+/// the test stops, asking for the package to be installed.
 pub fn install_package(python: &Path) {
     let package = repo().join("python");
     let same = || {
@@ -69,6 +70,16 @@ pub fn install_package(python: &Path) {
     if same() {
         return;
     }
+    let in_venv = Command::new(python)
+        .args(["-c", "import sys; sys.exit(sys.prefix == sys.base_prefix)"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        in_venv,
+        "{} is no venv's python: install this checkout's package into it yourself \
+         (pip install ./python)",
+        python.display()
+    );
     let lock = python.parent().unwrap().join("../.shufflefs-package.lock");
     let out = Command::new("flock")
         .arg(lock)
