@@ -59,7 +59,7 @@ def format_line(label, done, total, rate, ranks=None):
         "ETA " + ("--:--" if eta is None else human_seconds(eta)),
     ]
     if ranks is not None:
-        parts.append(f"({ranks} ranks)")
+        parts.append(f"({ranks} rank{'' if ranks == 1 else 's'})")
     return "  ".join(parts)
 
 
