@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes a Python venv with the real loaders (torch, torchvision, tensorflow-cpu, pillow; for
-# record sources scikit-learn, pandas and webdataset) when
-# missing, and exports SHUFFLEFS_PYTHON=its python. Sourced by tests/run.sh and demo.sh.
+# record sources scikit-learn, pandas and webdataset; matplotlib for the demo's plot) and
+# this checkout's package (python/) when missing, and exports SHUFFLEFS_PYTHON=its python.
+# Sourced by tests/run.sh and demo.sh.
 #
 # The venv lives outside the checkout (SHUFFLEFS_VENV, default ~/.cache/shufflefs/venv) so a
 # fresh clone reuses it: PyPI's torch wheel pulls CUDA libraries (about 5 GB, a few minutes;
@@ -30,6 +31,26 @@ if [ "${SHUFFLEFS_NO_LOADERS:-0}" != 1 ] && [ -x "$venv/bin/python" ] \
   echo "== installing moto[server] (the S3 test server) into $venv"
   "$venv/bin/pip" install -q 'moto[server]' \
     || { echo "install-python.sh: moto[server] did not install" >&2; return 1 2>/dev/null || exit 1; }
+fi
+# The demo's plot (mount-helpers/demo.sh): matplotlib, into the same venv.
+if [ "${SHUFFLEFS_NO_LOADERS:-0}" != 1 ] && [ -x "$venv/bin/python" ] \
+  && ! "$venv/bin/python" -c "import matplotlib" >/dev/null 2>&1; then
+  echo "== installing matplotlib (the demo's plot) into $venv"
+  "$venv/bin/pip" install -q matplotlib || echo "install-python.sh: matplotlib did not install; the demo makes no plot" >&2
+fi
+# The helpers' own package (python/ next to this folder: `import shufflefs`), which the
+# examples import: installed when missing or another version (pip install ./python).
+package=$(cd "$(dirname "${BASH_SOURCE[0]:-$0}")/.." && pwd)/python
+if [ "${SHUFFLEFS_NO_LOADERS:-0}" != 1 ] && [ -x "$venv/bin/python" ] && [ -f "$package/pyproject.toml" ]; then
+  want=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$package/pyproject.toml" | head -n 1)
+  have=$(cd / && "$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("shufflefs"))' 2>/dev/null || true)
+  if [ "$have" != "$want" ]; then
+    echo "== installing the shufflefs Python package ($package) into $venv"
+    # Offline when the venv has setuptools; else pip fetches the build backend.
+    "$venv/bin/pip" install -q --no-build-isolation "$package" 2>/dev/null \
+      || "$venv/bin/pip" install -q "$package" \
+      || { echo "install-python.sh: pip install $package failed" >&2; return 1 2>/dev/null || exit 1; }
+  fi
 fi
 if loaders_ok; then
   export SHUFFLEFS_PYTHON="$venv/bin/python"

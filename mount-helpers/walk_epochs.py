@@ -1,19 +1,26 @@
 """Walks epochs through shufflefs mounts the way a loader does and prints a table per epoch.
 
-    python3 walk_epochs.py [--epochs 3] MOUNT...
+    python3 walk_epochs.py [--epochs 3] [--plot FILE.png] MOUNT...
 
 Uses torchvision's ImageFolder + DataLoader when torchvision is installed; otherwise lists
 each class folder with scandir, reads every file and decodes the PNG with zlib.
+
+Before each epoch it shows the exchange into it (one progress line for the job) and then what
+moved into every rank's view and how: handed over on this host's disk (a peer's cached file
+taken over, no byte on the network), sent over MPI within a host or across hosts (the
+network), or fetched from the source; and how many bytes the source was read for. `--plot`
+draws the per-epoch read rates and these shares (matplotlib).
 """
 import argparse
+import json
 import os
 import struct
 import sys
 import time
 import zlib
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import shufflefs  # noqa: E402
+import shufflefs
+from shufflefs import progress
 
 
 def decode_png(data):
@@ -59,56 +66,114 @@ def read_epoch_torch(path):
     return files, nbytes
 
 
-def show_progress(label, measure, unit=""):
-    """Polls measure() -> (done, total) until done, as a bar on a terminal, plain lines otherwise."""
-    tty = sys.stdout.isatty()
-    last = None
+def staging_progress(mounts):
+    progress.watch_staging(mounts, sys.stdout)
+
+
+def exchange_progress(mounts, epoch):
+    """Waits for every rank's exchange into `epoch` (running while the previous epoch was
+    read), showing one line for the job: bytes received, disk hand-offs included."""
+    line = progress.Line(sys.stdout, f"exchange into epoch {epoch}")
     while True:
-        done, total = measure()
-        if tty:
-            width = 30
-            fill = width * done // max(total, 1)
-            print(f"\r  {label} [{'#' * fill}{'.' * (width - fill)}] {done}/{total}{unit}", end="", flush=True)
-        elif done != last:
-            print(f"  {label} {done}/{total}{unit}", flush=True)
-        last = done
-        if done >= total:
-            if tty:
-                print()
+        sts = [shufflefs.status(m) for m in mounts]
+        xs = [[x for x in s["exchange"] if x["target_epoch"] == epoch] for s in sts]
+        for m, x in zip(mounts, xs):
+            if x and x[0]["state"] == "failed":
+                raise SystemExit(f"{m}: exchange into epoch {epoch} failed: {x[0]['error']}")
+        finished = all(x and x[0]["state"] == "done" for x in xs)
+        pairs = [progress.exchange_bytes(s, epoch) for s in sts]
+        line.update(sum(p[0] for p in pairs), sum(p[1] for p in pairs), len(sts), finished)
+        if finished:
             return
         time.sleep(0.2)
 
 
-def staging_progress(mounts):
-    def measure():
-        sts = [shufflefs.status(m)["staging"] for m in mounts]
-        return sum(s["files_done"] for s in sts), sum(s["files_total"] for s in sts)
+def source_bytes(st):
+    """Bytes this rank copied from the source so far (`cache.fetched_bytes_from_source`;
+    estimated from the sample count on daemons without it)."""
+    cache = st["cache"]
+    if "fetched_bytes_from_source" in cache:
+        return cache["fetched_bytes_from_source"]
+    mean = st["share_bytes"] / st["share_samples"] if st.get("share_samples") else 0
+    return int(cache["fetched_from_source"] * mean)
 
-    show_progress("staging", measure, " files")
+
+def moved_into(st, epoch):
+    """What came into this rank's view of `epoch`, by way: {way: [samples, bytes]}."""
+    ways = {"disk": [0, 0], "mpi, same host": [0, 0], "network": [0, 0], "source": [0, 0]}
+    for x in st["exchange"]:
+        if x["target_epoch"] != epoch:
+            continue
+        for p in x["peers"]:
+            way = "disk" if p["via"] == "disk" else "mpi, same host" if p["same_host"] else "network"
+            ways[way][0] += p["samples_received"]
+            ways[way][1] += p["bytes_received"]
+            ways["source"][0] += p["fetched_from_source"]
+    return ways
 
 
-def exchange_progress(mounts, epoch):
-    """Waits for every rank's exchange into `epoch` (running while the previous epoch was read)."""
+def print_moved(epoch, sts, read_from_source, dataset_bytes):
+    """One line per way for the job: what moved into `epoch`, and what the source gave."""
+    ways = {}
+    for st in sts:
+        for way, (n, b) in moved_into(st, epoch).items():
+            ways.setdefault(way, [0, 0])
+            ways[way][0] += n
+            ways[way][1] += b
+    h = progress.human_bytes
+    moved = ", ".join(f"{n} samples ({h(b)}) {label}" for way, label in (
+        ("disk", "handed over on this host's disk"),
+        ("mpi, same host", "over MPI within a host"),
+        ("network", "over the network"),
+    ) for n, b in [ways[way]] if n or way != "mpi, same host")
+    print(f"  moved in: {moved}; {ways['source'][0]} fetched from the source instead")
+    print(f"  the source was read for {h(read_from_source)} "
+          f"(reading the whole dataset again every epoch: {h(dataset_bytes)})")
+    return ways
 
-    def measure():
-        done = total = 0
-        for m in mounts:
-            x = [x for x in shufflefs.status(m)["exchange"] if x["target_epoch"] == epoch]
-            if not x:
-                return 0, 1
-            if x[0]["state"] == "failed":
-                raise SystemExit(f"{m}: exchange into epoch {epoch} failed: {x[0]['error']}")
-            finished = x[0]["state"] == "done"
-            done += x[0]["bytes_to_receive"] if finished else x[0]["bytes_received"]
-            total += x[0]["bytes_to_receive"]
-        return done // 1000, total // 1000
 
-    show_progress(f"exchange into epoch {epoch}", measure, " kB")
+def plot(path, epochs):
+    """Two panels: each rank's read rate per epoch, and how each epoch's views were filled."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("== no plot: matplotlib is not installed (pip install matplotlib)")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (rates, shares, source) = plt.subplots(1, 3, figsize=(14, 4.2))
+    xs = [e["epoch"] for e in epochs]
+    for r in range(len(epochs[0]["rates"])):
+        rates.plot(xs, [e["rates"][r] / 1e6 for e in epochs], marker="o", label=f"rank {r}")
+    rates.set(title="read rate per rank", xlabel="epoch", ylabel="MB/s", xticks=xs)
+    rates.legend(fontsize="small")
+    bottom = [0.0] * len(xs)
+    for key, label in (("kept", "kept in place"), ("disk", "disk hand-off (same host)"),
+                       ("mpi, same host", "MPI within a host"), ("network", "network (other hosts)"),
+                       ("source", "from the source")):
+        vals = [100.0 * e["shares"][key] / max(e["samples"], 1) for e in epochs]
+        shares.bar(xs, vals, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    shares.set(title="how each epoch's views were filled", xlabel="epoch", ylabel="% of samples",
+               xticks=xs, ylim=(0, 100))
+    shares.legend(fontsize="small", loc="lower right")
+    scale, unit = (1e6, "MB") if epochs[0]["dataset_bytes"] >= 1e7 else (1e3, "kB")
+    source.bar(xs, [e["source_bytes"] / scale for e in epochs], label="read from the source")
+    source.axhline(epochs[0]["dataset_bytes"] / scale, color="grey", linestyle="--",
+                   label="the whole dataset")
+    source.set(title="bytes read from the source", xlabel="epoch", ylabel=unit, xticks=xs)
+    source.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    print(f"== plot: {path}")
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--plot", metavar="FILE.png", help="draw read rates and moved shares per epoch")
+    ap.add_argument("--json", metavar="FILE", help="write the per-epoch numbers as JSON")
     ap.add_argument("mounts", nargs="+")
     a = ap.parse_args()
     try:
@@ -122,28 +187,55 @@ def main():
         shufflefs.wait_ready(m)
     staging_progress(mounts)
     print(f"== walking {a.epochs} epochs on {len(mounts)} ranks with {how}")
-    previous = {}
+    previous, epochs, read_before = {}, [], 0
+    dataset_bytes = sum(shufflefs.status(m)["staging"]["bytes_total"] for m in mounts)
     for epoch in range(a.epochs):
         if epoch:
             exchange_progress(mounts, epoch)
         print(f"\nepoch {epoch}")
-        print(f"  {'rank':>4} {'samples':>8} {'moved in':>9} {'exchanged':>10} {'read':>10} {'files/s':>9}")
+        sts = [shufflefs.status(m) for m in mounts]
+        read_now = sum(source_bytes(st) for st in sts)
+        if epoch:
+            ways = print_moved(epoch, sts, read_now - read_before, dataset_bytes)
+        else:
+            ways = {"source": [sum(st["staging"]["files_done"] for st in sts), 0]}
+            print(f"  staged: the source was read for {progress.human_bytes(read_now)} "
+                  f"(the dataset: {progress.human_bytes(dataset_bytes)})")
+        print(f"  {'rank':>4} {'samples':>8} {'moved in':>9} {'received':>10} {'read':>10} {'files/s':>9}")
+        row = {"epoch": epoch, "rates": [], "samples": 0, "source_bytes": read_now - read_before,
+               "dataset_bytes": dataset_bytes}
+        read_before = read_now
+        kept = 0
         for rank, m in enumerate(mounts):
             path = shufflefs.epoch_dir(m, epoch)
             listing = {os.path.join(c, f) for c in os.listdir(path) for f in os.listdir(os.path.join(path, c))}
             moved = len(listing - previous.get(rank, listing))
-            st = shufflefs.status(m)
-            exch = [x for x in st["exchange"] if x["target_epoch"] == epoch]
-            exchanged = exch[0]["bytes_received"] + exch[0]["bytes_sent"] if exch else 0
+            kept += len(listing) - moved if epoch else 0
+            exch = [x for x in sts[rank]["exchange"] if x["target_epoch"] == epoch]
+            received = exch[0]["bytes_received"] if exch else 0
             t0 = time.perf_counter()
             files, nbytes = reader(path)
             dt = time.perf_counter() - t0
             assert files == len(listing), (files, len(listing))
             share = f"{100.0 * moved / max(len(listing), 1):.0f}%" if epoch else "-"
-            print(f"  {rank:>4} {files:>8} {share:>9} {exchanged / 1e6:>8.2f}MB {nbytes / dt / 1e6:>7.1f}MB/s {files / dt:>9.0f}")
+            print(f"  {rank:>4} {files:>8} {share:>9} {received / 1e6:>8.2f}MB {nbytes / dt / 1e6:>7.1f}MB/s {files / dt:>9.0f}")
             previous[rank] = listing
+            row["rates"].append(nbytes / dt)
+            row["samples"] += files
+        row["shares"] = {w: ways.get(w, [0, 0])[0] for w in ("disk", "mpi, same host", "network", "source")}
+        row["shares"]["kept"] = kept
+        epochs.append(row)
     total = sum(len(v) for v in previous.values())
+    spared = dataset_bytes * a.epochs - sum(e["source_bytes"] for e in epochs)
     print(f"\n== every epoch covered all {total} samples exactly once across ranks")
+    print(f"== the source was read for {progress.human_bytes(sum(e['source_bytes'] for e in epochs))} "
+          f"in {a.epochs} epochs; reading it every epoch would have been "
+          f"{progress.human_bytes(dataset_bytes * a.epochs)} ({progress.human_bytes(spared)} spared)")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(epochs, f, indent=1)
+    if a.plot:
+        plot(a.plot, epochs)
 
 
 if __name__ == "__main__":

@@ -20,16 +20,15 @@ import contextlib
 import hashlib
 import json
 import os
-import sys
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torchvision import datasets, transforms
+from torchvision import transforms
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import shufflefs  # noqa: E402
+import shufflefs
+import shufflefs.torch
 
 
 def env_int(*names, default=None):
@@ -91,7 +90,7 @@ def main():
     mount = a.mount.replace("{rank}", str(rank))
     shufflefs.wait_ready(mount)
     start = shufflefs.current_epoch(mount)  # 0 on a new mount; where it left off on a remount
-    classes = datasets.ImageFolder(shufflefs.epoch_dir(mount, start), allow_empty=True).classes
+    classes = shufflefs.torch.epoch_dataset(mount, start).classes
     model = DDP(
         nn.Sequential(
             nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
@@ -104,7 +103,7 @@ def main():
     first = last = None
     for epoch in range(start, start + a.epochs):
         # The one-line change: this epoch's view of this rank's share.
-        ds = datasets.ImageFolder(shufflefs.epoch_dir(mount, epoch), transforms.ToTensor(), allow_empty=True)
+        ds = shufflefs.torch.epoch_dataset(mount, epoch, transforms.ToTensor())
         loader = torch.utils.data.DataLoader(ds, batch_size=a.batch_size, shuffle=True, num_workers=2)
         total = torch.zeros(2)
         if a.no_join:

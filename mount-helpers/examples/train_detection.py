@@ -14,7 +14,6 @@ Prints `rank R epoch E: K images, loss L` per epoch.
 import argparse
 import json
 import os
-import sys
 
 import torch
 import torch.nn as nn
@@ -23,8 +22,7 @@ from torchvision import tv_tensors
 from torchvision.io import decode_jpeg, read_file
 from torchvision.transforms import v2
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import shufflefs  # noqa: E402
+import shufflefs
 
 
 class CocoStyle(torch.utils.data.Dataset):

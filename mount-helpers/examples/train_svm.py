@@ -12,14 +12,12 @@ parameter averaging); the point is the data path. Prints one line per epoch and,
 import argparse
 import json
 import os
-import sys
 
 import numpy
 from sklearn.datasets import load_svmlight_file
 from sklearn.linear_model import SGDClassifier
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import shufflefs  # noqa: E402
+import shufflefs
 
 
 def main():

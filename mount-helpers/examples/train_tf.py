@@ -4,24 +4,25 @@
     mpirun -np 4 python train_tf.py --mount /mnt/sfs-{rank} --epochs 3 --current  # one fixed path
 
 Default: the change from a stock Keras script is the folder given to
-`image_dataset_from_directory`: `shufflefs.epoch_dir(mount, epoch)`, rebuilt every epoch.
+`image_dataset_from_directory`: `shufflefs.epoch_dir(mount, epoch)`, rebuilt every epoch
+(`shufflefs.tf.epoch_dataset` does that).
 
 --current shows loaders that keep one path: a tf.data pipeline built once over
 MOUNT/current/*/* (the pattern is matched inside the pipeline, so again on every pass), with
-`shufflefs.advance(mount, epoch)` before each epoch to move `current` on.
+`shufflefs.advance(mount, epoch)` before each epoch to move `current` on
+(`shufflefs.tf.current_dataset`).
 
 Each process trains on its own rank's share; for multi-worker training wrap the model in
 tf.distribute.MultiWorkerMirroredStrategy as usual, the data side stays the same.
 """
 import argparse
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import shufflefs  # noqa: E402
+import shufflefs.tf  # noqa: E402
 
 
 def rank_from_env():
@@ -29,27 +30,6 @@ def rank_from_env():
         if var in os.environ:
             return int(os.environ[var])
     return 0
-
-
-def current_dataset(mount, classes, size, batch):
-    """One pipeline over MOUNT/current, valid for every epoch."""
-    table = tf.lookup.StaticHashTable(
-        tf.lookup.KeyValueTensorInitializer(tf.constant(classes), tf.range(len(classes), dtype=tf.int64)), -1
-    )
-
-    def load(path):
-        label = table.lookup(tf.strings.split(path, "/")[-2])
-        image = tf.image.resize(tf.image.decode_png(tf.io.read_file(path), channels=3), (size, size))
-        return image, label
-
-    # Not Dataset.list_files: in eager mode it matches the pattern once, when built. Matching
-    # inside the pipeline runs again on every pass, so each epoch lists the current view.
-    pattern = os.path.join(mount, "current", "*", "*")
-    files = tf.data.Dataset.from_tensors(pattern).flat_map(
-        lambda p: tf.data.Dataset.from_tensor_slices(tf.io.matching_files(p))
-    )
-    files = files.shuffle(100_000, reshuffle_each_iteration=True)
-    return files.map(load, num_parallel_calls=tf.data.AUTOTUNE).batch(batch).prefetch(2)
 
 
 def main():
@@ -76,7 +56,8 @@ def main():
         tf.keras.layers.Dense(len(classes)),
     ])
     model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    fixed = current_dataset(mount, classes, a.size, a.batch_size) if a.current else None
+    size = (a.size, a.size)
+    fixed = shufflefs.tf.current_dataset(mount, classes, size, a.batch_size) if a.current else None
     losses = []
     for epoch in range(start, start + a.epochs):
         if fixed is not None:
@@ -84,9 +65,7 @@ def main():
             ds = fixed
         else:
             # The one-line change: this epoch's view of this rank's share.
-            ds = tf.keras.utils.image_dataset_from_directory(
-                shufflefs.epoch_dir(mount, epoch), image_size=(a.size, a.size), batch_size=a.batch_size, verbose=False
-            )
+            ds = shufflefs.tf.epoch_dataset(mount, epoch, image_size=size, batch_size=a.batch_size)
         losses.append(model.fit(ds, epochs=1, verbose=0).history["loss"][0])
         print(f"rank {rank} epoch {epoch}: loss {losses[-1]:.4f}", flush=True)
     print(f"rank {rank} first_loss={losses[0]:.4f} last_loss={losses[-1]:.4f}", flush=True)

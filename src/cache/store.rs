@@ -57,6 +57,8 @@ pub struct StoreStats {
     pub files: AtomicU64,
     pub bytes: AtomicU64,
     pub fetched_from_source: AtomicU64,
+    /// Bytes of the samples counted in `fetched_from_source`: what the source was read for.
+    pub fetched_bytes_from_source: AtomicU64,
     pub source_errors: AtomicU64,
     /// Cached, received or adopted samples whose bytes did not match their checksum.
     pub checksum_failures: AtomicU64,
@@ -284,11 +286,16 @@ impl SampleStore {
             Ok(None)
         });
         match &result {
-            Ok(_) => self
-                .stats
-                .fetched_from_source
-                .fetch_add(1, Ordering::Relaxed),
-            Err(_) => self.stats.source_errors.fetch_add(1, Ordering::Relaxed),
+            Ok(_) => {
+                // Learned as it was written (see `write_claimed_from`).
+                let len = self.size(id).unwrap_or(0);
+                let stats = &self.stats;
+                stats.fetched_from_source.fetch_add(1, Ordering::Relaxed);
+                (stats.fetched_bytes_from_source).fetch_add(len, Ordering::Relaxed);
+            }
+            Err(_) => {
+                self.stats.source_errors.fetch_add(1, Ordering::Relaxed);
+            }
         };
         result.map(|_| ()).map_err(|e| {
             let what = self.source.describe(id);

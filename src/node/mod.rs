@@ -19,6 +19,7 @@ use crate::exchange::{EpochExchange, ExchangeConfig, ExchangeCtx, ExchangeError,
 use crate::plan::{Plan, Rank, SampleId, Step};
 
 pub mod coordinator;
+mod epoch_log;
 pub(crate) mod regrow;
 pub mod resume;
 pub(crate) mod resumed;
@@ -85,6 +86,7 @@ impl Node {
             exchanges: cfg.exchanges,
             invalidate_tx: Mutex::new(None),
             fallback_stall: cfg.exchange.fallback_stall,
+            epoch_log: epoch_log::EpochLog::new(&store.stats),
         });
         staging.send(StagingCmd::Epoch {
             current: Arc::new(resumed.current.clone()),
@@ -195,6 +197,7 @@ struct NodeEffects {
     exchanges: bool,
     invalidate_tx: Mutex<Option<Sender<u64>>>,
     fallback_stall: Duration,
+    epoch_log: epoch_log::EpochLog,
 }
 
 impl Effects for NodeEffects {
@@ -242,6 +245,10 @@ impl Effects for NodeEffects {
     }
 
     fn published(&self, change: &EpochChange) -> bool {
+        let epoch = change.current.epoch;
+        let report = (self.tracker.snapshot().into_iter()).find(|r| r.target_epoch == epoch);
+        let samples = change.current.share(self.rank).len();
+        (self.epoch_log).published(epoch, samples, report.as_ref(), &self.store.stats);
         self.staging.send(StagingCmd::Epoch {
             current: change.current.clone(),
         });

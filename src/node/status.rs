@@ -27,6 +27,8 @@ struct CacheSnapshot {
     files: u64,
     bytes: u64,
     fetched_from_source: u64,
+    /// Bytes of those samples: what this rank read from the source.
+    fetched_bytes_from_source: u64,
     source_errors: u64,
     checksum_failures: u64,
     problems: Vec<String>,
@@ -190,6 +192,8 @@ impl StatusReport for DaemonStatus {
                 files: stats.files.load(Ordering::Relaxed),
                 bytes: stats.bytes.load(Ordering::Relaxed),
                 fetched_from_source: stats.fetched_from_source.load(Ordering::Relaxed),
+                fetched_bytes_from_source: (stats.fetched_bytes_from_source)
+                    .load(Ordering::Relaxed),
                 source_errors: stats.source_errors.load(Ordering::Relaxed),
                 checksum_failures: stats.checksum_failures.load(Ordering::Relaxed),
                 problems: stats.problems(),

@@ -14,10 +14,8 @@ check that the ranks' lists partition the dataset every epoch. Exits non-zero on
 import argparse
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "mount-helpers"))
-import shufflefs  # noqa: E402
+import shufflefs
 
 
 def rank_from_env():

@@ -11,6 +11,7 @@
 mod common;
 
 mod dlio;
+mod python_package;
 mod real_loaders;
 mod records_mount;
 mod records_mpi;

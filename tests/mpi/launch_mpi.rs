@@ -352,3 +352,52 @@ fn launch_reads_the_record_from_the_output_when_the_file_is_not_there() {
     );
     assert_nothing_left(dir, 2, &pids);
 }
+
+/// `--wait-staged` into a pipe (a log, not a terminal): plain `staging` lines on stderr, the
+/// last at 100% of every rank's share, stdout still only the ranks.
+#[test]
+fn launch_wait_staged_shows_staging_progress_in_a_log() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let _cleanup = Cleanup(dir, 3);
+    let (classes, per_class, bytes) = (2, 24, 3000);
+    write_source(dir, classes, per_class, bytes);
+    let total: usize = (0..classes * per_class)
+        .map(|k| bytes + (k % per_class) as usize * 97)
+        .sum();
+    let out = run_with_timeout(
+        script("shufflefs-launch")
+            .env("SHUFFLEFS_PROGRESS_EVERY", "0.1")
+            .args(["--np", "3", "--wait-staged", "--job"])
+            .arg(dir.join("job"))
+            .arg("--")
+            .args(mount_args(dir)),
+        TIMEOUT,
+    );
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "shufflefs-launch failed: {stderr}");
+    let pids = check_printed(dir, &stdout, 3);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert!(!lines.is_empty(), "no progress line");
+    assert!(
+        lines.iter().all(|l| l.starts_with("staging  ")) && !stderr.contains('\r'),
+        "{stderr}"
+    );
+    let last = lines.last().unwrap();
+    let whole = format!("{0:.1} kB / {0:.1} kB  100%", total as f64 / 1000.0);
+    assert!(
+        last.contains(&whole) && last.ends_with("(3 ranks)"),
+        "{last}"
+    );
+    for m in mounts(dir, 3) {
+        assert_eq!(read_status(&m)["staging"]["state"], "done");
+    }
+    assert!(teardown(dir).status.success());
+    assert_nothing_left(dir, 3, &pids);
+}

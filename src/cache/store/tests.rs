@@ -915,3 +915,17 @@ fn corrupt_cached_bytes_are_caught_counted_and_fetched_again() {
         assert_eq!(store.scrub(&|| true), 0, "{layout}: all good now");
     }
 }
+
+#[test]
+fn fetches_count_the_bytes_read_from_the_source() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = manifest();
+    let store = store_in(tmp.path(), &m);
+    for id in [2, 3, 3] {
+        store.ensure(id).unwrap();
+    }
+    let s = &store.stats;
+    assert_eq!(s.fetched_from_source.load(Ordering::Relaxed), 2);
+    let bytes = m.size(2).unwrap() + m.size(3).unwrap();
+    assert_eq!(s.fetched_bytes_from_source.load(Ordering::Relaxed), bytes);
+}
