@@ -24,9 +24,13 @@ use super::{Copied, Dataset, Format, RecordParams};
 use crate::plan::SampleId;
 
 mod client;
+mod error;
+mod keys;
 mod list;
+mod listing;
 mod profile;
 mod records;
+mod signed;
 
 pub(crate) use client::CONCURRENCY;
 use client::{Client, S3Url};
@@ -81,43 +85,35 @@ pub(crate) fn check_args(source: &Path, _format: Format, replicate: bool) -> Res
 }
 
 /// Checks at mount that the bucket exists and is readable with these credentials (one
-/// listing request of one page): a missing bucket, a refused one, or no answer is named
-/// with the fix.
+/// listing request of one key): a missing bucket, a refused one, or no answer is named
+/// with the fix. The keys it returns are not looked at (an odd key is the listing's to skip).
 pub(crate) fn check_source(source: &Path) -> Result<(), ManifestError> {
     let client = client(source)?;
-    let url = client.url.clone();
-    let probe = client.run(async {
-        use futures::TryStreamExt;
-        use object_store::ObjectStore;
-        let prefix = (!url.prefix.is_empty()).then(|| client::key_path(&url.prefix));
-        client
-            .store
-            .list(prefix.as_ref())
-            .try_next()
-            .await
-            .map(|_| ())
-    });
-    probe.map_err(|e| ManifestError::Store(refusal(&url, e)))
+    let probe = listing::list(&client, Some(1), &mut |_| {});
+    probe
+        .map(|_| ())
+        .map_err(|e| ManifestError::Store(refusal(&client.url, e)))
 }
 
 /// Why the bucket of `url` cannot be a source, and what to do about it.
-fn refusal(url: &S3Url, e: object_store::Error) -> String {
-    let text = client::chain(&e);
-    let fix = if text.contains("NoSuchBucket") || matches!(e, object_store::Error::NotFound { .. })
-    {
-        "the bucket does not exist at this endpoint: check the bucket name and AWS_ENDPOINT_URL / AWS_REGION"
-    } else if matches!(
-        e,
-        object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. }
-    ) || text.contains("AccessDenied")
-        || text.contains("403")
-    {
-        "these credentials may not list it: check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE's) and the bucket policy (s3:ListBucket, s3:GetObject)"
-    } else {
-        "the store did not answer as S3 does: check AWS_ENDPOINT_URL (and AWS_ALLOW_HTTP=true for a plain-http endpoint) and the network"
+fn refusal(url: &S3Url, e: error::StoreError) -> String {
+    use error::StoreError as E;
+    let fix = match &e {
+        E::NotFound { .. } => {
+            "the bucket does not exist at this endpoint: check the bucket name and AWS_ENDPOINT_URL / AWS_REGION"
+        }
+        E::Forbidden { .. } => {
+            "these credentials may not list it: check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE's) and the bucket policy (s3:ListBucket, s3:GetObject)"
+        }
+        E::Refused { status: 301, .. } => {
+            "the bucket is in another region: set AWS_REGION to the bucket's region"
+        }
+        E::Unreachable { .. } | E::Changed { .. } | E::Refused { .. } | E::Malformed(_) => {
+            "the store did not answer as S3 does: check AWS_ENDPOINT_URL (and AWS_ALLOW_HTTP=true for a plain-http endpoint) and the network"
+        }
     };
     format!(
-        "--source {url}: bucket {:?} refused: {fix} ({text})",
+        "--source {url}: bucket {:?} refused: {fix} ({e})",
         url.bucket
     )
 }
@@ -176,11 +172,8 @@ impl S3Source {
 impl Dataset for S3Source {
     fn copy_to(&self, id: SampleId, out: &mut dyn Write) -> io::Result<Copied> {
         let etag = self.manifest.etag(id as usize);
-        let (len, modified) = self.client()?.get_to(&self.relative(id), etag, out)?;
-        Ok(Copied {
-            len,
-            mtime: Some(modified),
-        })
+        let (len, mtime) = self.client()?.get_to(&self.relative(id), etag, out)?;
+        Ok(Copied { len, mtime })
     }
 
     fn read_at(&self, id: SampleId, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
