@@ -137,6 +137,19 @@ impl S3Server {
         check("uploading the dataset", &out);
     }
 
+    /// Puts objects under their exact keys (any bytes a key may hold: `a//b`, `..`, a tab)
+    /// into `bucket`, which exists.
+    pub fn put(&self, bucket: &str, objects: &[(&str, &[u8])]) {
+        let mut put = Command::new(&self.python);
+        put.args(["-c", PUT, &self.endpoint(), bucket]);
+        for (key, body) in objects {
+            let hex: String = body.iter().map(|b| format!("{b:02x}")).collect();
+            put.args([*key, hex.as_str()]);
+        }
+        let out = put.envs(S3Server::env(&self.endpoint())).output().unwrap();
+        check("putting objects", &out);
+    }
+
     /// How many ListObjectsV2 requests the server answered so far.
     pub fn list_requests(&self) -> usize {
         let log = std::fs::read_to_string(&self.log).unwrap_or_default();
@@ -223,6 +236,14 @@ for dirpath, _, files in os.walk(root):
         path = os.path.join(dirpath, f)
         rel = os.path.relpath(path, root)
         s3.upload_file(path, bucket, prefix + "/" + rel if prefix else rel)
+"#;
+
+const PUT: &str = r#"
+import sys, boto3
+endpoint, bucket, rest = sys.argv[1], sys.argv[2], sys.argv[3:]
+s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+for key, hex in zip(rest[::2], rest[1::2]):
+    s3.put_object(Bucket=bucket, Key=key, Body=bytes.fromhex(hex))
 "#;
 
 /// Forwards every request to the server, but answers every N-th GET of an object (a path

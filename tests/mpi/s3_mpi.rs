@@ -77,6 +77,46 @@ fn imagefolder_in_a_bucket_is_partitioned_every_epoch_and_listed_once() {
     job.unmount();
 }
 
+/// Keys no file can be named (`a//x`, `../y`, a tab) are skipped and named in the status,
+/// never failing the mount; folder markers (`class0/`, a zero-byte `class1` beside
+/// `class1/...`) are not samples; every view is exactly the usable objects.
+#[test]
+fn keys_that_cannot_be_paths_and_folder_markers_leave_exact_views() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let Some(python) = moto_python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&python, &tmp.path().join("moto.log"));
+    dataset(tmp.path(), &server);
+    let odd = [
+        format!("{PREFIX}/class0/a//x.jpg"),
+        format!("{PREFIX}/../y.jpg"),
+        format!("{PREFIX}/class2/t\tab.jpg"),
+        format!("{PREFIX}/class0/"),
+        format!("{PREFIX}/class1"),
+    ];
+    let bodies: [&[u8]; 5] = [b"bad-1", b"bad-2", b"bad-3", b"", b""];
+    let objects: Vec<(&str, &[u8])> = odd.iter().map(String::as_str).zip(bodies).collect();
+    server.put(BUCKET, &objects);
+    let job = job(tmp.path(), &server.endpoint());
+    assert_epochs_partition(&job, &tmp.path().join("src"), 2, &[]);
+    let status = job.status(0);
+    let skipped: Vec<&str> = (status["skipped"].as_array().unwrap().iter())
+        .map(|s| s["path"].as_str().unwrap())
+        .collect();
+    for bad in [
+        format!("{PREFIX}/class0/a//x.jpg"),
+        format!("{PREFIX}/../y.jpg"),
+        format!("{PREFIX}/class2/t\\u{{9}}ab.jpg"),
+    ] {
+        assert!(skipped.contains(&bad.as_str()), "{bad:?} not in {skipped:?}");
+    }
+    assert_eq!(skipped.len(), 3, "markers are not skipped samples: {skipped:?}");
+    assert_eq!(status["samples"], 42);
+    job.unmount();
+}
+
 #[test]
 fn missing_bucket_is_refused_with_the_fix_and_no_mount() {
     if !require_fuse() {
