@@ -110,9 +110,16 @@ fn keys_that_cannot_be_paths_and_folder_markers_leave_exact_views() {
         format!("{PREFIX}/../y.jpg"),
         format!("{PREFIX}/class2/t\\u{{9}}ab.jpg"),
     ] {
-        assert!(skipped.contains(&bad.as_str()), "{bad:?} not in {skipped:?}");
+        assert!(
+            skipped.contains(&bad.as_str()),
+            "{bad:?} not in {skipped:?}"
+        );
     }
-    assert_eq!(skipped.len(), 3, "markers are not skipped samples: {skipped:?}");
+    assert_eq!(
+        skipped.len(),
+        3,
+        "markers are not skipped samples: {skipped:?}"
+    );
     assert_eq!(status["samples"], 42);
     job.unmount();
 }
@@ -465,5 +472,106 @@ fn an_object_overwritten_since_the_listing_is_reported_as_changed() {
     let want = std::fs::read(tmp.path().join("src").join(kept)).unwrap();
     assert_eq!(std::fs::read(view.join(kept)).unwrap(), want, "{kept}");
     eprintln!("problems: {problems}");
+    job.unmount();
+}
+
+/// Reads every file of `view` that `src` has: the bytes of those that read, and the names
+/// of those whose read failed.
+fn read_view(view: &Path, src: &Path) -> (usize, Vec<String>) {
+    let want = crate::common::trees::walk(src);
+    let (mut exact, mut failed) = (0, Vec::new());
+    for (name, bytes) in &want.files {
+        match std::fs::read(view.join(name)) {
+            Ok(got) => {
+                assert!(&got == bytes, "{name}: other bytes than the source's");
+                exact += 1;
+            }
+            Err(_) => failed.push(name.clone()),
+        }
+    }
+    (exact, failed)
+}
+
+/// Answers about one object that no retry will change (416 after an object shrank under
+/// its ETag, 400) fail that sample alone: named with bucket, key and status in the
+/// status's problems, its reads fail, staging finishes the rest and the mount stays up.
+#[test]
+fn an_object_answered_416_or_400_fails_alone_and_is_named() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let Some(python) = moto_python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&python, &tmp.path().join("moto.log"));
+    dataset(tmp.path(), &server);
+    let faults = [("class1/img_005.jpg", "416"), ("class2/img_007.jpg", "400")];
+    let proxy = server.faults_proxy(&faults, &tmp.path().join("proxy.log"));
+    let mut launcher = mpirun(1);
+    launcher.envs(S3Server::env(&proxy.endpoint()));
+    let source = format!("s3://{BUCKET}/{PREFIX}");
+    let job = MpiJob::start_from(launcher, source.as_ref(), tmp.path(), 1, SEED, 0.5, &[]);
+    wait_status(&job, 60, "the rest staged, both named", |s| {
+        s["cache"]["files"] == 40 && s["cache"]["problems"].as_array().map(Vec::len) >= Some(2)
+    });
+    let problems = job.status(0)["cache"]["problems"].to_string();
+    for needle in [
+        format!("s3://{BUCKET}/{PREFIX}/class1/img_005.jpg"),
+        "HTTP 416 InvalidRange".into(),
+        format!("s3://{BUCKET}/{PREFIX}/class2/img_007.jpg"),
+        "HTTP 400 InvalidArgument".into(),
+    ] {
+        assert!(problems.contains(&needle), "{needle:?} not in {problems}");
+    }
+    let (exact, failed) = read_view(&job.mounts[0].join("epoch-0"), &tmp.path().join("src"));
+    assert_eq!(exact, 40);
+    assert_eq!(failed, ["class1/img_005.jpg", "class2/img_007.jpg"]);
+    assert!(job.status(0)["staging"].is_object(), "the mount answers");
+    eprintln!("problems: {problems}");
+    job.unmount();
+}
+
+/// A proxy that drops `Range` (200 with the whole object to a ranged GET) fails the record
+/// groups of that one shard, named; the other shards' groups are staged.
+#[test]
+fn a_store_ignoring_range_fails_that_shard_alone() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let Some(python) = moto_python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    crate::common::records::make_records(&src, "tfrecord", 600, 3);
+    let mut shards: Vec<String> = (std::fs::read_dir(&src).unwrap())
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    shards.sort();
+    let server = S3Server::start(&python, &tmp.path().join("moto.log"));
+    server.upload(BUCKET, "recs", &src);
+    let faults = [(shards[1].as_str(), "norange")];
+    let proxy = server.faults_proxy(&faults, &tmp.path().join("proxy.log"));
+    let mut launcher = mpirun(1);
+    launcher.envs(S3Server::env(&proxy.endpoint()));
+    let extra = ["--format", "records", "--framing", "tfrecord"];
+    let source = format!("s3://{BUCKET}/recs");
+    let job = MpiJob::start_from(launcher, source.as_ref(), tmp.path(), 1, SEED, 0.5, &extra);
+    let groups = job.status(0)["dataset"]["groups"].as_u64().unwrap();
+    wait_status(&job, 60, "staging done with failures", |s| {
+        let files = s["cache"]["files"].as_u64().unwrap_or(0);
+        let failed = s["cache"]["source_errors"].as_u64().unwrap_or(0);
+        failed > 0 && files + failed >= groups
+    });
+    let problems = job.status(0)["cache"]["problems"].to_string();
+    let needle = format!("s3://{BUCKET}/recs/{}", shards[1]);
+    assert!(problems.contains(&needle), "{needle:?} not in {problems}");
+    assert!(problems.contains("ignores Range"), "{problems}");
+    // The shards are alike (200 records each): a third of the groups are the bad shard's.
+    // A part of the view mixes groups of every shard, so it is the cache that shows which
+    // groups were staged; each came as the exact range asked for (206, start, length).
+    let status = job.status(0);
+    let files = status["cache"]["files"].as_u64().unwrap();
+    assert_eq!(groups % 3, 0, "{groups} groups");
+    assert_eq!(files, groups / 3 * 2, "groups staged: the two good shards'");
+    let failed = status["cache"]["source_errors"].as_u64().unwrap();
+    eprintln!("{groups} groups, {failed} failed; problems: {problems}");
     job.unmount();
 }
