@@ -130,6 +130,25 @@ pub(crate) fn build_index(
     list::build_index(&client(source)?, format)
 }
 
+/// `--rescan` over a bucket: whether the cached copy (`len` bytes) of sample `old_id` of the
+/// cache's index is still object `new_id` of the new listing. A bucket has no file to look
+/// at (a folder's `still_valid` compares the file's size and time); the two listings' ETags
+/// and sizes tell instead: the same ETag (an object rewritten gets a new one, even with the
+/// same size) and the listed size the cached length. No ETag in either index (a cache made
+/// before ETags were kept): not known to be the same, so fetched again.
+pub(crate) fn still_same(
+    old: &Manifest,
+    old_id: SampleId,
+    new: &Manifest,
+    new_id: SampleId,
+    len: u64,
+) -> bool {
+    match (old.etag(old_id as usize), new.etag(new_id as usize)) {
+        (Some(a), Some(b)) => a == b && new.size(new_id) == Some(len),
+        _ => false,
+    }
+}
+
 /// The reader of the bucket's samples, as `manifest` names them.
 /// A client that cannot be built (this rank's environment lacks what rank 0's had) makes
 /// every read fail with the reason, as an unreadable folder would.
@@ -227,6 +246,28 @@ mod tests {
         );
         assert_eq!(default_staging_threads(Path::new("s3://b")), CONCURRENCY);
         assert_eq!(default_staging_threads(Path::new("/data")), 4);
+    }
+
+    #[test]
+    fn a_rescan_keeps_objects_whose_etag_and_size_are_unchanged() {
+        let listing = |etags: &[&str]| {
+            let files = vec![(b"1".to_vec(), 10), (b"2".to_vec(), 20)];
+            let mut m = Manifest::from_parts(vec![(b"c".to_vec(), files)]).unwrap();
+            let mut all = super::super::manifest::Etags::default();
+            etags.iter().for_each(|e| all.push(e));
+            if !etags.is_empty() {
+                m.set_etags(all);
+            }
+            m
+        };
+        let (old, new) = (listing(&["\"a\"", "\"b\""]), listing(&["\"a\"", "\"B\""]));
+        assert!(still_same(&old, 0, &new, 0, 10));
+        assert!(!still_same(&old, 1, &new, 1, 20), "another ETag");
+        assert!(
+            !still_same(&old, 0, &new, 0, 9),
+            "a cached copy of another length"
+        );
+        assert!(!still_same(&listing(&[]), 0, &new, 0, 10), "no ETag kept");
     }
 
     #[test]
