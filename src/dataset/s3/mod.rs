@@ -59,16 +59,19 @@ fn client(source: &Path) -> Result<Client, ManifestError> {
     Client::new(url).map_err(ManifestError::Store)
 }
 
-/// Refuses on the command line what a bucket source does not support yet, and a malformed
-/// `s3://` URL.
+/// Refuses on the command line what a bucket source does not support yet, a malformed
+/// `s3://` URL, and every other URL scheme (`gs://`, `az://`, `http://`, ...): this build
+/// compiles `object_store`'s S3 client only, so those would otherwise be taken for a folder
+/// named `gs:` and fail later with a confusing "no such folder".
 pub(crate) fn check_args(source: &Path, _format: Format, replicate: bool) -> Result<(), String> {
     let text = source.to_string_lossy();
-    let other = [
-        "gs://", "az://", "abfs://", "abfss://", "azure://", "http://", "https://",
-    ];
-    if let Some(scheme) = other.iter().find(|s| text.starts_with(**s)) {
+    if let Some(scheme) = other_scheme(&text) {
         return Err(format!(
-            "--source {text}: {scheme} sources are not supported (only s3://, an S3-compatible store at AWS_ENDPOINT_URL or AWS itself; see docs/s3.md)"
+            "--source {text}: {scheme}:// sources are not supported. Supported: a folder path, \
+             or s3://BUCKET/PREFIX for AWS S3 or any S3-compatible store (MinIO, Ceph RGW, \
+             Cloudflare R2, ...) at AWS_ENDPOINT_URL; Google Cloud Storage and Azure Blob \
+             clients are not built in (a GCS bucket may be reachable through its S3-compatible \
+             XML API with HMAC keys, untested). See docs/s3.md"
         ));
     }
     let Some(url) = url_of(source) else {
@@ -82,6 +85,16 @@ pub(crate) fn check_args(source: &Path, _format: Format, replicate: bool) -> Res
         ));
     }
     Ok(())
+}
+
+/// The scheme of `text` when it is a URL (`SCHEME://...`) other than `s3://`.
+fn other_scheme(text: &str) -> Option<&str> {
+    let (scheme, _) = text.split_once("://")?;
+    let url_like = scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+        && scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c));
+    (url_like && scheme != "s3").then_some(scheme)
 }
 
 /// Checks at mount that the bucket exists and is readable with these credentials (one
@@ -240,9 +253,25 @@ mod tests {
             Ok(())
         );
         assert!(refusal("s3://b/p", Format::Tree, true).contains("--replicate"));
-        assert!(
-            refusal("gs://b/p", Format::Imagefolder, false)
-                .contains("gs:// sources are not supported")
+        for (url, scheme) in [
+            ("gs://b/p", "gs"),
+            ("gcs://b/p", "gcs"),
+            ("az://container/p", "az"),
+            ("abfss://c@acct.dfs.core.windows.net/p", "abfss"),
+            ("https://host/b/p", "https"),
+            ("file:///data", "file"),
+        ] {
+            let text = refusal(url, Format::Imagefolder, false);
+            assert!(
+                text.contains(&format!("{scheme}:// sources are not supported")),
+                "{text}"
+            );
+            assert!(text.contains("s3://BUCKET/PREFIX") && text.contains("AWS_ENDPOINT_URL"));
+        }
+        assert_eq!(
+            ok("/data/odd://name"),
+            Ok(()),
+            "a path that only contains ://"
         );
         assert_eq!(default_staging_threads(Path::new("s3://b")), CONCURRENCY);
         assert_eq!(default_staging_threads(Path::new("/data")), 4);
