@@ -620,3 +620,38 @@ fn rescan_fetches_only_the_objects_whose_etag_changed() {
     assert_eq!(std::fs::read(view.join(kept)).unwrap(), want, "{kept}");
     job.unmount();
 }
+
+/// A prefix of more than one listing page (1,000 keys): the continuation tokens are
+/// followed, every key is a sample, and rank 0 lists in as many requests as pages.
+#[test]
+fn a_listing_of_several_pages_is_followed_to_its_end() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let Some(python) = moto_python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&python, &tmp.path().join("moto.log"));
+    std::fs::create_dir(tmp.path().join("none")).unwrap();
+    server.upload(BUCKET, "", &tmp.path().join("none"));
+    let keys: Vec<String> = (0..1100)
+        .map(|i| format!("many/d{}/{i:05} x+y.bin", i % 7))
+        .collect();
+    let objects: Vec<(&str, &[u8])> = keys.iter().map(|k| (k.as_str(), &b"s"[..])).collect();
+    server.put(BUCKET, &objects);
+    let before = server.list_requests();
+    let mut launcher = mpirun(1);
+    launcher.envs(S3Server::env(&server.endpoint()));
+    let source = format!("s3://{BUCKET}/many");
+    let extra = ["--format", "tree", "--staging-threads", "1"];
+    let job = MpiJob::start_from(launcher, source.as_ref(), tmp.path(), 1, SEED, 0.5, &extra);
+    let status = job.status(0);
+    assert_eq!(status["samples"], 1100, "{}", status["skipped"]);
+    // The bucket check, then 2 pages (1,000 + 100 keys).
+    assert_eq!(server.list_requests() - before, 3, "listing requests");
+    let name = "d3/00003 x+y.bin";
+    assert_eq!(
+        std::fs::read(job.mounts[0].join("epoch-0").join(name)).unwrap(),
+        b"s"
+    );
+    job.unmount();
+}
