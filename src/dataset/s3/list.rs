@@ -152,9 +152,10 @@ impl<'a> Split<'a> {
         };
         let mut up = relative;
         while let Some((dir, _)) = up.rsplit_once('/') {
-            if !self.dirs.insert(dir.as_bytes().to_vec()) {
+            if self.dirs.contains(dir.as_bytes()) {
                 break;
             }
+            self.dirs.insert(dir.as_bytes().to_vec());
             up = dir;
         }
         match size {
