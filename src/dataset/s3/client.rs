@@ -221,9 +221,15 @@ fn headers(range: Option<&Range<u64>>, etag: Option<&str>) -> Vec<(&'static str,
     headers
 }
 
-/// Whether `answer` is the `range` asked for: 206, and a `Content-Range` from its start.
+/// Whether `answer` is the `range` asked for: 206 and a `Content-Range` from its start, or
+/// a 200 whose whole object is exactly the range (a range of all of it, answered whole).
 fn check_range(answer: &HttpResponse, range: &Range<u64>) -> Result<(), StoreError> {
     let status = answer.status().as_u16();
+    let length =
+        (answer.headers().get("content-length")).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if status == 200 && range.start == 0 && length == Some(range.end) {
+        return Ok(());
+    }
     if status != 206 {
         return Err(StoreError::Refused {
             status,
