@@ -22,7 +22,7 @@ use object_store::client::HttpResponse;
 use tokio::runtime::Runtime;
 use tokio::sync::Semaphore;
 
-use super::error::StoreError;
+use super::error::{StoreError, chain};
 use super::signed::Signed;
 
 /// Requests one rank keeps in flight at most (staging and on-demand fetches together).
@@ -299,79 +299,34 @@ fn settings() -> Vec<(String, String)> {
     all
 }
 
-/// `e` and its sources, `: `-separated: `object_store` keeps the HTTP status and the
-/// transport's reason (a reset, a timeout) in the sources.
-pub(crate) fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut next = e.source();
-    while let Some(cause) = next {
-        let more = cause.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        next = cause.source();
-    }
-    redact(&text.replace('\n', " "))
-}
-
-/// Elements of an S3 error body that can echo credentials (a signature mismatch returns the
-/// canonical request, whose signed headers include the session token; an expired token is
-/// returned whole), emptied before an error reaches a log, the status or a refusal; the text
-/// is also capped, as a body can be long.
-const SECRET_ELEMENTS: [&str; 6] = [
-    "CanonicalRequest",
-    "CanonicalRequestBytes",
-    "StringToSign",
-    "StringToSignBytes",
-    "Token-0",
-    "AWSAccessKeyId",
-];
-const ERROR_TEXT_MAX: usize = 1000;
-
-pub(crate) fn redact(text: &str) -> String {
-    let mut out = text.to_string();
-    for name in SECRET_ELEMENTS {
-        let (open, close) = (format!("<{name}>"), format!("</{name}>"));
-        let mut from = 0;
-        while let Some(start) = out[from..].find(&open).map(|i| from + i + open.len()) {
-            let end = out[start..].find(&close).map_or(out.len(), |i| start + i);
-            out.replace_range(start..end, "(redacted)");
-            from = start + "(redacted)".len();
-        }
-    }
-    let marker = "x-amz-security-token:";
-    while let Some(at) = out.find(marker) {
-        let start = at + marker.len();
-        let end = (out[start..].find(|c: char| c.is_whitespace() || c == '<' || c == '&'))
-            .map_or(out.len(), |i| start + i);
-        out.replace_range(at..end, "x-amz-security-token (redacted)");
-    }
-    if out.len() > ERROR_TEXT_MAX {
-        let mut cut = ERROR_TEXT_MAX;
-        while !out.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        out.truncate(cut);
-        out.push_str(" ...");
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn an_error_body_loses_what_could_echo_credentials() {
-        let body = "403 Forbidden: <Error><Code>SignatureDoesNotMatch</Code><AWSAccessKeyId>AKIA1</AWSAccessKeyId>\
-            <CanonicalRequest>GET /b/k host:x x-amz-security-token:SECRETTOKEN</CanonicalRequest>\
-            <Token-0>SECRET2</Token-0></Error> and x-amz-security-token:SECRET3 more";
-        let out = redact(body);
-        for secret in ["AKIA1", "SECRETTOKEN", "SECRET2", "SECRET3"] {
-            assert!(!out.contains(secret), "{out}");
+    fn answer(status: u16, headers: &[(&str, &str)]) -> HttpResponse {
+        let mut answer = http::Response::builder().status(status);
+        for (name, value) in headers {
+            answer = answer.header(*name, *value);
         }
-        assert!(out.contains("SignatureDoesNotMatch"), "{out}");
-        assert!(redact(&"x".repeat(5000)).len() < 1100);
+        answer.body(Vec::<u8>::new().into()).unwrap()
+    }
+
+    #[test]
+    fn a_ranged_get_must_answer_the_range_asked_for() {
+        let partial = |from: &str| answer(206, &[("content-range", from)]);
+        assert!(check_range(&partial("bytes 100-199/1000"), &(100..200)).is_ok());
+        let shifted = check_range(&partial("bytes 0-99/1000"), &(100..200));
+        assert!(matches!(
+            shifted,
+            Err(StoreError::Refused { status: 206, .. })
+        ));
+        let whole = |len: &str| answer(200, &[("content-length", len)]);
+        assert!(
+            check_range(&whole("200"), &(0..200)).is_ok(),
+            "all of it, whole"
+        );
+        let ignored = check_range(&whole("1000"), &(0..200)).unwrap_err();
+        assert!(ignored.to_string().contains("ignores Range"), "{ignored}");
+        assert!(check_range(&whole("200"), &(100..200)).is_err());
     }
 }

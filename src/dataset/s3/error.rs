@@ -5,6 +5,9 @@
 //!
 //! Which answers are retried inside a request (connection errors, timeouts, 5xx, 429, 408)
 //! is decided in [`signed`](super::signed); an error of this type comes after that.
+//!
+//! Every text that reaches a log, the status or a refusal passes through here ([`chain`],
+//! [`detail`]) and loses what an S3 error body can echo of the credentials ([`redact`]).
 
 use std::io;
 
@@ -68,7 +71,66 @@ pub(crate) fn detail(body: &str) -> String {
         (Some(code), None) => code.to_string(),
         _ => body.chars().take(200).collect(),
     };
-    super::client::redact(&text.replace('\n', " "))
+    redact(&text.replace('\n', " "))
+}
+
+/// `e` and its sources, `: `-separated: `object_store` keeps the HTTP status and the
+/// transport's reason (a reset, a timeout) in the sources.
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        let more = cause.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        next = cause.source();
+    }
+    redact(&text.replace('\n', " "))
+}
+
+/// Elements of an S3 error body that can echo credentials (a signature mismatch returns the
+/// canonical request, whose signed headers include the session token; an expired token is
+/// returned whole), emptied before an error reaches a log, the status or a refusal; the text
+/// is also capped, as a body can be long.
+const SECRET_ELEMENTS: [&str; 6] = [
+    "CanonicalRequest",
+    "CanonicalRequestBytes",
+    "StringToSign",
+    "StringToSignBytes",
+    "Token-0",
+    "AWSAccessKeyId",
+];
+const ERROR_TEXT_MAX: usize = 1000;
+
+fn redact(text: &str) -> String {
+    let mut out = text.to_string();
+    for name in SECRET_ELEMENTS {
+        let (open, close) = (format!("<{name}>"), format!("</{name}>"));
+        let mut from = 0;
+        while let Some(start) = out[from..].find(&open).map(|i| from + i + open.len()) {
+            let end = out[start..].find(&close).map_or(out.len(), |i| start + i);
+            out.replace_range(start..end, "(redacted)");
+            from = start + "(redacted)".len();
+        }
+    }
+    let marker = "x-amz-security-token:";
+    while let Some(at) = out.find(marker) {
+        let start = at + marker.len();
+        let end = (out[start..].find(|c: char| c.is_whitespace() || c == '<' || c == '&'))
+            .map_or(out.len(), |i| start + i);
+        out.replace_range(at..end, "x-amz-security-token (redacted)");
+    }
+    if out.len() > ERROR_TEXT_MAX {
+        let mut cut = ERROR_TEXT_MAX;
+        while !out.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        out.truncate(cut);
+        out.push_str(" ...");
+    }
+    out
 }
 
 /// As an `io::Error` whose kind tells staging what it means: `ConnectionRefused` for a
@@ -92,6 +154,19 @@ impl From<StoreError> for io::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_error_body_loses_what_could_echo_credentials() {
+        let body = "403 Forbidden: <Error><Code>SignatureDoesNotMatch</Code><AWSAccessKeyId>AKIA1</AWSAccessKeyId>\
+            <CanonicalRequest>GET /b/k host:x x-amz-security-token:SECRETTOKEN</CanonicalRequest>\
+            <Token-0>SECRET2</Token-0></Error> and x-amz-security-token:SECRET3 more";
+        let out = redact(body);
+        for secret in ["AKIA1", "SECRETTOKEN", "SECRET2", "SECRET3"] {
+            assert!(!out.contains(secret), "{out}");
+        }
+        assert!(out.contains("SignatureDoesNotMatch"), "{out}");
+        assert!(redact(&"x".repeat(5000)).len() < 1100);
+    }
 
     #[test]
     fn answers_about_one_object_are_not_an_outage() {

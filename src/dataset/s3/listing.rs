@@ -73,7 +73,7 @@ pub(crate) fn list(
             let answer = client.signed.get(&url, &[], None).await?;
             (answer.into_body().bytes().await).map_err(|e| StoreError::Unreachable {
                 attempts: 1,
-                reason: format!("the listing's body broke off: {}", super::client::chain(&e)),
+                reason: format!("the listing's body broke off: {}", super::error::chain(&e)),
             })
         })?;
         let page = parse(&body)?;

@@ -178,7 +178,7 @@ impl Signed {
             let credential = (self.store.credentials().get_credential().await).map_err(|e| {
                 StoreError::Unreachable {
                     attempts: 1,
-                    reason: format!("no credentials: {}", super::client::chain(&e)),
+                    reason: format!("no credentials: {}", super::error::chain(&e)),
                 }
             })?;
             AwsAuthorizer::new(&credential, "s3", &self.region)
@@ -189,7 +189,7 @@ impl Signed {
             .http
             .execute(request)
             .await
-            .map_err(|e| super::client::chain(&e)))
+            .map_err(|e| super::error::chain(&e)))
     }
 }
 
