@@ -18,6 +18,10 @@ pub(crate) enum StoreError {
     /// until the retries ran out.
     #[error("the store did not answer after {attempts} attempts: {reason}")]
     Unreachable { attempts: usize, reason: String },
+    /// No credentials could be had (none configured, or the instance metadata service or
+    /// STS not answering): retried later as an outage, refused at mount with the fix.
+    #[error("no credentials: {0}")]
+    NoCredentials(String),
     /// 404: the bucket or the object is not there.
     #[error("HTTP {status} {detail}")]
     NotFound { status: u16, detail: String },
@@ -140,7 +144,9 @@ fn redact(text: &str) -> String {
 impl From<StoreError> for io::Error {
     fn from(e: StoreError) -> io::Error {
         let kind = match &e {
-            StoreError::Unreachable { .. } => io::ErrorKind::ConnectionRefused,
+            StoreError::Unreachable { .. } | StoreError::NoCredentials(_) => {
+                io::ErrorKind::ConnectionRefused
+            }
             StoreError::NotFound { .. } => io::ErrorKind::NotFound,
             StoreError::Forbidden { .. } => io::ErrorKind::PermissionDenied,
             StoreError::Changed { .. } | StoreError::Refused { .. } | StoreError::Malformed(_) => {

@@ -115,6 +115,9 @@ fn refusal(url: &S3Url, e: error::StoreError) -> String {
         E::NotFound { .. } => {
             "the bucket does not exist at this endpoint: check the bucket name and AWS_ENDPOINT_URL / AWS_REGION"
         }
+        E::NoCredentials(_) => {
+            "no credentials were found: set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE (see docs/s3.md), or AWS_SKIP_SIGNATURE=true for a public bucket"
+        }
         E::Forbidden { .. } => {
             "these credentials may not list it: check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE's) and the bucket policy (s3:ListBucket, s3:GetObject)"
         }
@@ -297,6 +300,36 @@ mod tests {
             "a cached copy of another length"
         );
         assert!(!still_same(&listing(&[]), 0, &new, 0, 10), "no ETag kept");
+    }
+
+    #[test]
+    fn a_refused_bucket_is_named_with_the_fix_for_the_answer() {
+        use error::StoreError as E;
+        let url = S3Url::parse("s3://b/p").unwrap().unwrap();
+        let cases = [
+            (
+                E::of_answer(404, "<Code>NoSuchBucket</Code>", None),
+                "does not exist",
+            ),
+            (E::of_answer(403, "", None), "bucket policy"),
+            (
+                E::of_answer(301, "", None),
+                "AWS_REGION to the bucket's region",
+            ),
+            (E::NoCredentials("none".into()), "no credentials were found"),
+            (
+                E::Unreachable {
+                    attempts: 9,
+                    reason: "refused".into(),
+                },
+                "AWS_ALLOW_HTTP",
+            ),
+            (E::Malformed("html".into()), "did not answer as S3 does"),
+        ];
+        for (e, fix) in cases {
+            let text = super::refusal(&url, e);
+            assert!(text.contains(fix) && text.contains("\"b\""), "{text}");
+        }
     }
 
     #[test]

@@ -175,12 +175,8 @@ impl Signed {
             request.headers_mut().insert(*name, value);
         }
         if !self.skip_signature {
-            let credential = (self.store.credentials().get_credential().await).map_err(|e| {
-                StoreError::Unreachable {
-                    attempts: 1,
-                    reason: format!("no credentials: {}", super::error::chain(&e)),
-                }
-            })?;
+            let credential = (self.store.credentials().get_credential().await)
+                .map_err(|e| StoreError::NoCredentials(super::error::chain(&e)))?;
             AwsAuthorizer::new(&credential, "s3", &self.region)
                 .with_request_payer(self.request_payer)
                 .authorize(&mut request, None);
