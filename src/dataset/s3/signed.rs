@@ -10,7 +10,7 @@
 //! [`StoreError`] by its status.
 //!
 //! Retries: connection errors, timeouts, 5xx (500, 503 SlowDown), 429 and 408 are retried
-//! with exponential backoff (100 ms doubling to 10 s) and full jitter, [`RETRIES`] times
+//! with exponential backoff (100 ms doubling to 10 s) and jitter, [`RETRIES`] times
 //! within [`RETRY_WINDOW`]; then [`StoreError::Unreachable`]. Every other answer is final.
 
 use std::time::{Duration, Instant};
@@ -189,8 +189,9 @@ impl Signed {
     }
 }
 
-/// The wait before retry `attempt` (1, 2, ...): a random share of 100 ms doubling per
-/// attempt up to 10 s ("full jitter": retries of many requests spread out).
+/// The wait before retry `attempt` (1, 2, ...): a random 50 to 100 % of 100 ms doubling per
+/// attempt up to 10 s ("equal jitter": the retries of many requests spread out, and none
+/// comes back at once).
 fn backoff(attempt: usize) -> Duration {
     let ceiling = BACKOFF_FIRST
         .saturating_mul(1 << (attempt - 1).min(16))
