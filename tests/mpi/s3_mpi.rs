@@ -313,7 +313,7 @@ fn the_store_going_away_mid_staging_keeps_the_mount_and_staging_resumes() {
         s["cache"]["files"].as_u64() >= Some(3)
     });
     drop(proxy);
-    // The GET in flight fails after object_store's retries (about 20 s of backoff), and the
+    // The GET in flight fails after its 8 retries (11 to 23 s of backoff), and the
     // problem shows in the status; the mount still answers.
     wait_status(&job, 90, "the outage in the status", |s| {
         s["cache"]["problems"]

@@ -78,8 +78,8 @@ pub(crate) fn detail(body: &str) -> String {
     redact(&text.replace('\n', " "))
 }
 
-/// `e` and its sources, `: `-separated: `object_store` keeps the HTTP status and the
-/// transport's reason (a reset, a timeout) in the sources.
+/// `e` and its sources, `: `-separated: an HTTP client error keeps the transport's reason
+/// (a reset, a timeout, a refused connection) in its sources.
 pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut next = e.source();

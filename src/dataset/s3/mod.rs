@@ -1,6 +1,8 @@
 //! `--source s3://BUCKET/PREFIX`: a dataset in an S3-compatible object store (AWS S3, MinIO,
-//! Ceph RGW, ...), read through the `object_store` crate. The objects under the prefix are
-//! the files: `PREFIX/CLASS/NAME` for ImageFolder, any key for `--format tree`.
+//! Ceph RGW, ...): `object_store`'s configuration, credentials, signer and HTTP client, with
+//! our own `ListObjectsV2` and GET requests ([`signed`], [`listing`]; why there). The objects
+//! under the prefix are the files: `PREFIX/CLASS/NAME` for ImageFolder, any key for
+//! `--format tree`; keys no file can be named are skipped ([`keys`]).
 //!
 //! Only rank 0 talks to the bucket before the mount: it checks that the bucket answers
 //! ([`check_source`]) and lists the prefix once ([`build_index`]); the index then travels
@@ -13,7 +15,9 @@
 //! The hooks elsewhere are few: `Format::{check_source, build_index, open}` send an
 //! `s3://` source here, the configuration refuses what is not supported, the staging
 //! threads default to [`CONCURRENCY`] for a bucket, and staging announces what it is about
-//! to copy (`Dataset::will_read`) so that record groups are fetched as coalesced runs.
+//! to copy (`Dataset::will_read`) so that record groups are fetched as coalesced runs, and
+//! `--rescan` keeps a cached object whose listed ETag and size are unchanged
+//! ([`still_same`]).
 
 use std::io::{self, Write};
 use std::path::Path;
