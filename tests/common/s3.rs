@@ -137,6 +137,19 @@ impl S3Server {
         check("uploading the dataset", &out);
     }
 
+    /// Puts objects under their exact keys (any bytes a key may hold: `a//b`, `..`, a tab)
+    /// into `bucket`, which exists.
+    pub fn put(&self, bucket: &str, objects: &[(&str, &[u8])]) {
+        let mut put = Command::new(&self.python);
+        put.args(["-c", PUT, &self.endpoint(), bucket]);
+        for (key, body) in objects {
+            let hex: String = body.iter().map(|b| format!("{b:02x}")).collect();
+            put.args([*key, hex.as_str()]);
+        }
+        let out = put.envs(S3Server::env(&self.endpoint())).output().unwrap();
+        check("putting objects", &out);
+    }
+
     /// How many ListObjectsV2 requests the server answered so far.
     pub fn list_requests(&self) -> usize {
         let log = std::fs::read_to_string(&self.log).unwrap_or_default();
@@ -165,9 +178,32 @@ impl S3Server {
     /// A proxy on `port` that delays every object GET by `delay_ms` and answers every
     /// `every`-th one (never for 0) with 503 SlowDown.
     pub fn proxy_on(&self, port: u16, every: u32, delay_ms: u32, log: &Path) -> Proxy {
+        self.launch_proxy(port, every, delay_ms, &[], log)
+    }
+
+    /// A proxy that answers the GETs of keys ending in each `suffix` as `fault` says: an
+    /// HTTP status (`"416"`, `"400"`: an S3 error body) or `"norange"` (the request goes on
+    /// without its `Range` header, so the server answers 200 with the whole object, as a
+    /// proxy that drops Range does). Its log counts the faults as `INJECTED` lines.
+    pub fn faults_proxy(&self, faults: &[(&str, &str)], log: &Path) -> Proxy {
+        self.launch_proxy(free_port(), 0, 0, faults, log)
+    }
+
+    fn launch_proxy(
+        &self,
+        port: u16,
+        every: u32,
+        delay_ms: u32,
+        faults: &[(&str, &str)],
+        log: &Path,
+    ) -> Proxy {
+        let faults: serde_json::Map<String, serde_json::Value> = (faults.iter())
+            .map(|(suffix, fault)| (suffix.to_string(), (*fault).into()))
+            .collect();
         let mut child = Command::new(&self.python)
             .args(["-c", PROXY, &port.to_string(), &self.port.to_string()])
             .args([every.to_string(), delay_ms.to_string()])
+            .arg(serde_json::Value::Object(faults).to_string())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(log).unwrap())
             .spawn()
@@ -225,19 +261,47 @@ for dirpath, _, files in os.walk(root):
         s3.upload_file(path, bucket, prefix + "/" + rel if prefix else rel)
 "#;
 
+const PUT: &str = r#"
+import sys, boto3
+endpoint, bucket, rest = sys.argv[1], sys.argv[2], sys.argv[3:]
+s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+for key, hex in zip(rest[::2], rest[1::2]):
+    s3.put_object(Bucket=bucket, Key=key, Body=bytes.fromhex(hex))
+"#;
+
 /// Forwards every request to the server, but answers every N-th GET of an object (a path
-/// with a key, no query) with 503 SlowDown, as S3 does under load, and delays each such GET.
+/// with a key, no query) with 503 SlowDown, as S3 does under load, and delays each such GET;
+/// GETs of keys ending in a fault's suffix get that fault (a status, or Range dropped).
 const PROXY: &str = r#"
-import http.client, sys, threading
+import http.client, json, sys, threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import time
 port, upstream, every, delay = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]) / 1000
+faults = json.loads(sys.argv[5])
+codes = {"416": b"InvalidRange", "400": b"InvalidArgument"}
 count = [0]
 lock = threading.Lock()
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def handle_any(self):
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        fault = None
+        if self.command == "GET" and "?" not in self.path:
+            fault = next((f for s, f in faults.items() if self.path.endswith(s)), None)
+        if fault is not None and fault != "norange":
+            sys.stderr.write("INJECTED %s %s\n" % (fault, self.path))
+            sys.stderr.flush()
+            msg = b"<Error><Code>" + codes.get(fault, b"Fault") + b"</Code><Message>injected</Message></Error>"
+            self.send_response(int(fault))
+            self.send_header("Content-Length", str(len(msg)))
+            self.send_header("Content-Type", "application/xml")
+            self.end_headers()
+            self.wfile.write(msg)
+            return
+        if fault == "norange" and "Range" in self.headers:
+            sys.stderr.write("INJECTED norange %s\n" % self.path)
+            sys.stderr.flush()
+            del self.headers["Range"]
         if self.command == "GET" and "?" not in self.path and self.path.count("/") >= 2:
             time.sleep(delay)
             with lock:

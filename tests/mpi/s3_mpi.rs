@@ -77,6 +77,53 @@ fn imagefolder_in_a_bucket_is_partitioned_every_epoch_and_listed_once() {
     job.unmount();
 }
 
+/// Keys no file can be named (`a//x`, `../y`, a tab) are skipped and named in the status,
+/// never failing the mount; folder markers (`class0/`, a zero-byte `class1` beside
+/// `class1/...`) are not samples; every view is exactly the usable objects.
+#[test]
+fn keys_that_cannot_be_paths_and_folder_markers_leave_exact_views() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let Some(python) = moto_python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&python, &tmp.path().join("moto.log"));
+    dataset(tmp.path(), &server);
+    let odd = [
+        format!("{PREFIX}/class0/a//x.jpg"),
+        format!("{PREFIX}/../y.jpg"),
+        format!("{PREFIX}/class2/t\tab.jpg"),
+        format!("{PREFIX}/class0/"),
+        format!("{PREFIX}/class1"),
+    ];
+    let bodies: [&[u8]; 5] = [b"bad-1", b"bad-2", b"bad-3", b"", b""];
+    let objects: Vec<(&str, &[u8])> = odd.iter().map(String::as_str).zip(bodies).collect();
+    server.put(BUCKET, &objects);
+    let job = job(tmp.path(), &server.endpoint());
+    assert_epochs_partition(&job, &tmp.path().join("src"), 2, &[]);
+    let status = job.status(0);
+    let skipped: Vec<&str> = (status["skipped"].as_array().unwrap().iter())
+        .map(|s| s["path"].as_str().unwrap())
+        .collect();
+    for bad in [
+        format!("{PREFIX}/class0/a//x.jpg"),
+        format!("{PREFIX}/../y.jpg"),
+        format!("{PREFIX}/class2/t\\u{{9}}ab.jpg"),
+    ] {
+        assert!(
+            skipped.contains(&bad.as_str()),
+            "{bad:?} not in {skipped:?}"
+        );
+    }
+    assert_eq!(
+        skipped.len(),
+        3,
+        "markers are not skipped samples: {skipped:?}"
+    );
+    assert_eq!(status["samples"], 42);
+    job.unmount();
+}
+
 #[test]
 fn missing_bucket_is_refused_with_the_fix_and_no_mount() {
     if !require_fuse() {
@@ -266,7 +313,7 @@ fn the_store_going_away_mid_staging_keeps_the_mount_and_staging_resumes() {
         s["cache"]["files"].as_u64() >= Some(3)
     });
     drop(proxy);
-    // The GET in flight fails after object_store's retries (about 20 s of backoff), and the
+    // The GET in flight fails after its 8 retries (11 to 23 s of backoff), and the
     // problem shows in the status; the mount still answers.
     wait_status(&job, 90, "the outage in the status", |s| {
         s["cache"]["problems"]
@@ -425,5 +472,193 @@ fn an_object_overwritten_since_the_listing_is_reported_as_changed() {
     let want = std::fs::read(tmp.path().join("src").join(kept)).unwrap();
     assert_eq!(std::fs::read(view.join(kept)).unwrap(), want, "{kept}");
     eprintln!("problems: {problems}");
+    job.unmount();
+}
+
+/// Reads every file of `view` that `src` has: the bytes of those that read, and the names
+/// of those whose read failed.
+fn read_view(view: &Path, src: &Path) -> (usize, Vec<String>) {
+    let want = crate::common::trees::walk(src);
+    let (mut exact, mut failed) = (0, Vec::new());
+    for (name, bytes) in &want.files {
+        match std::fs::read(view.join(name)) {
+            Ok(got) => {
+                assert!(&got == bytes, "{name}: other bytes than the source's");
+                exact += 1;
+            }
+            Err(_) => failed.push(name.clone()),
+        }
+    }
+    (exact, failed)
+}
+
+/// Answers about one object that no retry will change (416 after an object shrank under
+/// its ETag, 400) fail that sample alone: named with bucket, key and status in the
+/// status's problems, its reads fail, staging finishes the rest and the mount stays up.
+#[test]
+fn an_object_answered_416_or_400_fails_alone_and_is_named() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let Some(python) = moto_python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&python, &tmp.path().join("moto.log"));
+    dataset(tmp.path(), &server);
+    let faults = [("class1/img_005.jpg", "416"), ("class2/img_007.jpg", "400")];
+    let proxy = server.faults_proxy(&faults, &tmp.path().join("proxy.log"));
+    let mut launcher = mpirun(1);
+    launcher.envs(S3Server::env(&proxy.endpoint()));
+    let source = format!("s3://{BUCKET}/{PREFIX}");
+    let job = MpiJob::start_from(launcher, source.as_ref(), tmp.path(), 1, SEED, 0.5, &[]);
+    wait_status(&job, 60, "the rest staged, both named", |s| {
+        s["cache"]["files"] == 40 && s["cache"]["problems"].as_array().map(Vec::len) >= Some(2)
+    });
+    let problems = job.status(0)["cache"]["problems"].to_string();
+    for needle in [
+        format!("s3://{BUCKET}/{PREFIX}/class1/img_005.jpg"),
+        "HTTP 416 InvalidRange".into(),
+        format!("s3://{BUCKET}/{PREFIX}/class2/img_007.jpg"),
+        "HTTP 400 InvalidArgument".into(),
+    ] {
+        assert!(problems.contains(&needle), "{needle:?} not in {problems}");
+    }
+    let (exact, failed) = read_view(&job.mounts[0].join("epoch-0"), &tmp.path().join("src"));
+    assert_eq!(exact, 40);
+    assert_eq!(failed, ["class1/img_005.jpg", "class2/img_007.jpg"]);
+    assert!(job.status(0)["staging"].is_object(), "the mount answers");
+    eprintln!("problems: {problems}");
+    job.unmount();
+}
+
+/// A proxy that drops `Range` (200 with the whole object to a ranged GET) fails the record
+/// groups of that one shard, named; the other shards' groups are staged.
+#[test]
+fn a_store_ignoring_range_fails_that_shard_alone() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let Some(python) = moto_python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    crate::common::records::make_records(&src, "tfrecord", 600, 3);
+    let mut shards: Vec<String> = (std::fs::read_dir(&src).unwrap())
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    shards.sort();
+    // A torn record at the end of the bad shard (skipped by the index): so even a run of all
+    // its groups is not the whole object, and an answer of the whole object is wrong for it.
+    let mut bad = std::fs::OpenOptions::new()
+        .append(true)
+        .open(src.join(&shards[1]))
+        .unwrap();
+    std::io::Write::write_all(&mut bad, b"torn").unwrap();
+    let server = S3Server::start(&python, &tmp.path().join("moto.log"));
+    server.upload(BUCKET, "recs", &src);
+    let faults = [(shards[1].as_str(), "norange")];
+    let proxy = server.faults_proxy(&faults, &tmp.path().join("proxy.log"));
+    let mut launcher = mpirun(1);
+    launcher.envs(S3Server::env(&proxy.endpoint()));
+    let extra = ["--format", "records", "--framing", "tfrecord"];
+    let source = format!("s3://{BUCKET}/recs");
+    let job = MpiJob::start_from(launcher, source.as_ref(), tmp.path(), 1, SEED, 0.5, &extra);
+    let groups = job.status(0)["dataset"]["groups"].as_u64().unwrap();
+    wait_status(&job, 60, "staging done with failures", |s| {
+        let files = s["cache"]["files"].as_u64().unwrap_or(0);
+        let failed = s["cache"]["source_errors"].as_u64().unwrap_or(0);
+        failed > 0 && files + failed >= groups
+    });
+    let problems = job.status(0)["cache"]["problems"].to_string();
+    let needle = format!("s3://{BUCKET}/recs/{}", shards[1]);
+    assert!(problems.contains(&needle), "{needle:?} not in {problems}");
+    assert!(problems.contains("ignores Range"), "{problems}");
+    // The shards are alike (200 records each): a third of the groups are the bad shard's.
+    // A part of the view mixes groups of every shard, so it is the cache that shows which
+    // groups were staged; each came as the exact range asked for (206, start, length).
+    let status = job.status(0);
+    let files = status["cache"]["files"].as_u64().unwrap();
+    assert_eq!(groups % 3, 0, "{groups} groups");
+    assert_eq!(files, groups / 3 * 2, "groups staged: the two good shards'");
+    let failed = status["cache"]["source_errors"].as_u64().unwrap();
+    eprintln!("{groups} groups, {failed} failed; problems: {problems}");
+    job.unmount();
+}
+
+/// `--rescan` over a bucket compares the listed ETags and sizes with the cache's index:
+/// after one object is overwritten (same size, other bytes), a remount keeps every other
+/// cached sample and GETs only that object again.
+#[test]
+fn rescan_fetches_only_the_objects_whose_etag_changed() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let Some(python) = moto_python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&python, &tmp.path().join("moto.log"));
+    dataset(tmp.path(), &server);
+    let mount = |extra: &[&str]| {
+        let mut launcher = mpirun(1);
+        launcher.envs(S3Server::env(&server.endpoint()));
+        let source = format!("s3://{BUCKET}/{PREFIX}");
+        let job = MpiJob::start_from(launcher, source.as_ref(), tmp.path(), 1, SEED, 0.5, extra);
+        wait_status(&job, 60, "all staged", |s| s["cache"]["files"] == 42);
+        job
+    };
+    mount(&[]).unmount();
+    let (whole, _) = server.object_gets(BUCKET, PREFIX);
+    assert_eq!(whole, 42, "the first mount's GETs");
+    let name = "class1/img_003.jpg";
+    let original = std::fs::read(tmp.path().join("src").join(name)).unwrap();
+    let other: Vec<u8> = original.iter().map(|b| b ^ 0x5a).collect();
+    let changed = tmp.path().join("changed");
+    std::fs::create_dir_all(changed.join("class1")).unwrap();
+    std::fs::write(changed.join(name), &other).unwrap();
+    server.upload(BUCKET, PREFIX, &changed);
+    let job = mount(&["--rescan"]);
+    let (again, _) = server.object_gets(BUCKET, PREFIX);
+    assert_eq!(
+        again - whole,
+        1,
+        "GETs after the rescan: only the changed object"
+    );
+    let view = job.mounts[0].join("epoch-0");
+    assert_eq!(std::fs::read(view.join(name)).unwrap(), other, "{name}");
+    let kept = "class1/img_004.jpg";
+    let want = std::fs::read(tmp.path().join("src").join(kept)).unwrap();
+    assert_eq!(std::fs::read(view.join(kept)).unwrap(), want, "{kept}");
+    job.unmount();
+}
+
+/// A prefix of more than one listing page (1,000 keys): the continuation tokens are
+/// followed, every key is a sample, and rank 0 lists in as many requests as pages.
+#[test]
+fn a_listing_of_several_pages_is_followed_to_its_end() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let Some(python) = moto_python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&python, &tmp.path().join("moto.log"));
+    std::fs::create_dir(tmp.path().join("none")).unwrap();
+    server.upload(BUCKET, "", &tmp.path().join("none"));
+    let keys: Vec<String> = (0..1100)
+        .map(|i| format!("many/d{}/{i:05} x+y.bin", i % 7))
+        .collect();
+    let objects: Vec<(&str, &[u8])> = keys.iter().map(|k| (k.as_str(), &b"s"[..])).collect();
+    server.put(BUCKET, &objects);
+    let before = server.list_requests();
+    let mut launcher = mpirun(1);
+    launcher.envs(S3Server::env(&server.endpoint()));
+    let source = format!("s3://{BUCKET}/many");
+    let extra = ["--format", "tree", "--staging-threads", "1"];
+    let job = MpiJob::start_from(launcher, source.as_ref(), tmp.path(), 1, SEED, 0.5, &extra);
+    let status = job.status(0);
+    assert_eq!(status["samples"], 1100, "{}", status["skipped"]);
+    // The bucket check, then 2 pages (1,000 + 100 keys).
+    assert_eq!(server.list_requests() - before, 3, "listing requests");
+    let name = "d3/00003 x+y.bin";
+    assert_eq!(
+        std::fs::read(job.mounts[0].join("epoch-0").join(name)).unwrap(),
+        b"s"
+    );
     job.unmount();
 }

@@ -5,7 +5,8 @@
 //! 3), and when the new index differs from the cache's, each rank carries its cached
 //! samples over to the new index before its cache is checked (phase 4): a sample whose
 //! class, name, size and time are unchanged keeps its bytes under its new id, the rest is
-//! dropped. The state then names the new index, so the cache belongs to these settings.
+//! dropped. For a bucket, "time" is the ETag: an object keeps its bytes when both listings
+//! gave it the same ETag and size (`dataset::s3::still_same`). The state then names the new index, so the cache belongs to these settings.
 //!
 //! The plan is a function of the number of samples, so with another index it is computed
 //! anew at the job's current epoch: each rank's share of that epoch is the new plan's, and
@@ -63,11 +64,16 @@ pub(crate) fn carry_over(
         );
         return Ok((None, None));
     };
-    let carry = |id, cached| {
+    let bucket = crate::dataset::s3::is_s3(&config.source);
+    let carry = |id, cached: (u64, _)| {
         let new = (id < old_manifest.len())
             .then(|| same_sample(&old_manifest, manifest, id))
             .flatten()?;
-        still_valid(manifest, &config.source, new, cached).then_some(new)
+        let valid = match bucket {
+            true => crate::dataset::s3::still_same(&old_manifest, id, manifest, new, cached.0),
+            false => still_valid(manifest, &config.source, new, cached),
+        };
+        valid.then_some(new)
     };
     let counts = dir.carry_samples(&carry).map_err(PhaseError::mine)?;
     tracing::info!(

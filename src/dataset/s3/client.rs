@@ -1,24 +1,29 @@
-//! The connection to a bucket: `s3://BUCKET/PREFIX` parsed, an `object_store` client built
-//! from the AWS environment, one small tokio runtime to drive it from the daemon's plain
-//! threads, a bound on requests in flight, and errors that name bucket, key and status.
+//! The connection to a bucket: `s3://BUCKET/PREFIX` parsed, a signed-request client built
+//! from the AWS environment ([`Signed`]), one small tokio runtime to drive it from the
+//! daemon's plain threads, a bound on requests in flight, and GETs whose failures are a
+//! typed [`StoreError`].
 //!
-//! Retries are `object_store`'s own (`RetryConfig`): 5xx answers (503 SlowDown, 500
-//! InternalError), 429, 408, timeouts and connection errors are retried with exponential
-//! backoff and decorrelated jitter, [`RETRIES`] times within [`RETRY_WINDOW`]; 4xx answers
-//! other than those are not retried. What is still failing after that reaches the caller as
-//! an `io::Error` whose kind says whether the store was unreachable (staging then retries the
-//! round later, as it does for a network filesystem that went away) or the object itself is
-//! the problem.
+//! Retries happen inside each request ([`signed`](super::signed): connection errors,
+//! timeouts, 5xx including 503 SlowDown, 429, 408). What is still failing after them reaches
+//! the caller as an `io::Error` whose kind says whether the store was unreachable (staging
+//! then retries the round later, as it does for a network filesystem that went away) or the
+//! object itself is the problem (any other answer: 404, 403, 412 after a change, 416, 400, a
+//! 200 with the whole object to a ranged GET, a body of the wrong length): that sample
+//! fails and is reported, as a changed file is.
 
 use std::future::Future;
 use std::io;
-use std::time::Duration;
+use std::ops::Range;
+use std::time::{Duration, SystemTime};
 
-use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
-use object_store::path::Path as KeyPath;
-use object_store::{BackoffConfig, ClientOptions, GetOptions, GetRange, ObjectStore, RetryConfig};
+use object_store::ClientOptions;
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::client::HttpResponse;
 use tokio::runtime::Runtime;
 use tokio::sync::Semaphore;
+
+use super::error::{StoreError, chain};
+use super::signed::Signed;
 
 /// Requests one rank keeps in flight at most (staging and on-demand fetches together).
 /// A GET of a 100 KB object is latency-bound (tens of ms to first byte on S3, a few ms on a
@@ -27,10 +32,6 @@ use tokio::sync::Semaphore;
 /// host) and, times a few ranks, stays far under S3's 5,500 GETs/s per prefix, so SlowDown
 /// stays rare. Reasoned, not measured against S3 (docs/s3.md).
 pub(crate) const CONCURRENCY: usize = 32;
-/// Attempts after the first, for one request.
-const RETRIES: usize = 8;
-/// No retry starts later than this after the first attempt.
-const RETRY_WINDOW: Duration = Duration::from_secs(120);
 
 /// `s3://BUCKET/PREFIX` split; the prefix has no leading or trailing '/'.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,7 +74,7 @@ impl std::fmt::Display for S3Url {
 /// A bucket's client, the runtime that drives it and the in-flight bound.
 pub(crate) struct Client {
     pub url: S3Url,
-    pub store: AmazonS3,
+    pub signed: Signed,
     runtime: Runtime,
     slots: Semaphore,
 }
@@ -81,27 +82,15 @@ pub(crate) struct Client {
 impl Client {
     /// A client of `url`'s bucket configured from the `AWS_*` environment variables
     /// (credentials, `AWS_REGION`/`AWS_DEFAULT_REGION`, `AWS_ENDPOINT_URL`,
-    /// `AWS_ALLOW_HTTP`, ...). Makes no request.
+    /// `AWS_ALLOW_HTTP`, ...) and the shared files' profile. Makes no request.
     pub(crate) fn new(url: S3Url) -> Result<Client, String> {
-        let retry = RetryConfig {
-            backoff: BackoffConfig {
-                init_backoff: Duration::from_millis(100),
-                max_backoff: Duration::from_secs(10),
-                base: 2.0,
-            },
-            max_retries: RETRIES,
-            retry_timeout: RETRY_WINDOW,
-        };
+        let options = ClientOptions::new()
+            .with_connect_timeout(Duration::from_secs(10))
+            .with_timeout(Duration::from_secs(60))
+            .with_pool_max_idle_per_host(CONCURRENCY);
         // Our client options first: `with_client_options` replaces all of them, so the
         // environment's (`AWS_ALLOW_HTTP`, ...) must come after, as `from_env` reads them.
-        let mut builder = AmazonS3Builder::new()
-            .with_retry(retry)
-            .with_client_options(
-                ClientOptions::new()
-                    .with_connect_timeout(Duration::from_secs(10))
-                    .with_timeout(Duration::from_secs(60))
-                    .with_pool_max_idle_per_host(CONCURRENCY),
-            );
+        let mut builder = AmazonS3Builder::new().with_client_options(options.clone());
         let settings = settings();
         let given = |var: &str| settings.iter().any(|(k, _)| k == var);
         // A custom endpoint (MinIO, Ceph, a test server) takes any region name.
@@ -117,7 +106,7 @@ impl Client {
             }
         }
         builder = builder.with_bucket_name(&url.bucket);
-        let store = builder.build().map_err(|e| {
+        let signed = Signed::new(builder, options, &url.bucket).map_err(|e| {
             format!("--source {url}: {e}. Set the AWS_* variables (see docs/s3.md)")
         })?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -128,7 +117,7 @@ impl Client {
             .map_err(|e| format!("--source {url}: cannot start the I/O runtime: {e}"))?;
         Ok(Client {
             url,
-            store,
+            signed,
             runtime,
             slots: Semaphore::new(CONCURRENCY),
         })
@@ -149,29 +138,47 @@ impl Client {
 
     /// GETs `relative` (the bytes in `range`, or all) into memory, as one of at most
     /// [`CONCURRENCY`] requests in flight; the bytes and the object's modification time.
+    /// A ranged GET must come back as exactly that range (206, the start asked for, the
+    /// length asked for): anything else is this object's failure, not the store's.
     pub(crate) fn get(
         &self,
         relative: &str,
-        range: Option<std::ops::Range<u64>>,
+        range: Option<Range<u64>>,
         etag: Option<&str>,
-    ) -> io::Result<(bytes::Bytes, std::time::SystemTime)> {
-        let path = self.path(relative);
+    ) -> io::Result<(bytes::Bytes, Option<SystemTime>)> {
+        if range.as_ref().is_some_and(|r| r.is_empty()) {
+            return Ok((bytes::Bytes::new(), None));
+        }
+        let url = self.signed.object_url(&self.url.key(relative));
+        let headers = headers(range.as_ref(), etag);
         let request = async {
             let _slot = self
                 .slots
                 .acquire()
                 .await
                 .expect("the semaphore is never closed");
-            let options = GetOptions {
-                range: range.map(GetRange::from),
-                if_match: etag.map(str::to_string),
-                ..GetOptions::default()
-            };
-            let got = self.store.get_opts(&path, options).await?;
-            let modified = std::time::SystemTime::from(got.meta.last_modified);
-            Ok((got.bytes().await?, modified))
+            let answer = self.signed.get(&url, &headers, etag).await?;
+            let modified = last_modified(&answer);
+            let status = answer.status().as_u16();
+            if let Some(range) = &range {
+                check_range(&answer, range)?;
+            }
+            let bytes = answer.into_body().bytes().await.map_err(broke_off)?;
+            match &range {
+                Some(r) if bytes.len() as u64 != r.end - r.start => Err(StoreError::Refused {
+                    status,
+                    detail: format!(
+                        "{} bytes for the range {}..{} of {} bytes",
+                        bytes.len(),
+                        r.start,
+                        r.end,
+                        r.end - r.start
+                    ),
+                }),
+                _ => Ok((bytes, modified)),
+            }
         };
-        self.run(request).map_err(|e| changed_or(e, etag))
+        self.run(request).map_err(io::Error::from)
     }
 
     /// GETs the whole of `relative` into `out` chunk by chunk as the body arrives (a large
@@ -182,42 +189,86 @@ impl Client {
         relative: &str,
         etag: Option<&str>,
         out: &mut dyn std::io::Write,
-    ) -> io::Result<(u64, std::time::SystemTime)> {
+    ) -> io::Result<(u64, Option<SystemTime>)> {
         use futures::StreamExt;
-        let path = self.path(relative);
+        let url = self.signed.object_url(&self.url.key(relative));
+        let headers = headers(None, etag);
         let _slot = self
             .run(self.slots.acquire())
             .expect("the semaphore is never closed");
-        let options = GetOptions {
-            if_match: etag.map(str::to_string),
-            ..GetOptions::default()
-        };
-        let got = self
-            .run(self.store.get_opts(&path, options))
-            .map_err(|e| changed_or(e, etag))?;
-        let modified = std::time::SystemTime::from(got.meta.last_modified);
-        let mut body = got.into_stream();
+        let answer = self.run(self.signed.get(&url, &headers, etag))?;
+        let modified = last_modified(&answer);
+        let mut body = answer.into_body().bytes_stream();
         let mut len = 0u64;
         while let Some(chunk) = self.run(body.next()) {
-            let chunk = chunk.map_err(io_error)?;
+            let chunk = chunk.map_err(broke_off)?;
             out.write_all(&chunk)?;
             len += chunk.len() as u64;
         }
         Ok((len, modified))
     }
+}
 
-    /// The key path of `relative`.
-    pub(crate) fn path(&self, relative: &str) -> KeyPath {
-        key_path(&self.url.key(relative))
+/// The headers of a GET of `range` (or all) of the object listed with `etag`.
+fn headers(range: Option<&Range<u64>>, etag: Option<&str>) -> Vec<(&'static str, String)> {
+    let mut headers = Vec::new();
+    if let Some(r) = range {
+        headers.push(("range", format!("bytes={}-{}", r.start, r.end - 1)));
+    }
+    if let Some(etag) = etag {
+        headers.push(("if-match", etag.to_string()));
+    }
+    headers
+}
+
+/// Whether `answer` is the `range` asked for: 206 and a `Content-Range` from its start, or
+/// a 200 whose whole object is exactly the range (a range of all of it, answered whole).
+fn check_range(answer: &HttpResponse, range: &Range<u64>) -> Result<(), StoreError> {
+    let status = answer.status().as_u16();
+    let length =
+        (answer.headers().get("content-length")).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if status == 200 && range.start == 0 && length == Some(range.end) {
+        return Ok(());
+    }
+    if status != 206 {
+        return Err(StoreError::Refused {
+            status,
+            detail: format!(
+                "answered the range {}..{} with the whole object (a proxy or store that ignores Range)",
+                range.start, range.end
+            ),
+        });
+    }
+    let given = (answer.headers().get("content-range")).and_then(|v| v.to_str().ok());
+    let start = given
+        .and_then(|v| v.strip_prefix("bytes "))
+        .and_then(|v| v.split_once('-'))
+        .and_then(|(start, _)| start.parse::<u64>().ok());
+    match start {
+        Some(s) if s == range.start => Ok(()),
+        _ => Err(StoreError::Refused {
+            status,
+            detail: format!(
+                "Content-Range {given:?} for the range {}..{}",
+                range.start, range.end
+            ),
+        }),
     }
 }
 
-/// `key` as `object_store` names an object: kept as written (`Path::parse`), so a key the
-/// listing returned (`a~b[1].jpg`) is fetched under the same name; `Path::from` would
-/// percent-encode such characters and ask for another key. A key `parse` refuses (empty
-/// parts, `.`/`..`) falls back to `from`.
-pub(crate) fn key_path(key: &str) -> KeyPath {
-    KeyPath::parse(key).unwrap_or_else(|_| KeyPath::from(key))
+/// The object's `Last-Modified`, if the answer has a readable one.
+fn last_modified(answer: &HttpResponse) -> Option<SystemTime> {
+    let text = answer.headers().get("last-modified")?.to_str().ok()?;
+    let when = chrono::DateTime::parse_from_rfc2822(text).ok()?;
+    Some(SystemTime::from(when.with_timezone(&chrono::Utc)))
+}
+
+/// A body that broke off: the connection went, as a store going away does.
+fn broke_off(e: object_store::client::HttpError) -> StoreError {
+    StoreError::Unreachable {
+        attempts: 1,
+        reason: format!("the answer broke off: {}", chain(&e)),
+    }
 }
 
 /// The `AWS_*` settings: the shared files' profile, then the variables, which win.
@@ -248,115 +299,34 @@ fn settings() -> Vec<(String, String)> {
     all
 }
 
-/// `e` from a request as an `io::Error` saying what the store answered (the status and its
-/// error code, or the transport's reason); the caller names the object, as it names a
-/// file (`Dataset::describe`). Its kind says what it means to the caller: the object is missing
-/// (`NotFound`), not ours to read (`PermissionDenied`), or the store cannot be reached or
-/// keeps failing (`ConnectionRefused`, which staging treats as a source that went away).
-pub(crate) fn io_error(e: object_store::Error) -> io::Error {
-    use object_store::Error as E;
-    let kind = match &e {
-        E::NotFound { .. } => io::ErrorKind::NotFound,
-        E::PermissionDenied { .. } | E::Unauthenticated { .. } => io::ErrorKind::PermissionDenied,
-        E::Precondition { .. } | E::NotModified { .. } => io::ErrorKind::InvalidData,
-        _ => io::ErrorKind::ConnectionRefused,
-    };
-    io::Error::new(kind, chain(&e))
-}
-
-/// `e` as [`io_error`] does, but a failed `If-Match` (the object's ETag is no longer the
-/// listed `etag`) as a changed file is reported.
-fn changed_or(e: object_store::Error, etag: Option<&str>) -> io::Error {
-    match (&e, etag) {
-        (object_store::Error::Precondition { .. }, Some(etag)) => io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!(
-                "the object changed since the listing (its ETag is no longer {etag}); remount with --rescan or --reset-cache"
-            ),
-        ),
-        _ => io_error(e),
-    }
-}
-
-/// `e` and its sources, `: `-separated: `object_store` keeps the HTTP status and the
-/// transport's reason (a reset, a timeout) in the sources.
-pub(crate) fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut next = e.source();
-    while let Some(cause) = next {
-        let more = cause.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        next = cause.source();
-    }
-    redact(&text.replace('\n', " "))
-}
-
-/// Elements of an S3 error body that can echo credentials (a signature mismatch returns the
-/// canonical request, whose signed headers include the session token; an expired token is
-/// returned whole), emptied before an error reaches a log, the status or a refusal; the text
-/// is also capped, as a body can be long.
-const SECRET_ELEMENTS: [&str; 6] = [
-    "CanonicalRequest",
-    "CanonicalRequestBytes",
-    "StringToSign",
-    "StringToSignBytes",
-    "Token-0",
-    "AWSAccessKeyId",
-];
-const ERROR_TEXT_MAX: usize = 1000;
-
-fn redact(text: &str) -> String {
-    let mut out = text.to_string();
-    for name in SECRET_ELEMENTS {
-        let (open, close) = (format!("<{name}>"), format!("</{name}>"));
-        let mut from = 0;
-        while let Some(start) = out[from..].find(&open).map(|i| from + i + open.len()) {
-            let end = out[start..].find(&close).map_or(out.len(), |i| start + i);
-            out.replace_range(start..end, "(redacted)");
-            from = start + "(redacted)".len();
-        }
-    }
-    let marker = "x-amz-security-token:";
-    while let Some(at) = out.find(marker) {
-        let start = at + marker.len();
-        let end = (out[start..].find(|c: char| c.is_whitespace() || c == '<' || c == '&'))
-            .map_or(out.len(), |i| start + i);
-        out.replace_range(at..end, "x-amz-security-token (redacted)");
-    }
-    if out.len() > ERROR_TEXT_MAX {
-        let mut cut = ERROR_TEXT_MAX;
-        while !out.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        out.truncate(cut);
-        out.push_str(" ...");
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn an_error_body_loses_what_could_echo_credentials() {
-        let body = "403 Forbidden: <Error><Code>SignatureDoesNotMatch</Code><AWSAccessKeyId>AKIA1</AWSAccessKeyId>\
-            <CanonicalRequest>GET /b/k host:x x-amz-security-token:SECRETTOKEN</CanonicalRequest>\
-            <Token-0>SECRET2</Token-0></Error> and x-amz-security-token:SECRET3 more";
-        let out = redact(body);
-        for secret in ["AKIA1", "SECRETTOKEN", "SECRET2", "SECRET3"] {
-            assert!(!out.contains(secret), "{out}");
+    fn answer(status: u16, headers: &[(&str, &str)]) -> HttpResponse {
+        let mut answer = http::Response::builder().status(status);
+        for (name, value) in headers {
+            answer = answer.header(*name, *value);
         }
-        assert!(out.contains("SignatureDoesNotMatch"), "{out}");
-        assert!(redact(&"x".repeat(5000)).len() < 1100);
+        answer.body(Vec::<u8>::new().into()).unwrap()
     }
 
     #[test]
-    fn a_listed_key_is_fetched_under_its_own_name() {
-        assert_eq!(key_path("cls/a~b[1]%.jpg").as_ref(), "cls/a~b[1]%.jpg");
-        assert_eq!(key_path("data~v2").as_ref(), "data~v2");
+    fn a_ranged_get_must_answer_the_range_asked_for() {
+        let partial = |from: &str| answer(206, &[("content-range", from)]);
+        assert!(check_range(&partial("bytes 100-199/1000"), &(100..200)).is_ok());
+        let shifted = check_range(&partial("bytes 0-99/1000"), &(100..200));
+        assert!(matches!(
+            shifted,
+            Err(StoreError::Refused { status: 206, .. })
+        ));
+        let whole = |len: &str| answer(200, &[("content-length", len)]);
+        assert!(
+            check_range(&whole("200"), &(0..200)).is_ok(),
+            "all of it, whole"
+        );
+        let ignored = check_range(&whole("1000"), &(0..200)).unwrap_err();
+        assert!(ignored.to_string().contains("ignores Range"), "{ignored}");
+        assert!(check_range(&whole("200"), &(100..200)).is_err());
     }
 }

@@ -1,22 +1,23 @@
 //! Rank 0's one listing of the prefix into a [`Manifest`]: `ListObjectsV2` pages of 1,000
-//! keys (paginated by `object_store`), each key split into its folders and name as a file
+//! keys ([`listing`](super::listing)), each key split into its folders and name as a file
 //! path under the prefix would be. Sizes come with the listing, so every sample's size is
 //! known from the start (a folder scan leaves them unknown until first read).
 //!
 //! ImageFolder: `PREFIX/CLASS/NAME` is a sample; keys directly under the prefix or deeper
 //! than one folder are skipped and listed, as a folder scan skips what ImageFolder would
-//! not see. Tree: every key is a sample under its folders. Keys ending in '/' (the empty
-//! "folder" objects some tools write) are not samples; a key with an empty, '.', '..' or
-//! over-long component cannot be a file name and is skipped.
+//! not see. Tree: every key is a sample under its folders. Folder markers (keys ending in
+//! '/', zero-byte keys named as a folder of other keys) are not samples; a key that cannot
+//! be a file path (see [`keys`](super::keys)) is skipped and named, never failing the mount.
+//! Memory: per object its name, size and ETag (in an arena), plus each folder once.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use futures::TryStreamExt;
-
-use super::client::{Client, chain};
+use super::client::Client;
+use super::keys::{Unusable, is_marker, unusable};
+use super::listing::{Object, list};
 use crate::dataset::Format;
 use crate::dataset::manifest::{ClassListing, Etags, Manifest, ManifestError};
-use crate::dataset::names::{Skipped, is_safe_name};
+use crate::dataset::names::Skipped;
 
 /// Folders (by path under the prefix) and their `(name, size, ETag)` samples, the ETag
 /// by its place in [`Split::etags`] ([`NO_ETAG`] when the store gave none).
@@ -28,26 +29,10 @@ const NO_ETAG: u32 = u32::MAX;
 /// keys are sorted into folders as they arrive: no second copy of the whole listing.
 pub(crate) fn build_index(client: &Client, format: Format) -> Result<Manifest, ManifestError> {
     let url = &client.url;
-    let prefix = (!url.prefix.is_empty()).then(|| super::client::key_path(&url.prefix));
     let mut split = Split::new(&url.prefix, format);
-    client
-        .run(async {
-            use object_store::ObjectStore;
-            let mut stream = client.store.list(prefix.as_ref());
-            while let Some(meta) = stream.try_next().await? {
-                split.add(meta.location.as_ref(), meta.size, meta.e_tag);
-            }
-            Ok::<_, object_store::Error>(())
-        })
-        .map_err(|e| {
-            ManifestError::Store(format!("--source {url}: listing failed: {}", chain(&e)))
-        })?;
-    let Split {
-        folders,
-        mut skipped,
-        etags,
-        ..
-    } = split;
+    list(client, None, &mut |o| split.add(o))
+        .map_err(|e| ManifestError::Store(format!("--source {url}: listing failed: {e}")))?;
+    let (folders, mut skipped, etags) = split.finish(&url.to_string());
     if folders.values().all(|s| s.is_empty()) {
         return Err(ManifestError::Store(format!(
             "--source {url} holds no objects a {} source can serve{}",
@@ -115,6 +100,12 @@ struct Split<'a> {
     format: Format,
     folders: Listing,
     skipped: Vec<Skipped>,
+    unusable: Unusable,
+    /// Every folder some usable key is in (paths under the prefix, all ancestors).
+    dirs: BTreeSet<Vec<u8>>,
+    /// Zero-byte keys (relative) and their ETags: samples unless also a folder, which is
+    /// known only once every key is listed.
+    empty: Vec<(String, u32)>,
     /// The listed ETags, in listing order.
     etags: Etags,
 }
@@ -126,13 +117,32 @@ impl<'a> Split<'a> {
             format,
             folders: Listing::new(),
             skipped: Vec::new(),
+            unusable: Unusable::default(),
+            dirs: BTreeSet::new(),
+            empty: Vec::new(),
             etags: Etags::default(),
         }
     }
 
-    /// Takes object `key` of `size` bytes as a sample, skips it with the reason, or
-    /// ignores it (a folder marker, a key outside the prefix).
-    fn add(&mut self, key: &str, size: u64, etag: Option<String>) {
+    /// Takes a listed object as a sample, skips it with the reason, holds it until the end
+    /// (zero bytes), or ignores it (a folder marker, a key outside the prefix).
+    fn add(&mut self, object: Object) {
+        let Object { key, size, etag } = object;
+        let prefix = self.prefix;
+        let relative = match prefix.is_empty() {
+            true => Some(key.as_str()),
+            false => key.strip_prefix(prefix).and_then(|r| r.strip_prefix('/')),
+        };
+        let Some(relative) = relative.filter(|r| !r.is_empty()) else {
+            return;
+        };
+        if is_marker(relative) {
+            return;
+        }
+        if let Some(why) = unusable(relative) {
+            self.unusable.add(&key, why);
+            return;
+        }
         let etag = match etag {
             Some(e) => {
                 self.etags.push(&e);
@@ -140,19 +150,25 @@ impl<'a> Split<'a> {
             }
             None => NO_ETAG,
         };
-        let prefix = self.prefix;
-        let relative = match prefix.is_empty() {
-            true => Some(key),
-            false => key.strip_prefix(prefix).and_then(|r| r.strip_prefix('/')),
-        };
-        let Some(relative) = relative.filter(|r| !r.is_empty() && !r.ends_with('/')) else {
-            return;
-        };
+        let mut up = relative;
+        while let Some((dir, _)) = up.rsplit_once('/') {
+            if self.dirs.contains(dir.as_bytes()) {
+                break;
+            }
+            self.dirs.insert(dir.as_bytes().to_vec());
+            up = dir;
+        }
+        match size {
+            0 => self.empty.push((relative.to_string(), etag)),
+            _ => self.place(relative, size, etag),
+        }
+    }
+
+    /// Puts usable `relative` into its folder, or skips it if `format` does not serve it.
+    fn place(&mut self, relative: &str, size: u64, etag: u32) {
         let parts: Vec<&str> = relative.split('/').collect();
         let (name, dirs) = parts.split_last().expect("split gives one part at least");
-        let reason = if !parts.iter().all(|p| is_safe_name(p.as_bytes())) {
-            Some("a key component is empty, '.', '..' or over 255 bytes: not a file name")
-        } else if self.format == Format::Tree {
+        let reason = if self.format == Format::Tree {
             None
         } else if dirs.is_empty() {
             Some("directly under the prefix, in no class folder")
@@ -163,7 +179,7 @@ impl<'a> Split<'a> {
         };
         if let Some(reason) = reason {
             self.skipped.push(Skipped {
-                path: key.to_string(),
+                path: self.key(relative),
                 reason: reason.to_string(),
             });
             return;
@@ -171,20 +187,84 @@ impl<'a> Split<'a> {
         let folder = dirs.join("/").into_bytes();
         (self.folders.entry(folder).or_default()).push((name.as_bytes().to_vec(), size, etag));
     }
+
+    fn key(&self, relative: &str) -> String {
+        match self.prefix.is_empty() {
+            true => relative.to_string(),
+            false => format!("{}/{relative}", self.prefix),
+        }
+    }
+
+    /// The folders, the skipped keys and the ETags once every key is listed: zero-byte
+    /// keys that name a folder are markers, other keys that name a folder are skipped (a
+    /// path cannot be a file and a folder).
+    fn finish(mut self, source: &str) -> (Listing, Vec<Skipped>, Etags) {
+        for (relative, etag) in std::mem::take(&mut self.empty) {
+            if !self.dirs.contains(relative.as_bytes()) {
+                self.place(&relative, 0, etag);
+            }
+        }
+        let Split {
+            mut folders,
+            mut skipped,
+            unusable,
+            dirs,
+            prefix,
+            format,
+            etags,
+            ..
+        } = self;
+        let tree = format == Format::Tree;
+        for (folder, samples) in folders.iter_mut().filter(|_| tree) {
+            samples.retain(|(name, _, _)| {
+                let mut path = folder.clone();
+                if !path.is_empty() {
+                    path.push(b'/');
+                }
+                path.extend_from_slice(name);
+                let clash = dirs.contains(&path);
+                if clash {
+                    let path = String::from_utf8_lossy(&path);
+                    skipped.push(Skipped {
+                        path: match prefix.is_empty() {
+                            true => path.into_owned(),
+                            false => format!("{prefix}/{path}"),
+                        },
+                        reason: "other keys are under it as a folder; a path cannot be a file and a folder".into(),
+                    });
+                }
+                !clash
+            });
+        }
+        skipped.extend(unusable.into_skipped(source));
+        (folders, skipped, etags)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn object(key: &str, size: u64) -> Object {
+        Object {
+            key: key.to_string(),
+            size,
+            etag: None,
+        }
+    }
+
+    /// The kept samples as `folder|name` and the skipped keys, of `keys` (`key:size`, 1
+    /// byte when no size is given).
     fn listed(prefix: &str, keys: &[&str], format: Format) -> (Vec<String>, Vec<String>) {
         let mut split = Split::new(prefix, format);
         for k in keys {
-            split.add(k, 1, None);
+            let (key, size) = match k.rsplit_once(':') {
+                Some((key, size)) => (key, size.parse().unwrap()),
+                None => (*k, 1),
+            };
+            split.add(object(key, size));
         }
-        let Split {
-            folders, skipped, ..
-        } = split;
+        let (folders, skipped, _) = split.finish("s3://b/p");
         let kept = folders
             .iter()
             .flat_map(|(f, s)| {
@@ -222,6 +302,46 @@ mod tests {
         assert_eq!(kept, ["|top.txt", "a|1", "a/deep|2"]);
         assert!(skipped.is_empty());
     }
+
+    #[test]
+    fn keys_that_cannot_be_paths_are_skipped_and_named_never_failing() {
+        let keys = ["p/a//x", "p/../y", "p/cls/t\tab", "p/cls/ok.jpg", "p/./z"];
+        let (kept, skipped) = listed("p", &keys, Format::Tree);
+        assert_eq!(kept, ["cls|ok.jpg"]);
+        assert_eq!(skipped, ["p/a//x", "p/../y", "p/cls/t\\u{9}ab", "p/./z"]);
+    }
+
+    #[test]
+    fn folder_markers_are_not_samples_nor_skipped() {
+        // Any size ending in '/'; zero bytes named as a folder of other keys.
+        let keys = [
+            "p/cls/:0",
+            "p/cls:0",
+            "p/cls/1.jpg",
+            "p/other/:7",
+            "p/other/2.jpg",
+            "p/empty/zero.jpg:0",
+            "p/deep/x:0",
+            "p/deep/x/y.jpg",
+        ];
+        let (kept, skipped) = listed("p", &keys, Format::Imagefolder);
+        assert_eq!(kept, ["cls|1.jpg", "empty|zero.jpg", "other|2.jpg"]);
+        assert_eq!(skipped, ["p/deep/x/y.jpg"]);
+        let (kept, skipped) = listed("p", &keys, Format::Tree);
+        assert_eq!(
+            kept,
+            ["cls|1.jpg", "deep/x|y.jpg", "empty|zero.jpg", "other|2.jpg"]
+        );
+        assert!(skipped.is_empty(), "{skipped:?}");
+    }
+
+    #[test]
+    fn a_tree_key_that_is_also_a_folder_is_skipped() {
+        let keys = ["p/a:5", "p/a/b", "p/c"];
+        let (kept, skipped) = listed("p", &keys, Format::Tree);
+        assert_eq!(kept, ["|c", "a|b"]);
+        assert_eq!(skipped, ["p/a"]);
+    }
 }
 
 /// Rank 0's work on a listing of 1M keys after the requests (the sort into folders and the
@@ -238,9 +358,13 @@ fn a_million_keys_sort_into_a_manifest() {
             i % 1000,
             i % 1000
         );
-        split.add(&key, 110_000, Some(format!("\"{i:032x}\"")));
+        split.add(Object {
+            key,
+            size: 110_000,
+            etag: Some(format!("\"{i:032x}\"")),
+        });
     }
-    let Split { folders, etags, .. } = split;
+    let (folders, _, etags) = split.finish("s3://b/p");
     let (parts, etags) = without_etags(folders, &etags);
     let mut manifest = Manifest::from_parts(parts).unwrap();
     manifest.set_etags(etags.unwrap());

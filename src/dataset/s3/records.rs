@@ -18,11 +18,9 @@ use std::io::{self, Write};
 use std::path::Path;
 use std::sync::{Arc, Condvar, Mutex};
 
-use futures::TryStreamExt;
-
-use super::client::{Client, chain};
+use super::client::Client;
 use crate::dataset::manifest::{Manifest, ManifestError};
-use crate::dataset::names::{Skipped, is_safe_name};
+use crate::dataset::names::Skipped;
 use crate::dataset::records::source::{coalesce, index_of, span_of};
 use crate::dataset::records::{RecordIndex, RecordParams, Span, scan};
 use crate::dataset::{Copied, Dataset};
@@ -80,20 +78,11 @@ type Etags = HashMap<String, String>;
 /// The objects directly under the prefix, by name, with their sizes; deeper keys skipped.
 fn list(client: &Client) -> Result<(Shards, Vec<Skipped>, Etags), ManifestError> {
     let url = &client.url;
-    let prefix = (!url.prefix.is_empty()).then(|| super::client::key_path(&url.prefix));
-    let listed = client
-        .run(async {
-            use object_store::ObjectStore;
-            let stream = client.store.list(prefix.as_ref());
-            stream
-                .map_ok(|m| (m.location.as_ref().to_string(), m.size, m.e_tag))
-                .try_collect::<Vec<_>>()
-                .await
-        })
-        .map_err(|e| {
-            ManifestError::Store(format!("--source {url}: listing failed: {}", chain(&e)))
-        })?;
+    let mut listed = Vec::new();
+    super::listing::list(client, None, &mut |o| listed.push((o.key, o.size, o.etag)))
+        .map_err(|e| ManifestError::Store(format!("--source {url}: listing failed: {e}")))?;
     let (mut files, mut skipped, mut etags) = (Vec::new(), Vec::new(), HashMap::new());
+    let mut unusable = super::keys::Unusable::default();
     for (key, size, etag) in listed {
         let relative = match url.prefix.is_empty() {
             true => Some(key.as_str()),
@@ -107,7 +96,11 @@ fn list(client: &Client) -> Result<(Shards, Vec<Skipped>, Etags), ManifestError>
         if name.starts_with('.') {
             continue;
         }
-        if name.contains('/') || !is_safe_name(name.as_bytes()) {
+        if let Some(why) = super::keys::unusable(name) {
+            unusable.add(&key, why);
+            continue;
+        }
+        if name.contains('/') {
             skipped.push(Skipped {
                 path: key.clone(),
                 reason:
@@ -122,6 +115,7 @@ fn list(client: &Client) -> Result<(Shards, Vec<Skipped>, Etags), ManifestError>
         files.push((name.to_string(), size));
     }
     files.sort();
+    skipped.extend(unusable.into_skipped(&url.to_string()));
     Ok((files, skipped, etags))
 }
 

@@ -1,0 +1,156 @@
+//! `ListObjectsV2` by hand: pages of up to 1,000 keys, each handed to the caller as it
+//! arrives (one page in memory at a time), keys as the exact bytes the store holds.
+//!
+//! Keys are asked for with `encoding-type=url`: XML 1.0 cannot carry most control
+//! characters, so a key with a tab or a NUL would otherwise make the page unreadable; with
+//! it the store percent-encodes each key (spaces as `+` on AWS) and we decode them. A store
+//! that ignores the parameter (it does not echo `EncodingType`) sends keys as they are.
+//! Which keys can be files is the caller's business ([`keys`](super::keys)): this module
+//! refuses no key.
+
+use serde::Deserialize;
+
+use super::client::Client;
+use super::error::StoreError;
+
+/// One listed object.
+#[derive(Debug)]
+pub(crate) struct Object {
+    pub key: String,
+    pub size: u64,
+    pub etag: Option<String>,
+}
+
+/// A page of a `ListObjectsV2` answer: what we read of it.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct Page {
+    #[serde(default)]
+    contents: Vec<Content>,
+    #[serde(default)]
+    is_truncated: bool,
+    next_continuation_token: Option<String>,
+    encoding_type: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct Content {
+    key: String,
+    size: u64,
+    #[serde(rename = "ETag")]
+    e_tag: Option<String>,
+}
+
+/// Lists every object under `client`'s prefix (`PREFIX/`, or the whole bucket), calling
+/// `each` for each in the store's order; with `max_keys`, only the first page of at most
+/// that many. Returns the number of pages.
+pub(crate) fn list(
+    client: &Client,
+    max_keys: Option<usize>,
+    each: &mut dyn FnMut(Object),
+) -> Result<usize, StoreError> {
+    let prefix = match client.url.prefix.is_empty() {
+        true => String::new(),
+        false => format!("{}/", client.url.prefix),
+    };
+    let max = max_keys.map(|m| m.to_string());
+    let mut token: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let mut query = vec![("encoding-type", "url"), ("list-type", "2")];
+        if let Some(token) = &token {
+            query.insert(0, ("continuation-token", token.as_str()));
+        }
+        if let Some(max) = &max {
+            query.push(("max-keys", max.as_str()));
+        }
+        if !prefix.is_empty() {
+            query.push(("prefix", prefix.as_str()));
+        }
+        let url = client.signed.bucket_url(&query);
+        let body = client.run(async {
+            let answer = client.signed.get(&url, &[], None).await?;
+            (answer.into_body().bytes().await).map_err(|e| StoreError::Unreachable {
+                attempts: 1,
+                reason: format!("the listing's body broke off: {}", super::error::chain(&e)),
+            })
+        })?;
+        let page = parse(&body)?;
+        pages += 1;
+        let encoded = page.encoding_type.as_deref() == Some("url");
+        for c in page.contents {
+            let key = match encoded {
+                true => decode(&c.key),
+                false => c.key,
+            };
+            each(Object {
+                key,
+                size: c.size,
+                etag: c.e_tag,
+            });
+        }
+        token = match (page.is_truncated, page.next_continuation_token) {
+            (true, Some(next)) if max_keys.is_none() => Some(next),
+            (true, None) if max_keys.is_none() => {
+                return Err(StoreError::Malformed(
+                    "a truncated listing page without NextContinuationToken".into(),
+                ));
+            }
+            _ => return Ok(pages),
+        };
+    }
+}
+
+/// A page, or why the body is not one (a proxy's error page answered with 200 would
+/// otherwise read as an empty page: every field has a default).
+fn parse(body: &[u8]) -> Result<Page, StoreError> {
+    let malformed = |why: String| {
+        let start: String = String::from_utf8_lossy(body).chars().take(200).collect();
+        StoreError::Malformed(format!(
+            "a listing page that is not S3's XML ({why}): {start}"
+        ))
+    };
+    if memchr::memmem::find(body, b"<ListBucketResult").is_none() {
+        return Err(malformed("no ListBucketResult".into()));
+    }
+    quick_xml::de::from_reader(body).map_err(|e| malformed(e.to_string()))
+}
+
+/// A key as `encoding-type=url` sent it: `+` is a space, `%XX` a byte. Bytes that are not
+/// UTF-8 once decoded (S3 keys are UTF-8) become U+FFFD, which no object has, so such a
+/// key is skipped as unfetchable by the caller.
+fn decode(key: &str) -> String {
+    let spaced = key.replace('+', " ");
+    percent_encoding::percent_decode_str(&spaced)
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_page_parses_with_encoded_keys() {
+        let xml = br#"<?xml version="1.0" encoding="UTF-8"?>
+<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Name>b</Name>
+<Prefix>p/</Prefix><KeyCount>2</KeyCount><MaxKeys>1000</MaxKeys><EncodingType>url</EncodingType>
+<IsTruncated>true</IsTruncated>
+<Contents><Key>p/t%09ab</Key><LastModified>2026-01-01T00:00:00.000Z</LastModified>
+<ETag>&quot;abc&quot;</ETag><Size>5</Size><StorageClass>STANDARD</StorageClass></Contents>
+<Contents><Key>p/a+b%2Bc</Key><Size>0</Size></Contents>
+<NextContinuationToken>tok/=</NextContinuationToken></ListBucketResult>"#;
+        let page = parse(xml).unwrap();
+        assert!(page.is_truncated);
+        assert_eq!(page.next_continuation_token.as_deref(), Some("tok/="));
+        assert_eq!(page.encoding_type.as_deref(), Some("url"));
+        assert_eq!(decode(&page.contents[0].key), "p/t\tab");
+        assert_eq!(page.contents[0].e_tag.as_deref(), Some("\"abc\""));
+        assert_eq!(decode(&page.contents[1].key), "p/a b+c");
+        assert_eq!(page.contents[1].size, 0);
+        let empty = parse(b"<ListBucketResult><IsTruncated>false</IsTruncated></ListBucketResult>");
+        assert!(empty.unwrap().contents.is_empty());
+        assert!(parse(b"<html>proxy error</html>").is_err());
+    }
+}

@@ -1,0 +1,240 @@
+//! Signed S3 requests made by hand: `object_store`'s HTTP client and SigV4 signer
+//! (`AwsAuthorizer`, its credential provider, the endpoint its builder worked out), but our
+//! own URLs, retries and reading of the answer.
+//!
+//! Why not `object_store`'s `list` and `get`: its listing parses every key into its `Path`
+//! and fails the whole listing on one key it refuses (`a//b`, `..`, a tab), and its errors
+//! keep the HTTP status in a private type, so "the store is away" and "this object answered
+//! 416" could only be told apart by their text. Here the status is in hand: a listing takes
+//! every key as the bytes the store sent (`encoding-type=url`), and each answer becomes a
+//! [`StoreError`] by its status.
+//!
+//! Retries: connection errors, timeouts, 5xx (500, 503 SlowDown), 429 and 408 are retried
+//! with exponential backoff (100 ms doubling to 10 s) and jitter, [`RETRIES`] times
+//! within [`RETRY_WINDOW`]; then [`StoreError::Unreachable`]. Every other answer is final.
+
+use std::time::{Duration, Instant};
+
+use http::Method;
+use object_store::ClientOptions;
+use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey, AwsAuthorizer};
+use object_store::client::{
+    ClientConfigKey, HttpClient, HttpConnector, HttpRequest, HttpRequestBody, HttpResponse,
+    ReqwestConnector,
+};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+
+use super::error::StoreError;
+
+/// Attempts after the first, for one request.
+pub(crate) const RETRIES: usize = 8;
+/// No retry starts later than this after the first attempt.
+pub(crate) const RETRY_WINDOW: Duration = Duration::from_secs(120);
+const BACKOFF_FIRST: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(10);
+
+/// What S3's SigV4 leaves unencoded in a query value: letters, digits and `-_.~`.
+const QUERY: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+/// As [`QUERY`], and `/` kept: a key in a URL path.
+const PATH: &AsciiSet = &QUERY.remove(b'/');
+
+/// The client options of ours that the environment may change (`AWS_ALLOW_HTTP`, a proxy).
+const FROM_ENV: [ClientConfigKey; 5] = [
+    ClientConfigKey::AllowHttp,
+    ClientConfigKey::AllowInvalidCertificates,
+    ClientConfigKey::ProxyUrl,
+    ClientConfigKey::ProxyCaCertificate,
+    ClientConfigKey::ProxyExcludes,
+];
+
+/// One bucket's endpoint, credentials and HTTP client.
+pub(crate) struct Signed {
+    http: HttpClient,
+    store: AmazonS3,
+    region: String,
+    /// `https://s3.REGION.amazonaws.com/BUCKET`, `http://host:port/BUCKET`, or the
+    /// virtual-hosted form: the URL of the bucket, no trailing '/'.
+    bucket_endpoint: String,
+    skip_signature: bool,
+    request_payer: bool,
+}
+
+impl Signed {
+    /// Signed requests to `bucket` as `builder` (configured from the environment) would
+    /// make them; `options` are ours (timeouts, pool), the environment's added.
+    pub(crate) fn new(
+        builder: AmazonS3Builder,
+        mut options: ClientOptions,
+        bucket: &str,
+    ) -> Result<Signed, String> {
+        let value = |key: AmazonS3ConfigKey| builder.get_config_value(&key);
+        let flag = |key| value(key).is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        for key in FROM_ENV {
+            if let Some(v) = value(AmazonS3ConfigKey::Client(key)) {
+                options = options.with_config(key, v);
+            }
+        }
+        let region = value(AmazonS3ConfigKey::Region).unwrap_or_else(|| "us-east-1".into());
+        let virtual_hosted = flag(AmazonS3ConfigKey::VirtualHostedStyleRequest);
+        let bucket_endpoint = match (value(AmazonS3ConfigKey::Endpoint), virtual_hosted) {
+            (Some(e), true) => e.trim_end_matches('/').to_string(),
+            (Some(e), false) => format!("{}/{bucket}", e.trim_end_matches('/')),
+            (None, true) => format!("https://{bucket}.s3.{region}.amazonaws.com"),
+            (None, false) => format!("https://s3.{region}.amazonaws.com/{bucket}"),
+        };
+        let skip_signature = flag(AmazonS3ConfigKey::SkipSignature);
+        let request_payer = flag(AmazonS3ConfigKey::RequestPayer);
+        let store = builder.build().map_err(|e| e.to_string())?;
+        let http = ReqwestConnector::default()
+            .connect(&options)
+            .map_err(|e| e.to_string())?;
+        Ok(Signed {
+            http,
+            store,
+            region,
+            bucket_endpoint,
+            skip_signature,
+            request_payer,
+        })
+    }
+
+    /// The URL of object `key`.
+    pub(crate) fn object_url(&self, key: &str) -> String {
+        format!(
+            "{}/{}",
+            self.bucket_endpoint,
+            utf8_percent_encode(key, PATH)
+        )
+    }
+
+    /// The URL of the bucket with `query`.
+    pub(crate) fn bucket_url(&self, query: &[(&str, &str)]) -> String {
+        let query: Vec<String> = (query.iter())
+            .map(|(k, v)| format!("{k}={}", utf8_percent_encode(v, QUERY)))
+            .collect();
+        format!("{}?{}", self.bucket_endpoint, query.join("&"))
+    }
+
+    /// GETs `url` with `headers`, retrying what says "later"; a 2xx answer, or the error
+    /// the last answer stands for (`etag`: the `If-Match` sent, to name a 412).
+    pub(crate) async fn get(
+        &self,
+        url: &str,
+        headers: &[(&'static str, String)],
+        etag: Option<&str>,
+    ) -> Result<HttpResponse, StoreError> {
+        let started = Instant::now();
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let reason = match self.send(url, headers).await? {
+                Ok(answer) if answer.status().is_success() => return Ok(answer),
+                Ok(answer) => {
+                    let status = answer.status().as_u16();
+                    let body = answer.into_body().bytes().await.unwrap_or_default();
+                    let body = String::from_utf8_lossy(&body);
+                    if !matches!(status, 408 | 429 | 500..=599) {
+                        return Err(StoreError::of_answer(status, &body, etag));
+                    }
+                    format!("HTTP {status} {}", super::error::detail(&body))
+                }
+                Err(transport) => transport,
+            };
+            if attempt > RETRIES || started.elapsed() > RETRY_WINDOW {
+                return Err(StoreError::Unreachable {
+                    attempts: attempt,
+                    reason,
+                });
+            }
+            let wait = backoff(attempt);
+            tracing::debug!(url, attempt, wait_ms = wait.as_millis() as u64, %reason, "S3 request retried");
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// One attempt: the answer, or why none came (`Ok(Err(reason))`); `Err` for
+    /// credentials that cannot be had.
+    async fn send(
+        &self,
+        url: &str,
+        headers: &[(&'static str, String)],
+    ) -> Result<Result<HttpResponse, String>, StoreError> {
+        let mut request = HttpRequest::new(HttpRequestBody::empty());
+        *request.method_mut() = Method::GET;
+        *request.uri_mut() = url
+            .parse()
+            .map_err(|e| StoreError::Malformed(format!("bad request URL {url}: {e}")))?;
+        for (name, value) in headers {
+            let value = value
+                .parse()
+                .map_err(|_| StoreError::Malformed(format!("bad header {name}: {value}")))?;
+            request.headers_mut().insert(*name, value);
+        }
+        if !self.skip_signature {
+            let credential = (self.store.credentials().get_credential().await)
+                .map_err(|e| StoreError::NoCredentials(super::error::chain(&e)))?;
+            AwsAuthorizer::new(&credential, "s3", &self.region)
+                .with_request_payer(self.request_payer)
+                .authorize(&mut request, None);
+        }
+        Ok(self
+            .http
+            .execute(request)
+            .await
+            .map_err(|e| super::error::chain(&e)))
+    }
+}
+
+/// The wait before retry `attempt` (1, 2, ...): a random 50 to 100 % of 100 ms doubling per
+/// attempt up to 10 s ("equal jitter": the retries of many requests spread out, and none
+/// comes back at once).
+fn backoff(attempt: usize) -> Duration {
+    let ceiling = BACKOFF_FIRST
+        .saturating_mul(1 << (attempt - 1).min(16))
+        .min(BACKOFF_MAX);
+    ceiling.mul_f64(0.5 + 0.5 * jitter())
+}
+
+/// A number in [0, 1) that differs between calls, threads and processes.
+fn jitter() -> f64 {
+    use std::hash::{BuildHasher, RandomState};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    thread_local!(static STATE: RandomState = RandomState::new());
+    let call = CALLS.fetch_add(1, Ordering::Relaxed);
+    let bits = STATE.with(|s| s.hash_one(call));
+    (bits >> 11) as f64 / (1u64 << 53) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_its_cap_with_jitter() {
+        for attempt in 1..20 {
+            let wait = backoff(attempt);
+            let ceiling = BACKOFF_FIRST
+                .saturating_mul(1 << (attempt - 1).min(16))
+                .min(BACKOFF_MAX);
+            assert!(
+                wait <= ceiling && wait >= ceiling / 2,
+                "{attempt}: {wait:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn keys_and_queries_are_encoded_as_sigv4_signs_them() {
+        let key = "cls/a b+c~d[1]%.jpg";
+        assert_eq!(
+            utf8_percent_encode(key, PATH).to_string(),
+            "cls/a%20b%2Bc~d%5B1%5D%25.jpg"
+        );
+        assert_eq!(utf8_percent_encode("p/x y", QUERY).to_string(), "p%2Fx%20y");
+    }
+}
