@@ -9,6 +9,9 @@
 #   bash benches/epoch_time.sh OUT --hosts 2 --samples 800 --epochs 3     a small trial
 #   bash benches/epoch_time.sh OUT --mode shared ...     hosts sharing one filesystem (no store
 #                                                        host: store bytes are not measured)
+#   bash benches/epoch_time.sh OUT --store-kind s3 --folder-systems local,shufflefs-q0.3 ...
+#                                                        the store as a bucket (s3s-fs or moto on
+#                                                        the storage host): rows `SYSTEM (bucket)`
 #
 # Every option: `bash benches/epoch_time.sh --help`. The release binary is built when missing.
 # Metric definitions: docs/performance.md ("Epoch time against global shuffling, mosaic and
