@@ -329,6 +329,13 @@ class MosaicSystem:
 
     def epoch(self, e):
         workers = RAW_THREADS if self.a.loop == "raw" else self.a.workers
+        # mosaic 0.13 fetched index.json here with a boto3 client whose kept-alive connection
+        # the forked workers would inherit and share: their GETs' bytes interleave on that one
+        # socket and shards come out corrupt (seen: a 16 KiB hole, then UnicodeDecodeError).
+        # Dropping the client makes each worker open its own (mosaic's own retry path does
+        # the same with clean_up); a folder's downloader holds no connection.
+        for stream in self.ds.streams:
+            stream._downloader.clean_up()
         return drain(torch.utils.data.DataLoader(self.ds, batch_size=BATCH, num_workers=workers,
                                                  collate_fn=collate))
 
