@@ -162,9 +162,11 @@ def ratios(per, meta):
             continue
         parts = []
         for other, target in (("local", "<= 1.1x"), ("global", "<= 0.3x"), ("mosaic", "<= 0.5x"), ("litdata", "<= 0.5x")):
-            w = later_wall(per.get(other + suffix, {}))
+            # a bucket row without its bucket peer is set against the folder row (local)
+            name = other + suffix if other + suffix in per else other
+            w = later_wall(per.get(name, {}))
             if w:
-                parts.append(f"/ {other + suffix} {me / w:.2f}x (target {target})")
+                parts.append(f"/ {name} {me / w:.2f}x (target {target})")
         store = ((per[me_row].get("summary") or {}).get("total") or {}).get("store_bytes")
         if store is not None:
             parts.append(f"store bytes / dataset {store / meta['dataset_bytes']:.2f}x (target <= 1.1x)")
