@@ -210,7 +210,7 @@ def run_one(a, hosts, system, loop, budget, mix, logdir, bucket=None):
             if system.startswith("shufflefs"):
                 argv += ["--mount", Shufflefs.mount_path(hosts, sub, i)]
             if bucket:
-                argv += ["--bucket", bucket.url("").rstrip("/")]
+                argv += ["--bucket", bucket.root]
             if system == "mosaic":
                 # mosaic keeps its state in /dev/shm under fixed names: give each host its own,
                 # as separate machines have (shared mode shares one /dev/shm between hosts)
@@ -273,7 +273,7 @@ def main():
         if a.store_kind == "s3":
             bucket = bucketmod.Bucket(hosts, store_dir, a.s3s_fs, os.path.join(a.out, "logs"))
             bucket.start(log)
-            meta["bucket"] = f"{bucket.url('')} on the storage host, served by {bucket.server}"
+            meta["bucket"] = f"{bucket.root} on the storage host, served by {bucket.server}"
         for loop in a.loops.split(","):
             results[loop] = {}
             for name, system, from_bucket in rows(a):

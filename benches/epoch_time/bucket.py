@@ -60,6 +60,11 @@ class Bucket:
     def endpoint(self):
         return f"http://{self.addr}:{self.port}"
 
+    @property
+    def root(self):
+        """s3://BUCKET, what the clients get as --bucket."""
+        return f"s3://{self.name}"
+
     def url(self, form):
         """s3://BUCKET/FORM: where `form` (imagefolder, mds, litdata) is in the bucket."""
         return f"s3://{self.name}/{form}"
@@ -81,7 +86,7 @@ class Bucket:
             self._upload()
             log(f"uploaded the store to moto in {time.time() - t:.1f} s")
         self.check()
-        log(f"bucket {self.url('')} served by {self.server} at {self.endpoint}")
+        log(f"bucket {self.root} served by {self.server} at {self.endpoint}")
 
     def _wait_listening(self, timeout=30):
         deadline = time.time() + timeout
