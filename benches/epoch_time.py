@@ -10,6 +10,17 @@ binary) are started with the cluster's mpirun once every client is up, and the c
 their mounts. Writes
 OUT_DIR/{results.json, table.md, epoch_time.png} and logs per run under OUT_DIR/logs/.
 The metric definitions are in benches/epoch_time/metrics.py and docs/performance.md.
+
+Reading from a bucket (`--store-kind s3`, benches/epoch_time/bucket.py): an S3-compatible
+server (s3s-fs, else moto) on the storage host serves the store's three forms as the bucket
+`store` (the store folder's name); the rows of --systems then read it, named `SYSTEM (bucket)`:
+shufflefs mounts `--source s3://store/imagefolder`, global/local GET objects with a thread
+pool, mosaic gets `remote=s3://store/mds`, litdata `input_dir=s3://store/litdata`, all with the
+same disk budget; --folder-systems adds rows reading the folder as without the option, in the
+same run. Store bytes are still what the storage host's link sent.
+
+    python3 benches/epoch_time.py OUT --hosts 4 --samples 4000 --epochs 3 --loops raw \
+        --store-kind s3 --folder-systems local,shufflefs-q0.3
 """
 import argparse
 import json
@@ -25,11 +36,16 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(HERE, "epoch_time"))
+import bucket as bucketmod  # noqa: E402
 import data  # noqa: E402
 import hosts as hostmod  # noqa: E402
 import metrics  # noqa: E402
 
 SYSTEMS = ["global", "local", "shufflefs-q0.3", "shufflefs-q1", "shufflefs-coded", "mosaic", "litdata"]
+# the rows of --store-kind s3 by default: the issue's "mosaic and litdata read the same bucket",
+# shufflefs staging from it and today's way (every epoch GETs its share)
+BUCKET_SYSTEMS = ["global", "shufflefs-q0.3", "mosaic", "litdata"]
+BUCKET_SUFFIX = " (bucket)"
 
 
 def parse():
@@ -48,14 +64,38 @@ def parse():
     ap.add_argument("--name", default="bnet", help="the emulated cluster's name")
     ap.add_argument("--subnet", default="10.214.61.0/24", help="the cluster's /24 (must be free)")
     ap.add_argument("--scratch", default="/tmp/bn-epoch", help="dataset (store) and shared-mode host folders")
-    ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated rows")
+    ap.add_argument("--systems", help=f"comma-separated rows (default: {','.join(SYSTEMS)}; "
+                    f"with --store-kind s3: {','.join(BUCKET_SYSTEMS)}, reading the bucket)")
+    ap.add_argument("--store-kind", choices=["folder", "s3"], default="folder",
+                    help="folder: read the store folder (over sshfs in private mode); s3: an "
+                    "S3-compatible server on the storage host serves it as a bucket and the "
+                    "--systems rows read that, named `SYSTEM (bucket)`")
+    ap.add_argument("--folder-systems", default="",
+                    help="with --store-kind s3: rows that read the folder too, in the same run "
+                    "(e.g. local,shufflefs-q0.3)")
+    ap.add_argument("--s3s-fs", help="the s3s-fs binary (default: s3s-fs on PATH or in "
+                    "~/.cargo/bin; without one, moto's server from the venv, uploading the store)")
     ap.add_argument("--loops", default="raw,decode", help="raw, decode or both")
     ap.add_argument("--workers", type=int, default=2, help="DataLoader workers of the decode loop")
     ap.add_argument("--seed", type=int, default=17)
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per (system, loop) run")
     ap.add_argument("--prepare-only", action="store_true", help="make the dataset and its MDS and litdata forms, then stop")
     ap.add_argument("--shufflefs", default=os.path.join(ROOT, "target", "release", "shufflefs"))
-    return ap.parse_args()
+    a = ap.parse_args()
+    if a.systems is None:
+        a.systems = ",".join(BUCKET_SYSTEMS if a.store_kind == "s3" else SYSTEMS)
+    if a.folder_systems and a.store_kind != "s3":
+        ap.error("--folder-systems goes with --store-kind s3")
+    if a.store_kind == "s3" and "shufflefs-coded" in a.systems.split(","):
+        ap.error("shufflefs-coded has no bucket row (its server reads the folder)")
+    return a
+
+
+def rows(a):
+    """(row name, system, reads the bucket) in running order: the folder rows first."""
+    out = [(s, s, False) for s in a.folder_systems.split(",") if s]
+    bucket = a.store_kind == "s3"
+    return out + [(s + (BUCKET_SUFFIX if bucket else ""), s, bucket) for s in a.systems.split(",")]
 
 
 def log(msg):
@@ -66,11 +106,11 @@ class Shufflefs:
     """The daemons of one shufflefs row, started with the cluster's mpirun, one compute rank
     per compute host (and for `coded` the server rank on the storage host)."""
 
-    def __init__(self, a, hosts, system, sub, logf):
+    def __init__(self, a, hosts, system, sub, logf, bucket=None):
         self.hosts, self.bin = hosts, a.shufflefs
         t = hosts.local_template()
         self.mnt_t = os.path.join(t, sub, "mnt")
-        src = os.path.join(hosts.store, "imagefolder")
+        src = bucket.url("imagefolder") if bucket else os.path.join(hosts.store, "imagefolder")
         for i in hosts.compute:  # the mount point must exist (issue 27 lets the daemon make it)
             hosts.run(i, ["mkdir", "-p", self.mount(i)], check=True)
         n = len(hosts.compute)
@@ -86,10 +126,13 @@ class Shufflefs:
         else:
             q = system.split("-q")[1]
             args = [*compute, *mount, "--fraction", q]
-        args = ["--mca", "mpi_yield_when_idle", "1", *args, self.mnt_t]
+        env = bucket.env() if bucket else {}
+        # mpirun hands a variable to the ranks only when asked (-x)
+        export = [x for name in env for x in ("-x", name)]
+        args = ["--mca", "mpi_yield_when_idle", "1", *export, *args, self.mnt_t]
         logf.write("mpirun " + shlex.join(args) + "\n")
         logf.flush()
-        self.proc = hosts.mpirun(args, stdout=logf, stderr=subprocess.STDOUT)
+        self.proc = hosts.mpirun(args, stdout=logf, stderr=subprocess.STDOUT, env={**os.environ, **env})
 
     @staticmethod
     def mount_path(hosts, sub, i):
@@ -139,10 +182,17 @@ def wait_clients(procs, daemons, timeout):
     return [f"timed out after {timeout}s"]
 
 
-def run_one(a, hosts, system, loop, budget, mix, logdir):
-    """Runs one (system, loop) on every compute host; returns {"summary"} or {"error"}."""
-    sub = system.replace(".", "")
+def sub_folder(system, bucket):
+    """The row's folder under LOCAL (and its logs' names)."""
+    return system.replace(".", "") + ("-s3" if bucket else "")
+
+
+def run_one(a, hosts, system, loop, budget, mix, logdir, bucket=None):
+    """Runs one (system, loop) on every compute host, reading the store folder or `bucket`;
+    returns {"summary"} or {"error"}."""
+    sub = sub_folder(system, bucket)
     hosts.clean_local(sub)
+    env = {**os.environ, **bucket.env()} if bucket else None
     logf = open(os.path.join(logdir, f"{loop}-{sub}.log"), "w")
     sampler = metrics.CounterSampler(hosts)
     daemons = None
@@ -159,6 +209,8 @@ def run_one(a, hosts, system, loop, budget, mix, logdir):
                     "--helpers", os.path.join(ROOT, "mount-helpers")]
             if system.startswith("shufflefs"):
                 argv += ["--mount", Shufflefs.mount_path(hosts, sub, i)]
+            if bucket:
+                argv += ["--bucket", bucket.root]
             if system == "mosaic":
                 # mosaic keeps its state in /dev/shm under fixed names: give each host its own,
                 # as separate machines have (shared mode shares one /dev/shm between hosts)
@@ -168,12 +220,12 @@ def run_one(a, hosts, system, loop, budget, mix, logdir):
             # stdout to a file, not a pipe: a full pipe would stop a rank between two barriers
             outs.append(base + ".out")
             with open(base + ".out", "w") as out, open(base + ".err", "w") as err:
-                procs.append(hosts.popen(i, argv, stdout=out, stderr=err))
+                procs.append(hosts.popen(i, argv, stdout=out, stderr=err, env=env))
         failed = []
         if system.startswith("shufflefs"):
             failed = wait_ready(procs, outs, 300)
             if not failed:
-                daemons = Shufflefs(a, hosts, system, sub, logf)
+                daemons = Shufflefs(a, hosts, system, sub, logf, bucket)
         failed = failed or wait_clients(procs, daemons, a.timeout)
     finally:
         for p in procs:
@@ -211,23 +263,31 @@ def main():
             "command": " ".join(shlex.quote(x) for x in sys.argv), "hosts": a.hosts,
             "samples": a.samples, "dataset_bytes": total, "rate": a.rate, "store_rate": a.store_rate,
             "mode": a.mode, "budget": budget, "q": a.q, "epochs": a.epochs, "shard_bytes": shard,
-            "conversion": conversion, "iid_tv": metrics.iid_tv(mix)}
+            "conversion": conversion, "iid_tv": metrics.iid_tv(mix), "store_kind": a.store_kind}
     results = {}
+    bucket = None
     hosts.down()
     try:
         log(f"cluster {a.name} up ({a.mode}, {a.hosts} hosts)")
         hosts.up()
+        if a.store_kind == "s3":
+            bucket = bucketmod.Bucket(hosts, store_dir, a.s3s_fs, os.path.join(a.out, "logs"))
+            bucket.start(log)
+            meta["bucket"] = f"{bucket.root} on the storage host, served by {bucket.server}"
         for loop in a.loops.split(","):
             results[loop] = {}
-            for system in a.systems.split(","):
-                log(f"{loop} / {system} ...")
-                res = run_one(a, hosts, system, loop, budget, mix, os.path.join(a.out, "logs"))
-                results[loop][system] = res
+            for name, system, from_bucket in rows(a):
+                log(f"{loop} / {name} ...")
+                b = bucket if from_bucket else None
+                res = run_one(a, hosts, system, loop, budget, mix, os.path.join(a.out, "logs"), b)
+                results[loop][name] = res
                 eps = (res.get("summary") or {}).get("epochs", [])
-                log(f"{loop} / {system}: " + (res.get("error") or " ".join(f"{e['wall']:.2f}" for e in eps)))
+                log(f"{loop} / {name}: " + (res.get("error") or " ".join(f"{e['wall']:.2f}" for e in eps)))
                 metrics.write_report(a.out, meta, results)
-                hosts.clean_local(system.replace(".", ""))
+                hosts.clean_local(sub_folder(system, b))
     finally:
+        if bucket:
+            bucket.stop()
         hosts.down()
     metrics.write_report(a.out, meta, results)
     log(f"wrote {a.out}/table.md and {a.out}/epoch_time.png")

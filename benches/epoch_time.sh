@@ -9,8 +9,12 @@
 #   bash benches/epoch_time.sh OUT --hosts 2 --samples 800 --epochs 3     a small trial
 #   bash benches/epoch_time.sh OUT --mode shared ...     hosts sharing one filesystem (no store
 #                                                        host: store bytes are not measured)
+#   bash benches/epoch_time.sh OUT --store-kind s3 --folder-systems local,shufflefs-q0.3 ...
+#                                                        the store as a bucket (s3s-fs or moto on
+#                                                        the storage host): rows `SYSTEM (bucket)`
 #
-# Every option: `bash benches/epoch_time.sh --help`. The release binary is built when missing.
+# Every option: `bash benches/epoch_time.sh --help`. The release binary is built when missing
+# (unless --shufflefs names one).
 # Metric definitions: docs/performance.md ("Epoch time against global shuffling, mosaic and
 # litdata"). Python: the venv of mount-helpers/install-python.sh (torch, torchvision) plus
 # mosaicml-streaming, litdata and matplotlib, installed here without touching torch.
@@ -28,5 +32,6 @@ if ! "$py" -c 'import streaming, litdata, matplotlib' 2>/dev/null; then
     brotli "xxhash<4" zstd python-snappy cramjam tqdm catalogue obstore tifffile \
     "transformers<5" "huggingface_hub<1" "tokenizers==0.22.2" safetensors regex hf-xet
 fi
-[ -x target/release/shufflefs ] || cargo build --release
+# --shufflefs BIN: another binary (e.g. a checkout's release build) and nothing is built here
+case " $* " in *" --shufflefs "*|*" --shufflefs="*) ;; *) [ -x target/release/shufflefs ] || cargo build --release ;; esac
 exec "$py" benches/epoch_time.py "$@"

@@ -16,6 +16,12 @@ Systems (the rank's epoch is always "every sample this rank reads this epoch"):
   litdata    litdata StreamingDataset over optimized chunks on the store
 Loops: raw (every sample's bytes, 4 threads, or a 4-worker DataLoader for the streaming
 libraries) and decode (torchvision decode + RandomResizedCrop(224) in a DataLoader).
+
+With --bucket s3://BUCKET (`--store-kind s3`, benches/epoch_time/bucket.py) the same systems
+read the bucket instead of the store folder: global and local GET objects (boto3, the raw loop
+with a pool of GET_THREADS threads, the decode loop one GET per item in each worker), mosaic
+gets remote=s3://BUCKET/mds, litdata input_dir=s3://BUCKET/litdata, shufflefs's mount was made
+with --source s3://BUCKET/imagefolder; endpoint and keys come from the AWS variables.
 """
 import argparse
 import json
@@ -33,6 +39,9 @@ from torchvision.transforms import v2
 
 BATCH = 64
 RAW_THREADS = 4
+# GETs in flight per rank when `global`/`local` read a bucket (raw loop): one GET per object
+# waits a round trip where a local read does not, so a user's loader keeps more in flight
+GET_THREADS = 16
 CROP = v2.RandomResizedCrop(224, antialias=True)
 
 
@@ -51,6 +60,7 @@ def parse():
     ap.add_argument("--seed", type=int, default=17)
     ap.add_argument("--workers", type=int, default=2, help="DataLoader workers of the decode loop")
     ap.add_argument("--helpers", required=True, help="mount-helpers folder (shufflefs.py)")
+    ap.add_argument("--bucket", help="s3://BUCKET holding the store's forms: read it, not --store")
     return ap.parse_args()
 
 
@@ -89,7 +99,12 @@ class DiskPeak:
 
 
 def image_files(root):
-    """(relative name, class index) of an ImageFolder, sorted as torchvision sorts it."""
+    """(relative name, class index) of an ImageFolder (a folder or s3://BUCKET/PREFIX),
+    sorted as torchvision sorts it."""
+    if root.startswith("s3://"):
+        names = sorted(bucket_keys(root))
+        classes = sorted({n.split("/", 1)[0] for n in names})
+        return [(n, classes.index(n.split("/", 1)[0])) for n in names]
     classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
     out = []
     for c, cls in enumerate(classes):
@@ -98,13 +113,61 @@ def image_files(root):
     return out
 
 
-def class_of(name, classes):
-    return classes.index(name.split("/", 1)[0])
+def class_names(root):
+    """The class folders of an ImageFolder (a folder or s3://BUCKET/PREFIX), sorted."""
+    if root.startswith("s3://"):
+        bucket, prefix = split_url(root)
+        pages = s3_client().get_paginator("list_objects_v2")
+        found = []
+        for page in pages.paginate(Bucket=bucket, Prefix=prefix + "/", Delimiter="/"):
+            found += [p["Prefix"][len(prefix) + 1:].rstrip("/") for p in page.get("CommonPrefixes", [])]
+        return sorted(found)
+    return sorted(e.name for e in os.scandir(root) if e.is_dir())
+
+
+# ---- the bucket: one boto3 client per process (DataLoader workers are forked) ---------------
+
+_S3 = {}
+
+
+def s3_client():
+    pid = os.getpid()
+    if pid not in _S3:
+        import boto3
+        from botocore.config import Config
+
+        _S3[pid] = boto3.client("s3", config=Config(max_pool_connections=GET_THREADS,
+                                                    retries={"max_attempts": 10, "mode": "standard"}))
+    return _S3[pid]
+
+
+def split_url(url):
+    """s3://BUCKET/PREFIX -> (BUCKET, PREFIX)."""
+    bucket, _, prefix = url[len("s3://"):].partition("/")
+    return bucket, prefix.rstrip("/")
+
+
+def bucket_keys(url):
+    """Keys under s3://BUCKET/PREFIX/, relative to PREFIX (a paginated listing)."""
+    bucket, prefix = split_url(url)
+    out = []
+    for page in s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
+        out += [o["Key"][len(prefix) + 1:] for o in page.get("Contents", [])]
+    return out
 
 
 def read_bytes(path):
+    """A file's bytes, or an object's (one GET) for s3://BUCKET/KEY."""
+    if path.startswith("s3://"):
+        bucket, key = split_url(path)
+        return s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
     with open(path, "rb") as f:
         return f.read()
+
+
+def pool_size(items):
+    """Threads of the raw loop and of local's copy: GET_THREADS for objects."""
+    return GET_THREADS if items and items[0][0].startswith("s3://") else RAW_THREADS
 
 
 def decode_crop(data):
@@ -138,7 +201,7 @@ def collate(batch):
 def run_file_epoch(items, loop, workers):
     """items: [(path, label, name)] in reading order. Returns (names, labels, bytes)."""
     if loop == "raw":
-        with ThreadPoolExecutor(RAW_THREADS) as pool:
+        with ThreadPoolExecutor(pool_size(items)) as pool:
             sizes = list(pool.map(lambda it: len(read_bytes(it[0])), items))
         return [it[2] for it in items], [it[1] for it in items], sum(sizes)
     return drain(torch.utils.data.DataLoader(FileList(items), batch_size=BATCH,
@@ -156,6 +219,11 @@ def drain(loader):
 
 # ---- systems reading files: global, local, shufflefs -------------------------------------
 
+def store_path(a, form):
+    """Where a form of the dataset is: the store folder as this host sees it, or the bucket."""
+    return f"{a.bucket}/{form}" if a.bucket else os.path.join(a.store, form)
+
+
 def sampler_share(n, rank, world, seed, epoch):
     from torch.utils.data import DistributedSampler
 
@@ -166,7 +234,7 @@ def sampler_share(n, rank, world, seed, epoch):
 
 class GlobalSystem:
     def __init__(self, a):
-        self.a, self.root = a, os.path.join(a.store, "imagefolder")
+        self.a, self.root = a, store_path(a, "imagefolder")
         self.files = image_files(self.root)
 
     def stage(self):
@@ -196,7 +264,7 @@ class LocalSystem(GlobalSystem):
                 f.write(data)
             return len(data)
 
-        with ThreadPoolExecutor(RAW_THREADS) as pool:
+        with ThreadPoolExecutor(GET_THREADS if self.root.startswith("s3://") else RAW_THREADS) as pool:
             nbytes = sum(pool.map(copy, self.share))
         self.dst = dst
         return nbytes
@@ -216,7 +284,7 @@ class ShufflefsSystem:
         import shufflefs
 
         self.a, self.sfs = a, shufflefs
-        self.classes = sorted(e.name for e in os.scandir(os.path.join(a.store, "imagefolder")) if e.is_dir())
+        self.classes = class_names(store_path(a, "imagefolder"))
 
     def stage(self):
         st = self.sfs.wait_ready(self.a.mount, timeout=1800, staged=True)
@@ -253,7 +321,7 @@ class MosaicSystem:
                 return sample_tuple(super().__getitem__(i), loop)
 
         self.a = a
-        self.ds = DS(remote=os.path.join(a.store, "mds"), local=os.path.join(a.local, "mds"),
+        self.ds = DS(remote=store_path(a, "mds"), local=os.path.join(a.local, "mds"),
                      shuffle=True, shuffle_seed=a.seed, cache_limit=a.budget, batch_size=BATCH)
 
     def stage(self):
@@ -261,8 +329,25 @@ class MosaicSystem:
 
     def epoch(self, e):
         workers = RAW_THREADS if self.a.loop == "raw" else self.a.workers
+        # mosaic 0.13 fetched index.json here with a boto3 client whose kept-alive connection
+        # the forked workers would inherit and share: their GETs' bytes interleave on that one
+        # socket and shards come out corrupt (seen: a 16 KiB hole, then UnicodeDecodeError).
+        # Dropping the client makes each worker open its own (mosaic's own retry path does
+        # the same with clean_up); a folder's downloader holds no connection.
+        for stream in self.ds.streams:
+            stream._downloader.clean_up()
         return drain(torch.utils.data.DataLoader(self.ds, batch_size=BATCH, num_workers=workers,
                                                  collate_fn=collate))
+
+
+def allow_litdata_http():
+    """litdata 0.2.76 GETs chunks with obstore, built from its boto3 client's endpoint but with
+    client options of its own that drop AWS_ALLOW_HTTP: an http:// endpoint then fails with
+    `builder error: BadScheme`. Adding allow_http to those options (read when each process
+    builds its store; DataLoader workers are forked after this) keeps its fast path."""
+    from litdata.streaming import downloader
+
+    downloader._OBSTORE_CLIENT_OPTIONS = {**downloader._OBSTORE_CLIENT_OPTIONS, "allow_http": True}
 
 
 class LitdataSystem:
@@ -276,8 +361,14 @@ class LitdataSystem:
                 return sample_tuple(super().__getitem__(i), loop)
 
         self.a = a
-        self.ds = DS(input_dir="local:" + os.path.join(a.store, "litdata"),
-                     cache_dir=os.path.join(a.local, "litdata"), max_cache_size=a.budget,
+        # a bucket: litdata's documented way to a custom endpoint is storage_options (boto3's
+        # client arguments); `local:` makes it copy chunks into its cache as from a remote
+        remote = {"input_dir": store_path(a, "litdata"),
+                  "storage_options": {"endpoint_url": os.environ["AWS_ENDPOINT_URL"]}} if a.bucket else \
+            {"input_dir": "local:" + store_path(a, "litdata")}
+        if a.bucket and os.environ["AWS_ENDPOINT_URL"].startswith("http://"):
+            allow_litdata_http()
+        self.ds = DS(**remote, cache_dir=os.path.join(a.local, "litdata"), max_cache_size=a.budget,
                      shuffle=True, seed=a.seed)
         workers = RAW_THREADS if a.loop == "raw" else a.workers
         self.loader = StreamingDataLoader(self.ds, batch_size=BATCH, num_workers=workers, collate_fn=collate)

@@ -122,11 +122,16 @@ class Hosts:
         return self.store_dir if self.mode == "shared" else self.info["storage"]["path"]
 
     # ---- running things ----
+    @staticmethod
+    def _host_id(i):
+        """`exec`'s HOST: hI for a host index, `store` as is."""
+        return i if i == "store" else f"h{i}"
+
     def popen(self, i, argv, **kw):
-        return subprocess.Popen([CLUSTER, "exec", self.name, f"h{i}", *argv], **kw)
+        return subprocess.Popen([CLUSTER, "exec", self.name, self._host_id(i), *argv], **kw)
 
     def run(self, i, argv, **kw):
-        return subprocess.run([CLUSTER, "exec", self.name, f"h{i}", *argv], **kw)
+        return subprocess.run([CLUSTER, "exec", self.name, self._host_id(i), *argv], **kw)
 
     def mpirun(self, mpirun_args, **kw):
         """`shufflefs-cluster mpirun NAME -- MPIRUN-ARGS` (placement is the caller's, -H; the

@@ -147,21 +147,31 @@ def later_wall(res):
     return _mean(e["wall"] for e in eps)
 
 
+BUCKET_SUFFIX = " (bucket)"  # the rows of --store-kind s3 (benches/epoch_time.py)
+
+
 def ratios(per, meta):
     """The issue's targets as ratios of this run: shufflefs Q=0.3 against local, global and
-    the streaming libraries (later epochs), and its store bytes against the dataset."""
-    me = later_wall(per.get("shufflefs-q0.3", {}))
-    if me is None:
-        return "ratios: no shufflefs-q0.3 row"
-    parts = []
-    for other, target in (("local", "<= 1.1x"), ("global", "<= 0.3x"), ("mosaic", "<= 0.5x"), ("litdata", "<= 0.5x")):
-        w = later_wall(per.get(other, {}))
-        if w:
-            parts.append(f"/ {other} {me / w:.2f}x (target {target})")
-    store = ((per["shufflefs-q0.3"].get("summary") or {}).get("total") or {}).get("store_bytes")
-    if store is not None:
-        parts.append(f"store bytes / dataset {store / meta['dataset_bytes']:.2f}x (target <= 1.1x)")
-    return "shufflefs-q0.3, later epochs: " + ", ".join(parts)
+    the streaming libraries (later epochs), and its store bytes against the dataset; one line
+    for the folder rows and one for the bucket rows (each against rows reading the same)."""
+    lines = []
+    for suffix in ("", BUCKET_SUFFIX):
+        me_row = "shufflefs-q0.3" + suffix
+        me = later_wall(per.get(me_row, {}))
+        if me is None:
+            continue
+        parts = []
+        for other, target in (("local", "<= 1.1x"), ("global", "<= 0.3x"), ("mosaic", "<= 0.5x"), ("litdata", "<= 0.5x")):
+            # a bucket row without its bucket peer is set against the folder row (local)
+            name = other + suffix if other + suffix in per else other
+            w = later_wall(per.get(name, {}))
+            if w:
+                parts.append(f"/ {name} {me / w:.2f}x (target {target})")
+        store = ((per[me_row].get("summary") or {}).get("total") or {}).get("store_bytes")
+        if store is not None:
+            parts.append(f"store bytes / dataset {store / meta['dataset_bytes']:.2f}x (target <= 1.1x)")
+        lines.append(f"{me_row}, later epochs: " + ", ".join(parts))
+    return "\n\n".join(lines) or "ratios: no shufflefs-q0.3 row"
 
 
 def write_report(out_dir, meta, results):
@@ -173,6 +183,8 @@ def write_report(out_dir, meta, results):
              f"disk budget per host {meta['budget'] / 1e6:.0f} MB ((1+{meta['q']}) x share); "
              f"conversion (s): {meta['conversion']}; batch TV of iid batches: {meta['iid_tv']:.3f}; "
              f"commit {meta.get('commit', '?')}", ""]
+    if meta.get("bucket"):
+        lines += [f"Rows `(bucket)` read the bucket {meta['bucket']}; the others the store folder.", ""]
     for loop, per in results.items():
         lines += [f"## loop: {loop}", "", HEADER]
         lines += [row(name, res, meta["budget"]) for name, res in per.items()]
