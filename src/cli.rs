@@ -1,4 +1,5 @@
-//! Command line: `shufflefs mount`, `shufflefs unmount`, `shufflefs plan` and `shufflefs serve`.
+//! Command line: `shufflefs mount`, `shufflefs unmount`, `shufflefs plan`, `shufflefs serve`
+//! and `shufflefs status`.
 //!
 //! Clap only: the options, their ranges and their help. How options relate (what applies
 //! to which mode, what contradicts what) is checked in `config`, which turns `MountArgs`
@@ -39,6 +40,10 @@ pub enum Command {
     /// Run the server rank of a coded shuffle (`mount --exchange coded`): world rank 0 of the
     /// same MPI job, it mounts nothing and multicasts coded packets of the source's samples.
     Serve(ServeArgs),
+    /// Show the whole job as one table, read from any rank's mount: every rank's epoch,
+    /// staging, exchange progress and rate, given-up peers, source fallbacks, problems and
+    /// cache use (see docs/status.md, "The whole job").
+    Status(StatusArgs),
 }
 
 /// `--exchange` of `shufflefs mount`.
@@ -410,6 +415,19 @@ pub struct UnmountArgs {
     /// reading, and the daemon exits when the last of them is closed.
     #[arg(long)]
     pub lazy: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// A mounted shufflefs view, of any rank of the job.
+    pub mountpoint: PathBuf,
+    /// Print the status's `job` object (JSON) instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Refresh every second until interrupted (Ctrl-C); on a terminal in place, otherwise
+    /// one table after another.
+    #[arg(long)]
+    pub watch: bool,
 }
 
 fn parse_fraction(s: &str) -> Result<f64, String> {

@@ -57,6 +57,10 @@ pub struct StoreStats {
     pub files: AtomicU64,
     pub bytes: AtomicU64,
     pub fetched_from_source: AtomicU64,
+    /// Bytes of the samples counted in `fetched_from_source` (for the metrics).
+    pub fetched_bytes: AtomicU64,
+    /// Samples and parts opened through the daemon (for the metrics).
+    pub reads: AtomicU64,
     pub source_errors: AtomicU64,
     /// Cached, received or adopted samples whose bytes did not match their checksum.
     pub checksum_failures: AtomicU64,
@@ -284,10 +288,13 @@ impl SampleStore {
             Ok(None)
         });
         match &result {
-            Ok(_) => self
-                .stats
-                .fetched_from_source
-                .fetch_add(1, Ordering::Relaxed),
+            Ok(_) => {
+                let bytes = self.size(id).unwrap_or(0);
+                self.stats.fetched_bytes.fetch_add(bytes, Ordering::Relaxed);
+                self.stats
+                    .fetched_from_source
+                    .fetch_add(1, Ordering::Relaxed)
+            }
             Err(_) => self.stats.source_errors.fetch_add(1, Ordering::Relaxed),
         };
         result.map(|_| ()).map_err(|e| {
