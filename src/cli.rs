@@ -28,6 +28,9 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once per process: the size of `MountArgs` costs nothing, and boxing it would change
+// every caller that takes it.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Mount this rank's epoch view (run one per rank under mpirun/srun).
@@ -343,6 +346,22 @@ pub struct MountArgs {
                      rank 0 writes it: no {rank} needed."
     )]
     pub ready_file: Option<PathBuf>,
+    /// Writes this rank's metrics (Prometheus text) to PATH every few seconds, for
+    /// node_exporter's textfile collector; `{rank}` and `{host}` are replaced.
+    #[arg(
+        long,
+        value_name = "PATH",
+        help_heading = "Mount",
+        long_help = "Writes this rank's metrics in the Prometheus text format to PATH every 5 \
+                     seconds (and once more as the daemon stops), atomically: a temporary file in \
+                     the same folder, then a rename, so a collector never reads half a file. \
+                     `{rank}` and `{host}` in PATH are replaced by the rank and the host name, so \
+                     ranks sharing a folder write files of their own. PATH must end in .prom, as \
+                     node_exporter's textfile collector (--collector.textfile.directory) reads only \
+                     those. The same text is at MOUNT/.shufflefs/metrics; the names are in \
+                     docs/status.md, \"Metrics\"."
+    )]
+    pub metrics_file: Option<String>,
 
     /// Throw away a cache built with other settings instead of refusing to mount.
     #[arg(long, help_heading = "Data")]

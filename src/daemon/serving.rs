@@ -29,6 +29,7 @@ use crate::plan::{Plan, Step};
 use crate::vfs::ShuffleFs;
 
 use super::DaemonError;
+use super::metrics_file::{self, MetricsFile};
 use super::mounted::{Hooks, Mounted};
 use super::startup::Prepared;
 
@@ -87,6 +88,10 @@ pub(crate) fn run_node(
     let status = node.status.clone();
     let observe = move || status.observe_exchanges();
     let mut view = jobview::start(comm, node.status.job.clone(), view_parts(&node), observe);
+    let _metrics = (config.metrics_file.as_ref()).map(|template| {
+        let path = metrics_file::path_for(template, rank, &jobview::hostname());
+        MetricsFile::start(path, node.status.clone())
+    });
     let hooks = hooks(&node);
     let mounted = Mounted::serve(session, &mountpoint, hooks, made)?;
     let current = node.coordinator.current();

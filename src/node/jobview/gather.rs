@@ -208,10 +208,8 @@ impl Gatherer {
             self.board.put(row.clone(), Instant::now());
         }
         if me != 0 {
-            if self.idle_towards(0) {
-                if let Some(frame) = wire::up(&row) {
-                    self.send(0, UP, frame);
-                }
+            if let Some(frame) = wire::up(&row).filter(|_| self.idle_towards(0)) {
+                self.send(0, UP, frame);
             }
             return;
         }

@@ -21,7 +21,7 @@ pub(crate) use board::JobBoard;
 pub(crate) use gather::Gatherer;
 #[cfg(test)]
 use row::RankRow;
-pub(crate) use row::{Parts, Sampler};
+pub(crate) use row::{Parts, Sampler, hostname};
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -51,11 +51,11 @@ pub(crate) fn start(
                 .map(|n| String::from_utf8_lossy(n).into_owned());
             board.set_hosts(names.collect());
             let mut sampler = Sampler::new(parts);
-            let mut row = move || {
+            let row = move || {
                 observe();
                 sampler.row()
             };
-            Some(Gatherer::new(own, board, Box::new(move || row())))
+            Some(Gatherer::new(own, board, Box::new(row)))
         }
         Err(e) => {
             tracing::warn!(error = %e, "no job view: could not make its communicator");
