@@ -218,7 +218,12 @@ fn every_mount_shows_the_whole_job_and_the_metrics_move() {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
-    job.unmount();
+    // The view's own communicator lets every rank finalize MPI and exit 0.
+    let mut job = job;
+    let exit = job.unmount_within(Duration::from_secs(60));
+    let log = std::fs::read_to_string(dir.join("job.log")).unwrap_or_default();
+    assert!(exit.is_some_and(|s| s.success()), "{exit:?}\n{log}");
+    assert!(!log.contains("abandoned"), "{log}");
     assert!(
         files.iter().all(|f| f.exists()),
         "the files stay after the job"
