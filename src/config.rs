@@ -448,6 +448,17 @@ mod tests {
     }
 
     #[test]
+    fn a_metrics_file_must_end_in_prom() {
+        let refused = mount(&["--metrics-file", "/m/sfs-{rank}.txt"]).unwrap_err();
+        assert!(refused.contains(".prom"), "{refused}");
+        let ok = mount(&["--metrics-file", "/m/sfs-{host}-{rank}.prom"]).unwrap();
+        assert_eq!(
+            ok.metrics_file.as_deref(),
+            Some("/m/sfs-{host}-{rank}.prom")
+        );
+    }
+
+    #[test]
     fn record_flags_are_checked_together() {
         let fixed = mount(&[
             "--format",

@@ -1,7 +1,8 @@
 //! The job view and the metrics under a real `mpirun -np 3` (issue 32): every rank's status
 //! shows every rank in `job`, `shufflefs status MOUNT` prints the table and `--json`, and
 //! the metrics (`MOUNT/.shufflefs/metrics` and `--metrics-file`) parse with Python's
-//! `prometheus_client` and move as the job advances epochs.
+//! `prometheus_client` and move as the job advances epochs; a rank that goes quiet turns
+//! stale in the others' view without holding them, and every rank still exits 0.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -218,6 +219,45 @@ fn every_mount_shows_the_whole_job_and_the_metrics_move() {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
+    // `--watch` into a pipe: one plain table after another.
+    let mut watch = (shufflefs().args(["status", "--watch"]).arg(&job.mounts[0]))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    watch.kill().unwrap();
+    let out = watch.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.matches("job of 3 ranks").count() >= 2, "{text}");
+    assert!(
+        !text.contains('\x1b'),
+        "no terminal codes in a pipe: {text}"
+    );
+
+    // A rank that goes quiet (stopped by SIGSTOP here; a hung or lost rank alike) turns stale
+    // in the others' view, and nothing waits for it.
+    let pid = job.status(2)["pid"].to_string();
+    let signal = |sig: &str| {
+        let ok = Command::new("kill").args([sig, &pid]).status().unwrap();
+        assert!(ok.success(), "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let st = job.status(1);
+        let ranks = st["job"]["ranks"].as_array().unwrap().clone();
+        let fresh = |r: usize| ranks[r].get("stale_s").is_none();
+        if fresh(0) && fresh(1) && !fresh(2) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "rank 2 never turned stale: {ranks:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    signal("-CONT");
+
     // The view's own communicator lets every rank finalize MPI and exit 0.
     let mut job = job;
     let exit = job.unmount_within(Duration::from_secs(60));
