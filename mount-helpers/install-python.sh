@@ -52,6 +52,13 @@ if [ "${SHUFFLEFS_NO_LOADERS:-0}" != 1 ] && [ -x "$venv/bin/python" ] && [ -f "$
       || { echo "install-python.sh: pip install $package failed" >&2; return 1 2>/dev/null || exit 1; }
   fi
 fi
+# Python's Prometheus client: its text parser checks the metrics (tests/mpi/jobview_mpi.rs).
+if [ "${SHUFFLEFS_NO_LOADERS:-0}" != 1 ] && [ -x "$venv/bin/python" ] \
+  && ! "$venv/bin/python" -c "import prometheus_client" >/dev/null 2>&1; then
+  echo "== installing prometheus-client (the metrics test's parser) into $venv"
+  "$venv/bin/pip" install -q prometheus-client \
+    || { echo "install-python.sh: prometheus-client did not install" >&2; return 1 2>/dev/null || exit 1; }
+fi
 if loaders_ok; then
   export SHUFFLEFS_PYTHON="$venv/bin/python"
 fi

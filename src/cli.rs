@@ -1,4 +1,5 @@
-//! Command line: `shufflefs mount`, `shufflefs unmount`, `shufflefs plan` and `shufflefs serve`.
+//! Command line: `shufflefs mount`, `shufflefs unmount`, `shufflefs plan`, `shufflefs serve`
+//! and `shufflefs status`.
 //!
 //! Clap only: the options, their ranges and their help. How options relate (what applies
 //! to which mode, what contradicts what) is checked in `config`, which turns `MountArgs`
@@ -27,6 +28,9 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once per process: the size of `MountArgs` costs nothing, and boxing it would change
+// every caller that takes it.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Mount this rank's epoch view (run one per rank under mpirun/srun).
@@ -39,6 +43,10 @@ pub enum Command {
     /// Run the server rank of a coded shuffle (`mount --exchange coded`): world rank 0 of the
     /// same MPI job, it mounts nothing and multicasts coded packets of the source's samples.
     Serve(ServeArgs),
+    /// Show the whole job as one table, read from any rank's mount: every rank's epoch,
+    /// staging, exchange progress and rate, given-up peers, source fallbacks, problems and
+    /// cache use (see docs/status.md, "The whole job").
+    Status(StatusArgs),
 }
 
 /// `--exchange` of `shufflefs mount`.
@@ -338,6 +346,22 @@ pub struct MountArgs {
                      rank 0 writes it: no {rank} needed."
     )]
     pub ready_file: Option<PathBuf>,
+    /// Writes this rank's metrics (Prometheus text) to PATH every few seconds, for
+    /// node_exporter's textfile collector; `{rank}` and `{host}` are replaced.
+    #[arg(
+        long,
+        value_name = "PATH",
+        help_heading = "Mount",
+        long_help = "Writes this rank's metrics in the Prometheus text format to PATH every 5 \
+                     seconds (and once more as the daemon stops), atomically: a temporary file in \
+                     the same folder, then a rename, so a collector never reads half a file. \
+                     `{rank}` and `{host}` in PATH are replaced by the rank and the host name, so \
+                     ranks sharing a folder write files of their own. PATH must end in .prom, as \
+                     node_exporter's textfile collector (--collector.textfile.directory) reads only \
+                     those. The same text is at MOUNT/.shufflefs/metrics; the names are in \
+                     docs/status.md, \"Metrics\"."
+    )]
+    pub metrics_file: Option<String>,
 
     /// Throw away a cache built with other settings instead of refusing to mount.
     #[arg(long, help_heading = "Data")]
@@ -410,6 +434,19 @@ pub struct UnmountArgs {
     /// reading, and the daemon exits when the last of them is closed.
     #[arg(long)]
     pub lazy: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// A mounted shufflefs view, of any rank of the job.
+    pub mountpoint: PathBuf,
+    /// Print the status's `job` object (JSON) instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Refresh every second until interrupted (Ctrl-C); on a terminal in place, otherwise
+    /// one table after another.
+    #[arg(long)]
+    pub watch: bool,
 }
 
 fn parse_fraction(s: &str) -> Result<f64, String> {

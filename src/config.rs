@@ -107,6 +107,9 @@ pub(crate) struct MountConfig {
     pub allow_other: bool,
     /// `--ready-file`: rank 0 writes the job's ready record here (`daemon::ready`).
     pub ready_file: Option<PathBuf>,
+    /// `--metrics-file`: where each rank writes its metrics (`{rank}`, `{host}` replaced;
+    /// see `daemon::metrics_file`).
+    pub metrics_file: Option<String>,
     pub reset_cache: bool,
     /// `--rescan`: rank 0 scans the source even when its cache holds an index, and a cache
     /// built on another index keeps what is still valid (see `daemon::startup::rescan`).
@@ -132,6 +135,9 @@ impl TryFrom<MountArgs> for MountConfig {
         if args.exchange_rate == Some(0) {
             return Err("--exchange-rate 0 would never send a sample, so the exchange could not finish; give a cap in bytes per second (e.g. 200000000 for 200 MB/s) or leave it out for no cap".into());
         }
+        if (args.metrics_file.as_ref()).is_some_and(|p| !p.ends_with(".prom")) {
+            return Err("--metrics-file must end in .prom: node_exporter's textfile collector reads only those files".into());
+        }
         let exchange = exchange_mode(&args)?;
         let layout = args
             .cache_layout
@@ -154,6 +160,7 @@ impl TryFrom<MountArgs> for MountConfig {
             foreground: args.foreground,
             allow_other: args.allow_other,
             ready_file: args.ready_file,
+            metrics_file: args.metrics_file,
             reset_cache: args.reset_cache,
             rescan: args.rescan,
             exchange_rate: args.exchange_rate,
@@ -438,6 +445,17 @@ mod tests {
             Command::Mount(args) => MountConfig::try_from(args),
             _ => panic!("not mount"),
         }
+    }
+
+    #[test]
+    fn a_metrics_file_must_end_in_prom() {
+        let refused = mount(&["--metrics-file", "/m/sfs-{rank}.txt"]).unwrap_err();
+        assert!(refused.contains(".prom"), "{refused}");
+        let ok = mount(&["--metrics-file", "/m/sfs-{host}-{rank}.prom"]).unwrap();
+        assert_eq!(
+            ok.metrics_file.as_deref(),
+            Some("/m/sfs-{host}-{rank}.prom")
+        );
     }
 
     #[test]

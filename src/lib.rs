@@ -32,6 +32,7 @@ pub(crate) mod daemon;
 pub mod dataset;
 pub mod exchange;
 pub mod fuse;
+pub mod jobtable;
 pub mod launch;
 pub mod node;
 pub mod plan;

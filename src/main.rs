@@ -8,6 +8,7 @@ fn main() -> ExitCode {
         Command::Mount(args) => shufflefs::launch::mount(args),
         Command::Unmount(args) => shufflefs::launch::unmount(&args),
         Command::Serve(args) => shufflefs::launch::serve(args),
+        Command::Status(args) => shufflefs::jobtable::run(&args),
         Command::Plan(args) => {
             match shufflefs::coded::calc::report(&shufflefs::config::plan_input(&args)) {
                 Ok(text) => {

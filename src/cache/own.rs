@@ -33,6 +33,7 @@ const TOP_FILES: &[&str] = &[
     "coded.json",
     "shufflefs.log",
     "status.json",
+    "metrics.prom",
 ];
 
 /// What may be in a folder that is not (yet) a cache for it to be taken: the files a
@@ -40,7 +41,7 @@ const TOP_FILES: &[&str] = &[
 const BEFORE_MARKER: &[&str] = &["LOCK", "shufflefs.log"];
 
 /// Whether `name` is one shufflefs writes at a cache folder's top level, its temporaries
-/// (`.state.json.tmp`, `.status.json.N.tmp`) included.
+/// (`.state.json.tmp`, `.status.json.N.tmp`, `.metrics.prom.N.tmp`) included.
 fn is_top_file(name: &str) -> bool {
     if TOP_FILES.contains(&name) {
         return true;
@@ -48,10 +49,11 @@ fn is_top_file(name: &str) -> bool {
     let Some(inner) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")) else {
         return false;
     };
-    TOP_FILES.contains(&inner)
-        || inner
-            .strip_prefix("status.json.")
+    let numbered = |prefix: &str| {
+        (inner.strip_prefix(prefix))
             .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    TOP_FILES.contains(&inner) || numbered("status.json.") || numbered("metrics.prom.")
 }
 
 /// Whether `name` names a sample file (`samples/<id>`, `tmp/<id>`): an id, nothing else.
@@ -162,6 +164,7 @@ mod tests {
         assert!(is_segment_name("00000001.seg") && is_segment_name("12.spill"));
         assert!(!is_segment_name("notes.seg") && !is_segment_name(".seg"));
         assert!(is_top_file(".state.json.tmp") && is_top_file(".status.json.17.tmp"));
+        assert!(is_top_file("metrics.prom") && is_top_file(".metrics.prom.3.tmp"));
         assert!(!is_top_file("state.json.bak") && !is_top_file(".bashrc"));
     }
 

@@ -59,6 +59,8 @@ pub struct StoreStats {
     pub fetched_from_source: AtomicU64,
     /// Bytes of the samples counted in `fetched_from_source`: what the source was read for.
     pub fetched_bytes_from_source: AtomicU64,
+    /// Samples and parts opened through the daemon (for the metrics).
+    pub reads: AtomicU64,
     pub source_errors: AtomicU64,
     /// Cached, received or adopted samples whose bytes did not match their checksum.
     pub checksum_failures: AtomicU64,

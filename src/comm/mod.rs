@@ -160,6 +160,10 @@ pub trait Comm {
     fn cancel(&mut self, tickets: &[Ticket]) {
         self.detach(tickets)
     }
+    /// Said by the thread that owns the transport while it has nothing to do (the exchange
+    /// loop between exchanges), every fraction of a second: a wrapper may do background work
+    /// here (the job view, `node::jobview::Viewed`). Nothing by default.
+    fn idle(&mut self) {}
 
     /// Moves a batch of point-to-point messages, all in flight at once: every receive is
     /// posted before any send, so ranks that pair up in any pattern where each send has its
@@ -280,6 +284,9 @@ impl<C: Comm + ?Sized> Comm for Box<C> {
     }
     fn cancel(&mut self, tickets: &[Ticket]) {
         (**self).cancel(tickets)
+    }
+    fn idle(&mut self) {
+        (**self).idle()
     }
 }
 

@@ -78,7 +78,9 @@ impl Folders {
         ]);
         match cli.command {
             Command::Mount(args) => MountConfig::try_from(args).expect("valid settings"),
-            Command::Unmount(_) | Command::Plan(_) | Command::Serve(_) => unreachable!(),
+            Command::Unmount(_) | Command::Plan(_) | Command::Serve(_) | Command::Status(_) => {
+                unreachable!()
+            }
         }
     }
 

@@ -21,6 +21,7 @@ use crate::exchange::{ExchangeConfig, ExchangeError, Peers, SlowPeers};
 use crate::sys::made_dirs::{MadeDirs, MountDirs};
 
 pub(crate) mod coded;
+pub(crate) mod metrics_file;
 pub(crate) mod mounted;
 mod ready;
 mod resize;

@@ -21,6 +21,7 @@ use crate::exchange::coded::CodedClient;
 use crate::exchange::{
     EpochExchange, ExchangeConfig, ExchangeCtx, ExchangeError, Partial, Peers, Settled,
 };
+use crate::node::jobview::{self, Gatherer, Viewed};
 use crate::node::{ExchangeCmd, Node, NodeConfig, serve};
 use crate::plan::elastic::ElasticPlan;
 use crate::plan::equal::EqualShares;
@@ -28,6 +29,7 @@ use crate::plan::{Plan, Step};
 use crate::vfs::ShuffleFs;
 
 use super::DaemonError;
+use super::metrics_file::{self, MetricsFile};
 use super::mounted::{Hooks, Mounted};
 use super::startup::Prepared;
 
@@ -82,6 +84,14 @@ pub(crate) fn run_node(
         store.dir().unlock();
         return Ok(());
     };
+    // Every rank mounted: the job view starts here on all of them (collective).
+    let status = node.status.clone();
+    let observe = move || status.observe_exchanges();
+    let mut view = jobview::start(comm, node.status.job.clone(), view_parts(&node), observe);
+    let _metrics = (config.metrics_file.as_ref()).map(|template| {
+        let path = metrics_file::path_for(template, rank, &jobview::hostname());
+        MetricsFile::start(path, node.status.clone())
+    });
     let hooks = hooks(&node);
     let mounted = Mounted::serve(session, &mountpoint, hooks, made)?;
     let current = node.coordinator.current();
@@ -102,7 +112,9 @@ pub(crate) fn run_node(
     let abort = mounted.abort_flag();
     let mut partial = None;
     let served = match (world, exchanges.coded) {
-        (Some(world), Some(mut client)) => serve(world, &node, &queue, &mut client, abort),
+        (Some(world), Some(mut client)) => with_view(world, view.as_mut(), |world| {
+            serve(world, &node, &queue, &mut client, abort)
+        }),
         _ => {
             let mut recorded = Recorded {
                 partial: Partial {
@@ -111,13 +123,43 @@ pub(crate) fn run_node(
                 },
                 last: None,
             };
-            let served = serve(&mut *comm, &node, &queue, &mut recorded, abort);
+            let served = with_view(comm, view.as_mut(), |comm| {
+                serve(comm, &node, &queue, &mut recorded, abort)
+            });
             partial = Some(recorded);
             served
         }
     };
     node.coordinator.shutdown();
-    stop_and_leave(comm, &node, mounted, served, partial, &leave_plan)
+    let stopped = with_view(comm, view.as_mut(), |comm| {
+        stop_and_leave(comm, &node, mounted, served, partial, &leave_plan)
+    });
+    if let Some(view) = view {
+        view.finish();
+    }
+    stopped
+}
+
+/// Runs `f` on `comm`, ticking the job view as it goes (see `node::jobview::Viewed`).
+fn with_view<R>(
+    comm: &mut dyn Comm,
+    view: Option<&mut Gatherer>,
+    f: impl FnOnce(&mut dyn Comm) -> R,
+) -> R {
+    match view {
+        Some(view) => f(&mut Viewed { inner: comm, view }),
+        None => f(comm),
+    }
+}
+
+/// What the job view reads of this rank.
+fn view_parts(node: &Node) -> jobview::Parts {
+    jobview::Parts {
+        store: node.store.clone(),
+        epochs: node.coordinator.clone(),
+        staging: node.staging.progress.clone(),
+        exchange: node.tracker.clone(),
+    }
 }
 
 /// The ordered teardown once the exchange loop returned, then (partial, several ranks, the

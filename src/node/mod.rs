@@ -20,6 +20,8 @@ use crate::plan::{Plan, Rank, SampleId, Step};
 
 pub mod coordinator;
 mod epoch_log;
+pub(crate) mod jobview;
+pub(crate) mod metrics;
 pub(crate) mod regrow;
 pub mod resume;
 pub(crate) mod resumed;
@@ -109,6 +111,8 @@ impl Node {
             exchange: tracker.clone(),
             resize,
             equal_shares: std::sync::OnceLock::new(),
+            job: Arc::default(),
+            totals: Default::default(),
         });
         let node = Node {
             store,
@@ -140,6 +144,9 @@ impl Node {
     }
 }
 
+/// How often the exchange loop, waiting for the next exchange, lets the transport idle.
+const IDLE: Duration = Duration::from_millis(200);
+
 /// Runs the exchanges of `queue` with `exchange` on the calling thread, which owns `comm`,
 /// until told to shut down; then [`EpochExchange::finish`]. A failed exchange is reported
 /// to the coordinator (advancing then fetches from the source); a transport that had to
@@ -157,7 +164,16 @@ pub fn serve(
         tracker: &node.tracker,
         abort,
     };
-    for cmd in queue {
+    loop {
+        // Between exchanges the transport idles every fraction of a second (see `Comm::idle`).
+        let cmd = match queue.recv_timeout(IDLE) {
+            Ok(cmd) => cmd,
+            Err(RecvTimeoutError::Timeout) => {
+                comm.idle();
+                continue;
+            }
+            Err(RecvTimeoutError::Disconnected) => break,
+        };
         let ExchangeCmd::Run { evict, step } = cmd else {
             break;
         };

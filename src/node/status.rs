@@ -11,12 +11,18 @@ use crate::dataset::manifest::Index;
 use crate::dataset::names::Skipped;
 use crate::exchange::{ExchangeReport, ExchangeTracker};
 use crate::node::coordinator::{AdvanceWait, Coordinator};
+use crate::node::jobview::JobBoard;
+use crate::node::metrics::{self, ExchangeTotals};
 use crate::node::resumed::RegrowReport;
 use crate::node::staging::{StagingProgress, StagingSnapshot};
 use crate::plan::equal::EqualShares;
 
 pub trait StatusReport: Send + Sync {
     fn render(&self) -> Vec<u8>;
+    /// `.shufflefs/metrics`: Prometheus text (see `node::metrics`); empty by default.
+    fn metrics(&self) -> Vec<u8> {
+        Vec::new()
+    }
 }
 
 #[derive(Serialize)]
@@ -128,6 +134,10 @@ struct Status<'a> {
     /// Only with `--replicate`: the side files, where this rank reads them, what it copied.
     #[serde(skip_serializing_if = "Option::is_none")]
     replicated: Option<&'a crate::cache::side::Replicated>,
+    /// The whole job, one row per rank (see `node::jobview`): on every rank of a job of up
+    /// to 64 ranks, else on each host's first rank.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    job: Option<serde_json::Value>,
 }
 
 pub struct DaemonStatus {
@@ -142,6 +152,10 @@ pub struct DaemonStatus {
     pub resize: Option<RegrowReport>,
     /// Under `--equal-shares`: what the view leaves out (set once the view is made).
     pub equal_shares: std::sync::OnceLock<Arc<EqualShares>>,
+    /// The job view this rank holds (see `node::jobview`), empty until it starts.
+    pub(crate) job: Arc<JobBoard>,
+    /// Running totals of the exchanges, for the metrics' counters.
+    pub(crate) totals: ExchangeTotals,
 }
 
 /// Under `--equal-shares drop`: the samples every view holds, and the ids this rank's view
@@ -208,9 +222,53 @@ impl StatusReport for DaemonStatus {
                 view_samples: e.view_size(),
                 left_out: e.left_out(&cur).to_vec(),
             }),
+            job: self.job.json(),
         };
         let mut out = serde_json::to_vec_pretty(&status).expect("status serializes");
         out.push(b'\n');
         out
+    }
+
+    fn metrics(&self) -> Vec<u8> {
+        self.metrics_text().into_bytes()
+    }
+}
+
+impl DaemonStatus {
+    /// The metrics' input, read now.
+    fn metrics_text(&self) -> String {
+        let rank = self.epochs.rank();
+        let reports = self.exchange.snapshot();
+        let stats = &self.store.stats;
+        let staging = self.staging.snapshot();
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        let host_of = |r: u32| match self.job.host_name(r) {
+            Some(name) => name,
+            None => format!("host-{}", self.hosts.get(r as usize).copied().unwrap_or(0)),
+        };
+        metrics::render(&metrics::Input {
+            rank,
+            world: self.epochs.plan().params().world,
+            epoch: self.epochs.epoch(),
+            totals: self.totals.observe(&reports),
+            host_of: &host_of,
+            latest: reports.last(),
+            staging: [
+                ("done", staging.files_done, staging.bytes_done),
+                ("total", staging.files_total, staging.bytes_total),
+            ],
+            source_samples: load(&stats.fetched_from_source),
+            source_bytes: load(&stats.fetched_bytes_from_source),
+            source_errors: load(&stats.source_errors),
+            checksum_failures: load(&stats.checksum_failures),
+            cache_bytes: load(&stats.bytes),
+            cache_samples: load(&stats.files),
+            reads: load(&stats.reads),
+        })
+    }
+
+    /// Brings the exchange totals up to date (the job view does, every second).
+    pub(crate) fn observe_exchanges(&self) {
+        self.totals.observe(&self.exchange.snapshot());
     }
 }

@@ -6,6 +6,7 @@
 //! /.shufflefs/status             ino 3   JSON, regenerated at each open
 //! /.shufflefs/epoch              ino 4   read: current epoch; write N+1: advance
 //! /current -> epoch-N            ino 5
+//! /.shufflefs/metrics            ino 6   Prometheus text, regenerated at each open
 //! /epoch-N/                      kind 1: (1 << 62) | N
 //! /epoch-N/<class>/              kind 2: (2 << 62) | N << 32 | class
 //! /epoch-N/<class>/<sample>      kind 3: (3 << 62) | sample id
@@ -33,6 +34,7 @@ pub(crate) const CTL_DIR_NAME: &str = ".shufflefs";
 pub(crate) const CURRENT_NAME: &str = "current";
 pub(crate) const STATUS_NAME: &str = "status";
 pub(crate) const EPOCH_CTL_NAME: &str = "epoch";
+pub(crate) const METRICS_NAME: &str = "metrics";
 /// Epochs are limited to 30 bits by the inode layout (a billion epochs); the coordinator
 /// publishes none beyond.
 pub(crate) use crate::node::coordinator::MAX_EPOCH;
@@ -44,6 +46,7 @@ pub enum Node {
     Status,
     EpochCtl,
     Current,
+    Metrics,
     EpochDir(u64),
     ClassDir(u64, u32),
     Sample(SampleId),
@@ -61,6 +64,7 @@ impl Node {
             Node::Status => 3,
             Node::EpochCtl => 4,
             Node::Current => 5,
+            Node::Metrics => 6,
             Node::EpochDir(e) => 1 << 62 | e,
             Node::ClassDir(e, c) => 2 << 62 | e << 32 | u64::from(c),
             Node::Sample(s) => 3 << 62 | u64::from(s),
@@ -79,6 +83,7 @@ impl Node {
                 3 => Node::Status,
                 4 => Node::EpochCtl,
                 5 => Node::Current,
+                6 => Node::Metrics,
                 _ if ino >> 32 == 1 => Node::Side(ino as u32),
                 _ => return None,
             },
@@ -131,6 +136,7 @@ mod tests {
             Node::Status,
             Node::EpochCtl,
             Node::Current,
+            Node::Metrics,
             Node::EpochDir(0),
             Node::EpochDir(MAX_EPOCH),
             Node::ClassDir(7, 0),
@@ -146,7 +152,7 @@ mod tests {
         }
         assert_eq!(Node::from_ino(0), None);
         assert_eq!(Node::from_ino(3 << 62 | 1 << 32), Some(Node::Part(0, 0)));
-        assert_eq!(Node::from_ino(6), None);
+        assert_eq!(Node::from_ino(7), None);
     }
 
     #[test]

@@ -30,7 +30,9 @@ use crate::plan::equal::{EqualShares, visible_from};
 use crate::plan::{EpochShares, SampleId, share_in_range};
 use crate::vfs::access::Access;
 use crate::vfs::error::FsError;
-use crate::vfs::inodes::{CTL_DIR_NAME, CURRENT_NAME, EPOCH_CTL_NAME, Node, STATUS_NAME};
+use crate::vfs::inodes::{
+    CTL_DIR_NAME, CURRENT_NAME, EPOCH_CTL_NAME, METRICS_NAME, Node, STATUS_NAME,
+};
 
 pub(crate) mod access;
 pub(crate) mod attr;
@@ -109,6 +111,8 @@ fn copy_window(bytes: &[u8], offset: u64, out: &mut [u8]) -> usize {
 
 /// Where `status_file` publishes the status document, under the cache folder.
 pub(crate) const STATUS_FILE: &str = "status.json";
+/// Where `status_file` publishes the metrics, under the cache folder.
+pub(crate) const METRICS_FILE: &str = "metrics.prom";
 
 impl ShuffleFs {
     pub fn new(
@@ -245,20 +249,26 @@ impl ShuffleFs {
         self.store.dir().root().join(STATUS_FILE)
     }
 
+    fn metrics_file_path(&self) -> PathBuf {
+        self.store.dir().root().join(METRICS_FILE)
+    }
+
     /// Writes the status document to `CACHE/status.json` (a new file renamed over the old,
     /// so a reader always opens one whole document) and returns its path. Page-cache mode
     /// shows `.shufflefs/status` as a link to it: without opens the kernel could mix pages
     /// of two renderings in its cache.
     fn status_file(&self) -> Result<PathBuf, FsError> {
+        self.publish(STATUS_FILE, &self.status.render())
+    }
+
+    /// Writes `bytes` to `CACHE/name` as `status_file` does, and returns its path (the
+    /// metrics, under page-cache mode, are published the same way).
+    fn publish(&self, name: &str, bytes: &[u8]) -> Result<PathBuf, FsError> {
         let n = self.renders.fetch_add(1, Ordering::Relaxed);
-        let tmp = self
-            .store
-            .dir()
-            .root()
-            .join(format!(".{STATUS_FILE}.{n}.tmp"));
-        let path = self.status_file_path();
+        let tmp = self.store.dir().root().join(format!(".{name}.{n}.tmp"));
+        let path = self.store.dir().root().join(name);
         // Read-only and private, as everything in the cache (see `cache::private`).
-        std::fs::write(&tmp, self.status.render())?;
+        std::fs::write(&tmp, bytes)?;
         std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o400))?;
         std::fs::rename(&tmp, &path).inspect_err(|_| {
             let _ = std::fs::remove_file(&tmp);
@@ -299,6 +309,12 @@ impl ShuffleFs {
                 0o777,
             ),
             Node::Status => control(Kind::File, 0, 0o444),
+            Node::Metrics if self.status_link => control(
+                Kind::Symlink,
+                self.metrics_file_path().as_os_str().len() as u64,
+                0o777,
+            ),
+            Node::Metrics => control(Kind::File, 0, 0o444),
             Node::EpochCtl => control(Kind::File, 0, 0o644),
             Node::Current => Entry {
                 immutable: false,
@@ -416,6 +432,7 @@ impl ShuffleFs {
             }
             Node::CtlDir if name == STATUS_NAME => Node::Status,
             Node::CtlDir if name == EPOCH_CTL_NAME => Node::EpochCtl,
+            Node::CtlDir if name == METRICS_NAME => Node::Metrics,
             Node::EpochDir(e) if self.store.manifest().records().is_some() => {
                 let layout = self.layout(e)?;
                 let name = name.to_str().ok_or(FsError::NotFound)?;
@@ -485,7 +502,7 @@ impl ShuffleFs {
                 let e = self.epochs.epoch();
                 Box::new([Node::CtlDir, Node::Current, Node::EpochDir(e)].into_iter())
             }
-            Node::CtlDir => Box::new([Node::Status, Node::EpochCtl].into_iter()),
+            Node::CtlDir => Box::new([Node::Status, Node::EpochCtl, Node::Metrics].into_iter()),
             Node::EpochDir(e) if manifest.records().is_some() => {
                 let parts = self.layout(e)?.parts();
                 Box::new((0..parts).map(move |p| Node::Part(e, p)))
@@ -564,6 +581,7 @@ impl ShuffleFs {
                 Node::EpochDir(e) => OsString::from(inodes::epoch_dir_name(e)).into(),
                 Node::Status => OsStr::new(STATUS_NAME).into(),
                 Node::EpochCtl => OsStr::new(EPOCH_CTL_NAME).into(),
+                Node::Metrics => OsStr::new(METRICS_NAME).into(),
                 Node::ClassDir(_, c) => manifest.dir_name(c).into(),
                 Node::Sample(id) => manifest.name(id).into(),
                 Node::Side(i) => OsStr::from_bytes(manifest.side_files()[i as usize].name()).into(),
@@ -588,6 +606,10 @@ impl ShuffleFs {
             Some(Node::Status) if self.status_link => {
                 Ok(self.status_file()?.into_os_string().into_encoded_bytes())
             }
+            Some(Node::Metrics) if self.status_link => {
+                let path = self.publish(METRICS_FILE, &self.status.metrics())?;
+                Ok(path.into_os_string().into_encoded_bytes())
+            }
             Some(_) => Err(FsError::Invalid("not a symlink".into())),
             None => Err(FsError::NotFound),
         }
@@ -602,6 +624,19 @@ impl ShuffleFs {
             )),
             _ if write => Err(FsError::ReadOnly),
             Node::Status => Ok(Opened::Snapshot(self.status.render())),
+            Node::Metrics => Ok(Opened::Snapshot(self.status.metrics())),
+            Node::Part(..) | Node::Side(_) | Node::Sample(_) => {
+                self.store.stats.reads.fetch_add(1, Ordering::Relaxed);
+                self.open_data(entry.node)
+            }
+            _ if entry.kind == Kind::Dir => Err(FsError::IsDir),
+            _ => Err(FsError::Invalid("cannot open this node".into())),
+        }
+    }
+
+    /// Opens a sample, a part or a side file.
+    fn open_data(&self, node: Node) -> Result<Opened, FsError> {
+        match node {
             Node::Part(e, p) => Ok(Opened::Part(self.layout(e)?, p)),
             Node::Side(i) => {
                 let rel = OsStr::from_bytes(&self.store.manifest().side_files()[i as usize].path);
@@ -616,7 +651,6 @@ impl ShuffleFs {
                 },
                 Some(bytes) => Ok(Opened::Snapshot(bytes)),
             },
-            _ if entry.kind == Kind::Dir => Err(FsError::IsDir),
             _ => Err(FsError::Invalid("cannot open this node".into())),
         }
     }

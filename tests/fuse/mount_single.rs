@@ -127,7 +127,10 @@ fn lists_every_class_and_sample() {
     assert!(is_mounted(&mnt));
 
     assert_eq!(names(&mnt), set([".shufflefs", "current", "epoch-0"]));
-    assert_eq!(names(&mnt.join(".shufflefs")), set(["epoch", "status"]));
+    assert_eq!(
+        names(&mnt.join(".shufflefs")),
+        set(["epoch", "metrics", "status"])
+    );
     let expected = data.expected_listing();
     assert!(expected["empty"].is_empty() && expected["many"].len() == 150);
     assert_eq!(listing(&mnt.join("epoch-0")), expected);

@@ -151,6 +151,17 @@ fn writes_into_the_view_fail_and_change_nothing() {
         "{status_link:?}"
     );
     let _ = fs::write(mnt.join(".shufflefs/status"), "{}");
+    // So are the metrics.
+    let metrics_link = fs::read_link(mnt.join(".shufflefs/metrics")).unwrap();
+    assert!(
+        metrics_link.starts_with(data.path("cache")),
+        "{metrics_link:?}"
+    );
+    let metrics = fs::read_to_string(mnt.join(".shufflefs/metrics")).unwrap();
+    assert!(
+        metrics.contains("shufflefs_epoch{rank=\"0\"} 0\n"),
+        "{metrics}"
+    );
     rofs(fs::remove_file(&f), "unlink a sample");
     assert!(fs::read(&f).unwrap() == a.bytes(), "the sample changed");
     assert_eq!(listing(&mnt.join("epoch-0")), data.expected_listing());

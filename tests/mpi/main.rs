@@ -16,6 +16,7 @@ mod comm_mpi;
 mod disk_full;
 mod elastic_mpi;
 mod interrupt_mpi;
+mod jobview_mpi;
 mod launch_mpi;
 mod layouts_modes;
 mod layouts_mpi;

@@ -244,7 +244,9 @@ mod tests {
             );
             match cli.command {
                 Command::Mount(args) => args,
-                Command::Unmount(_) | Command::Plan(_) | Command::Serve(_) => unreachable!(),
+                Command::Unmount(_) | Command::Plan(_) | Command::Serve(_) | Command::Status(_) => {
+                    unreachable!()
+                }
             }
         }
 

@@ -1,0 +1,201 @@
+//! `shufflefs status MOUNT`: the job view (`node::jobview`) as a table, read from any rank's
+//! `.shufflefs/status`. `--json` prints the `job` object as it is; `--watch` redraws every
+//! second until interrupted (on a terminal in place, otherwise as periodic plain tables,
+//! so a log keeps every one).
+
+use std::io::{IsTerminal, Write};
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+
+use crate::cli::StatusArgs;
+
+pub fn run(args: &StatusArgs) -> ExitCode {
+    let terminal = std::io::stdout().is_terminal();
+    loop {
+        let shown = show(&args.mountpoint, args.json);
+        let mut out = std::io::stdout().lock();
+        let text = match &shown {
+            Ok(text) => text.clone(),
+            Err(e) => format!("shufflefs status: {e}\n"),
+        };
+        if args.watch && terminal {
+            let _ = write!(out, "\x1b[H\x1b[2J");
+        }
+        let _ = out.write_all(text.as_bytes());
+        let _ = out.flush();
+        if !args.watch {
+            return if shown.is_ok() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            };
+        }
+        drop(out);
+        std::thread::sleep(Duration::from_secs(1));
+        if !terminal {
+            println!();
+        }
+    }
+}
+
+/// The text for one look at `mount`'s status.
+fn show(mount: &Path, json: bool) -> Result<String, String> {
+    let path = mount.join(".shufflefs/status");
+    let text = std::fs::read(&path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let status: Value =
+        serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let Some(job) = status.get("job") else {
+        let rank = &status["rank"];
+        return Err(format!(
+            "rank {rank} at {} holds no job view (a daemon before it, or a job of over 64 ranks where only each host's first rank shows it)",
+            mount.display()
+        ));
+    };
+    if json {
+        let mut s = serde_json::to_string_pretty(job).map_err(|e| e.to_string())?;
+        s.push('\n');
+        return Ok(s);
+    }
+    Ok(table(job, &status["rank"]))
+}
+
+const HEAD: [&str; 10] = [
+    "RANK", "HOST", "EPOCH", "STAGING", "EXCHANGE", "RATE", "GIVEN-UP", "FALLBACK", "PROBLEMS",
+    "CACHE",
+];
+
+/// The job as a table, then each rank's first problem.
+pub(crate) fn table(job: &Value, from_rank: &Value) -> String {
+    let ranks = job["ranks"].as_array().cloned().unwrap_or_default();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let age = now.saturating_sub(job["updated_unix_ms"].as_u64().unwrap_or(now));
+    let mut out = format!(
+        "job of {} ranks, as rank {from_rank} saw it {:.1} s ago\n",
+        ranks.len(),
+        age as f64 / 1000.0
+    );
+    let mut lines = vec![HEAD.iter().map(|s| s.to_string()).collect::<Vec<_>>()];
+    lines.extend(ranks.iter().map(cells));
+    let widths: Vec<usize> = (0..HEAD.len())
+        .map(|c| {
+            lines
+                .iter()
+                .map(|l| l.get(c).map_or(0, String::len))
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for line in &lines {
+        let cells: Vec<String> = (line.iter().zip(&widths))
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    for r in &ranks {
+        if let Some(p) = r["first_problem"].as_str() {
+            out.push_str(&format!("rank {}: {p}\n", r["rank"]));
+        }
+    }
+    out
+}
+
+/// One rank's cells; a rank not heard from recently says since when.
+fn cells(r: &Value) -> Vec<String> {
+    let n = |v: &Value| v.as_u64().unwrap_or(0);
+    let rank = r["rank"].to_string();
+    let stale = r["stale_s"].as_f64().map(|s| format!(" (stale {s:.0} s)"));
+    if r.get("host").is_none() {
+        let what = format!("no report yet{}", stale.unwrap_or_default());
+        return vec![rank, what];
+    }
+    let (s, x) = (&r["staging"], &r["exchange"]);
+    let staging = format!(
+        "{}/{} {}",
+        n(&s["done"]),
+        n(&s["total"]),
+        bytes(n(&s["done_bytes"]))
+    );
+    let exchange = match x["into_epoch"].as_u64() {
+        Some(e) => format!(
+            "->{e} {}/{}",
+            bytes(n(&x["done_bytes"])),
+            bytes(n(&x["total_bytes"]))
+        ),
+        None => "-".into(),
+    };
+    let rate = x["rate_bytes_per_s"].as_f64().unwrap_or(0.0);
+    let given_up: Vec<String> = (r["given_up_peers"].as_array().into_iter().flatten())
+        .map(Value::to_string)
+        .collect();
+    vec![
+        rank,
+        r["host"].as_str().unwrap_or("?").to_string(),
+        format!("{}{}", r["epoch"], stale.unwrap_or_default()),
+        staging,
+        exchange,
+        format!("{}/s", bytes(rate as u64)),
+        if given_up.is_empty() {
+            "-".into()
+        } else {
+            given_up.join(",")
+        },
+        n(&r["source_fallbacks"]).to_string(),
+        n(&r["problems"]).to_string(),
+        bytes(n(&r["cache_bytes"])),
+    ]
+}
+
+/// Bytes in decimal units, as `df -H` prints them.
+fn bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1000.0 && u + 1 < UNITS.len() {
+        v /= 1000.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_table_shows_every_rank_and_marks_the_silent_ones() {
+        let job = json!({"updated_unix_ms": 0, "ranks": [
+            {"rank": 0, "host": "node01", "epoch": 3,
+             "staging": {"done": 10, "total": 10, "done_bytes": 2_500_000, "total_bytes": 2_500_000},
+             "exchange": {"into_epoch": 4, "done_bytes": 1000, "total_bytes": 2000, "rate_bytes_per_s": 1.5e6},
+             "given_up_peers": [1], "source_fallbacks": 2, "problems": 1,
+             "first_problem": "bad.jpg: EIO", "cache_bytes": 12},
+            {"rank": 1, "stale_s": 4.0}
+        ]});
+        let t = table(&job, &json!(0));
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].starts_with("job of 2 ranks, as rank 0 saw it"));
+        assert!(lines[1].starts_with("RANK  HOST"));
+        for cell in [
+            "node01",
+            "10/10 2.5 MB",
+            "->4 1.0 kB/2.0 kB",
+            "1.5 MB/s",
+            "12 B",
+        ] {
+            assert!(lines[2].contains(cell), "{cell} in {}", lines[2]);
+        }
+        assert!(lines[3].contains("no report yet (stale 4 s)"));
+        assert_eq!(lines[4], "rank 0: bad.jpg: EIO");
+    }
+}

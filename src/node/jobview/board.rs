@@ -1,0 +1,139 @@
+//! What a rank knows of the whole job: the latest row of every rank and when it was made.
+//! Written by the gatherer on the thread that owns MPI, read by the status (FUSE threads).
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+
+use super::row::RankRow;
+
+/// A row older than this is marked `stale_s` (rows come about once a second).
+pub(crate) const STALE: Duration = Duration::from_secs(3);
+
+#[derive(Default)]
+pub(crate) struct JobBoard {
+    table: Mutex<Option<Table>>,
+    /// Every rank's host name, learned as the view starts.
+    hosts: std::sync::OnceLock<Vec<String>>,
+}
+
+struct Table {
+    world: u32,
+    started: Instant,
+    updated: Option<SystemTime>,
+    /// Each rank's latest row and when its rank made it (on this rank's clock).
+    rows: BTreeMap<u32, (RankRow, Instant)>,
+}
+
+impl JobBoard {
+    /// From now on this rank holds the view of a job of `world` ranks.
+    pub(crate) fn start(&self, world: u32) {
+        *self.lock() = Some(Table {
+            world,
+            started: Instant::now(),
+            updated: None,
+            rows: BTreeMap::new(),
+        });
+    }
+
+    /// Every rank's host name, in rank order (set once).
+    pub(crate) fn set_hosts(&self, names: Vec<String>) {
+        let _ = self.hosts.set(names);
+    }
+
+    /// The host name of `rank`, once the view started.
+    pub(crate) fn host_name(&self, rank: u32) -> Option<String> {
+        self.hosts.get()?.get(rank as usize).cloned()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Table>> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `row` as its rank made it at `made`; an older row than the one held is ignored.
+    pub(crate) fn put(&self, row: RankRow, made: Instant) {
+        let mut table = self.lock();
+        let Some(t) = table.as_mut() else { return };
+        if (t.rows.get(&row.rank)).is_some_and(|(_, held)| *held > made) {
+            return;
+        }
+        t.updated = Some(SystemTime::now());
+        t.rows.insert(row.rank, (row, made));
+    }
+
+    /// Every row held with its age now, in rank order.
+    pub(crate) fn rows(&self) -> Vec<(Duration, RankRow)> {
+        let table = self.lock();
+        let Some(t) = table.as_ref() else {
+            return Vec::new();
+        };
+        (t.rows.values())
+            .map(|(row, made)| (made.elapsed(), row.clone()))
+            .collect()
+    }
+
+    /// The status's `job` object, `None` while this rank holds no view. A rank not heard
+    /// from yet has only `rank` and `stale_s` (seconds since the view started).
+    pub(crate) fn json(&self) -> Option<Value> {
+        let table = self.lock();
+        let t = table.as_ref()?;
+        let updated = t.updated.unwrap_or(SystemTime::now());
+        let ranks: Vec<Value> = (0..t.world)
+            .map(|r| match t.rows.get(&r) {
+                Some((row, made)) => {
+                    let mut v = serde_json::to_value(row).unwrap_or(Value::Null);
+                    let age = made.elapsed();
+                    if age > STALE {
+                        v["stale_s"] = json!(tenths(age));
+                    }
+                    v
+                }
+                None => json!({"rank": r, "stale_s": tenths(t.started.elapsed())}),
+            })
+            .collect();
+        Some(json!({"updated_unix_ms": unix_ms(updated), "ranks": ranks}))
+    }
+}
+
+fn tenths(d: Duration) -> f64 {
+    (d.as_secs_f64() * 10.0).round() / 10.0
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_and_stale_ranks_are_marked() {
+        let board = JobBoard::default();
+        assert!(board.json().is_none());
+        board.start(3);
+        let now = Instant::now();
+        let row = |rank| RankRow {
+            rank,
+            epoch: u64::from(rank),
+            ..RankRow::default()
+        };
+        board.put(row(0), now);
+        board.put(row(2), now - Duration::from_secs(10));
+        // An older row than the one held does not replace it.
+        board.put(row(0), now - Duration::from_secs(5));
+        let job = board.json().unwrap();
+        let ranks = job["ranks"].as_array().unwrap();
+        assert_eq!(ranks.len(), 3);
+        assert!(ranks[0].get("stale_s").is_none());
+        assert_eq!(ranks[0]["staging"]["done"], 0);
+        assert_eq!(ranks[1]["rank"], 1);
+        assert!(ranks[1]["stale_s"].is_number() && ranks[1].get("host").is_none());
+        assert!(ranks[2]["stale_s"].as_f64().unwrap() >= 10.0);
+        assert_eq!(ranks[2]["epoch"], 2);
+        assert!(job["updated_unix_ms"].as_u64().unwrap() > 1_600_000_000_000);
+    }
+}

@@ -1,0 +1,247 @@
+//! The gatherer: this rank's side of the job view's protocol, on a communicator of its own.
+//!
+//! It owns its state (the communicator, what it posted, which peers are gone) and is
+//! driven by [`Gatherer::tick`] from the thread that owns MPI (MPI is `Funneled`, so no other
+//! thread may call it): between exchanges from the exchange loop's idle wait, during one from
+//! every look the exchange takes at its transport (`Viewed`). A tick does nothing until
+//! [`POLL`] passed since the last; then it collects what completed and, once a [`PERIOD`],
+//! sends: every rank its row up to rank 0, rank 0 the table down to the ranks that show it.
+//!
+//! Nothing here ever waits on a peer: receives stay posted (rank 0: one per rank; the
+//! others: a few from rank 0) and are reposted as they complete; a send to a peer whose
+//! previous one has not completed is skipped. A rank that left simply goes quiet (its row
+//! turns stale); a transport that reports it gone (the in-process one) gets its receives
+//! cancelled and nothing more is sent to it.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use super::board::JobBoard;
+use super::row::RankRow;
+use super::wire::{self, Aged, FRAME};
+use crate::comm::{Comm, CommError, Op, Ticket};
+use crate::plan::Rank;
+
+/// How often rows go up and the table down.
+pub(crate) const PERIOD: Duration = Duration::from_secs(1);
+/// How often a tick looks at the transport at all.
+const POLL: Duration = Duration::from_millis(100);
+const UP: u16 = 1;
+const DOWN: u16 = 2;
+/// Receives from rank 0 kept posted on the other ranks.
+const DOWN_POSTED: usize = 8;
+/// Up to this many ranks, every rank gets the table; beyond, each host's first rank only
+/// (rank 0 sends a frame per row per recipient every second).
+pub(crate) const ALL_RANKS_UP_TO: u32 = 64;
+
+#[derive(Clone, Copy)]
+enum Posted {
+    Up(Rank),
+    Down,
+    Sent(Rank),
+}
+
+pub(crate) struct Gatherer {
+    comm: Box<dyn Comm>,
+    board: Arc<JobBoard>,
+    /// This rank's row, made once a period.
+    mine: Box<dyn FnMut() -> RankRow>,
+    posted: HashMap<Ticket, Posted>,
+    sending: HashMap<Rank, usize>,
+    gone: BTreeSet<Rank>,
+    next_poll: Instant,
+    next_round: Instant,
+    period: Duration,
+    never: AtomicBool,
+}
+
+/// Whether `rank` of a job on `hosts` shows the table (see [`ALL_RANKS_UP_TO`]).
+pub(crate) fn shows_table(hosts: &[u32], rank: Rank) -> bool {
+    let first_on_host = hosts.iter().position(|&h| h == hosts[rank as usize]);
+    hosts.len() as u32 <= ALL_RANKS_UP_TO || first_on_host == Some(rank as usize)
+}
+
+impl Gatherer {
+    /// Starts the view on `comm`, a communicator of its own (split from the job's, so its
+    /// messages never meet the exchange's).
+    pub(crate) fn new(
+        comm: Box<dyn Comm>,
+        board: Arc<JobBoard>,
+        mine: Box<dyn FnMut() -> RankRow>,
+    ) -> Gatherer {
+        let now = Instant::now();
+        let mut g = Gatherer {
+            comm,
+            board,
+            mine,
+            posted: HashMap::new(),
+            sending: HashMap::new(),
+            gone: BTreeSet::new(),
+            next_poll: now,
+            next_round: now,
+            period: PERIOD,
+            never: AtomicBool::new(false),
+        };
+        let (me, size) = (g.comm.rank(), g.comm.size());
+        if me == 0 || shows_table(g.comm.hosts(), me) {
+            g.board.start(size);
+        }
+        if me == 0 {
+            (1..size).for_each(|r| g.post_recv(Posted::Up(r), r, UP));
+        } else if shows_table(g.comm.hosts(), me) {
+            (0..DOWN_POSTED).for_each(|_| g.post_recv(Posted::Down, 0, DOWN));
+        }
+        g
+    }
+
+    /// Rounds every `period` instead of [`PERIOD`] (tests).
+    #[cfg(test)]
+    pub(crate) fn with_period(mut self, period: Duration) -> Gatherer {
+        self.period = period;
+        self
+    }
+
+    fn post_recv(&mut self, what: Posted, from: Rank, tag: u16) {
+        if self.gone.contains(&from) {
+            return;
+        }
+        match self.comm.post(Op::recv(from, tag, vec![0; FRAME])) {
+            Ok(t) => {
+                self.posted.insert(t, what);
+            }
+            Err(e) => self.lost(from, &e),
+        }
+    }
+
+    fn send(&mut self, to: Rank, tag: u16, frame: Vec<u8>) {
+        match self.comm.post(Op::send(to, tag, frame)) {
+            Ok(t) => {
+                self.posted.insert(t, Posted::Sent(to));
+                *self.sending.entry(to).or_default() += 1;
+            }
+            Err(e) => self.lost(to, &e),
+        }
+    }
+
+    /// `peer` is gone (or the transport refuses it): no more messages with it.
+    fn lost(&mut self, peer: Rank, e: &CommError) {
+        if self.gone.insert(peer) {
+            tracing::debug!(peer, error = %e, "job view: peer gone");
+        }
+        let from_peer: Vec<Ticket> = (self.posted.iter())
+            .filter(|(_, p)| match p {
+                Posted::Up(r) => *r == peer,
+                Posted::Down => peer == 0,
+                Posted::Sent(_) => false,
+            })
+            .map(|(t, _)| *t)
+            .collect();
+        self.comm.cancel(&from_peer);
+        for t in &from_peer {
+            self.posted.remove(t);
+        }
+    }
+
+    /// Does what is due (see the module docs); cheap when nothing is.
+    pub(crate) fn tick(&mut self) {
+        let now = Instant::now();
+        if now < self.next_poll {
+            return;
+        }
+        self.next_poll = now + (self.period / 10).min(POLL);
+        self.collect();
+        if now >= self.next_round {
+            self.next_round = now + self.period;
+            self.round();
+        }
+    }
+
+    fn collect(&mut self) {
+        loop {
+            let done = match self.comm.progress(Duration::ZERO, &self.never) {
+                Ok(done) if done.is_empty() => return,
+                Ok(done) => done,
+                Err(CommError::PeerGone(peer)) => {
+                    self.lost(peer, &CommError::PeerGone(peer));
+                    continue;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "job view: transport refused; view stopped");
+                    self.posted.clear();
+                    self.gone.extend(0..self.comm.size());
+                    return;
+                }
+            };
+            for d in done {
+                match self.posted.remove(&d.ticket) {
+                    Some(Posted::Up(from)) => {
+                        if let Some(row) = wire::read_up(&d.buf) {
+                            self.board.put(row, Instant::now());
+                        }
+                        self.post_recv(Posted::Up(from), from, UP);
+                    }
+                    Some(Posted::Down) => {
+                        let now = Instant::now();
+                        for Aged(age, row) in wire::read_down(&d.buf) {
+                            let made = now.checked_sub(Duration::from_millis(age));
+                            self.board.put(row, made.unwrap_or(now));
+                        }
+                        self.post_recv(Posted::Down, 0, DOWN);
+                    }
+                    Some(Posted::Sent(to)) => {
+                        self.sending.entry(to).and_modify(|n| *n -= 1);
+                    }
+                    None => {}
+                }
+            }
+        }
+    }
+
+    /// Once a period: this rank's row into its own board, then up (or, on rank 0, the
+    /// table down).
+    fn round(&mut self) {
+        let row = (self.mine)();
+        let me = self.comm.rank();
+        if me == 0 || shows_table(self.comm.hosts(), me) {
+            self.board.put(row.clone(), Instant::now());
+        }
+        if me != 0 {
+            if let Some(frame) = wire::up(&row).filter(|_| self.idle_towards(0)) {
+                self.send(0, UP, frame);
+            }
+            return;
+        }
+        let table: Vec<Aged> = (self.board.rows().into_iter())
+            .map(|(age, row)| Aged(age.as_millis() as u64, row))
+            .collect();
+        let frames = wire::down(&table);
+        let hosts = self.comm.hosts().to_vec();
+        for to in (1..self.comm.size()).filter(|&r| shows_table(&hosts, r)) {
+            if self.idle_towards(to) {
+                frames.iter().for_each(|f| self.send(to, DOWN, f.clone()));
+            }
+        }
+    }
+
+    /// Whether `peer` is there and every earlier send to it completed.
+    fn idle_towards(&self, peer: Rank) -> bool {
+        !self.gone.contains(&peer) && self.sending.get(&peer).copied().unwrap_or(0) == 0
+    }
+
+    /// Ends the view: receives cancelled, sends left to complete as the communicator is
+    /// dropped (they are eager, see `wire`).
+    pub(crate) fn finish(mut self) {
+        self.collect();
+        let pick = |sent: bool| -> Vec<Ticket> {
+            (self.posted.iter())
+                .filter(|(_, p)| matches!(p, Posted::Sent(_)) == sent)
+                .map(|(t, _)| *t)
+                .collect()
+        };
+        let (recvs, sends) = (pick(false), pick(true));
+        self.comm.cancel(&recvs);
+        self.comm.detach(&sends);
+    }
+}

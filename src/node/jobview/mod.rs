@@ -1,0 +1,112 @@
+//! The job-wide view: every rank's summary ([`RankRow`]: epoch, staging, exchange progress
+//! and rate, given-up peers, source fallbacks, problems, cache use), gathered by rank 0
+//! about once a second and sent back, so that any host's mount shows the whole job (the
+//! status's `job` object, `shufflefs status MOUNT`).
+//!
+//! It must not disturb the exchange: it runs on a communicator of its own (split from the
+//! job's at start-up, so no message of it can match one of the exchange's), in small
+//! fixed-size frames sent without waiting (`wire`), and nothing ever waits for a peer, so a
+//! rank that left or lags only turns stale in the table (`gather`). MPI belongs to one
+//! thread, so the view cannot have a thread of its own: the [`Gatherer`] is a state machine
+//! that thread drives, through [`Viewed`], a transport wrapper that ticks it whenever the
+//! exchange looks at the transport or the exchange loop idles ([`Comm::idle`]). The table
+//! itself is a [`JobBoard`] that the status reads from any thread.
+
+mod board;
+mod gather;
+mod row;
+mod wire;
+
+pub(crate) use board::JobBoard;
+pub(crate) use gather::Gatherer;
+#[cfg(test)]
+use row::RankRow;
+pub(crate) use row::{Parts, Sampler, hostname};
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use crate::comm::{Comm, CommError, Done, Op, Ticket};
+use crate::plan::Rank;
+
+/// Starts the job view over `comm`'s ranks. Collective (it splits `comm`, and the ranks
+/// trade host names): every rank calls it at the same point of start-up. `observe` runs
+/// before each of this rank's rows (the metrics' totals keep up with it). `None` if the
+/// split failed (the job runs without view).
+pub(crate) fn start(
+    comm: &mut dyn Comm,
+    board: Arc<JobBoard>,
+    parts: Parts,
+    observe: impl Fn() + 'static,
+) -> Option<Gatherer> {
+    let started = comm.split(0).and_then(|mut own| {
+        let names = own.all_gather(row::hostname().as_bytes())?;
+        Ok((own, names))
+    });
+    match started {
+        Ok((own, names)) => {
+            let names = names
+                .iter()
+                .map(|n| String::from_utf8_lossy(n).into_owned());
+            board.set_hosts(names.collect());
+            let mut sampler = Sampler::new(parts);
+            let row = move || {
+                observe();
+                sampler.row()
+            };
+            Some(Gatherer::new(own, board, Box::new(row)))
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "no job view: could not make its communicator");
+            None
+        }
+    }
+}
+
+/// A transport that ticks the job view as it is used: see the module docs.
+pub(crate) struct Viewed<'a> {
+    pub inner: &'a mut dyn Comm,
+    pub view: &'a mut Gatherer,
+}
+
+impl Comm for Viewed<'_> {
+    fn rank(&self) -> Rank {
+        self.inner.rank()
+    }
+    fn size(&self) -> u32 {
+        self.inner.size()
+    }
+    fn hosts(&self) -> &[u32] {
+        self.inner.hosts()
+    }
+    fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, CommError> {
+        self.inner.all_gather(data)
+    }
+    fn broadcast(&mut self, root: Rank, data: Vec<u8>) -> Result<Vec<u8>, CommError> {
+        self.inner.broadcast(root, data)
+    }
+    fn split(&mut self, color: u32) -> Result<Box<dyn Comm>, CommError> {
+        self.inner.split(color)
+    }
+    fn post(&mut self, op: Op) -> Result<Ticket, CommError> {
+        self.inner.post(op)
+    }
+    fn progress(&mut self, wait: Duration, abort: &AtomicBool) -> Result<Vec<Done>, CommError> {
+        self.view.tick();
+        self.inner.progress(wait, abort)
+    }
+    fn detach(&mut self, tickets: &[Ticket]) {
+        self.inner.detach(tickets)
+    }
+    fn cancel(&mut self, tickets: &[Ticket]) {
+        self.inner.cancel(tickets)
+    }
+    fn idle(&mut self) {
+        self.view.tick();
+        self.inner.idle()
+    }
+}
+
+#[cfg(test)]
+mod tests;

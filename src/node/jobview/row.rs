@@ -1,0 +1,214 @@
+//! One rank's line of the job view ([`RankRow`]), and how a rank makes its own ([`Sampler`]).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cache::SampleStore;
+use crate::exchange::{ExchangeReport, ExchangeState, ExchangeTracker};
+use crate::node::coordinator::Coordinator;
+use crate::node::staging::StagingProgress;
+
+/// Longest host name and problem a row carries (a row must fit one frame, see `wire`).
+const MAX_HOST: usize = 64;
+const MAX_PROBLEM: usize = 240;
+const MAX_GIVEN_UP: usize = 32;
+
+/// A rank's summary, as the job view shows it (field names are the status's `job.ranks[]`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct RankRow {
+    pub rank: u32,
+    pub host: String,
+    /// The epoch this rank serves.
+    pub epoch: u64,
+    pub staging: StagingRow,
+    pub exchange: ExchangeRow,
+    /// Peers the latest exchange stopped waiting for.
+    pub given_up_peers: Vec<u32>,
+    /// Samples the exchanges did not deliver that were fetched from the source instead,
+    /// since this mount.
+    pub source_fallbacks: u64,
+    /// Source errors and checksum failures since this mount.
+    pub problems: u64,
+    /// The oldest problem still remembered (see the status's `cache.problems`).
+    pub first_problem: Option<String>,
+    pub cache_bytes: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct StagingRow {
+    pub done: u64,
+    pub total: u64,
+    pub done_bytes: u64,
+    pub total_bytes: u64,
+}
+
+/// The latest exchange: bytes sent and received so far, of all it moves.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ExchangeRow {
+    /// `None` before the first exchange.
+    pub into_epoch: Option<u64>,
+    pub done_bytes: u64,
+    pub total_bytes: u64,
+    /// While it runs, over the last second or so; once it ended, its mean.
+    pub rate_bytes_per_s: f64,
+}
+
+impl RankRow {
+    /// Cuts what may grow without bound, so a row fits one frame.
+    pub(crate) fn bounded(mut self) -> RankRow {
+        truncate(&mut self.host, MAX_HOST);
+        if let Some(p) = &mut self.first_problem {
+            truncate(p, MAX_PROBLEM);
+        }
+        self.given_up_peers.truncate(MAX_GIVEN_UP);
+        self
+    }
+}
+
+fn truncate(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+}
+
+/// The parts of a node a row is read from.
+#[derive(Clone)]
+pub(crate) struct Parts {
+    pub store: Arc<SampleStore>,
+    pub epochs: Coordinator,
+    pub staging: Arc<StagingProgress>,
+    pub exchange: Arc<ExchangeTracker>,
+}
+
+/// Makes this rank's rows, remembering what a rate and a running total need: the bytes of
+/// the exchange at the previous row, and what each recent exchange fetched from the source
+/// (the tracker keeps the last few exchanges only).
+pub(crate) struct Sampler {
+    parts: Parts,
+    host: String,
+    last: Option<(u64, u64, Instant)>,
+    fallbacks: BTreeMap<u64, u64>,
+    retired_fallbacks: u64,
+}
+
+impl Sampler {
+    pub(crate) fn new(parts: Parts) -> Sampler {
+        Sampler {
+            parts,
+            host: hostname(),
+            last: None,
+            fallbacks: BTreeMap::new(),
+            retired_fallbacks: 0,
+        }
+    }
+
+    pub(crate) fn row(&mut self) -> RankRow {
+        let reports = self.parts.exchange.snapshot();
+        let exchange = self.exchange_row(reports.last());
+        let source_fallbacks = self.fallbacks(&reports);
+        let p = &self.parts;
+        let stats = &p.store.stats;
+        let staging = p.staging.snapshot();
+        let problems = stats.problems();
+        RankRow {
+            rank: p.epochs.rank(),
+            host: self.host.clone(),
+            epoch: p.epochs.epoch(),
+            staging: StagingRow {
+                done: staging.files_done,
+                total: staging.files_total,
+                done_bytes: staging.bytes_done,
+                total_bytes: staging.bytes_total,
+            },
+            exchange,
+            given_up_peers: (reports.last().into_iter())
+                .flat_map(|r| r.peers.iter().filter(|p| p.given_up).map(|p| p.rank))
+                .collect(),
+            source_fallbacks,
+            problems: stats.source_errors.load(Ordering::Relaxed)
+                + stats.checksum_failures.load(Ordering::Relaxed),
+            first_problem: problems.into_iter().next(),
+            cache_bytes: stats.bytes.load(Ordering::Relaxed),
+        }
+        .bounded()
+    }
+
+    fn exchange_row(&mut self, latest: Option<&ExchangeReport>) -> ExchangeRow {
+        let Some(r) = latest else {
+            return ExchangeRow::default();
+        };
+        let done = r.bytes_sent + r.bytes_received;
+        let now = Instant::now();
+        let ended = matches!(r.state, ExchangeState::Done | ExchangeState::Failed);
+        let rate = match self.last {
+            _ if ended && r.seconds > 0.0 => done as f64 / r.seconds,
+            Some((epoch, before, at)) if epoch == r.target_epoch && !ended => {
+                let dt = now.duration_since(at).as_secs_f64();
+                if dt > 0.0 {
+                    done.saturating_sub(before) as f64 / dt
+                } else {
+                    0.0
+                }
+            }
+            _ => 0.0,
+        };
+        self.last = Some((r.target_epoch, done, now));
+        ExchangeRow {
+            into_epoch: Some(r.target_epoch),
+            done_bytes: done,
+            total_bytes: r.bytes_to_send + r.bytes_to_receive,
+            rate_bytes_per_s: rate.round(),
+        }
+    }
+
+    /// Samples fetched from the source in a peer's stead, over every exchange seen.
+    fn fallbacks(&mut self, reports: &[ExchangeReport]) -> u64 {
+        let oldest = reports.first().map_or(u64::MAX, |r| r.target_epoch);
+        let gone: Vec<u64> = (self.fallbacks.keys())
+            .copied()
+            .filter(|&e| e < oldest)
+            .collect();
+        for e in gone {
+            self.retired_fallbacks += self.fallbacks.remove(&e).unwrap_or(0);
+        }
+        for r in reports {
+            let n = r.peers.iter().map(|p| p.fetched_from_source).sum();
+            self.fallbacks.insert(r.target_epoch, n);
+        }
+        self.retired_fallbacks + self.fallbacks.values().sum::<u64>()
+    }
+}
+
+/// This machine's name, as `hostname` prints it.
+pub(crate) fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bounded_row_keeps_whole_characters() {
+        let row = RankRow {
+            host: "é".repeat(100),
+            first_problem: Some("x".repeat(1000)),
+            given_up_peers: (0..100).collect(),
+            ..RankRow::default()
+        }
+        .bounded();
+        assert!(row.host.len() <= MAX_HOST && row.host.chars().all(|c| c == 'é'));
+        assert_eq!(row.first_problem.unwrap().len(), MAX_PROBLEM);
+        assert_eq!(row.given_up_peers.len(), MAX_GIVEN_UP);
+    }
+}

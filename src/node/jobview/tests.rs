@@ -1,0 +1,131 @@
+//! The view's protocol over in-process ranks: rows reach rank 0 and come back to every rank,
+//! and a rank that goes away neither blocks nor breaks the others.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::comm::LocalComm;
+
+const FAST: Duration = Duration::from_millis(30);
+
+/// Rank `rank`'s gatherer over its own split of `world`, whose rows count up the epoch.
+fn gatherer(mut world: LocalComm, board: Arc<JobBoard>) -> Gatherer {
+    let own = world.split(0).unwrap();
+    let rank = world.rank();
+    let mut epoch = 0;
+    let rows = Box::new(move || {
+        epoch += 1;
+        RankRow {
+            rank,
+            host: format!("h{rank}"),
+            epoch,
+            ..RankRow::default()
+        }
+    });
+    Gatherer::new(own, board, rows).with_period(FAST)
+}
+
+/// Ticks until `done` holds or `limit` passed; whether it held.
+fn tick_until(g: &mut Gatherer, limit: Duration, done: impl Fn() -> bool) -> bool {
+    let until = Instant::now() + limit;
+    while Instant::now() < until {
+        g.tick();
+        if done() {
+            return true;
+        }
+        thread::sleep(Duration::from_millis(2));
+    }
+    false
+}
+
+/// Every rank's board holds every rank's row, fresh.
+fn holds_all(board: &JobBoard, size: u32, min_epoch: u64) -> bool {
+    let rows = board.rows();
+    rows.len() == size as usize
+        && rows
+            .iter()
+            .all(|(age, r)| r.epoch >= min_epoch && *age < Duration::from_secs(1))
+}
+
+#[test]
+fn every_rank_sees_the_whole_job_and_a_leaver_blocks_nobody() {
+    let size = 3;
+    // Ranks that saw the whole job; each keeps ticking until all did (a rank that stopped
+    // ticking would starve the others).
+    let saw = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicUsize::new(0));
+    let handles: Vec<_> = LocalComm::world(size)
+        .into_iter()
+        .map(|world| {
+            let (saw, done) = (saw.clone(), done.clone());
+            thread::spawn(move || {
+                let me = world.rank();
+                let board = Arc::new(JobBoard::default());
+                let mut g = gatherer(world, board.clone());
+                let seen = tick_until(&mut g, Duration::from_secs(10), || {
+                    holds_all(&board, size, 2)
+                });
+                assert!(seen, "rank {me} saw {:?}", board.rows());
+                saw.fetch_add(1, Ordering::SeqCst);
+                let all = tick_until(&mut g, Duration::from_secs(20), || {
+                    saw.load(Ordering::SeqCst) == size as usize
+                });
+                assert!(all, "rank {me}: the others did not see the whole job");
+                if me == 2 {
+                    // Leaves: its endpoints go, the others learn it is gone.
+                    g.finish();
+                    return;
+                }
+                // The others go on: rank 2's row stops changing, theirs keep coming.
+                let before = board.rows()[2].1.epoch;
+                let fresh = tick_until(&mut g, Duration::from_secs(10), || {
+                    let rows = board.rows();
+                    rows[0].1.epoch > before + 3 && rows[1].1.epoch > before + 3
+                });
+                assert!(fresh, "rank {me} saw {:?}", board.rows());
+                let rows = board.rows();
+                assert!(rows[2].1.epoch <= before + 2 && rows[2].0 > FAST * 3);
+                let job = board.json().unwrap();
+                assert_eq!(job["ranks"][1]["host"], "h1");
+                // Each keeps the other fed until both saw what they needed.
+                done.fetch_add(1, Ordering::SeqCst);
+                tick_until(&mut g, Duration::from_secs(20), || {
+                    done.load(Ordering::SeqCst) == 2
+                });
+                g.finish();
+            })
+        })
+        .collect();
+    handles.into_iter().for_each(|h| h.join().unwrap());
+}
+
+/// Beyond [`ALL_RANKS_UP_TO`] ranks only each host's first rank gets the table.
+#[test]
+fn large_jobs_send_the_table_to_each_hosts_first_rank() {
+    let hosts: Vec<u32> = (0..100).map(|r| r / 4).collect();
+    assert!(gather::shows_table(&hosts, 0) && gather::shows_table(&hosts, 4));
+    assert!(!gather::shows_table(&hosts, 5));
+    assert!(gather::shows_table(&hosts[..8], 5));
+}
+
+/// The wrapper ticks the view whenever the exchange looks at the transport or idles.
+#[test]
+fn the_wrapper_ticks_on_progress_and_idle() {
+    let mut worlds = LocalComm::world(1);
+    let mut world = worlds.pop().unwrap();
+    let board = Arc::new(JobBoard::default());
+    let mut g = gatherer(LocalComm::world(1).pop().unwrap(), board.clone());
+    let mut viewed = Viewed {
+        inner: &mut world,
+        view: &mut g,
+    };
+    viewed.idle();
+    assert_eq!(board.rows().len(), 1);
+    thread::sleep(FAST * 2);
+    let never = AtomicBool::new(false);
+    viewed.progress(Duration::ZERO, &never).unwrap();
+    assert_eq!(board.rows()[0].1.epoch, 2);
+}

@@ -1,0 +1,109 @@
+//! Frames of the job view: every message is exactly [`FRAME`] bytes, so receives can be
+//! posted before anyone knows what comes (the transport matches lengths exactly), and small
+//! enough that MPI sends them eagerly (Open MPI's shared-memory eager limit is 4 KiB): a
+//! send completes at once whether or not its peer still listens, so nothing the view sends
+//! can hold a rank's exit.
+//!
+//! A frame is a little-endian `u16` length, then that many bytes of JSON, then zeros:
+//! - up (a rank to rank 0): one [`RankRow`];
+//! - down (rank 0 to the others): `[[age_ms, row], ...]`, as many rows as fit; a table
+//!   takes several frames, and each row stands alone (the receiver merges rows by rank).
+
+use serde::{Deserialize, Serialize};
+
+use super::row::RankRow;
+
+pub(super) const FRAME: usize = 2048;
+const HEAD: usize = 2;
+
+/// A row as rank 0 forwards it: how old it was when sent.
+#[derive(Serialize, Deserialize)]
+pub(super) struct Aged(pub u64, pub RankRow);
+
+fn framed(json: &[u8]) -> Option<Vec<u8>> {
+    let len = u16::try_from(json.len()).ok()?;
+    if HEAD + json.len() > FRAME {
+        return None;
+    }
+    let mut frame = vec![0u8; FRAME];
+    frame[..HEAD].copy_from_slice(&len.to_le_bytes());
+    frame[HEAD..HEAD + json.len()].copy_from_slice(json);
+    Some(frame)
+}
+
+fn body(frame: &[u8]) -> Option<&[u8]> {
+    let len = u16::from_le_bytes(frame.get(..HEAD)?.try_into().ok()?) as usize;
+    frame.get(HEAD..HEAD + len)
+}
+
+/// One row going up; `None` if even a bounded row does not fit (never, with today's fields).
+pub(super) fn up(row: &RankRow) -> Option<Vec<u8>> {
+    framed(&serde_json::to_vec(row).ok()?)
+}
+
+pub(super) fn read_up(frame: &[u8]) -> Option<RankRow> {
+    serde_json::from_slice(body(frame)?).ok()
+}
+
+/// A table going down, packed into as few frames as the rows fit.
+pub(super) fn down(rows: &[Aged]) -> Vec<Vec<u8>> {
+    let mut frames = Vec::new();
+    let mut batch: Vec<&Aged> = Vec::new();
+    for row in rows {
+        batch.push(row);
+        let fits = serde_json::to_vec(&batch).ok().and_then(|j| framed(&j));
+        if fits.is_none() {
+            batch.pop();
+            if let Some(f) = flush(&batch) {
+                frames.push(f);
+            }
+            batch = vec![row];
+        }
+    }
+    frames.extend(flush(&batch));
+    frames
+}
+
+fn flush(batch: &[&Aged]) -> Option<Vec<u8>> {
+    if batch.is_empty() {
+        return None;
+    }
+    framed(&serde_json::to_vec(batch).ok()?)
+}
+
+pub(super) fn read_down(frame: &[u8]) -> Vec<Aged> {
+    body(frame)
+        .and_then(|b| serde_json::from_slice(b).ok())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(rank: u32) -> RankRow {
+        RankRow {
+            rank,
+            host: format!("node{rank:03}"),
+            first_problem: Some("p".repeat(200)),
+            given_up_peers: (0..32).collect(),
+            ..RankRow::default()
+        }
+        .bounded()
+    }
+
+    #[test]
+    fn rows_round_trip_in_fixed_frames() {
+        let f = up(&row(7)).unwrap();
+        assert_eq!(f.len(), FRAME);
+        assert_eq!(read_up(&f), Some(row(7)));
+        let table: Vec<Aged> = (0..40).map(|r| Aged(u64::from(r) * 10, row(r))).collect();
+        let frames = down(&table);
+        assert!(frames.len() > 1 && frames.iter().all(|f| f.len() == FRAME));
+        let back: Vec<Aged> = frames.iter().flat_map(|f| read_down(f)).collect();
+        assert_eq!(back.len(), 40);
+        assert!(back.iter().enumerate().all(|(i, a)| a.1 == row(i as u32)));
+        assert_eq!(back[3].0, 30);
+        assert!(read_up(&[0xff; 4]).is_none() && read_down(&[0; 1]).is_empty());
+    }
+}

@@ -1,0 +1,334 @@
+//! `.shufflefs/metrics` and `--metrics-file`: what the status tracks, as Prometheus metrics.
+//!
+//! Encoded with `prometheus-client` (the Prometheus project's own Rust client). It writes
+//! OpenMetrics; node_exporter's textfile collector, the convention for batch jobs, reads the
+//! Prometheus text format, where a counter's `# HELP`/`# TYPE` lines name its `_total`
+//! sample and there is no `# EOF`. So [`render`] renames those lines and leaves the marker
+//! out: the text is then valid in both formats. Every series carries a `rank` label, so
+//! the files of several ranks on one host (one collector) never repeat a series.
+//!
+//! Counters must only grow, but the exchange tracker keeps the last few exchanges only:
+//! [`ExchangeTotals`] remembers what each exchange had moved when last seen, and adds an
+//! exchange to a running total when it leaves the tracker. It is looked at every second by
+//! the job view and at every rendering.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use prometheus_client::encoding::text::encode_registry;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::exchange::ExchangeReport;
+use crate::plan::Rank;
+
+/// The metric names, in one place (counters without their `_total`, which encoding adds).
+pub(crate) mod names {
+    pub const EPOCH: &str = "shufflefs_epoch";
+    pub const WORLD_SIZE: &str = "shufflefs_world_size";
+    pub const EXCHANGE_BYTES: &str = "shufflefs_exchange_bytes";
+    pub const EXCHANGE_TARGET: &str = "shufflefs_exchange_target_epoch";
+    pub const EXCHANGE_PROGRESS: &str = "shufflefs_exchange_progress_bytes";
+    pub const GIVEN_UP: &str = "shufflefs_exchange_given_up_peers";
+    pub const FALLBACKS: &str = "shufflefs_source_fallback_samples";
+    pub const SOURCE_SAMPLES: &str = "shufflefs_source_samples";
+    pub const SOURCE_BYTES: &str = "shufflefs_source_bytes";
+    pub const SOURCE_ERRORS: &str = "shufflefs_source_errors";
+    pub const CHECKSUM_FAILURES: &str = "shufflefs_checksum_failures";
+    pub const STAGING_SAMPLES: &str = "shufflefs_staging_samples";
+    pub const STAGING_BYTES: &str = "shufflefs_staging_bytes";
+    pub const CACHE_BYTES: &str = "shufflefs_cache_bytes";
+    pub const CACHE_SAMPLES: &str = "shufflefs_cache_samples";
+    pub const READS: &str = "shufflefs_reads";
+}
+
+/// What one exchange moved with one peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Moved {
+    Sent,
+    Received,
+    /// Samples the peer should have sent, fetched from the source instead.
+    Fallback,
+}
+
+type Key = (Moved, Rank);
+
+/// Running totals over every exchange of this mount (see the module docs).
+#[derive(Default)]
+pub(crate) struct ExchangeTotals {
+    inner: Mutex<Totals>,
+}
+
+#[derive(Default)]
+struct Totals {
+    /// Per exchange still in the tracker, what it had moved when last seen.
+    seen: BTreeMap<u64, BTreeMap<Key, u64>>,
+    /// Exchanges gone from the tracker, summed.
+    retired: BTreeMap<Key, u64>,
+}
+
+impl ExchangeTotals {
+    /// Takes `reports` (the tracker's) in; the totals so far.
+    pub(crate) fn observe(&self, reports: &[ExchangeReport]) -> BTreeMap<Key, u64> {
+        let mut t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let oldest = reports.first().map_or(u64::MAX, |r| r.target_epoch);
+        let gone: Vec<u64> = t.seen.range(..oldest).map(|(e, _)| *e).collect();
+        for e in gone {
+            for (k, v) in t.seen.remove(&e).unwrap_or_default() {
+                *t.retired.entry(k).or_default() += v;
+            }
+        }
+        for r in reports {
+            let now = t.seen.entry(r.target_epoch).or_default();
+            for p in &r.peers {
+                for (k, v) in [
+                    (Moved::Sent, p.bytes_sent),
+                    (Moved::Received, p.bytes_received),
+                    (Moved::Fallback, p.fetched_from_source),
+                ] {
+                    let held = now.entry((k, p.rank)).or_default();
+                    *held = (*held).max(v);
+                }
+            }
+        }
+        let mut all = t.retired.clone();
+        for (k, v) in t.seen.values().flatten() {
+            *all.entry(*k).or_default() += v;
+        }
+        all
+    }
+}
+
+/// What the metrics are made of (read from the node by `status`).
+pub(crate) struct Input<'a> {
+    pub rank: Rank,
+    pub world: u32,
+    pub epoch: u64,
+    pub totals: BTreeMap<Key, u64>,
+    /// The host name of a rank, for `peer_host`.
+    pub host_of: &'a dyn Fn(Rank) -> String,
+    pub latest: Option<&'a ExchangeReport>,
+    pub staging: [(&'static str, u64, u64); 2],
+    pub source_samples: u64,
+    pub source_bytes: u64,
+    pub source_errors: u64,
+    pub checksum_failures: u64,
+    pub cache_bytes: u64,
+    pub cache_samples: u64,
+    pub reads: u64,
+}
+
+fn gauge(registry: &mut Registry, name: &str, help: &str, v: u64) {
+    let g: Gauge = Gauge::default();
+    g.set(i64::try_from(v).unwrap_or(i64::MAX));
+    registry.register(name, help, g);
+}
+
+fn counter(registry: &mut Registry, name: &str, help: &str, v: u64) {
+    let c: Counter = Counter::default();
+    c.inc_by(v);
+    registry.register(name, help, c);
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+/// The metrics as Prometheus text (see the module docs).
+pub(crate) fn render(i: &Input) -> String {
+    use names::*;
+    let rank = [("rank".into(), i.rank.to_string().into())];
+    let mut r = Registry::with_labels(rank.into_iter());
+    gauge(&mut r, EPOCH, "The epoch this rank serves", i.epoch);
+    gauge(&mut r, WORLD_SIZE, "Ranks in the job", u64::from(i.world));
+    exchange(&mut r, i);
+    counter(
+        &mut r,
+        SOURCE_SAMPLES,
+        "Samples read from the source",
+        i.source_samples,
+    );
+    counter(
+        &mut r,
+        SOURCE_BYTES,
+        "Bytes of samples read from the source",
+        i.source_bytes,
+    );
+    counter(
+        &mut r,
+        SOURCE_ERRORS,
+        "Failed reads of the source",
+        i.source_errors,
+    );
+    let help = "Samples whose bytes did not match their checksum";
+    counter(&mut r, CHECKSUM_FAILURES, help, i.checksum_failures);
+    let samples = Family::<Labels, Gauge>::default();
+    let bytes = Family::<Labels, Gauge>::default();
+    for (state, n, b) in i.staging {
+        let l = vec![("state", state.to_string())];
+        samples.get_or_create(&l).set(n as i64);
+        bytes.get_or_create(&l).set(b as i64);
+    }
+    let help = "This epoch's share staged from the source (state: done, total)";
+    r.register(STAGING_SAMPLES, help, samples);
+    r.register(STAGING_BYTES, "Bytes of the same", bytes);
+    gauge(
+        &mut r,
+        CACHE_BYTES,
+        "Bytes in this rank's cache",
+        i.cache_bytes,
+    );
+    gauge(
+        &mut r,
+        CACHE_SAMPLES,
+        "Samples in this rank's cache",
+        i.cache_samples,
+    );
+    let help = "Samples and parts opened through the daemon (passthrough reads bypass it)";
+    counter(&mut r, READS, help, i.reads);
+    let mut text = String::new();
+    encode_registry(&mut text, &r).expect("writing to a String cannot fail");
+    prometheus_text(&text)
+}
+
+/// The exchange's metrics: running totals per direction and peer host, and the latest one.
+fn exchange(r: &mut Registry, i: &Input) {
+    use names::*;
+    let bytes = Family::<Labels, Counter>::default();
+    let mut fallbacks = 0;
+    for (&(moved, peer), &v) in &i.totals {
+        let direction = match moved {
+            Moved::Sent => "sent",
+            Moved::Received => "received",
+            Moved::Fallback => {
+                fallbacks += v;
+                continue;
+            }
+        };
+        let l = vec![
+            ("direction", direction.to_string()),
+            ("peer_host", (i.host_of)(peer)),
+        ];
+        bytes.get_or_create(&l).inc_by(v);
+    }
+    let help = "Bytes moved by the exchanges, per direction and peer host (a disk hand-off on one host counts too)";
+    r.register(EXCHANGE_BYTES, help, bytes);
+    let help = "Samples the exchanges did not deliver, fetched from the source instead";
+    counter(r, FALLBACKS, help, fallbacks);
+    let latest = i.latest;
+    let target = latest.map_or(0, |x| x.target_epoch);
+    let help = "The epoch the latest exchange moves samples into (0 before any)";
+    gauge(r, EXCHANGE_TARGET, help, target);
+    let progress = Family::<Labels, Gauge>::default();
+    let (done, total) = latest.map_or((0, 0), |x| {
+        let done = x.bytes_sent + x.bytes_received;
+        (done, x.bytes_to_send + x.bytes_to_receive)
+    });
+    for (state, v) in [("done", done), ("total", total)] {
+        progress
+            .get_or_create(&vec![("state", state.into())])
+            .set(v as i64);
+    }
+    let help = "The latest exchange's bytes sent and received (state: done, total)";
+    r.register(EXCHANGE_PROGRESS, help, progress);
+    let given_up = latest.map_or(0, |x| x.peers.iter().filter(|p| p.given_up).count());
+    let help = "Peers the latest exchange stopped waiting for";
+    gauge(r, GIVEN_UP, help, given_up as u64);
+}
+
+/// OpenMetrics text as the Prometheus text format reads it (see the module docs).
+fn prometheus_text(open_metrics: &str) -> String {
+    let lines: Vec<&str> = open_metrics.lines().filter(|l| *l != "# EOF").collect();
+    let mut out = String::with_capacity(open_metrics.len() + 64);
+    for (n, line) in lines.iter().enumerate() {
+        let counter_name = |l: &str| {
+            let name = l.strip_prefix("# TYPE ")?.strip_suffix(" counter")?;
+            Some(name.to_string())
+        };
+        let next_is_counter = lines.get(n + 1).and_then(|l| counter_name(l));
+        let renamed = match (counter_name(line), next_is_counter) {
+            (Some(name), _) => format!("# TYPE {name}_total counter"),
+            (None, Some(name)) if line.starts_with(&format!("# HELP {name} ")) => line.replacen(
+                &format!("# HELP {name} "),
+                &format!("# HELP {name}_total "),
+                1,
+            ),
+            _ => line.to_string(),
+        };
+        out.push_str(&renamed);
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exchange::PeerReport;
+
+    fn report(epoch: u64, sent: u64) -> ExchangeReport {
+        ExchangeReport {
+            target_epoch: epoch,
+            bytes_sent: sent,
+            bytes_to_send: 100,
+            peers: vec![PeerReport {
+                rank: 1,
+                bytes_sent: sent,
+                given_up: true,
+                fetched_from_source: 1,
+                ..PeerReport::default()
+            }],
+            ..ExchangeReport::default()
+        }
+    }
+
+    #[test]
+    fn totals_only_grow_as_exchanges_leave_the_tracker() {
+        let totals = ExchangeTotals::default();
+        let t = totals.observe(&[report(1, 10)]);
+        assert_eq!(t[&(Moved::Sent, 1)], 10);
+        let t = totals.observe(&[report(1, 30), report(2, 5)]);
+        assert_eq!(t[&(Moved::Sent, 1)], 35);
+        // Exchange 1 left the tracker: kept in the total.
+        let t = totals.observe(&[report(2, 7), report(3, 1)]);
+        assert_eq!(t[&(Moved::Sent, 1)], 38);
+        assert_eq!(t[&(Moved::Fallback, 1)], 3);
+    }
+
+    #[test]
+    fn counters_are_named_as_the_prometheus_text_format_wants() {
+        let totals = ExchangeTotals::default().observe(&[report(4, 50)]);
+        let latest = report(4, 50);
+        let text = render(&Input {
+            rank: 2,
+            world: 4,
+            epoch: 3,
+            totals,
+            host_of: &|r| format!("node{r}"),
+            latest: Some(&latest),
+            staging: [("done", 5, 500), ("total", 10, 1000)],
+            source_samples: 7,
+            source_bytes: 700,
+            source_errors: 0,
+            checksum_failures: 0,
+            cache_bytes: 1234,
+            cache_samples: 12,
+            reads: 9,
+        });
+        for line in [
+            "# TYPE shufflefs_exchange_bytes_total counter",
+            "shufflefs_exchange_bytes_total{rank=\"2\",direction=\"sent\",peer_host=\"node1\"} 50",
+            "# TYPE shufflefs_epoch gauge",
+            "shufflefs_epoch{rank=\"2\"} 3",
+            "shufflefs_staging_samples{rank=\"2\",state=\"total\"} 10",
+            "shufflefs_source_fallback_samples_total{rank=\"2\"} 1",
+            "shufflefs_exchange_progress_bytes{rank=\"2\",state=\"total\"} 100",
+            "shufflefs_exchange_given_up_peers{rank=\"2\"} 1",
+            "shufflefs_reads_total{rank=\"2\"} 9",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
+        }
+        assert!(text.contains("# HELP shufflefs_reads_total Samples and parts"));
+        assert!(!text.contains("# EOF"));
+    }
+}
