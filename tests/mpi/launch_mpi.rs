@@ -491,7 +491,11 @@ fn launch_wait_staged_fails_without_the_package_or_past_its_deadline() {
     // -I -S: neither PYTHONPATH (the checkout) nor site-packages (an installed package).
     let isolated = dir.join("python-isolated");
     fs::write(&isolated, "#!/bin/sh\nexec python3 -I -S \"$@\"\n").unwrap();
-    fs::set_permissions(&isolated, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    fs::set_permissions(
+        &isolated,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
     let checks: [(&Path, &[&str], &str); 2] = [
         (&isolated, &[], "needs the shufflefs Python package"),
         (
@@ -504,7 +508,10 @@ fn launch_wait_staged_fails_without_the_package_or_past_its_deadline() {
         let out = launch_waiting(dir, python, options);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "the launch succeeded: {stderr}");
-        assert!(stderr.contains(says) && stderr.contains("shufflefs-teardown"), "{stderr}");
+        assert!(
+            stderr.contains(says) && stderr.contains("shufflefs-teardown"),
+            "{stderr}"
+        );
         for m in mounts(dir, 3) {
             assert!(read_status(&m)["rank"].as_u64().is_some());
         }
