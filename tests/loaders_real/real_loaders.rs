@@ -100,7 +100,9 @@ impl Job {
     /// Runs `script` with `args` as one Python process per rank.
     fn python(&self, script: &str, args: &[&str], env: &[(&str, String)]) -> String {
         let mut cmd = mpirun(RANKS as u32);
-        cmd.env("TF_CPP_MIN_LOG_LEVEL", "2");
+        with_package(&mut cmd)
+            .env("TF_CPP_MIN_LOG_LEVEL", "2")
+            .args(["-x", "PYTHONPATH"]);
         for (k, v) in env {
             cmd.env(k, v).args(["-x", k]);
         }
