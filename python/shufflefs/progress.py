@@ -10,6 +10,7 @@ written every `--every` seconds (10 by default), and a last one when the phase e
 Only the standard library: `shufflefs-launch` runs it with the system's python3.
 """
 import argparse
+import errno
 import json
 import os
 import sys
@@ -114,7 +115,8 @@ class Measure:
 class Mounts:
     """Reads the statuses of the mounts given. A mount that never answered is skipped (on
     another host); one that answered and then stops answering for `GONE_AFTER` seconds is
-    `lost` (its daemon died)."""
+    `lost` (its daemon died), and so is a dead FUSE mount on this host at once (`ENOTCONN`:
+    its daemon died before it was read)."""
 
     def __init__(self, mounts, gone_after=GONE_AFTER):
         self.mounts, self.gone_after = list(mounts), gone_after
@@ -130,8 +132,10 @@ class Mounts:
                     out.append(json.load(f))
                 self.seen.add(m)
                 self.failing.pop(m, None)
-            except (OSError, ValueError):
-                if m in self.seen and now - self.failing.setdefault(m, now) >= self.gone_after:
+            except (OSError, ValueError) as e:
+                if getattr(e, "errno", None) == errno.ENOTCONN:
+                    self.lost = m
+                elif m in self.seen and now - self.failing.setdefault(m, now) >= self.gone_after:
                     self.lost = m
         return out
 
@@ -290,6 +294,10 @@ class Line:
         text = format_line(self.label, measure.done, measure.total, None, measure.ranks)
         self.write(f"{text}  {measure.note}", True, now)
 
+    def fail(self, note, now=None):
+        """The last line of a phase that could not be measured to its end: why."""
+        self.write(f"{self.label}  {note}", True, time.monotonic() if now is None else now)
+
     def write(self, text, last, now):
         self.last_write = now
         if self.tty:
@@ -320,7 +328,7 @@ def watch_staging(mounts, out, poll=0.2, every=None, timeout=None, quiet_if_done
     while True:
         statuses = reader.read()
         if reader.lost:
-            line.end(Measure(0, 0, None, "lost", lost_note(reader)))
+            line.fail(lost_note(reader))
             return "lost"
         if not statuses:
             return "none"
@@ -346,7 +354,7 @@ def watch_exchange(reader, out, target, poll=0.2, every=None):
     while True:
         statuses = reader.read()
         if reader.lost:
-            line.end(Measure(0, 0, None, "lost", lost_note(reader)))
+            line.fail(lost_note(reader))
             return "lost"
         if not statuses:
             return "none"

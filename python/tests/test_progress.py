@@ -1,3 +1,4 @@
+import errno
 import io
 import os
 import tempfile
@@ -174,6 +175,27 @@ class Watch(unittest.TestCase):
             reader = progress.Mounts(mounts, gone_after=0.1)
             self.assertEqual(progress.watch_staging(reader, out, poll=0.02, every=10), "lost")
         self.assertIn("m1 stopped answering", out.getvalue().splitlines()[-1])
+
+    def test_a_dead_fuse_mount_is_lost_at_once(self):
+        reader = progress.Mounts(["/nonexistent/m0"])
+        self.assertEqual(reader.read(), [])
+        self.assertIsNone(reader.lost, "a mount elsewhere is skipped, not lost")
+        with tempfile.TemporaryDirectory() as d:
+            real_open = open
+
+            def dead(path, *a, **k):
+                if path.startswith(d):
+                    raise OSError(errno.ENOTCONN, "Transport endpoint is not connected")
+                return real_open(path, *a, **k)
+
+            import builtins
+            builtins.open, saved = dead, builtins.open
+            try:
+                reader = progress.Mounts([f"{d}/m0"])
+                reader.read()
+            finally:
+                builtins.open = saved
+        self.assertEqual(reader.lost, f"{d}/m0")
 
     def test_timeout_is_not_success(self):
         with tempfile.TemporaryDirectory() as d:
