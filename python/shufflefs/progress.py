@@ -176,10 +176,15 @@ def who(statuses):
 
 
 def row_staged(row):
-    """A job-view row's staging is done: heard from lately, its total known, all of it done."""
+    """A job-view row's staging is done: heard from lately, its total known, all of it done
+    (or, where the row carries the staging's `state`, that state is `done`)."""
     st = row.get("staging") or {}
+    if "stale_s" in row:
+        return False
+    if "state" in st:
+        return st["state"] == "done"
     total = st.get("total") or 0
-    return "stale_s" not in row and total > 0 and (st.get("done") or 0) >= total
+    return total > 0 and (st.get("done") or 0) >= total
 
 
 def staging_measure(statuses, stale_limit=STALE_LIMIT):
@@ -236,17 +241,24 @@ def waiting_target(statuses):
     return min(targets) if targets else None
 
 
+def received(x, field, both):
+    """A row's bytes received: `field` where it has one, else half its sent-plus-received."""
+    return x[field] if field in x else (x.get(both) or 0) / 2
+
+
 def exchange_measure(statuses, target, stale_limit=STALE_LIMIT):
     """The [`Measure`] of the exchange into `target`: done once no advance of these mounts
-    waits for it. Job-wide, a row's bytes are sent plus received, so every byte moved between
-    two ranks is in two rows: the sums are halved to count it once."""
+    waits for it. Job-wide, a row's `done_bytes`/`total_bytes` are sent plus received, so
+    every byte sent over MPI is in two rows: the sums are halved to count it once (rows that
+    carry `received_bytes`/`to_receive_bytes` are summed as they are instead)."""
     rows = job_ranks(statuses)
     waiting = any((s.get("advance_waiting") or {}).get("target_epoch") == target for s in statuses)
     if rows is not None:
         xs = [r.get("exchange") or {} for r in rows]
         xs = [x for x in xs if x.get("into_epoch") == target]
-        done = sum(x.get("done_bytes") or 0 for x in xs) // 2
-        total = sum(x.get("total_bytes") or 0 for x in xs) // 2
+        done = sum(received(x, "received_bytes", "done_bytes") for x in xs)
+        total = sum(received(x, "to_receive_bytes", "total_bytes") for x in xs)
+        done, total = int(done), int(total)
         m = Measure(done, max(total, done), len(rows), "running" if waiting else "done")
         note = stale_note(rows, stale_limit)
         if note and waiting:

@@ -131,6 +131,15 @@ class JobView(unittest.TestCase):
                 row(2, 5, 5, into=0, moved=(999, 999))]
         waiting = with_view(rows, advance_waiting={"target_epoch": 1, "seconds": 5})
         self.assertEqual(progress.exchange_measure([waiting], 1), (300, 400, 3, False))
+        # A row that says what it received is taken as it is.
+        rows[0]["exchange"].update(received_bytes=250, to_receive_bytes=260)
+        self.assertEqual(progress.exchange_measure([waiting], 1), (400, 460, 3, False))
+
+    def test_a_row_with_a_staging_state_is_done_by_it(self):
+        rows = [row(0, 5, 5), row(1, 0, 0)]
+        self.assertEqual(progress.staging_measure([with_view(rows)]).state, "running")
+        rows[1]["staging"]["state"] = "done"  # an empty share
+        self.assertEqual(progress.staging_measure([with_view(rows)]).state, "done")
 
     def test_an_incomplete_local_staging_is_not_done(self):
         st = with_view([row(0, 5, 5), row(1, 4, 5)],
