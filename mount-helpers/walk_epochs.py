@@ -99,16 +99,33 @@ def source_bytes(st):
 
 
 def moved_into(st, epoch):
-    """What came into this rank's view of `epoch`, by way: {way: [samples, bytes]}."""
+    """What came into this rank's view of `epoch`, by way: {way: [samples, bytes]}. Told from
+    the exchange's totals less its disk hand-offs: `--exchange coded` fills only the totals
+    (its packets come from the server, not from peers); its samples came across hosts when
+    any of its bytes did."""
     ways = {"disk": [0, 0], "mpi, same host": [0, 0], "network": [0, 0], "source": [0, 0]}
     for x in st["exchange"]:
         if x["target_epoch"] != epoch:
             continue
-        for p in x["peers"]:
-            way = "disk" if p["via"] == "disk" else "mpi, same host" if p["same_host"] else "network"
-            ways[way][0] += p["samples_received"]
-            ways[way][1] += p["bytes_received"]
-            ways["source"][0] += p["fetched_from_source"]
+        peers = x.get("peers") or []
+        disk = [p for p in peers if p["via"] == "disk"]
+        disk_n = sum(p["samples_received"] for p in disk)
+        disk_b = sum(p["bytes_received"] for p in disk)
+        mpi_n = max(0, x["samples_received"] - disk_n)
+        mpi_b = max(0, x["bytes_received"] - disk_b)
+        across_b = x.get("bytes_across_hosts", 0)
+        if peers:
+            across_n = sum(p["samples_received"] for p in peers
+                           if p["via"] != "disk" and not p["same_host"])
+        else:
+            across_n = mpi_n if across_b else 0
+        ways["disk"][0] += disk_n
+        ways["disk"][1] += disk_b
+        ways["network"][0] += across_n
+        ways["network"][1] += across_b
+        ways["mpi, same host"][0] += mpi_n - across_n
+        ways["mpi, same host"][1] += max(0, mpi_b - across_b)
+        ways["source"][0] += sum(p["fetched_from_source"] for p in peers)
     return ways
 
 

@@ -10,6 +10,7 @@ written every `--every` seconds (10 by default), and a last one when the phase e
 Only the standard library: `shufflefs-launch` runs it with the system's python3.
 """
 import argparse
+import errno
 import json
 import os
 import sys
@@ -46,20 +47,26 @@ def eta_seconds(done, total, rate):
     return (total - done) / rate
 
 
-def format_line(label, done, total, rate, ranks=None):
-    """`LABEL  DONE / TOTAL  PCT  RATE  ETA T`, e.g.
-    `staging  12.0 MB / 40.0 MB  30%  4.0 MB/s  ETA 0:07  (4 ranks)`."""
-    pct = 100.0 if total <= 0 else min(100.0, 100.0 * done / total)
-    eta = eta_seconds(done, total, rate)
+def format_line(label, done, total, rate, ranks=None, finished=False):
+    """`LABEL  DONE / TOTAL  PCT  RATE  ETA T  (RANKS)`, e.g.
+    `staging  12.0 MB / 40.0 MB  30%  4.0 MB/s  ETA 0:07  (4 ranks)`. A total not known
+    yet (0) shows `--%` until the phase ends. `ranks`: a count, or words said as given."""
+    if total <= 0:
+        pct = "100%" if finished else " --%"
+    else:
+        pct = f"{min(100.0, 100.0 * done / total):3.0f}%"
+    eta = eta_seconds(done, total, rate) if total > 0 or finished else None
     parts = [
         label,
         f"{human_bytes(done)} / {human_bytes(total)}",
-        f"{pct:3.0f}%",
+        pct,
         "--/s" if rate is None else f"{human_bytes(rate)}/s",
         "ETA " + ("--:--" if eta is None else human_seconds(eta)),
     ]
-    if ranks is not None:
+    if isinstance(ranks, int):
         parts.append(f"({ranks} rank{'' if ranks == 1 else 's'})")
+    elif ranks is not None:
+        parts.append(f"({ranks})")
     return "  ".join(parts)
 
 
@@ -80,41 +87,134 @@ class Rate:
 
 # --- what the statuses say -------------------------------------------------------------------
 
+# A rank of the job-wide view not heard from for longer than this is taken for dead: the wait
+# stops, naming it, instead of waiting for it forever (rows come about once a second).
+STALE_LIMIT = 30.0
+# A mount that answered and then stops answering this long is taken for gone.
+GONE_AFTER = 3.0
+
+
+class Measure:
+    """One look at a phase: `done`/`total` bytes, `ranks` (a count, or words such as
+    `this host's ranks (2 of 8)`), `state` (`running`, `done`, or why it ended without being
+    done: `incomplete`, `stale`) and `note` (what to say about that)."""
+
+    def __init__(self, done, total, ranks, state="running", note=""):
+        self.done, self.total, self.ranks, self.state, self.note = done, total, ranks, state, note
+
+    def __iter__(self):  # (done, total, ranks, finished), as callers unpack it
+        return iter((self.done, self.total, self.ranks, self.state == "done"))
+
+    def __eq__(self, other):
+        return tuple(self) == tuple(other)
+
+    def __repr__(self):
+        return f"Measure({self.done}, {self.total}, {self.ranks!r}, {self.state!r}, {self.note!r})"
+
+
+class Mounts:
+    """Reads the statuses of the mounts given. A mount that never answered is skipped (on
+    another host); one that answered and then stops answering for `GONE_AFTER` seconds is
+    `lost` (its daemon died), and so is a dead FUSE mount on this host at once (`ENOTCONN`:
+    its daemon died before it was read)."""
+
+    def __init__(self, mounts, gone_after=GONE_AFTER):
+        self.mounts, self.gone_after = list(mounts), gone_after
+        self.seen, self.failing = set(), {}
+        self.lost = None
+
+    def read(self, now=None):
+        now = time.monotonic() if now is None else now
+        out = []
+        for m in self.mounts:
+            try:
+                with open(os.path.join(m, ".shufflefs", "status")) as f:
+                    out.append(json.load(f))
+                self.seen.add(m)
+                self.failing.pop(m, None)
+            except (OSError, ValueError) as e:
+                if getattr(e, "errno", None) == errno.ENOTCONN:
+                    self.lost = m
+                elif m in self.seen and now - self.failing.setdefault(m, now) >= self.gone_after:
+                    self.lost = m
+        return out
+
 
 def read_statuses(mounts):
     """The status of each mount that answers (others are skipped: on another host, gone)."""
-    out = []
-    for m in mounts:
-        try:
-            with open(os.path.join(m, ".shufflefs", "status")) as f:
-                out.append(json.load(f))
-        except (OSError, ValueError):
-            pass
-    return out
+    return Mounts(mounts).read()
+
+
+def job_view(statuses):
+    """The newest job-wide view (`job`) a status carries, else None."""
+    views = [s["job"] for s in statuses if isinstance(s.get("job"), dict) and s["job"].get("ranks")]
+    return max(views, key=lambda j: j.get("updated_unix_ms", 0)) if views else None
 
 
 def job_ranks(statuses):
     """The job-wide view's ranks when a status carries one (the newest), else None."""
-    views = [s["job"] for s in statuses if isinstance(s.get("job"), dict) and s["job"].get("ranks")]
-    if not views:
-        return None
-    return max(views, key=lambda j: j.get("updated_unix_ms", 0))["ranks"]
+    view = job_view(statuses)
+    return None if view is None else view["ranks"]
 
 
-def staging_measure(statuses):
-    """(done_bytes, total_bytes, ranks, finished) of staging, job-wide when known."""
-    ranks = job_ranks(statuses)
-    if ranks is not None:
-        st = [r.get("staging", {}) for r in ranks]
-        done = sum(s.get("done_bytes", 0) for s in st)
-        total = sum(s.get("total_bytes", 0) for s in st)
-        finished = all(s.get("done", 0) >= s.get("total", 0) for s in st)
-        return done, total, len(ranks), finished
-    st = [s["staging"] for s in statuses]
-    done = sum(s["bytes_done"] for s in st)
-    total = sum(s["bytes_total"] for s in st)
-    finished = bool(st) and all(s["state"] in ("done", "incomplete") for s in st)
-    return done, total, len(st), finished
+def stale_note(rows, limit=STALE_LIMIT):
+    """Why the job-wide view says a rank is dead (not heard from for over `limit` s), or ''."""
+    dead = [r for r in rows if (r.get("stale_s") or 0) > limit]
+    if not dead:
+        return ""
+    names = ", ".join(f"rank {r.get('rank')}" + (f" on {r['host']}" if r.get("host") else "")
+                      + f" ({r['stale_s']:.0f} s)" for r in dead[:8])
+    return f"not heard from: {names}{' ...' if len(dead) > 8 else ''}"
+
+
+def who(statuses):
+    """The ranks a local sum covers: a count when they are the whole job, else words."""
+    world = max((s.get("world_size") or 0 for s in statuses), default=0)
+    if not world or len(statuses) >= world:
+        return len(statuses)
+    return f"this host's ranks ({len(statuses)} of {world})"
+
+
+def row_staged(row):
+    """A job-view row's staging is done: heard from lately, its total known, all of it done
+    (or, where the row carries the staging's `state`, that state is `done`)."""
+    st = row.get("staging") or {}
+    if "stale_s" in row:
+        return False
+    if "state" in st:
+        return st["state"] == "done"
+    total = st.get("total") or 0
+    return total > 0 and (st.get("done") or 0) >= total
+
+
+def staging_measure(statuses, stale_limit=STALE_LIMIT):
+    """The staging [`Measure`], job-wide when a status carries the view, else over `statuses`."""
+    rows = job_ranks(statuses)
+    local = [s.get("staging") or {} for s in statuses]
+    errors = sum(s.get("errors") or 0 for s in local)
+    if rows is not None:
+        st = [r.get("staging") or {} for r in rows]
+        m = Measure(sum(s.get("done_bytes") or 0 for s in st),
+                    sum(s.get("total_bytes") or 0 for s in st), len(rows))
+        errors += sum(s.get("errors") or 0 for s in st if "errors" in s)
+        incomplete = any(s.get("state") == "incomplete" for s in local + st)
+        note = stale_note(rows, stale_limit)
+        if note:
+            m.state, m.note = "stale", note
+        elif incomplete:
+            m.state, m.note = "incomplete", f"incomplete, {errors} errors"
+        elif all(row_staged(r) for r in rows):
+            m.state = "done"
+        return m
+    m = Measure(sum(s.get("bytes_done") or 0 for s in local),
+                sum(s.get("bytes_total") or 0 for s in local), who(statuses))
+    states = [s.get("state") for s in local]
+    if local and all(x in ("done", "incomplete") for x in states):
+        if all(x == "done" for x in states):
+            m.state = "done"
+        else:
+            m.state, m.note = "incomplete", f"incomplete, {errors} errors"
+    return m
 
 
 def exchange_bytes(status, target):
@@ -141,20 +241,32 @@ def waiting_target(statuses):
     return min(targets) if targets else None
 
 
-def exchange_measure(statuses, target):
-    """(done_bytes, total_bytes, ranks, finished) of the exchange into `target`."""
-    ranks = job_ranks(statuses)
-    finished = not any(
-        s.get("advance_waiting", {}).get("target_epoch") == target for s in statuses
-    )
-    if ranks is not None:
-        xs = [r.get("exchange") or {} for r in ranks]
+def received(x, field, both):
+    """A row's bytes received: `field` where it has one, else half its sent-plus-received."""
+    return x[field] if field in x else (x.get(both) or 0) / 2
+
+
+def exchange_measure(statuses, target, stale_limit=STALE_LIMIT):
+    """The [`Measure`] of the exchange into `target`: done once no advance of these mounts
+    waits for it. Job-wide, a row's `done_bytes`/`total_bytes` are sent plus received, so
+    every byte sent over MPI is in two rows: the sums are halved to count it once (rows that
+    carry `received_bytes`/`to_receive_bytes` are summed as they are instead)."""
+    rows = job_ranks(statuses)
+    waiting = any((s.get("advance_waiting") or {}).get("target_epoch") == target for s in statuses)
+    if rows is not None:
+        xs = [r.get("exchange") or {} for r in rows]
         xs = [x for x in xs if x.get("into_epoch") == target]
-        done = sum(x.get("done_bytes", 0) for x in xs)
-        total = sum(x.get("total_bytes", 0) for x in xs)
-        return done, max(total, done), len(ranks), finished
+        done = sum(received(x, "received_bytes", "done_bytes") for x in xs)
+        total = sum(received(x, "to_receive_bytes", "total_bytes") for x in xs)
+        done, total = int(done), int(total)
+        m = Measure(done, max(total, done), len(rows), "running" if waiting else "done")
+        note = stale_note(rows, stale_limit)
+        if note and waiting:
+            m.state, m.note = "stale", note
+        return m
     pairs = [exchange_bytes(s, target) for s in statuses]
-    return sum(p[0] for p in pairs), sum(p[1] for p in pairs), len(statuses), finished
+    return Measure(sum(p[0] for p in pairs), sum(p[1] for p in pairs), who(statuses),
+                   "running" if waiting else "done")
 
 
 # --- the line --------------------------------------------------------------------------------
@@ -185,56 +297,112 @@ class Line:
         due = self.last_write is None or now - self.last_write >= self.every
         if not (due or finished):
             return
+        self.write(format_line(self.label, done, total, rate, ranks, finished), finished, now)
+
+    def end(self, measure, now=None):
+        """The last line of a phase that ended without being done: its numbers as they are,
+        and why (`measure.note`)."""
+        now = time.monotonic() if now is None else now
+        text = format_line(self.label, measure.done, measure.total, None, measure.ranks)
+        self.write(f"{text}  {measure.note}", True, now)
+
+    def fail(self, note, now=None):
+        """The last line of a phase that could not be measured to its end: why."""
+        self.write(f"{self.label}  {note}", True, time.monotonic() if now is None else now)
+
+    def write(self, text, last, now):
         self.last_write = now
-        text = format_line(self.label, done, total, rate, ranks)
         if self.tty:
             pad = " " * max(0, self.width - len(text))
             self.width = len(text)
-            self.out.write("\r" + text + pad + ("\n" if finished else ""))
+            self.out.write("\r" + text + pad + ("\n" if last else ""))
         else:
             self.out.write(text + "\n")
         self.out.flush()
 
 
-def watch_staging(mounts, out, poll=0.2, every=None, timeout=None):
-    """Shows staging until every share is staged. Returns False if no mount answered."""
+# --- watching ---------------------------------------------------------------------------------
+
+
+def lost_note(mounts):
+    return f"{mounts.lost} stopped answering (its daemon exited?)"
+
+
+def watch_staging(mounts, out, poll=0.2, every=None, timeout=None, quiet_if_done=False):
+    """Shows staging until every share is staged. Returns how it ended: `done`, `none` (no
+    mount answered), `lost` (a mount stopped answering), `incomplete` (staging ended with
+    errors), `stale` (the job-wide view has not heard from a rank for long) or `timeout`.
+    `quiet_if_done`: write nothing when staging was done at the first look."""
+    reader = mounts if isinstance(mounts, Mounts) else Mounts(mounts)
     line = Line(out, "staging", every=every)
     deadline = None if timeout is None else time.monotonic() + timeout
+    first = True
     while True:
-        statuses = read_statuses(mounts)
+        statuses = reader.read()
+        if reader.lost:
+            line.fail(lost_note(reader))
+            return "lost"
         if not statuses:
-            return False
-        done, total, ranks, finished = staging_measure(statuses)
-        line.update(done, total, ranks, finished)
-        if finished or (deadline is not None and time.monotonic() > deadline):
-            return True
+            return "none"
+        m = staging_measure(statuses)
+        if m.state in ("incomplete", "stale"):
+            line.end(m)
+            return m.state
+        if not (first and quiet_if_done and m.state == "done"):
+            line.update(m.done, m.total, m.ranks, m.state == "done")
+        first = False
+        if m.state == "done":
+            return "done"
+        if deadline is not None and time.monotonic() > deadline:
+            line.end(Measure(m.done, m.total, m.ranks, "timeout", f"not staged after {timeout:g} s"))
+            return "timeout"
+        time.sleep(poll)
+
+
+def watch_exchange(reader, out, target, poll=0.2, every=None):
+    """Shows the exchange into `target` until no advance waits for it. Returns `done`,
+    `none`, `lost` or `stale` (as [`watch_staging`])."""
+    line = Line(out, f"exchange into epoch {target}", every=every)
+    while True:
+        statuses = reader.read()
+        if reader.lost:
+            line.fail(lost_note(reader))
+            return "lost"
+        if not statuses:
+            return "none"
+        m = exchange_measure(statuses, target)
+        if m.state == "stale":
+            line.end(m)
+            return "stale"
+        line.update(m.done, m.total, m.ranks, m.state == "done")
+        if m.state == "done":
+            return "done"
         time.sleep(poll)
 
 
 def follow(mounts, out, poll=0.2, every=None, after=1.0):
-    """Staging, then a line for every advance that waits longer than `after` seconds, until
-    no mount answers any more."""
-    if not watch_staging(mounts, out, poll, every):
-        return
+    """Staging (nothing when it is done already: the launcher showed it), then a line for
+    every advance that waits longer than `after` seconds, until no mount answers any more.
+    Returns how it ended, as [`watch_staging`] (`none` once the mounts went)."""
+    reader = Mounts(mounts)
+    ended = watch_staging(reader, out, poll, every, quiet_if_done=True)
+    if ended != "done":
+        return ended
     while True:
-        statuses = read_statuses(mounts)
-        if not statuses:
-            return
+        statuses = reader.read()
+        if reader.lost or not statuses:
+            # The job ended: every mount went (a lone lost mount is the job ending too).
+            return "none"
         target = waiting_target(statuses)
         waited = max((s.get("advance_waiting") or {}).get("seconds", 0) for s in statuses)
         if target is None or waited < after:
             time.sleep(poll)
             continue
-        line = Line(out, f"exchange into epoch {target}", every=every)
-        while True:
-            statuses = read_statuses(mounts)
-            if not statuses:
-                return
-            done, total, ranks, finished = exchange_measure(statuses, target)
-            line.update(done, total, ranks, finished)
-            if finished:
-                break
-            time.sleep(poll)
+        ended = watch_exchange(reader, out, target, poll, every)
+        if ended == "stale":
+            return ended
+        if ended != "done":
+            return "none"
 
 
 def main(argv=None):
@@ -243,15 +411,17 @@ def main(argv=None):
     ap.add_argument("--follow", action="store_true", help="then every advance that waits, until the mounts go")
     ap.add_argument("--every", type=float, default=None,
                     help=f"seconds between lines (default {TTY_EVERY} on a terminal, {LOG_EVERY} in a log)")
+    ap.add_argument("--timeout", type=float, default=None, help="give up staging after S seconds")
     ap.add_argument("mounts", nargs="+")
     a = ap.parse_args(argv)
     every = a.every if a.every is not None else _env_every()
     if a.follow:
-        follow(a.mounts, sys.stderr, every=every)
-    elif not watch_staging(a.mounts, sys.stderr, every=every):
+        ended = follow(a.mounts, sys.stderr, every=every)
+        return 0 if ended == "none" else 1
+    ended = watch_staging(a.mounts, sys.stderr, every=every, timeout=a.timeout)
+    if ended == "none":
         print("shufflefs.progress: no mount answered", file=sys.stderr)
-        return 1
-    return 0
+    return 0 if ended == "done" else 1
 
 
 def _env_every():

@@ -4,13 +4,15 @@
 rank's view of `epoch` (rebuilt each epoch; building it advances the mount).
 `current_dataset(mount, classes, ...)` is one pipeline built once over `MOUNT/current`: its
 file pattern is matched inside the pipeline, so every pass lists the view of the epoch that
-is current then; call `shufflefs.advance(mount, epoch)` before each pass.
+is current then: the mount must advance before each pass, which `AdvanceEachEpoch(mount)`
+does as a Keras callback (`model.fit(ds, epochs=E, callbacks=[AdvanceEachEpoch(mount)])`),
+or `shufflefs.advance(mount, epoch)` in a loop of one's own.
 """
 import os
 
 import tensorflow as tf
 
-from . import epoch_dir
+from . import advance, current_epoch, epoch_dir
 
 
 def epoch_dataset(mount, epoch, image_size=(256, 256), batch_size=32, **kwargs):
@@ -48,3 +50,18 @@ def current_dataset(mount, classes, image_size=(256, 256), batch_size=32, channe
     )
     files = files.shuffle(shuffle_buffer, reshuffle_each_iteration=True)
     return files.map(load, num_parallel_calls=tf.data.AUTOTUNE).batch(batch_size).prefetch(2)
+
+
+class AdvanceEachEpoch(tf.keras.callbacks.Callback):
+    """Advances the mount as each Keras epoch begins, for `current_dataset`: Keras epoch `e`
+    reads the mount's epoch `start + e`. `start` defaults to the mount's epoch when the
+    callback is made, so a resumed job (remounted at epoch N, `initial_epoch=0`) carries on
+    from N, and the first epoch's advance changes nothing."""
+
+    def __init__(self, mount, start=None):
+        super().__init__()
+        self.mount = mount
+        self.start = current_epoch(mount) if start is None else start
+
+    def on_epoch_begin(self, epoch, logs=None):
+        advance(self.mount, self.start + epoch)

@@ -3,6 +3,8 @@
 import json
 import os
 
+import shufflefs
+
 
 def make_mount(root, epoch=0, views=None, **status):
     """`views`: {epoch: {class: [file names]}}; each file holds its own name."""
@@ -18,7 +20,7 @@ def make_mount(root, epoch=0, views=None, **status):
 
 
 def write_status(root, **fields):
-    st = {"version": "0.1.0", "epoch": 0, "staging": {"files_done": 0, "files_total": 0}}
+    st = {"version": shufflefs.__version__, "epoch": 0, "staging": {"files_done": 0, "files_total": 0}}
     st.update(fields)
     tmp = os.path.join(root, ".shufflefs", "status.tmp")
     with open(tmp, "w") as f:

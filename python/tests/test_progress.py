@@ -1,3 +1,4 @@
+import errno
 import io
 import os
 import tempfile
@@ -27,7 +28,11 @@ class Formatting(unittest.TestCase):
         line = progress.format_line("staging", 12_000_000, 40_000_000, 4_000_000, ranks=4)
         self.assertEqual(line, "staging  12.0 MB / 40.0 MB   30%  4.0 MB/s  ETA 0:07  (4 ranks)")
         self.assertIn("--/s  ETA --:--", progress.format_line("x", 1, 10, None))
-        self.assertIn("100%", progress.format_line("x", 0, 0, None))
+        # A total not known yet is not 100%: only the end of the phase says so.
+        self.assertIn("0 B / 0 B   --%", progress.format_line("x", 0, 0, None))
+        self.assertIn("100%", progress.format_line("x", 0, 0, None, finished=True))
+        self.assertTrue(progress.format_line("x", 1, 2, None, "this host's ranks (2 of 8)")
+                        .endswith("(this host's ranks (2 of 8))"))
 
     def test_rate_over_a_window(self):
         r = progress.Rate(window=10)
@@ -67,7 +72,8 @@ class Measures(unittest.TestCase):
              "exchange": {"into_epoch": 1, "done_bytes": 3, "total_bytes": 6}} for r in range(3)]}
         self.assertEqual(progress.staging_measure([local]), (1, 2, 1, False))
         self.assertEqual(progress.staging_measure([dict(local, job=job)]), (30, 60, 3, False))
-        self.assertEqual(progress.exchange_measure([dict(local, job=job)], 1), (9, 18, 3, True))
+        # Sent plus received: every byte is in two rows, counted once.
+        self.assertEqual(progress.exchange_measure([dict(local, job=job)], 1), (4, 9, 3, True))
 
     def test_disk_hand_offs_are_expected_at_the_mean_size(self):
         st = {"share_samples": 10, "share_bytes": 1000, "exchange": [{
@@ -79,7 +85,134 @@ class Measures(unittest.TestCase):
         self.assertEqual(progress.exchange_bytes(st, 2), (0, 0))
 
 
+def row(rank, done, total, stale_s=None, into=1, moved=(0, 0)):
+    """A row of the job-wide view as the job-view draft makes it (src/node/jobview/row.rs,
+    board.rs: `RankRow` serialized, `stale_s` added when old)."""
+    r = {"rank": rank, "host": f"node{rank // 2}", "epoch": 0,
+         "staging": {"done": done, "total": total, "done_bytes": done * 10,
+                     "total_bytes": total * 10},
+         "exchange": {"into_epoch": into, "done_bytes": moved[0], "total_bytes": moved[1],
+                      "rate_bytes_per_s": 0.0},
+         "given_up_peers": [], "source_fallbacks": 0, "problems": 0, "first_problem": None,
+         "cache_bytes": 0}
+    if stale_s is not None:
+        r["stale_s"] = stale_s
+    return r
+
+
+def with_view(rows, **local):
+    st = {"world_size": len(rows), "staging": {"state": "done", "bytes_done": 0,
+                                               "bytes_total": 0, "errors": 0}}
+    st.update(local)
+    return dict(st, job={"updated_unix_ms": 1_700_000_000_000, "ranks": rows})
+
+
+class JobView(unittest.TestCase):
+    def test_staged_only_when_every_row_is_fresh_known_and_done(self):
+        done = [row(r, 5, 5) for r in range(4)]
+        self.assertEqual(progress.staging_measure([with_view(done)]).state, "done")
+        # Not heard from yet (only rank and stale_s), stale for a moment, total 0 (not known).
+        for odd in ({"rank": 3, "stale_s": 1.5}, row(3, 5, 5, stale_s=4.0), row(3, 0, 0)):
+            m = progress.staging_measure([with_view(done[:3] + [odd])])
+            self.assertEqual(m.state, "running", odd)
+        self.assertEqual(progress.staging_measure([with_view(done[:3] + [row(3, 2, 5)])]).done, 170)
+
+    def test_a_rank_silent_for_long_stops_the_wait(self):
+        rows = [row(0, 5, 5), row(1, 2, 5, stale_s=31.0), {"rank": 2, "stale_s": 45.0}]
+        m = progress.staging_measure([with_view(rows)])
+        self.assertEqual(m.state, "stale")
+        self.assertIn("rank 1 on node0 (31 s)", m.note)
+        self.assertIn("rank 2 (45 s)", m.note)
+        waiting = with_view(rows, advance_waiting={"target_epoch": 1, "seconds": 5})
+        self.assertEqual(progress.exchange_measure([waiting], 1).state, "stale")
+
+    def test_exchange_counts_each_byte_once(self):
+        rows = [row(0, 5, 5, moved=(300, 400)), row(1, 5, 5, moved=(300, 400)),
+                row(2, 5, 5, into=0, moved=(999, 999))]
+        waiting = with_view(rows, advance_waiting={"target_epoch": 1, "seconds": 5})
+        self.assertEqual(progress.exchange_measure([waiting], 1), (300, 400, 3, False))
+        # A row that says what it received is taken as it is.
+        rows[0]["exchange"].update(received_bytes=250, to_receive_bytes=260)
+        self.assertEqual(progress.exchange_measure([waiting], 1), (400, 460, 3, False))
+
+    def test_a_row_with_a_staging_state_is_done_by_it(self):
+        rows = [row(0, 5, 5), row(1, 0, 0)]
+        self.assertEqual(progress.staging_measure([with_view(rows)]).state, "running")
+        rows[1]["staging"]["state"] = "done"  # an empty share
+        self.assertEqual(progress.staging_measure([with_view(rows)]).state, "done")
+
+    def test_an_incomplete_local_staging_is_not_done(self):
+        st = with_view([row(0, 5, 5), row(1, 4, 5)],
+                       staging={"state": "incomplete", "bytes_done": 40, "bytes_total": 50,
+                                "errors": 1})
+        m = progress.staging_measure([st])
+        self.assertEqual((m.state, m.note), ("incomplete", "incomplete, 1 errors"))
+
+
 class Watch(unittest.TestCase):
+    def test_failed_staging_is_not_shown_done(self):
+        with tempfile.TemporaryDirectory() as d:
+            mounts = [make_mount(f"{d}/m{r}", world_size=2, staging={
+                "state": state, "bytes_done": 800, "bytes_total": 1000, "errors": 3 * r})
+                for r, state in enumerate(("done", "incomplete"))]
+            out = io.StringIO()
+            self.assertEqual(progress.watch_staging(mounts, out, poll=0.01), "incomplete")
+            self.assertEqual(progress.main(["--every", "0", *mounts]), 1)
+        last = out.getvalue().splitlines()[-1]
+        self.assertIn("1.6 kB / 2.0 kB   80%", last)
+        self.assertTrue(last.endswith("incomplete, 3 errors"), last)
+
+    def test_local_sums_name_this_hosts_ranks(self):
+        with tempfile.TemporaryDirectory() as d:
+            mounts = [make_mount(f"{d}/m{r}", world_size=8, staging={
+                "state": "done", "bytes_done": 10, "bytes_total": 10}) for r in range(2)]
+            out = io.StringIO()
+            progress.watch_staging(mounts + [f"{d}/elsewhere"], out)
+        self.assertTrue(out.getvalue().rstrip().endswith("(this host's ranks (2 of 8))"), out.getvalue())
+
+    def test_a_mount_that_stops_answering_ends_the_wait(self):
+        with tempfile.TemporaryDirectory() as d:
+            mounts = [make_mount(f"{d}/m{r}", staging={
+                "state": "staging", "bytes_done": 1, "bytes_total": 10}) for r in range(2)]
+
+            def die():
+                time.sleep(0.1)
+                os.remove(f"{mounts[1]}/.shufflefs/status")
+
+            threading.Thread(target=die).start()
+            out = io.StringIO()
+            reader = progress.Mounts(mounts, gone_after=0.1)
+            self.assertEqual(progress.watch_staging(reader, out, poll=0.02, every=10), "lost")
+        self.assertIn("m1 stopped answering", out.getvalue().splitlines()[-1])
+
+    def test_a_dead_fuse_mount_is_lost_at_once(self):
+        reader = progress.Mounts(["/nonexistent/m0"])
+        self.assertEqual(reader.read(), [])
+        self.assertIsNone(reader.lost, "a mount elsewhere is skipped, not lost")
+        with tempfile.TemporaryDirectory() as d:
+            real_open = open
+
+            def dead(path, *a, **k):
+                if path.startswith(d):
+                    raise OSError(errno.ENOTCONN, "Transport endpoint is not connected")
+                return real_open(path, *a, **k)
+
+            import builtins
+            builtins.open, saved = dead, builtins.open
+            try:
+                reader = progress.Mounts([f"{d}/m0"])
+                reader.read()
+            finally:
+                builtins.open = saved
+        self.assertEqual(reader.lost, f"{d}/m0")
+
+    def test_timeout_is_not_success(self):
+        with tempfile.TemporaryDirectory() as d:
+            m = make_mount(f"{d}/m0", staging={"state": "staging", "bytes_done": 1, "bytes_total": 10})
+            out = io.StringIO()
+            self.assertEqual(progress.watch_staging([m], out, poll=0.01, timeout=0.05), "timeout")
+        self.assertIn("not staged after 0.05 s", out.getvalue())
+
     def test_staging_lines_end_at_100_percent(self):
         with tempfile.TemporaryDirectory() as d:
             mounts = [make_mount(f"{d}/m{r}") for r in range(2)]
@@ -96,7 +229,7 @@ class Watch(unittest.TestCase):
             writer = threading.Thread(target=stage)
             writer.start()
             out = io.StringIO()
-            self.assertTrue(progress.watch_staging(mounts, out, poll=0.02, every=0.05))
+            self.assertEqual(progress.watch_staging(mounts, out, poll=0.02, every=0.05), "done")
             writer.join()
         lines = out.getvalue().splitlines()
         self.assertGreater(len(lines), 2, lines)
@@ -129,10 +262,11 @@ class Watch(unittest.TestCase):
             writer = threading.Thread(target=advance)
             writer.start()
             out = io.StringIO()
-            progress.follow([mount], out, poll=0.02, every=0.05)
+            self.assertEqual(progress.follow([mount], out, poll=0.02, every=0.05), "none")
             writer.join()
         lines = out.getvalue().splitlines()
-        self.assertTrue(lines[0].startswith("staging  10 B / 10 B  100%"), lines)
+        # Staging was done at the first look: the launcher said so already, no line again.
+        self.assertFalse(any(x.startswith("staging") for x in lines), lines)
         exchange_lines = [x for x in lines if x.startswith("exchange into epoch 1  ")]
         self.assertGreater(len(exchange_lines), 1, lines)
         self.assertIn("400 B / 400 B  100%", exchange_lines[-1])

@@ -38,6 +38,25 @@ class TfHelpers(unittest.TestCase):
         os.symlink("epoch-1", os.path.join(self.mount, "current"))
         self.assertEqual(sorted(next(iter(ds))[1].numpy().tolist()), [1, 1, 1, 1])
 
+    def test_advance_each_epoch_advances_as_keras_epochs_begin(self):
+        import shufflefs.tf
+        from fake import write_status
+
+        write_status(self.mount, epoch=3)  # a resumed job: the mount is at epoch 3
+        asked = []
+        callback = shufflefs.tf.AdvanceEachEpoch(self.mount)
+
+        class Record(tf.keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch, logs=None):
+                with open(os.path.join(callback.mount, ".shufflefs", "epoch")) as f:
+                    asked.append(int(f.read()))
+
+        model = tf.keras.Sequential([tf.keras.Input((1,)), tf.keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        data = tf.data.Dataset.from_tensor_slices(([[1.0], [2.0]], [[1.0], [2.0]])).batch(2)
+        model.fit(data, epochs=3, verbose=0, callbacks=[callback, Record()])
+        self.assertEqual(asked, [3, 4, 5])
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -8,13 +8,17 @@
 //! The exchange logs its own line when its last message completes ("exchange finished", the
 //! transport's view); on one host every byte goes through the disk and that line reads as if
 //! nothing moved, which is why this one names the ways apart.
+//!
+//! The ways are told from the report's totals, less what its peers say came by disk: the
+//! coded exchange (`--exchange coded`) fills only the totals (its packets come from the
+//! server, not from peers), and a line built from the peers alone would say nothing moved.
 
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use crate::cache::StoreStats;
-use crate::exchange::ExchangeReport;
+use crate::exchange::{ExchangeReport, ExchangeState};
 
 /// What came into a share, by way (from one exchange report).
 #[derive(Debug, Default, PartialEq)]
@@ -30,28 +34,28 @@ pub(crate) struct Moved {
 }
 
 impl Moved {
+    /// The totals count disk hand-offs too (within hosts); everything else came over MPI.
     pub(crate) fn of(report: &ExchangeReport) -> Moved {
         let mut m = Moved::default();
         for p in &report.peers {
             if p.via == "disk" {
                 m.disk_samples += p.samples_received;
                 m.disk_bytes += p.bytes_received;
-            } else {
-                m.mpi_samples += p.samples_received;
-                m.mpi_bytes += p.bytes_received;
-                if !p.same_host {
-                    m.across_hosts_bytes += p.bytes_received;
-                }
             }
             m.fallback_samples += p.fetched_from_source;
         }
+        m.mpi_samples = report.samples_received.saturating_sub(m.disk_samples);
+        m.mpi_bytes = report.bytes_received.saturating_sub(m.disk_bytes);
+        m.across_hosts_bytes = report.bytes_across_hosts;
         m
     }
 }
 
-/// The source counters and the time at the previous advance (or the start).
+/// The source counters and the time at the previous advance (or the mount).
 struct Mark {
     at: Instant,
+    /// No advance yet: `at` is the mount.
+    first: bool,
     source_samples: u64,
     source_bytes: u64,
 }
@@ -79,7 +83,13 @@ impl EpochLog {
         let now = Mark::now(stats);
         let (source_samples, source_bytes) = (now.source_samples, now.source_bytes);
         let mut mark = self.mark.lock().unwrap_or_else(|e| e.into_inner());
-        let before = std::mem::replace(&mut *mark, now);
+        let before = std::mem::replace(
+            &mut *mark,
+            Mark {
+                first: false,
+                ..now
+            },
+        );
         drop(mark);
         let m = report.map(Moved::of).unwrap_or_default();
         tracing::info!(
@@ -93,17 +103,41 @@ impl EpochLog {
             fetched_instead = m.fallback_samples,
             source_samples = source_samples - before.source_samples,
             source_bytes = source_bytes - before.source_bytes,
-            exchange_seconds = format!("{:.3}", report.map_or(0.0, |r| r.settled_seconds)),
+            exchange = exchange_state(report),
+            exchange_seconds = format!("{:.3}", exchange_seconds(report)),
             epoch_seconds = format!("{:.3}", before.at.elapsed().as_secs_f64()),
+            epoch_since = if before.first {
+                "mount"
+            } else {
+                "previous advance"
+            },
             "epoch advanced"
         );
     }
+}
+
+/// How the exchange into the epoch ended: `done`, `failed` (the share was then filled
+/// from the source), or `none` (no exchange, or its report is gone).
+fn exchange_state(report: Option<&ExchangeReport>) -> &'static str {
+    report.map_or("none", |r| match r.state {
+        ExchangeState::Failed => "failed",
+        _ => "done",
+    })
+}
+
+/// Until the share was held; a failed exchange never held it: its time until it ended.
+fn exchange_seconds(report: Option<&ExchangeReport>) -> f64 {
+    report.map_or(0.0, |r| match r.state {
+        ExchangeState::Failed => r.seconds.max(r.settled_seconds),
+        _ => r.settled_seconds,
+    })
 }
 
 impl Mark {
     fn now(stats: &StoreStats) -> Mark {
         Mark {
             at: Instant::now(),
+            first: true,
             source_samples: stats.fetched_from_source.load(Ordering::Relaxed),
             source_bytes: stats.fetched_bytes_from_source.load(Ordering::Relaxed),
         }
@@ -130,6 +164,10 @@ mod tests {
     #[test]
     fn moved_names_the_ways_apart() {
         let report = ExchangeReport {
+            samples_received: 10,
+            bytes_received: 1000,
+            bytes_within_hosts: 800,
+            bytes_across_hosts: 200,
             peers: vec![
                 peer(1, "disk", true, 5, 0),
                 peer(2, "mpi", true, 3, 1),
@@ -148,6 +186,40 @@ mod tests {
         assert_eq!(Moved::of(&report), expected);
     }
 
+    /// `--exchange coded` fills only the totals (src/exchange/coded/client.rs): no peers.
+    #[test]
+    fn a_coded_report_is_told_from_its_totals() {
+        let report = ExchangeReport {
+            samples_received: 7,
+            bytes_received: 7000,
+            bytes_across_hosts: 7000,
+            ..Default::default()
+        };
+        let expected = Moved {
+            mpi_samples: 7,
+            mpi_bytes: 7000,
+            across_hosts_bytes: 7000,
+            ..Moved::default()
+        };
+        assert_eq!(Moved::of(&report), expected);
+    }
+
+    #[test]
+    fn a_failed_exchange_says_so_with_its_time() {
+        let mut report = ExchangeReport {
+            state: ExchangeState::Failed,
+            seconds: 2.5,
+            ..Default::default()
+        };
+        assert_eq!(exchange_state(Some(&report)), "failed");
+        assert_eq!(exchange_seconds(Some(&report)), 2.5);
+        report.state = ExchangeState::Done;
+        report.settled_seconds = 1.5;
+        assert_eq!(exchange_state(Some(&report)), "done");
+        assert_eq!(exchange_seconds(Some(&report)), 1.5);
+        assert_eq!(exchange_state(None), "none");
+    }
+
     #[test]
     fn the_source_is_counted_between_advances() {
         let stats = StoreStats::default();
@@ -155,8 +227,13 @@ mod tests {
         stats
             .fetched_bytes_from_source
             .store(700, Ordering::Relaxed);
+        assert!(log.mark.lock().unwrap().first);
         log.published(1, 10, None, &stats);
         let mark = log.mark.lock().unwrap();
         assert_eq!(mark.source_bytes, 700);
+        assert!(
+            !mark.first,
+            "the next advance counts from this one, not the mount"
+        );
     }
 }

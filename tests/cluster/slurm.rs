@@ -498,6 +498,7 @@ fn example_sbatch_script_trains_with_ddp_and_tears_down() {
             .env("SHUFFLEFS_MOUNT", d.join("mnt{rank}"))
             .env("SHUFFLEFS_HELPERS", repo().join("mount-helpers"))
             .env("PYTHON", &python)
+            .env("PYTHONPATH", package_pythonpath(""))
             .env("TMPDIR", d),
             Duration::from_secs(300),
         );

@@ -74,6 +74,7 @@ impl Batch<'_> {
                 .env("SHUFFLEFS_MOUNT", format!("{local}/mnt-{dataset}-{{rank}}"))
                 .env("SHUFFLEFS_HELPERS", repo().join("mount-helpers"))
                 .env("PYTHON", self.python)
+                .env("PYTHONPATH", package_pythonpath(""))
                 .env("TMPDIR", self.work);
             for (k, v) in env {
                 c.env(k, v);

@@ -1,7 +1,9 @@
 //! The repository's own files and the Python venv of `mount-helpers/install-python.sh`, for
-//! tests that run scripts or real loaders. The venv gets this checkout's Python package
-//! (`python/`, `import shufflefs`) installed whenever its installed copy differs: the examples
-//! and the Slurm recipe import it like a user's script does.
+//! tests that run scripts or real loaders. The examples import this checkout's Python package
+//! (`python/`, `import shufflefs`) through `PYTHONPATH` ([`with_package`]): nothing is
+//! installed into the venv, which test processes of other checkouts share at the same time (a
+//! reinstall there would swap the package under their feet). `pip install ./python` itself is
+//! checked in a throwaway venv (`loaders_real python_package`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -36,71 +38,25 @@ pub fn venv_python(imports: &str, what: &str) -> Option<PathBuf> {
     let python = require("the loaders' venv", "SHUFFLEFS_REQUIRE_LOADERS", missing)
         .then_some(python)
         .flatten()?;
-    install_package(&python);
     Some(python)
 }
 
-/// Whether the `shufflefs` package `python` imports (outside the checkout) has the same
-/// files as this checkout's `python/shufflefs`.
-const SAME_PACKAGE: &str = "\
-import importlib.util, pathlib, sys
-spec = importlib.util.find_spec('shufflefs')
-mine = pathlib.Path(sys.argv[1])
-if spec is None or spec.origin is None:
-    sys.exit(1)
-there = pathlib.Path(spec.origin).parent
-sys.exit(any((there / f.name).read_bytes() != f.read_bytes() if (there / f.name).exists() else True
-             for f in mine.glob('*.py')))
-";
-
-/// Installs this checkout's `python/` into the venv of `python` unless it is there already
-/// (one install at a time: a lock file in the venv). A python outside a venv is not touched:
-/// the test stops, asking for the package to be installed.
-pub fn install_package(python: &Path) {
+/// A `PYTHONPATH` under which python imports this checkout's package (`python/`) before any
+/// installed copy, then the folders of `more` (`:`-separated, may be empty).
+pub fn package_pythonpath(more: &str) -> String {
     let package = repo().join("python");
-    let same = || {
-        Command::new(python)
-            .args(["-c", SAME_PACKAGE])
-            .arg(package.join("shufflefs"))
-            .current_dir("/")
-            .env_remove("PYTHONPATH")
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    if same() {
-        return;
+    let package = package.to_str().expect("a UTF-8 checkout path");
+    if more.is_empty() {
+        package.to_string()
+    } else {
+        format!("{package}:{more}")
     }
-    let in_venv = Command::new(python)
-        .args(["-c", "import sys; sys.exit(sys.prefix == sys.base_prefix)"])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        in_venv,
-        "{} is no venv's python: install this checkout's package into it yourself \
-         (pip install ./python)",
-        python.display()
-    );
-    let lock = python.parent().unwrap().join("../.shufflefs-package.lock");
-    let out = Command::new("flock")
-        .arg(lock)
-        .arg(python)
-        .args([
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-        ])
-        .args(["--force-reinstall"])
-        .arg(&package)
-        .output()
-        .expect("flock runs");
-    check("pip install ./python", &out);
-    assert!(
-        same(),
-        "the installed shufflefs package is not this checkout's"
-    );
+}
+
+/// `cmd` imports this checkout's package: `PYTHONPATH` set (for an `mpirun`, pass
+/// `-x PYTHONPATH` too).
+pub fn with_package(cmd: &mut Command) -> &mut Command {
+    cmd.env("PYTHONPATH", package_pythonpath(""))
 }
 
 /// Panics with both streams unless `out` succeeded.

@@ -93,7 +93,7 @@ fn dlio_reads_each_rank_view_once_without_splitting_it() {
     let job = MpiJob::start(dir, RANKS, 7, 0.3, &args);
     let out = dir.join("out");
     let mut cmd = mpirun(RANKS);
-    cmd.env("PYTHONPATH", &path)
+    cmd.env("PYTHONPATH", package_pythonpath(&path))
         .env("PYTHON", &python)
         .env("TF_CPP_MIN_LOG_LEVEL", "3")
         .args([

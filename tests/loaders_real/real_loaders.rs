@@ -100,7 +100,9 @@ impl Job {
     /// Runs `script` with `args` as one Python process per rank.
     fn python(&self, script: &str, args: &[&str], env: &[(&str, String)]) -> String {
         let mut cmd = mpirun(RANKS as u32);
-        cmd.env("TF_CPP_MIN_LOG_LEVEL", "2");
+        with_package(&mut cmd)
+            .env("TF_CPP_MIN_LOG_LEVEL", "2")
+            .args(["-x", "PYTHONPATH"]);
         for (k, v) in env {
             cmd.env(k, v).args(["-x", k]);
         }
@@ -332,4 +334,75 @@ fn tf_example_trains_on_epoch_paths_and_on_current() {
     );
     assert_eq!(stdout.matches("epoch 2: loss").count(), RANKS, "{stdout}");
     assert_eq!(stdout.matches("first_loss=").count(), RANKS, "{stdout}");
+}
+
+/// The demo's walk (`mount-helpers/walk_epochs.py --json --plot`, as `demo.sh` runs it) on
+/// this host's 4 ranks: every sample moved into an epoch's views was handed over on the disk
+/// (one host: no MPI, no network), the source is read for staging only, the plot is drawn,
+/// and each daemon's `epoch advanced` line counts the disk hand-offs.
+#[test]
+fn the_demo_walk_tells_what_moved_and_draws_its_plot() {
+    let Some(python) = require_loaders() else {
+        return;
+    };
+    let plotting = Command::new(&python)
+        .args(["-c", "import matplotlib"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !require_plot(plotting) {
+        return;
+    }
+    let job = Job::start(python);
+    let d = job.dir.path();
+    let (numbers, png) = (d.join("epochs.json"), d.join("epochs.png"));
+    let out = check(
+        "walk_epochs.py",
+        &run_with_timeout(
+            with_package(&mut Command::new(&job.python))
+                .arg(repo().join("mount-helpers/walk_epochs.py"))
+                .args(["--epochs", &EPOCHS.to_string(), "--json"])
+                .arg(&numbers)
+                .arg("--plot")
+                .arg(&png)
+                .args((0..RANKS).map(|r| d.join(format!("mnt-{r}")))),
+            LOADER_TIMEOUT,
+        ),
+    );
+    let epochs: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&numbers).unwrap()).unwrap();
+    let epochs = epochs.as_array().unwrap();
+    assert_eq!(epochs.len(), EPOCHS, "{out}");
+    assert!(epochs[0]["source_bytes"].as_u64().unwrap() > 0, "{out}");
+    for e in &epochs[1..] {
+        let shares = &e["shares"];
+        let moved = e["samples"].as_u64().unwrap() - shares["kept"].as_u64().unwrap();
+        assert!(moved > 0, "nothing moved into epoch {}: {out}", e["epoch"]);
+        assert_eq!(shares["disk"].as_u64().unwrap(), moved, "{e}\n{out}");
+        for way in ["mpi, same host", "network", "source"] {
+            assert_eq!(shares[way], 0, "{way}: {e}\n{out}");
+        }
+        assert_eq!(
+            e["source_bytes"], 0,
+            "the source was read again: {e}\n{out}"
+        );
+    }
+    let png = std::fs::read(&png).expect("the plot");
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
+    let log = std::fs::read_to_string(d.join("job.log")).unwrap();
+    let advanced: Vec<&str> = (log.lines())
+        .filter(|l| l.contains("epoch advanced"))
+        .collect();
+    assert_eq!(advanced.len(), RANKS * (EPOCHS - 1), "{log}");
+    assert!(
+        advanced
+            .iter()
+            .any(|l| !l.contains("disk_handed_over=0 ") && l.contains("disk_handed_over=")),
+        "no disk hand-off logged: {advanced:#?}"
+    );
+}
+
+/// matplotlib in the loaders' venv (`install-python.sh` adds it), else skip.
+fn require_plot(plotting: bool) -> bool {
+    let missing = (!plotting).then(|| "no matplotlib in the loaders' venv".to_string());
+    require("the demo's plot", "SHUFFLEFS_REQUIRE_LOADERS", missing)
 }

@@ -42,7 +42,8 @@ fn every_framing_is_read_by_its_loader_for_three_epochs() {
         let out = dir.path().join("out");
         std::fs::create_dir(&out).unwrap();
         let mut cmd = Command::new(&python);
-        cmd.env("TF_CPP_MIN_LOG_LEVEL", "3")
+        with_package(&mut cmd)
+            .env("TF_CPP_MIN_LOG_LEVEL", "3")
             .arg(repo().join("tests/loaders/check_records.py"))
             .arg("--mount")
             .arg(dir.path().join("mnt"))
@@ -534,7 +535,7 @@ fn svm_example_trains_on_parts() {
     let out = check(
         "train_svm.py",
         &run_with_timeout(
-            Command::new(&python)
+            with_package(&mut Command::new(&python))
                 .arg(repo().join("mount-helpers/examples/train_svm.py"))
                 .arg("--mount")
                 .arg(dir.path().join("mnt"))

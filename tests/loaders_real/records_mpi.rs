@@ -37,8 +37,9 @@ fn loaders_read_three_epochs_on_four_ranks_every_record_once() {
         let out = dir.path().join("out");
         std::fs::create_dir(&out).unwrap();
         let mut cmd = mpirun(RANKS);
-        cmd.env("TF_CPP_MIN_LOG_LEVEL", "3")
-            .args(["-x", "TF_CPP_MIN_LOG_LEVEL"])
+        with_package(&mut cmd)
+            .env("TF_CPP_MIN_LOG_LEVEL", "3")
+            .args(["-x", "TF_CPP_MIN_LOG_LEVEL", "-x", "PYTHONPATH"])
             .arg(&python)
             .arg(repo().join("tests/loaders/check_records.py"))
             .arg("--mount")

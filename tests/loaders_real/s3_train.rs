@@ -105,8 +105,9 @@ fn ddp_example_trains_on_a_bucket_mount_unchanged() {
         .unwrap()
         .port();
     let mut cmd = mpirun(RANKS);
-    cmd.env("MASTER_PORT", port.to_string())
-        .args(["-x", "MASTER_PORT"])
+    with_package(&mut cmd)
+        .env("MASTER_PORT", port.to_string())
+        .args(["-x", "MASTER_PORT", "-x", "PYTHONPATH"])
         .arg(&python)
         .arg(repo().join("mount-helpers/examples/train_ddp.py"))
         .arg("--mount")

@@ -401,3 +401,120 @@ fn launch_wait_staged_shows_staging_progress_in_a_log() {
     assert!(teardown(dir).status.success());
     assert_nothing_left(dir, 3, &pids);
 }
+
+/// A `python3` for `--wait-staged` (`SHUFFLEFS_PYTHON`) whose progress never ends, as if
+/// staging went on: what ends the wait must then come from the launcher itself.
+fn endless_progress(dir: &Path) -> PathBuf {
+    let path = dir.join("python-staging-forever");
+    fs::write(
+        &path,
+        format!(
+            "#!/bin/sh\ncase \"$1\" in -m) echo $$ >{}; exec sleep 600 ;; esac\nexec python3 \"$@\"\n",
+            dir.join("progress.pid").display()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    path
+}
+
+/// `shufflefs-launch --np 3 OPTIONS --job DIR/job -- MOUNT-ARGS` with `python` for the
+/// progress, run to its end.
+fn launch_waiting(dir: &Path, python: &Path, options: &[&str]) -> Output {
+    run_with_timeout(
+        script("shufflefs-launch")
+            .env("SHUFFLEFS_PYTHON", python)
+            .args(["--np", "3", "--wait-staged"])
+            .args(options)
+            .arg("--job")
+            .arg(dir.join("job"))
+            .arg("--")
+            .args(mount_args(dir)),
+        TIMEOUT,
+    )
+}
+
+/// A rank killed while `--wait-staged` waits: the launch fails, saying the daemons exited,
+/// and leaves no progress process behind.
+#[test]
+fn launch_wait_staged_fails_when_a_rank_dies_during_staging() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let _cleanup = Cleanup(dir, 3);
+    write_source(dir, 2, 12, 3000);
+    let python = endless_progress(dir);
+    let killer = {
+        let (ranks, mount) = (dir.join("job.ranks"), mounts(dir, 3).remove(1));
+        std::thread::spawn(move || {
+            let deadline = Instant::now() + TIMEOUT;
+            while !ranks.exists() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let pid = read_status(&mount)["pid"].as_i64().unwrap() as i32;
+            // SAFETY: kill has no memory-safety preconditions.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        })
+    };
+    let out = launch_waiting(dir, &python, &[]);
+    killer.join().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the launch succeeded: {stderr}");
+    assert!(
+        stderr.contains("the daemons exited before every share was staged"),
+        "{stderr}"
+    );
+    let progress: i32 = fs::read_to_string(dir.join("progress.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        wait_pid_gone(progress, Duration::from_secs(5)),
+        "the progress was left running"
+    );
+}
+
+/// Without the Python package the wait fails at once with its own error, and
+/// `--staging-timeout` ends a wait that goes on; the job runs on either way.
+#[test]
+fn launch_wait_staged_fails_without_the_package_or_past_its_deadline() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let _cleanup = Cleanup(dir, 3);
+    write_source(dir, 2, 12, 3000);
+    // -I -S: neither PYTHONPATH (the checkout) nor site-packages (an installed package).
+    let isolated = dir.join("python-isolated");
+    fs::write(&isolated, "#!/bin/sh\nexec python3 -I -S \"$@\"\n").unwrap();
+    fs::set_permissions(
+        &isolated,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let checks: [(&Path, &[&str], &str); 2] = [
+        (&isolated, &[], "needs the shufflefs Python package"),
+        (
+            &endless_progress(dir),
+            &["--staging-timeout", "1"],
+            "not every share was staged after 1s",
+        ),
+    ];
+    for (python, options, says) in checks {
+        let out = launch_waiting(dir, python, options);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "the launch succeeded: {stderr}");
+        assert!(
+            stderr.contains(says) && stderr.contains("shufflefs-teardown"),
+            "{stderr}"
+        );
+        for m in mounts(dir, 3) {
+            assert!(read_status(&m)["rank"].as_u64().is_some());
+        }
+        assert!(teardown(dir).status.success());
+    }
+}
