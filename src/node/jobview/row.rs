@@ -40,10 +40,15 @@ pub(crate) struct RankRow {
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub(crate) struct StagingRow {
+    /// As the status's `staging.state`: `idle`, `staging`, `done`, `incomplete`, ...
+    /// (so a share with nothing to stage, or one that ended with errors, reads as finished).
+    pub state: String,
     pub done: u64,
     pub total: u64,
     pub done_bytes: u64,
     pub total_bytes: u64,
+    /// Samples staging could not copy.
+    pub errors: u64,
 }
 
 /// The latest exchange: bytes sent and received so far, of all it moves.
@@ -53,6 +58,10 @@ pub(crate) struct ExchangeRow {
     pub into_epoch: Option<u64>,
     pub done_bytes: u64,
     pub total_bytes: u64,
+    /// This rank's side as a receiver (disk hand-offs from ranks of its host included,
+    /// which only the receiver counts): what a job-wide sum of what moved adds up.
+    pub received_bytes: u64,
+    pub to_receive_bytes: u64,
     /// While it runs, over the last second or so; once it ended, its mean.
     pub rate_bytes_per_s: f64,
 }
@@ -123,6 +132,8 @@ impl Sampler {
             host: self.host.clone(),
             epoch: p.epochs.epoch(),
             staging: StagingRow {
+                state: staging.state.to_string(),
+                errors: staging.errors,
                 done: staging.files_done,
                 total: staging.files_total,
                 done_bytes: staging.bytes_done,
@@ -165,6 +176,8 @@ impl Sampler {
             into_epoch: Some(r.target_epoch),
             done_bytes: done,
             total_bytes: r.bytes_to_send + r.bytes_to_receive,
+            received_bytes: r.bytes_received,
+            to_receive_bytes: r.bytes_to_receive,
             rate_bytes_per_s: rate.round(),
         }
     }
