@@ -14,6 +14,8 @@
 //! leaves waits for every rank in that exchange, so skipping it would hang the whole job.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc::Receiver;
 
 use crate::comm::Comm;
 use crate::config::MountConfig;
@@ -85,13 +87,7 @@ pub(crate) fn run_node(
         return Ok(());
     };
     // Every rank mounted: the job view starts here on all of them (collective).
-    let status = node.status.clone();
-    let observe = move || status.observe_exchanges();
-    let mut view = jobview::start(comm, node.status.job.clone(), view_parts(&node), observe);
-    let _metrics = (config.metrics_file.as_ref()).map(|template| {
-        let path = metrics_file::path_for(template, rank, &jobview::hostname());
-        MetricsFile::start(path, node.status.clone())
-    });
+    let (mut view, _metrics) = observers(config, comm, &node);
     let hooks = hooks(&node);
     let mounted = Mounted::serve(session, &mountpoint, hooks, made)?;
     let current = node.coordinator.current();
@@ -110,26 +106,13 @@ pub(crate) fn run_node(
         world.is_some(),
     ));
     let abort = mounted.abort_flag();
-    let mut partial = None;
-    let served = match (world, exchanges.coded) {
-        (Some(world), Some(mut client)) => with_view(world, view.as_mut(), |world| {
-            serve(world, &node, &queue, &mut client, abort)
-        }),
-        _ => {
-            let mut recorded = Recorded {
-                partial: Partial {
-                    cfg: exchanges.cfg,
-                    peers: exchanges.peers,
-                },
-                last: None,
-            };
-            let served = with_view(comm, view.as_mut(), |comm| {
-                serve(comm, &node, &queue, &mut recorded, abort)
-            });
-            partial = Some(recorded);
-            served
-        }
-    };
+    let (served, partial) = exchange_until_unmounted(
+        (comm, world),
+        exchanges,
+        (&node, &queue),
+        view.as_mut(),
+        abort,
+    );
     node.coordinator.shutdown();
     let stopped = with_view(comm, view.as_mut(), |comm| {
         stop_and_leave(comm, &node, mounted, served, partial, &leave_plan)
@@ -138,6 +121,50 @@ pub(crate) fn run_node(
         view.finish();
     }
     stopped
+}
+
+/// The job view (collective: every rank starts it once mounted) and the metrics file.
+fn observers(
+    config: &MountConfig,
+    comm: &mut dyn Comm,
+    node: &Node,
+) -> (Option<Gatherer>, Option<MetricsFile>) {
+    let status = node.status.clone();
+    let observe = move || status.observe_exchanges();
+    let view = jobview::start(comm, node.status.job.clone(), view_parts(node), observe);
+    let metrics = (config.metrics_file.as_ref()).map(|template| {
+        let path = metrics_file::path_for(template, comm.rank(), &jobview::hostname());
+        MetricsFile::start(path, node.status.clone())
+    });
+    (view, metrics)
+}
+
+/// Serves exchanges until the mount goes: through the coded server (`world`) when there is
+/// one, else the partial exchange among the ranks (whose last plan `stop_and_leave` needs).
+fn exchange_until_unmounted(
+    (comm, world): (&mut dyn Comm, Option<&mut dyn Comm>),
+    exchanges: Exchanges,
+    (node, queue): (&Node, &Receiver<ExchangeCmd>),
+    view: Option<&mut Gatherer>,
+    abort: &AtomicBool,
+) -> (Result<(), ExchangeError>, Option<Recorded>) {
+    if let (Some(world), Some(mut client)) = (world, exchanges.coded) {
+        let served = with_view(world, view, |world| {
+            serve(world, node, queue, &mut client, abort)
+        });
+        return (served, None);
+    }
+    let mut recorded = Recorded {
+        partial: Partial {
+            cfg: exchanges.cfg,
+            peers: exchanges.peers,
+        },
+        last: None,
+    };
+    let served = with_view(comm, view, |comm| {
+        serve(comm, node, queue, &mut recorded, abort)
+    });
+    (served, Some(recorded))
 }
 
 /// Runs `f` on `comm`, ticking the job view as it goes (see `node::jobview::Viewed`).

@@ -303,18 +303,15 @@ impl ShuffleFs {
                 ..view(Kind::Dir, 0, a.dir_perm)
             },
             Node::CtlDir => control(Kind::Dir, 0, 0o555),
-            Node::Status if self.status_link => control(
-                Kind::Symlink,
-                self.status_file_path().as_os_str().len() as u64,
-                0o777,
-            ),
-            Node::Status => control(Kind::File, 0, 0o444),
-            Node::Metrics if self.status_link => control(
-                Kind::Symlink,
-                self.metrics_file_path().as_os_str().len() as u64,
-                0o777,
-            ),
-            Node::Metrics => control(Kind::File, 0, 0o444),
+            // A link to the copy in the cache (see `with_status_link`), else a file the daemon answers.
+            Node::Status | Node::Metrics if self.status_link => {
+                let target = match node {
+                    Node::Status => self.status_file_path(),
+                    _ => self.metrics_file_path(),
+                };
+                control(Kind::Symlink, target.as_os_str().len() as u64, 0o777)
+            }
+            Node::Status | Node::Metrics => control(Kind::File, 0, 0o444),
             Node::EpochCtl => control(Kind::File, 0, 0o644),
             Node::Current => Entry {
                 immutable: false,
