@@ -107,6 +107,7 @@ impl Node {
             exchange: tracker.clone(),
             resize,
             equal_shares: std::sync::OnceLock::new(),
+            partial: std::sync::OnceLock::new(),
         });
         let node = Node {
             store,

@@ -126,6 +126,23 @@ struct Status<'a> {
     /// Only with `--replicate`: the side files, where this rank reads them, what it copied.
     #[serde(skip_serializing_if = "Option::is_none")]
     replicated: Option<&'a crate::cache::side::Replicated>,
+    /// Only when (1 + Q) x the share does not fit the cache: the partial cache.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    partial: Option<PartialSnapshot>,
+}
+
+/// A share larger than its cache (issue 33, docs/partial-cache.md): what the planned kept
+/// sets are expected to give (simulated on the plan at mount) and what was measured
+/// (`null` where this build does not measure it yet).
+#[derive(Clone, Debug, Serialize)]
+pub struct PartialSnapshot {
+    pub cache_size_bytes: u64,
+    /// Samples kept at epoch 0.
+    pub kept_samples: u64,
+    pub expected_hit_rate: f64,
+    pub hit_rate: Option<f64>,
+    pub source_bytes_per_epoch: Option<u64>,
+    pub expected_source_bytes_per_epoch: u64,
 }
 
 pub struct DaemonStatus {
@@ -140,6 +157,8 @@ pub struct DaemonStatus {
     pub resize: Option<RegrowReport>,
     /// Under `--equal-shares`: what the view leaves out (set once the view is made).
     pub equal_shares: std::sync::OnceLock<Arc<EqualShares>>,
+    /// When the share does not fit the cache (set once at start).
+    pub partial: std::sync::OnceLock<PartialSnapshot>,
 }
 
 /// Under `--equal-shares drop`: the samples every view holds, and the ids this rank's view
@@ -204,6 +223,7 @@ impl StatusReport for DaemonStatus {
                 view_samples: e.view_size(),
                 left_out: e.left_out(&cur).to_vec(),
             }),
+            partial: self.partial.get().cloned(),
         };
         let mut out = serde_json::to_vec_pretty(&status).expect("status serializes");
         out.push(b'\n');

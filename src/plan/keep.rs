@@ -89,6 +89,8 @@ pub struct Outcome {
     pub source_bytes: u64,
     /// Bytes of kept samples received from a peer that had kept them.
     pub peer_bytes: u64,
+    /// Samples in the kept set.
+    pub kept: u64,
     /// Bytes of the kept set.
     pub kept_bytes: u64,
 }
@@ -111,6 +113,7 @@ impl Outcome {
             read_bytes: self.read_bytes + o.read_bytes,
             source_bytes: self.source_bytes + o.source_bytes,
             peer_bytes: self.peer_bytes + o.peer_bytes,
+            kept: self.kept + o.kept,
             kept_bytes: self.kept_bytes + o.kept_bytes,
         }
     }
@@ -237,6 +240,7 @@ impl KeepPlanner {
             reads: share.len() as u64,
             read_bytes,
             source_bytes: read_bytes,
+            kept: kept.len() as u64,
             kept_bytes: bytes(&mut kept.iter()),
             ..Outcome::default()
         };
