@@ -36,6 +36,7 @@ use crate::dataset::manifest::Manifest;
 use crate::plan::elastic::{Era, History};
 use crate::plan::{ExchangeScope, HostLayout, PlanError, SampleId};
 
+pub(crate) mod admission;
 mod backend;
 mod bitset;
 mod files;

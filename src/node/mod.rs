@@ -243,6 +243,9 @@ impl Effects for NodeEffects {
     }
 
     fn published(&self, change: &EpochChange) -> bool {
+        if let Some(partial) = self.store.partial() {
+            partial.epoch(change.current.epoch);
+        }
         self.staging.send(StagingCmd::Epoch {
             current: change.current.clone(),
         });
@@ -274,6 +277,8 @@ pub fn fetch_missing(
         .iter()
         .copied()
         .filter(|&id| !store.contains(id))
+        // A partial cache fetches what it keeps when it is read (the rest: from the source).
+        .filter(|_| store.partial().is_none())
         .collect();
     if missing.is_empty() {
         return Vec::new();

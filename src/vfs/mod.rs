@@ -387,6 +387,7 @@ impl ShuffleFs {
             return Ok(None);
         };
         match self.store.read_uncached(id, UNCACHED_MAX) {
+            Ok(bytes) if crate::cache::admission::is_not_kept(&cache_err) => Ok(Some(bytes)),
             Ok(bytes) => {
                 tracing::warn!(sample = id, error = %cache_err, "serving a sample from the source without caching it");
                 Ok(Some(bytes))

@@ -13,9 +13,10 @@
 use std::path::Path;
 
 use crate::cache::SampleStore;
+use crate::cache::admission::Admission;
 use crate::config::MountConfig;
 use crate::node::status::PartialSnapshot;
-use crate::plan::keep::{self, DEFAULT_HORIZON, Outcome};
+use crate::plan::keep::{self, DEFAULT_HORIZON, KeepPlanner, Outcome};
 use crate::plan::{Plan, Rank, SampleId};
 
 use super::agree::PhaseError;
@@ -40,11 +41,26 @@ pub(crate) struct Fit {
     pub expected: Outcome,
     /// Samples kept at epoch 0.
     pub kept_samples: u64,
+    /// The sizes the estimate used (see [`sizes`]).
+    pub sizes: std::sync::Arc<[u64]>,
 }
 
 impl Fit {
     pub(crate) fn fits(&self) -> bool {
         self.needed <= self.capacity
+    }
+
+    /// The store's gate for `rank` from `epoch` on: the planned kept sets.
+    pub(crate) fn admission(&self, plan: &Plan, rank: Rank, epoch: u64) -> Admission {
+        let planner = KeepPlanner::at(
+            plan.clone(),
+            self.sizes.clone(),
+            self.capacity,
+            DEFAULT_HORIZON,
+            epoch,
+        );
+        let n = self.sizes.len().max(1) as u64;
+        Admission::planned(planner, rank, self.sizes.iter().sum::<u64>() / n)
     }
 
     /// The status's `partial` section, before anything is measured.
@@ -74,7 +90,7 @@ pub(crate) fn check(
         Some(bytes) => bytes,
         None => default_capacity(cache, held).map_err(PhaseError::mine)?,
     };
-    let fit = estimate(plan, &sizes(store, &config.source), rank, capacity);
+    let fit = estimate(plan, sizes(store, &config.source).into(), rank, capacity);
     if fit.fits() {
         return Ok(fit);
     }
@@ -121,7 +137,12 @@ fn default_capacity(cache: &Path, held: u64) -> std::io::Result<u64> {
 }
 
 /// The fit of `rank`'s share in `capacity` bytes, simulated on `plan` (pure).
-pub(crate) fn estimate(plan: &Plan, sizes: &[u64], rank: Rank, capacity: u64) -> Fit {
+pub(crate) fn estimate(
+    plan: &Plan,
+    sizes: std::sync::Arc<[u64]>,
+    rank: Rank,
+    capacity: u64,
+) -> Fit {
     let bytes = |share: &[SampleId]| share.iter().map(|&s| sizes[s as usize]).sum::<u64>();
     let mut cur = plan.initial();
     let share_bytes = bytes(cur.share(rank));
@@ -145,7 +166,7 @@ pub(crate) fn estimate(plan: &Plan, sizes: &[u64], rank: Rank, capacity: u64) ->
             kept_bytes: share_bytes,
             ..Outcome::default()
         },
-        false => simulated(plan, sizes, rank, capacity),
+        false => simulated(plan, &sizes, rank, capacity),
     };
     Fit {
         capacity,
@@ -153,6 +174,7 @@ pub(crate) fn estimate(plan: &Plan, sizes: &[u64], rank: Rank, capacity: u64) ->
         share_bytes,
         kept_samples: expected.kept,
         expected,
+        sizes,
     }
 }
 
