@@ -8,7 +8,7 @@ use std::io;
 use std::sync::{Mutex, RwLock};
 
 use crate::plan::keep::KeepPlanner;
-use crate::plan::{Rank, SampleId};
+use crate::plan::{Rank, SampleId, Step};
 
 /// The byte budget and the kept set of the current epoch.
 pub(crate) struct Admission {
@@ -19,6 +19,32 @@ pub(crate) struct Admission {
     kept: RwLock<Vec<SampleId>>,
     /// Steps the kept sets with the epochs (`epoch`); `None` in tests of the gate alone.
     planner: Option<(Mutex<KeepPlanner>, Rank)>,
+    /// What reads found, this epoch and the one before.
+    measured: Mutex<Measured>,
+}
+
+/// Reads of the current epoch: the samples seen (each counted once), those found cached,
+/// the bytes read from the source; and the previous epoch's totals.
+#[derive(Default)]
+struct Measured {
+    seen: std::collections::HashSet<SampleId>,
+    hits: u64,
+    source_bytes: u64,
+    last: Option<EpochReads>,
+}
+
+/// One epoch's reads under a partial cache, for the status.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct EpochReads {
+    pub reads: u64,
+    pub hits: u64,
+    pub source_bytes: u64,
+}
+
+impl EpochReads {
+    pub(crate) fn hit_rate(&self) -> Option<f64> {
+        (self.reads > 0).then(|| self.hits as f64 / self.reads as f64)
+    }
 }
 
 impl Admission {
@@ -28,6 +54,7 @@ impl Admission {
             mean_size,
             kept: RwLock::new(kept),
             planner: None,
+            measured: Mutex::default(),
         }
     }
 
@@ -40,8 +67,47 @@ impl Admission {
         }
     }
 
-    /// The current epoch is now `epoch`: its kept set from the planner.
+    /// A sample of the current epoch is being read (`cached`: found in the cache); only
+    /// its first read this epoch counts.
+    pub(crate) fn saw(&self, id: SampleId, cached: bool) {
+        let mut m = self.measured.lock().unwrap_or_else(|e| e.into_inner());
+        if m.seen.insert(id) && cached {
+            m.hits += 1;
+        }
+    }
+
+    /// Bytes read from the source (into the cache or through memory).
+    pub(crate) fn read_from_source(&self, bytes: u64) {
+        let mut m = self.measured.lock().unwrap_or_else(|e| e.into_inner());
+        m.source_bytes += bytes;
+    }
+
+    /// The last whole epoch's reads (None before one ended), and the current one's so far.
+    pub(crate) fn measured(&self) -> (Option<EpochReads>, EpochReads) {
+        let m = self.measured.lock().unwrap_or_else(|e| e.into_inner());
+        let now = EpochReads {
+            reads: m.seen.len() as u64,
+            hits: m.hits,
+            source_bytes: m.source_bytes,
+        };
+        (m.last, now)
+    }
+
+    /// The current epoch is now `epoch`: its kept set from the planner, and the reads of
+    /// the one before become `measured`'s last epoch.
     pub(crate) fn epoch(&self, epoch: u64) {
+        {
+            let mut m = self.measured.lock().unwrap_or_else(|e| e.into_inner());
+            let last = EpochReads {
+                reads: m.seen.len() as u64,
+                hits: m.hits,
+                source_bytes: m.source_bytes,
+            };
+            *m = Measured {
+                last: Some(last),
+                ..Measured::default()
+            };
+        }
         let Some((planner, rank)) = &self.planner else {
             return;
         };
@@ -55,6 +121,28 @@ impl Admission {
     /// The kept set of a new epoch (sorted).
     pub(crate) fn set_kept(&self, kept: Vec<SampleId>) {
         *self.kept.write().unwrap_or_else(|e| e.into_inner()) = kept;
+    }
+
+    /// `step` with only the transfers whose receiver keeps the sample and gets it through
+    /// the exchange (`KeepPlanner::exchanged`); the receiver reads the others from the
+    /// source if it needs them. Unchanged without a planner, or for a step the planner has
+    /// gone past.
+    pub(crate) fn exchanged(&self, step: &Step) -> Step {
+        let Some((planner, _)) = &self.planner else {
+            return step.clone();
+        };
+        let mut p = planner.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let from = step.next.epoch.saturating_sub(1);
+        if p.epoch() > from {
+            return step.clone();
+        }
+        while p.epoch() < from {
+            p.advance();
+        }
+        Step {
+            next: step.next.clone(),
+            transfers: p.exchanged(step),
+        }
     }
 
     /// Whether sample `id` (of `size` bytes, if known) may be written into a cache that
@@ -95,6 +183,22 @@ mod tests {
         a.set_kept(vec![4]);
         assert!(a.admits(4, Some(1), 0) && !a.admits(1, Some(1), 0));
         assert!(is_not_kept(&not_kept(3)));
+        a.saw(4, true);
+        a.saw(4, false);
+        a.saw(5, false);
+        a.read_from_source(7);
+        assert_eq!(
+            a.measured().1,
+            EpochReads {
+                reads: 2,
+                hits: 1,
+                source_bytes: 7
+            }
+        );
+        a.epoch(1);
+        let (last, now) = a.measured();
+        assert_eq!(last.unwrap().hit_rate(), Some(0.5));
+        assert_eq!(now, EpochReads::default());
         assert!(!is_not_kept(&io::Error::from(io::ErrorKind::StorageFull)));
     }
 }

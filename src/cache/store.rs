@@ -310,6 +310,9 @@ impl SampleStore {
             self.learn_mtime(id, self.source.copy_to(id, out)?.mtime);
             Ok(None)
         });
+        if let (Ok(_), Some(partial)) = (&result, self.partial.get()) {
+            partial.read_from_source(self.size(id).unwrap_or(0));
+        }
         match &result {
             Ok(_) => self
                 .stats
@@ -351,6 +354,9 @@ impl SampleStore {
             }
         })?;
         let got = out.bytes.len() as u64;
+        if let Some(partial) = self.partial.get() {
+            partial.read_from_source(got);
+        }
         if want.is_some_and(|w| w != got) {
             return Err(io::Error::other(format!(
                 "{}: sample is {got} bytes, it was {} when first read; it changed since",

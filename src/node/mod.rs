@@ -161,6 +161,11 @@ pub fn serve(
             break;
         };
         exchange.evict(&node.store, evict);
+        // A partial cache moves only what the receiver keeps (see `plan::keep`).
+        let step = match node.store.partial() {
+            Some(partial) => Arc::new(partial.exchanged(&step)),
+            None => step,
+        };
         let target = step.next.epoch;
         node.coordinator.exchange_started(target);
         // The coordinator hears as soon as this rank holds what it needs; the exchange

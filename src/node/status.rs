@@ -161,6 +161,22 @@ pub struct DaemonStatus {
     pub partial: std::sync::OnceLock<PartialSnapshot>,
 }
 
+impl PartialSnapshot {
+    /// With what the store measured: the last whole epoch's hit rate and source bytes (the
+    /// current epoch's hit rate so far before one ended; `null` before any read).
+    fn measured(&self, store: &SampleStore) -> PartialSnapshot {
+        let Some(gate) = store.partial() else {
+            return self.clone();
+        };
+        let (last, now) = gate.measured();
+        PartialSnapshot {
+            hit_rate: last.unwrap_or(now).hit_rate(),
+            source_bytes_per_epoch: last.map(|l| l.source_bytes),
+            ..self.clone()
+        }
+    }
+}
+
 /// Under `--equal-shares drop`: the samples every view holds, and the ids this rank's view
 /// leaves out of its share this epoch.
 #[derive(Serialize)]
@@ -223,7 +239,7 @@ impl StatusReport for DaemonStatus {
                 view_samples: e.view_size(),
                 left_out: e.left_out(&cur).to_vec(),
             }),
-            partial: self.partial.get().cloned(),
+            partial: self.partial.get().map(|p| p.measured(&self.store)),
         };
         let mut out = serde_json::to_vec_pretty(&status).expect("status serializes");
         out.push(b'\n');

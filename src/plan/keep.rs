@@ -35,7 +35,9 @@
 
 use std::collections::VecDeque;
 
-use super::{EpochShares, Plan, Rank, SampleId};
+use std::collections::HashMap;
+
+use super::{EpochShares, Plan, Rank, SampleId, Step, Transfer};
 
 /// How many epochs ahead a sample's stay is looked at by default.
 pub const DEFAULT_HORIZON: usize = 8;
@@ -203,6 +205,43 @@ impl KeepPlanner {
         self.capacity
     }
 
+    /// Sample `s`'s size as planned.
+    pub fn size(&self, s: SampleId) -> u64 {
+        self.sizes[s as usize]
+    }
+
+    /// The transfers of `step` (out of the current epoch) that carry a sample its receiver
+    /// keeps and gets through the exchange ([`received`]): the others are read from the
+    /// source by whoever needs them, so they are not sent. Every rank computes the same.
+    pub fn exchanged(&self, step: &Step) -> Vec<Transfer> {
+        let mut next = self.clone();
+        next.advance();
+        let mut senders: Vec<HashMap<SampleId, Rank>> = vec![HashMap::new(); self.kept.len()];
+        for t in &step.transfers {
+            senders[t.to as usize].insert(t.sample, t.from);
+        }
+        let got: Vec<Vec<SampleId>> = (0..self.kept.len())
+            .map(|r| {
+                let peer_kept = |s: SampleId| {
+                    (senders[r].get(&s))
+                        .is_some_and(|&p| self.kept[p as usize].binary_search(&s).is_ok())
+                };
+                let size = |s: SampleId| self.size(s);
+                received(
+                    &self.kept[r],
+                    &next.kept[r],
+                    &peer_kept,
+                    &size,
+                    self.capacity,
+                )
+            })
+            .collect();
+        (step.transfers.iter())
+            .filter(|t| got[t.to as usize].binary_search(&t.sample).is_ok())
+            .copied()
+            .collect()
+    }
+
     /// Moves to the next epoch.
     pub fn advance(&mut self) {
         let next = self.plan.step(self.window.back().expect("not empty")).next;
@@ -213,10 +252,6 @@ impl KeepPlanner {
         let before_kept = std::mem::replace(&mut self.kept, new_kept);
         let before = (&before_shares, &before_kept[..]);
         self.outcomes = (0..world).map(|r| self.outcome(r, Some(before))).collect();
-    }
-
-    fn size(&self, s: SampleId) -> u64 {
-        self.sizes[s as usize]
     }
 
     fn choose(&self, rank: Rank) -> Vec<SampleId> {

@@ -383,6 +383,9 @@ impl ShuffleFs {
     /// the current epoch. A listed sample that cannot be fetched is an I/O error (EIO), never
     /// ENOENT; the cache's error says what went wrong first.
     fn fetch(&self, id: u32) -> Result<Option<Vec<u8>>, FsError> {
+        if let Some(partial) = self.store.partial() {
+            partial.saw(id, self.store.contains(id));
+        }
         let Err(cache_err) = self.store.ensure(id) else {
             return Ok(None);
         };

@@ -99,6 +99,28 @@ proptest! {
         }
     }
 
+    /// The exchange moves only samples its sender kept and its receiver keeps next, and
+    /// exactly the bytes the outcome counts as coming from peers.
+    #[test]
+    fn the_exchange_moves_only_what_both_ends_keep((plan, sizes, cap, horizon) in case()) {
+        let mut p = KeepPlanner::new(plan.clone(), sizes.clone(), cap, horizon);
+        for _ in 0..4 {
+            let step = plan.step(p.shares());
+            let moved = p.exchanged(&step);
+            let before = p.clone();
+            p.advance();
+            for t in &moved {
+                prop_assert!(step.transfers.contains(t));
+                prop_assert!(before.kept(t.from).binary_search(&t.sample).is_ok());
+                prop_assert!(p.kept(t.to).binary_search(&t.sample).is_ok());
+            }
+            for r in 0..plan.params().world {
+                let bytes: u64 = moved.iter().filter(|t| t.to == r).map(|t| sizes[t.sample as usize]).sum();
+                prop_assert_eq!(bytes, p.outcome_of(r).peer_bytes);
+            }
+        }
+    }
+
     #[test]
     fn kept_sets_are_deterministic((plan, sizes, cap, horizon) in case(), epoch in 0u64..6) {
         let a = KeepPlanner::at(plan.clone(), sizes.clone(), cap, horizon, epoch);

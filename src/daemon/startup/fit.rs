@@ -14,7 +14,9 @@ use std::path::Path;
 
 use crate::cache::SampleStore;
 use crate::cache::admission::Admission;
+use crate::comm::{Comm, CommError};
 use crate::config::MountConfig;
+use crate::dataset::manifest::Manifest;
 use crate::node::status::PartialSnapshot;
 use crate::plan::keep::{self, DEFAULT_HORIZON, KeepPlanner, Outcome};
 use crate::plan::{Plan, Rank, SampleId};
@@ -76,21 +78,41 @@ impl Fit {
     }
 }
 
-/// The fit of `rank`'s share (`held`: bytes the cache holds now); a refusal under
-/// `--require-fit`. Logs the partial-cache message when it does not fit.
+/// This rank's room: `--cache-size`, or the default from its filesystem (`held`: bytes
+/// the cache holds now).
+pub(crate) fn room(config: &MountConfig, cache: &Path, held: u64) -> Result<u64, PhaseError> {
+    match config.cache_size {
+        Some(bytes) => Ok(bytes),
+        None => default_capacity(cache, held).map_err(PhaseError::mine),
+    }
+}
+
+/// The job's room per rank: the smallest rank's (collective). Every rank plans every
+/// rank's kept set (the exchange sends only what the receiver keeps), so all plan with the
+/// same size.
+pub(crate) fn job_room(comm: &mut dyn Comm, mine: u64) -> Result<u64, CommError> {
+    let all = comm.all_gather(&mine.to_le_bytes())?;
+    Ok((all.iter())
+        .filter_map(|b| Some(u64::from_le_bytes(b.as_slice().try_into().ok()?)))
+        .min()
+        .unwrap_or(mine))
+}
+
+/// The fit of `rank`'s share in `capacity` bytes; a refusal under `--require-fit`. Logs the
+/// partial-cache message when it does not fit.
 pub(crate) fn check(
     config: &MountConfig,
     plan: &Plan,
     store: &SampleStore,
     rank: Rank,
-    cache: &Path,
-    held: u64,
+    capacity: u64,
 ) -> Result<Fit, PhaseError> {
-    let capacity = match config.cache_size {
-        Some(bytes) => bytes,
-        None => default_capacity(cache, held).map_err(PhaseError::mine)?,
-    };
-    let fit = estimate(plan, sizes(store, &config.source).into(), rank, capacity);
+    let fit = estimate(
+        plan,
+        sizes(store.manifest(), &config.source).into(),
+        rank,
+        capacity,
+    );
     if fit.fits() {
         return Ok(fit);
     }
@@ -104,19 +126,20 @@ pub(crate) fn check(
 /// Samples looked at (evenly spaced) to estimate the size of those whose size is unknown.
 const SIZE_PROBES: u32 = 256;
 
-/// Each sample's size as far as this rank knows it (the index's, or learned when cached);
-/// the others count as the mean of the known ones, or, when few are known, of up to
-/// [`SIZE_PROBES`] samples looked up in a local source (an image folder's index holds no
-/// sizes). An estimate: enough to size a cache, not to place bytes.
-pub(crate) fn sizes(store: &SampleStore, source: &Path) -> Vec<u64> {
-    let n = store.manifest().len();
-    let known: Vec<Option<u64>> = (0..n).map(|s| store.size(s)).collect();
+/// Each sample's size as the index knows it; the others count as the mean of the known
+/// ones, or, when few are known, of up to [`SIZE_PROBES`] evenly spaced samples looked up
+/// in a local source (an image folder's index holds no sizes). The same on every rank (the
+/// kept sets of all ranks are planned from it), and an estimate: enough to size a cache,
+/// not to place bytes (the gate checks real sizes).
+pub(crate) fn sizes(manifest: &Manifest, source: &Path) -> Vec<u64> {
+    let n = manifest.len();
+    let known: Vec<Option<u64>> = (0..n).map(|s| manifest.size(s)).collect();
     let (mut sum, mut count) =
         (known.iter().flatten()).fold((0u64, 0u64), |(s, c), &b| (s + b, c + 1));
     if count < u64::from(SIZE_PROBES.min(n)) {
         let step = (n / SIZE_PROBES).max(1);
         for id in (0..n).step_by(step as usize) {
-            let path = source.join(store.manifest().relative_path(id));
+            let path = source.join(manifest.relative_path(id));
             if let Ok(meta) = std::fs::metadata(path) {
                 sum += meta.len();
                 count += 1;

@@ -175,8 +175,9 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
         Some(_) => None,
         None => {
             let held = store.stats.bytes.load(std::sync::atomic::Ordering::Relaxed);
-            let checked = fit::check(config, &plan, &store, rank, &cache_path, held);
-            Some(agreed(comm, checked)?)
+            let room = agreed(comm, fit::room(config, &cache_path, held))?;
+            let room = fit::job_room(comm, room)?;
+            Some(agreed(comm, fit::check(config, &plan, &store, rank, room))?)
         }
     };
     Ok(Prepared {
