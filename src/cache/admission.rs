@@ -21,7 +21,14 @@ pub(crate) struct Admission {
     planner: Option<(Mutex<KeepPlanner>, Rank)>,
     /// What reads found, this epoch and the one before.
     measured: Mutex<Measured>,
+    /// The last samples read through memory, each handed out once more: a first lookup
+    /// reads a sample of unknown size to learn it, and the open right after must not read
+    /// it from the source again.
+    memo: Mutex<std::collections::VecDeque<(SampleId, Vec<u8>)>>,
 }
+
+/// Samples [`Admission::remember`] holds.
+const MEMO: usize = 16;
 
 /// Reads of the current epoch: the samples seen (each counted once), those found cached,
 /// the bytes read from the source; and the previous epoch's totals.
@@ -55,6 +62,7 @@ impl Admission {
             kept: RwLock::new(kept),
             planner: None,
             measured: Mutex::default(),
+            memo: Mutex::default(),
         }
     }
 
@@ -80,6 +88,22 @@ impl Admission {
     pub(crate) fn read_from_source(&self, bytes: u64) {
         let mut m = self.measured.lock().unwrap_or_else(|e| e.into_inner());
         m.source_bytes += bytes;
+    }
+
+    /// Keeps `bytes`, just read through memory, for one [`Admission::recall`].
+    pub(crate) fn remember(&self, id: SampleId, bytes: &[u8]) {
+        let mut m = self.memo.lock().unwrap_or_else(|e| e.into_inner());
+        if m.len() == MEMO {
+            m.pop_front();
+        }
+        m.push_back((id, bytes.to_vec()));
+    }
+
+    /// The bytes of `id` if [`Admission::remember`] kept them (handed out once).
+    pub(crate) fn recall(&self, id: SampleId) -> Option<Vec<u8>> {
+        let mut m = self.memo.lock().unwrap_or_else(|e| e.into_inner());
+        let i = m.iter().position(|(s, _)| *s == id)?;
+        m.remove(i).map(|(_, b)| b)
     }
 
     /// The last whole epoch's reads (None before one ended), and the current one's so far.

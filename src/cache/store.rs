@@ -342,6 +342,9 @@ impl SampleStore {
         if want.is_some_and(|w| w > max) {
             return Err(too_large());
         }
+        if let Some(bytes) = self.partial.get().and_then(|p| p.recall(id)) {
+            return Ok(bytes);
+        }
         let mut out = Capped {
             bytes: Vec::with_capacity(want.unwrap_or(0) as usize),
             max: max as usize,
@@ -366,6 +369,10 @@ impl SampleStore {
         }
         self.learn_size(id, got);
         self.learn_mtime(id, copied.mtime);
+        if let (Some(partial), None) = (self.partial.get(), want) {
+            // Read to learn its size (a lookup): the open that follows takes these bytes.
+            partial.remember(id, &out.bytes);
+        }
         Ok(out.bytes)
     }
 

@@ -131,8 +131,9 @@ fn run(
         let missing: Vec<(SampleId, bool)> = mine
             .iter()
             .filter(|&&i| !store.contains(i))
-            // A partial cache stages only what it keeps (the rest is read from the source).
-            .filter(|&&i| store.admits(i))
+            // A partial cache stages nothing: what it keeps comes in when first read (so
+            // the hit rate is the plan's), the rest is read from the source.
+            .filter(|_| store.partial().is_none())
             .map(|&i| (i, store.size(i).is_some()))
             .collect();
         let present = (mine.len() - missing.len()) as u64;
