@@ -98,6 +98,10 @@ fn disk_full_during_exchange_keeps_the_current_view_serving() {
             // Received over MPI, as from another host (a sample taken from a peer's cache
             // on this host is tested in the cache's unit tests).
             .args(["--share-disk", "never"])
+            // The cache claims room it does not have (as when another program fills the
+            // disk): without it, the share would not fit the tmpfs and the mount would be a
+            // partial cache, which never fills the disk (tests/mpi/partial_cache.rs).
+            .args(["--cache-size", "100M"])
             .arg("--source")
             .arg(dir.join("src"))
             .arg("--cache")
