@@ -68,10 +68,6 @@ pub(crate) fn run_node(
         exchanges: true,
         hosts: comm.hosts().to_vec(),
     };
-    if let Some(fit) = fit.as_ref().filter(|f| !f.fits()) {
-        let gate = fit.admission(&plan, rank, resumed.current.epoch);
-        store.set_partial(gate);
-    }
     let (node, queue) = Node::start(store.clone(), plan, rank, resumed, node_cfg);
     if let Some(fit) = fit.filter(|f| !f.fits()) {
         let _ = node.status.partial.set(fit.snapshot());

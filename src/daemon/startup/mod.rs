@@ -170,16 +170,22 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
     };
     let (plan, elastic) = fill::plan(comm, config, params, &job)?;
     let plans = (&plan, elastic.as_ref());
-    let (store, resumed) = fill::fill(comm, config, (dir, backend), manifest, plans, job)?;
+    let store = fill::open_store(config, (dir, backend), manifest)?;
+    // Before the fill: a resumed partial cache finishes its exchange within its size.
     let fit = match config.coded_alpha() {
         Some(_) => None,
         None => {
             let held = store.stats.bytes.load(std::sync::atomic::Ordering::Relaxed);
             let room = agreed(comm, fit::room(config, &cache_path, held))?;
             let room = fit::job_room(comm, room)?;
-            Some(agreed(comm, fit::check(config, &plan, &store, rank, room))?)
+            let fit = agreed(comm, fit::check(config, &plan, &store, rank, room))?;
+            if !fit.fits() {
+                store.set_partial(fit.admission(&plan, rank, job.epoch));
+            }
+            Some(fit)
         }
     };
+    let (store, resumed) = fill::fill(comm, config, store, plans, job)?;
     Ok(Prepared {
         fit,
         store,
