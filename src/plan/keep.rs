@@ -145,8 +145,22 @@ impl KeepPlanner {
         capacity: u64,
         horizon: usize,
     ) -> KeepPlanner {
+        let start = plan.initial();
+        KeepPlanner::from_shares(plan, start, sizes, capacity, horizon)
+    }
+
+    /// The kept sets planned afresh from `start` (nothing kept before it), the epochs
+    /// after stepped with `plan`: for a job whose earlier epochs another plan made (an
+    /// elastic restart).
+    pub fn from_shares(
+        plan: Plan,
+        start: EpochShares,
+        sizes: impl Into<std::sync::Arc<[u64]>>,
+        capacity: u64,
+        horizon: usize,
+    ) -> KeepPlanner {
         let mut window = VecDeque::with_capacity(horizon + 1);
-        window.push_back(plan.initial());
+        window.push_back(start);
         while window.len() <= horizon {
             let next = plan.step(window.back().expect("not empty")).next;
             window.push_back(next);

@@ -52,13 +52,18 @@ struct Setup {
 
 impl Setup {
     fn new(times: u64, tmpfs: &str) -> Setup {
+        Setup::with_caches(times, tmpfs, RANKS)
+    }
+
+    /// As [`Setup::new`], with a tmpfs cache for each of `caches` ranks.
+    fn with_caches(times: u64, tmpfs: &str, caches: u32) -> Setup {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
         write_equal_source(dir);
         let share = u64::from(CLASSES * PER_CLASS / RANKS) * SIZE as u64;
         let cap = share / times;
-        let mut caches = Tmpfs(Vec::new());
-        for r in 0..RANKS {
+        let mut mounted = Tmpfs(Vec::new());
+        for r in 0..caches {
             let cache = dir.join(format!("cache{r}"));
             std::fs::create_dir(&cache).unwrap();
             let options = format!("size={tmpfs}");
@@ -71,7 +76,7 @@ impl Setup {
                 Some(options.as_str()),
             )
             .unwrap();
-            caches.0.push(cache);
+            mounted.0.push(cache);
         }
         let samples = CLASSES * PER_CLASS;
         let params = PlanParams {
@@ -87,14 +92,18 @@ impl Setup {
             cap,
             times,
             planner,
-            _caches: caches,
+            _caches: mounted,
         }
     }
 
     fn start(&self) -> MpiJob {
+        self.start_ranks(RANKS)
+    }
+
+    fn start_ranks(&self, ranks: u32) -> MpiJob {
         let size = self.cap.to_string();
         let args = ["--share-disk", "never", "--cache-size", &size];
-        MpiJob::start(self.tmp.path(), RANKS, SEED, FRACTION, &args)
+        MpiJob::start(self.tmp.path(), ranks, SEED, FRACTION, &args)
     }
 
     /// Makes `epoch` current on every rank (from the one before) and waits until the
@@ -127,7 +136,7 @@ impl Setup {
             (samples, samples),
             "{times}x epoch {epoch}"
         );
-        for r in 0..RANKS {
+        for r in 0..job.mounts.len() as u32 {
             let st = job.status(r as usize);
             let problems = st["cache"]["problems"].to_string();
             assert!(
@@ -213,5 +222,31 @@ fn a_partial_cache_resumes_after_a_crash() {
         // Epoch 2 was read twice (before the crash and after): its count is not the plan's.
         s.check(&job, epoch, epoch > 3);
         s.planner.advance();
+    }
+}
+
+/// Killed after epoch 1 and started again on three ranks (an elastic restart): the new
+/// shares are planned afresh from the epoch it resumes at, every epoch is still a partition
+/// with every byte right and no cache passes its size.
+#[test]
+fn a_partial_cache_restarts_on_more_ranks() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    if !require_root("mounts a small tmpfs as the cache") {
+        return;
+    }
+    let s = Setup::with_caches(2, "1150k", 3);
+    let job = s.start();
+    s.check(&job, 0, false);
+    s.advance(&job, 1);
+    s.check(&job, 1, false);
+    job.kill();
+    let job = s.start_ranks(3);
+    assert_eq!(job.status(0)["epoch"], 1);
+    s.check(&job, 1, false);
+    for epoch in 2..EPOCHS {
+        s.advance(&job, epoch);
+        s.check(&job, epoch, false);
     }
 }

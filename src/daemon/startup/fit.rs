@@ -18,6 +18,7 @@ use crate::comm::{Comm, CommError};
 use crate::config::MountConfig;
 use crate::dataset::manifest::Manifest;
 use crate::node::status::PartialSnapshot;
+use crate::plan::elastic::ElasticPlan;
 use crate::plan::keep::{self, DEFAULT_HORIZON, KeepPlanner, Outcome};
 use crate::plan::{Plan, Rank, SampleId};
 
@@ -52,15 +53,20 @@ impl Fit {
         self.needed <= self.capacity
     }
 
-    /// The store's gate for `rank` from `epoch` on: the planned kept sets.
-    pub(crate) fn admission(&self, plan: &Plan, rank: Rank, epoch: u64) -> Admission {
-        let planner = KeepPlanner::at(
-            plan.clone(),
-            self.sizes.clone(),
-            self.capacity,
-            DEFAULT_HORIZON,
-            epoch,
-        );
+    /// The store's gate for `rank` from `epoch` on: the planned kept sets, walked from
+    /// epoch 0, or, for a job whose number of ranks changed (`elastic`), planned afresh
+    /// from the shares at `epoch` (the earlier epochs were another plan's).
+    pub(crate) fn admission(
+        &self,
+        (plan, elastic): (&Plan, Option<&ElasticPlan>),
+        rank: Rank,
+        epoch: u64,
+    ) -> Admission {
+        let (sizes, cap, h) = (self.sizes.clone(), self.capacity, DEFAULT_HORIZON);
+        let planner = match elastic {
+            Some(e) => KeepPlanner::from_shares(plan.clone(), e.shares_at(epoch), sizes, cap, h),
+            None => KeepPlanner::at(plan.clone(), sizes, cap, h, epoch),
+        };
         let n = self.sizes.len().max(1) as u64;
         Admission::planned(planner, rank, self.sizes.iter().sum::<u64>() / n)
     }

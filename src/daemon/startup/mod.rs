@@ -180,7 +180,7 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
             let room = fit::job_room(comm, room)?;
             let fit = agreed(comm, fit::check(config, &plan, &store, rank, room))?;
             if !fit.fits() {
-                store.set_partial(fit.admission(&plan, rank, job.epoch));
+                store.set_partial(fit.admission(plans, rank, job.epoch));
             }
             Some(fit)
         }
