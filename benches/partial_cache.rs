@@ -6,6 +6,9 @@
 //! shuffle). Sample sizes are seeded, 64..192 KiB. The three policies per rank:
 //! * **planned**: the kept sets of `KeepPlanner` (hits: kept the epoch before and still in
 //!   the share, or received from a peer that kept it).
+//! * **+early**: the same with the daemon's early refill (`cache::early`): a kept sample that
+//!   leaves after the epoch frees its room once read, and the next epoch's new kept samples
+//!   already on the rank are written when read after that, if they fit.
 //! * **bound**: Belady's MIN with bypass over the rank's reads, given every future read:
 //!   after a read (or when a sample arrives through the exchange, at the epoch boundary, as
 //!   if its sender always had it: free), the sample is cached if room can be made by
@@ -230,10 +233,12 @@ fn run(samples: u32, times: u64) {
         cap as f64 / 1e6
     );
     println!(
-        "| epoch | planned hit | bound hit | lru hit | planned src MB | bound src MB | lru src MB |"
+        "| epoch | planned hit | +early hit | bound hit | lru hit | planned src MB | +early src MB | bound src MB | lru src MB |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     let pct = |a: u64, b: u64| 100.0 * a as f64 / b.max(1) as f64;
+    // What the early refill made cached for the epoch after (hits, bytes).
+    let mut early = (0u64, 0u64);
     for e in 0..EPOCHS as usize {
         if e > 0 {
             planned.advance();
@@ -243,15 +248,59 @@ fn run(samples: u32, times: u64) {
             |acc: shufflefs::plan::keep::Outcome, r| acc.add(&planned.outcome_of(r)),
         );
         println!(
-            "| {e} | {:.1}% | {:.1}% | {:.1}% | {:.0} | {:.0} | {:.0} |",
+            "| {e} | {:.1}% | {:.1}% | {:.1}% | {:.1}% | {:.0} | {:.0} | {:.0} | {:.0} |",
             pct(p.hits, p.reads),
+            pct(p.hits + early.0, p.reads),
             pct(b[e].hits, b[e].reads),
             pct(l[e].hits, l[e].reads),
             p.source_bytes as f64 / 1e6,
+            (p.source_bytes - early.1) as f64 / 1e6,
             b[e].source as f64 / 1e6,
             l[e].source as f64 / 1e6,
         );
+        early = (0..WORLD)
+            .map(|r| early_refill(&planned, &plan, &per_rank[r as usize].epochs[e], r, &sizes))
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
     }
+}
+
+/// The early refill (`cache::early`) of `rank` during the planner's epoch, read in `order`:
+/// once the exchange is done (taken as at the epoch's start), each kept sample leaving after
+/// the epoch frees its room when read, and the next epoch's new kept samples already here
+/// are written when read, if they fit. Returns the samples and bytes so cached a epoch early.
+fn early_refill(
+    p: &KeepPlanner,
+    plan: &Plan,
+    order: &[SampleId],
+    rank: u32,
+    sizes: &[u64],
+) -> (u64, u64) {
+    let moved = p.exchanged(&plan.step(p.shares()));
+    let mut next = p.clone();
+    next.advance();
+    let (kept, next_kept) = (p.kept(rank), next.kept(rank));
+    let next_share = next.shares().share(rank);
+    let size = |s: &SampleId| sizes[*s as usize];
+    let received: u64 = moved
+        .iter()
+        .filter(|t| t.to == rank)
+        .map(|t| size(&t.sample))
+        .sum();
+    let mut room = p
+        .capacity()
+        .saturating_sub(kept.iter().map(size).sum::<u64>() + received);
+    let (mut n, mut bytes) = (0, 0);
+    for s in order {
+        let is_kept = kept.binary_search(s).is_ok();
+        if is_kept && next_share.binary_search(s).is_err() {
+            room += size(s);
+        } else if !is_kept && next_kept.binary_search(s).is_ok() && size(s) <= room {
+            room -= size(s);
+            n += 1;
+            bytes += size(s);
+        }
+    }
+    (n, bytes)
 }
 
 fn main() {

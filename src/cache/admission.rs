@@ -7,6 +7,7 @@
 use std::io;
 use std::sync::{Mutex, RwLock};
 
+use super::early::Early;
 use crate::plan::keep::KeepPlanner;
 use crate::plan::{Rank, SampleId, Step};
 
@@ -25,6 +26,8 @@ pub(crate) struct Admission {
     /// reads a sample of unknown size to learn it, and the open right after must not read
     /// it from the source again.
     memo: Mutex<std::collections::VecDeque<(SampleId, Vec<u8>)>>,
+    /// The current epoch's early refill (`super::early`); idle without a planner.
+    early: Mutex<Early>,
 }
 
 /// Samples [`Admission::remember`] holds.
@@ -63,14 +66,17 @@ impl Admission {
             planner: None,
             measured: Mutex::default(),
             memo: Mutex::default(),
+            early: Mutex::default(),
         }
     }
 
     /// The gate of `rank` following `planner`'s kept sets (from its current epoch).
     pub(crate) fn planned(planner: KeepPlanner, rank: Rank, mean_size: u64) -> Admission {
         let (kept, capacity) = (planner.kept(rank).to_vec(), planner.capacity());
+        let early = early_of(&planner, rank);
         Admission {
             planner: Some((Mutex::new(planner), rank)),
+            early: Mutex::new(early),
             ..Admission::new(capacity, mean_size, kept)
         }
     }
@@ -140,6 +146,21 @@ impl Admission {
             p.advance();
         }
         self.set_kept(p.kept(*rank).to_vec());
+        *self.early.lock().unwrap_or_else(|e| e.into_inner()) = early_of(&p, *rank);
+    }
+
+    /// Sample `id` was opened: the leaver to evict now, if any (see `super::early`).
+    pub(crate) fn after_read(&self, id: SampleId) -> Option<SampleId> {
+        self.early
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .read(id)
+    }
+
+    /// The exchange into `target` is done: the leavers to evict now.
+    pub(crate) fn exchange_done(&self, target: u64) -> Vec<SampleId> {
+        let mut early = self.early.lock().unwrap_or_else(|e| e.into_inner());
+        early.exchange_done(target)
     }
 
     /// The kept set of a new epoch (sorted).
@@ -172,9 +193,27 @@ impl Admission {
     /// Whether sample `id` (of `size` bytes, if known) may be written into a cache that
     /// holds `held` bytes.
     pub(crate) fn admits(&self, id: SampleId, size: Option<u64>, held: u64) -> bool {
+        let early = self.early.lock().unwrap_or_else(|e| e.into_inner());
         let kept = self.kept.read().unwrap_or_else(|e| e.into_inner());
-        kept.binary_search(&id).is_ok() && held + size.unwrap_or(self.mean_size) <= self.capacity
+        let wanted = (kept.binary_search(&id).is_ok() && !early.gone(id)) || early.admits(id);
+        wanted && held + size.unwrap_or(self.mean_size) <= self.capacity
     }
+}
+
+/// `rank`'s early refill at `planner`'s epoch: its kept samples leaving next epoch, and the
+/// next epoch's new kept samples already in its share.
+fn early_of(planner: &KeepPlanner, rank: Rank) -> Early {
+    let mut next = planner.clone();
+    next.advance();
+    let (kept, share) = (planner.kept(rank), planner.shares().share(rank));
+    let next_share = next.shares().share(rank);
+    let leavers = (kept.iter().copied())
+        .filter(|s| next_share.binary_search(s).is_err())
+        .collect();
+    let next_new = (next.kept(rank).iter().copied())
+        .filter(|s| kept.binary_search(s).is_err() && share.binary_search(s).is_ok())
+        .collect();
+    Early::new(planner.epoch(), leavers, next_new)
 }
 
 /// The error of a refused write: `StorageFull`, and it says why.

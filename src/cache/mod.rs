@@ -39,6 +39,7 @@ use crate::plan::{ExchangeScope, HostLayout, PlanError, SampleId};
 pub(crate) mod admission;
 mod backend;
 mod bitset;
+pub(crate) mod early;
 mod files;
 mod layout;
 pub(crate) mod own;

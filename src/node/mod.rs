@@ -180,7 +180,14 @@ pub fn serve(
             };
             node.coordinator.exchange_ended(target, outcome);
         };
-        if let Err(e) = exchange.run(comm, &step, ctx, &mut settled) {
+        let ran = exchange.run(comm, &step, ctx, &mut settled);
+        if let (Ok(()), Some(partial)) = (&ran, node.store.partial()) {
+            // Leavers already read make room within the epoch (`cache::early`).
+            for id in partial.exchange_done(target) {
+                let _ = node.store.remove(id);
+            }
+        }
+        if let Err(e) = ran {
             if e.is_abandoned() {
                 return Err(e);
             }

@@ -612,14 +612,22 @@ impl ShuffleFs {
                 let dir = self.store.dir().replicated().ok_or(FsError::NotFound)?;
                 Ok(Opened::Sample(File::open(dir.dir.join(rel))?))
             }
-            Node::Sample(id) => match self.fetch(id)? {
-                // A backend without a file per sample is read through the store.
-                None => match self.store.file(id) {
-                    Some(file) => Ok(Opened::Sample(file?)),
-                    None => Ok(Opened::Snapshot(self.store.read(id)?)),
-                },
-                Some(bytes) => Ok(Opened::Snapshot(bytes)),
-            },
+            Node::Sample(id) => {
+                let opened = match self.fetch(id)? {
+                    // A backend without a file per sample is read through the store.
+                    None => match self.store.file(id) {
+                        Some(file) => Opened::Sample(file?),
+                        None => Opened::Snapshot(self.store.read(id)?),
+                    },
+                    Some(bytes) => Opened::Snapshot(bytes),
+                };
+                // A partial cache's leaver, read, makes room (`cache::early`): the open
+                // file or the bytes read stay the reader's.
+                if let Some(gone) = self.store.partial().and_then(|p| p.after_read(id)) {
+                    let _ = self.store.remove(gone);
+                }
+                Ok(opened)
+            }
             _ if entry.kind == Kind::Dir => Err(FsError::IsDir),
             _ => Err(FsError::Invalid("cannot open this node".into())),
         }

@@ -1,8 +1,9 @@
 //! A share larger than the cache (issue 33), real mpirun, 2 ranks, each cache on a tmpfs
 //! only a little larger than `--cache-size`, shares 2x and 5x the cache: every epoch is a
 //! partition of the dataset with every byte right, nothing hits a full disk (the cache's
-//! bytes stay within its size), and the hit rate and source bytes each rank measures per
-//! epoch are the ones the plan (`plan::keep`) gives. Needs root (tmpfs).
+//! bytes stay within its size), and each rank's measured hit rate and source bytes per epoch
+//! are at least as good as the plan's (`plan::keep`; the early refill, `cache::early`, may
+//! do better). Needs root (tmpfs).
 
 use std::path::Path;
 
@@ -158,12 +159,15 @@ impl Setup {
                 planned.hit_rate(),
                 partial["source_bytes_per_epoch"]
             );
-            assert_eq!(
-                partial["source_bytes_per_epoch"], planned.source_bytes,
-                "{times}x rank {r} epoch {before}: source bytes"
+            // The plan is a floor: the early refill (`cache::early`) may do better.
+            let source = partial["source_bytes_per_epoch"].as_u64().unwrap();
+            assert!(
+                source <= planned.source_bytes,
+                "{times}x rank {r} epoch {before}: {source} source bytes, planned {}",
+                planned.source_bytes
             );
             assert!(
-                (got - planned.hit_rate()).abs() < 1e-9,
+                got >= planned.hit_rate() - 1e-9,
                 "{times}x rank {r} epoch {before}: measured {got}, planned {}",
                 planned.hit_rate()
             );
