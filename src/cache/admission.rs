@@ -1,8 +1,11 @@
 //! A partial cache's gate (issue 33): when a rank's share does not fit its cache, only the
-//! samples the plan keeps (`plan::keep`) are written, and only while the cache's bytes stay
-//! within its size, so a fetch never fills the disk. A sample refused here is not an error
-//! of the source: the reader gets it from the source through memory
-//! (`SampleStore::read_uncached`), staging and the epoch's fill skip it.
+//! samples the plan keeps (`plan::keep`, stepped here at each publication) are written, and
+//! only while the cache's bytes stay within its size, so a fetch never fills the disk. A
+//! sample refused here is not an error of the source: the reader gets it from the source
+//! through memory (`SampleStore::read_uncached`), and staging and the epoch's fill skip it.
+//! The gate also filters the exchange to what the receiver keeps ([`Admission::exchanged`]),
+//! runs the early refill (`super::early`), and measures the hit rate and source bytes per
+//! epoch for the status.
 
 use std::io;
 use std::sync::{Mutex, RwLock};

@@ -1,12 +1,13 @@
-//! Does this rank's share fit its cache? (issue 33, after `fill`)
+//! Does this rank's share fit its cache? (issue 33, after the store opens, before `fill`)
 //!
 //! A rank caches its share plus what the next exchange brings in: at most the bytes of two
 //! consecutive epochs' shares together, about `(1 + Q) x share`. The room is `--cache-size`,
 //! or by default what the cache folder's filesystem has free plus what the cache already
 //! holds (a remount of a full cache must not find itself short of its own files), less 5%
-//! of the filesystem. When the share does not fit, the rank says so once, with what the
-//! planned partial cache (`plan::keep`) is expected to give, simulated on the real plan:
-//! the hit rate and the bytes read from the source per epoch. `--require-fit` refuses the
+//! of the filesystem; the job plans with its smallest rank's room, because every rank
+//! plans every rank's kept set. When the share does not fit, the rank says so once, with
+//! what the planned partial cache (`plan::keep`) is expected to give, simulated on the real
+//! plan: the hit rate and the bytes read from the source per epoch. `--require-fit` refuses the
 //! mount instead (before anything is mounted), with the same numbers and the way out.
 //! A coded run has no partial cache (refused in `config`) and is not checked here.
 
