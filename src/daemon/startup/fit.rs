@@ -23,7 +23,8 @@ use crate::plan::elastic::ElasticPlan;
 use crate::plan::keep::{self, DEFAULT_HORIZON, KeepPlanner, Outcome};
 use crate::plan::{Plan, Rank, SampleId};
 
-use super::agree::PhaseError;
+use super::StartError;
+use super::agree::{PhaseError, agreed};
 
 /// Epochs simulated for the estimate (epoch 0, cold, is left out of it).
 const ESTIMATE_EPOCHS: u64 = 6;
@@ -83,6 +84,30 @@ impl Fit {
             expected_source_bytes_per_epoch: self.expected.source_bytes,
         }
     }
+}
+
+/// The phase (collective): each rank's room, the job's, the fit, and for a share that does
+/// not fit, the store's gate from `epoch` on. None for a coded run.
+pub(crate) fn phase(
+    comm: &mut dyn Comm,
+    config: &MountConfig,
+    plans: (&Plan, Option<&ElasticPlan>),
+    store: &SampleStore,
+    cache: &Path,
+    epoch: u64,
+) -> Result<Option<Fit>, StartError> {
+    if config.coded_alpha().is_some() {
+        return Ok(None);
+    }
+    let held = store.stats.bytes.load(std::sync::atomic::Ordering::Relaxed);
+    let room = agreed(comm, room(config, cache, held))?;
+    let room = job_room(comm, room)?;
+    let rank = comm.rank();
+    let fit = agreed(comm, check(config, plans.0, store, rank, room))?;
+    if !fit.fits() {
+        store.set_partial(fit.admission(plans, rank, epoch));
+    }
+    Ok(Some(fit))
 }
 
 /// This rank's room: `--cache-size`, or the default from its filesystem (`held`: bytes

@@ -172,19 +172,7 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
     let plans = (&plan, elastic.as_ref());
     let store = fill::open_store(config, (dir, backend), manifest)?;
     // Before the fill: a resumed partial cache finishes its exchange within its size.
-    let fit = match config.coded_alpha() {
-        Some(_) => None,
-        None => {
-            let held = store.stats.bytes.load(std::sync::atomic::Ordering::Relaxed);
-            let room = agreed(comm, fit::room(config, &cache_path, held))?;
-            let room = fit::job_room(comm, room)?;
-            let fit = agreed(comm, fit::check(config, &plan, &store, rank, room))?;
-            if !fit.fits() {
-                store.set_partial(fit.admission(plans, rank, job.epoch));
-            }
-            Some(fit)
-        }
-    };
+    let fit = fit::phase(comm, config, plans, &store, &cache_path, job.epoch)?;
     let (store, resumed) = fill::fill(comm, config, store, plans, job)?;
     Ok(Prepared {
         fit,
