@@ -264,7 +264,8 @@ impl KeepPlanner {
         let world = self.kept.len() as Rank;
         let new_kept: Vec<Vec<SampleId>> = (0..world).map(|r| self.choose(r)).collect();
         let before_kept = std::mem::replace(&mut self.kept, new_kept);
-        let before = (&before_shares, &before_kept[..]);
+        let owners = owners(&before_shares, self.sizes.len());
+        let before = (&owners[..], &before_kept[..]);
         self.outcomes = (0..world).map(|r| self.outcome(r, Some(before))).collect();
     }
 
@@ -280,7 +281,7 @@ impl KeepPlanner {
 
     /// `rank`'s cost at the current epoch, given the epoch before (`None` at epoch 0, when
     /// everything comes from the source).
-    fn outcome(&self, rank: Rank, before: Option<(&EpochShares, &[Vec<SampleId>])>) -> Outcome {
+    fn outcome(&self, rank: Rank, before: Option<(&[Rank], &[Vec<SampleId>])>) -> Outcome {
         let share = self.window[0].share(rank);
         let kept = &self.kept[rank as usize];
         let bytes = |set: &mut dyn Iterator<Item = &SampleId>| set.map(|&s| self.size(s)).sum();
@@ -293,7 +294,7 @@ impl KeepPlanner {
             kept_bytes: bytes(&mut kept.iter()),
             ..Outcome::default()
         };
-        let Some((shares, kept_before)) = before else {
+        let Some((owners, kept_before)) = before else {
             return o;
         };
         let prev = &kept_before[rank as usize];
@@ -301,7 +302,10 @@ impl KeepPlanner {
             .filter(|s| prev.binary_search(s).is_ok())
             .collect();
         let peer_kept = |s: SampleId| {
-            owner(shares, s).is_some_and(|p| kept_before[p as usize].binary_search(&s).is_ok())
+            let p = owners[s as usize] as usize;
+            kept_before
+                .get(p)
+                .is_some_and(|k| k.binary_search(&s).is_ok())
         };
         let got = received(prev, kept, &peer_kept, &|s| self.size(s), self.capacity);
         o.hits = (carried.len() + got.len()) as u64;
@@ -337,11 +341,15 @@ pub fn received(
     got
 }
 
-/// The rank whose share holds `s` (linear in the ranks).
-fn owner(shares: &EpochShares, s: SampleId) -> Option<Rank> {
-    (shares.shares.iter())
-        .position(|share| share.binary_search(&s).is_ok())
-        .map(|r| r as Rank)
+/// The rank whose share holds each of `samples` samples (`Rank::MAX` for none).
+fn owners(shares: &EpochShares, samples: usize) -> Vec<Rank> {
+    let mut out = vec![Rank::MAX; samples];
+    for (r, share) in shares.shares.iter().enumerate() {
+        for &s in share {
+            out[s as usize] = r as Rank;
+        }
+    }
+    out
 }
 
 /// The first `epochs` epochs under the kept sets: per epoch, every rank's outcome.
