@@ -111,6 +111,10 @@ pub(crate) struct MountConfig {
     /// see `daemon::metrics_file`).
     pub metrics_file: Option<String>,
     pub reset_cache: bool,
+    /// `--cache-size` (None: from the cache's filesystem, see `daemon::startup::fit`).
+    pub cache_size: Option<u64>,
+    /// `--require-fit`: refuse a partial cache.
+    pub require_fit: bool,
     /// `--rescan`: rank 0 scans the source even when its cache holds an index, and a cache
     /// built on another index keeps what is still valid (see `daemon::startup::rescan`).
     pub rescan: bool,
@@ -139,6 +143,7 @@ impl TryFrom<MountArgs> for MountConfig {
             return Err("--metrics-file must end in .prom: node_exporter's textfile collector reads only those files".into());
         }
         let exchange = exchange_mode(&args)?;
+        check_cache_size(&args, &exchange)?;
         let layout = args
             .cache_layout
             .unwrap_or_else(|| CacheLayout::default_for(args.format));
@@ -162,6 +167,8 @@ impl TryFrom<MountArgs> for MountConfig {
             ready_file: args.ready_file,
             metrics_file: args.metrics_file,
             reset_cache: args.reset_cache,
+            cache_size: args.cache_size,
+            require_fit: args.require_fit,
             rescan: args.rescan,
             exchange_rate: args.exchange_rate,
             staging_threads,
@@ -169,6 +176,24 @@ impl TryFrom<MountArgs> for MountConfig {
             read_path: args.read_path,
         })
     }
+}
+
+/// `--cache-size` and `--require-fit` plan a partial cache for the partial exchange; a coded
+/// run sizes its cache with `--cache-fraction` and has no partial cache (not built yet).
+fn check_cache_size(args: &MountArgs, exchange: &ExchangeMode) -> Result<(), String> {
+    if let ExchangeMode::Coded { .. } = exchange {
+        for (given, flag) in [
+            (args.cache_size.is_some(), "--cache-size"),
+            (args.require_fit, "--require-fit"),
+        ] {
+            if given {
+                return Err(format!(
+                    "{flag} applies to --exchange partial: a coded run caches --cache-fraction of the dataset and cannot stream what does not fit yet; drop {flag}, or use --exchange partial"
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The record settings, checked against `--format` and each other.
@@ -490,6 +515,19 @@ mod tests {
         ] {
             let err = mount(extra).unwrap_err();
             assert!(err.contains(needle), "{extra:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn cache_size_takes_units_and_refuses_coded() {
+        let c = mount(&["--cache-size", "30M", "--require-fit"]).unwrap();
+        assert_eq!(c.cache_size, Some(30 << 20));
+        assert!(c.require_fit);
+        assert_eq!(mount(&[]).unwrap().cache_size, None);
+        let coded = ["--exchange", "coded", "--cache-fraction", "0.5"];
+        for flag in [&["--cache-size", "2G"][..], &["--require-fit"]] {
+            let err = mount(&[&coded[..], flag].concat()).unwrap_err();
+            assert!(err.contains("applies to --exchange partial"), "{err}");
         }
     }
 

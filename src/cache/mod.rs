@@ -36,8 +36,10 @@ use crate::dataset::manifest::Manifest;
 use crate::plan::elastic::{Era, History};
 use crate::plan::{ExchangeScope, HostLayout, PlanError, SampleId};
 
+pub(crate) mod admission;
 mod backend;
 mod bitset;
+pub(crate) mod early;
 mod files;
 mod layout;
 pub(crate) mod own;

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use super::admission::{Admission, not_kept};
 use super::backend::{CacheBackend, Claim, Claims, Commit, Stored};
 use super::files::FileBackend;
 use super::{CacheDir, CacheError};
@@ -141,6 +142,8 @@ pub struct SampleStore {
     /// present when it gets it, and copies nothing.
     claims: Claims,
     pub stats: StoreStats,
+    /// Set when the share does not fit the cache: what may be written ([`Admission`]).
+    partial: std::sync::OnceLock<Admission>,
 }
 
 impl SampleStore {
@@ -169,6 +172,7 @@ impl SampleStore {
             mtimes: (0..manifest.len()).map(|_| AtomicU64::new(0)).collect(),
             claims: Claims::default(),
             stats: StoreStats::default(),
+            partial: std::sync::OnceLock::new(),
             backend,
             dir,
             manifest,
@@ -273,10 +277,33 @@ impl SampleStore {
         self.source.will_read(ids);
     }
 
-    /// Makes sure sample `id` is cached, copying it from the source if needed.
+    /// Makes this a partial cache: from now on only what `admission` admits is fetched
+    /// into it (a second call changes nothing).
+    pub(crate) fn set_partial(&self, admission: Admission) {
+        let _ = self.partial.set(admission);
+    }
+
+    /// The partial cache's gate, if this is one.
+    pub(crate) fn partial(&self) -> Option<&Admission> {
+        self.partial.get()
+    }
+
+    /// Whether `id` may be fetched into the cache (always, unless this is a partial cache).
+    pub(crate) fn admits(&self, id: SampleId) -> bool {
+        self.partial
+            .get()
+            .is_none_or(|a| a.admits(id, self.size(id), self.stats.bytes.load(Ordering::Relaxed)))
+    }
+
+    /// Makes sure sample `id` is cached, copying it from the source if needed. A partial
+    /// cache refuses a sample it does not keep, or that would pass its size
+    /// (`admission::is_not_kept`), counting nothing.
     pub fn ensure(&self, id: SampleId) -> io::Result<()> {
         if self.contains(id) {
             return Ok(());
+        }
+        if !self.admits(id) {
+            return Err(not_kept(id));
         }
         let claim = self.claims.claim(id);
         if self.contains(id) {
@@ -287,6 +314,9 @@ impl SampleStore {
             self.learn_mtime(id, self.source.copy_to(id, out)?.mtime);
             Ok(None)
         });
+        if let (Ok(_), Some(partial)) = (&result, self.partial.get()) {
+            partial.read_from_source(self.size(id).unwrap_or(0));
+        }
         match &result {
             Ok(_) => {
                 // Learned as it was written (see `write_claimed_from`).
@@ -321,6 +351,9 @@ impl SampleStore {
         if want.is_some_and(|w| w > max) {
             return Err(too_large());
         }
+        if let Some(bytes) = self.partial.get().and_then(|p| p.recall(id)) {
+            return Ok(bytes);
+        }
         let mut out = Capped {
             bytes: Vec::with_capacity(want.unwrap_or(0) as usize),
             max: max as usize,
@@ -333,6 +366,9 @@ impl SampleStore {
             }
         })?;
         let got = out.bytes.len() as u64;
+        if let Some(partial) = self.partial.get() {
+            partial.read_from_source(got);
+        }
         if want.is_some_and(|w| w != got) {
             return Err(io::Error::other(format!(
                 "{}: sample is {got} bytes, it was {} when first read; it changed since",
@@ -342,6 +378,10 @@ impl SampleStore {
         }
         self.learn_size(id, got);
         self.learn_mtime(id, copied.mtime);
+        if let (Some(partial), None) = (self.partial.get(), want) {
+            // Read to learn its size (a lookup): the open that follows takes these bytes.
+            partial.remember(id, &out.bytes);
+        }
         Ok(out.bytes)
     }
 

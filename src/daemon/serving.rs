@@ -60,6 +60,7 @@ pub(crate) fn run_node(
         resumed,
         mountpoint,
         mount_dirs,
+        fit,
     } = prepared;
     let rank = comm.rank();
     let leave_plan = plan.clone();
@@ -72,6 +73,9 @@ pub(crate) fn run_node(
         hosts: comm.hosts().to_vec(),
     };
     let (node, queue) = Node::start(store.clone(), plan, rank, resumed, node_cfg);
+    if let Some(fit) = fit.filter(|f| !f.fits()) {
+        let _ = node.status.partial.set(fit.snapshot());
+    }
     let fs = view(config, &node, rank, elastic);
     let session = super::mount_everywhere(
         config,

@@ -113,6 +113,7 @@ impl Node {
             equal_shares: std::sync::OnceLock::new(),
             job: Arc::default(),
             totals: Default::default(),
+            partial: std::sync::OnceLock::new(),
         });
         let node = Node {
             store,
@@ -178,6 +179,11 @@ pub fn serve(
             break;
         };
         exchange.evict(&node.store, evict);
+        // A partial cache moves only what the receiver keeps (see `plan::keep`).
+        let step = match node.store.partial() {
+            Some(partial) => Arc::new(partial.exchanged(&step)),
+            None => step,
+        };
         let target = step.next.epoch;
         node.coordinator.exchange_started(target);
         // The coordinator hears as soon as this rank holds what it needs; the exchange
@@ -192,7 +198,14 @@ pub fn serve(
             };
             node.coordinator.exchange_ended(target, outcome);
         };
-        if let Err(e) = exchange.run(comm, &step, ctx, &mut settled) {
+        let ran = exchange.run(comm, &step, ctx, &mut settled);
+        if let (Ok(()), Some(partial)) = (&ran, node.store.partial()) {
+            // Leavers already read make room within the epoch (`cache::early`).
+            for id in partial.exchange_done(target) {
+                let _ = node.store.remove(id);
+            }
+        }
+        if let Err(e) = ran {
             if e.is_abandoned() {
                 return Err(e);
             }
@@ -265,6 +278,9 @@ impl Effects for NodeEffects {
         let report = (self.tracker.snapshot().into_iter()).find(|r| r.target_epoch == epoch);
         let samples = change.current.share(self.rank).len();
         (self.epoch_log).published(epoch, samples, report.as_ref(), &self.store.stats);
+        if let Some(partial) = self.store.partial() {
+            partial.epoch(change.current.epoch);
+        }
         self.staging.send(StagingCmd::Epoch {
             current: change.current.clone(),
         });
@@ -296,6 +312,8 @@ pub fn fetch_missing(
         .iter()
         .copied()
         .filter(|&id| !store.contains(id))
+        // A partial cache fetches what it keeps when it is read (the rest: from the source).
+        .filter(|_| store.partial().is_none())
         .collect();
     if missing.is_empty() {
         return Vec::new();

@@ -88,6 +88,8 @@ fn redo_missing(comm: &mut dyn Comm, store: &SampleStore, step: &Step) -> Result
         .iter()
         .copied()
         .filter(|&id| !store.contains(id))
+        // A partial cache asks only for what it keeps (the rest is read from the source).
+        .filter(|&id| store.admits(id))
         .collect();
     let lacking: Vec<HashSet<SampleId>> = comm
         .all_gather(&exchange::encode_ids(&missing))?

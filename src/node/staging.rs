@@ -131,6 +131,9 @@ fn run(
         let missing: Vec<(SampleId, bool)> = mine
             .iter()
             .filter(|&&i| !store.contains(i))
+            // A partial cache stages nothing: what it keeps comes in when first read (so
+            // the hit rate is the plan's), the rest is read from the source.
+            .filter(|_| store.partial().is_none())
             .map(|&i| (i, store.size(i).is_some()))
             .collect();
         let present = (mine.len() - missing.len()) as u64;
@@ -289,6 +292,8 @@ fn stage_counting(
                                 progress.bytes_total.fetch_add(size, Ordering::Relaxed);
                             }
                         }
+                        // The partial cache is full: not a failure.
+                        Err(e) if crate::cache::admission::is_not_kept(&e) => {}
                         Err(e) => {
                             if source_unreachable(&e) {
                                 unreachable.fetch_add(1, Ordering::Relaxed);

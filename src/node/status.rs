@@ -138,6 +138,23 @@ struct Status<'a> {
     /// to 64 ranks, else on each host's first rank.
     #[serde(skip_serializing_if = "Option::is_none")]
     job: Option<serde_json::Value>,
+    /// Only when (1 + Q) x the share does not fit the cache: the partial cache.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    partial: Option<PartialSnapshot>,
+}
+
+/// A share larger than its cache (issue 33, docs/partial-cache.md): what the planned kept
+/// sets are expected to give (simulated on the plan at mount) and what was measured
+/// (`null` where this build does not measure it yet).
+#[derive(Clone, Debug, Serialize)]
+pub struct PartialSnapshot {
+    pub cache_size_bytes: u64,
+    /// Samples kept at epoch 0.
+    pub kept_samples: u64,
+    pub expected_hit_rate: f64,
+    pub hit_rate: Option<f64>,
+    pub source_bytes_per_epoch: Option<u64>,
+    pub expected_source_bytes_per_epoch: u64,
 }
 
 pub struct DaemonStatus {
@@ -156,6 +173,24 @@ pub struct DaemonStatus {
     pub(crate) job: Arc<JobBoard>,
     /// Running totals of the exchanges, for the metrics' counters.
     pub(crate) totals: ExchangeTotals,
+    /// When the share does not fit the cache (set once at start).
+    pub partial: std::sync::OnceLock<PartialSnapshot>,
+}
+
+impl PartialSnapshot {
+    /// With what the store measured: the last whole epoch's hit rate and source bytes (the
+    /// current epoch's hit rate so far before one ended; `null` before any read).
+    fn measured(&self, store: &SampleStore) -> PartialSnapshot {
+        let Some(gate) = store.partial() else {
+            return self.clone();
+        };
+        let (last, now) = gate.measured();
+        PartialSnapshot {
+            hit_rate: last.unwrap_or(now).hit_rate(),
+            source_bytes_per_epoch: last.map(|l| l.source_bytes),
+            ..self.clone()
+        }
+    }
 }
 
 /// Under `--equal-shares drop`: the samples every view holds, and the ids this rank's view
@@ -223,6 +258,7 @@ impl StatusReport for DaemonStatus {
                 left_out: e.left_out(&cur).to_vec(),
             }),
             job: self.job.json(),
+            partial: self.partial.get().map(|p| p.measured(&self.store)),
         };
         let mut out = serde_json::to_vec_pretty(&status).expect("status serializes");
         out.push(b'\n');

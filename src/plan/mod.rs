@@ -44,6 +44,7 @@ use rand_core::{Rng, SeedableRng};
 pub(crate) mod coded;
 pub mod elastic;
 pub mod equal;
+pub mod keep;
 pub mod placement;
 
 pub use coded::CodedShares;

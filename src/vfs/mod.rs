@@ -396,10 +396,14 @@ impl ShuffleFs {
     /// the current epoch. A listed sample that cannot be fetched is an I/O error (EIO), never
     /// ENOENT; the cache's error says what went wrong first.
     fn fetch(&self, id: u32) -> Result<Option<Vec<u8>>, FsError> {
+        if let Some(partial) = self.store.partial() {
+            partial.saw(id, self.store.contains(id));
+        }
         let Err(cache_err) = self.store.ensure(id) else {
             return Ok(None);
         };
         match self.store.read_uncached(id, UNCACHED_MAX) {
+            Ok(bytes) if crate::cache::admission::is_not_kept(&cache_err) => Ok(Some(bytes)),
             Ok(bytes) => {
                 tracing::warn!(sample = id, error = %cache_err, "serving a sample from the source without caching it");
                 Ok(Some(bytes))
@@ -640,14 +644,22 @@ impl ShuffleFs {
                 let dir = self.store.dir().replicated().ok_or(FsError::NotFound)?;
                 Ok(Opened::Sample(File::open(dir.dir.join(rel))?))
             }
-            Node::Sample(id) => match self.fetch(id)? {
-                // A backend without a file per sample is read through the store.
-                None => match self.store.file(id) {
-                    Some(file) => Ok(Opened::Sample(file?)),
-                    None => Ok(Opened::Snapshot(self.store.read(id)?)),
-                },
-                Some(bytes) => Ok(Opened::Snapshot(bytes)),
-            },
+            Node::Sample(id) => {
+                let opened = match self.fetch(id)? {
+                    // A backend without a file per sample is read through the store.
+                    None => match self.store.file(id) {
+                        Some(file) => Opened::Sample(file?),
+                        None => Opened::Snapshot(self.store.read(id)?),
+                    },
+                    Some(bytes) => Opened::Snapshot(bytes),
+                };
+                // A partial cache's leaver, read, makes room (`cache::early`): the open
+                // file or the bytes read stay the reader's.
+                if let Some(gone) = self.store.partial().and_then(|p| p.after_read(id)) {
+                    let _ = self.store.remove(gone);
+                }
+                Ok(opened)
+            }
             _ => Err(FsError::Invalid("cannot open this node".into())),
         }
     }

@@ -678,3 +678,25 @@ fn options_that_cannot_apply_are_refused() {
     all_mention(&r, &["--exchange-rate 0"]);
     assert!(!data.path("cache").exists());
 }
+
+/// A share larger than `--cache-size` under `--require-fit` is refused, foreground and
+/// detached, naming what the share needs, what the cache holds, the hit rate a partial cache
+/// would give and the way out; nothing is mounted (issue 33).
+#[test]
+fn a_share_that_does_not_fit_is_refused_under_require_fit() {
+    if !require_fuse() {
+        return;
+    }
+    let data = standard_dataset();
+    let extra = ["--cache-size", "1K", "--require-fit"];
+    let r = refused(&data, &data.root, &data.dir("mnt"), &extra);
+    all_mention(
+        &r,
+        &[
+            "--require-fit: this rank's share needs up to",
+            "(--cache-size)",
+            "of reads would hit",
+            "drop --require-fit",
+        ],
+    );
+}

@@ -2,7 +2,8 @@
 //! tmpfs that holds the share but not what comes in): the exchange fails with a clear error in
 //! the status, the current view keeps serving every byte, advancing fails without taking the
 //! mount down, and the job unmounts cleanly. And a single rank whose cache cannot even hold its
-//! share still serves every byte of it, from the source. Needs root for the tmpfs mounts.
+//! share still serves every byte of it, from the source, as a partial cache that never fills
+//! the disk. Needs root for the tmpfs mounts.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -97,6 +98,10 @@ fn disk_full_during_exchange_keeps_the_current_view_serving() {
             // Received over MPI, as from another host (a sample taken from a peer's cache
             // on this host is tested in the cache's unit tests).
             .args(["--share-disk", "never"])
+            // The cache claims room it does not have (as when another program fills the
+            // disk): without it, the share would not fit the tmpfs and the mount would be a
+            // partial cache, which never fills the disk (tests/mpi/partial_cache.rs).
+            .args(["--cache-size", "100M"])
             .arg("--source")
             .arg(dir.join("src"))
             .arg("--cache")
@@ -229,10 +234,19 @@ fn a_cache_smaller_than_the_share_still_serves_every_byte() {
                 "{read_path}: {p:?} differs from the source"
             );
         }
-        let problems = read_status(&d.mnt)["cache"]["problems"].to_string();
+        // The share does not fit the tmpfs: a partial cache (issue 33) that never fills
+        // the disk, and says so in the status.
+        let st = read_status(&d.mnt);
+        let problems = st["cache"]["problems"].to_string();
         assert!(
-            problems.contains("No space left"),
+            !problems.contains("No space left"),
             "{read_path}: {problems}"
+        );
+        assert!(
+            st["partial"]["cache_size_bytes"]
+                .as_u64()
+                .is_some_and(|b| b < 1 << 20),
+            "{read_path}: {st:#}"
         );
         let stopped = d.unmount();
         assert!(stopped.status.is_some_and(|s| s.success()), "{stopped:?}");

@@ -21,6 +21,7 @@ mod launch_mpi;
 mod layouts_modes;
 mod layouts_mpi;
 mod mpi_exchange;
+mod partial_cache;
 mod rank_leaves;
 mod rescan_mpi;
 mod resume_mpi;

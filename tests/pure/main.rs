@@ -18,6 +18,7 @@ mod coded_inproc;
 mod elastic_props;
 mod equal_props;
 mod exchange_inproc;
+mod keep_props;
 mod plan_props;
 mod reftest;
 mod resume_inproc;

@@ -929,3 +929,26 @@ fn fetches_count_the_bytes_read_from_the_source() {
     let bytes = m.size(2).unwrap() + m.size(3).unwrap();
     assert_eq!(s.fetched_bytes_from_source.load(Ordering::Relaxed), bytes);
 }
+
+/// A partial cache fetches only kept samples within its size; a refused sample is no
+/// source error and no problem, and can still be read from the source.
+#[test]
+fn a_partial_cache_fetches_only_what_it_keeps_within_its_size() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = manifest_with(|_| 1000);
+    let store = store_in(tmp.path(), &m);
+    let gate = crate::cache::admission::Admission::new(2500, 1000, vec![1, 2, 3, 4]);
+    store.set_partial(gate);
+    store.ensure(1).unwrap();
+    store.ensure(2).unwrap();
+    let full = store.ensure(3).unwrap_err();
+    let other = store.ensure(9).unwrap_err();
+    for e in [&full, &other] {
+        assert!(crate::cache::admission::is_not_kept(e), "{e}");
+    }
+    assert!(!store.contains(3) && !store.contains(9));
+    assert_eq!(store.stats.bytes.load(Ordering::Relaxed), 2000);
+    assert_eq!(store.stats.source_errors.load(Ordering::Relaxed), 0);
+    assert!(store.stats.problems().is_empty());
+    assert_eq!(store.read_uncached(9, 1 << 20).unwrap(), bytes_of(9, 1000));
+}

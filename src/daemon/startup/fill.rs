@@ -47,23 +47,30 @@ pub(crate) fn plan(
     Ok((plan, None))
 }
 
-/// The store over this rank's cache, at the job's epoch, holding what that epoch needs.
-pub(crate) fn fill(
-    comm: &mut dyn Comm,
+/// The store over this rank's cache, with what it holds.
+pub(crate) fn open_store(
     config: &MountConfig,
     (dir, backend): (CacheDir, Box<dyn CacheBackend>),
     manifest: Manifest,
+) -> Result<Arc<SampleStore>, StartError> {
+    let manifest = Arc::new(manifest);
+    let dataset = config.format().open(&config.source, manifest.clone());
+    Ok(Arc::new(SampleStore::with_backend(
+        dir, backend, manifest, dataset,
+    )?))
+}
+
+/// Brings `store` to the job's epoch, holding what that epoch needs (a partial cache: what
+/// its gate admits).
+pub(crate) fn fill(
+    comm: &mut dyn Comm,
+    config: &MountConfig,
+    store: Arc<SampleStore>,
     (plan, elastic): (&Plan, Option<&ElasticPlan>),
     job: Job,
 ) -> Result<(Arc<SampleStore>, Resumed), StartError> {
-    let manifest = Arc::new(manifest);
+    let manifest = store.manifest().clone();
     let dataset = config.format().open(&config.source, manifest.clone());
-    let store = Arc::new(SampleStore::with_backend(
-        dir,
-        backend,
-        manifest.clone(),
-        dataset.clone(),
-    )?);
     let resumed = match elastic {
         Some(elastic) => {
             let orphans = resize::open_orphans(job.orphans, &manifest, &dataset);

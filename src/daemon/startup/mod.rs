@@ -45,6 +45,7 @@ use crate::sys::made_dirs::MountDirs;
 mod agree;
 mod cache;
 mod fill;
+pub(crate) mod fit;
 mod index;
 mod local;
 mod rescan;
@@ -96,6 +97,9 @@ pub(crate) struct Prepared {
     pub mountpoint: PathBuf,
     /// The folders the mount point lacks: created at the mount (`sys::made_dirs`).
     pub mount_dirs: MountDirs,
+    /// The cache's room against the share (None for a coded run): `fit::Fit::fits`, or a
+    /// partial cache.
+    pub fit: Option<fit::Fit>,
 }
 
 /// Runs the phases in order on this rank (collective): each one's value, or the refusal
@@ -166,8 +170,12 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
     };
     let (plan, elastic) = fill::plan(comm, config, params, &job)?;
     let plans = (&plan, elastic.as_ref());
-    let (store, resumed) = fill::fill(comm, config, (dir, backend), manifest, plans, job)?;
+    let store = fill::open_store(config, (dir, backend), manifest)?;
+    // Before the fill: a resumed partial cache finishes its exchange within its size.
+    let fit = fit::phase(comm, config, plans, &store, &cache_path, job.epoch)?;
+    let (store, resumed) = fill::fill(comm, config, store, plans, job)?;
     Ok(Prepared {
+        fit,
         store,
         plan,
         elastic,
@@ -319,6 +327,54 @@ mod tests {
                 err.contains("--exchange-scope: cache has node, now global"),
                 "{err}"
             );
+        }
+    }
+
+    /// A share larger than `--cache-size` mounts with a partial cache (the estimate
+    /// comes with it), or is refused on every rank under `--require-fit`, naming the numbers
+    /// and the way out; a cache that fits is no partial cache.
+    #[test]
+    fn a_share_larger_than_the_cache_is_partial_or_refused() {
+        let folders = Folders::new(2);
+        let run = |extra: &[&str]| {
+            let args = folders.args_with("global", extra);
+            let handles: Vec<_> = LocalComm::world(2)
+                .into_iter()
+                .map(|mut comm| {
+                    let args = args.clone();
+                    std::thread::spawn(move || {
+                        prepare(&cfg(args), &mut comm)
+                            .map(|p| p.fit.expect("not coded"))
+                            .map_err(|e| e.to_string())
+                    })
+                })
+                .collect();
+            let out: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+            out
+        };
+        // 6 samples of 10 bytes per rank, Q 0.5: up to 90 bytes with the exchange.
+        for fit in run(&["--cache-size", "1K"]) {
+            assert!(fit.unwrap().fits());
+        }
+        for fit in run(&["--cache-size", "30"]) {
+            let fit = fit.unwrap();
+            assert!(!fit.fits());
+            assert_eq!(
+                (fit.capacity, fit.share_bytes, fit.kept_samples),
+                (30, 60, 3)
+            );
+            let snap = fit.snapshot();
+            assert!(snap.expected_hit_rate <= 0.5 && snap.hit_rate.is_none());
+            assert!(snap.expected_source_bytes_per_epoch >= 30);
+        }
+        for err in run(&["--cache-size", "30", "--require-fit"]) {
+            let err = err.unwrap_err();
+            assert!(
+                err.contains("--require-fit: this rank's share needs up to"),
+                "{err}"
+            );
+            assert!(err.contains("which holds 0.0 MB (--cache-size)"), "{err}");
+            assert!(err.contains("drop --require-fit"), "{err}");
         }
     }
 

@@ -1,0 +1,270 @@
+//! A partial cache's gate (issue 33): when a rank's share does not fit its cache, only the
+//! samples the plan keeps (`plan::keep`, stepped here at each publication) are written, and
+//! only while the cache's bytes stay within its size, so a fetch never fills the disk. A
+//! sample refused here is not an error of the source: the reader gets it from the source
+//! through memory (`SampleStore::read_uncached`), and staging and the epoch's fill skip it.
+//! The gate also filters the exchange to what the receiver keeps ([`Admission::exchanged`]),
+//! runs the early refill (`super::early`), and measures the hit rate and source bytes per
+//! epoch for the status.
+
+use std::io;
+use std::sync::{Mutex, RwLock};
+
+use super::early::Early;
+use crate::plan::keep::KeepPlanner;
+use crate::plan::{Rank, SampleId, Step};
+
+/// The byte budget and the kept set of the current epoch.
+pub(crate) struct Admission {
+    capacity: u64,
+    /// Size counted for a sample whose size is not known yet (the mount's estimate).
+    mean_size: u64,
+    /// Sorted.
+    kept: RwLock<Vec<SampleId>>,
+    /// Steps the kept sets with the epochs (`epoch`); `None` in tests of the gate alone.
+    planner: Option<(Mutex<KeepPlanner>, Rank)>,
+    /// What reads found, this epoch and the one before.
+    measured: Mutex<Measured>,
+    /// The last samples read through memory, each handed out once more: a first lookup
+    /// reads a sample of unknown size to learn it, and the open right after must not read
+    /// it from the source again.
+    memo: Mutex<std::collections::VecDeque<(SampleId, Vec<u8>)>>,
+    /// The current epoch's early refill (`super::early`); idle without a planner.
+    early: Mutex<Early>,
+}
+
+/// Samples [`Admission::remember`] holds.
+const MEMO: usize = 16;
+
+/// Reads of the current epoch: the samples seen (each counted once), those found cached,
+/// the bytes read from the source; and the previous epoch's totals.
+#[derive(Default)]
+struct Measured {
+    seen: std::collections::HashSet<SampleId>,
+    hits: u64,
+    source_bytes: u64,
+    last: Option<EpochReads>,
+}
+
+/// One epoch's reads under a partial cache, for the status.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct EpochReads {
+    pub reads: u64,
+    pub hits: u64,
+    pub source_bytes: u64,
+}
+
+impl EpochReads {
+    pub(crate) fn hit_rate(&self) -> Option<f64> {
+        (self.reads > 0).then(|| self.hits as f64 / self.reads as f64)
+    }
+}
+
+impl Admission {
+    pub(crate) fn new(capacity: u64, mean_size: u64, kept: Vec<SampleId>) -> Admission {
+        Admission {
+            capacity,
+            mean_size,
+            kept: RwLock::new(kept),
+            planner: None,
+            measured: Mutex::default(),
+            memo: Mutex::default(),
+            early: Mutex::default(),
+        }
+    }
+
+    /// The gate of `rank` following `planner`'s kept sets (from its current epoch).
+    pub(crate) fn planned(planner: KeepPlanner, rank: Rank, mean_size: u64) -> Admission {
+        let (kept, capacity) = (planner.kept(rank).to_vec(), planner.capacity());
+        let early = early_of(&planner, rank);
+        Admission {
+            planner: Some((Mutex::new(planner), rank)),
+            early: Mutex::new(early),
+            ..Admission::new(capacity, mean_size, kept)
+        }
+    }
+
+    /// A sample of the current epoch is being read (`cached`: found in the cache); only
+    /// its first read this epoch counts.
+    pub(crate) fn saw(&self, id: SampleId, cached: bool) {
+        let mut m = self.measured.lock().unwrap_or_else(|e| e.into_inner());
+        if m.seen.insert(id) && cached {
+            m.hits += 1;
+        }
+    }
+
+    /// Bytes read from the source (into the cache or through memory).
+    pub(crate) fn read_from_source(&self, bytes: u64) {
+        let mut m = self.measured.lock().unwrap_or_else(|e| e.into_inner());
+        m.source_bytes += bytes;
+    }
+
+    /// Keeps `bytes`, just read through memory, for one [`Admission::recall`].
+    pub(crate) fn remember(&self, id: SampleId, bytes: &[u8]) {
+        let mut m = self.memo.lock().unwrap_or_else(|e| e.into_inner());
+        if m.len() == MEMO {
+            m.pop_front();
+        }
+        m.push_back((id, bytes.to_vec()));
+    }
+
+    /// The bytes of `id` if [`Admission::remember`] kept them (handed out once).
+    pub(crate) fn recall(&self, id: SampleId) -> Option<Vec<u8>> {
+        let mut m = self.memo.lock().unwrap_or_else(|e| e.into_inner());
+        let i = m.iter().position(|(s, _)| *s == id)?;
+        m.remove(i).map(|(_, b)| b)
+    }
+
+    /// The last whole epoch's reads (None before one ended), and the current one's so far.
+    pub(crate) fn measured(&self) -> (Option<EpochReads>, EpochReads) {
+        let m = self.measured.lock().unwrap_or_else(|e| e.into_inner());
+        let now = EpochReads {
+            reads: m.seen.len() as u64,
+            hits: m.hits,
+            source_bytes: m.source_bytes,
+        };
+        (m.last, now)
+    }
+
+    /// The current epoch is now `epoch`: its kept set from the planner, and the reads of
+    /// the one before become `measured`'s last epoch.
+    pub(crate) fn epoch(&self, epoch: u64) {
+        {
+            let mut m = self.measured.lock().unwrap_or_else(|e| e.into_inner());
+            let last = EpochReads {
+                reads: m.seen.len() as u64,
+                hits: m.hits,
+                source_bytes: m.source_bytes,
+            };
+            *m = Measured {
+                last: Some(last),
+                ..Measured::default()
+            };
+        }
+        let Some((planner, rank)) = &self.planner else {
+            return;
+        };
+        let mut p = planner.lock().unwrap_or_else(|e| e.into_inner());
+        while p.epoch() < epoch {
+            p.advance();
+        }
+        self.set_kept(p.kept(*rank).to_vec());
+        *self.early.lock().unwrap_or_else(|e| e.into_inner()) = early_of(&p, *rank);
+    }
+
+    /// Sample `id` was opened: the leaver to evict now, if any (see `super::early`).
+    pub(crate) fn after_read(&self, id: SampleId) -> Option<SampleId> {
+        self.early
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .read(id)
+    }
+
+    /// The exchange into `target` is done: the leavers to evict now.
+    pub(crate) fn exchange_done(&self, target: u64) -> Vec<SampleId> {
+        let mut early = self.early.lock().unwrap_or_else(|e| e.into_inner());
+        early.exchange_done(target)
+    }
+
+    /// The kept set of a new epoch (sorted).
+    pub(crate) fn set_kept(&self, kept: Vec<SampleId>) {
+        *self.kept.write().unwrap_or_else(|e| e.into_inner()) = kept;
+    }
+
+    /// `step` with only the transfers whose receiver keeps the sample and gets it through
+    /// the exchange (`KeepPlanner::exchanged`); the receiver reads the others from the
+    /// source if it needs them. Unchanged without a planner, or for a step the planner has
+    /// gone past.
+    pub(crate) fn exchanged(&self, step: &Step) -> Step {
+        let Some((planner, _)) = &self.planner else {
+            return step.clone();
+        };
+        let mut p = planner.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let from = step.next.epoch.saturating_sub(1);
+        if p.epoch() > from {
+            return step.clone();
+        }
+        while p.epoch() < from {
+            p.advance();
+        }
+        Step {
+            next: step.next.clone(),
+            transfers: p.exchanged(step),
+        }
+    }
+
+    /// Whether sample `id` (of `size` bytes, if known) may be written into a cache that
+    /// holds `held` bytes.
+    pub(crate) fn admits(&self, id: SampleId, size: Option<u64>, held: u64) -> bool {
+        let early = self.early.lock().unwrap_or_else(|e| e.into_inner());
+        let kept = self.kept.read().unwrap_or_else(|e| e.into_inner());
+        let wanted = (kept.binary_search(&id).is_ok() && !early.gone(id)) || early.admits(id);
+        wanted && held + size.unwrap_or(self.mean_size) <= self.capacity
+    }
+}
+
+/// `rank`'s early refill at `planner`'s epoch: its kept samples leaving next epoch, and the
+/// next epoch's new kept samples already in its share.
+fn early_of(planner: &KeepPlanner, rank: Rank) -> Early {
+    let mut next = planner.clone();
+    next.advance();
+    let (kept, share) = (planner.kept(rank), planner.shares().share(rank));
+    let next_share = next.shares().share(rank);
+    let leavers = (kept.iter().copied())
+        .filter(|s| next_share.binary_search(s).is_err())
+        .collect();
+    let next_new = (next.kept(rank).iter().copied())
+        .filter(|s| kept.binary_search(s).is_err() && share.binary_search(s).is_ok())
+        .collect();
+    Early::new(planner.epoch(), leavers, next_new)
+}
+
+/// The error of a refused write: `StorageFull`, and it says why.
+pub(crate) fn not_kept(id: SampleId) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::StorageFull,
+        format!("sample {id} is not in this rank's partial cache (read from the source)"),
+    )
+}
+
+/// Whether `e` is a refusal of the partial cache (not a failure).
+pub(crate) fn is_not_kept(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::StorageFull
+        && e.get_ref()
+            .is_some_and(|i| i.to_string().contains("partial cache"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_kept_samples_within_the_budget() {
+        let a = Admission::new(100, 30, vec![1, 2, 3]);
+        assert!(a.admits(1, Some(50), 50));
+        assert!(!a.admits(1, Some(51), 50));
+        assert!(!a.admits(4, Some(1), 0));
+        assert!(a.admits(2, None, 70));
+        assert!(!a.admits(2, None, 71));
+        a.set_kept(vec![4]);
+        assert!(a.admits(4, Some(1), 0) && !a.admits(1, Some(1), 0));
+        assert!(is_not_kept(&not_kept(3)));
+        a.saw(4, true);
+        a.saw(4, false);
+        a.saw(5, false);
+        a.read_from_source(7);
+        assert_eq!(
+            a.measured().1,
+            EpochReads {
+                reads: 2,
+                hits: 1,
+                source_bytes: 7
+            }
+        );
+        a.epoch(1);
+        let (last, now) = a.measured();
+        assert_eq!(last.unwrap().hit_rate(), Some(0.5));
+        assert_eq!(now, EpochReads::default());
+        assert!(!is_not_kept(&io::Error::from(io::ErrorKind::StorageFull)));
+    }
+}

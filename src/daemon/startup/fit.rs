@@ -1,0 +1,294 @@
+//! Does this rank's share fit its cache? (issue 33, after the store opens, before `fill`)
+//!
+//! A rank caches its share plus what the next exchange brings in: at most the bytes of two
+//! consecutive epochs' shares together, about `(1 + Q) x share`. The room is `--cache-size`,
+//! or by default what the cache folder's filesystem has free plus what the cache already
+//! holds (a remount of a full cache must not find itself short of its own files), less 5%
+//! of the filesystem; the job plans with its smallest rank's room, because every rank
+//! plans every rank's kept set. When the share does not fit, the rank says so once, with
+//! what the planned partial cache (`plan::keep`) is expected to give, simulated on the real
+//! plan: the hit rate and the bytes read from the source per epoch. `--require-fit` refuses the
+//! mount instead (before anything is mounted), with the same numbers and the way out.
+//! A coded run has no partial cache (refused in `config`) and is not checked here.
+
+use std::path::Path;
+
+use crate::cache::SampleStore;
+use crate::cache::admission::Admission;
+use crate::comm::{Comm, CommError};
+use crate::config::MountConfig;
+use crate::dataset::manifest::Manifest;
+use crate::node::status::PartialSnapshot;
+use crate::plan::elastic::ElasticPlan;
+use crate::plan::keep::{self, DEFAULT_HORIZON, KeepPlanner, Outcome};
+use crate::plan::{Plan, Rank, SampleId};
+
+use super::StartError;
+use super::agree::{PhaseError, agreed};
+
+/// Epochs simulated for the estimate (epoch 0, cold, is left out of it).
+const ESTIMATE_EPOCHS: u64 = 6;
+
+/// The share of the filesystem left free by the default cache size.
+const HEADROOM_PERCENT: u64 = 5;
+
+/// The cache's room against the share, and what a partial cache is expected to give.
+#[derive(Clone, Debug)]
+pub(crate) struct Fit {
+    /// Bytes the cache may hold.
+    pub capacity: u64,
+    /// The most two consecutive shares of this rank need together (first epochs).
+    pub needed: u64,
+    /// Bytes of this rank's share at epoch 0.
+    pub share_bytes: u64,
+    /// This rank's outcome per epoch under the planned kept sets, averaged over the
+    /// simulated epochs after the first.
+    pub expected: Outcome,
+    /// Samples kept at epoch 0.
+    pub kept_samples: u64,
+    /// The sizes the estimate used (see [`sizes`]).
+    pub sizes: std::sync::Arc<[u64]>,
+}
+
+impl Fit {
+    pub(crate) fn fits(&self) -> bool {
+        self.needed <= self.capacity
+    }
+
+    /// The store's gate for `rank` from `epoch` on: the planned kept sets, walked from
+    /// epoch 0, or, for a job whose number of ranks changed (`elastic`), planned afresh
+    /// from the shares at `epoch` (the earlier epochs were another plan's).
+    pub(crate) fn admission(
+        &self,
+        (plan, elastic): (&Plan, Option<&ElasticPlan>),
+        rank: Rank,
+        epoch: u64,
+    ) -> Admission {
+        let (sizes, cap, h) = (self.sizes.clone(), self.capacity, DEFAULT_HORIZON);
+        let planner = match elastic {
+            Some(e) => KeepPlanner::from_shares(plan.clone(), e.shares_at(epoch), sizes, cap, h),
+            None => KeepPlanner::at(plan.clone(), sizes, cap, h, epoch),
+        };
+        let n = self.sizes.len().max(1) as u64;
+        Admission::planned(planner, rank, self.sizes.iter().sum::<u64>() / n)
+    }
+
+    /// The status's `partial` section, before anything is measured.
+    pub(crate) fn snapshot(&self) -> PartialSnapshot {
+        PartialSnapshot {
+            cache_size_bytes: self.capacity,
+            kept_samples: self.kept_samples,
+            expected_hit_rate: self.expected.hit_rate(),
+            hit_rate: None,
+            source_bytes_per_epoch: None,
+            expected_source_bytes_per_epoch: self.expected.source_bytes,
+        }
+    }
+}
+
+/// The phase (collective): each rank's room, the job's, the fit, and for a share that does
+/// not fit, the store's gate from `epoch` on. None for a coded run.
+pub(crate) fn phase(
+    comm: &mut dyn Comm,
+    config: &MountConfig,
+    plans: (&Plan, Option<&ElasticPlan>),
+    store: &SampleStore,
+    cache: &Path,
+    epoch: u64,
+) -> Result<Option<Fit>, StartError> {
+    if config.coded_alpha().is_some() {
+        return Ok(None);
+    }
+    let held = store.stats.bytes.load(std::sync::atomic::Ordering::Relaxed);
+    let room = agreed(comm, room(config, cache, held))?;
+    let room = job_room(comm, room)?;
+    let rank = comm.rank();
+    let fit = agreed(comm, check(config, plans.0, store, rank, room))?;
+    if !fit.fits() {
+        store.set_partial(fit.admission(plans, rank, epoch));
+    }
+    Ok(Some(fit))
+}
+
+/// This rank's room: `--cache-size`, or the default from its filesystem (`held`: bytes
+/// the cache holds now).
+pub(crate) fn room(config: &MountConfig, cache: &Path, held: u64) -> Result<u64, PhaseError> {
+    match config.cache_size {
+        Some(bytes) => Ok(bytes),
+        None => default_capacity(cache, held).map_err(PhaseError::mine),
+    }
+}
+
+/// The job's room per rank: the smallest rank's (collective). Every rank plans every
+/// rank's kept set (the exchange sends only what the receiver keeps), so all plan with the
+/// same size.
+pub(crate) fn job_room(comm: &mut dyn Comm, mine: u64) -> Result<u64, CommError> {
+    let all = comm.all_gather(&mine.to_le_bytes())?;
+    Ok((all.iter())
+        .filter_map(|b| Some(u64::from_le_bytes(b.as_slice().try_into().ok()?)))
+        .min()
+        .unwrap_or(mine))
+}
+
+/// The fit of `rank`'s share in `capacity` bytes; a refusal under `--require-fit`. Logs the
+/// partial-cache message when it does not fit.
+pub(crate) fn check(
+    config: &MountConfig,
+    plan: &Plan,
+    store: &SampleStore,
+    rank: Rank,
+    capacity: u64,
+) -> Result<Fit, PhaseError> {
+    let fit = estimate(
+        plan,
+        sizes(store.manifest(), &config.source).into(),
+        rank,
+        capacity,
+    );
+    if fit.fits() {
+        return Ok(fit);
+    }
+    if config.require_fit {
+        return Err(PhaseError::mine(refusal(&fit, config)));
+    }
+    tracing::warn!("{}", partial_message(&fit, config));
+    Ok(fit)
+}
+
+/// Samples looked at (evenly spaced) to estimate the size of those whose size is unknown.
+const SIZE_PROBES: u32 = 256;
+
+/// Each sample's size as the index knows it; the others count as the mean of the known
+/// ones, or, when few are known, of up to [`SIZE_PROBES`] evenly spaced samples looked up
+/// in a local source (an image folder's index holds no sizes). The same on every rank (the
+/// kept sets of all ranks are planned from it), and an estimate: enough to size a cache,
+/// not to place bytes (the gate checks real sizes).
+pub(crate) fn sizes(manifest: &Manifest, source: &Path) -> Vec<u64> {
+    let n = manifest.len();
+    let known: Vec<Option<u64>> = (0..n).map(|s| manifest.size(s)).collect();
+    let (mut sum, mut count) =
+        (known.iter().flatten()).fold((0u64, 0u64), |(s, c), &b| (s + b, c + 1));
+    if count < u64::from(SIZE_PROBES.min(n)) {
+        let step = (n / SIZE_PROBES).max(1);
+        for id in (0..n).step_by(step as usize) {
+            let path = source.join(manifest.relative_path(id));
+            if let Ok(meta) = std::fs::metadata(path) {
+                sum += meta.len();
+                count += 1;
+            }
+        }
+    }
+    let mean = sum.checked_div(count).unwrap_or(0);
+    known.into_iter().map(|s| s.unwrap_or(mean)).collect()
+}
+
+/// Free space of `cache`'s filesystem for us, plus `held`, less the headroom.
+fn default_capacity(cache: &Path, held: u64) -> std::io::Result<u64> {
+    let st = nix::sys::statvfs::statvfs(cache)?;
+    let frag = st.fragment_size().max(1);
+    let total = st.blocks() * frag;
+    let free = st.blocks_available() * frag;
+    Ok((free + held).saturating_sub(total / 100 * HEADROOM_PERCENT))
+}
+
+/// The fit of `rank`'s share in `capacity` bytes, simulated on `plan` (pure).
+pub(crate) fn estimate(
+    plan: &Plan,
+    sizes: std::sync::Arc<[u64]>,
+    rank: Rank,
+    capacity: u64,
+) -> Fit {
+    let bytes = |share: &[SampleId]| share.iter().map(|&s| sizes[s as usize]).sum::<u64>();
+    let mut cur = plan.initial();
+    let share_bytes = bytes(cur.share(rank));
+    let mut needed = share_bytes;
+    for _ in 1..ESTIMATE_EPOCHS {
+        let next = plan.step(&cur).next;
+        let mut union: Vec<SampleId> = cur.share(rank).to_vec();
+        union.extend_from_slice(next.share(rank));
+        union.sort_unstable();
+        union.dedup();
+        needed = needed.max(bytes(&union));
+        cur = next;
+    }
+    let expected = match needed <= capacity {
+        // The whole share is kept: no need to simulate (every mount passes here).
+        true => Outcome {
+            reads: cur.share(rank).len() as u64,
+            hits: cur.share(rank).len() as u64,
+            read_bytes: share_bytes,
+            kept: cur.share(rank).len() as u64,
+            kept_bytes: share_bytes,
+            ..Outcome::default()
+        },
+        false => simulated(plan, &sizes, rank, capacity),
+    };
+    Fit {
+        capacity,
+        needed,
+        share_bytes,
+        kept_samples: expected.kept,
+        expected,
+        sizes,
+    }
+}
+
+/// `rank`'s outcome per epoch under the kept sets, averaged over the simulated epochs
+/// after the first (cold) one; `kept` is the kept set of epoch 0.
+fn simulated(plan: &Plan, sizes: &[u64], rank: Rank, capacity: u64) -> Outcome {
+    let sim = keep::simulate(
+        plan.clone(),
+        sizes.to_vec(),
+        capacity,
+        DEFAULT_HORIZON,
+        ESTIMATE_EPOCHS,
+    );
+    let total = (sim[1..].iter()).fold(Outcome::default(), |acc, e| acc.add(&e[rank as usize]));
+    let n = ESTIMATE_EPOCHS - 1;
+    Outcome {
+        reads: total.reads / n,
+        hits: total.hits / n,
+        read_bytes: total.read_bytes / n,
+        source_bytes: total.source_bytes / n,
+        peer_bytes: total.peer_bytes / n,
+        kept: sim[0][rank as usize].kept,
+        kept_bytes: total.kept_bytes / n,
+    }
+}
+
+fn mb(bytes: u64) -> String {
+    format!("{:.1} MB", bytes as f64 / 1e6)
+}
+
+fn numbers(fit: &Fit, config: &MountConfig) -> String {
+    format!(
+        "this rank's share needs up to {} in its cache ((1 + Q) x {} at --fraction {}), which holds {} ({}); with a partial cache, {:.1}% of reads would hit and {} per epoch would be read from the source",
+        mb(fit.needed),
+        mb(fit.share_bytes),
+        config.fraction,
+        mb(fit.capacity),
+        match config.cache_size {
+            Some(_) => "--cache-size",
+            None => "the free space of its filesystem, less 5%",
+        },
+        100.0 * fit.expected.hit_rate(),
+        mb(fit.expected.source_bytes),
+    )
+}
+
+fn partial_message(fit: &Fit, config: &MountConfig) -> String {
+    format!(
+        "{}. Going on with a partial cache: the {} samples that stay longest are kept, the rest are read from the source when opened (docs/partial-cache.md). To cache the whole share give it {} (--cache-size, a larger disk, or more ranks); --require-fit refuses instead.",
+        numbers(fit, config),
+        fit.kept_samples,
+        mb(fit.needed),
+    )
+}
+
+fn refusal(fit: &Fit, config: &MountConfig) -> String {
+    format!(
+        "--require-fit: {}. Give the cache {} (--cache-size, a larger disk, or more ranks), or drop --require-fit to mount with a partial cache.",
+        numbers(fit, config),
+        mb(fit.needed),
+    )
+}
