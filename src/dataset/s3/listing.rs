@@ -69,13 +69,7 @@ pub(crate) fn list(
             query.push(("prefix", prefix.as_str()));
         }
         let url = client.signed.bucket_url(&query);
-        let body = client.run(async {
-            let answer = client.signed.get(&url, &[], None).await?;
-            (answer.into_body().bytes().await).map_err(|e| StoreError::Unreachable {
-                attempts: 1,
-                reason: format!("the listing's body broke off: {}", super::error::chain(&e)),
-            })
-        })?;
+        let (_, body) = client.run(client.signed.get_bytes(&url, &[], None, |_| Ok(())))?;
         let page = parse(&body)?;
         pages += 1;
         let encoded = page.encoding_type.as_deref() == Some("url");

@@ -12,15 +12,21 @@
 //! Retries: connection errors, timeouts, 5xx (500, 503 SlowDown), 429 and 408 are retried
 //! with exponential backoff (100 ms doubling to 10 s) and jitter, [`RETRIES`] times
 //! within [`RETRY_WINDOW`]; then [`StoreError::Unreachable`]. Every other answer is final.
+//! A body is read inside that loop: one that breaks off or stalls for [`IDLE`] is a failed
+//! attempt like a reset (a whole-object download resumes where it broke: `Client::get_to`).
+//! No timeout bounds a whole request, only each wait for the next bytes.
 
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use http::Method;
 use object_store::ClientOptions;
 use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey, AwsAuthorizer};
 use object_store::client::{
-    ClientConfigKey, HttpClient, HttpConnector, HttpRequest, HttpRequestBody, HttpResponse,
-    ReqwestConnector,
+    ClientConfigKey, HttpClient, HttpConnector, HttpError, HttpRequest, HttpRequestBody,
+    HttpResponse, HttpResponseBody, ReqwestConnector,
 };
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
@@ -30,6 +36,10 @@ use super::error::StoreError;
 pub(crate) const RETRIES: usize = 8;
 /// No retry starts later than this after the first attempt.
 pub(crate) const RETRY_WINDOW: Duration = Duration::from_secs(120);
+/// How long a request waits for its answer's head, and then for each next piece of its
+/// body, before that attempt counts as broken off. Not a bound on a whole download: an
+/// object that takes minutes to arrive on a slow link is fine as long as bytes keep coming.
+pub(crate) const IDLE: Duration = Duration::from_secs(30);
 const BACKOFF_FIRST: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
 
@@ -50,6 +60,9 @@ const FROM_ENV: [ClientConfigKey; 5] = [
     ClientConfigKey::ProxyCaCertificate,
     ClientConfigKey::ProxyExcludes,
 ];
+
+/// An answer's body as it arrives.
+pub(crate) type Body = BoxStream<'static, Result<Bytes, HttpError>>;
 
 /// One bucket's endpoint, credentials and HTTP client.
 pub(crate) struct Signed {
@@ -119,23 +132,24 @@ impl Signed {
         format!("{}?{}", self.bucket_endpoint, query.join("&"))
     }
 
-    /// GETs `url` with `headers`, retrying what says "later"; a 2xx answer, or the error
-    /// the last answer stands for (`etag`: the `If-Match` sent, to name a 412).
+    /// GETs `url` with `headers`, retrying what says "later" within `attempts`' budget; a
+    /// 2xx answer (its body still to read), or the error the last answer stands for (`etag`:
+    /// the `If-Match` sent, to name a 412).
     pub(crate) async fn get(
         &self,
+        attempts: &mut Attempts,
         url: &str,
         headers: &[(&'static str, String)],
         etag: Option<&str>,
     ) -> Result<HttpResponse, StoreError> {
-        let started = Instant::now();
-        let mut attempt = 0;
         loop {
-            attempt += 1;
+            attempts.made += 1;
             let reason = match self.send(url, headers).await? {
                 Ok(answer) if answer.status().is_success() => return Ok(answer),
                 Ok(answer) => {
                     let status = answer.status().as_u16();
-                    let body = answer.into_body().bytes().await.unwrap_or_default();
+                    let read = tokio::time::timeout(IDLE, answer.into_body().bytes()).await;
+                    let body = read.ok().and_then(Result::ok).unwrap_or_default();
                     let body = String::from_utf8_lossy(&body);
                     if !matches!(status, 408 | 429 | 500..=599) {
                         return Err(StoreError::of_answer(status, &body, etag));
@@ -144,15 +158,29 @@ impl Signed {
                 }
                 Err(transport) => transport,
             };
-            if attempt > RETRIES || started.elapsed() > RETRY_WINDOW {
-                return Err(StoreError::Unreachable {
-                    attempts: attempt,
-                    reason,
-                });
+            attempts.again(url, reason).await?;
+        }
+    }
+
+    /// GETs `url` and reads its whole body, retrying as [`get`](Self::get) does: a body that
+    /// breaks off or stalls ([`IDLE`]) is asked for again within the same budget. `check`
+    /// sees each answer's head before its body is read; the head and the body.
+    pub(crate) async fn get_bytes(
+        &self,
+        url: &str,
+        headers: &[(&'static str, String)],
+        etag: Option<&str>,
+        check: impl Fn(&HttpResponse) -> Result<(), StoreError>,
+    ) -> Result<(http::response::Parts, Bytes), StoreError> {
+        let mut attempts = Attempts::new();
+        loop {
+            let answer = self.get(&mut attempts, url, headers, etag).await?;
+            check(&answer)?;
+            let (head, body) = answer.into_parts();
+            match read_all(body).await {
+                Ok(bytes) => return Ok((head, bytes)),
+                Err(reason) => attempts.again(url, reason).await?,
             }
-            let wait = backoff(attempt);
-            tracing::debug!(url, attempt, wait_ms = wait.as_millis() as u64, %reason, "S3 request retried");
-            tokio::time::sleep(wait).await;
         }
     }
 
@@ -181,12 +209,76 @@ impl Signed {
                 .with_request_payer(self.request_payer)
                 .authorize(&mut request, None);
         }
-        Ok(self
-            .http
-            .execute(request)
-            .await
-            .map_err(|e| super::error::chain(&e)))
+        Ok(
+            match tokio::time::timeout(IDLE, self.http.execute(request)).await {
+                Ok(answer) => answer.map_err(|e| super::error::chain(&e)),
+                Err(_) => Err(format!("no answer within {} s", IDLE.as_secs())),
+            },
+        )
     }
+}
+
+/// The retry budget of one request: the attempts made, and when the first started.
+pub(crate) struct Attempts {
+    started: Instant,
+    made: usize,
+}
+
+impl Attempts {
+    pub(crate) fn new() -> Attempts {
+        Attempts {
+            started: Instant::now(),
+            made: 0,
+        }
+    }
+
+    /// The attempts made so far.
+    pub(crate) fn made(&self) -> usize {
+        self.made
+    }
+
+    /// After an attempt that failed for `reason`: waits out its backoff, or
+    /// [`StoreError::Unreachable`] once the budget ([`RETRIES`], [`RETRY_WINDOW`]) is spent.
+    pub(crate) async fn again(&mut self, url: &str, reason: String) -> Result<(), StoreError> {
+        if self.made > RETRIES || self.started.elapsed() > RETRY_WINDOW {
+            return Err(StoreError::Unreachable {
+                attempts: self.made,
+                reason,
+            });
+        }
+        let wait = backoff(self.made);
+        tracing::debug!(url, attempt = self.made, wait_ms = wait.as_millis() as u64, %reason, "S3 request retried");
+        tokio::time::sleep(wait).await;
+        Ok(())
+    }
+}
+
+/// The next piece of a body: `None` at its end, `Err(reason)` if it broke off or no byte
+/// came for [`IDLE`].
+pub(crate) async fn next_chunk(body: &mut Body) -> Result<Option<Bytes>, String> {
+    match tokio::time::timeout(IDLE, body.next()).await {
+        Err(_) => Err(format!(
+            "the answer stalled: no byte for {} s",
+            IDLE.as_secs()
+        )),
+        Ok(None) => Ok(None),
+        Ok(Some(Err(e))) => Err(format!("the answer broke off: {}", super::error::chain(&e))),
+        Ok(Some(Ok(chunk))) => Ok(Some(chunk)),
+    }
+}
+
+/// A whole body, or why it broke off.
+async fn read_all(body: HttpResponseBody) -> Result<Bytes, String> {
+    let mut body = body.bytes_stream();
+    let Some(first) = next_chunk(&mut body).await? else {
+        return Ok(Bytes::new());
+    };
+    let mut all: Option<Vec<u8>> = None;
+    while let Some(chunk) = next_chunk(&mut body).await? {
+        all.get_or_insert_with(|| first.to_vec())
+            .extend_from_slice(&chunk);
+    }
+    Ok(all.map_or(first, Bytes::from))
 }
 
 /// The wait before retry `attempt` (1, 2, ...): a random 50 to 100 % of 100 ms doubling per
