@@ -182,7 +182,8 @@ impl S3Server {
     }
 
     /// A proxy that answers the GETs of keys ending in each `suffix` as `fault` says: an
-    /// HTTP status (`"416"`, `"400"`: an S3 error body) or `"norange"` (the request goes on
+    /// HTTP status (`"416"`, `"400"`, `"403"` SignatureDoesNotMatch: an S3 error body; with
+    /// `/SECS` only for SECS seconds after its first answer) or `"norange"` (the request goes on
     /// without its `Range` header, so the server answers 200 with the whole object, as a
     /// proxy that drops Range does), `"cut"` (the first GET whose path and query hold the
     /// text gets half its body, then the connection closes) or `"cutrange"` (the same for
@@ -282,7 +283,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import time
 port, upstream, every, delay = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]) / 1000
 faults = json.loads(sys.argv[5])
-codes = {"416": b"InvalidRange", "400": b"InvalidArgument"}
+codes = {"416": b"InvalidRange", "400": b"InvalidArgument", "403": b"SignatureDoesNotMatch"}
+first_hit = {}
 count = [0]
 done = set()
 lock = threading.Lock()
@@ -293,6 +295,12 @@ class Handler(BaseHTTPRequestHandler):
         fault = None
         if self.command == "GET" and "?" not in self.path:
             fault = next((f for s, f in faults.items() if self.path.endswith(s) and not f.startswith("cut")), None)
+        if fault is not None and "/" in fault:
+            fault, secs = fault.split("/")
+            with lock:
+                since = time.time() - first_hit.setdefault(secs, time.time())
+            if since > float(secs):
+                fault = None
         cut = None
         if self.command == "GET":
             with lock:

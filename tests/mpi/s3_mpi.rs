@@ -738,3 +738,40 @@ fn record_bodies_cut_midway_are_fetched_again() {
     assert_eq!(status["cache"]["source_errors"], 0, "{status}");
     job.unmount();
 }
+
+/// A store that refuses every request alike for a while (403 SignatureDoesNotMatch, as
+/// after a key rotation) is an outage, not a bad sample each: staging names the code and
+/// the fix in the status, waits, and stages every sample once the store takes the key again.
+#[test]
+fn a_store_refusing_every_request_is_waited_out_not_failed_per_sample() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let Some(python) = moto_python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&python, &tmp.path().join("moto.log"));
+    dataset(tmp.path(), &server);
+    let faults = [(".jpg", "403/6")];
+    let proxy = server.faults_proxy(&faults, &tmp.path().join("proxy.log"));
+    let mut launcher = mpirun(1);
+    launcher.envs(S3Server::env(&proxy.endpoint()));
+    let source = format!("s3://{BUCKET}/{PREFIX}");
+    let job = MpiJob::start_from(launcher, source.as_ref(), tmp.path(), 1, SEED, 0.5, &[]);
+    wait_status(&job, 30, "the refusal in the status", |s| {
+        s["cache"]["problems"]
+            .as_array()
+            .is_some_and(|p| !p.is_empty())
+    });
+    let problems = job.status(0)["cache"]["problems"].to_string();
+    for needle in ["SignatureDoesNotMatch", "AWS_SECRET_ACCESS_KEY"] {
+        assert!(problems.contains(needle), "{needle:?} not in {problems}");
+    }
+    wait_status(&job, 60, "every sample staged after", |s| {
+        s["cache"]["files"] == 42
+    });
+    assert!(proxy.injected() > 0);
+    let (exact, failed) = read_view(&job.mounts[0].join("epoch-0"), &tmp.path().join("src"));
+    assert_eq!((exact, failed.len()), (42, 0), "{failed:?}");
+    eprintln!("403s injected: {}; problems: {problems}", proxy.injected());
+    job.unmount();
+}
