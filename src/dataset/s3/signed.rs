@@ -85,7 +85,10 @@ impl Signed {
         bucket: &str,
     ) -> Result<Signed, String> {
         let value = |key: AmazonS3ConfigKey| builder.get_config_value(&key);
-        let flag = |key| value(key).is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let flag = |key| value(key).is_some_and(|v| truthy(&v));
+        if flag(AmazonS3ConfigKey::S3Express) {
+            return Err("AWS_S3_EXPRESS: S3 Express One Zone directory buckets are not supported (their session-based signing is not implemented); use a general-purpose bucket, or unset AWS_S3_EXPRESS".into());
+        }
         for key in FROM_ENV {
             if let Some(v) = value(AmazonS3ConfigKey::Client(key)) {
                 options = options.with_config(key, v);
@@ -184,6 +187,29 @@ impl Signed {
         }
     }
 
+    /// The unsigned GET of `url` with `headers` (and `x-amz-request-payer: requester` for
+    /// `AWS_REQUEST_PAYER`, signed or not).
+    fn request(
+        &self,
+        url: &str,
+        headers: &[(&'static str, String)],
+    ) -> Result<HttpRequest, StoreError> {
+        let mut request = HttpRequest::new(HttpRequestBody::empty());
+        *request.method_mut() = Method::GET;
+        *request.uri_mut() = url
+            .parse()
+            .map_err(|e| StoreError::Malformed(format!("bad request URL {url}: {e}")))?;
+        let payer = [("x-amz-request-payer", "requester".to_string())];
+        let payer = payer.iter().filter(|_| self.request_payer);
+        for (name, value) in headers.iter().chain(payer) {
+            let value = value
+                .parse()
+                .map_err(|_| StoreError::Malformed(format!("bad header {name}: {value}")))?;
+            request.headers_mut().insert(*name, value);
+        }
+        Ok(request)
+    }
+
     /// One attempt: the answer, or why none came (`Ok(Err(reason))`); `Err` for
     /// credentials that cannot be had.
     async fn send(
@@ -191,17 +217,7 @@ impl Signed {
         url: &str,
         headers: &[(&'static str, String)],
     ) -> Result<Result<HttpResponse, String>, StoreError> {
-        let mut request = HttpRequest::new(HttpRequestBody::empty());
-        *request.method_mut() = Method::GET;
-        *request.uri_mut() = url
-            .parse()
-            .map_err(|e| StoreError::Malformed(format!("bad request URL {url}: {e}")))?;
-        for (name, value) in headers {
-            let value = value
-                .parse()
-                .map_err(|_| StoreError::Malformed(format!("bad header {name}: {value}")))?;
-            request.headers_mut().insert(*name, value);
-        }
+        let mut request = self.request(url, headers)?;
         if !self.skip_signature {
             let credential = (self.store.credentials().get_credential().await)
                 .map_err(|e| StoreError::NoCredentials(super::error::chain(&e)))?;
@@ -216,6 +232,14 @@ impl Signed {
             },
         )
     }
+}
+
+/// Whether a flag's value is "on", as `object_store` reads its flags: `1`, `true`, `on`,
+/// `yes` or `y`, any case.
+fn truthy(value: &str) -> bool {
+    ["1", "true", "on", "yes", "y"]
+        .iter()
+        .any(|t| value.trim().eq_ignore_ascii_case(t))
 }
 
 /// The retry budget of one request: the attempts made, and when the first started.
@@ -318,6 +342,50 @@ mod tests {
                 "{attempt}: {wait:?}"
             );
         }
+    }
+
+    fn signed(settings: &[(AmazonS3ConfigKey, &str)]) -> Result<Signed, String> {
+        let mut builder = AmazonS3Builder::new()
+            .with_bucket_name("b")
+            .with_region("eu-west-1")
+            .with_access_key_id("k")
+            .with_secret_access_key("s");
+        for (key, value) in settings {
+            builder = builder.with_config(*key, *value);
+        }
+        Signed::new(builder, ClientOptions::new(), "b")
+    }
+
+    #[test]
+    fn flags_take_every_value_object_store_takes_and_are_honoured() {
+        for on in ["1", "true", "TRUE", "on", "Yes", "y"] {
+            assert!(truthy(on), "{on}");
+        }
+        for off in ["0", "false", "off", "no", "n", ""] {
+            assert!(!truthy(off), "{off}");
+        }
+        use AmazonS3ConfigKey as K;
+        let plain = signed(&[]).unwrap();
+        assert_eq!(
+            plain.bucket_endpoint,
+            "https://s3.eu-west-1.amazonaws.com/b"
+        );
+        assert!(!plain.skip_signature && !plain.request_payer);
+        let request = plain.request("https://x/b/k", &[]).unwrap();
+        assert!(request.headers().get("x-amz-request-payer").is_none());
+        let on = signed(&[
+            (K::VirtualHostedStyleRequest, "yes"),
+            (K::SkipSignature, "1"),
+            (K::RequestPayer, "On"),
+        ])
+        .unwrap();
+        assert_eq!(on.bucket_endpoint, "https://b.s3.eu-west-1.amazonaws.com");
+        assert!(on.skip_signature && on.request_payer);
+        // Unsigned (skip signature) and still asking to pay.
+        let request = on.request("https://x/b/k", &[]).unwrap();
+        assert_eq!(request.headers()["x-amz-request-payer"], "requester");
+        let express = signed(&[(K::S3Express, "true")]).err().unwrap();
+        assert!(express.contains("S3 Express"), "{express}");
     }
 
     #[test]
