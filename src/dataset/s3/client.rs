@@ -50,9 +50,21 @@ impl S3Url {
                 "--source {text}: no bucket name; write s3://BUCKET/PREFIX"
             )));
         }
+        let prefix = prefix.trim_matches('/');
+        if let Some(why) = super::keys::unusable(prefix).filter(|_| !prefix.is_empty()) {
+            let parts: Vec<&str> = (prefix.split('/'))
+                .filter(|p| !["", ".", ".."].contains(p))
+                .collect();
+            return Some(Err(format!(
+                "--source {text}: the prefix {prefix:?} has {why}, which no path in the view \
+                 can have (and a URL would resolve '.' and '..'); a bucket's keys are plain \
+                 names: write the prefix as its keys start, e.g. s3://{bucket}/{}",
+                parts.join("/")
+            )));
+        }
         Some(Ok(S3Url {
             bucket: bucket.to_string(),
-            prefix: prefix.trim_matches('/').to_string(),
+            prefix: prefix.to_string(),
         }))
     }
 
@@ -356,6 +368,22 @@ mod tests {
             answer = answer.header(*name, *value);
         }
         answer.body(Vec::<u8>::new().into()).unwrap()
+    }
+
+    #[test]
+    fn a_prefix_no_path_can_have_is_refused_with_the_fix() {
+        let parsed = |s: &str| S3Url::parse(s).unwrap();
+        assert_eq!(parsed("s3://b/a/b/").unwrap().prefix, "a/b");
+        assert_eq!(parsed("s3://b").unwrap().prefix, "");
+        for (url, fix) in [
+            ("s3://b/a//b", "s3://b/a/b"),
+            ("s3://b/a/./b", "s3://b/a/b"),
+            ("s3://b/a/../b", "s3://b/a/b"),
+            ("s3://b/./x", "s3://b/x"),
+        ] {
+            let e = parsed(url).unwrap_err();
+            assert!(e.contains("the prefix") && e.ends_with(fix), "{e}");
+        }
     }
 
     #[test]
