@@ -128,8 +128,10 @@ fn parse(body: &[u8]) -> Result<Page, StoreError> {
 }
 
 /// A key as `encoding-type=url` sent it: `+` is a space, `%XX` a byte. Bytes that are not
-/// UTF-8 once decoded (S3 keys are UTF-8) become U+FFFD, which no object has, so such a
-/// key is skipped as unfetchable by the caller.
+/// UTF-8 once decoded (S3 keys are UTF-8; only a store that is not S3 could send them)
+/// become U+FFFD. Such a key is not skipped (U+FFFD is also a valid character of a real
+/// key): its sample's GET asks for another key, is answered 404 and fails that sample
+/// alone, named in the status.
 fn decode(key: &str) -> String {
     let spaced = key.replace('+', " ");
     percent_encoding::percent_decode_str(&spaced)
