@@ -217,11 +217,15 @@ fn slowdown_503s_are_retried_and_every_byte_arrives() {
     let job = job(tmp.path(), &proxy.endpoint());
     assert_epochs_partition(&job, &tmp.path().join("src"), 2, &[]);
     assert!(proxy.injected() > 0, "the proxy injected no 503");
-    // Every 503 was retried inside the request: no sample failed on any rank.
+    // Every 503 was retried inside the request: no sample failed on any rank, and the
+    // ranks' retry counters add up to the 503s.
+    let mut retries = 0;
     for rank in 0..RANKS as usize {
         let cache = &job.status(rank)["cache"];
         assert_eq!(cache["source_errors"], 0, "rank {rank}: {cache}");
+        retries += cache["store_retries"].as_u64().unwrap();
     }
+    assert_eq!(retries as usize, proxy.injected(), "retries counted");
     eprintln!("503s injected: {}", proxy.injected());
     job.unmount();
 }

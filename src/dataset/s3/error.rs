@@ -199,7 +199,7 @@ impl From<StoreError> for io::Error {
                 io::ErrorKind::InvalidData
             }
         };
-        io::Error::new(kind, e.to_string())
+        io::Error::new(kind, e)
     }
 }
 

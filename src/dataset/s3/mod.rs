@@ -63,6 +63,11 @@ fn client(source: &Path) -> Result<Client, ManifestError> {
     Client::new(url).map_err(ManifestError::Store)
 }
 
+/// Retries this process's requests to a bucket made so far (0 without one).
+pub(crate) fn store_retries() -> u64 {
+    signed::STORE_RETRIES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Refuses on the command line what a bucket source does not support yet, a malformed
 /// `s3://` URL, and every other URL scheme (`gs://`, `az://`, `http://`, ...): this build
 /// compiles `object_store`'s S3 client only, so those would otherwise be taken for a folder

@@ -151,6 +151,7 @@ impl Signed {
                 Ok(answer) if answer.status().is_success() => return Ok(answer),
                 Ok(answer) => {
                     let status = answer.status().as_u16();
+                    attempts.hint = retry_after(&answer);
                     let read = tokio::time::timeout(IDLE, answer.into_body().bytes()).await;
                     let body = read.ok().and_then(Result::ok).unwrap_or_default();
                     let body = String::from_utf8_lossy(&body);
@@ -246,6 +247,8 @@ fn truthy(value: &str) -> bool {
 pub(crate) struct Attempts {
     started: Instant,
     made: usize,
+    /// What the last answer's `Retry-After` asked for, if anything.
+    hint: Option<Duration>,
 }
 
 impl Attempts {
@@ -253,6 +256,7 @@ impl Attempts {
         Attempts {
             started: Instant::now(),
             made: 0,
+            hint: None,
         }
     }
 
@@ -270,11 +274,33 @@ impl Attempts {
                 reason,
             });
         }
-        let wait = backoff(self.made);
-        tracing::debug!(url, attempt = self.made, wait_ms = wait.as_millis() as u64, %reason, "S3 request retried");
+        let wait = backoff(self.made).max(self.hint.take().unwrap_or_default());
+        STORE_RETRIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let wait_ms = wait.as_millis() as u64;
+        match self.made {
+            1 => {
+                tracing::info!(url, wait_ms, %reason, "S3 request retried (first retry; later ones are logged at debug)")
+            }
+            attempt => tracing::debug!(url, attempt, wait_ms, %reason, "S3 request retried"),
+        }
         tokio::time::sleep(wait).await;
         Ok(())
     }
+}
+
+/// Retries made by this process's requests (the status's `cache.store_retries`).
+pub(crate) static STORE_RETRIES: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0);
+
+/// The wait a 503 or 429 answer's `Retry-After` asks for (whole seconds; an HTTP date is
+/// not read), at most [`BACKOFF_MAX`]: honoured when longer than the backoff drawn.
+fn retry_after(answer: &HttpResponse) -> Option<Duration> {
+    if !matches!(answer.status().as_u16(), 429 | 503) {
+        return None;
+    }
+    let text = answer.headers().get("retry-after")?.to_str().ok()?;
+    let secs = text.trim().parse::<u64>().ok()?;
+    Some(Duration::from_secs(secs).min(BACKOFF_MAX))
 }
 
 /// The next piece of a body: `None` at its end, `Err(reason)` if it broke off or no byte
@@ -386,6 +412,23 @@ mod tests {
         assert_eq!(request.headers()["x-amz-request-payer"], "requester");
         let express = signed(&[(K::S3Express, "true")]).err().unwrap();
         assert!(express.contains("S3 Express"), "{express}");
+    }
+
+    #[test]
+    fn retry_after_is_read_on_503_and_429_and_capped() {
+        let answer = |status: u16, after: &str| {
+            let answer = http::Response::builder()
+                .status(status)
+                .header("retry-after", after);
+            answer.body(Vec::<u8>::new().into()).unwrap()
+        };
+        assert_eq!(retry_after(&answer(503, "3")), Some(Duration::from_secs(3)));
+        assert_eq!(retry_after(&answer(429, " 60 ")), Some(BACKOFF_MAX));
+        assert_eq!(retry_after(&answer(500, "3")), None);
+        assert_eq!(
+            retry_after(&answer(503, "Wed, 21 Oct 2015 07:28:00 GMT")),
+            None
+        );
     }
 
     #[test]
