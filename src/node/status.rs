@@ -38,6 +38,8 @@ struct CacheSnapshot {
     source_errors: u64,
     checksum_failures: u64,
     problems: Vec<String>,
+    /// Requests to a bucket retried by this process (`dataset::s3`; 0 for a folder).
+    store_retries: u64,
 }
 
 /// What the mount serves: `imagefolder`, `tree` (its folders are the `classes`), or
@@ -246,6 +248,7 @@ impl StatusReport for DaemonStatus {
                 source_errors: stats.source_errors.load(Ordering::Relaxed),
                 checksum_failures: stats.checksum_failures.load(Ordering::Relaxed),
                 problems: stats.problems(),
+                store_retries: crate::dataset::s3::store_retries(),
             },
             skipped: &manifest.skipped,
             resize: self.resize.as_ref(),

@@ -182,9 +182,12 @@ impl S3Server {
     }
 
     /// A proxy that answers the GETs of keys ending in each `suffix` as `fault` says: an
-    /// HTTP status (`"416"`, `"400"`: an S3 error body) or `"norange"` (the request goes on
+    /// HTTP status (`"416"`, `"400"`, `"403"` SignatureDoesNotMatch: an S3 error body; with
+    /// `/SECS` only for SECS seconds after its first answer) or `"norange"` (the request goes on
     /// without its `Range` header, so the server answers 200 with the whole object, as a
-    /// proxy that drops Range does). Its log counts the faults as `INJECTED` lines.
+    /// proxy that drops Range does), `"cut"` (the first GET whose path and query hold the
+    /// text gets half its body, then the connection closes) or `"cutrange"` (the same for
+    /// the first such GET with a `Range`). Its log counts the faults as `INJECTED` lines.
     pub fn faults_proxy(&self, faults: &[(&str, &str)], log: &Path) -> Proxy {
         self.launch_proxy(free_port(), 0, 0, faults, log)
     }
@@ -271,15 +274,19 @@ for key, hex in zip(rest[::2], rest[1::2]):
 
 /// Forwards every request to the server, but answers every N-th GET of an object (a path
 /// with a key, no query) with 503 SlowDown, as S3 does under load, and delays each such GET;
-/// GETs of keys ending in a fault's suffix get that fault (a status, or Range dropped).
+/// GETs of keys ending in a fault's suffix get that fault (a status, or Range dropped); a
+/// `cut` fault (any GET whose path and query hold the text) or `cutrange` (such a GET with
+/// `Range`) sends the first such answer's head and half its body, then closes the connection.
 const PROXY: &str = r#"
-import http.client, json, sys, threading
+import http.client, json, socket, sys, threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import time
 port, upstream, every, delay = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]) / 1000
 faults = json.loads(sys.argv[5])
-codes = {"416": b"InvalidRange", "400": b"InvalidArgument"}
+codes = {"416": b"InvalidRange", "400": b"InvalidArgument", "403": b"SignatureDoesNotMatch"}
+first_hit = {}
 count = [0]
+done = set()
 lock = threading.Lock()
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -287,7 +294,22 @@ class Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         fault = None
         if self.command == "GET" and "?" not in self.path:
-            fault = next((f for s, f in faults.items() if self.path.endswith(s)), None)
+            fault = next((f for s, f in faults.items() if self.path.endswith(s) and not f.startswith("cut")), None)
+        if fault is not None and "/" in fault:
+            fault, secs = fault.split("/")
+            with lock:
+                since = time.time() - first_hit.setdefault(secs, time.time())
+            if since > float(secs):
+                fault = None
+        cut = None
+        if self.command == "GET":
+            with lock:
+                for s, f in faults.items():
+                    wanted = f == "cut" or (f == "cutrange" and "Range" in self.headers)
+                    if wanted and s in self.path and s not in done:
+                        done.add(s)
+                        cut = s
+                        break
         if fault is not None and fault != "norange":
             sys.stderr.write("INJECTED %s %s\n" % (fault, self.path))
             sys.stderr.flush()
@@ -322,6 +344,10 @@ class Handler(BaseHTTPRequestHandler):
         conn.request(self.command, self.path, body=body, headers=headers)
         resp = conn.getresponse()
         data = resp.read()
+        if cut is not None:
+            self.cut_off(resp, data)
+            conn.close()
+            return
         self.send_response(resp.status)
         for k, v in resp.getheaders():
             if k.lower() not in ("content-length", "transfer-encoding", "connection", "server", "date"):
@@ -330,6 +356,19 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
         conn.close()
+    def cut_off(self, resp, data):
+        sys.stderr.write("INJECTED cut %s %d of %d bytes\n" % (self.path, len(data) // 2, len(data)))
+        sys.stderr.flush()
+        self.send_response(resp.status)
+        for k, v in resp.getheaders():
+            if k.lower() not in ("content-length", "transfer-encoding", "connection", "server", "date"):
+                self.send_header(k, v)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data[: len(data) // 2])
+        self.wfile.flush()
+        self.close_connection = True
+        self.connection.shutdown(socket.SHUT_RDWR)
     do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = handle_any
     def log_message(self, *args):
         pass

@@ -217,11 +217,15 @@ fn slowdown_503s_are_retried_and_every_byte_arrives() {
     let job = job(tmp.path(), &proxy.endpoint());
     assert_epochs_partition(&job, &tmp.path().join("src"), 2, &[]);
     assert!(proxy.injected() > 0, "the proxy injected no 503");
-    // Every 503 was retried inside the request: no sample failed on any rank.
+    // Every 503 was retried inside the request: no sample failed on any rank, and the
+    // ranks' retry counters add up to the 503s.
+    let mut retries = 0;
     for rank in 0..RANKS as usize {
         let cache = &job.status(rank)["cache"];
         assert_eq!(cache["source_errors"], 0, "rank {rank}: {cache}");
+        retries += cache["store_retries"].as_u64().unwrap();
     }
+    assert_eq!(retries as usize, proxy.injected(), "retries counted");
     eprintln!("503s injected: {}", proxy.injected());
     job.unmount();
 }
@@ -660,5 +664,118 @@ fn a_listing_of_several_pages_is_followed_to_its_end() {
         std::fs::read(job.mounts[0].join("epoch-0").join(name)).unwrap(),
         b"s"
     );
+    job.unmount();
+}
+
+/// Bodies that break off midway (the connection closed after half the bytes) are asked for
+/// again within the request's retries: a whole object resumes where it broke (a ranged GET
+/// checked against its ETag), a listing page is fetched again, and the view is exact.
+#[test]
+fn bodies_cut_midway_are_fetched_again_and_every_byte_arrives() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let Some(python) = moto_python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&python, &tmp.path().join("moto.log"));
+    dataset(tmp.path(), &server);
+    // The listing's query (not the bucket check's: it has max-keys between).
+    let faults = [
+        ("list-type=2&prefix=", "cut"),
+        ("class1/img_005.jpg", "cut"),
+        ("class2/img_007.jpg", "cut"),
+    ];
+    let proxy = server.faults_proxy(&faults, &tmp.path().join("proxy.log"));
+    let mut launcher = mpirun(1);
+    launcher.envs(S3Server::env(&proxy.endpoint()));
+    let source = format!("s3://{BUCKET}/{PREFIX}");
+    let job = MpiJob::start_from(launcher, source.as_ref(), tmp.path(), 1, SEED, 0.5, &[]);
+    assert_eq!(job.status(0)["samples"], 42);
+    wait_status(&job, 60, "every object staged", |s| {
+        s["cache"]["files"] == 42
+    });
+    assert_eq!(proxy.injected(), 3, "cuts injected");
+    let status = job.status(0);
+    assert_eq!(
+        status["cache"]["problems"],
+        serde_json::json!([]),
+        "{status}"
+    );
+    let (exact, failed) = read_view(&job.mounts[0].join("epoch-0"), &tmp.path().join("src"));
+    assert_eq!((exact, failed.len()), (42, 0), "{failed:?}");
+    job.unmount();
+}
+
+/// A record shard whose whole-object GET (rank 0's index) and another's ranged GET (a page
+/// group) break off midway: both are fetched again and every record group is staged.
+#[test]
+fn record_bodies_cut_midway_are_fetched_again() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let Some(python) = moto_python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    crate::common::records::make_records(&src, "tfrecord", 600, 3);
+    let mut shards: Vec<String> = (std::fs::read_dir(&src).unwrap())
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    shards.sort();
+    let server = S3Server::start(&python, &tmp.path().join("moto.log"));
+    server.upload(BUCKET, "recs", &src);
+    let faults = [
+        (shards[0].as_str(), "cut"),
+        (shards[1].as_str(), "cutrange"),
+    ];
+    let proxy = server.faults_proxy(&faults, &tmp.path().join("proxy.log"));
+    let mut launcher = mpirun(1);
+    launcher.envs(S3Server::env(&proxy.endpoint()));
+    let extra = ["--format", "records", "--framing", "tfrecord"];
+    let source = format!("s3://{BUCKET}/recs");
+    let job = MpiJob::start_from(launcher, source.as_ref(), tmp.path(), 1, SEED, 0.5, &extra);
+    let groups = job.status(0)["dataset"]["groups"].as_u64().unwrap();
+    wait_status(&job, 60, "every group staged", |s| {
+        s["cache"]["files"].as_u64() == Some(groups)
+    });
+    assert_eq!(proxy.injected(), 2, "cuts injected");
+    let status = job.status(0);
+    assert_eq!(status["cache"]["source_errors"], 0, "{status}");
+    job.unmount();
+}
+
+/// A store that refuses every request alike for a while (403 SignatureDoesNotMatch, as
+/// after a key rotation) is an outage, not a bad sample each: staging names the code and
+/// the fix in the status, waits, and stages every sample once the store takes the key again.
+#[test]
+fn a_store_refusing_every_request_is_waited_out_not_failed_per_sample() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let Some(python) = moto_python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&python, &tmp.path().join("moto.log"));
+    dataset(tmp.path(), &server);
+    let faults = [(".jpg", "403/6")];
+    let proxy = server.faults_proxy(&faults, &tmp.path().join("proxy.log"));
+    let mut launcher = mpirun(1);
+    launcher.envs(S3Server::env(&proxy.endpoint()));
+    let source = format!("s3://{BUCKET}/{PREFIX}");
+    let job = MpiJob::start_from(launcher, source.as_ref(), tmp.path(), 1, SEED, 0.5, &[]);
+    wait_status(&job, 30, "the refusal in the status", |s| {
+        s["cache"]["problems"]
+            .as_array()
+            .is_some_and(|p| !p.is_empty())
+    });
+    let problems = job.status(0)["cache"]["problems"].to_string();
+    for needle in ["SignatureDoesNotMatch", "AWS_SECRET_ACCESS_KEY"] {
+        assert!(problems.contains(needle), "{needle:?} not in {problems}");
+    }
+    wait_status(&job, 60, "every sample staged after", |s| {
+        s["cache"]["files"] == 42
+    });
+    assert!(proxy.injected() > 0);
+    let (exact, failed) = read_view(&job.mounts[0].join("epoch-0"), &tmp.path().join("src"));
+    assert_eq!((exact, failed.len()), (42, 0), "{failed:?}");
+    eprintln!("403s injected: {}; problems: {problems}", proxy.injected());
     job.unmount();
 }

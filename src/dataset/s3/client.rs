@@ -22,8 +22,8 @@ use object_store::client::HttpResponse;
 use tokio::runtime::Runtime;
 use tokio::sync::Semaphore;
 
-use super::error::{StoreError, chain};
-use super::signed::Signed;
+use super::error::StoreError;
+use super::signed::{Attempts, Signed, next_chunk};
 
 /// Requests one rank keeps in flight at most (staging and on-demand fetches together).
 /// A GET of a 100 KB object is latency-bound (tens of ms to first byte on S3, a few ms on a
@@ -50,9 +50,21 @@ impl S3Url {
                 "--source {text}: no bucket name; write s3://BUCKET/PREFIX"
             )));
         }
+        let prefix = prefix.trim_matches('/');
+        if let Some(why) = super::keys::unusable(prefix).filter(|_| !prefix.is_empty()) {
+            let parts: Vec<&str> = (prefix.split('/'))
+                .filter(|p| !["", ".", ".."].contains(p))
+                .collect();
+            return Some(Err(format!(
+                "--source {text}: the prefix {prefix:?} has {why}, which no path in the view \
+                 can have (and a URL would resolve '.' and '..'); a bucket's keys are plain \
+                 names: write the prefix as its keys start, e.g. s3://{bucket}/{}",
+                parts.join("/")
+            )));
+        }
         Some(Ok(S3Url {
             bucket: bucket.to_string(),
-            prefix: prefix.trim_matches('/').to_string(),
+            prefix: prefix.to_string(),
         }))
     }
 
@@ -86,7 +98,9 @@ impl Client {
     pub(crate) fn new(url: S3Url) -> Result<Client, String> {
         let options = ClientOptions::new()
             .with_connect_timeout(Duration::from_secs(10))
-            .with_timeout(Duration::from_secs(60))
+            // No bound on a whole request (a large object on a slow link takes minutes):
+            // `signed` bounds each wait for an answer or the next bytes instead.
+            .with_timeout_disabled()
             .with_pool_max_idle_per_host(CONCURRENCY);
         // Our client options first: `with_client_options` replaces all of them, so the
         // environment's (`AWS_ALLOW_HTTP`, ...) must come after, as `from_env` reads them.
@@ -157,16 +171,15 @@ impl Client {
                 .acquire()
                 .await
                 .expect("the semaphore is never closed");
-            let answer = self.signed.get(&url, &headers, etag).await?;
-            let modified = last_modified(&answer);
-            let status = answer.status().as_u16();
-            if let Some(range) = &range {
-                check_range(&answer, range)?;
-            }
-            let bytes = answer.into_body().bytes().await.map_err(broke_off)?;
+            let check = |answer: &HttpResponse| match &range {
+                Some(range) => check_range(answer, range),
+                None => Ok(()),
+            };
+            let (head, bytes) = self.signed.get_bytes(&url, &headers, etag, check).await?;
+            let modified = last_modified(&head.headers);
             match &range {
                 Some(r) if bytes.len() as u64 != r.end - r.start => Err(StoreError::Refused {
-                    status,
+                    status: head.status.as_u16(),
                     detail: format!(
                         "{} bytes for the range {}..{} of {} bytes",
                         bytes.len(),
@@ -183,29 +196,83 @@ impl Client {
 
     /// GETs the whole of `relative` into `out` chunk by chunk as the body arrives (a large
     /// object is never held whole in memory), as one of at most [`CONCURRENCY`] requests
-    /// in flight; its length and modification time.
+    /// in flight; its length and modification time. A body that breaks off is resumed
+    /// where it broke (`Range: bytes=N-`, `If-Match` the listed ETag or the first answer's)
+    /// within the request's retry budget.
     pub(crate) fn get_to(
         &self,
         relative: &str,
         etag: Option<&str>,
         out: &mut dyn std::io::Write,
     ) -> io::Result<(u64, Option<SystemTime>)> {
-        use futures::StreamExt;
         let url = self.signed.object_url(&self.url.key(relative));
-        let headers = headers(None, etag);
         let _slot = self
             .run(self.slots.acquire())
             .expect("the semaphore is never closed");
-        let answer = self.run(self.signed.get(&url, &headers, etag))?;
-        let modified = last_modified(&answer);
-        let mut body = answer.into_body().bytes_stream();
+        let mut attempts = Attempts::new();
+        let first = headers(None, etag);
+        let mut answer = self.run(self.signed.get(&mut attempts, &url, &first, etag))?;
+        let modified = last_modified(answer.headers());
+        let tag = (etag.map(str::to_string))
+            .or_else(|| Some(answer.headers().get("etag")?.to_str().ok()?.to_string()));
         let mut len = 0u64;
-        while let Some(chunk) = self.run(body.next()) {
-            let chunk = chunk.map_err(broke_off)?;
-            out.write_all(&chunk)?;
-            len += chunk.len() as u64;
+        loop {
+            let Some(reason) = self.copy(answer, out, &mut len)? else {
+                return Ok((len, modified));
+            };
+            let Some(tag) = tag.as_deref() else {
+                let made = attempts.made();
+                return Err(StoreError::Unreachable {
+                    attempts: made,
+                    reason,
+                }
+                .into());
+            };
+            answer = self.run(self.resume(&mut attempts, &url, tag, len, reason))?;
         }
-        Ok((len, modified))
+    }
+
+    /// Writes `answer`'s body to `out` as it arrives, counting it in `len`; why it broke
+    /// off, if it did.
+    fn copy(
+        &self,
+        answer: HttpResponse,
+        out: &mut dyn std::io::Write,
+        len: &mut u64,
+    ) -> io::Result<Option<String>> {
+        let mut body = answer.into_body().bytes_stream();
+        loop {
+            match self.run(next_chunk(&mut body)) {
+                Ok(None) => return Ok(None),
+                Ok(Some(chunk)) => {
+                    out.write_all(&chunk)?;
+                    *len += chunk.len() as u64;
+                }
+                Err(reason) => return Ok(Some(reason)),
+            }
+        }
+    }
+
+    /// After a body broke off (`reason`) with `from` bytes in hand: the rest of the object
+    /// listed with `tag`, once the backoff is waited out (a 412 if it changed meanwhile).
+    async fn resume(
+        &self,
+        attempts: &mut Attempts,
+        url: &str,
+        tag: &str,
+        from: u64,
+        reason: String,
+    ) -> Result<HttpResponse, StoreError> {
+        attempts.again(url, reason).await?;
+        let mut headers = vec![("if-match", tag.to_string())];
+        if from > 0 {
+            headers.push(("range", format!("bytes={from}-")));
+        }
+        let answer = self.signed.get(attempts, url, &headers, Some(tag)).await?;
+        if from > 0 {
+            check_range(&answer, &(from..u64::MAX))?;
+        }
+        Ok(answer)
     }
 }
 
@@ -257,18 +324,10 @@ fn check_range(answer: &HttpResponse, range: &Range<u64>) -> Result<(), StoreErr
 }
 
 /// The object's `Last-Modified`, if the answer has a readable one.
-fn last_modified(answer: &HttpResponse) -> Option<SystemTime> {
-    let text = answer.headers().get("last-modified")?.to_str().ok()?;
+fn last_modified(headers: &http::HeaderMap) -> Option<SystemTime> {
+    let text = headers.get("last-modified")?.to_str().ok()?;
     let when = chrono::DateTime::parse_from_rfc2822(text).ok()?;
     Some(SystemTime::from(when.with_timezone(&chrono::Utc)))
-}
-
-/// A body that broke off: the connection went, as a store going away does.
-fn broke_off(e: object_store::client::HttpError) -> StoreError {
-    StoreError::Unreachable {
-        attempts: 1,
-        reason: format!("the answer broke off: {}", chain(&e)),
-    }
 }
 
 /// The `AWS_*` settings: the shared files' profile, then the variables, which win.
@@ -309,6 +368,22 @@ mod tests {
             answer = answer.header(*name, *value);
         }
         answer.body(Vec::<u8>::new().into()).unwrap()
+    }
+
+    #[test]
+    fn a_prefix_no_path_can_have_is_refused_with_the_fix() {
+        let parsed = |s: &str| S3Url::parse(s).unwrap();
+        assert_eq!(parsed("s3://b/a/b/").unwrap().prefix, "a/b");
+        assert_eq!(parsed("s3://b").unwrap().prefix, "");
+        for (url, fix) in [
+            ("s3://b/a//b", "s3://b/a/b"),
+            ("s3://b/a/./b", "s3://b/a/b"),
+            ("s3://b/a/../b", "s3://b/a/b"),
+            ("s3://b/./x", "s3://b/x"),
+        ] {
+            let e = parsed(url).unwrap_err();
+            assert!(e.contains("the prefix") && e.ends_with(fix), "{e}");
+        }
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! What a request to the bucket ends in, typed so that callers decide by variant, not by
-//! the text: the store is away ([`StoreError::Unreachable`], staging retries the round
-//! later) or this one object is the problem (every other variant: the sample fails and is
+//! the text: the store is away ([`StoreError::Unreachable`]) or answers every request alike
+//! ([`StoreError::StoreWide`]: credentials expired, a clock off, the bucket gone), and
+//! staging retries the round later, or this one object is the problem (every other variant: the sample fails and is
 //! reported as a changed or unreadable file is, the mount goes on).
 //!
 //! Which answers are retried inside a request (connection errors, timeouts, 5xx, 429, 408)
@@ -18,6 +19,16 @@ pub(crate) enum StoreError {
     /// until the retries ran out.
     #[error("the store did not answer after {attempts} attempts: {reason}")]
     Unreachable { attempts: usize, reason: String },
+    /// An answer that is about the whole store, not this object: credentials expired or
+    /// refused, this host's clock off, the bucket gone. Every request would get it, so it is
+    /// treated as the store being away (staging waits and retries the round) with `fix`.
+    #[error("HTTP {status} {detail}: {fix}")]
+    StoreWide {
+        status: u16,
+        code: String,
+        detail: String,
+        fix: &'static str,
+    },
     /// No credentials could be had (none configured, or the instance metadata service or
     /// STS not answering): retried later as an outage, refused at mount with the fix.
     #[error("no credentials: {0}")]
@@ -47,6 +58,16 @@ impl StoreError {
     /// The error a final (non-retried) answer with `status` and `body` stands for.
     pub(crate) fn of_answer(status: u16, body: &str, etag: Option<&str>) -> StoreError {
         let detail = detail(body);
+        let code = element(body, "Code").unwrap_or_default();
+        if let Some(fix) = store_wide(status, code) {
+            let code = code.to_string();
+            return StoreError::StoreWide {
+                status,
+                code,
+                detail,
+                fix,
+            };
+        }
         match status {
             404 => StoreError::NotFound { status, detail },
             401 | 403 => StoreError::Forbidden { status, detail },
@@ -61,16 +82,41 @@ impl StoreError {
     }
 }
 
+/// What to do about an answer with `status` and S3 error `code` that every request of this
+/// job would get, if it is one.
+fn store_wide(status: u16, code: &str) -> Option<&'static str> {
+    Some(match (status, code) {
+        (400 | 403, "ExpiredToken" | "InvalidToken" | "TokenRefreshRequired") => {
+            "credentials expired: refresh them (a session token given in AWS_SESSION_TOKEN or a profile is not refreshed; see docs/s3.md)"
+        }
+        (403, "RequestTimeTooSkewed") => {
+            "this host's clock is too far off the store's: sync it (NTP)"
+        }
+        (403, "InvalidAccessKeyId") => {
+            "the store does not know this access key: check AWS_ACCESS_KEY_ID (or AWS_PROFILE's)"
+        }
+        (403, "SignatureDoesNotMatch") => {
+            "the secret key does not match the access key: check AWS_SECRET_ACCESS_KEY (or AWS_PROFILE's)"
+        }
+        (404, "NoSuchBucket") => {
+            "the bucket is gone: check that it was not deleted or renamed, and AWS_ENDPOINT_URL"
+        }
+        _ => return None,
+    })
+}
+
+/// The text of the first `<name>` element of `body`.
+fn element<'a>(body: &'a str, name: &str) -> Option<&'a str> {
+    let (open, close) = (format!("<{name}>"), format!("</{name}>"));
+    let start = body.find(&open)? + open.len();
+    let end = body[start..].find(&close)? + start;
+    Some(&body[start..end])
+}
+
 /// The `Code` and `Message` of an S3 error body (`<Error><Code>..</Code>..`), or the start
 /// of a body that is not one, without what could echo credentials.
 pub(crate) fn detail(body: &str) -> String {
-    let element = |name: &str| {
-        let (open, close) = (format!("<{name}>"), format!("</{name}>"));
-        let start = body.find(&open)? + open.len();
-        let end = body[start..].find(&close)? + start;
-        Some(&body[start..end])
-    };
-    let text = match (element("Code"), element("Message")) {
+    let text = match (element(body, "Code"), element(body, "Message")) {
         (Some(code), Some(message)) => format!("{code}: {message}"),
         (Some(code), None) => code.to_string(),
         _ => body.chars().take(200).collect(),
@@ -138,22 +184,22 @@ fn redact(text: &str) -> String {
 }
 
 /// As an `io::Error` whose kind tells staging what it means: `ConnectionRefused` for a
-/// store that is away (retried later), `NotFound` / `PermissionDenied` as for a file, and
+/// store that is away or refuses every request alike (retried later), `NotFound` / `PermissionDenied` as for a file, and
 /// `InvalidData` for an object that is the problem (the sample fails, as a changed file
 /// does). The caller names the object (`Dataset::describe`); the text names the status.
 impl From<StoreError> for io::Error {
     fn from(e: StoreError) -> io::Error {
         let kind = match &e {
-            StoreError::Unreachable { .. } | StoreError::NoCredentials(_) => {
-                io::ErrorKind::ConnectionRefused
-            }
+            StoreError::Unreachable { .. }
+            | StoreError::StoreWide { .. }
+            | StoreError::NoCredentials(_) => io::ErrorKind::ConnectionRefused,
             StoreError::NotFound { .. } => io::ErrorKind::NotFound,
             StoreError::Forbidden { .. } => io::ErrorKind::PermissionDenied,
             StoreError::Changed { .. } | StoreError::Refused { .. } | StoreError::Malformed(_) => {
                 io::ErrorKind::InvalidData
             }
         };
-        io::Error::new(kind, e.to_string())
+        io::Error::new(kind, e)
     }
 }
 
@@ -172,6 +218,41 @@ mod tests {
         }
         assert!(out.contains("SignatureDoesNotMatch"), "{out}");
         assert!(redact(&"x".repeat(5000)).len() < 1100);
+    }
+
+    #[test]
+    fn answers_about_the_whole_store_are_an_outage_with_the_fix() {
+        let body = |code: &str| format!("<Error><Code>{code}</Code><Message>m</Message></Error>");
+        for (status, code, fix) in [
+            (400, "ExpiredToken", "refresh them"),
+            (400, "InvalidToken", "refresh them"),
+            (403, "TokenRefreshRequired", "refresh them"),
+            (403, "RequestTimeTooSkewed", "clock"),
+            (403, "InvalidAccessKeyId", "AWS_ACCESS_KEY_ID"),
+            (403, "SignatureDoesNotMatch", "AWS_SECRET_ACCESS_KEY"),
+            (404, "NoSuchBucket", "bucket is gone"),
+        ] {
+            let e = StoreError::of_answer(status, &body(code), None);
+            assert!(
+                matches!(&e, StoreError::StoreWide { code: c, .. } if c == code),
+                "{e:?}"
+            );
+            let text = e.to_string();
+            assert!(text.contains(code) && text.contains(fix), "{text}");
+            assert_eq!(io::Error::from(e).kind(), io::ErrorKind::ConnectionRefused);
+        }
+        // The same statuses with codes about one object stay that object's.
+        let one =
+            |status, code: &str| io::Error::from(StoreError::of_answer(status, &body(code), None));
+        assert_eq!(one(404, "NoSuchKey").kind(), io::ErrorKind::NotFound);
+        assert_eq!(
+            one(403, "AccessDenied").kind(),
+            io::ErrorKind::PermissionDenied
+        );
+        assert_eq!(
+            one(400, "InvalidArgument").kind(),
+            io::ErrorKind::InvalidData
+        );
     }
 
     #[test]

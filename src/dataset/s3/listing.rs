@@ -56,6 +56,7 @@ pub(crate) fn list(
     };
     let max = max_keys.map(|m| m.to_string());
     let mut token: Option<String> = None;
+    let mut seen = std::collections::HashSet::new();
     let mut pages = 0;
     loop {
         let mut query = vec![("encoding-type", "url"), ("list-type", "2")];
@@ -69,13 +70,7 @@ pub(crate) fn list(
             query.push(("prefix", prefix.as_str()));
         }
         let url = client.signed.bucket_url(&query);
-        let body = client.run(async {
-            let answer = client.signed.get(&url, &[], None).await?;
-            (answer.into_body().bytes().await).map_err(|e| StoreError::Unreachable {
-                attempts: 1,
-                reason: format!("the listing's body broke off: {}", super::error::chain(&e)),
-            })
-        })?;
+        let (_, body) = client.run(client.signed.get_bytes(&url, &[], None, |_| Ok(())))?;
         let page = parse(&body)?;
         pages += 1;
         let encoded = page.encoding_type.as_deref() == Some("url");
@@ -90,16 +85,31 @@ pub(crate) fn list(
                 etag: c.e_tag,
             });
         }
-        token = match (page.is_truncated, page.next_continuation_token) {
-            (true, Some(next)) if max_keys.is_none() => Some(next),
-            (true, None) if max_keys.is_none() => {
-                return Err(StoreError::Malformed(
-                    "a truncated listing page without NextContinuationToken".into(),
-                ));
-            }
-            _ => return Ok(pages),
-        };
+        if !page.is_truncated || max_keys.is_some() {
+            return Ok(pages);
+        }
+        let next = next_token(page.next_continuation_token, &mut seen, &client.url.bucket)?;
+        token = Some(next);
     }
+}
+
+/// The token of the page after a truncated one, unless it is missing, empty or one given
+/// before (a store that would otherwise be listed forever, or its keys twice).
+fn next_token(
+    next: Option<String>,
+    seen: &mut std::collections::HashSet<String>,
+    bucket: &str,
+) -> Result<String, StoreError> {
+    let why = match next {
+        None => "without NextContinuationToken",
+        Some(t) if t.is_empty() => "with an empty NextContinuationToken",
+        Some(t) if !seen.insert(t.clone()) => "with a NextContinuationToken given before",
+        Some(t) => return Ok(t),
+    };
+    Err(StoreError::Malformed(format!(
+        "bucket {bucket:?}: a truncated listing page {why} (the store would be listed forever); \
+         check the store at AWS_ENDPOINT_URL"
+    )))
 }
 
 /// A page, or why the body is not one (a proxy's error page answered with 200 would
@@ -118,8 +128,10 @@ fn parse(body: &[u8]) -> Result<Page, StoreError> {
 }
 
 /// A key as `encoding-type=url` sent it: `+` is a space, `%XX` a byte. Bytes that are not
-/// UTF-8 once decoded (S3 keys are UTF-8) become U+FFFD, which no object has, so such a
-/// key is skipped as unfetchable by the caller.
+/// UTF-8 once decoded (S3 keys are UTF-8; only a store that is not S3 could send them)
+/// become U+FFFD. Such a key is not skipped (U+FFFD is also a valid character of a real
+/// key): its sample's GET asks for another key, is answered 404 and fails that sample
+/// alone, named in the status.
 fn decode(key: &str) -> String {
     let spaced = key.replace('+', " ");
     percent_encoding::percent_decode_str(&spaced)
@@ -130,6 +142,26 @@ fn decode(key: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_truncated_page_needs_a_new_token() {
+        let mut seen = std::collections::HashSet::new();
+        assert_eq!(next_token(Some("t1".into()), &mut seen, "b").unwrap(), "t1");
+        assert_eq!(next_token(Some("t2".into()), &mut seen, "b").unwrap(), "t2");
+        for (bad, why) in [
+            (None, "without"),
+            (Some(String::new()), "empty"),
+            (Some("t1".to_string()), "given before"),
+        ] {
+            let e = next_token(bad, &mut seen, "my-bucket").unwrap_err();
+            assert!(matches!(e, StoreError::Malformed(_)), "{e:?}");
+            let text = e.to_string();
+            assert!(
+                text.contains("\"my-bucket\"") && text.contains(why),
+                "{text}"
+            );
+        }
+    }
 
     #[test]
     fn a_page_parses_with_encoded_keys() {

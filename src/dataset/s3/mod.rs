@@ -63,6 +63,11 @@ fn client(source: &Path) -> Result<Client, ManifestError> {
     Client::new(url).map_err(ManifestError::Store)
 }
 
+/// Retries this process's requests to a bucket made so far (0 without one).
+pub(crate) fn store_retries() -> u64 {
+    signed::STORE_RETRIES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Refuses on the command line what a bucket source does not support yet, a malformed
 /// `s3://` URL, and every other URL scheme (`gs://`, `az://`, `http://`, ...): this build
 /// compiles `object_store`'s S3 client only, so those would otherwise be taken for a folder
@@ -116,13 +121,13 @@ pub(crate) fn check_source(source: &Path) -> Result<(), ManifestError> {
 fn refusal(url: &S3Url, e: error::StoreError) -> String {
     use error::StoreError as E;
     let fix = match &e {
-        E::NotFound { .. } => {
+        E::NotFound { .. } | E::StoreWide { status: 404, .. } => {
             "the bucket does not exist at this endpoint: check the bucket name and AWS_ENDPOINT_URL / AWS_REGION"
         }
         E::NoCredentials(_) => {
             "no credentials were found: set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE (see docs/s3.md), or AWS_SKIP_SIGNATURE=true for a public bucket"
         }
-        E::Forbidden { .. } => {
+        E::Forbidden { .. } | E::StoreWide { .. } => {
             "these credentials may not list it: check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE's) and the bucket policy (s3:ListBucket, s3:GetObject)"
         }
         E::Refused { status: 301, .. } => {
