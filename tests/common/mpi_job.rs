@@ -120,8 +120,13 @@ impl MpiJob {
     pub fn kill(mut self) {
         // Every pid first: once one rank dies, mpirun takes the others down, and their status
         // files stop answering.
-        let pids: Vec<i32> = (0..self.mounts.len())
-            .map(|r| self.status(r)["pid"].as_i64().unwrap() as i32)
+        // A rank whose status is gone has exited already (e.g. after its coded server was
+        // killed, a rank on the server's host unmounts and exits on its own).
+        let pids: Vec<i32> = (self.mounts.iter())
+            .filter_map(|m| std::fs::read(m.join(".shufflefs/status")).ok())
+            .filter_map(|b| serde_json::from_slice::<Value>(&b).ok())
+            .filter_map(|st| st["pid"].as_i64())
+            .map(|pid| pid as i32)
             .collect();
         for pid in pids {
             let _ = nix::sys::signal::kill(

@@ -792,7 +792,10 @@ impl World {
                 let fs = &self.ranks[r].fs;
                 let (ino, want): (u64, Vec<String>) = match *dir {
                     Dir::Root => (ROOT, self.model.root_names()),
-                    Dir::Ctl => (Ino::CtlDir.ino(), vec!["status".into(), "epoch".into()]),
+                    Dir::Ctl => (
+                        Ino::CtlDir.ino(),
+                        vec!["status".into(), "epoch".into(), "metrics".into()],
+                    ),
                     Dir::Epoch => (self.epoch_ino(), self.model.class_names()),
                     Dir::Class(c) => {
                         let c = c % self.model.classes.len();

@@ -91,7 +91,10 @@ fn names(fs: &ShuffleFs, ino: u64) -> Vec<String> {
 fn root_lists_control_current_and_the_current_epoch() {
     let w = world(0, 0.5);
     assert_eq!(names(&w.fs, ROOT), vec![".shufflefs", "current", "epoch-0"]);
-    assert_eq!(names(&w.fs, Node::CtlDir.ino()), vec!["status", "epoch"]);
+    assert_eq!(
+        names(&w.fs, Node::CtlDir.ino()),
+        vec!["status", "epoch", "metrics"]
+    );
     assert_eq!(w.fs.readlink(Node::Current.ino()).unwrap(), b"epoch-0");
 }
 
