@@ -74,8 +74,13 @@ pub(crate) fn table(job: &Value, from_rank: &Value) -> String {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
     let age = now.saturating_sub(job["updated_unix_ms"].as_u64().unwrap_or(now));
+    let ended = if job["ended"] == true {
+        " (view ended: rank 0 left)"
+    } else {
+        ""
+    };
     let mut out = format!(
-        "job of {} ranks, as rank {from_rank} saw it {:.1} s ago\n",
+        "job of {} ranks, as rank {from_rank} saw it {:.1} s ago{ended}\n",
         ranks.len(),
         age as f64 / 1000.0
     );
@@ -109,7 +114,10 @@ pub(crate) fn table(job: &Value, from_rank: &Value) -> String {
 fn cells(r: &Value) -> Vec<String> {
     let n = |v: &Value| v.as_u64().unwrap_or(0);
     let rank = r["rank"].to_string();
-    let stale = r["stale_s"].as_f64().map(|s| format!(" (stale {s:.0} s)"));
+    let stale = match r["stale_s"].as_f64() {
+        _ if r["left"] == true => Some(" (left)".to_string()),
+        s => s.map(|s| format!(" (stale {s:.0} s)")),
+    };
     if r.get("host").is_none() {
         let what = format!("no report yet{}", stale.unwrap_or_default());
         return vec![rank, what];
@@ -180,11 +188,13 @@ mod tests {
              "exchange": {"into_epoch": 4, "done_bytes": 1000, "total_bytes": 2000, "rate_bytes_per_s": 1.5e6},
              "given_up_peers": [1], "source_fallbacks": 2, "problems": 1,
              "first_problem": "bad.jpg: EIO", "cache_bytes": 12},
-            {"rank": 1, "stale_s": 4.0}
-        ]});
+            {"rank": 1, "stale_s": 4.0},
+            {"rank": 2, "host": "node02", "epoch": 3, "left": true}
+        ], "ended": true});
         let t = table(&job, &json!(0));
         let lines: Vec<&str> = t.lines().collect();
-        assert!(lines[0].starts_with("job of 2 ranks, as rank 0 saw it"));
+        assert!(lines[0].starts_with("job of 3 ranks, as rank 0 saw it"));
+        assert!(lines[0].ends_with("(view ended: rank 0 left)"));
         assert!(lines[1].starts_with("RANK  HOST"));
         for cell in [
             "node01",
@@ -196,6 +206,7 @@ mod tests {
             assert!(lines[2].contains(cell), "{cell} in {}", lines[2]);
         }
         assert!(lines[3].contains("no report yet (stale 4 s)"));
-        assert_eq!(lines[4], "rank 0: bad.jpg: EIO");
+        assert!(lines[4].contains("3 (left)"), "{}", lines[4]);
+        assert_eq!(lines[5], "rank 0: bad.jpg: EIO");
     }
 }

@@ -23,6 +23,8 @@ struct Table {
     world: u32,
     started: Instant,
     updated: Option<SystemTime>,
+    /// Rank 0 left: no row will come any more.
+    ended: bool,
     /// Each rank's latest row and when its rank made it (on this rank's clock).
     rows: BTreeMap<u32, (RankRow, Instant)>,
 }
@@ -34,6 +36,7 @@ impl JobBoard {
             world,
             started: Instant::now(),
             updated: None,
+            ended: false,
             rows: BTreeMap::new(),
         });
     }
@@ -63,6 +66,13 @@ impl JobBoard {
         t.rows.insert(row.rank, (row, made));
     }
 
+    /// Rank 0 left: the view shows the job as it last was, and says so (`ended`).
+    pub(crate) fn end(&self) {
+        if let Some(t) = self.lock().as_mut() {
+            t.ended = true;
+        }
+    }
+
     /// Every row held with its age now, in rank order.
     pub(crate) fn rows(&self) -> Vec<(Duration, RankRow)> {
         let table = self.lock();
@@ -85,7 +95,7 @@ impl JobBoard {
                 Some((row, made)) => {
                     let mut v = serde_json::to_value(row).unwrap_or(Value::Null);
                     let age = made.elapsed();
-                    if age > STALE {
+                    if age > STALE && !row.left {
                         v["stale_s"] = json!(tenths(age));
                     }
                     v
@@ -93,7 +103,11 @@ impl JobBoard {
                 None => json!({"rank": r, "stale_s": tenths(t.started.elapsed())}),
             })
             .collect();
-        Some(json!({"updated_unix_ms": unix_ms(updated), "ranks": ranks}))
+        let mut job = json!({"updated_unix_ms": unix_ms(updated), "ranks": ranks});
+        if t.ended {
+            job["ended"] = json!(true);
+        }
+        Some(job)
     }
 }
 
