@@ -9,7 +9,8 @@ use serde_json::{Value, json};
 
 use super::row::RankRow;
 
-/// A row older than this is marked `stale_s` (rows come about once a second).
+/// A row older than this is marked `stale_s` (rows come about once a second; on ranks
+/// other than 0, the table's interval is added, see `fanout`).
 pub(crate) const STALE: Duration = Duration::from_secs(3);
 
 #[derive(Default)]
@@ -17,6 +18,9 @@ pub(crate) struct JobBoard {
     table: Mutex<Option<Table>>,
     /// Every rank's host name, learned as the view starts.
     hosts: std::sync::OnceLock<Vec<String>>,
+    /// When a row is marked stale, if not after [`STALE`] (ranks that get the table less
+    /// often than every second, see `fanout`).
+    stale_after: std::sync::OnceLock<Duration>,
 }
 
 struct Table {
@@ -39,6 +43,11 @@ impl JobBoard {
             ended: false,
             rows: BTreeMap::new(),
         });
+    }
+
+    /// Rows older than `after` are stale (set once, as the view starts).
+    pub(crate) fn stale_after(&self, after: Duration) {
+        let _ = self.stale_after.set(after);
     }
 
     /// Every rank's host name, in rank order (set once).
@@ -90,12 +99,13 @@ impl JobBoard {
         let table = self.lock();
         let t = table.as_ref()?;
         let updated = t.updated.unwrap_or(SystemTime::now());
+        let stale = self.stale_after.get().copied().unwrap_or(STALE);
         let ranks: Vec<Value> = (0..t.world)
             .map(|r| match t.rows.get(&r) {
                 Some((row, made)) => {
                     let mut v = serde_json::to_value(row).unwrap_or(Value::Null);
                     let age = made.elapsed();
-                    if age > STALE && !row.left {
+                    if age > stale && !row.left {
                         v["stale_s"] = json!(tenths(age));
                     }
                     v

@@ -26,7 +26,8 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-use super::board::JobBoard;
+use super::board::{JobBoard, STALE};
+use super::fanout::{self, Fanout, SENDS_PER_TICK};
 use super::row::RankRow;
 use super::wire::{self, Aged, FRAME};
 use crate::comm::{Comm, CommError, Op, Ticket};
@@ -44,7 +45,7 @@ const DOWN_POSTED: usize = 8;
 /// How long a leaving rank waits for its last row to be sent.
 const LEAVE_WAIT: Duration = Duration::from_millis(200);
 /// Up to this many ranks, every rank gets the table; beyond, each host's first rank only
-/// (rank 0 sends a frame per row per recipient every second).
+/// (rank 0 sends the table's frames to each recipient, at a bounded rate: `fanout`).
 pub(crate) const ALL_RANKS_UP_TO: u32 = 64;
 
 #[derive(Clone, Copy)]
@@ -68,6 +69,8 @@ pub(crate) struct Gatherer {
     never: AtomicBool,
     /// Receives cancelled and sends detached (`close`).
     closed: bool,
+    /// Rank 0: the table going out.
+    fanout: Fanout,
 }
 
 /// Whether `rank` of a job on `hosts` shows the table (see [`ALL_RANKS_UP_TO`]).
@@ -97,10 +100,19 @@ impl Gatherer {
             period: PERIOD,
             never: AtomicBool::new(false),
             closed: false,
+            fanout: Fanout::default(),
         };
         let (me, size) = (g.comm.rank(), g.comm.size());
         if me == 0 || shows_table(g.comm.hosts(), me) {
             g.board.start(size);
+        }
+        if me != 0 {
+            // Rows come with each table, which may come less often than once a period.
+            let to = (1..size)
+                .filter(|&r| shows_table(g.comm.hosts(), r))
+                .count();
+            g.board
+                .stale_after(STALE + fanout::table_interval(PERIOD, size, to as u32));
         }
         if me == 0 {
             (1..size).for_each(|r| g.post_recv(Posted::Up(r), r, UP));
@@ -175,6 +187,22 @@ impl Gatherer {
             self.next_round = now + self.period;
             self.round();
         }
+        if self.comm.rank() == 0 {
+            self.drain();
+        }
+    }
+
+    /// Rank 0: sends at most [`SENDS_PER_TICK`] frames of the table (see `fanout`).
+    fn drain(&mut self) {
+        for _ in 0..SENDS_PER_TICK {
+            let (board, period) = (&self.board, self.period);
+            let Some((to, frame)) = self.fanout.next(period, || table_frames(board)) else {
+                return;
+            };
+            if !self.gone.contains(&to) {
+                self.send(to, DOWN, frame);
+            }
+        }
     }
 
     fn collect(&mut self) {
@@ -216,6 +244,7 @@ impl Gatherer {
         if left {
             tracing::debug!(peer = from, "job view: rank left");
             self.gone.insert(from);
+            self.fanout.drop_peer(from);
         } else {
             self.post_recv(Posted::Up(from), from, UP);
         }
@@ -238,8 +267,8 @@ impl Gatherer {
         }
     }
 
-    /// Once a period: this rank's row into its own board, then up (or, on rank 0, the
-    /// table down).
+    /// Once a period: this rank's row into its own board, then up (or, on rank 0, a new
+    /// table down once the last went out).
     fn round(&mut self) {
         let row = (self.mine)();
         let me = self.comm.rank();
@@ -252,16 +281,14 @@ impl Gatherer {
             }
             return;
         }
-        let table: Vec<Aged> = (self.board.rows().into_iter())
-            .map(|(age, row)| Aged(age.as_millis() as u64, row))
-            .collect();
-        let frames = wire::down(&table);
-        let hosts = self.comm.hosts().to_vec();
-        for to in (1..self.comm.size()).filter(|&r| shows_table(&hosts, r)) {
-            if self.idle_towards(to) {
-                frames.iter().for_each(|f| self.send(to, DOWN, f.clone()));
-            }
+        if !self.fanout.is_empty() {
+            return;
         }
+        let hosts = self.comm.hosts();
+        let to: Vec<Rank> = (1..self.comm.size())
+            .filter(|&r| shows_table(hosts, r) && self.idle_towards(r))
+            .collect();
+        self.fanout.start(table_frames(&self.board), to.into_iter());
     }
 
     /// Whether `peer` is there and every earlier send to it completed.
@@ -335,6 +362,14 @@ impl Gatherer {
     pub(super) fn done_with(&self, peer: Rank) -> bool {
         self.gone.contains(&peer)
     }
+}
+
+/// The board's rows as frames of the table.
+fn table_frames(board: &JobBoard) -> Vec<Vec<u8>> {
+    let table: Vec<Aged> = (board.rows().into_iter())
+        .map(|(age, row)| Aged(age.as_millis() as u64, row))
+        .collect();
+    wire::down(&table)
 }
 
 /// A view dropped without `finish` (an error or a panic on the way out) must not leave

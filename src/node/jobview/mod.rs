@@ -13,6 +13,7 @@
 //! itself is a [`JobBoard`] that the status reads from any thread.
 
 mod board;
+mod fanout;
 mod gather;
 mod row;
 mod wire;
