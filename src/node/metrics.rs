@@ -55,6 +55,10 @@ pub(crate) enum Moved {
 
 type Key = (Moved, Rank);
 
+/// The peer of an exchange that names none (the coded exchange's server, outside the
+/// ranks): its `peer_host` is `server`.
+pub(crate) const SERVER: Rank = Rank::MAX;
+
 /// Running totals over every exchange of this mount (see the module docs).
 #[derive(Default)]
 pub(crate) struct ExchangeTotals {
@@ -82,6 +86,16 @@ impl ExchangeTotals {
         }
         for r in reports {
             let now = t.seen.entry(r.target_epoch).or_default();
+            if r.peers.is_empty() {
+                // The coded client tells no peers: what it moved, it moved with the server.
+                for (k, v) in [
+                    (Moved::Sent, r.bytes_sent),
+                    (Moved::Received, r.bytes_received),
+                ] {
+                    let held = now.entry((k, SERVER)).or_default();
+                    *held = (*held).max(v);
+                }
+            }
             for p in &r.peers {
                 for (k, v) in [
                     (Moved::Sent, p.bytes_sent),
@@ -205,10 +219,11 @@ fn exchange(r: &mut Registry, i: &Input) {
                 continue;
             }
         };
-        let l = vec![
-            ("direction", direction.to_string()),
-            ("peer_host", (i.host_of)(peer)),
-        ];
+        let host = match peer {
+            SERVER => "server".to_string(),
+            _ => (i.host_of)(peer),
+        };
+        let l = vec![("direction", direction.to_string()), ("peer_host", host)];
         bytes.get_or_create(&l).inc_by(v);
     }
     let help = "Bytes moved by the exchanges, per direction and peer host (a disk hand-off on one host counts too)";
@@ -282,6 +297,25 @@ mod tests {
         }
     }
 
+    fn input<'a>(totals: BTreeMap<Key, u64>, latest: Option<&'a ExchangeReport>) -> Input<'a> {
+        Input {
+            rank: 2,
+            world: 4,
+            epoch: 3,
+            totals,
+            host_of: &|r| format!("node{r}"),
+            latest,
+            staging: [("done", 5, 500), ("total", 10, 1000)],
+            source_samples: 7,
+            source_bytes: 700,
+            source_errors: 0,
+            checksum_failures: 0,
+            cache_bytes: 1234,
+            cache_samples: 12,
+            reads: 9,
+        }
+    }
+
     #[test]
     fn totals_only_grow_as_exchanges_leave_the_tracker() {
         let totals = ExchangeTotals::default();
@@ -296,25 +330,26 @@ mod tests {
     }
 
     #[test]
+    fn a_report_without_peers_counts_as_moved_with_the_server() {
+        let coded = ExchangeReport {
+            target_epoch: 1,
+            bytes_received: 70,
+            ..ExchangeReport::default()
+        };
+        let t = ExchangeTotals::default().observe(&[coded]);
+        assert_eq!(t[&(Moved::Received, SERVER)], 70);
+        let mut i = input(t, None);
+        i.rank = 0;
+        let text = render(&i);
+        let line = "shufflefs_exchange_bytes_total{rank=\"0\",direction=\"received\",peer_host=\"server\"} 70";
+        assert!(text.lines().any(|l| l == line), "{text}");
+    }
+
+    #[test]
     fn counters_are_named_as_the_prometheus_text_format_wants() {
         let totals = ExchangeTotals::default().observe(&[report(4, 50)]);
         let latest = report(4, 50);
-        let text = render(&Input {
-            rank: 2,
-            world: 4,
-            epoch: 3,
-            totals,
-            host_of: &|r| format!("node{r}"),
-            latest: Some(&latest),
-            staging: [("done", 5, 500), ("total", 10, 1000)],
-            source_samples: 7,
-            source_bytes: 700,
-            source_errors: 0,
-            checksum_failures: 0,
-            cache_bytes: 1234,
-            cache_samples: 12,
-            reads: 9,
-        });
+        let text = render(&input(totals, Some(&latest)));
         for line in [
             "# TYPE shufflefs_exchange_bytes_total counter",
             "shufflefs_exchange_bytes_total{rank=\"2\",direction=\"sent\",peer_host=\"node1\"} 50",

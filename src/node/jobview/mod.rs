@@ -81,10 +81,14 @@ impl Comm for Viewed<'_> {
     fn hosts(&self) -> &[u32] {
         self.inner.hosts()
     }
+    // A collective may wait long (the coded exchange broadcasts every packet): the view
+    // ticks before each, so its rows keep coming between packets.
     fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, CommError> {
+        self.view.tick();
         self.inner.all_gather(data)
     }
     fn broadcast(&mut self, root: Rank, data: Vec<u8>) -> Result<Vec<u8>, CommError> {
+        self.view.tick();
         self.inner.broadcast(root, data)
     }
     fn split(&mut self, color: u32) -> Result<Box<dyn Comm>, CommError> {
