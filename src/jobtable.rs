@@ -104,10 +104,21 @@ pub(crate) fn table(job: &Value, from_rank: &Value) -> String {
     }
     for r in &ranks {
         if let Some(p) = r["first_problem"].as_str() {
-            out.push_str(&format!("rank {}: {p}\n", r["rank"]));
+            out.push_str(&format!("rank {}: {}\n", r["rank"], printable(p)));
         }
     }
     out
+}
+
+/// `text` with control characters escaped (`\u{1b}`), so a problem's text cannot move the
+/// cursor or clear the screen.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| match c.is_control() {
+            true => c.escape_default().to_string(),
+            false => c.to_string(),
+        })
+        .collect()
 }
 
 /// One rank's cells; a rank not heard from recently says since when.
@@ -187,7 +198,7 @@ mod tests {
              "staging": {"done": 10, "total": 10, "done_bytes": 2_500_000, "total_bytes": 2_500_000},
              "exchange": {"into_epoch": 4, "done_bytes": 1000, "total_bytes": 2000, "rate_bytes_per_s": 1.5e6},
              "given_up_peers": [1], "source_fallbacks": 2, "problems": 1,
-             "first_problem": "bad.jpg: EIO", "cache_bytes": 12},
+             "first_problem": "bad.jpg: EIO\u{1b}[2J", "cache_bytes": 12},
             {"rank": 1, "stale_s": 4.0},
             {"rank": 2, "host": "node02", "epoch": 3, "left": true}
         ], "ended": true});
@@ -207,6 +218,6 @@ mod tests {
         }
         assert!(lines[3].contains("no report yet (stale 4 s)"));
         assert!(lines[4].contains("3 (left)"), "{}", lines[4]);
-        assert_eq!(lines[5], "rank 0: bad.jpg: EIO");
+        assert_eq!(lines[5], "rank 0: bad.jpg: EIO\\u{1b}[2J");
     }
 }
