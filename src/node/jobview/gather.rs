@@ -273,7 +273,7 @@ impl Gatherer {
         let row = (self.mine)();
         let me = self.comm.rank();
         if me == 0 || shows_table(self.comm.hosts(), me) {
-            self.board.put(row.clone(), Instant::now());
+            self.board.put_own(row.clone(), Instant::now());
         }
         if me != 0 {
             if let Some(frame) = wire::up(&row).filter(|_| self.idle_towards(0)) {
@@ -319,7 +319,7 @@ impl Gatherer {
         row.left = true;
         let me = self.comm.rank();
         if me == 0 || shows_table(self.comm.hosts(), me) {
-            self.board.put(row.clone(), Instant::now());
+            self.board.put_own(row.clone(), Instant::now());
         }
         let (tag, frame, to) = if me == 0 {
             let frame = wire::down(&[Aged(0, row)]).pop();
