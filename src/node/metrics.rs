@@ -14,6 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::text::encode_registry;
 use prometheus_client::metrics::counter::Counter;
@@ -30,18 +31,22 @@ pub(crate) mod names {
     pub const WORLD_SIZE: &str = "shufflefs_world_size";
     pub const EXCHANGE_BYTES: &str = "shufflefs_exchange_bytes";
     pub const EXCHANGE_TARGET: &str = "shufflefs_exchange_target_epoch";
-    pub const EXCHANGE_PROGRESS: &str = "shufflefs_exchange_progress_bytes";
+    pub const EXCHANGE_DONE: &str = "shufflefs_exchange_done_bytes";
+    pub const EXCHANGE_EXPECTED: &str = "shufflefs_exchange_expected_bytes";
     pub const GIVEN_UP: &str = "shufflefs_exchange_given_up_peers";
     pub const FALLBACKS: &str = "shufflefs_source_fallback_samples";
     pub const SOURCE_SAMPLES: &str = "shufflefs_source_samples";
     pub const SOURCE_BYTES: &str = "shufflefs_source_bytes";
     pub const SOURCE_ERRORS: &str = "shufflefs_source_errors";
     pub const CHECKSUM_FAILURES: &str = "shufflefs_checksum_failures";
-    pub const STAGING_SAMPLES: &str = "shufflefs_staging_samples";
-    pub const STAGING_BYTES: &str = "shufflefs_staging_bytes";
+    pub const STAGING_DONE_SAMPLES: &str = "shufflefs_staging_done_samples";
+    pub const STAGING_EXPECTED_SAMPLES: &str = "shufflefs_staging_expected_samples";
+    pub const STAGING_DONE_BYTES: &str = "shufflefs_staging_done_bytes";
+    pub const STAGING_EXPECTED_BYTES: &str = "shufflefs_staging_expected_bytes";
     pub const CACHE_BYTES: &str = "shufflefs_cache_bytes";
     pub const CACHE_SAMPLES: &str = "shufflefs_cache_samples";
-    pub const READS: &str = "shufflefs_reads";
+    pub const OPENS: &str = "shufflefs_opens";
+    pub const LAST_UPDATE: &str = "shufflefs_last_update_timestamp_seconds";
 }
 
 /// What one exchange moved with one peer.
@@ -124,6 +129,7 @@ pub(crate) struct Input<'a> {
     /// The host name of a rank, for `peer_host`.
     pub host_of: &'a dyn Fn(Rank) -> String,
     pub latest: Option<&'a ExchangeReport>,
+    /// `("done", samples, bytes)` then `("total", samples, bytes)`.
     pub staging: [(&'static str, u64, u64); 2],
     pub source_samples: u64,
     pub source_bytes: u64,
@@ -131,6 +137,7 @@ pub(crate) struct Input<'a> {
     pub checksum_failures: u64,
     pub cache_bytes: u64,
     pub cache_samples: u64,
+    /// Samples, parts and side files opened through the mount.
     pub reads: u64,
 }
 
@@ -176,16 +183,14 @@ pub(crate) fn render(i: &Input) -> String {
     );
     let help = "Samples whose bytes did not match their checksum";
     counter(&mut r, CHECKSUM_FAILURES, help, i.checksum_failures);
-    let samples = Family::<Labels, Gauge>::default();
-    let bytes = Family::<Labels, Gauge>::default();
-    for (state, n, b) in i.staging {
-        let l = vec![("state", state.to_string())];
-        samples.get_or_create(&l).set(n as i64);
-        bytes.get_or_create(&l).set(b as i64);
-    }
-    let help = "This epoch's share staged from the source (state: done, total)";
-    r.register(STAGING_SAMPLES, help, samples);
-    r.register(STAGING_BYTES, "Bytes of the same", bytes);
+    let [(_, done, done_bytes), (_, total, total_bytes)] = i.staging;
+    let help = "Samples of this epoch's share staged from the source so far";
+    gauge(&mut r, STAGING_DONE_SAMPLES, help, done);
+    let help = "Samples of this epoch's share to stage from the source";
+    gauge(&mut r, STAGING_EXPECTED_SAMPLES, help, total);
+    gauge(&mut r, STAGING_DONE_BYTES, "Bytes of the same", done_bytes);
+    let help = "Bytes of this epoch's share to stage";
+    gauge(&mut r, STAGING_EXPECTED_BYTES, help, total_bytes);
     gauge(
         &mut r,
         CACHE_BYTES,
@@ -198,8 +203,13 @@ pub(crate) fn render(i: &Input) -> String {
         "Samples in this rank's cache",
         i.cache_samples,
     );
-    let help = "Samples and parts opened through the daemon (passthrough reads bypass it)";
-    counter(&mut r, READS, help, i.reads);
+    let help = "Samples, parts and side files opened through the mount, passthrough opens included (page-cache mode reads the cache directly and opens nothing here)";
+    counter(&mut r, OPENS, help, i.reads);
+    let help = "When this text was made (Unix time): a writer that stopped shows as an old value";
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    let g: Gauge<f64, AtomicU64> = Gauge::default();
+    g.set(now.map_or(0.0, |d| (d.as_millis() as f64) / 1000.0));
+    r.register(LAST_UPDATE, help, g);
     let mut text = String::new();
     encode_registry(&mut text, &r).expect("writing to a String cannot fail");
     prometheus_text(&text)
@@ -234,18 +244,14 @@ fn exchange(r: &mut Registry, i: &Input) {
     let target = latest.map_or(0, |x| x.target_epoch);
     let help = "The epoch the latest exchange moves samples into (0 before any)";
     gauge(r, EXCHANGE_TARGET, help, target);
-    let progress = Family::<Labels, Gauge>::default();
     let (done, total) = latest.map_or((0, 0), |x| {
         let done = x.bytes_sent + x.bytes_received;
         (done, x.bytes_to_send + x.bytes_to_receive)
     });
-    for (state, v) in [("done", done), ("total", total)] {
-        progress
-            .get_or_create(&vec![("state", state.into())])
-            .set(v as i64);
-    }
-    let help = "The latest exchange's bytes sent and received (state: done, total)";
-    r.register(EXCHANGE_PROGRESS, help, progress);
+    let help = "The latest exchange's bytes sent and received so far";
+    gauge(r, EXCHANGE_DONE, help, done);
+    let help = "The latest exchange's bytes to send and receive in all";
+    gauge(r, EXCHANGE_EXPECTED, help, total);
     let given_up = latest.map_or(0, |x| x.peers.iter().filter(|p| p.given_up).count());
     let help = "Peers the latest exchange stopped waiting for";
     gauge(r, GIVEN_UP, help, given_up as u64);
@@ -355,15 +361,19 @@ mod tests {
             "shufflefs_exchange_bytes_total{rank=\"2\",direction=\"sent\",peer_host=\"node1\"} 50",
             "# TYPE shufflefs_epoch gauge",
             "shufflefs_epoch{rank=\"2\"} 3",
-            "shufflefs_staging_samples{rank=\"2\",state=\"total\"} 10",
+            "shufflefs_staging_expected_samples{rank=\"2\"} 10",
+            "shufflefs_staging_done_bytes{rank=\"2\"} 500",
             "shufflefs_source_fallback_samples_total{rank=\"2\"} 1",
-            "shufflefs_exchange_progress_bytes{rank=\"2\",state=\"total\"} 100",
+            "shufflefs_exchange_expected_bytes{rank=\"2\"} 100",
+            "shufflefs_exchange_done_bytes{rank=\"2\"} 50",
             "shufflefs_exchange_given_up_peers{rank=\"2\"} 1",
-            "shufflefs_reads_total{rank=\"2\"} 9",
+            "shufflefs_opens_total{rank=\"2\"} 9",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
         }
-        assert!(text.contains("# HELP shufflefs_reads_total Samples and parts"));
+        assert!(text.contains("# HELP shufflefs_opens_total Samples, parts"));
+        assert!(text.contains("# TYPE shufflefs_last_update_timestamp_seconds gauge"));
+        assert!(!text.contains("state=\""));
         assert!(!text.contains("# EOF"));
     }
 }
