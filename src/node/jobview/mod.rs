@@ -5,8 +5,9 @@
 //!
 //! It must not disturb the exchange: it runs on a communicator of its own (split from the
 //! job's at start-up, so no message of it can match one of the exchange's), in small
-//! fixed-size frames sent without waiting (`wire`), and nothing ever waits for a peer, so a
-//! rank that left or lags only turns stale in the table (`gather`). MPI belongs to one
+//! fixed-size frames sent without waiting (`wire`), at a bounded rate (`fanout`), and
+//! nothing ever waits for a peer, so a rank that lags only turns stale in the table, and one
+//! that leaves says so in a last row (`gather`). MPI belongs to one
 //! thread, so the view cannot have a thread of its own: the [`Gatherer`] is a state machine
 //! that thread drives, through [`Viewed`], a transport wrapper that ticks it whenever the
 //! exchange looks at the transport or the exchange loop idles ([`Comm::idle`]). The table
