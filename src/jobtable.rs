@@ -1,7 +1,9 @@
 //! `shufflefs status MOUNT`: the job view (`node::jobview`) as a table, read from any rank's
 //! `.shufflefs/status`. `--json` prints the `job` object as it is; `--watch` redraws every
 //! second until interrupted (on a terminal in place, otherwise as periodic plain tables,
-//! so a log keeps every one).
+//! so a log keeps every one; with `--json`, one compact object a line). Errors go to stderr
+//! (a single look then exits with failure); a reader that goes away (`--watch | head`) ends
+//! it quietly.
 
 use std::io::{IsTerminal, Write};
 use std::path::Path;
@@ -14,35 +16,47 @@ use crate::cli::StatusArgs;
 
 pub fn run(args: &StatusArgs) -> ExitCode {
     let terminal = std::io::stdout().is_terminal();
+    let mut first = true;
     loop {
-        let shown = show(&args.mountpoint, args.json);
-        let mut out = std::io::stdout().lock();
-        let text = match &shown {
-            Ok(text) => text.clone(),
-            Err(e) => format!("shufflefs status: {e}\n"),
-        };
-        if args.watch && terminal {
-            let _ = write!(out, "\x1b[H\x1b[2J");
+        // Watching, JSON goes one compact object a line (for `jq` and logs).
+        let shown = show(&args.mountpoint, args.json, !args.watch);
+        if let Err(e) = &shown {
+            eprintln!("shufflefs status: {e}");
         }
-        let _ = out.write_all(text.as_bytes());
-        let _ = out.flush();
+        let text = shown.as_deref().unwrap_or("");
+        let clear = args.watch && terminal;
+        // A table after another in a log: a blank line between.
+        let gap = args.watch && !terminal && !args.json && !first;
+        if print(text, clear, gap).is_err() {
+            // The reader went (`--watch | head`): nothing more to say, and nowhere to say it.
+            return ExitCode::SUCCESS;
+        }
         if !args.watch {
-            return if shown.is_ok() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
+            return match shown {
+                Ok(_) => ExitCode::SUCCESS,
+                Err(_) => ExitCode::FAILURE,
             };
         }
-        drop(out);
+        first = false;
         std::thread::sleep(Duration::from_secs(1));
-        if !terminal {
-            println!();
-        }
     }
 }
 
+/// Writes one look to stdout: after clearing the screen, or after a blank line.
+fn print(text: &str, clear: bool, gap: bool) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    if clear {
+        write!(out, "\x1b[H\x1b[2J")?;
+    }
+    if gap && !text.is_empty() {
+        writeln!(out)?;
+    }
+    out.write_all(text.as_bytes())?;
+    out.flush()
+}
+
 /// The text for one look at `mount`'s status.
-fn show(mount: &Path, json: bool) -> Result<String, String> {
+fn show(mount: &Path, json: bool, pretty: bool) -> Result<String, String> {
     let path = mount.join(".shufflefs/status");
     let text = std::fs::read(&path).map_err(|e| format!("reading {}: {e}", path.display()))?;
     let status: Value =
@@ -55,7 +69,11 @@ fn show(mount: &Path, json: bool) -> Result<String, String> {
         ));
     };
     if json {
-        let mut s = serde_json::to_string_pretty(job).map_err(|e| e.to_string())?;
+        let s = match pretty {
+            true => serde_json::to_string_pretty(job),
+            false => serde_json::to_string(job),
+        };
+        let mut s = s.map_err(|e| e.to_string())?;
         s.push('\n');
         return Ok(s);
     }
@@ -74,8 +92,13 @@ pub(crate) fn table(job: &Value, from_rank: &Value) -> String {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
     let age = now.saturating_sub(job["updated_unix_ms"].as_u64().unwrap_or(now));
+    let ended = if job["ended"] == true {
+        " (view ended: rank 0 left)"
+    } else {
+        ""
+    };
     let mut out = format!(
-        "job of {} ranks, as rank {from_rank} saw it {:.1} s ago\n",
+        "job of {} ranks, as rank {from_rank} saw it {:.1} s ago{ended}\n",
         ranks.len(),
         age as f64 / 1000.0
     );
@@ -99,17 +122,31 @@ pub(crate) fn table(job: &Value, from_rank: &Value) -> String {
     }
     for r in &ranks {
         if let Some(p) = r["first_problem"].as_str() {
-            out.push_str(&format!("rank {}: {p}\n", r["rank"]));
+            out.push_str(&format!("rank {}: {}\n", r["rank"], printable(p)));
         }
     }
     out
+}
+
+/// `text` with control characters escaped (`\u{1b}`), so a problem's text cannot move the
+/// cursor or clear the screen.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| match c.is_control() {
+            true => c.escape_default().to_string(),
+            false => c.to_string(),
+        })
+        .collect()
 }
 
 /// One rank's cells; a rank not heard from recently says since when.
 fn cells(r: &Value) -> Vec<String> {
     let n = |v: &Value| v.as_u64().unwrap_or(0);
     let rank = r["rank"].to_string();
-    let stale = r["stale_s"].as_f64().map(|s| format!(" (stale {s:.0} s)"));
+    let stale = match r["stale_s"].as_f64() {
+        _ if r["left"] == true => Some(" (left)".to_string()),
+        s => s.map(|s| format!(" (stale {s:.0} s)")),
+    };
     if r.get("host").is_none() {
         let what = format!("no report yet{}", stale.unwrap_or_default());
         return vec![rank, what];
@@ -179,12 +216,14 @@ mod tests {
              "staging": {"done": 10, "total": 10, "done_bytes": 2_500_000, "total_bytes": 2_500_000},
              "exchange": {"into_epoch": 4, "done_bytes": 1000, "total_bytes": 2000, "rate_bytes_per_s": 1.5e6},
              "given_up_peers": [1], "source_fallbacks": 2, "problems": 1,
-             "first_problem": "bad.jpg: EIO", "cache_bytes": 12},
-            {"rank": 1, "stale_s": 4.0}
-        ]});
+             "first_problem": "bad.jpg: EIO\u{1b}[2J", "cache_bytes": 12},
+            {"rank": 1, "stale_s": 4.0},
+            {"rank": 2, "host": "node02", "epoch": 3, "left": true}
+        ], "ended": true});
         let t = table(&job, &json!(0));
         let lines: Vec<&str> = t.lines().collect();
-        assert!(lines[0].starts_with("job of 2 ranks, as rank 0 saw it"));
+        assert!(lines[0].starts_with("job of 3 ranks, as rank 0 saw it"));
+        assert!(lines[0].ends_with("(view ended: rank 0 left)"));
         assert!(lines[1].starts_with("RANK  HOST"));
         for cell in [
             "node01",
@@ -196,6 +235,28 @@ mod tests {
             assert!(lines[2].contains(cell), "{cell} in {}", lines[2]);
         }
         assert!(lines[3].contains("no report yet (stale 4 s)"));
-        assert_eq!(lines[4], "rank 0: bad.jpg: EIO");
+        assert!(lines[4].contains("3 (left)"), "{}", lines[4]);
+        assert_eq!(lines[5], "rank 0: bad.jpg: EIO\\u{1b}[2J");
+    }
+
+    #[test]
+    fn json_is_compact_when_watched_and_errors_say_why() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(
+            show(dir.path(), true, true)
+                .unwrap_err()
+                .contains("reading")
+        );
+        std::fs::create_dir(dir.path().join(".shufflefs")).unwrap();
+        let status = json!({"rank": 0, "job": {"updated_unix_ms": 0, "ranks": [{"rank": 0}]}});
+        std::fs::write(dir.path().join(".shufflefs/status"), status.to_string()).unwrap();
+        let pretty = show(dir.path(), true, true).unwrap();
+        let compact = show(dir.path(), true, false).unwrap();
+        assert!(pretty.lines().count() > 1);
+        assert_eq!(compact.lines().count(), 1);
+        assert_eq!(
+            serde_json::from_str::<Value>(&compact).unwrap(),
+            status["job"]
+        );
     }
 }

@@ -159,7 +159,7 @@ def job_ranks(statuses):
 
 def stale_note(rows, limit=STALE_LIMIT):
     """Why the job-wide view says a rank is dead (not heard from for over `limit` s), or ''."""
-    dead = [r for r in rows if (r.get("stale_s") or 0) > limit]
+    dead = [r for r in rows if (r.get("stale_s") or 0) > limit and not r.get("left")]
     if not dead:
         return ""
     names = ", ".join(f"rank {r.get('rank')}" + (f" on {r['host']}" if r.get("host") else "")
@@ -177,8 +177,11 @@ def who(statuses):
 
 def row_staged(row):
     """A job-view row's staging is done: heard from lately, its total known, all of it done
-    (or, where the row carries the staging's `state`, that state is `done`)."""
+    (or, where the row carries the staging's `state`, that state is `done`). A rank that left
+    (`left`) stages nothing more: finished, whatever its last row says."""
     st = row.get("staging") or {}
+    if row.get("left"):
+        return True
     if "stale_s" in row:
         return False
     if "state" in st:

@@ -126,6 +126,14 @@ class JobView(unittest.TestCase):
         waiting = with_view(rows, advance_waiting={"target_epoch": 1, "seconds": 5})
         self.assertEqual(progress.exchange_measure([waiting], 1).state, "stale")
 
+    def test_a_rank_that_left_counts_as_finished_not_dead(self):
+        gone = dict(row(1, 2, 5), left=True)
+        gone["staging"]["state"] = "staging"
+        m = progress.staging_measure([with_view([row(0, 5, 5), gone])])
+        self.assertEqual((m.state, m.note), ("done", ""))
+        # Even with an age on it, a row that says it left is not "not heard from".
+        self.assertEqual(progress.stale_note([dict(gone, stale_s=99.0)]), "")
+
     def test_exchange_counts_each_byte_once(self):
         rows = [row(0, 5, 5, moved=(300, 400)), row(1, 5, 5, moved=(300, 400)),
                 row(2, 5, 5, into=0, moved=(999, 999))]

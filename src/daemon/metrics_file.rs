@@ -29,6 +29,23 @@ pub(crate) fn path_for(template: &str, rank: u32, host: &str) -> PathBuf {
     )
 }
 
+/// Refuses a `template` that ranks of one host would share: without `{rank}`, while some
+/// host (`hosts`: each rank's host) runs more than one rank, they would overwrite each
+/// other's file every few seconds. Every rank decides alike (start-up's settings phase).
+pub(crate) fn check(template: Option<&str>, hosts: &[u32]) -> Result<(), String> {
+    let Some(template) = template.filter(|t| !t.contains("{rank}")) else {
+        return Ok(());
+    };
+    let mut seen = std::collections::HashSet::new();
+    match hosts.iter().find(|&&h| !seen.insert(h)) {
+        None => Ok(()),
+        Some(_) => Err(format!(
+            "--metrics-file {template} lacks {{rank}} while a host runs several ranks: they \
+             would overwrite each other's file; put {{rank}} in the name"
+        )),
+    }
+}
+
 impl MetricsFile {
     pub(crate) fn start(path: PathBuf, status: Arc<dyn StatusReport>) -> MetricsFile {
         let (tx, rx) = channel();
@@ -106,13 +123,27 @@ mod tests {
     }
 
     #[test]
+    fn a_file_name_without_rank_is_refused_when_a_host_runs_several_ranks() {
+        assert!(check(None, &[0, 0]).is_ok());
+        assert!(check(Some("/m/sfs-{rank}.prom"), &[0, 0]).is_ok());
+        assert!(check(Some("/m/sfs-{host}.prom"), &[0, 1, 2]).is_ok());
+        let e = check(Some("/m/sfs-{host}.prom"), &[0, 1, 1]).unwrap_err();
+        assert!(e.contains("lacks {rank}"), "{e}");
+    }
+
+    #[test]
     fn the_file_is_written_at_once_and_at_the_end() {
         let dir = tempfile::tempdir().unwrap();
         let template = format!("{}/sfs-{{host}}-{{rank}}.prom", dir.path().display());
         let path = path_for(&template, 3, "node7");
         assert!(path.ends_with("sfs-node7-3.prom"));
         let writer = MetricsFile::start(path.clone(), Arc::new(Fixed));
-        std::fs::remove_file(&path).ok();
+        // The first write, then it is removed: the last write makes it again.
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while !path.exists() && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::fs::remove_file(&path).unwrap();
         drop(writer);
         let text = std::fs::read_to_string(&path).unwrap();
         assert_eq!(text, "shufflefs_epoch{rank=\"0\"} 1\n");

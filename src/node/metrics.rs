@@ -14,6 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::text::encode_registry;
 use prometheus_client::metrics::counter::Counter;
@@ -30,18 +31,22 @@ pub(crate) mod names {
     pub const WORLD_SIZE: &str = "shufflefs_world_size";
     pub const EXCHANGE_BYTES: &str = "shufflefs_exchange_bytes";
     pub const EXCHANGE_TARGET: &str = "shufflefs_exchange_target_epoch";
-    pub const EXCHANGE_PROGRESS: &str = "shufflefs_exchange_progress_bytes";
+    pub const EXCHANGE_DONE: &str = "shufflefs_exchange_done_bytes";
+    pub const EXCHANGE_EXPECTED: &str = "shufflefs_exchange_expected_bytes";
     pub const GIVEN_UP: &str = "shufflefs_exchange_given_up_peers";
     pub const FALLBACKS: &str = "shufflefs_source_fallback_samples";
     pub const SOURCE_SAMPLES: &str = "shufflefs_source_samples";
     pub const SOURCE_BYTES: &str = "shufflefs_source_bytes";
     pub const SOURCE_ERRORS: &str = "shufflefs_source_errors";
     pub const CHECKSUM_FAILURES: &str = "shufflefs_checksum_failures";
-    pub const STAGING_SAMPLES: &str = "shufflefs_staging_samples";
-    pub const STAGING_BYTES: &str = "shufflefs_staging_bytes";
+    pub const STAGING_DONE_SAMPLES: &str = "shufflefs_staging_done_samples";
+    pub const STAGING_EXPECTED_SAMPLES: &str = "shufflefs_staging_expected_samples";
+    pub const STAGING_DONE_BYTES: &str = "shufflefs_staging_done_bytes";
+    pub const STAGING_EXPECTED_BYTES: &str = "shufflefs_staging_expected_bytes";
     pub const CACHE_BYTES: &str = "shufflefs_cache_bytes";
     pub const CACHE_SAMPLES: &str = "shufflefs_cache_samples";
-    pub const READS: &str = "shufflefs_reads";
+    pub const OPENS: &str = "shufflefs_opens";
+    pub const LAST_UPDATE: &str = "shufflefs_last_update_timestamp_seconds";
 }
 
 /// What one exchange moved with one peer.
@@ -54,6 +59,10 @@ pub(crate) enum Moved {
 }
 
 type Key = (Moved, Rank);
+
+/// The peer of an exchange that names none (the coded exchange's server, outside the
+/// ranks): its `peer_host` is `server`.
+pub(crate) const SERVER: Rank = Rank::MAX;
 
 /// Running totals over every exchange of this mount (see the module docs).
 #[derive(Default)]
@@ -82,6 +91,16 @@ impl ExchangeTotals {
         }
         for r in reports {
             let now = t.seen.entry(r.target_epoch).or_default();
+            if r.peers.is_empty() {
+                // The coded client tells no peers: what it moved, it moved with the server.
+                for (k, v) in [
+                    (Moved::Sent, r.bytes_sent),
+                    (Moved::Received, r.bytes_received),
+                ] {
+                    let held = now.entry((k, SERVER)).or_default();
+                    *held = (*held).max(v);
+                }
+            }
             for p in &r.peers {
                 for (k, v) in [
                     (Moved::Sent, p.bytes_sent),
@@ -110,6 +129,7 @@ pub(crate) struct Input<'a> {
     /// The host name of a rank, for `peer_host`.
     pub host_of: &'a dyn Fn(Rank) -> String,
     pub latest: Option<&'a ExchangeReport>,
+    /// `("done", samples, bytes)` then `("total", samples, bytes)`.
     pub staging: [(&'static str, u64, u64); 2],
     pub source_samples: u64,
     pub source_bytes: u64,
@@ -117,6 +137,7 @@ pub(crate) struct Input<'a> {
     pub checksum_failures: u64,
     pub cache_bytes: u64,
     pub cache_samples: u64,
+    /// Samples, parts and side files opened through the mount.
     pub reads: u64,
 }
 
@@ -162,16 +183,14 @@ pub(crate) fn render(i: &Input) -> String {
     );
     let help = "Samples whose bytes did not match their checksum";
     counter(&mut r, CHECKSUM_FAILURES, help, i.checksum_failures);
-    let samples = Family::<Labels, Gauge>::default();
-    let bytes = Family::<Labels, Gauge>::default();
-    for (state, n, b) in i.staging {
-        let l = vec![("state", state.to_string())];
-        samples.get_or_create(&l).set(n as i64);
-        bytes.get_or_create(&l).set(b as i64);
-    }
-    let help = "This epoch's share staged from the source (state: done, total)";
-    r.register(STAGING_SAMPLES, help, samples);
-    r.register(STAGING_BYTES, "Bytes of the same", bytes);
+    let [(_, done, done_bytes), (_, total, total_bytes)] = i.staging;
+    let help = "Samples of this epoch's share staged from the source so far";
+    gauge(&mut r, STAGING_DONE_SAMPLES, help, done);
+    let help = "Samples of this epoch's share to stage from the source";
+    gauge(&mut r, STAGING_EXPECTED_SAMPLES, help, total);
+    gauge(&mut r, STAGING_DONE_BYTES, "Bytes of the same", done_bytes);
+    let help = "Bytes of this epoch's share to stage";
+    gauge(&mut r, STAGING_EXPECTED_BYTES, help, total_bytes);
     gauge(
         &mut r,
         CACHE_BYTES,
@@ -184,8 +203,13 @@ pub(crate) fn render(i: &Input) -> String {
         "Samples in this rank's cache",
         i.cache_samples,
     );
-    let help = "Samples and parts opened through the daemon (passthrough reads bypass it)";
-    counter(&mut r, READS, help, i.reads);
+    let help = "Samples, parts and side files opened through the mount, passthrough opens included (page-cache mode reads the cache directly and opens nothing here)";
+    counter(&mut r, OPENS, help, i.reads);
+    let help = "When this text was made (Unix time): a writer that stopped shows as an old value";
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    let g: Gauge<f64, AtomicU64> = Gauge::default();
+    g.set(now.map_or(0.0, |d| (d.as_millis() as f64) / 1000.0));
+    r.register(LAST_UPDATE, help, g);
     let mut text = String::new();
     encode_registry(&mut text, &r).expect("writing to a String cannot fail");
     prometheus_text(&text)
@@ -205,10 +229,11 @@ fn exchange(r: &mut Registry, i: &Input) {
                 continue;
             }
         };
-        let l = vec![
-            ("direction", direction.to_string()),
-            ("peer_host", (i.host_of)(peer)),
-        ];
+        let host = match peer {
+            SERVER => "server".to_string(),
+            _ => (i.host_of)(peer),
+        };
+        let l = vec![("direction", direction.to_string()), ("peer_host", host)];
         bytes.get_or_create(&l).inc_by(v);
     }
     let help = "Bytes moved by the exchanges, per direction and peer host (a disk hand-off on one host counts too)";
@@ -219,18 +244,14 @@ fn exchange(r: &mut Registry, i: &Input) {
     let target = latest.map_or(0, |x| x.target_epoch);
     let help = "The epoch the latest exchange moves samples into (0 before any)";
     gauge(r, EXCHANGE_TARGET, help, target);
-    let progress = Family::<Labels, Gauge>::default();
     let (done, total) = latest.map_or((0, 0), |x| {
         let done = x.bytes_sent + x.bytes_received;
         (done, x.bytes_to_send + x.bytes_to_receive)
     });
-    for (state, v) in [("done", done), ("total", total)] {
-        progress
-            .get_or_create(&vec![("state", state.into())])
-            .set(v as i64);
-    }
-    let help = "The latest exchange's bytes sent and received (state: done, total)";
-    r.register(EXCHANGE_PROGRESS, help, progress);
+    let help = "The latest exchange's bytes sent and received so far";
+    gauge(r, EXCHANGE_DONE, help, done);
+    let help = "The latest exchange's bytes to send and receive in all";
+    gauge(r, EXCHANGE_EXPECTED, help, total);
     let given_up = latest.map_or(0, |x| x.peers.iter().filter(|p| p.given_up).count());
     let help = "Peers the latest exchange stopped waiting for";
     gauge(r, GIVEN_UP, help, given_up as u64);
@@ -282,6 +303,25 @@ mod tests {
         }
     }
 
+    fn input<'a>(totals: BTreeMap<Key, u64>, latest: Option<&'a ExchangeReport>) -> Input<'a> {
+        Input {
+            rank: 2,
+            world: 4,
+            epoch: 3,
+            totals,
+            host_of: &|r| format!("node{r}"),
+            latest,
+            staging: [("done", 5, 500), ("total", 10, 1000)],
+            source_samples: 7,
+            source_bytes: 700,
+            source_errors: 0,
+            checksum_failures: 0,
+            cache_bytes: 1234,
+            cache_samples: 12,
+            reads: 9,
+        }
+    }
+
     #[test]
     fn totals_only_grow_as_exchanges_leave_the_tracker() {
         let totals = ExchangeTotals::default();
@@ -296,39 +336,44 @@ mod tests {
     }
 
     #[test]
+    fn a_report_without_peers_counts_as_moved_with_the_server() {
+        let coded = ExchangeReport {
+            target_epoch: 1,
+            bytes_received: 70,
+            ..ExchangeReport::default()
+        };
+        let t = ExchangeTotals::default().observe(&[coded]);
+        assert_eq!(t[&(Moved::Received, SERVER)], 70);
+        let mut i = input(t, None);
+        i.rank = 0;
+        let text = render(&i);
+        let line = "shufflefs_exchange_bytes_total{rank=\"0\",direction=\"received\",peer_host=\"server\"} 70";
+        assert!(text.lines().any(|l| l == line), "{text}");
+    }
+
+    #[test]
     fn counters_are_named_as_the_prometheus_text_format_wants() {
         let totals = ExchangeTotals::default().observe(&[report(4, 50)]);
         let latest = report(4, 50);
-        let text = render(&Input {
-            rank: 2,
-            world: 4,
-            epoch: 3,
-            totals,
-            host_of: &|r| format!("node{r}"),
-            latest: Some(&latest),
-            staging: [("done", 5, 500), ("total", 10, 1000)],
-            source_samples: 7,
-            source_bytes: 700,
-            source_errors: 0,
-            checksum_failures: 0,
-            cache_bytes: 1234,
-            cache_samples: 12,
-            reads: 9,
-        });
+        let text = render(&input(totals, Some(&latest)));
         for line in [
             "# TYPE shufflefs_exchange_bytes_total counter",
             "shufflefs_exchange_bytes_total{rank=\"2\",direction=\"sent\",peer_host=\"node1\"} 50",
             "# TYPE shufflefs_epoch gauge",
             "shufflefs_epoch{rank=\"2\"} 3",
-            "shufflefs_staging_samples{rank=\"2\",state=\"total\"} 10",
+            "shufflefs_staging_expected_samples{rank=\"2\"} 10",
+            "shufflefs_staging_done_bytes{rank=\"2\"} 500",
             "shufflefs_source_fallback_samples_total{rank=\"2\"} 1",
-            "shufflefs_exchange_progress_bytes{rank=\"2\",state=\"total\"} 100",
+            "shufflefs_exchange_expected_bytes{rank=\"2\"} 100",
+            "shufflefs_exchange_done_bytes{rank=\"2\"} 50",
             "shufflefs_exchange_given_up_peers{rank=\"2\"} 1",
-            "shufflefs_reads_total{rank=\"2\"} 9",
+            "shufflefs_opens_total{rank=\"2\"} 9",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
         }
-        assert!(text.contains("# HELP shufflefs_reads_total Samples and parts"));
+        assert!(text.contains("# HELP shufflefs_opens_total Samples, parts"));
+        assert!(text.contains("# TYPE shufflefs_last_update_timestamp_seconds gauge"));
+        assert!(!text.contains("state=\""));
         assert!(!text.contains("# EOF"));
     }
 }

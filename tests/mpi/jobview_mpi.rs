@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::common::mpi_job::{MpiJob, wait_all, write_source};
+use crate::common::mpi_job::{MpiJob, checked_listing, wait_all, write_source};
 use crate::common::*;
 
 const RANKS: u32 = 3;
@@ -124,6 +124,28 @@ fn every_mount_shows_the_whole_job_and_the_metrics_move() {
     wait_all(&job, "every rank's job view", |st| {
         whole_job_at(&st["job"], 0)
     });
+    rows_and_table(&job);
+    metrics_move(&job, dir, &python);
+    let files = metrics_files(dir);
+    files_catch_up(&files, &python);
+    watch_into_a_pipe(&job);
+    a_quiet_rank_turns_stale(&job);
+
+    // The view's own communicator lets every rank finalize MPI and exit 0.
+    let mut job = job;
+    let exit = job.unmount_within(Duration::from_secs(60));
+    let log = std::fs::read_to_string(dir.join("job.log")).unwrap_or_default();
+    assert!(exit.is_some_and(|s| s.success()), "{exit:?}\n{log}");
+    assert!(!log.contains("abandoned"), "{log}");
+    assert!(
+        files.iter().all(|f| f.exists()),
+        "the files stay after the job"
+    );
+}
+
+/// A row has every field; `shufflefs status` prints the table (from another rank's mount
+/// than rank 0's) and `--json` the object.
+fn rows_and_table(job: &MpiJob) {
     let st = job.status(2);
     let row = &st["job"]["ranks"][1];
     for field in [
@@ -137,7 +159,6 @@ fn every_mount_shows_the_whole_job_and_the_metrics_move() {
     }
     assert!(row["exchange"]["rate_bytes_per_s"].is_number(), "{row:#}");
 
-    // The table, from another rank's mount than rank 0's.
     let out = shufflefs()
         .arg("status")
         .arg(&job.mounts[2])
@@ -160,20 +181,26 @@ fn every_mount_shows_the_whole_job_and_the_metrics_move() {
     .unwrap();
     let json: Value = serde_json::from_str(&check("shufflefs status --json", &out)).unwrap();
     assert_eq!(json["ranks"].as_array().unwrap().len(), 3);
+}
 
+/// The mounts' metrics move as the job advances two epochs and reads them.
+fn metrics_move(job: &MpiJob, dir: &Path, python: &Path) {
     let mount_metrics: Vec<PathBuf> = (job.mounts.iter())
         .map(|m| m.join(".shufflefs/metrics"))
         .collect();
-    let before = parse(&python, &mount_metrics);
+    let before = parse(python, &mount_metrics);
     for target in 1..=2u64 {
         for m in &job.mounts {
             write_epoch(m, target.to_string()).unwrap();
         }
     }
-    wait_all(&job, "every rank's view at epoch 2", |st| {
+    wait_all(job, "every rank's view at epoch 2", |st| {
         whole_job_at(&st["job"], 2)
     });
-    let after = parse(&python, &mount_metrics);
+    for m in &job.mounts {
+        assert!(!checked_listing(dir, m, 2).is_empty());
+    }
+    let after = parse(python, &mount_metrics);
     for r in 0..RANKS as usize {
         let (b, a) = (&before[r], &after[r]);
         let rank = r.to_string();
@@ -189,21 +216,31 @@ fn every_mount_shows_the_whole_job_and_the_metrics_move() {
             "rank {r}"
         );
         assert!(a.sum("shufflefs_exchange_target_epoch", &me) >= 2.0);
-        let done = a.sum("shufflefs_staging_samples", &[("state", "done")]);
-        assert!(done > 0.0 && done <= a.sum("shufflefs_staging_samples", &[("state", "total")]));
+        let done = a.sum("shufflefs_staging_done_samples", &me);
+        assert!(done > 0.0 && done <= a.sum("shufflefs_staging_expected_samples", &me));
         assert!(a.sum("shufflefs_cache_bytes", &me) > 0.0);
         assert!(a.sum("shufflefs_source_bytes_total", &me) > 0.0);
-        assert!(a.sum("shufflefs_reads_total", &me) >= b.sum("shufflefs_reads_total", &me));
+        // Every file of epoch 2 was read through each mount in between.
+        let opens = |p: &Parsed| p.sum("shufflefs_opens_total", &me);
+        assert!(
+            opens(a) > opens(b),
+            "rank {r}: {} then {}",
+            opens(b),
+            opens(a)
+        );
+        let at = a.sum("shufflefs_last_update_timestamp_seconds", &me);
+        assert!(at >= b.sum("shufflefs_last_update_timestamp_seconds", &me) && at > 1.6e9);
     }
+}
 
-    // The files catch up within their period (5 s).
-    let files = metrics_files(dir);
+/// The metrics files catch up within their period (5 s).
+fn files_catch_up(files: &[PathBuf], python: &Path) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let parsed = files
             .iter()
             .all(|f| f.exists())
-            .then(|| parse(&python, &files));
+            .then(|| parse(python, files));
         let caught_up = parsed.as_ref().is_some_and(|p| {
             (0..RANKS as usize).all(|r| {
                 let rank = r.to_string();
@@ -211,7 +248,7 @@ fn every_mount_shows_the_whole_job_and_the_metrics_move() {
             })
         });
         if caught_up {
-            break;
+            return;
         }
         assert!(
             Instant::now() < deadline,
@@ -219,7 +256,10 @@ fn every_mount_shows_the_whole_job_and_the_metrics_move() {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
-    // `--watch` into a pipe: one plain table after another.
+}
+
+/// `--watch` into a pipe: one plain table after another.
+fn watch_into_a_pipe(job: &MpiJob) {
     let mut watch = (shufflefs().args(["status", "--watch"]).arg(&job.mounts[0]))
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -233,9 +273,11 @@ fn every_mount_shows_the_whole_job_and_the_metrics_move() {
         !text.contains('\x1b'),
         "no terminal codes in a pipe: {text}"
     );
+}
 
-    // A rank that goes quiet (stopped by SIGSTOP here; a hung or lost rank alike) turns stale
-    // in the others' view, and nothing waits for it.
+/// A rank that goes quiet (stopped by SIGSTOP here; a hung or lost rank alike) turns stale
+/// in the others' view, and nothing waits for it.
+fn a_quiet_rank_turns_stale(job: &MpiJob) {
     let pid = job.status(2)["pid"].to_string();
     let signal = |sig: &str| {
         let ok = Command::new("kill").args([sig, &pid]).status().unwrap();
@@ -257,15 +299,4 @@ fn every_mount_shows_the_whole_job_and_the_metrics_move() {
         std::thread::sleep(Duration::from_millis(200));
     }
     signal("-CONT");
-
-    // The view's own communicator lets every rank finalize MPI and exit 0.
-    let mut job = job;
-    let exit = job.unmount_within(Duration::from_secs(60));
-    let log = std::fs::read_to_string(dir.join("job.log")).unwrap_or_default();
-    assert!(exit.is_some_and(|s| s.success()), "{exit:?}\n{log}");
-    assert!(!log.contains("abandoned"), "{log}");
-    assert!(
-        files.iter().all(|f| f.exists()),
-        "the files stay after the job"
-    );
 }

@@ -5,7 +5,7 @@
 //!
 //! 0. the command line's own consistency was checked before (`config`), alone on each rank;
 //! 1. local checks (mount point, source on rank 0, the cache folder and its lock): `local`;
-//! 2. the same settings everywhere: `settings`;
+//! 2. the same settings everywhere (and a `--metrics-file` no two ranks of a host share): `settings`;
 //! 3. seed and index, decided by rank 0 (the index is reused from rank 0's cache when its
 //!    settings match, else built by the dataset format): `index`;
 //!    The side files (`--replicate`) are then copied once per host: `side`;
@@ -111,7 +111,10 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
 
     let checked = local::check(config, rank, &mountpoint, &cache_path);
     let (mut dir, mount_dirs) = agreed(comm, checked)?;
-    let same = settings::compare(comm, config)?;
+    let same = settings::compare(comm, config)?.and_then(|()| {
+        let template = config.metrics_file.as_deref();
+        crate::daemon::metrics_file::check(template, comm.hosts()).map_err(PhaseError::Shared)
+    });
     agreed(comm, same)?;
 
     // An unreadable state file is refused, unless the user asked to rebuild the cache.

@@ -249,7 +249,12 @@ impl Routes {
                 ring(world, &members, data, abort)
             }
             Route::Comm(i) => match &mut self.handles[i] {
-                Handle::Sub(comm) => comm.broadcast(SERVER, data),
+                Handle::Sub(comm) => {
+                    // `world` may tick the job view as it is used; a broadcast on a
+                    // communicator of its own would not: let it tick between packets.
+                    world.idle();
+                    comm.broadcast(SERVER, data)
+                }
                 Handle::World => world.broadcast(SERVER, data),
                 Handle::None => unreachable!("only members take part in a broadcast"),
             },

@@ -9,7 +9,8 @@ use serde_json::{Value, json};
 
 use super::row::RankRow;
 
-/// A row older than this is marked `stale_s` (rows come about once a second).
+/// A row older than this is marked `stale_s` (rows come about once a second; on ranks
+/// other than 0, the table's interval is added, see `fanout`).
 pub(crate) const STALE: Duration = Duration::from_secs(3);
 
 #[derive(Default)]
@@ -17,12 +18,17 @@ pub(crate) struct JobBoard {
     table: Mutex<Option<Table>>,
     /// Every rank's host name, learned as the view starts.
     hosts: std::sync::OnceLock<Vec<String>>,
+    /// When a row is marked stale, if not after [`STALE`] (ranks that get the table less
+    /// often than every second, see `fanout`).
+    stale_after: std::sync::OnceLock<Duration>,
 }
 
 struct Table {
     world: u32,
     started: Instant,
     updated: Option<SystemTime>,
+    /// Rank 0 left: no row will come any more.
+    ended: bool,
     /// Each rank's latest row and when its rank made it (on this rank's clock).
     rows: BTreeMap<u32, (RankRow, Instant)>,
 }
@@ -34,8 +40,14 @@ impl JobBoard {
             world,
             started: Instant::now(),
             updated: None,
+            ended: false,
             rows: BTreeMap::new(),
         });
+    }
+
+    /// Rows older than `after` are stale (set once, as the view starts).
+    pub(crate) fn stale_after(&self, after: Duration) {
+        let _ = self.stale_after.set(after);
     }
 
     /// Every rank's host name, in rank order (set once).
@@ -52,15 +64,36 @@ impl JobBoard {
         self.table.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// `row` as its rank made it at `made`; an older row than the one held is ignored.
+    /// `row` as its rank made it at `made`, received from another rank (rank 0: a row from
+    /// a rank; the others: the table from rank 0): the view is `updated` now. An older row
+    /// than the one held is ignored.
     pub(crate) fn put(&self, row: RankRow, made: Instant) {
+        self.insert(row, made, true);
+    }
+
+    /// This rank's own row: it does not make the view `updated` (it says nothing of the
+    /// others), except in a job of one rank, where it is the whole job.
+    pub(crate) fn put_own(&self, row: RankRow, made: Instant) {
+        self.insert(row, made, false);
+    }
+
+    fn insert(&self, row: RankRow, made: Instant, received: bool) {
         let mut table = self.lock();
         let Some(t) = table.as_mut() else { return };
         if (t.rows.get(&row.rank)).is_some_and(|(_, held)| *held > made) {
             return;
         }
-        t.updated = Some(SystemTime::now());
+        if received || t.world == 1 {
+            t.updated = Some(SystemTime::now());
+        }
         t.rows.insert(row.rank, (row, made));
+    }
+
+    /// Rank 0 left: the view shows the job as it last was, and says so (`ended`).
+    pub(crate) fn end(&self) {
+        if let Some(t) = self.lock().as_mut() {
+            t.ended = true;
+        }
     }
 
     /// Every row held with its age now, in rank order.
@@ -74,18 +107,21 @@ impl JobBoard {
             .collect()
     }
 
-    /// The status's `job` object, `None` while this rank holds no view. A rank not heard
+    /// The status's `job` object, `None` while this rank holds no view. Its `updated_unix_ms`
+    /// is when a row last came from another rank (see `put`). A rank not heard
     /// from yet has only `rank` and `stale_s` (seconds since the view started).
     pub(crate) fn json(&self) -> Option<Value> {
         let table = self.lock();
         let t = table.as_ref()?;
-        let updated = t.updated.unwrap_or(SystemTime::now());
+        // Nothing received yet: as of the view's start.
+        let updated = (t.updated).unwrap_or_else(|| SystemTime::now() - t.started.elapsed());
+        let stale = self.stale_after.get().copied().unwrap_or(STALE);
         let ranks: Vec<Value> = (0..t.world)
             .map(|r| match t.rows.get(&r) {
                 Some((row, made)) => {
                     let mut v = serde_json::to_value(row).unwrap_or(Value::Null);
                     let age = made.elapsed();
-                    if age > STALE {
+                    if age > stale && !row.left {
                         v["stale_s"] = json!(tenths(age));
                     }
                     v
@@ -93,7 +129,11 @@ impl JobBoard {
                 None => json!({"rank": r, "stale_s": tenths(t.started.elapsed())}),
             })
             .collect();
-        Some(json!({"updated_unix_ms": unix_ms(updated), "ranks": ranks}))
+        let mut job = json!({"updated_unix_ms": unix_ms(updated), "ranks": ranks});
+        if t.ended {
+            job["ended"] = json!(true);
+        }
+        Some(job)
     }
 }
 
@@ -121,8 +161,14 @@ mod tests {
             epoch: u64::from(rank),
             ..RankRow::default()
         };
-        board.put(row(0), now);
+        board.put_own(row(0), now);
+        // Only this rank's own row: the view is as old as its start.
+        let before = board.json().unwrap()["updated_unix_ms"].as_u64().unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        board.put_own(row(0), Instant::now());
+        assert_eq!(board.json().unwrap()["updated_unix_ms"], before);
         board.put(row(2), now - Duration::from_secs(10));
+        assert!(board.json().unwrap()["updated_unix_ms"].as_u64().unwrap() >= before + 20);
         // An older row than the one held does not replace it.
         board.put(row(0), now - Duration::from_secs(5));
         let job = board.json().unwrap();

@@ -9,16 +9,25 @@
 //!
 //! Nothing here ever waits on a peer: receives stay posted (rank 0: one per rank; the
 //! others: a few from rank 0) and are reposted as they complete; a send to a peer whose
-//! previous one has not completed is skipped. A rank that left simply goes quiet (its row
-//! turns stale); a transport that reports it gone (the in-process one) gets its receives
-//! cancelled and nothing more is sent to it.
+//! previous one has not completed is skipped.
+//!
+//! Leaving says so: [`Gatherer::finish`] sends one last row marked `left` (rank 0: to every
+//! rank, which then stop sending rows and show the view as ended; another rank: to rank 0,
+//! which stops sending it the table and shows it as left) and waits a bounded moment for
+//! that send. Without it, the others would go on sending to a rank that is gone, and Open MPI
+//! keeps messages for a freed communicator for as long as the leaver waits in
+//! `MPI_Finalize`. A rank that vanishes without a word goes quiet (its row turns stale); a
+//! transport that reports it gone (the in-process one) gets its receives cancelled and
+//! nothing more is sent to it. Dropping a gatherer without `finish` (an error, a panic)
+//! still cancels its receives, so the communicator can be freed and MPI finalized.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
-use super::board::JobBoard;
+use super::board::{JobBoard, STALE};
+use super::fanout::{self, Fanout, SENDS_PER_TICK};
 use super::row::RankRow;
 use super::wire::{self, Aged, FRAME};
 use crate::comm::{Comm, CommError, Op, Ticket};
@@ -30,10 +39,13 @@ pub(crate) const PERIOD: Duration = Duration::from_secs(1);
 const POLL: Duration = Duration::from_millis(100);
 const UP: u16 = 1;
 const DOWN: u16 = 2;
-/// Receives from rank 0 kept posted on the other ranks.
+/// Receives from rank 0 kept posted on the ranks that show the table (the others keep
+/// one, for rank 0's last word).
 const DOWN_POSTED: usize = 8;
+/// How long a leaving rank waits for its last row to be sent.
+const LEAVE_WAIT: Duration = Duration::from_millis(200);
 /// Up to this many ranks, every rank gets the table; beyond, each host's first rank only
-/// (rank 0 sends a frame per row per recipient every second).
+/// (rank 0 sends the table's frames to each recipient, at a bounded rate: `fanout`).
 pub(crate) const ALL_RANKS_UP_TO: u32 = 64;
 
 #[derive(Clone, Copy)]
@@ -55,6 +67,10 @@ pub(crate) struct Gatherer {
     next_round: Instant,
     period: Duration,
     never: AtomicBool,
+    /// Receives cancelled and sends detached (`close`).
+    closed: bool,
+    /// Rank 0: the table going out.
+    fanout: Fanout,
 }
 
 /// Whether `rank` of a job on `hosts` shows the table (see [`ALL_RANKS_UP_TO`]).
@@ -83,15 +99,30 @@ impl Gatherer {
             next_round: now,
             period: PERIOD,
             never: AtomicBool::new(false),
+            closed: false,
+            fanout: Fanout::default(),
         };
         let (me, size) = (g.comm.rank(), g.comm.size());
         if me == 0 || shows_table(g.comm.hosts(), me) {
             g.board.start(size);
         }
+        if me != 0 {
+            // Rows come with each table, which may come less often than once a period.
+            let to = (1..size)
+                .filter(|&r| shows_table(g.comm.hosts(), r))
+                .count();
+            g.board
+                .stale_after(STALE + fanout::table_interval(PERIOD, size, to as u32));
+        }
         if me == 0 {
             (1..size).for_each(|r| g.post_recv(Posted::Up(r), r, UP));
-        } else if shows_table(g.comm.hosts(), me) {
-            (0..DOWN_POSTED).for_each(|_| g.post_recv(Posted::Down, 0, DOWN));
+        } else {
+            let n = if shows_table(g.comm.hosts(), me) {
+                DOWN_POSTED
+            } else {
+                1
+            };
+            (0..n).for_each(|_| g.post_recv(Posted::Down, 0, DOWN));
         }
         g
     }
@@ -156,6 +187,22 @@ impl Gatherer {
             self.next_round = now + self.period;
             self.round();
         }
+        if self.comm.rank() == 0 {
+            self.drain();
+        }
+    }
+
+    /// Rank 0: sends at most [`SENDS_PER_TICK`] frames of the table (see `fanout`).
+    fn drain(&mut self) {
+        for _ in 0..SENDS_PER_TICK {
+            let (board, period) = (&self.board, self.period);
+            let Some((to, frame)) = self.fanout.next(period, || table_frames(board)) else {
+                return;
+            };
+            if !self.gone.contains(&to) {
+                self.send(to, DOWN, frame);
+            }
+        }
     }
 
     fn collect(&mut self) {
@@ -176,20 +223,8 @@ impl Gatherer {
             };
             for d in done {
                 match self.posted.remove(&d.ticket) {
-                    Some(Posted::Up(from)) => {
-                        if let Some(row) = wire::read_up(&d.buf) {
-                            self.board.put(row, Instant::now());
-                        }
-                        self.post_recv(Posted::Up(from), from, UP);
-                    }
-                    Some(Posted::Down) => {
-                        let now = Instant::now();
-                        for Aged(age, row) in wire::read_down(&d.buf) {
-                            let made = now.checked_sub(Duration::from_millis(age));
-                            self.board.put(row, made.unwrap_or(now));
-                        }
-                        self.post_recv(Posted::Down, 0, DOWN);
-                    }
+                    Some(Posted::Up(from)) => self.got_row(from, &d.buf),
+                    Some(Posted::Down) => self.got_table(&d.buf),
                     Some(Posted::Sent(to)) => {
                         self.sending.entry(to).and_modify(|n| *n -= 1);
                     }
@@ -199,13 +234,46 @@ impl Gatherer {
         }
     }
 
-    /// Once a period: this rank's row into its own board, then up (or, on rank 0, the
-    /// table down).
+    /// Rank 0: a row from `from`; its last (`left`) ends all messages with it.
+    fn got_row(&mut self, from: Rank, frame: &[u8]) {
+        let row = wire::read_up(frame);
+        let left = row.as_ref().is_some_and(|r| r.left);
+        if let Some(row) = row {
+            self.board.put(row, Instant::now());
+        }
+        if left {
+            tracing::debug!(peer = from, "job view: rank left");
+            self.gone.insert(from);
+            self.fanout.drop_peer(from);
+        } else {
+            self.post_recv(Posted::Up(from), from, UP);
+        }
+    }
+
+    /// Another rank: a part of the table; rank 0's last row in it ends the view.
+    fn got_table(&mut self, frame: &[u8]) {
+        let now = Instant::now();
+        let mut ended = false;
+        for Aged(age, row) in wire::read_down(frame) {
+            ended |= row.rank == 0 && row.left;
+            let made = now.checked_sub(Duration::from_millis(age));
+            self.board.put(row, made.unwrap_or(now));
+        }
+        if ended {
+            self.board.end();
+            self.lost(0, &CommError::PeerGone(0));
+        } else {
+            self.post_recv(Posted::Down, 0, DOWN);
+        }
+    }
+
+    /// Once a period: this rank's row into its own board, then up (or, on rank 0, a new
+    /// table down once the last went out).
     fn round(&mut self) {
         let row = (self.mine)();
         let me = self.comm.rank();
         if me == 0 || shows_table(self.comm.hosts(), me) {
-            self.board.put(row.clone(), Instant::now());
+            self.board.put_own(row.clone(), Instant::now());
         }
         if me != 0 {
             if let Some(frame) = wire::up(&row).filter(|_| self.idle_towards(0)) {
@@ -213,16 +281,14 @@ impl Gatherer {
             }
             return;
         }
-        let table: Vec<Aged> = (self.board.rows().into_iter())
-            .map(|(age, row)| Aged(age.as_millis() as u64, row))
-            .collect();
-        let frames = wire::down(&table);
-        let hosts = self.comm.hosts().to_vec();
-        for to in (1..self.comm.size()).filter(|&r| shows_table(&hosts, r)) {
-            if self.idle_towards(to) {
-                frames.iter().for_each(|f| self.send(to, DOWN, f.clone()));
-            }
+        if !self.fanout.is_empty() {
+            return;
         }
+        let hosts = self.comm.hosts();
+        let to: Vec<Rank> = (1..self.comm.size())
+            .filter(|&r| shows_table(hosts, r) && self.idle_towards(r))
+            .collect();
+        self.fanout.start(table_frames(&self.board), to.into_iter());
     }
 
     /// Whether `peer` is there and every earlier send to it completed.
@@ -230,10 +296,55 @@ impl Gatherer {
         !self.gone.contains(&peer) && self.sending.get(&peer).copied().unwrap_or(0) == 0
     }
 
-    /// Ends the view: receives cancelled, sends left to complete as the communicator is
+    /// Ends the view: this rank's last row, marked `left`, goes to rank 0 (rank 0's to every
+    /// rank), then receives are cancelled and sends left to complete as the communicator is
     /// dropped (they are eager, see `wire`).
     pub(crate) fn finish(mut self) {
+        self.leave();
+    }
+
+    /// What `finish` does, leaving the communicator in place (tests keep it, so that the
+    /// in-process transport does not report this rank gone before its last row arrives).
+    pub(super) fn leave(&mut self) {
+        if self.closed {
+            return;
+        }
         self.collect();
+        self.say_goodbye();
+        self.close();
+    }
+
+    fn say_goodbye(&mut self) {
+        let mut row = (self.mine)();
+        row.left = true;
+        let me = self.comm.rank();
+        if me == 0 || shows_table(self.comm.hosts(), me) {
+            self.board.put_own(row.clone(), Instant::now());
+        }
+        let (tag, frame, to) = if me == 0 {
+            let frame = wire::down(&[Aged(0, row)]).pop();
+            (DOWN, frame, (1..self.comm.size()).collect::<Vec<_>>())
+        } else {
+            (UP, wire::up(&row), vec![0])
+        };
+        let Some(frame) = frame else { return };
+        let to: Vec<Rank> = to.into_iter().filter(|p| !self.gone.contains(p)).collect();
+        for peer in to {
+            self.send(peer, tag, frame.clone());
+        }
+        let until = Instant::now() + LEAVE_WAIT;
+        while self.sending.values().any(|&n| n > 0) && Instant::now() < until {
+            self.collect();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Cancels what is posted to receive and leaves what is sending to complete on its own;
+    /// once (`finish`, then `drop`).
+    fn close(&mut self) {
+        if std::mem::replace(&mut self.closed, true) {
+            return;
+        }
         let pick = |sent: bool| -> Vec<Ticket> {
             (self.posted.iter())
                 .filter(|(_, p)| matches!(p, Posted::Sent(_)) == sent)
@@ -243,5 +354,29 @@ impl Gatherer {
         let (recvs, sends) = (pick(false), pick(true));
         self.comm.cancel(&recvs);
         self.comm.detach(&sends);
+        self.posted.clear();
+    }
+
+    /// Whether this rank no longer exchanges with `peer` (tests).
+    #[cfg(test)]
+    pub(super) fn done_with(&self, peer: Rank) -> bool {
+        self.gone.contains(&peer)
+    }
+}
+
+/// The board's rows as frames of the table.
+fn table_frames(board: &JobBoard) -> Vec<Vec<u8>> {
+    let table: Vec<Aged> = (board.rows().into_iter())
+        .map(|(age, row)| Aged(age.as_millis() as u64, row))
+        .collect();
+    wire::down(&table)
+}
+
+/// A view dropped without `finish` (an error or a panic on the way out) must not leave
+/// receives posted: the transport would abandon them and skip `MPI_Finalize`, which makes
+/// mpirun abort every rank.
+impl Drop for Gatherer {
+    fn drop(&mut self) {
+        self.close();
     }
 }

@@ -5,14 +5,16 @@
 //!
 //! It must not disturb the exchange: it runs on a communicator of its own (split from the
 //! job's at start-up, so no message of it can match one of the exchange's), in small
-//! fixed-size frames sent without waiting (`wire`), and nothing ever waits for a peer, so a
-//! rank that left or lags only turns stale in the table (`gather`). MPI belongs to one
+//! fixed-size frames sent without waiting (`wire`), at a bounded rate (`fanout`), and
+//! nothing ever waits for a peer, so a rank that lags only turns stale in the table, and one
+//! that leaves says so in a last row (`gather`). MPI belongs to one
 //! thread, so the view cannot have a thread of its own: the [`Gatherer`] is a state machine
 //! that thread drives, through [`Viewed`], a transport wrapper that ticks it whenever the
 //! exchange looks at the transport or the exchange loop idles ([`Comm::idle`]). The table
 //! itself is a [`JobBoard`] that the status reads from any thread.
 
 mod board;
+mod fanout;
 mod gather;
 mod row;
 mod wire;
@@ -80,10 +82,14 @@ impl Comm for Viewed<'_> {
     fn hosts(&self) -> &[u32] {
         self.inner.hosts()
     }
+    // A collective may wait long (the coded exchange broadcasts every packet): the view
+    // ticks before each, so its rows keep coming between packets.
     fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, CommError> {
+        self.view.tick();
         self.inner.all_gather(data)
     }
     fn broadcast(&mut self, root: Rank, data: Vec<u8>) -> Result<Vec<u8>, CommError> {
+        self.view.tick();
         self.inner.broadcast(root, data)
     }
     fn split(&mut self, color: u32) -> Result<Box<dyn Comm>, CommError> {

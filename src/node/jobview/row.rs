@@ -36,6 +36,14 @@ pub(crate) struct RankRow {
     /// The oldest problem still remembered (see the status's `cache.problems`).
     pub first_problem: Option<String>,
     pub cache_bytes: u64,
+    /// The rank's view ended (it unmounted and left): its last row, never stale. Absent
+    /// (false) on every other row, so the status of a running job is unchanged.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub left: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -148,6 +156,7 @@ impl Sampler {
                 + stats.checksum_failures.load(Ordering::Relaxed),
             first_problem: problems.into_iter().next(),
             cache_bytes: stats.bytes.load(Ordering::Relaxed),
+            left: false,
         }
         .bounded()
     }

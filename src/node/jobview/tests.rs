@@ -7,7 +7,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::comm::LocalComm;
+use crate::comm::{Comm, CommError, Done, LocalComm, Op, Ticket};
+use crate::plan::Rank;
 
 const FAST: Duration = Duration::from_millis(30);
 
@@ -87,7 +88,8 @@ fn every_rank_sees_the_whole_job_and_a_leaver_blocks_nobody() {
                 });
                 assert!(fresh, "rank {me} saw {:?}", board.rows());
                 let rows = board.rows();
-                assert!(rows[2].1.epoch <= before + 2 && rows[2].0 > FAST * 3);
+                // Its last row said it left (or, before that arrived, it went quiet).
+                assert!(rows[2].1.epoch <= before + 2 && (rows[2].1.left || rows[2].0 > FAST * 3));
                 let job = board.json().unwrap();
                 assert_eq!(job["ranks"][1]["host"], "h1");
                 // Each keeps the other fed until both saw what they needed.
@@ -128,4 +130,136 @@ fn the_wrapper_ticks_on_progress_and_idle() {
     let never = AtomicBool::new(false);
     viewed.progress(Duration::ZERO, &never).unwrap();
     assert_eq!(board.rows()[0].1.epoch, 2);
+}
+
+/// A leaver says so: rank 0 stops sending to it and shows it as `left` (not stale); when rank
+/// 0 leaves, the others stop sending rows and show the view as ended. The leavers' threads
+/// wait until the others saw it, so no transport reports them gone: the `left` rows alone
+/// carry the news.
+#[test]
+fn leavers_say_so_and_rank_0_leaving_ends_the_view() {
+    let size = 3;
+    let steps: Arc<Vec<AtomicUsize>> = Arc::new((0..4).map(|_| AtomicUsize::new(0)).collect());
+    let handles: Vec<_> = LocalComm::world(size)
+        .into_iter()
+        .map(|world| {
+            let steps = steps.clone();
+            thread::spawn(move || {
+                let me = world.rank();
+                let board = Arc::new(JobBoard::default());
+                let mut g = gatherer(world, board.clone());
+                let wait = |g: &mut Gatherer, step: usize, n: usize| {
+                    steps[step].fetch_add(1, Ordering::SeqCst);
+                    let all = tick_until(g, Duration::from_secs(20), || {
+                        steps[step].load(Ordering::SeqCst) >= n
+                    });
+                    assert!(all, "rank {me}: step {step}");
+                };
+                let seen = tick_until(&mut g, Duration::from_secs(10), || {
+                    holds_all(&board, size, 2)
+                });
+                assert!(seen, "rank {me} saw {:?}", board.rows());
+                wait(&mut g, 0, 3);
+                if me == 2 {
+                    g.leave();
+                    // Stays (its endpoint with it) until the others saw it leave.
+                    wait_for(&steps[1], 2);
+                    return;
+                }
+                let left = |b: &JobBoard| b.json().unwrap()["ranks"][2]["left"] == true;
+                assert!(tick_until(&mut g, Duration::from_secs(10), || left(&board)));
+                let job = board.json().unwrap();
+                thread::sleep(FAST * 4);
+                assert!(job["ranks"][2].get("stale_s").is_none() && job.get("ended").is_none());
+                if me == 0 {
+                    assert!(g.done_with(2), "rank 0 still sends to the leaver");
+                }
+                wait(&mut g, 1, 2);
+                if me == 0 {
+                    g.leave();
+                    wait_for(&steps[2], 1);
+                    return;
+                }
+                let ended = tick_until(&mut g, Duration::from_secs(10), || {
+                    board.json().unwrap().get("ended") == Some(&serde_json::json!(true))
+                });
+                assert!(ended, "rank 1 saw {}", board.json().unwrap());
+                assert!(g.done_with(0), "rank 1 still sends rows to rank 0");
+                assert_eq!(board.json().unwrap()["ranks"][0]["left"], true);
+                steps[2].fetch_add(1, Ordering::SeqCst);
+                g.finish();
+            })
+        })
+        .collect();
+    handles.into_iter().for_each(|h| h.join().unwrap());
+}
+
+fn wait_for(n: &AtomicUsize, at_least: usize) {
+    let until = Instant::now() + Duration::from_secs(20);
+    while n.load(Ordering::SeqCst) < at_least && Instant::now() < until {
+        thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Rank 1 of 2 that never delivers: counts what is posted and what is cancelled.
+#[derive(Default)]
+struct Counting {
+    posted: Vec<Ticket>,
+    cancelled: Arc<std::sync::Mutex<Vec<Ticket>>>,
+}
+
+impl Comm for Counting {
+    fn rank(&self) -> Rank {
+        1
+    }
+    fn size(&self) -> u32 {
+        2
+    }
+    fn hosts(&self) -> &[u32] {
+        &[0, 0]
+    }
+    fn all_gather(&mut self, _: &[u8]) -> Result<Vec<Vec<u8>>, CommError> {
+        unreachable!()
+    }
+    fn broadcast(&mut self, _: Rank, _: Vec<u8>) -> Result<Vec<u8>, CommError> {
+        unreachable!()
+    }
+    fn split(&mut self, _: u32) -> Result<Box<dyn Comm>, CommError> {
+        unreachable!()
+    }
+    fn post(&mut self, _: Op) -> Result<Ticket, CommError> {
+        let t = self.posted.len() as Ticket + 1;
+        self.posted.push(t);
+        Ok(t)
+    }
+    fn progress(&mut self, _: Duration, _: &AtomicBool) -> Result<Vec<Done>, CommError> {
+        Ok(Vec::new())
+    }
+    fn detach(&mut self, _: &[Ticket]) {}
+    fn cancel(&mut self, tickets: &[Ticket]) {
+        self.cancelled.lock().unwrap().extend_from_slice(tickets);
+    }
+}
+
+/// A view dropped without `finish` (an error on the way out) cancels every receive it
+/// posted, and `finish` then drop cancels them once.
+#[test]
+fn a_dropped_view_cancels_its_receives() {
+    for finish in [false, true] {
+        let comm = Counting::default();
+        let cancelled = comm.cancelled.clone();
+        let row = Box::new(RankRow::default);
+        let g = Gatherer::new(Box::new(comm), Arc::new(JobBoard::default()), row);
+        if finish {
+            g.finish();
+        } else {
+            drop(g);
+        }
+        let mut c = cancelled.lock().unwrap().clone();
+        c.sort();
+        c.dedup();
+        assert_eq!(c.len(), cancelled.lock().unwrap().len(), "cancelled twice");
+        // Rank 1 of a small job keeps 8 receives from rank 0 posted.
+        assert_eq!(c.len(), 8, "finish: {finish}");
+    }
 }

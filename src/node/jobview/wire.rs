@@ -36,9 +36,26 @@ fn body(frame: &[u8]) -> Option<&[u8]> {
     frame.get(HEAD..HEAD + len)
 }
 
-/// One row going up; `None` if even a bounded row does not fit (never, with today's fields).
+/// One row going up. A bounded row caps its texts' bytes, but JSON escapes a control
+/// character in six: a row that then does not fit goes without its problem's text, then
+/// without its given-up peers too (rather than not at all, which would leave it stale).
 pub(super) fn up(row: &RankRow) -> Option<Vec<u8>> {
-    framed(&serde_json::to_vec(row).ok()?)
+    let json = |r: &RankRow| serde_json::to_vec(r).ok().and_then(|j| framed(&j));
+    json(&slim_until(row, |r| json(r).is_some()))
+}
+
+/// `row`, or less of it, whichever is first `fits`: without `first_problem`, then without
+/// `given_up_peers` as well.
+fn slim_until(row: &RankRow, fits: impl Fn(&RankRow) -> bool) -> RankRow {
+    let mut row = row.clone();
+    if fits(&row) {
+        return row;
+    }
+    row.first_problem = None;
+    if !fits(&row) {
+        row.given_up_peers.clear();
+    }
+    row
 }
 
 pub(super) fn read_up(frame: &[u8]) -> Option<RankRow> {
@@ -48,8 +65,17 @@ pub(super) fn read_up(frame: &[u8]) -> Option<RankRow> {
 /// A table going down, packed into as few frames as the rows fit.
 pub(super) fn down(rows: &[Aged]) -> Vec<Vec<u8>> {
     let mut frames = Vec::new();
+    let alone = |a: &Aged| {
+        serde_json::to_vec(&[a])
+            .ok()
+            .and_then(|j| framed(&j))
+            .is_some()
+    };
+    let rows: Vec<Aged> = (rows.iter())
+        .map(|a| Aged(a.0, slim_until(&a.1, |r| alone(&Aged(a.0, r.clone())))))
+        .collect();
     let mut batch: Vec<&Aged> = Vec::new();
-    for row in rows {
+    for row in &rows {
         batch.push(row);
         let fits = serde_json::to_vec(&batch).ok().and_then(|j| framed(&j));
         if fits.is_none() {
@@ -105,5 +131,27 @@ mod tests {
         assert!(back.iter().enumerate().all(|(i, a)| a.1 == row(i as u32)));
         assert_eq!(back[3].0, 30);
         assert!(read_up(&[0xff; 4]).is_none() && read_down(&[0; 1]).is_empty());
+    }
+
+    /// Control characters take six bytes each in JSON: a bounded row may then not fit a
+    /// frame; it goes without its problem's text rather than not at all.
+    #[test]
+    fn a_row_too_long_once_escaped_goes_without_its_problem() {
+        let mut big = row(3);
+        big.host = "h".repeat(64);
+        big.first_problem = Some("\x01".repeat(240));
+        big.given_up_peers = vec![u32::MAX; 32];
+        let big = big.bounded();
+        assert!(framed(&serde_json::to_vec(&big).unwrap()).is_none());
+        let back = read_up(&up(&big).expect("sent without the problem")).unwrap();
+        assert_eq!(back.first_problem, None);
+        assert_eq!((back.rank, back.given_up_peers.len()), (3, 32));
+        let frames = down(&[Aged(5, big.clone()), Aged(6, row(4))]);
+        let back: Vec<Aged> = frames.iter().flat_map(|f| read_down(f)).collect();
+        assert_eq!(back.len(), 2);
+        assert_eq!(
+            (back[0].1.rank, back[0].1.first_problem.as_deref()),
+            (3, None)
+        );
     }
 }
