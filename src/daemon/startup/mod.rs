@@ -131,25 +131,9 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
         false => reusable.and_then(|s| s.scanned_at),
     };
 
-    let expected = CacheState {
-        format: FORMAT_VERSION,
-        source: index::source_name(config, state.as_ref()),
-        seed,
-        fraction: config.fraction,
-        world_size: world,
-        rank,
-        manifest_fingerprint: crc32c::crc32c(&manifest_bytes),
-        epoch: 0,
-        exchange_scope: config.scope(),
-        // Global scope ignores hosts, so its state does not depend on where ranks run.
-        hosts: match config.scope() {
-            ExchangeScope::Global => None,
-            ExchangeScope::Node => Some(comm.hosts().to_vec()),
-        },
-        world_history: Vec::new(), // set once the job's history is known
-        layout: config.layout,
-        scanned_at,
-    };
+    let source = index::source_name(config, state.as_ref());
+    let fingerprint = crc32c::crc32c(&manifest_bytes);
+    let expected = expected_state(config, comm, (source, seed, fingerprint), scanned_at);
     let carried = rescan::carry_over(config, &dir, state, &expected, &manifest);
     let (state, counts) = agreed(comm, carried)?;
     dir.set_source_scan(SourceScan {
@@ -186,6 +170,35 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
         mountpoint,
         mount_dirs,
     })
+}
+
+/// The cache state this mount expects to find (or writes): what must match for the cache
+/// to be reused. `epoch` and `world_history` are set once the job's history is known.
+fn expected_state(
+    config: &MountConfig,
+    comm: &dyn Comm,
+    (source, seed, manifest_fingerprint): (String, u64, u32),
+    scanned_at: Option<u64>,
+) -> CacheState {
+    CacheState {
+        format: FORMAT_VERSION,
+        source,
+        seed,
+        fraction: config.fraction,
+        world_size: comm.size(),
+        rank: comm.rank(),
+        manifest_fingerprint,
+        epoch: 0,
+        exchange_scope: config.scope(),
+        // Global scope ignores hosts, so its state does not depend on where ranks run.
+        hosts: match config.scope() {
+            ExchangeScope::Global => None,
+            ExchangeScope::Node => Some(comm.hosts().to_vec()),
+        },
+        world_history: Vec::new(),
+        layout: config.layout,
+        scanned_at,
+    }
 }
 
 fn now_secs() -> u64 {
