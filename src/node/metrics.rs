@@ -47,6 +47,11 @@ pub(crate) mod names {
     pub const CACHE_SAMPLES: &str = "shufflefs_cache_samples";
     pub const OPENS: &str = "shufflefs_opens";
     pub const LAST_UPDATE: &str = "shufflefs_last_update_timestamp_seconds";
+    pub const PARTIAL_CACHE_SIZE: &str = "shufflefs_partial_cache_size_bytes";
+    pub const PARTIAL_HIT: &str = "shufflefs_partial_hit_ratio";
+    pub const PARTIAL_EXPECTED_HIT: &str = "shufflefs_partial_expected_hit_ratio";
+    pub const PARTIAL_SOURCE: &str = "shufflefs_partial_epoch_source_bytes";
+    pub const PARTIAL_EXPECTED_SOURCE: &str = "shufflefs_partial_expected_epoch_source_bytes";
 }
 
 /// What one exchange moved with one peer.
@@ -139,6 +144,8 @@ pub(crate) struct Input<'a> {
     pub cache_samples: u64,
     /// Samples, parts and side files opened through the mount.
     pub reads: u64,
+    /// A share larger than its cache (`None` when it fits): the status's `partial`.
+    pub partial: Option<crate::node::status::PartialSnapshot>,
 }
 
 fn gauge(registry: &mut Registry, name: &str, help: &str, v: u64) {
@@ -210,9 +217,42 @@ pub(crate) fn render(i: &Input) -> String {
     let g: Gauge<f64, AtomicU64> = Gauge::default();
     g.set(now.map_or(0.0, |d| (d.as_millis() as f64) / 1000.0));
     r.register(LAST_UPDATE, help, g);
+    if let Some(p) = &i.partial {
+        partial(&mut r, p);
+    }
     let mut text = String::new();
     encode_registry(&mut text, &r).expect("writing to a String cannot fail");
     prometheus_text(&text)
+}
+
+/// A partial cache (docs/partial-cache.md): its size, the hit ratio and source bytes of the
+/// last whole epoch (absent before one ended) against what the plan expected.
+fn partial(r: &mut Registry, p: &crate::node::status::PartialSnapshot) {
+    use names::*;
+    let help = "The cache's room when the share does not fit it (--cache-size)";
+    gauge(r, PARTIAL_CACHE_SIZE, help, p.cache_size_bytes);
+    let ratio = |r: &mut Registry, name: &str, help: &str, v: f64| {
+        let g: Gauge<f64, AtomicU64> = Gauge::default();
+        g.set(v);
+        r.register(name, help, g);
+    };
+    if let Some(hit) = p.hit_rate {
+        let help = "Share of the samples read in the last epoch that the cache held (0 to 1)";
+        ratio(r, PARTIAL_HIT, help, hit);
+    }
+    let help = "Hit ratio the planned kept sets give, simulated on the plan at mount";
+    ratio(r, PARTIAL_EXPECTED_HIT, help, p.expected_hit_rate);
+    if let Some(bytes) = p.source_bytes_per_epoch {
+        let help = "Bytes read from the source in the last whole epoch";
+        gauge(r, PARTIAL_SOURCE, help, bytes);
+    }
+    let help = "Bytes per epoch the plan expected to read from the source";
+    gauge(
+        r,
+        PARTIAL_EXPECTED_SOURCE,
+        help,
+        p.expected_source_bytes_per_epoch,
+    );
 }
 
 /// The exchange's metrics: running totals per direction and peer host, and the latest one.
@@ -319,6 +359,31 @@ mod tests {
             cache_bytes: 1234,
             cache_samples: 12,
             reads: 9,
+            partial: None,
+        }
+    }
+
+    #[test]
+    fn a_partial_cache_shows_its_hit_ratio_against_the_plan() {
+        let mut i = input(BTreeMap::new(), None);
+        assert!(!render(&i).contains("shufflefs_partial_"));
+        i.partial = Some(crate::node::status::PartialSnapshot {
+            cache_size_bytes: 30_000_000,
+            kept_samples: 100,
+            expected_hit_rate: 0.5,
+            hit_rate: Some(0.475),
+            source_bytes_per_epoch: Some(12_000),
+            expected_source_bytes_per_epoch: 11_000,
+        });
+        let text = render(&i);
+        for line in [
+            "shufflefs_partial_cache_size_bytes{rank=\"2\"} 30000000",
+            "shufflefs_partial_hit_ratio{rank=\"2\"} 0.475",
+            "shufflefs_partial_expected_hit_ratio{rank=\"2\"} 0.5",
+            "shufflefs_partial_epoch_source_bytes{rank=\"2\"} 12000",
+            "shufflefs_partial_expected_epoch_source_bytes{rank=\"2\"} 11000",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
         }
     }
 

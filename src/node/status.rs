@@ -303,6 +303,7 @@ impl DaemonStatus {
             cache_bytes: load(&stats.bytes),
             cache_samples: load(&stats.files),
             reads: load(&stats.reads),
+            partial: self.partial.get().map(|p| p.measured(&self.store)),
         })
     }
 
