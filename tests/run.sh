@@ -49,4 +49,4 @@ echo "== functions over 80 lines (outside tests)"
 python3 .ci/long-functions.py --over 80 >/dev/null || { python3 .ci/long-functions.py --over 80; exit 1; }
 echo "== cargo test"
 # Mount tests start daemons; a few at a time is plenty on small machines.
-cargo test --all-targets -- --test-threads=2
+cargo test --no-fail-fast --all-targets -- --test-threads=2
