@@ -523,6 +523,28 @@ fn exchange_secs(job: &Job, target: u64) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// `shufflefs status MOUNT --json` run inside the last host shows every rank of the job,
+/// each from its own host, heard from lately, at the epoch the walk reached (issue 32: the
+/// whole job from any host's mount).
+fn job_view_from_the_last_host(cluster: &Cluster, job: &Job) {
+    let mnt = &job.mounts[3];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = cluster.exec("3", &[BIN, "status", mnt, "--json"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let view: Value = serde_json::from_str(text.trim()).unwrap_or(Value::Null);
+        let rows = view["ranks"].as_array().cloned().unwrap_or_default();
+        let fresh = |r: &Value| r.get("stale_s").is_none() && r["epoch"] == 2;
+        if rows.len() == 4 && rows.iter().all(fresh) {
+            let hosts: BTreeSet<&str> = rows.iter().filter_map(|r| r["host"].as_str()).collect();
+            assert_eq!(hosts.len(), 4, "one host per rank: {view}");
+            return;
+        }
+        assert!(Instant::now() < deadline, "job view from h3: {text}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
 #[test]
 fn four_private_hosts_read_the_store_and_walk_three_epochs() {
     if !require_store() {
@@ -544,6 +566,7 @@ fn four_private_hosts_read_the_store_and_walk_three_epochs() {
     job.wait_all("staging", staged);
     let staging_fast = started.elapsed();
     walk(&job, &ds, SEED, 0..3);
+    job_view_from_the_last_host(&cluster, &job);
     let fast = [exchange_secs(&job, 1), exchange_secs(&job, 2)];
     // The caches are on each host's own disk, and only there.
     for r in 0..4 {
