@@ -292,7 +292,14 @@ impl SampleStore {
     pub(crate) fn admits(&self, id: SampleId) -> bool {
         self.partial
             .get()
-            .is_none_or(|a| a.admits(id, self.size(id), self.stats.bytes.load(Ordering::Relaxed)))
+            .is_none_or(|a| a.admits(id, self.size(id), self.held_bytes()))
+    }
+
+    /// Bytes the cache takes on disk: its samples', or more where the backend keeps removed
+    /// ones until it compacts (the packed layout).
+    pub(crate) fn held_bytes(&self) -> u64 {
+        let live = self.stats.bytes.load(Ordering::Relaxed);
+        live.max(self.backend.disk_bytes().unwrap_or(0))
     }
 
     /// Makes sure sample `id` is cached, copying it from the source if needed. A partial

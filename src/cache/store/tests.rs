@@ -952,3 +952,34 @@ fn a_partial_cache_fetches_only_what_it_keeps_within_its_size() {
     assert!(store.stats.problems().is_empty());
     assert_eq!(store.read_uncached(9, 1 << 20).unwrap(), bytes_of(9, 1000));
 }
+
+/// A partial cache counts what its storage takes on disk: the packed layout keeps removed
+/// samples' records until it compacts, so their room is not handed out again before; the
+/// files layout frees it at once.
+#[test]
+fn a_partial_cache_counts_the_packed_layouts_removed_records() {
+    let m = manifest_with(|_| 1000);
+    for layout in LAYOUTS {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = store_with_layout(tmp.path(), &m, layout);
+        let kept = vec![1, 2, 3, 4, 5];
+        // Room for three samples with the packed layout's record headers.
+        let gate = crate::cache::admission::Admission::new(3300, 1000, kept);
+        store.set_partial(gate);
+        for id in [1, 2, 3] {
+            store.ensure(id).unwrap();
+        }
+        store.remove(1).unwrap();
+        store.remove(2).unwrap();
+        assert_eq!(store.stats.bytes.load(Ordering::Relaxed), 1000);
+        let got = store.ensure(4);
+        match layout {
+            CacheLayout::Files => got.unwrap(),
+            CacheLayout::Packed => {
+                let e = got.unwrap_err();
+                assert!(crate::cache::admission::is_not_kept(&e), "{e}");
+                assert!(store.held_bytes() > 3000);
+            }
+        }
+    }
+}
