@@ -4,7 +4,8 @@
 //! consecutive epochs' shares together, about `(1 + Q) x share`. The room is `--cache-size`,
 //! or by default what the cache folder's filesystem has free plus what the cache already
 //! holds (a remount of a full cache must not find itself short of its own files), less 5%
-//! of the filesystem; the job plans with its smallest rank's room, because every rank
+//! of the filesystem, the free space and headroom split equally between the ranks of this
+//! host whose caches are on that filesystem ([`sharing`]); the job plans with its smallest rank's room, because every rank
 //! plans every rank's kept set. When the share does not fit, the rank says so once, with
 //! what the planned partial cache (`plan::keep`) is expected to give, simulated on the real
 //! plan: the hit rate and the bytes read from the source per epoch. `--require-fit` refuses the
@@ -99,8 +100,9 @@ pub(crate) fn phase(
     if config.coded_alpha().is_some() {
         return Ok(None);
     }
-    let held = store.stats.bytes.load(std::sync::atomic::Ordering::Relaxed);
-    let room = agreed(comm, room(config, cache, held))?;
+    let held = store.held_bytes();
+    let sharing = sharing(comm, cache)?;
+    let room = agreed(comm, room(config, cache, held, sharing))?;
     let room = job_room(comm, room)?;
     let rank = comm.rank();
     let fit = agreed(comm, check(config, plans.0, store, rank, room))?;
@@ -111,12 +113,32 @@ pub(crate) fn phase(
 }
 
 /// This rank's room: `--cache-size`, or the default from its filesystem (`held`: bytes
-/// the cache holds now).
-pub(crate) fn room(config: &MountConfig, cache: &Path, held: u64) -> Result<u64, PhaseError> {
+/// the cache holds now; `sharing`: ranks of this host with a cache on that filesystem).
+pub(crate) fn room(
+    config: &MountConfig,
+    cache: &Path,
+    held: u64,
+    sharing: u64,
+) -> Result<u64, PhaseError> {
     match config.cache_size {
         Some(bytes) => Ok(bytes),
-        None => default_capacity(cache, held).map_err(PhaseError::mine),
+        None => default_capacity(cache, held, sharing).map_err(PhaseError::mine),
     }
+}
+
+/// How many ranks of this host, this one included, have their cache on the filesystem of
+/// `cache` (collective): they share its free space, so each takes its part of it by default
+/// (a node's ranks with caches side by side on its local disk would each count all of it).
+pub(crate) fn sharing(comm: &mut dyn Comm, cache: &Path) -> Result<u64, CommError> {
+    use std::os::unix::fs::MetadataExt;
+    // A folder that cannot be looked at shares with nobody (its room is refused later).
+    let dev = std::fs::metadata(cache).map_or(u64::MAX - u64::from(comm.rank()), |m| m.dev());
+    let all = comm.all_gather(&dev.to_le_bytes())?;
+    let (hosts, me) = (comm.hosts(), comm.rank() as usize);
+    let same = |(r, b): &(usize, &Vec<u8>)| {
+        hosts.get(*r) == hosts.get(me) && b.as_slice() == dev.to_le_bytes()
+    };
+    Ok((all.iter().enumerate()).filter(same).count().max(1) as u64)
 }
 
 /// The job's room per rank: the smallest rank's (collective). Every rank plans every
@@ -182,13 +204,19 @@ pub(crate) fn sizes(manifest: &Manifest, source: &Path) -> Vec<u64> {
     known.into_iter().map(|s| s.unwrap_or(mean)).collect()
 }
 
-/// Free space of `cache`'s filesystem for us, plus `held`, less the headroom.
-fn default_capacity(cache: &Path, held: u64) -> std::io::Result<u64> {
+/// This rank's part of the free space of `cache`'s filesystem (shared by `sharing` ranks),
+/// plus `held`, less its part of the headroom.
+fn default_capacity(cache: &Path, held: u64, sharing: u64) -> std::io::Result<u64> {
     let st = nix::sys::statvfs::statvfs(cache)?;
     let frag = st.fragment_size().max(1);
-    let total = st.blocks() * frag;
-    let free = st.blocks_available() * frag;
-    Ok((free + held).saturating_sub(total / 100 * HEADROOM_PERCENT))
+    let (total, free) = (st.blocks() * frag, st.blocks_available() * frag);
+    Ok(part_of(free, total, held, sharing))
+}
+
+/// `held` plus a `sharing`th of `free`, less a `sharing`th of the headroom of `total`.
+fn part_of(free: u64, total: u64, held: u64, sharing: u64) -> u64 {
+    let k = sharing.max(1);
+    (free / k + held).saturating_sub(total / 100 * HEADROOM_PERCENT / k)
 }
 
 /// The fit of `rank`'s share in `capacity` bytes, simulated on `plan` (pure).
@@ -269,7 +297,7 @@ fn numbers(fit: &Fit, config: &MountConfig) -> String {
         mb(fit.capacity),
         match config.cache_size {
             Some(_) => "--cache-size",
-            None => "the free space of its filesystem, less 5%",
+            None => "its part of the free space of its filesystem, less 5%",
         },
         100.0 * fit.expected.hit_rate(),
         mb(fit.expected.source_bytes),
@@ -291,4 +319,37 @@ fn refusal(fit: &Fit, config: &MountConfig) -> String {
         numbers(fit, config),
         mb(fit.needed),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::comm::LocalComm;
+
+    #[test]
+    fn ranks_sharing_a_filesystem_share_its_free_space() {
+        // 1000 free of 2000: headroom 100.
+        assert_eq!(part_of(1000, 2000, 0, 1), 900);
+        assert_eq!(part_of(1000, 2000, 300, 1), 1200);
+        assert_eq!(part_of(1000, 2000, 0, 2), 450);
+        assert_eq!(part_of(1000, 2000, 300, 2), 750);
+        assert_eq!(part_of(10, 2000, 0, 1), 0);
+    }
+
+    /// Ranks 0 and 1 on one host with caches on one filesystem share it; rank 2, alone on
+    /// its host, does not (though the folder is the same filesystem here).
+    #[test]
+    fn sharing_counts_this_hosts_ranks_on_the_same_filesystem() {
+        let tmp = tempfile::tempdir().unwrap();
+        let handles: Vec<_> = LocalComm::world_on_hosts(&[0, 0, 1])
+            .into_iter()
+            .map(|mut comm| {
+                let dir = tmp.path().join(format!("cache{}", comm.rank()));
+                std::fs::create_dir(&dir).unwrap();
+                std::thread::spawn(move || sharing(&mut comm, &dir).unwrap())
+            })
+            .collect();
+        let got: Vec<u64> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        assert_eq!(got, [2, 2, 1]);
+    }
 }
