@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use super::admission::{Admission, not_kept};
+use super::admission::{Admission, is_not_kept, not_kept};
 use super::backend::{CacheBackend, Claim, Claims, Commit, Stored};
 use super::files::FileBackend;
 use super::{CacheDir, CacheError};
@@ -309,20 +309,33 @@ impl SampleStore {
         if self.contains(id) {
             return Ok(());
         }
-        if !self.admits(id) {
-            return Err(not_kept(id));
-        }
+        // A partial cache promises the room first (given back as `room` drops).
+        let room = match self.partial.get() {
+            Some(p) => Some(
+                (p.reserve(id, self.size(id), self.held_bytes())).ok_or_else(|| not_kept(id))?,
+            ),
+            None => None,
+        };
         let claim = self.claims.claim(id);
         if self.contains(id) {
             return Ok(()); // whoever held the claim wrote it
         }
+        let held = || self.held_bytes();
         let result = self.write_claimed(&claim, |out| {
+            let mut within = room.as_ref().map(|r| r.writer(out, &held));
+            let out: &mut dyn Write = match &mut within {
+                Some(w) => w,
+                None => out,
+            };
             // Learned before the commit, which records it with the bytes.
             self.learn_mtime(id, self.source.copy_to(id, out)?.mtime);
             Ok(None)
         });
-        if let (Ok(_), Some(partial)) = (&result, self.partial.get()) {
-            partial.read_from_source(self.size(id).unwrap_or(0));
+        match (&result, self.partial.get()) {
+            (Ok(_), Some(partial)) => partial.read_from_source(self.size(id).unwrap_or(0)),
+            // Past its room: no failure of the source (the reader gets it through memory).
+            (Err(e), Some(_)) if is_not_kept(e) => return Err(not_kept(id)),
+            _ => {}
         }
         match &result {
             Ok(_) => {
