@@ -219,6 +219,17 @@ impl Admission {
         })
     }
 
+    /// Room for `bytes` the exchange brings in (`id`: the first of them), whether or not
+    /// the plan keeps them now (the plan chose what is sent, with sizes that may be
+    /// estimates: this makes the real ones fit).
+    pub(crate) fn reserve_received(&self, id: SampleId, bytes: u64, held: u64) -> Option<Room<'_>> {
+        self.grow(bytes, held).then(|| Room {
+            admission: self,
+            id,
+            bytes: std::sync::atomic::AtomicU64::new(bytes),
+        })
+    }
+
     /// Promises `more` bytes if they fit beside `held` and what is promised already.
     fn grow(&self, more: u64, held: u64) -> bool {
         let mut reserved = self.reserved.lock().unwrap_or_else(|e| e.into_inner());

@@ -295,6 +295,22 @@ impl SampleStore {
             .is_none_or(|a| a.admits(id, self.size(id), self.held_bytes()))
     }
 
+    /// For the exchange's receiver, before it writes `bytes` of samples (`id` the first):
+    /// outside a partial cache `None`; in one, the room promised until it drops, or a
+    /// [`not_kept`] error when the cache has no room for them (they are not written).
+    pub(crate) fn room_for_received(
+        &self,
+        id: SampleId,
+        bytes: u64,
+    ) -> io::Result<Option<super::admission::Room<'_>>> {
+        let Some(partial) = self.partial.get() else {
+            return Ok(None);
+        };
+        (partial.reserve_received(id, bytes, self.held_bytes()))
+            .map(Some)
+            .ok_or_else(|| not_kept(id))
+    }
+
     /// Bytes the cache takes on disk: its samples', or more where the backend keeps removed
     /// ones until it compacts (the packed layout).
     pub(crate) fn held_bytes(&self) -> u64 {
@@ -586,6 +602,8 @@ impl SampleStore {
         }
         let peer = FileBackend::open_peer(peer_root, id)?;
         let recorded = peer.recorded;
+        // A partial cache takes it only within its size.
+        let _room = self.room_for_received(id, recorded.len)?;
         if let Some(want) = self.size(id).filter(|&w| w != recorded.len) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,

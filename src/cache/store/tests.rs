@@ -983,3 +983,29 @@ fn a_partial_cache_counts_the_packed_layouts_removed_records() {
         }
     }
 }
+
+/// What the exchange brings into a partial cache is written only within its size, whatever
+/// the plan sent: a disk hand-off without room is refused as not kept (nothing stored), and
+/// the receiver's room for a run of samples is refused as a whole; a full cache has no gate.
+#[test]
+fn a_partial_cache_receives_only_within_its_size() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = manifest();
+    let (_peer, peer_root) = peer_holding(tmp.path(), &[0, 1, 2]);
+    let store = store_in(&tmp.path().join("me"), &m);
+    assert!(store.room_for_received(0, u64::MAX / 2).unwrap().is_none());
+    let room = m.size(0).unwrap() + m.size(1).unwrap();
+    store.set_partial(crate::cache::admission::Admission::new(room, 1, vec![]));
+    store.adopt_from_peer(0, &peer_root).unwrap();
+    let promised = store.room_for_received(1, m.size(1).unwrap()).unwrap();
+    assert!(
+        store.room_for_received(2, 1).is_err(),
+        "promised to sample 1"
+    );
+    drop(promised);
+    store.adopt_from_peer(1, &peer_root).unwrap();
+    let e = store.adopt_from_peer(2, &peer_root).unwrap_err();
+    assert!(crate::cache::admission::is_not_kept(&e), "{e}");
+    assert!(!store.contains(2));
+    assert_eq!(store.held_bytes(), room);
+}
