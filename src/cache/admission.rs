@@ -241,7 +241,7 @@ impl Admission {
     }
 
     /// Whether the plan keeps `id` now (or the early refill takes it).
-    fn wanted(&self, id: SampleId) -> bool {
+    pub(crate) fn wanted(&self, id: SampleId) -> bool {
         let early = self.early.lock().unwrap_or_else(|e| e.into_inner());
         let kept = self.kept.read().unwrap_or_else(|e| e.into_inner());
         (kept.binary_search(&id).is_ok() && !early.gone(id)) || early.admits(id)

@@ -668,6 +668,8 @@ impl SampleStore {
         if self.contains(id) {
             return Ok(Adopted::AlreadyHeld(self.size(id).unwrap_or(0)));
         }
+        // A partial cache takes it only within its size.
+        let _room = self.room_for_received(id, other.size(id).unwrap_or(0))?;
         let mut stored = other.backend.open(id)?;
         self.write_claimed_from(&claim, Origin::Stream, |out| {
             io::copy(&mut stored.reader, out)?;
