@@ -34,6 +34,8 @@ pub(crate) struct Admission {
     early: Mutex<Early>,
     /// Bytes promised to fetches under way ([`Room`]), not yet in the cache's bytes.
     reserved: Mutex<u64>,
+    /// Samples not kept, read ahead of the loader (`super::prefetch`).
+    pub(crate) prefetch: super::prefetch::Prefetch,
 }
 
 /// Samples [`Admission::remember`] holds.
@@ -74,6 +76,7 @@ impl Admission {
             memo: Mutex::default(),
             early: Mutex::default(),
             reserved: Mutex::default(),
+            prefetch: Default::default(),
         }
     }
 
@@ -95,6 +98,12 @@ impl Admission {
         if m.seen.insert(id) && cached {
             m.hits += 1;
         }
+    }
+
+    /// Whether a reader opened `id` this epoch already.
+    pub(crate) fn seen(&self, id: SampleId) -> bool {
+        let m = self.measured.lock().unwrap_or_else(|e| e.into_inner());
+        m.seen.contains(&id)
     }
 
     /// Bytes read from the source (into the cache or through memory).
@@ -145,6 +154,7 @@ impl Admission {
                 ..Measured::default()
             };
         }
+        self.prefetch.epoch(epoch);
         let Some((planner, rank)) = &self.planner else {
             return;
         };

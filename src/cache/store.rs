@@ -373,10 +373,35 @@ impl SampleStore {
         })
     }
 
+    /// A partial cache's `ids` of `epoch` were listed: those it does not keep are read
+    /// ahead of the loader (`super::prefetch`) on a thread that holds the store only while
+    /// it reads a sample.
+    pub(crate) fn read_ahead_listed(self: &Arc<Self>, epoch: u64, ids: Vec<SampleId>) {
+        let Some(partial) = self.partial.get() else {
+            return;
+        };
+        if !partial.prefetch.listed(epoch, ids) {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("partial-prefetch".into())
+            .spawn(move || read_ahead(&weak));
+        if spawned.is_err() {
+            partial.prefetch.not_started();
+        }
+    }
+
     /// Sample `id` read straight from the source into memory, bypassing the cache: what a
     /// reader gets when the cache cannot take the sample (its disk is full, say). Refused
     /// for samples over `max` bytes, which would cost too much memory.
     pub(crate) fn read_uncached(&self, id: SampleId, max: u64) -> io::Result<Vec<u8>> {
+        self.read_through(id, max, true)
+    }
+
+    /// [`SampleStore::read_uncached`]; `taken`: bytes a lookup or the prefetch read already
+    /// are taken (not by the prefetch itself, which would wait for itself).
+    fn read_through(&self, id: SampleId, max: u64, taken: bool) -> io::Result<Vec<u8>> {
         let too_large = || {
             io::Error::other(format!(
                 "{}: too large to serve without the cache (limit {max} bytes)",
@@ -387,8 +412,17 @@ impl SampleStore {
         if want.is_some_and(|w| w > max) {
             return Err(too_large());
         }
-        if let Some(bytes) = self.partial.get().and_then(|p| p.recall(id)) {
-            return Ok(bytes);
+        if let Some(p) = self.partial.get().filter(|_| taken) {
+            if let Some(bytes) = p.recall(id) {
+                return Ok(bytes);
+            }
+            if let Some(bytes) = p.prefetch.take(id) {
+                if want.is_none() {
+                    // A lookup waited for it: the open that follows takes them too.
+                    p.remember(id, &bytes);
+                }
+                return Ok(bytes);
+            }
         }
         let mut out = Capped {
             bytes: Vec::with_capacity(want.unwrap_or(0) as usize),
@@ -832,6 +866,27 @@ impl SampleStore {
                 .fetch_sub(self.size(id).unwrap_or(0), Ordering::Relaxed);
         }
         Ok(())
+    }
+}
+
+/// The prefetch thread: reads the queued samples the cache will not hold and no reader has
+/// opened yet this epoch (`super::prefetch`).
+fn read_ahead(store: &std::sync::Weak<SampleStore>) {
+    use super::prefetch::{LARGEST, Next};
+    loop {
+        let Some(s) = store.upgrade() else { return };
+        let Some(partial) = s.partial() else { return };
+        let size_of = |id| s.size(id).unwrap_or(0);
+        let (epoch, id) = match partial.prefetch.next(&size_of) {
+            Next::Read(epoch, id) => (epoch, id),
+            Next::Wait => continue,
+            Next::Done => return,
+        };
+        // Marked as being read first: a reader that saw it after waits for these bytes.
+        let skip = s.contains(id) || partial.wanted(id) || partial.seen(id);
+        // A failure is left to the reader, who reads it again and reports it.
+        let bytes = (!skip).then(|| s.read_through(id, LARGEST, false).ok());
+        partial.prefetch.ready(epoch, id, bytes.flatten());
     }
 }
 

@@ -1009,3 +1009,30 @@ fn a_partial_cache_receives_only_within_its_size() {
     assert!(!store.contains(2));
     assert_eq!(store.held_bytes(), room);
 }
+
+/// A partial cache reads ahead the listed samples it does not keep, and a reader takes
+/// those bytes instead of reading the source again: each is read from the source once.
+#[test]
+fn a_partial_cache_reads_listed_samples_ahead_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = manifest_with(|_| 1000);
+    let store = Arc::new(store_in(tmp.path(), &m));
+    store.set_partial(crate::cache::admission::Admission::new(1000, 1000, vec![1]));
+    let partial = store.partial().unwrap();
+    store.read_ahead_listed(0, vec![1, 5, 6]);
+    let start = std::time::Instant::now();
+    while partial.measured().1.source_bytes < 2000 {
+        assert!(start.elapsed() < Duration::from_secs(10), "not read ahead");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for id in [5, 6] {
+        partial.saw(id, false);
+        assert_eq!(
+            store.read_uncached(id, 1 << 20).unwrap(),
+            bytes_of(id, 1000)
+        );
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    // Sample 1 is kept (fetched into the cache when read), not read ahead.
+    assert_eq!(partial.measured().1.source_bytes, 2000);
+}
