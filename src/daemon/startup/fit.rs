@@ -105,7 +105,8 @@ pub(crate) fn phase(
     let room = agreed(comm, room(config, cache, held, sharing))?;
     let room = job_room(comm, room)?;
     let rank = comm.rank();
-    let fit = agreed(comm, check(config, plans.0, store, rank, room))?;
+    let sizes = job_sizes(comm, store.manifest(), &config.source)?;
+    let fit = agreed(comm, check(config, plans.0, sizes, rank, room))?;
     if !fit.fits() {
         store.set_partial(fit.admission(plans, rank, epoch));
     }
@@ -157,16 +158,11 @@ pub(crate) fn job_room(comm: &mut dyn Comm, mine: u64) -> Result<u64, CommError>
 pub(crate) fn check(
     config: &MountConfig,
     plan: &Plan,
-    store: &SampleStore,
+    sizes: Vec<u64>,
     rank: Rank,
     capacity: u64,
 ) -> Result<Fit, PhaseError> {
-    let fit = estimate(
-        plan,
-        sizes(store.manifest(), &config.source).into(),
-        rank,
-        capacity,
-    );
+    let fit = estimate(plan, sizes.into(), rank, capacity);
     if fit.fits() {
         return Ok(fit);
     }
@@ -181,27 +177,50 @@ pub(crate) fn check(
 const SIZE_PROBES: u32 = 256;
 
 /// Each sample's size as the index knows it; the others count as the mean of the known
-/// ones, or, when few are known, of up to [`SIZE_PROBES`] evenly spaced samples looked up
-/// in a local source (an image folder's index holds no sizes). The same on every rank (the
-/// kept sets of all ranks are planned from it), and an estimate: enough to size a cache,
-/// not to place bytes (the gate checks real sizes).
-pub(crate) fn sizes(manifest: &Manifest, source: &Path) -> Vec<u64> {
+/// ones, or, when few are known, of up to [`SIZE_PROBES`] evenly spaced samples that rank 0
+/// looks up in a local source (an image folder's index holds no sizes) and sends to all
+/// (collective: the source is asked once per job, not once per rank). The same on every
+/// rank (the kept sets of all ranks are planned from it), and an estimate: enough to size a
+/// cache, not to place bytes (the gate checks real sizes).
+pub(crate) fn job_sizes(
+    comm: &mut dyn Comm,
+    manifest: &Manifest,
+    source: &Path,
+) -> Result<Vec<u64>, CommError> {
     let n = manifest.len();
     let known: Vec<Option<u64>> = (0..n).map(|s| manifest.size(s)).collect();
     let (mut sum, mut count) =
         (known.iter().flatten()).fold((0u64, 0u64), |(s, c), &b| (s + b, c + 1));
     if count < u64::from(SIZE_PROBES.min(n)) {
-        let step = (n / SIZE_PROBES).max(1);
-        for id in (0..n).step_by(step as usize) {
-            let path = source.join(manifest.relative_path(id));
-            if let Ok(meta) = std::fs::metadata(path) {
-                sum += meta.len();
-                count += 1;
-            }
-        }
+        let probed = match comm.rank() {
+            0 => probe(manifest, source),
+            _ => (0, 0),
+        };
+        let mut bytes = probed.0.to_le_bytes().to_vec();
+        bytes.extend_from_slice(&probed.1.to_le_bytes());
+        let got = comm.broadcast(0, bytes)?;
+        let word = |i: usize| {
+            let b: Option<[u8; 8]> = got.get(i * 8..i * 8 + 8).and_then(|b| b.try_into().ok());
+            b.map_or(0, u64::from_le_bytes)
+        };
+        sum += word(0);
+        count += word(1);
     }
     let mean = sum.checked_div(count).unwrap_or(0);
-    known.into_iter().map(|s| s.unwrap_or(mean)).collect()
+    Ok(known.into_iter().map(|s| s.unwrap_or(mean)).collect())
+}
+
+/// The bytes and number of up to [`SIZE_PROBES`] evenly spaced samples found in `source`.
+fn probe(manifest: &Manifest, source: &Path) -> (u64, u64) {
+    let n = manifest.len();
+    let step = (n / SIZE_PROBES).max(1);
+    let mut found = (0u64, 0u64);
+    for id in (0..n).step_by(step as usize) {
+        if let Ok(meta) = std::fs::metadata(source.join(manifest.relative_path(id))) {
+            found = (found.0 + meta.len(), found.1 + 1);
+        }
+    }
+    found
 }
 
 /// This rank's part of the free space of `cache`'s filesystem (shared by `sharing` ranks),
@@ -334,6 +353,34 @@ mod tests {
         assert_eq!(part_of(1000, 2000, 0, 2), 450);
         assert_eq!(part_of(1000, 2000, 300, 2), 750);
         assert_eq!(part_of(10, 2000, 0, 1), 0);
+    }
+
+    /// Sizes an index does not know are rank 0's probe of the source, on every rank (rank 1
+    /// here sees no source at all).
+    #[test]
+    fn unknown_sizes_are_rank_0s_probe_everywhere() {
+        use crate::dataset::manifest::UNKNOWN_SIZE;
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("c")).unwrap();
+        std::fs::write(tmp.path().join("c/a"), [0; 100]).unwrap();
+        std::fs::write(tmp.path().join("c/b"), [0; 300]).unwrap();
+        let names = [b"a".to_vec(), b"b".to_vec()];
+        let entries = names.iter().map(|n| (n.clone(), UNKNOWN_SIZE)).collect();
+        let manifest = Manifest::from_parts(vec![(b"c".to_vec(), entries)]).unwrap();
+        let handles: Vec<_> = LocalComm::world(2)
+            .into_iter()
+            .map(|mut comm| {
+                let (m, root) = (manifest.clone(), tmp.path().to_path_buf());
+                let source = match comm.rank() {
+                    0 => root,
+                    _ => root.join("nowhere"),
+                };
+                std::thread::spawn(move || job_sizes(&mut comm, &m, &source).unwrap())
+            })
+            .collect();
+        for h in handles {
+            assert_eq!(h.join().unwrap(), [200, 200]);
+        }
     }
 
     /// Ranks 0 and 1 on one host with caches on one filesystem share it; rank 2, alone on
