@@ -113,6 +113,21 @@ pub(crate) fn phase(
     Ok(Some(fit))
 }
 
+/// A cache this mount made, refused by the fit phase (`--require-fit`): what it wrote goes,
+/// as far as it is ours (a detached daemon's log stays for the launcher to show).
+/// Returns `refusal`.
+pub(crate) fn forget(
+    store: std::sync::Arc<SampleStore>,
+    cache: &Path,
+    refusal: StartError,
+) -> StartError {
+    drop(store);
+    if let Err(e) = crate::cache::own::remove_owned(cache) {
+        tracing::debug!(error = %e, "could not remove the refused mount's cache");
+    }
+    refusal
+}
+
 /// This rank's room: `--cache-size`, or the default from its filesystem (`held`: bytes
 /// the cache holds now; `sharing`: ranks of this host with a cache on that filesystem).
 pub(crate) fn room(
