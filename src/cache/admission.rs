@@ -187,20 +187,18 @@ impl Admission {
 
     /// `step` with only the transfers whose receiver keeps the sample and gets it through
     /// the exchange (`KeepPlanner::exchanged`); the receiver reads the others from the
-    /// source if it needs them. Unchanged without a planner, or for a step the planner has
-    /// gone past.
+    /// source if it needs them. Every rank filters alike, also a step out of an epoch its
+    /// planner has gone past (planned again: advances went on while an exchange stalled).
+    /// Unchanged without a planner, or before the epoch it was planned from.
     pub(crate) fn exchanged(&self, step: &Step) -> Step {
         let Some((planner, _)) = &self.planner else {
             return step.clone();
         };
-        let mut p = planner.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let from = step.next.epoch.saturating_sub(1);
-        if p.epoch() > from {
+        let planner = planner.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let Some(p) = planner.at_epoch(from) else {
             return step.clone();
-        }
-        while p.epoch() < from {
-            p.advance();
-        }
+        };
         Step {
             next: step.next.clone(),
             transfers: p.exchanged(step),
