@@ -1,6 +1,7 @@
 //! A partial cache's gate (issue 33): when a rank's share does not fit its cache, only the
 //! samples the plan keeps (`plan::keep`, stepped here at each publication) are written, and
-//! only while the cache's bytes stay within its size, so a fetch never fills the disk. A
+//! only while the cache's bytes stay within its size, so a fetch never fills the disk: a
+//! fetch is promised its room before it writes ([`Room`]), and cannot write past it. A
 //! sample refused here is not an error of the source: the reader gets it from the source
 //! through memory (`SampleStore::read_uncached`), and staging and the epoch's fill skip it.
 //! The gate also filters the exchange to what the receiver keeps ([`Admission::exchanged`]),
@@ -31,6 +32,10 @@ pub(crate) struct Admission {
     memo: Mutex<std::collections::VecDeque<(SampleId, Vec<u8>)>>,
     /// The current epoch's early refill (`super::early`); idle without a planner.
     early: Mutex<Early>,
+    /// Bytes promised to fetches under way ([`Room`]), not yet in the cache's bytes.
+    reserved: Mutex<u64>,
+    /// Samples not kept, read ahead of the loader (`super::prefetch`).
+    pub(crate) prefetch: super::prefetch::Prefetch,
 }
 
 /// Samples [`Admission::remember`] holds.
@@ -70,6 +75,8 @@ impl Admission {
             measured: Mutex::default(),
             memo: Mutex::default(),
             early: Mutex::default(),
+            reserved: Mutex::default(),
+            prefetch: Default::default(),
         }
     }
 
@@ -91,6 +98,12 @@ impl Admission {
         if m.seen.insert(id) && cached {
             m.hits += 1;
         }
+    }
+
+    /// Whether a reader opened `id` this epoch already.
+    pub(crate) fn seen(&self, id: SampleId) -> bool {
+        let m = self.measured.lock().unwrap_or_else(|e| e.into_inner());
+        m.seen.contains(&id)
     }
 
     /// Bytes read from the source (into the cache or through memory).
@@ -141,6 +154,7 @@ impl Admission {
                 ..Measured::default()
             };
         }
+        self.prefetch.epoch(epoch);
         let Some((planner, rank)) = &self.planner else {
             return;
         };
@@ -173,20 +187,18 @@ impl Admission {
 
     /// `step` with only the transfers whose receiver keeps the sample and gets it through
     /// the exchange (`KeepPlanner::exchanged`); the receiver reads the others from the
-    /// source if it needs them. Unchanged without a planner, or for a step the planner has
-    /// gone past.
+    /// source if it needs them. Every rank filters alike, also a step out of an epoch its
+    /// planner has gone past (planned again: advances went on while an exchange stalled).
+    /// Unchanged without a planner, or before the epoch it was planned from.
     pub(crate) fn exchanged(&self, step: &Step) -> Step {
         let Some((planner, _)) = &self.planner else {
             return step.clone();
         };
-        let mut p = planner.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let from = step.next.epoch.saturating_sub(1);
-        if p.epoch() > from {
+        let planner = planner.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let Some(p) = planner.at_epoch(from) else {
             return step.clone();
-        }
-        while p.epoch() < from {
-            p.advance();
-        }
+        };
         Step {
             next: step.next.clone(),
             transfers: p.exchanged(step),
@@ -194,12 +206,119 @@ impl Admission {
     }
 
     /// Whether sample `id` (of `size` bytes, if known) may be written into a cache that
-    /// holds `held` bytes.
+    /// holds `held` bytes (and the bytes promised to fetches under way).
     pub(crate) fn admits(&self, id: SampleId, size: Option<u64>, held: u64) -> bool {
+        let reserved = *self.reserved.lock().unwrap_or_else(|e| e.into_inner());
+        self.wanted(id) && held + reserved + size.unwrap_or(self.mean_size) <= self.capacity
+    }
+
+    /// [`Admission::admits`], and the room promised to the fetch of `id` until the [`Room`]
+    /// is dropped: two fetches at once cannot both take the last room.
+    pub(crate) fn reserve(&self, id: SampleId, size: Option<u64>, held: u64) -> Option<Room<'_>> {
+        if !self.wanted(id) {
+            return None;
+        }
+        let bytes = size.unwrap_or(self.mean_size);
+        // Built only when promised: a dropped room gives its bytes back.
+        self.grow(bytes, held).then(|| Room {
+            admission: self,
+            id,
+            bytes: std::sync::atomic::AtomicU64::new(bytes),
+        })
+    }
+
+    /// Room for `bytes` the exchange brings in (`id`: the first of them), whether or not
+    /// the plan keeps them now (the plan chose what is sent, with sizes that may be
+    /// estimates: this makes the real ones fit).
+    pub(crate) fn reserve_received(&self, id: SampleId, bytes: u64, held: u64) -> Option<Room<'_>> {
+        self.grow(bytes, held).then(|| Room {
+            admission: self,
+            id,
+            bytes: std::sync::atomic::AtomicU64::new(bytes),
+        })
+    }
+
+    /// Promises `more` bytes if they fit beside `held` and what is promised already.
+    fn grow(&self, more: u64, held: u64) -> bool {
+        let mut reserved = self.reserved.lock().unwrap_or_else(|e| e.into_inner());
+        let fits = held + *reserved + more <= self.capacity;
+        if fits {
+            *reserved += more;
+        }
+        fits
+    }
+
+    /// Whether the plan keeps `id` now (or the early refill takes it).
+    pub(crate) fn wanted(&self, id: SampleId) -> bool {
         let early = self.early.lock().unwrap_or_else(|e| e.into_inner());
         let kept = self.kept.read().unwrap_or_else(|e| e.into_inner());
-        let wanted = (kept.binary_search(&id).is_ok() && !early.gone(id)) || early.admits(id);
-        wanted && held + size.unwrap_or(self.mean_size) <= self.capacity
+        (kept.binary_search(&id).is_ok() && !early.gone(id)) || early.admits(id)
+    }
+}
+
+/// Room promised to one fetch into a partial cache ([`Admission::reserve`]), given back when
+/// dropped (the fetch then counts in the cache's bytes, or failed). The cache's size is a
+/// hard bound: a fetch writes through [`Room::writer`], which fails with [`not_kept`] before
+/// it would pass what is promised and no more room is left (a sample larger than the size
+/// it was planned with).
+pub(crate) struct Room<'a> {
+    admission: &'a Admission,
+    id: SampleId,
+    bytes: std::sync::atomic::AtomicU64,
+}
+
+impl Room<'_> {
+    /// `out` limited to this room, grown while the cache (holding `held()`) has more.
+    pub(crate) fn writer<'w>(
+        &'w self,
+        out: &'w mut dyn io::Write,
+        held: &'w dyn Fn() -> u64,
+    ) -> Within<'w> {
+        Within {
+            out,
+            room: self,
+            held,
+            written: 0,
+        }
+    }
+}
+
+impl Drop for Room<'_> {
+    fn drop(&mut self) {
+        let bytes = *self.bytes.get_mut();
+        let mut reserved = (self.admission.reserved.lock()).unwrap_or_else(|e| e.into_inner());
+        *reserved = reserved.saturating_sub(bytes);
+    }
+}
+
+/// A writer that stays within a [`Room`] (see there).
+pub(crate) struct Within<'w> {
+    out: &'w mut dyn io::Write,
+    room: &'w Room<'w>,
+    held: &'w dyn Fn() -> u64,
+    written: u64,
+}
+
+impl io::Write for Within<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let (end, have) = (
+            self.written + buf.len() as u64,
+            self.room.bytes.load(Relaxed),
+        );
+        if end > have {
+            if !self.room.admission.grow(end - have, (self.held)()) {
+                return Err(not_kept(self.room.id));
+            }
+            self.room.bytes.store(end, Relaxed);
+        }
+        let n = self.out.write(buf)?;
+        self.written += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
     }
 }
 
@@ -266,5 +385,41 @@ mod tests {
         assert_eq!(last.unwrap().hit_rate(), Some(0.5));
         assert_eq!(now, EpochReads::default());
         assert!(!is_not_kept(&io::Error::from(io::ErrorKind::StorageFull)));
+    }
+
+    /// Room is promised before a fetch writes: a second fetch at once cannot take the room
+    /// the first holds, a sample larger than planned grows its room while the cache has
+    /// more and fails as not kept when it has none, and dropped rooms give it all back.
+    #[test]
+    fn rooms_make_the_size_a_hard_bound() {
+        use std::io::Write;
+        let a = Admission::new(25, 10, vec![1, 2, 3]);
+        let held = || 0;
+        let first = a.reserve(1, Some(10), 0).unwrap();
+        let second = a.reserve(2, None, 0).unwrap();
+        assert!(
+            a.reserve(3, Some(10), 0).is_none(),
+            "the last room is promised"
+        );
+        assert!(!a.admits(3, Some(5), 1));
+        assert!(a.reserve(9, Some(1), 0).is_none(), "not kept");
+        let mut out = Vec::new();
+        let mut w = first.writer(&mut out, &held);
+        w.write_all(&[7; 14]).unwrap();
+        let e = w.write_all(&[7; 2]).unwrap_err();
+        assert!(is_not_kept(&e), "{e}");
+        assert_eq!(out.len(), 14);
+        drop(second);
+        assert!(a.reserve(3, Some(12), 0).is_none(), "14 still promised");
+        assert!(a.admits(3, Some(11), 0));
+        drop(first);
+        assert!(a.admits(3, Some(25), 0));
+        let third = a.reserve(3, Some(10), 0).unwrap();
+        let held_more = || 20;
+        let mut out = Vec::new();
+        let e = (third.writer(&mut out, &held_more).write_all(&[1; 11])).unwrap_err();
+        assert!(is_not_kept(&e), "{e}");
+        drop(third);
+        assert_eq!(*a.reserved.lock().unwrap(), 0);
     }
 }

@@ -178,6 +178,12 @@ pub trait CacheBackend: Send + Sync {
     }
     /// Drops sample `id`; returns whether it was stored. Readers that hold it open keep it.
     fn remove(&self, id: SampleId) -> io::Result<bool>;
+    /// Bytes the storage takes on disk where that is more than the stored samples' sum
+    /// (`None`: it is their sum). The packed layout keeps a removed sample's record until
+    /// its segment is compacted, so a partial cache's size (`super::admission`) counts them.
+    fn disk_bytes(&self) -> Option<u64> {
+        None
+    }
     /// Drops every stored sample.
     fn clear(&self) -> io::Result<()>;
     /// Makes every committed sample durable.

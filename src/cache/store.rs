@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use super::admission::{Admission, not_kept};
+use super::admission::{Admission, is_not_kept, not_kept};
 use super::backend::{CacheBackend, Claim, Claims, Commit, Stored};
 use super::files::FileBackend;
 use super::{CacheDir, CacheError};
@@ -292,7 +292,30 @@ impl SampleStore {
     pub(crate) fn admits(&self, id: SampleId) -> bool {
         self.partial
             .get()
-            .is_none_or(|a| a.admits(id, self.size(id), self.stats.bytes.load(Ordering::Relaxed)))
+            .is_none_or(|a| a.admits(id, self.size(id), self.held_bytes()))
+    }
+
+    /// For the exchange's receiver, before it writes `bytes` of samples (`id` the first):
+    /// outside a partial cache `None`; in one, the room promised until it drops, or a
+    /// [`not_kept`] error when the cache has no room for them (they are not written).
+    pub(crate) fn room_for_received(
+        &self,
+        id: SampleId,
+        bytes: u64,
+    ) -> io::Result<Option<super::admission::Room<'_>>> {
+        let Some(partial) = self.partial.get() else {
+            return Ok(None);
+        };
+        (partial.reserve_received(id, bytes, self.held_bytes()))
+            .map(Some)
+            .ok_or_else(|| not_kept(id))
+    }
+
+    /// Bytes the cache takes on disk: its samples', or more where the backend keeps removed
+    /// ones until it compacts (the packed layout).
+    pub(crate) fn held_bytes(&self) -> u64 {
+        let live = self.stats.bytes.load(Ordering::Relaxed);
+        live.max(self.backend.disk_bytes().unwrap_or(0))
     }
 
     /// Makes sure sample `id` is cached, copying it from the source if needed. A partial
@@ -302,20 +325,33 @@ impl SampleStore {
         if self.contains(id) {
             return Ok(());
         }
-        if !self.admits(id) {
-            return Err(not_kept(id));
-        }
+        // A partial cache promises the room first (given back as `room` drops).
+        let room = match self.partial.get() {
+            Some(p) => Some(
+                (p.reserve(id, self.size(id), self.held_bytes())).ok_or_else(|| not_kept(id))?,
+            ),
+            None => None,
+        };
         let claim = self.claims.claim(id);
         if self.contains(id) {
             return Ok(()); // whoever held the claim wrote it
         }
+        let held = || self.held_bytes();
         let result = self.write_claimed(&claim, |out| {
+            let mut within = room.as_ref().map(|r| r.writer(out, &held));
+            let out: &mut dyn Write = match &mut within {
+                Some(w) => w,
+                None => out,
+            };
             // Learned before the commit, which records it with the bytes.
             self.learn_mtime(id, self.source.copy_to(id, out)?.mtime);
             Ok(None)
         });
-        if let (Ok(_), Some(partial)) = (&result, self.partial.get()) {
-            partial.read_from_source(self.size(id).unwrap_or(0));
+        match (&result, self.partial.get()) {
+            (Ok(_), Some(partial)) => partial.read_from_source(self.size(id).unwrap_or(0)),
+            // Past its room: no failure of the source (the reader gets it through memory).
+            (Err(e), Some(_)) if is_not_kept(e) => return Err(not_kept(id)),
+            _ => {}
         }
         match &result {
             Ok(_) => {
@@ -337,10 +373,35 @@ impl SampleStore {
         })
     }
 
+    /// A partial cache's `ids` of `epoch` were listed: those it does not keep are read
+    /// ahead of the loader (`super::prefetch`) on a thread that holds the store only while
+    /// it reads a sample.
+    pub(crate) fn read_ahead_listed(self: &Arc<Self>, epoch: u64, ids: Vec<SampleId>) {
+        let Some(partial) = self.partial.get() else {
+            return;
+        };
+        if !partial.prefetch.listed(epoch, ids) {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("partial-prefetch".into())
+            .spawn(move || read_ahead(&weak));
+        if spawned.is_err() {
+            partial.prefetch.not_started();
+        }
+    }
+
     /// Sample `id` read straight from the source into memory, bypassing the cache: what a
     /// reader gets when the cache cannot take the sample (its disk is full, say). Refused
     /// for samples over `max` bytes, which would cost too much memory.
     pub(crate) fn read_uncached(&self, id: SampleId, max: u64) -> io::Result<Vec<u8>> {
+        self.read_through(id, max, true)
+    }
+
+    /// [`SampleStore::read_uncached`]; `taken`: bytes a lookup or the prefetch read already
+    /// are taken (not by the prefetch itself, which would wait for itself).
+    fn read_through(&self, id: SampleId, max: u64, taken: bool) -> io::Result<Vec<u8>> {
         let too_large = || {
             io::Error::other(format!(
                 "{}: too large to serve without the cache (limit {max} bytes)",
@@ -351,8 +412,17 @@ impl SampleStore {
         if want.is_some_and(|w| w > max) {
             return Err(too_large());
         }
-        if let Some(bytes) = self.partial.get().and_then(|p| p.recall(id)) {
-            return Ok(bytes);
+        if let Some(p) = self.partial.get().filter(|_| taken) {
+            if let Some(bytes) = p.recall(id) {
+                return Ok(bytes);
+            }
+            if let Some(bytes) = p.prefetch.take(id) {
+                if want.is_none() {
+                    // A lookup waited for it: the open that follows takes them too.
+                    p.remember(id, &bytes);
+                }
+                return Ok(bytes);
+            }
         }
         let mut out = Capped {
             bytes: Vec::with_capacity(want.unwrap_or(0) as usize),
@@ -566,6 +636,8 @@ impl SampleStore {
         }
         let peer = FileBackend::open_peer(peer_root, id)?;
         let recorded = peer.recorded;
+        // A partial cache takes it only within its size.
+        let _room = self.room_for_received(id, recorded.len)?;
         if let Some(want) = self.size(id).filter(|&w| w != recorded.len) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -630,6 +702,8 @@ impl SampleStore {
         if self.contains(id) {
             return Ok(Adopted::AlreadyHeld(self.size(id).unwrap_or(0)));
         }
+        // A partial cache takes it only within its size.
+        let _room = self.room_for_received(id, other.size(id).unwrap_or(0))?;
         let mut stored = other.backend.open(id)?;
         self.write_claimed_from(&claim, Origin::Stream, |out| {
             io::copy(&mut stored.reader, out)?;
@@ -792,6 +866,27 @@ impl SampleStore {
                 .fetch_sub(self.size(id).unwrap_or(0), Ordering::Relaxed);
         }
         Ok(())
+    }
+}
+
+/// The prefetch thread: reads the queued samples the cache will not hold and no reader has
+/// opened yet this epoch (`super::prefetch`).
+fn read_ahead(store: &std::sync::Weak<SampleStore>) {
+    use super::prefetch::{LARGEST, Next};
+    loop {
+        let Some(s) = store.upgrade() else { return };
+        let Some(partial) = s.partial() else { return };
+        let size_of = |id| s.size(id).unwrap_or(0);
+        let (epoch, id) = match partial.prefetch.next(&size_of) {
+            Next::Read(epoch, id) => (epoch, id),
+            Next::Wait => continue,
+            Next::Done => return,
+        };
+        // Marked as being read first: a reader that saw it after waits for these bytes.
+        let skip = s.contains(id) || partial.wanted(id) || partial.seen(id);
+        // A failure is left to the reader, who reads it again and reports it.
+        let bytes = (!skip).then(|| s.read_through(id, LARGEST, false).ok());
+        partial.prefetch.ready(epoch, id, bytes.flatten());
     }
 }
 

@@ -202,7 +202,12 @@ pub(super) fn write_stream(
             at += size as usize + 4;
             end += 1;
         }
-        if end > i {
+        // A partial cache takes a run only if it all fits (else one by one, below).
+        let room = match end > i {
+            true => store.room_for_received(ids[i].0, ids[i..end].iter().map(|s| s.1).sum()),
+            false => Ok(None),
+        };
+        if end > i && room.is_ok() {
             let run = &ids[i..end];
             let bytes = &input.buf[input.pos..input.pos + at];
             let mut batch = Vec::with_capacity(run.len());
@@ -221,7 +226,16 @@ pub(super) fn write_stream(
             i = end;
             continue;
         }
+        drop(room);
         let (id, size) = ids[i];
+        let Ok(_room) = store.room_for_received(id, size) else {
+            // No room in the partial cache: read from the source when needed.
+            (input.copy_to(size + 4, &mut io::sink()))
+                .map_err(|source| ExchangeError::Store { sample: id, source })?;
+            progress.tick(size);
+            i += 1;
+            continue;
+        };
         let stored = store.insert_with(id, |file| {
             input.copy_to(size, file)?;
             let mut crc = [0u8; 4];

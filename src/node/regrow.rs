@@ -67,10 +67,13 @@ pub(crate) fn regrow(
         share_samples: share.len() as u64,
         ..RegrowReport::default()
     };
+    drop_unkept(store, share);
     let mut lacking: Vec<SampleId> = share
         .iter()
         .copied()
         .filter(|&id| !store.contains(id))
+        // A partial cache gathers only what it keeps (the rest is read from the source).
+        .filter(|&id| store.admits(id))
         .collect();
     report.kept = (share.len() - lacking.len()) as u64;
     // 1. From the gone ranks' caches on this host.
@@ -170,6 +173,20 @@ fn reclaim_when_durable(
         "some ranks could not make their caches durable; the caches of gone ranks are kept until the next start"
     );
     Ok(Vec::new())
+}
+
+/// A partial cache's kept set is planned afresh at the restart (`plan::keep`): the samples
+/// of this rank's share it holds but does not keep now go first, making room for the kept
+/// ones (no other rank lacks them: they are this rank's).
+fn drop_unkept(store: &SampleStore, share: &[SampleId]) {
+    let Some(partial) = store.partial() else {
+        return;
+    };
+    for &id in share {
+        if store.contains(id) && !partial.wanted(id) {
+            let _ = store.remove(id);
+        }
+    }
 }
 
 /// Takes sample `id` from the first orphan that has it; whether it is now cached.

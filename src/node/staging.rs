@@ -131,9 +131,10 @@ fn run(
         let missing: Vec<(SampleId, bool)> = mine
             .iter()
             .filter(|&&i| !store.contains(i))
-            // A partial cache stages nothing: what it keeps comes in when first read (so
-            // the hit rate is the plan's), the rest is read from the source.
-            .filter(|_| store.partial().is_none())
+            // A partial cache stages only what it keeps this epoch (so its reads hit once
+            // staging got to them: the plan's hit rate is a floor); the rest is read from
+            // the source.
+            .filter(|&&i| store.partial().is_none_or(|p| p.wanted(i)))
             .map(|&i| (i, store.size(i).is_some()))
             .collect();
         let present = (mine.len() - missing.len()) as u64;

@@ -134,6 +134,8 @@ pub struct KeepPlanner {
     kept: Vec<Vec<SampleId>>,
     /// Per rank, what the current epoch costs.
     outcomes: Vec<Outcome>,
+    /// The shares it was planned from (for [`KeepPlanner::at_epoch`] before the current).
+    start: EpochShares,
 }
 
 impl KeepPlanner {
@@ -160,7 +162,7 @@ impl KeepPlanner {
         horizon: usize,
     ) -> KeepPlanner {
         let mut window = VecDeque::with_capacity(horizon + 1);
-        window.push_back(start);
+        window.push_back(start.clone());
         while window.len() <= horizon {
             let next = plan.step(window.back().expect("not empty")).next;
             window.push_back(next);
@@ -173,6 +175,7 @@ impl KeepPlanner {
             window,
             kept: vec![Vec::new(); world],
             outcomes: Vec::new(),
+            start,
         };
         planner.kept = (0..world as Rank).map(|r| planner.choose(r)).collect();
         planner.outcomes = (0..world as Rank)
@@ -198,6 +201,24 @@ impl KeepPlanner {
 
     pub fn epoch(&self) -> u64 {
         self.window[0].epoch
+    }
+
+    /// This planner at `epoch`, which may be before its current one (planned again from the
+    /// shares it started from); `None` before those.
+    pub fn at_epoch(&self, epoch: u64) -> Option<KeepPlanner> {
+        let mut p = match epoch >= self.epoch() {
+            true => self.clone(),
+            false if epoch >= self.start.epoch => {
+                let (plan, start) = (self.plan.clone(), self.start.clone());
+                let horizon = self.window.len() - 1;
+                KeepPlanner::from_shares(plan, start, self.sizes.clone(), self.capacity, horizon)
+            }
+            false => return None,
+        };
+        while p.epoch() < epoch {
+            p.advance();
+        }
+        Some(p)
     }
 
     /// Every rank's share at the current epoch.
@@ -407,6 +428,23 @@ mod tests {
         // 1 and 2 (leaving) are still on disk during the exchange: room for one of 5, 6.
         assert_eq!(received(&[1, 2], &[5, 6], &all, &one, 3), [5]);
         assert_eq!(received(&[1], &[1, 5, 6], &|s| s == 6, &one, 3), [6]);
+    }
+
+    #[test]
+    fn a_planner_goes_back_to_an_earlier_epoch() {
+        let sizes = vec![10u64; 40];
+        let at = |e| KeepPlanner::at(plan(40, 2, 0.5), sizes.clone(), 100, 4, e);
+        let late = at(3);
+        for e in [0, 1, 3, 4] {
+            let p = late.at_epoch(e).unwrap();
+            assert_eq!(
+                (p.epoch(), p.kept(0), p.kept(1)),
+                (e, at(e).kept(0), at(e).kept(1))
+            );
+        }
+        let start = plan(40, 2, 0.5).step(&plan(40, 2, 0.5).initial()).next;
+        let fresh = KeepPlanner::from_shares(plan(40, 2, 0.5), start, sizes.clone(), 100, 4);
+        assert!(fresh.at_epoch(0).is_none() && fresh.at_epoch(1).is_some());
     }
 
     #[test]

@@ -549,6 +549,11 @@ impl ShuffleFs {
         let ids = share_in_range(cur.share(self.epochs.rank()), manifest.class_range(class));
         let sides = manifest.side_in(c);
         let left = self.left_out(&cur);
+        if let (0, Some(partial)) = (offset, self.store.partial()) {
+            // The loader reads what it lists: a partial cache reads ahead what it streams.
+            let listed = visible_from(ids, &left, 0).filter(|&i| !partial.wanted(i));
+            self.store.read_ahead_listed(cur.epoch, listed.collect());
+        }
         let (off, nd, ns) = (offset as usize, dirs.len(), sides.len());
         let dirs = dirs.skip(off).map(|d| Node::ClassDir(e, d));
         let sides = sides.skip(off.saturating_sub(nd)).map(Node::Side);

@@ -699,4 +699,9 @@ fn a_share_that_does_not_fit_is_refused_under_require_fit() {
             "drop --require-fit",
         ],
     );
+    // The cache it made is gone again, but for a detached daemon's log.
+    let left: Vec<_> = std::fs::read_dir(data.path("cache"))
+        .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.iter().all(|n| n == "shufflefs.log"), "{left:?}");
 }

@@ -989,6 +989,11 @@ impl CacheBackend for PackedBackend {
     fn layout(&self) -> super::CacheLayout {
         super::CacheLayout::Packed
     }
+
+    /// Every segment's records, dead ones and tombstones included.
+    fn disk_bytes(&self) -> Option<u64> {
+        Some(self.inner.read().segments.values().map(|s| s.bytes).sum())
+    }
 }
 
 impl PackedBackend {

@@ -952,3 +952,87 @@ fn a_partial_cache_fetches_only_what_it_keeps_within_its_size() {
     assert!(store.stats.problems().is_empty());
     assert_eq!(store.read_uncached(9, 1 << 20).unwrap(), bytes_of(9, 1000));
 }
+
+/// A partial cache counts what its storage takes on disk: the packed layout keeps removed
+/// samples' records until it compacts, so their room is not handed out again before; the
+/// files layout frees it at once.
+#[test]
+fn a_partial_cache_counts_the_packed_layouts_removed_records() {
+    let m = manifest_with(|_| 1000);
+    for layout in LAYOUTS {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = store_with_layout(tmp.path(), &m, layout);
+        let kept = vec![1, 2, 3, 4, 5];
+        // Room for three samples with the packed layout's record headers.
+        let gate = crate::cache::admission::Admission::new(3300, 1000, kept);
+        store.set_partial(gate);
+        for id in [1, 2, 3] {
+            store.ensure(id).unwrap();
+        }
+        store.remove(1).unwrap();
+        store.remove(2).unwrap();
+        assert_eq!(store.stats.bytes.load(Ordering::Relaxed), 1000);
+        let got = store.ensure(4);
+        match layout {
+            CacheLayout::Files => got.unwrap(),
+            CacheLayout::Packed => {
+                let e = got.unwrap_err();
+                assert!(crate::cache::admission::is_not_kept(&e), "{e}");
+                assert!(store.held_bytes() > 3000);
+            }
+        }
+    }
+}
+
+/// What the exchange brings into a partial cache is written only within its size, whatever
+/// the plan sent: a disk hand-off without room is refused as not kept (nothing stored), and
+/// the receiver's room for a run of samples is refused as a whole; a full cache has no gate.
+#[test]
+fn a_partial_cache_receives_only_within_its_size() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = manifest();
+    let (_peer, peer_root) = peer_holding(tmp.path(), &[0, 1, 2]);
+    let store = store_in(&tmp.path().join("me"), &m);
+    assert!(store.room_for_received(0, u64::MAX / 2).unwrap().is_none());
+    let room = m.size(0).unwrap() + m.size(1).unwrap();
+    store.set_partial(crate::cache::admission::Admission::new(room, 1, vec![]));
+    store.adopt_from_peer(0, &peer_root).unwrap();
+    let promised = store.room_for_received(1, m.size(1).unwrap()).unwrap();
+    assert!(
+        store.room_for_received(2, 1).is_err(),
+        "promised to sample 1"
+    );
+    drop(promised);
+    store.adopt_from_peer(1, &peer_root).unwrap();
+    let e = store.adopt_from_peer(2, &peer_root).unwrap_err();
+    assert!(crate::cache::admission::is_not_kept(&e), "{e}");
+    assert!(!store.contains(2));
+    assert_eq!(store.held_bytes(), room);
+}
+
+/// A partial cache reads ahead the listed samples it does not keep, and a reader takes
+/// those bytes instead of reading the source again: each is read from the source once.
+#[test]
+fn a_partial_cache_reads_listed_samples_ahead_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = manifest_with(|_| 1000);
+    let store = Arc::new(store_in(tmp.path(), &m));
+    store.set_partial(crate::cache::admission::Admission::new(1000, 1000, vec![1]));
+    let partial = store.partial().unwrap();
+    store.read_ahead_listed(0, vec![1, 5, 6]);
+    let start = std::time::Instant::now();
+    while partial.measured().1.source_bytes < 2000 {
+        assert!(start.elapsed() < Duration::from_secs(10), "not read ahead");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for id in [5, 6] {
+        partial.saw(id, false);
+        assert_eq!(
+            store.read_uncached(id, 1 << 20).unwrap(),
+            bytes_of(id, 1000)
+        );
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    // Sample 1 is kept (fetched into the cache when read), not read ahead.
+    assert_eq!(partial.measured().1.source_bytes, 2000);
+}

@@ -4,7 +4,8 @@
 //! consecutive epochs' shares together, about `(1 + Q) x share`. The room is `--cache-size`,
 //! or by default what the cache folder's filesystem has free plus what the cache already
 //! holds (a remount of a full cache must not find itself short of its own files), less 5%
-//! of the filesystem; the job plans with its smallest rank's room, because every rank
+//! of the filesystem, the free space and headroom split equally between the ranks of this
+//! host whose caches are on that filesystem ([`sharing`]); the job plans with its smallest rank's room, because every rank
 //! plans every rank's kept set. When the share does not fit, the rank says so once, with
 //! what the planned partial cache (`plan::keep`) is expected to give, simulated on the real
 //! plan: the hit rate and the bytes read from the source per epoch. `--require-fit` refuses the
@@ -99,24 +100,61 @@ pub(crate) fn phase(
     if config.coded_alpha().is_some() {
         return Ok(None);
     }
-    let held = store.stats.bytes.load(std::sync::atomic::Ordering::Relaxed);
-    let room = agreed(comm, room(config, cache, held))?;
+    let held = store.held_bytes();
+    let sharing = sharing(comm, cache)?;
+    let room = agreed(comm, room(config, cache, held, sharing))?;
     let room = job_room(comm, room)?;
     let rank = comm.rank();
-    let fit = agreed(comm, check(config, plans.0, store, rank, room))?;
+    let sizes = job_sizes(comm, store.manifest(), &config.source)?;
+    let fit = agreed(comm, check(config, plans.0, sizes, rank, room))?;
     if !fit.fits() {
         store.set_partial(fit.admission(plans, rank, epoch));
     }
     Ok(Some(fit))
 }
 
+/// A cache this mount made, refused by the fit phase (`--require-fit`): what it wrote goes,
+/// as far as it is ours (a detached daemon's log stays for the launcher to show).
+/// Returns `refusal`.
+pub(crate) fn forget(
+    store: std::sync::Arc<SampleStore>,
+    cache: &Path,
+    refusal: StartError,
+) -> StartError {
+    drop(store);
+    if let Err(e) = crate::cache::own::remove_owned(cache) {
+        tracing::debug!(error = %e, "could not remove the refused mount's cache");
+    }
+    refusal
+}
+
 /// This rank's room: `--cache-size`, or the default from its filesystem (`held`: bytes
-/// the cache holds now).
-pub(crate) fn room(config: &MountConfig, cache: &Path, held: u64) -> Result<u64, PhaseError> {
+/// the cache holds now; `sharing`: ranks of this host with a cache on that filesystem).
+pub(crate) fn room(
+    config: &MountConfig,
+    cache: &Path,
+    held: u64,
+    sharing: u64,
+) -> Result<u64, PhaseError> {
     match config.cache_size {
         Some(bytes) => Ok(bytes),
-        None => default_capacity(cache, held).map_err(PhaseError::mine),
+        None => default_capacity(cache, held, sharing).map_err(PhaseError::mine),
     }
+}
+
+/// How many ranks of this host, this one included, have their cache on the filesystem of
+/// `cache` (collective): they share its free space, so each takes its part of it by default
+/// (a node's ranks with caches side by side on its local disk would each count all of it).
+pub(crate) fn sharing(comm: &mut dyn Comm, cache: &Path) -> Result<u64, CommError> {
+    use std::os::unix::fs::MetadataExt;
+    // A folder that cannot be looked at shares with nobody (its room is refused later).
+    let dev = std::fs::metadata(cache).map_or(u64::MAX - u64::from(comm.rank()), |m| m.dev());
+    let all = comm.all_gather(&dev.to_le_bytes())?;
+    let (hosts, me) = (comm.hosts(), comm.rank() as usize);
+    let same = |(r, b): &(usize, &Vec<u8>)| {
+        hosts.get(*r) == hosts.get(me) && b.as_slice() == dev.to_le_bytes()
+    };
+    Ok((all.iter().enumerate()).filter(same).count().max(1) as u64)
 }
 
 /// The job's room per rank: the smallest rank's (collective). Every rank plans every
@@ -135,16 +173,11 @@ pub(crate) fn job_room(comm: &mut dyn Comm, mine: u64) -> Result<u64, CommError>
 pub(crate) fn check(
     config: &MountConfig,
     plan: &Plan,
-    store: &SampleStore,
+    sizes: Vec<u64>,
     rank: Rank,
     capacity: u64,
 ) -> Result<Fit, PhaseError> {
-    let fit = estimate(
-        plan,
-        sizes(store.manifest(), &config.source).into(),
-        rank,
-        capacity,
-    );
+    let fit = estimate(plan, sizes.into(), rank, capacity);
     if fit.fits() {
         return Ok(fit);
     }
@@ -159,36 +192,65 @@ pub(crate) fn check(
 const SIZE_PROBES: u32 = 256;
 
 /// Each sample's size as the index knows it; the others count as the mean of the known
-/// ones, or, when few are known, of up to [`SIZE_PROBES`] evenly spaced samples looked up
-/// in a local source (an image folder's index holds no sizes). The same on every rank (the
-/// kept sets of all ranks are planned from it), and an estimate: enough to size a cache,
-/// not to place bytes (the gate checks real sizes).
-pub(crate) fn sizes(manifest: &Manifest, source: &Path) -> Vec<u64> {
+/// ones, or, when few are known, of up to [`SIZE_PROBES`] evenly spaced samples that rank 0
+/// looks up in a local source (an image folder's index holds no sizes) and sends to all
+/// (collective: the source is asked once per job, not once per rank). The same on every
+/// rank (the kept sets of all ranks are planned from it), and an estimate: enough to size a
+/// cache, not to place bytes (the gate checks real sizes).
+pub(crate) fn job_sizes(
+    comm: &mut dyn Comm,
+    manifest: &Manifest,
+    source: &Path,
+) -> Result<Vec<u64>, CommError> {
     let n = manifest.len();
     let known: Vec<Option<u64>> = (0..n).map(|s| manifest.size(s)).collect();
     let (mut sum, mut count) =
         (known.iter().flatten()).fold((0u64, 0u64), |(s, c), &b| (s + b, c + 1));
     if count < u64::from(SIZE_PROBES.min(n)) {
-        let step = (n / SIZE_PROBES).max(1);
-        for id in (0..n).step_by(step as usize) {
-            let path = source.join(manifest.relative_path(id));
-            if let Ok(meta) = std::fs::metadata(path) {
-                sum += meta.len();
-                count += 1;
-            }
-        }
+        let probed = match comm.rank() {
+            0 => probe(manifest, source),
+            _ => (0, 0),
+        };
+        let mut bytes = probed.0.to_le_bytes().to_vec();
+        bytes.extend_from_slice(&probed.1.to_le_bytes());
+        let got = comm.broadcast(0, bytes)?;
+        let word = |i: usize| {
+            let b: Option<[u8; 8]> = got.get(i * 8..i * 8 + 8).and_then(|b| b.try_into().ok());
+            b.map_or(0, u64::from_le_bytes)
+        };
+        sum += word(0);
+        count += word(1);
     }
     let mean = sum.checked_div(count).unwrap_or(0);
-    known.into_iter().map(|s| s.unwrap_or(mean)).collect()
+    Ok(known.into_iter().map(|s| s.unwrap_or(mean)).collect())
 }
 
-/// Free space of `cache`'s filesystem for us, plus `held`, less the headroom.
-fn default_capacity(cache: &Path, held: u64) -> std::io::Result<u64> {
+/// The bytes and number of up to [`SIZE_PROBES`] evenly spaced samples found in `source`.
+fn probe(manifest: &Manifest, source: &Path) -> (u64, u64) {
+    let n = manifest.len();
+    let step = (n / SIZE_PROBES).max(1);
+    let mut found = (0u64, 0u64);
+    for id in (0..n).step_by(step as usize) {
+        if let Ok(meta) = std::fs::metadata(source.join(manifest.relative_path(id))) {
+            found = (found.0 + meta.len(), found.1 + 1);
+        }
+    }
+    found
+}
+
+/// This rank's part of the free space of `cache`'s filesystem (shared by `sharing` ranks),
+/// plus `held`, less its part of the headroom.
+fn default_capacity(cache: &Path, held: u64, sharing: u64) -> std::io::Result<u64> {
     let st = nix::sys::statvfs::statvfs(cache)?;
     let frag = st.fragment_size().max(1);
-    let total = st.blocks() * frag;
-    let free = st.blocks_available() * frag;
-    Ok((free + held).saturating_sub(total / 100 * HEADROOM_PERCENT))
+    let (total, free) = (st.blocks() * frag, st.blocks_available() * frag);
+    Ok(part_of(free, total, held, sharing))
+}
+
+/// `held` plus a `sharing`th of `free`, less a `sharing`th of the headroom of `total`.
+fn part_of(free: u64, total: u64, held: u64, sharing: u64) -> u64 {
+    let k = sharing.max(1);
+    (free / k + held).saturating_sub(total / 100 * HEADROOM_PERCENT / k)
 }
 
 /// The fit of `rank`'s share in `capacity` bytes, simulated on `plan` (pure).
@@ -269,7 +331,7 @@ fn numbers(fit: &Fit, config: &MountConfig) -> String {
         mb(fit.capacity),
         match config.cache_size {
             Some(_) => "--cache-size",
-            None => "the free space of its filesystem, less 5%",
+            None => "its part of the free space of its filesystem, less 5%",
         },
         100.0 * fit.expected.hit_rate(),
         mb(fit.expected.source_bytes),
@@ -291,4 +353,65 @@ fn refusal(fit: &Fit, config: &MountConfig) -> String {
         numbers(fit, config),
         mb(fit.needed),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::comm::LocalComm;
+
+    #[test]
+    fn ranks_sharing_a_filesystem_share_its_free_space() {
+        // 1000 free of 2000: headroom 100.
+        assert_eq!(part_of(1000, 2000, 0, 1), 900);
+        assert_eq!(part_of(1000, 2000, 300, 1), 1200);
+        assert_eq!(part_of(1000, 2000, 0, 2), 450);
+        assert_eq!(part_of(1000, 2000, 300, 2), 750);
+        assert_eq!(part_of(10, 2000, 0, 1), 0);
+    }
+
+    /// Sizes an index does not know are rank 0's probe of the source, on every rank (rank 1
+    /// here sees no source at all).
+    #[test]
+    fn unknown_sizes_are_rank_0s_probe_everywhere() {
+        use crate::dataset::manifest::UNKNOWN_SIZE;
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("c")).unwrap();
+        std::fs::write(tmp.path().join("c/a"), [0; 100]).unwrap();
+        std::fs::write(tmp.path().join("c/b"), [0; 300]).unwrap();
+        let names = [b"a".to_vec(), b"b".to_vec()];
+        let entries = names.iter().map(|n| (n.clone(), UNKNOWN_SIZE)).collect();
+        let manifest = Manifest::from_parts(vec![(b"c".to_vec(), entries)]).unwrap();
+        let handles: Vec<_> = LocalComm::world(2)
+            .into_iter()
+            .map(|mut comm| {
+                let (m, root) = (manifest.clone(), tmp.path().to_path_buf());
+                let source = match comm.rank() {
+                    0 => root,
+                    _ => root.join("nowhere"),
+                };
+                std::thread::spawn(move || job_sizes(&mut comm, &m, &source).unwrap())
+            })
+            .collect();
+        for h in handles {
+            assert_eq!(h.join().unwrap(), [200, 200]);
+        }
+    }
+
+    /// Ranks 0 and 1 on one host with caches on one filesystem share it; rank 2, alone on
+    /// its host, does not (though the folder is the same filesystem here).
+    #[test]
+    fn sharing_counts_this_hosts_ranks_on_the_same_filesystem() {
+        let tmp = tempfile::tempdir().unwrap();
+        let handles: Vec<_> = LocalComm::world_on_hosts(&[0, 0, 1])
+            .into_iter()
+            .map(|mut comm| {
+                let dir = tmp.path().join(format!("cache{}", comm.rank()));
+                std::fs::create_dir(&dir).unwrap();
+                std::thread::spawn(move || sharing(&mut comm, &dir).unwrap())
+            })
+            .collect();
+        let got: Vec<u64> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        assert_eq!(got, [2, 2, 1]);
+    }
 }

@@ -134,6 +134,7 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
     let source = index::source_name(config, state.as_ref());
     let fingerprint = crc32c::crc32c(&manifest_bytes);
     let expected = expected_state(config, comm, (source, seed, fingerprint), scanned_at);
+    let fresh = state.is_none(); // this mount makes the cache: a refusal removes it
     let carried = rescan::carry_over(config, &dir, state, &expected, &manifest);
     let (state, counts) = agreed(comm, carried)?;
     dir.set_source_scan(SourceScan {
@@ -158,9 +159,8 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
     let (plan, elastic) = fill::plan(comm, config, params, &job)?;
     let plans = (&plan, elastic.as_ref());
     let store = fill::open_store(config, (dir, backend), manifest)?;
-    // Before the fill: a resumed partial cache finishes its exchange within its size.
-    let fit = fit::phase(comm, config, plans, &store, &cache_path, job.epoch)?;
-    let (store, resumed) = fill::fill(comm, config, store, plans, job)?;
+    let (fit, store, resumed) =
+        fill::fit_and_fill(comm, config, plans, store, (&cache_path, fresh), job)?;
     Ok(Prepared {
         fit,
         store,

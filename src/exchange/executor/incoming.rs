@@ -314,6 +314,8 @@ fn take_stream(
                 tracing::warn!(sample = id, from = peer, error = %e, "cannot take a sample from a peer's cache on this host; it will be fetched from the source");
                 tracker.update(target, |r| r.failed_samples += 1);
             }
+            // A partial cache without room for it: read from the source when needed.
+            Err(e) if crate::cache::admission::is_not_kept(&e) => {}
             Err(source) => return Err(ExchangeError::Store { sample: id, source }),
         }
     }
