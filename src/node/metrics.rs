@@ -144,8 +144,19 @@ pub(crate) struct Input<'a> {
     pub cache_samples: u64,
     /// Samples, parts and side files opened through the mount.
     pub reads: u64,
-    /// A share larger than its cache (`None` when it fits): the status's `partial`.
-    pub partial: Option<crate::node::status::PartialSnapshot>,
+    /// A share larger than its cache (`None` when it fits): from the status's `partial`.
+    pub partial: Option<Partial>,
+}
+
+/// What the metrics show of a partial cache (the status's `partial`, docs/partial-cache.md).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Partial {
+    pub cache_size_bytes: u64,
+    /// Of the last whole epoch; `None` before one ended.
+    pub hit_rate: Option<f64>,
+    pub expected_hit_rate: f64,
+    pub source_bytes_per_epoch: Option<u64>,
+    pub expected_source_bytes_per_epoch: u64,
 }
 
 fn gauge(registry: &mut Registry, name: &str, help: &str, v: u64) {
@@ -227,7 +238,7 @@ pub(crate) fn render(i: &Input) -> String {
 
 /// A partial cache (docs/partial-cache.md): its size, the hit ratio and source bytes of the
 /// last whole epoch (absent before one ended) against what the plan expected.
-fn partial(r: &mut Registry, p: &crate::node::status::PartialSnapshot) {
+fn partial(r: &mut Registry, p: &Partial) {
     use names::*;
     let help = "The cache's room when the share does not fit it (--cache-size)";
     gauge(r, PARTIAL_CACHE_SIZE, help, p.cache_size_bytes);
@@ -367,9 +378,8 @@ mod tests {
     fn a_partial_cache_shows_its_hit_ratio_against_the_plan() {
         let mut i = input(BTreeMap::new(), None);
         assert!(!render(&i).contains("shufflefs_partial_"));
-        i.partial = Some(crate::node::status::PartialSnapshot {
+        i.partial = Some(Partial {
             cache_size_bytes: 30_000_000,
-            kept_samples: 100,
             expected_hit_rate: 0.5,
             hit_rate: Some(0.475),
             source_bytes_per_epoch: Some(12_000),

@@ -303,7 +303,16 @@ impl DaemonStatus {
             cache_bytes: load(&stats.bytes),
             cache_samples: load(&stats.files),
             reads: load(&stats.reads),
-            partial: self.partial.get().map(|p| p.measured(&self.store)),
+            partial: (self.partial.get()).map(|p| {
+                let p = p.measured(&self.store);
+                metrics::Partial {
+                    cache_size_bytes: p.cache_size_bytes,
+                    hit_rate: p.hit_rate,
+                    expected_hit_rate: p.expected_hit_rate,
+                    source_bytes_per_epoch: p.source_bytes_per_epoch,
+                    expected_source_bytes_per_epoch: p.expected_source_bytes_per_epoch,
+                }
+            }),
         })
     }
 
