@@ -84,11 +84,16 @@ impl Admission {
     pub(crate) fn planned(planner: KeepPlanner, rank: Rank, mean_size: u64) -> Admission {
         let (kept, capacity) = (planner.kept(rank).to_vec(), planner.capacity());
         let early = early_of(&planner, rank);
-        Admission {
+        let epoch = planner.epoch();
+        let gate = Admission {
             planner: Some((Mutex::new(planner), rank)),
             early: Mutex::new(early),
             ..Admission::new(capacity, mean_size, kept)
-        }
+        };
+        // A mount at a later epoch (a remount, a resumed or restarted job) reads ahead in
+        // that epoch's listings too, not only after the next publication.
+        gate.prefetch.epoch(epoch);
+        gate
     }
 
     /// A sample of the current epoch is being read (`cached`: found in the cache); only

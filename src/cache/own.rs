@@ -124,6 +124,10 @@ pub(crate) fn remove_sub(root: &Path, sub: &str) -> io::Result<Vec<String>> {
         is_sample_name
     };
     let dir = root.join(sub);
+    // A link (or a file) where our folder would be is not ours to walk into.
+    if fs::symlink_metadata(&dir).is_ok_and(|m| !m.is_dir()) {
+        return Ok(vec![sub.to_string()]);
+    }
     let left = remove_files(&dir, ours)?;
     if left.is_empty() {
         match fs::remove_dir(&dir) {
@@ -135,9 +139,10 @@ pub(crate) fn remove_sub(root: &Path, sub: &str) -> io::Result<Vec<String>> {
 }
 
 /// Removes a whole cache folder of ours, as far as it is ours: our files in its
-/// sub-folders and at its top, then each folder that this emptied. Returns what it left
-/// (relative paths); the folder stays when that is not empty.
-pub(crate) fn remove_owned(root: &Path) -> io::Result<Vec<String>> {
+/// sub-folders and at its top, then each folder that this emptied, and `root` itself when
+/// `folder` (it was made by us). Returns what it left (relative paths); the folder stays
+/// when that is not empty.
+pub(crate) fn remove_owned(root: &Path, folder: bool) -> io::Result<Vec<String>> {
     let mut left = Vec::new();
     for sub in ["samples", "tmp", SEGMENTS] {
         left.extend(remove_sub(root, sub)?);
@@ -145,7 +150,7 @@ pub(crate) fn remove_owned(root: &Path) -> io::Result<Vec<String>> {
     let subs = ["samples", "tmp", SEGMENTS];
     let top = remove_files(root, is_top_file)?;
     left.extend(top.into_iter().filter(|n| !subs.contains(&n.as_str())));
-    if left.is_empty() {
+    if left.is_empty() && folder {
         fs::remove_dir(root)?;
     }
     Ok(left)
@@ -199,7 +204,7 @@ mod tests {
         }
         fs::write(root.join("samples/notes.txt"), "precious").unwrap();
         fs::write(root.join("job-output.txt"), "precious").unwrap();
-        let left = remove_owned(&root).unwrap();
+        let left = remove_owned(&root, true).unwrap();
         assert_eq!(left, ["samples/notes.txt", "job-output.txt"]);
         assert_eq!(
             fs::read(root.join("samples/notes.txt")).unwrap(),
@@ -208,7 +213,24 @@ mod tests {
         assert!(!root.join("samples/7").exists() && !root.join("tmp").exists());
         fs::remove_file(root.join("samples/notes.txt")).unwrap();
         fs::remove_file(root.join("job-output.txt")).unwrap();
-        assert!(remove_owned(&root).unwrap().is_empty());
+        assert!(remove_owned(&root, true).unwrap().is_empty());
         assert!(!root.exists());
+    }
+
+    #[test]
+    fn a_users_folder_and_what_links_point_to_are_left() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (root, elsewhere) = (tmp.path().join("cache"), tmp.path().join("elsewhere"));
+        fs::create_dir_all(&root).unwrap();
+        fs::create_dir_all(&elsewhere).unwrap();
+        fs::write(elsewhere.join("7"), "not ours").unwrap();
+        std::os::unix::fs::symlink(&elsewhere, root.join("samples")).unwrap();
+        fs::write(root.join("state.json"), "ours").unwrap();
+        assert_eq!(remove_owned(&root, false).unwrap(), ["samples"]);
+        assert_eq!(fs::read(elsewhere.join("7")).unwrap(), b"not ours");
+        fs::remove_file(root.join("samples")).unwrap();
+        // The user's (empty) folder given as the cache stays; what was written in it goes.
+        assert!(remove_owned(&root, false).unwrap().is_empty());
+        assert!(root.exists() && !root.join("state.json").exists());
     }
 }

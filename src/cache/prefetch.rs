@@ -19,6 +19,10 @@ pub(crate) const BUDGET: u64 = 64 << 20;
 /// The largest sample read ahead (what a reader reads through memory: `vfs::UNCACHED_MAX`).
 pub(crate) const LARGEST: u64 = 16 << 20;
 
+/// How long a reader waits for a sample being read ahead before reading it itself (a
+/// source read that hangs, or a prefetch thread that died, never holds a reader longer).
+const READ_WAIT: Duration = Duration::from_secs(30);
+
 /// The samples to read ahead and those read.
 #[derive(Default)]
 pub(crate) struct Prefetch {
@@ -66,10 +70,18 @@ impl Prefetch {
 
     /// The bytes of `id` read ahead, if any (handed out once); waits while it is being
     /// read ahead.
+    /// The wait is bounded ([`READ_WAIT`]): past it the reader reads the source itself.
     pub(crate) fn take(&self, id: SampleId) -> Option<Vec<u8>> {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let deadline = std::time::Instant::now() + READ_WAIT;
         while st.reading == Some(id) {
-            st = self.taken.wait(st).unwrap_or_else(|e| e.into_inner());
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            st = (self.taken.wait_timeout(st, left))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
         let bytes = st.ready.remove(&id)?;
         st.bytes -= bytes.len() as u64;
@@ -85,11 +97,13 @@ impl Prefetch {
         st.queued.clear();
         st.ready.clear();
         st.bytes = 0;
+        // A read still in flight is dropped when it ends (`ready` checks the epoch).
+        st.reading = None;
         self.taken.notify_all();
     }
 
     /// The next sample to read (marked as being read), once there is room for `size_of`
-    /// it; `Next::Wait` after waiting a while for room (the caller lets the store go
+    /// it (a size not known yet counts as [`LARGEST`], so at most [`BUDGET`] is held); `Next::Wait` after waiting a while for room (the caller lets the store go
     /// meanwhile), `Next::Done` when the queue is empty (the thread ends).
     pub(crate) fn next(&self, size_of: &dyn Fn(SampleId) -> u64) -> Next {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -97,7 +111,11 @@ impl Prefetch {
             st.running = false;
             return Next::Done;
         };
-        if st.bytes == 0 || st.bytes + size_of(id) <= BUDGET {
+        let size = match size_of(id) {
+            0 => LARGEST,
+            n => n,
+        };
+        if st.bytes == 0 || st.bytes + size <= BUDGET {
             st.queue.pop_front();
             st.reading = Some(id);
             return Next::Read(st.epoch, id);

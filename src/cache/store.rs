@@ -883,10 +883,32 @@ fn read_ahead(store: &std::sync::Weak<SampleStore>) {
             Next::Done => return,
         };
         // Marked as being read first: a reader that saw it after waits for these bytes.
+        // The guard marks it done even if the read panics, so no reader waits on it.
+        let mut done = ReadAheadDone {
+            prefetch: &partial.prefetch,
+            epoch,
+            id,
+            bytes: None,
+        };
         let skip = s.contains(id) || partial.wanted(id) || partial.seen(id);
         // A failure is left to the reader, who reads it again and reports it.
-        let bytes = (!skip).then(|| s.read_through(id, LARGEST, false).ok());
-        partial.prefetch.ready(epoch, id, bytes.flatten());
+        if !skip {
+            done.bytes = s.read_through(id, LARGEST, false).ok();
+        }
+    }
+}
+
+/// Hands a read-ahead sample's outcome to the prefetch state when dropped (also on a panic).
+struct ReadAheadDone<'a> {
+    prefetch: &'a super::prefetch::Prefetch,
+    epoch: u64,
+    id: SampleId,
+    bytes: Option<Vec<u8>>,
+}
+
+impl Drop for ReadAheadDone<'_> {
+    fn drop(&mut self) {
+        (self.prefetch).ready(self.epoch, self.id, self.bytes.take());
     }
 }
 

@@ -194,6 +194,8 @@ fn adopt(store: &SampleStore, orphans: &[SampleStore], id: SampleId) -> bool {
     for orphan in orphans.iter().filter(|o| o.contains(id)) {
         match store.adopt_from_store(id, orphan) {
             Ok(_) => return true,
+            // A partial cache out of room: expected, the sample is read from the source.
+            Err(e) if crate::cache::admission::is_not_kept(&e) => return false,
             Err(e) => {
                 tracing::warn!(sample = id, error = %e, "could not take a sample from a gone rank's cache")
             }
@@ -292,7 +294,7 @@ fn reclaim(orphans: Vec<SampleStore>) -> Vec<PathBuf> {
         // Removed while still locked, so no daemon starts on it meanwhile.
         let root = orphan.dir().root().to_path_buf();
         // Only our own files: a folder holding anything else stays, with that in it.
-        match crate::cache::remove_owned(&root) {
+        match crate::cache::remove_owned(&root, true) {
             Ok(left) if left.is_empty() => {
                 tracing::info!(folder = %root.display(), "removed the cache of a gone rank");
                 removed.push(root);

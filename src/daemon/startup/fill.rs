@@ -94,19 +94,21 @@ pub(crate) fn fill(
 
 /// The fit phase, then the fill (collective). Before the fill: a resumed partial cache
 /// finishes its exchange within its size. A refusal removes a cache this mount made
-/// (`fresh`).
+/// (`made`: see `made_by_this_mount`; the folder itself only when it made it).
 pub(crate) fn fit_and_fill(
     comm: &mut dyn Comm,
     config: &MountConfig,
     plans: (&Plan, Option<&ElasticPlan>),
     store: Arc<SampleStore>,
-    (cache, fresh): (&std::path::Path, bool),
+    (cache, made): (&std::path::Path, Option<bool>),
     job: Job,
 ) -> Result<(Option<super::fit::Fit>, Arc<SampleStore>, Resumed), StartError> {
     let fit = match super::fit::phase(comm, config, plans, &store, cache, job.epoch) {
         Ok(fit) => fit,
-        Err(e) if fresh => return Err(super::fit::forget(store, cache, e)),
-        Err(e) => return Err(e),
+        Err(e) => match made {
+            Some(folder) => return Err(super::fit::forget(store, (cache, folder), e)),
+            None => return Err(e),
+        },
     };
     let (store, resumed) = fill(comm, config, store, plans, job)?;
     Ok((fit, store, resumed))

@@ -118,11 +118,11 @@ pub(crate) fn phase(
 /// Returns `refusal`.
 pub(crate) fn forget(
     store: std::sync::Arc<SampleStore>,
-    cache: &Path,
+    (cache, folder): (&Path, bool),
     refusal: StartError,
 ) -> StartError {
     drop(store);
-    if let Err(e) = crate::cache::own::remove_owned(cache) {
+    if let Err(e) = crate::cache::own::remove_owned(cache, folder) {
         tracing::debug!(error = %e, "could not remove the refused mount's cache");
     }
     refusal

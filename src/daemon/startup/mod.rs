@@ -109,6 +109,7 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
     let cache_path = for_rank(&config.cache, rank);
     let mountpoint = for_rank(&config.mountpoint, rank);
 
+    let made = made_by_this_mount(&cache_path);
     let checked = local::check(config, rank, &mountpoint, &cache_path);
     let (mut dir, mount_dirs) = agreed(comm, checked)?;
     let same = settings::compare(comm, config)?.and_then(|()| {
@@ -134,7 +135,6 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
     let source = index::source_name(config, state.as_ref());
     let fingerprint = crc32c::crc32c(&manifest_bytes);
     let expected = expected_state(config, comm, (source, seed, fingerprint), scanned_at);
-    let fresh = state.is_none(); // this mount makes the cache: a refusal removes it
     let carried = rescan::carry_over(config, &dir, state, &expected, &manifest);
     let (state, counts) = agreed(comm, carried)?;
     dir.set_source_scan(SourceScan {
@@ -160,7 +160,7 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
     let plans = (&plan, elastic.as_ref());
     let store = fill::open_store(config, (dir, backend), manifest)?;
     let (fit, store, resumed) =
-        fill::fit_and_fill(comm, config, plans, store, (&cache_path, fresh), job)?;
+        fill::fit_and_fill(comm, config, plans, store, (&cache_path, made), job)?;
     Ok(Prepared {
         fit,
         store,
@@ -198,6 +198,18 @@ fn expected_state(
         world_history: Vec::new(),
         layout: config.layout,
         scanned_at,
+    }
+}
+
+/// Whether this mount makes the cache at `cache`: `Some(true)` when the folder is missing
+/// (made here), `Some(false)` when it is an empty folder (the user's: only what this mount
+/// writes into it is ours), `None` when it holds anything (an earlier mount's cache, or not
+/// ours): a refused mount then removes nothing.
+fn made_by_this_mount(cache: &std::path::Path) -> Option<bool> {
+    match std::fs::read_dir(cache) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(true),
+        Ok(mut entries) => entries.next().is_none().then_some(false),
+        Err(_) => None,
     }
 }
 
