@@ -300,15 +300,24 @@ fn coco_shaped_data_trains_a_detection_loop_unmodified() {
         &["--epochs", "2"],
         &[],
     );
+    // `rank R epoch E: N images, ...` per rank and epoch; mpirun may put two ranks' lines
+    // on one (a line and its newline can reach it in two writes), so they are found
+    // anywhere in the output, not line by line.
+    let reports: Vec<(usize, usize)> = (stdout.split("rank ").skip(1))
+        .filter_map(|piece| {
+            let (_, rest) = piece.split_once(" epoch ")?;
+            let (epoch, rest) = rest.split_once(": ")?;
+            let (n, _) = rest.split_once(" images")?;
+            Some((epoch.parse().ok()?, n.parse().ok()?))
+        })
+        .collect();
     for epoch in 0..2 {
-        let lines: Vec<&str> = (stdout.lines())
-            .filter(|l| l.contains(&format!(" epoch {epoch}: ")))
+        let counts: Vec<usize> = (reports.iter())
+            .filter(|(e, _)| *e == epoch)
+            .map(|(_, n)| *n)
             .collect();
-        assert_eq!(lines.len(), RANKS, "{stdout}");
-        let seen: usize = (lines.iter())
-            .map(|l| l.split(": ").nth(1).unwrap().split(' ').next().unwrap())
-            .map(|n| n.parse::<usize>().unwrap())
-            .sum();
+        assert_eq!(counts.len(), RANKS, "{stdout}");
+        let seen: usize = counts.iter().sum();
         assert_eq!(seen, images, "epoch {epoch}: {stdout}");
         assert!(!stdout.contains("nan"), "{stdout}");
     }
