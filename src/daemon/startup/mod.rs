@@ -202,13 +202,17 @@ fn expected_state(
 }
 
 /// Whether this mount makes the cache at `cache`: `Some(true)` when the folder is missing
-/// (made here), `Some(false)` when it is an empty folder (the user's: only what this mount
-/// writes into it is ours), `None` when it holds anything (an earlier mount's cache, or not
-/// ours): a refused mount then removes nothing.
+/// (made here), `Some(false)` when it is empty but for the log a detached daemon just
+/// started there (the user's folder, or the one the detaching parent made: only what this
+/// mount writes into it is ours), `None` when it holds anything else (an earlier mount's
+/// cache, or not ours): a refused mount then removes nothing.
 fn made_by_this_mount(cache: &std::path::Path) -> Option<bool> {
     match std::fs::read_dir(cache) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(true),
-        Ok(mut entries) => entries.next().is_none().then_some(false),
+        Ok(entries) => {
+            let mut names = entries.map(|e| e.map(|e| e.file_name()));
+            (names.all(|n| n.is_ok_and(|n| n == "shufflefs.log"))).then_some(false)
+        }
         Err(_) => None,
     }
 }
