@@ -188,7 +188,9 @@ fn a_slow_host_is_given_up_once_then_left_out_and_every_epoch_is_exact() {
             assert_eq!(x["state"], "done", "{x}");
         }
     }
-    let status = job.unmount_within(Duration::from_secs(90));
+    // 90 s when the slow rank knows it left; with the known race (above) its exchanges wait
+    // ~60 s for an abandoned stream, the one in flight at the unmount included.
+    let status = job.unmount_within(Duration::from_secs(300));
     assert!(
         status.is_some_and(|s| s.success()),
         "{status:?}\n{}",
