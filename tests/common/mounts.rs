@@ -74,3 +74,22 @@ pub fn force_unmount(path: &Path) {
         }
     }
 }
+
+/// Tears down a job started with `mount-helpers/shufflefs-launch --job JOB` as a user would
+/// (`shufflefs-teardown --job JOB`), then checks that none of `mounts` is left: one left is
+/// removed and, unless the test is already failing, fails it.
+pub fn teardown_launched(job: &Path, mounts: impl IntoIterator<Item = PathBuf>) {
+    let out = Command::new(super::repo().join("mount-helpers/shufflefs-teardown"))
+        .env("SHUFFLEFS", super::BIN)
+        .arg("--job")
+        .arg(job)
+        .output();
+    for m in mounts {
+        if is_mounted(&m) {
+            force_unmount(&m);
+            if !std::thread::panicking() {
+                panic!("teardown left {} mounted: {out:?}", m.display());
+            }
+        }
+    }
+}

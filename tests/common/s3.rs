@@ -11,31 +11,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::skip::require;
-use super::venv::check;
+use super::venv::{check, venv_python_for};
 
 /// The venv's python if it has moto's server and boto3, else `None` (skip; a failure
 /// under `SHUFFLEFS_REQUIRE_S3=1`).
 pub fn moto_python() -> Option<PathBuf> {
-    let python = std::env::var_os("SHUFFLEFS_PYTHON")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .map(|h| PathBuf::from(h).join(".cache/shufflefs/venv/bin/python"))
-        })
-        .filter(|p| p.exists());
-    let usable = python.as_ref().is_some_and(|p| {
-        Command::new(p)
-            .args(["-c", "import moto.server, boto3"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    });
-    let missing = (!usable).then(|| {
-        "no venv with moto[server]; run `source mount-helpers/install-python.sh`".to_string()
-    });
-    require("an S3 test server (moto)", "SHUFFLEFS_REQUIRE_S3", missing)
-        .then_some(python)
-        .flatten()
+    let missing = "no venv with moto[server]; run `source mount-helpers/install-python.sh`";
+    let what = ("an S3 test server (moto)", "SHUFFLEFS_REQUIRE_S3");
+    venv_python_for("import moto.server, boto3", what, missing.to_string())
 }
 
 /// A port free on 127.0.0.1 now.

@@ -18,6 +18,22 @@ pub fn repo() -> &'static Path {
 /// runs `imports`, else `None` (skip; a failure under SHUFFLEFS_REQUIRE_LOADERS=1). `what`
 /// names the packages in the message.
 pub fn venv_python(imports: &str, what: &str) -> Option<PathBuf> {
+    let missing =
+        format!("no Python venv with {what}; run `source mount-helpers/install-python.sh`");
+    venv_python_for(
+        imports,
+        ("the loaders' venv", "SHUFFLEFS_REQUIRE_LOADERS"),
+        missing,
+    )
+}
+
+/// The venv's python if it runs `imports`, else `None`: a skip, or a failure when the
+/// variable of `(what, require_var)` is set (see `skip::require`), saying `missing`.
+pub fn venv_python_for(
+    imports: &str,
+    (what, require_var): (&str, &str),
+    missing: String,
+) -> Option<PathBuf> {
     let python = std::env::var_os("SHUFFLEFS_PYTHON")
         .map(PathBuf::from)
         .or_else(|| {
@@ -32,13 +48,9 @@ pub fn venv_python(imports: &str, what: &str) -> Option<PathBuf> {
             .output()
             .is_ok_and(|o| o.status.success())
     });
-    let missing = (!usable).then(|| {
-        format!("no Python venv with {what}; run `source mount-helpers/install-python.sh`")
-    });
-    let python = require("the loaders' venv", "SHUFFLEFS_REQUIRE_LOADERS", missing)
+    require(what, require_var, (!usable).then_some(missing))
         .then_some(python)
-        .flatten()?;
-    Some(python)
+        .flatten()
 }
 
 /// A `PYTHONPATH` under which python imports this checkout's package (`python/`) before any

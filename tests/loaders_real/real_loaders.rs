@@ -19,7 +19,6 @@ use std::time::Duration;
 
 use crate::common::mpi_job::mpirun;
 use crate::common::*;
-use shufflefs::sys::mounts::is_mounted;
 
 const RANKS: usize = 4;
 const EPOCHS: usize = 3;
@@ -133,20 +132,11 @@ impl Job {
 
 impl Drop for Job {
     fn drop(&mut self) {
-        let out = Command::new(repo().join("mount-helpers/shufflefs-teardown"))
-            .env("SHUFFLEFS", BIN)
-            .arg("--job")
-            .arg(self.dir.path().join("job"))
-            .output();
-        for r in 0..RANKS {
-            let m = self.dir.path().join(format!("mnt-{r}"));
-            if is_mounted(&m) {
-                force_unmount(&m);
-                if !std::thread::panicking() {
-                    panic!("teardown left {} mounted: {out:?}", m.display());
-                }
-            }
-        }
+        let d = self.dir.path();
+        teardown_launched(
+            &d.join("job"),
+            (0..RANKS).map(|r| d.join(format!("mnt-{r}"))),
+        );
     }
 }
 

@@ -12,7 +12,6 @@ use std::time::Duration;
 use crate::common::mpi_job::mpirun;
 use crate::common::s3::{S3Server, moto_python};
 use crate::common::*;
-use shufflefs::sys::mounts::is_mounted;
 
 const RANKS: u32 = 4;
 const EPOCHS: usize = 3;
@@ -30,19 +29,8 @@ impl BucketJob {
 
 impl Drop for BucketJob {
     fn drop(&mut self) {
-        let out = Command::new(repo().join("mount-helpers/shufflefs-teardown"))
-            .env("SHUFFLEFS", BIN)
-            .arg("--job")
-            .arg(self.dir.path().join("job"))
-            .output();
-        for r in 0..RANKS {
-            if is_mounted(&self.mount(r)) {
-                force_unmount(&self.mount(r));
-                if !std::thread::panicking() {
-                    panic!("teardown left rank {r} mounted: {out:?}");
-                }
-            }
-        }
+        let job = self.dir.path().join("job");
+        teardown_launched(&job, (0..RANKS).map(|r| self.mount(r)));
     }
 }
 

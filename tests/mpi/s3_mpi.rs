@@ -4,7 +4,7 @@
 //! refused with the fix and no mount left; and 503 SlowDown answers injected by a proxy,
 //! retried, so the mount still gets every byte.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::common::mpi_job::{MpiJob, mpirun};
@@ -543,12 +543,7 @@ fn a_store_ignoring_range_fails_that_shard_alone() {
     }
     let Some(python) = moto_python() else { return };
     let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("src");
-    crate::common::records::make_records(&src, "tfrecord", 600, 3);
-    let mut shards: Vec<String> = (std::fs::read_dir(&src).unwrap())
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    shards.sort();
+    let (src, shards) = tfrecord_shards(tmp.path());
     // A torn record at the end of the bad shard (skipped by the index): so even a run of all
     // its groups is not the whole object, and an answer of the whole object is wrong for it.
     let mut bad = std::fs::OpenOptions::new()
@@ -715,12 +710,7 @@ fn record_bodies_cut_midway_are_fetched_again() {
     }
     let Some(python) = moto_python() else { return };
     let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("src");
-    crate::common::records::make_records(&src, "tfrecord", 600, 3);
-    let mut shards: Vec<String> = (std::fs::read_dir(&src).unwrap())
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    shards.sort();
+    let (src, shards) = tfrecord_shards(tmp.path());
     let server = S3Server::start(&python, &tmp.path().join("moto.log"));
     server.upload(BUCKET, "recs", &src);
     let faults = [
@@ -778,4 +768,15 @@ fn a_store_refusing_every_request_is_waited_out_not_failed_per_sample() {
     assert_eq!((exact, failed.len()), (42, 0), "{failed:?}");
     eprintln!("403s injected: {}; problems: {problems}", proxy.injected());
     job.unmount();
+}
+
+/// 600 TFRecord records in 3 shards under `dir/src`: the folder and the shard names, sorted.
+fn tfrecord_shards(dir: &Path) -> (PathBuf, Vec<String>) {
+    let src = dir.join("src");
+    crate::common::records::make_records(&src, "tfrecord", 600, 3);
+    let mut shards: Vec<String> = (std::fs::read_dir(&src).unwrap())
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    shards.sort();
+    (src, shards)
 }
