@@ -368,6 +368,7 @@ fn run_round(
             pacer: Pacer::new(ctx.cfg.rate),
             local: None,
             ends_out: 0,
+            leaves: None,
             sizing: None,
             scope,
             last_heard: (round.ops.iter())
@@ -396,6 +397,9 @@ struct RoundRun<'a, 's, 'scope, 'env> {
     local: Option<ExchangeError>,
     /// Ends of streams posted and not completed.
     ends_out: usize,
+    /// Whether this rank leaves the exchanges after this one, once decided (see `stop`):
+    /// every end of a stream says the same.
+    leaves: Option<bool>,
     /// Resolving the sizes of what this rank sends, when some had to be fetched.
     sizing: Option<ScopedJoinHandle<'scope, Vec<u64>>>,
     scope: &'scope Scope<'scope, 'env>,

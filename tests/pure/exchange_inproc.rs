@@ -652,6 +652,19 @@ fn a_source_that_hangs_during_the_fallback_is_reported_not_waited_for() {
 /// it without them), each fetching the rest from the source.
 #[test]
 fn a_slow_peer_is_given_up_and_its_samples_come_from_the_source() {
+    slow_peer_given_up(4096);
+}
+
+/// The same with frames as large as a whole stream: the slow rank posts every frame before
+/// any receiver confirms, and its decision to leave still waits for all the confirmations
+/// (it once told the receivers whose confirmation came last "stay" and the others "leave",
+/// so the pairs disagreed about the next exchange and waited on each other).
+#[test]
+fn a_slow_peer_that_posted_everything_still_leaves_every_peer_alike() {
+    slow_peer_given_up(1 << 20);
+}
+
+fn slow_peer_given_up(frame: usize) {
     let world = 4;
     let manifest = manifest(600);
     let plan = plan(manifest.len(), world, 1.0, 77);
@@ -681,7 +694,7 @@ fn a_slow_peer_is_given_up_and_its_samples_come_from_the_source() {
                     store.ensure(id).unwrap();
                 }
                 let cfg = ExchangeConfig {
-                    frame: 4096,
+                    frame,
                     slow_peers: SlowPeers {
                         factor: 4.0,
                         grace: Duration::from_millis(300),

@@ -20,8 +20,17 @@
 //! leave each other out (`peers::Left`), each fetching from the source what the other
 //! would have sent. So a persistently slow host holds the others for one exchange, not
 //! every epoch, and catches up from the source at its own pace. It stays out for the rest
-//! of the job. The end of a stream its receiver gave up waits until every other outgoing
-//! stream was given up too or has posted its last frame, so that all of them say the same.
+//! of the job.
+//!
+//! Both sides of every pair must agree, or one of them waits for streams the other never
+//! opens (a minute each, until `abandon_idle`). So the decision is taken once per exchange
+//! and every end says the same: it is "leave" when every rated receiver's confirmation
+//! asked to stop, "stay" as soon as one receiver confirmed without asking, or this rank
+//! stopped a stream itself, or a peer was abandoned. Until then no end goes out, except
+//! the end of a stream this rank stopped itself (its receiver needs the count to finish,
+//! and that stop already decided "stay"). Waiting for the confirmations costs one message's
+//! time per stream; ending a stream before its receiver's confirmation once let a receiver
+//! that gave the stream up late hear "stay" while the others heard "leave".
 
 use super::super::ExchangeError;
 use super::super::deadline::Progress;
@@ -40,8 +49,8 @@ pub(super) fn stop_sending(o: &mut Out) {
 }
 
 impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
-    /// Posts the end of `o` once every frame it will send is posted (and, for a stream its
-    /// receiver gave up, once `withdraw` is decided).
+    /// Posts the end of `o` once every frame it will send is posted and, unless this rank
+    /// stopped it, once `withdraw` (this rank's decision to leave) is taken.
     pub(super) fn end_if_posted(
         &mut self,
         comm: &mut dyn Comm,
@@ -51,10 +60,11 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
         if o.disk || o.ended || !o.listed || o.sent + o.posted < o.frames {
             return Ok(());
         }
-        let leaves = match (o.stop_asked, withdraw) {
-            (true, None) => return Ok(()),
-            (true, Some(leaves)) => leaves,
-            (false, _) => false,
+        let leaves = match (o.stopped && !o.stop_asked, withdraw) {
+            // Stopped by this rank (`stop_overdue`, which decided "stay").
+            (true, _) => false,
+            (false, None) => return Ok(()),
+            (false, Some(leaves)) => leaves && o.stop_asked,
         };
         if leaves {
             self.withdraw_from(o.peer);
@@ -136,23 +146,32 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
                     seconds = format!("{:.1}", elapsed.as_secs_f64()),
                     "peer receives far slower than the others: this rank stops sending to it, it fetches the rest from the source"
                 );
+                // A rank some receiver keeps up with is not the slow one: it stays.
+                self.leaves.get_or_insert(false);
                 stop_sending(o);
             }
         }
     }
 
-    /// Whether this rank leaves the exchanges after this one: every receiver across hosts
-    /// that had bytes from it gave it up (see the module docs). `None` while some of them
-    /// still takes its frames.
-    pub(super) fn withdrawal(&self, outs: &[Out]) -> Option<bool> {
+    /// Whether this rank leaves the exchanges after this one (see the module docs): taken
+    /// once, when every rated receiver's confirmation asked to stop ("leave") or one did not
+    /// ("stay"); `None` while confirmations that could still decide it are awaited.
+    pub(super) fn withdrawal(&mut self, outs: &[Out]) -> Option<bool> {
+        if self.leaves.is_none() {
+            self.leaves = self.decide(outs);
+        }
+        self.leaves
+    }
+
+    fn decide(&self, outs: &[Out]) -> Option<bool> {
         if self.ctx.leaving || self.ctx.cfg.slow_peers.factor <= 0.0 {
             return Some(false);
         }
         let rated = || (outs.iter()).filter(|o| !o.disk && (o.len > 0 || o.skipped || !o.listed));
-        if rated().any(|o| !o.stop_asked && (!o.listed || o.sent + o.posted < o.frames)) {
-            return None;
+        if rated().next().is_none() || rated().any(|o| o.confirmed.is_some() && !o.stop_asked) {
+            return Some(false);
         }
-        Some(rated().next().is_some() && rated().all(|o| o.stop_asked))
+        rated().all(|o| o.stop_asked).then_some(true)
     }
 
     /// This rank leaves the exchanges with `peer` after this one; the end of its stream to
