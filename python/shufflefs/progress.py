@@ -244,27 +244,48 @@ def waiting_target(statuses):
     return min(targets) if targets else None
 
 
+def remember(memo, row, target):
+    """Keeps `row`'s bytes of the exchange into `target` in `memo`: as they are while it runs,
+    as complete once the row has moved past it."""
+    x = row.get("exchange") or {}
+    into, rank = x.get("into_epoch"), row.get("rank")
+    if into == target:
+        memo[rank] = (received(x, "received_bytes", "done_bytes"),
+                      received(x, "to_receive_bytes", "total_bytes"))
+    elif (into is not None and into > target) or (row.get("epoch") or 0) >= target:
+        whole = max(memo.get(rank, (0, 0)))
+        memo[rank] = (whole, whole)
+
+
 def received(x, field, both):
     """A row's bytes received: `field` where it has one, else half its sent-plus-received."""
     return x[field] if field in x else (x.get(both) or 0) / 2
 
 
-def exchange_measure(statuses, target, stale_limit=STALE_LIMIT):
+def exchange_measure(statuses, target, stale_limit=STALE_LIMIT, memo=None):
     """The [`Measure`] of the exchange into `target`: done once no advance of these mounts
     waits for it. Job-wide, a row's `done_bytes`/`total_bytes` are sent plus received, so
     every byte sent over MPI is in two rows: the sums are halved to count it once (rows that
-    carry `received_bytes`/`to_receive_bytes` are summed as they are instead)."""
+    carry `received_bytes`/`to_receive_bytes` are summed as they are instead).
+
+    A rank whose advance is done moves on to the next exchange, and its row then shows that
+    one: `memo` (rank to done/total, kept by the caller across calls) remembers its last
+    numbers for `target` and counts them as complete, so the line neither shrinks nor goes
+    back."""
     rows = job_ranks(statuses)
     waiting = any((s.get("advance_waiting") or {}).get("target_epoch") == target for s in statuses)
     if rows is not None:
-        xs = [r.get("exchange") or {} for r in rows]
-        xs = [x for x in xs if x.get("into_epoch") == target]
-        done = sum(received(x, "received_bytes", "done_bytes") for x in xs)
-        total = sum(received(x, "to_receive_bytes", "total_bytes") for x in xs)
-        done, total = int(done), int(total)
-        # Rows are not refreshed while an exchange runs (docs/status.md), so a row gone
-        # stale here is not a lost rank: its numbers are those of the exchange's start.
-        return Measure(done, max(total, done), len(rows), "running" if waiting else "done")
+        memo = {} if memo is None else memo
+        for r in rows:
+            remember(memo, r, target)
+        done = int(sum(d for d, _ in memo.values()))
+        total = int(sum(t for _, t in memo.values()))
+        m = Measure(done, max(total, done), len(rows), "running" if waiting else "done")
+        # Rows are refreshed while an exchange runs too: one silent for long is a lost rank.
+        note = stale_note(rows, stale_limit)
+        if waiting and note:
+            m.state, m.note = "stale", note
+        return m
     pairs = [exchange_bytes(s, target) for s in statuses]
     return Measure(sum(p[0] for p in pairs), sum(p[1] for p in pairs), who(statuses),
                    "running" if waiting else "done")
@@ -364,6 +385,7 @@ def watch_exchange(reader, out, target, poll=0.2, every=None):
     """Shows the exchange into `target` until no advance waits for it. Returns `done`,
     `none`, `lost` or `stale` (as [`watch_staging`])."""
     line = Line(out, f"exchange into epoch {target}", every=every)
+    memo = {}
     while True:
         statuses = reader.read()
         if reader.lost:
@@ -371,7 +393,7 @@ def watch_exchange(reader, out, target, poll=0.2, every=None):
             return "lost"
         if not statuses:
             return "none"
-        m = exchange_measure(statuses, target)
+        m = exchange_measure(statuses, target, memo=memo)
         if m.state == "stale":
             line.end(m)
             return "stale"

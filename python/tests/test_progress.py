@@ -123,8 +123,12 @@ class JobView(unittest.TestCase):
         self.assertEqual(m.state, "stale")
         self.assertIn("rank 1 on node0 (31 s)", m.note)
         self.assertIn("rank 2 (45 s)", m.note)
-        # Rows are not refreshed while an exchange runs: stale then is no lost rank.
+        # Rows are refreshed while an exchange runs: a rank silent for long is lost then too,
+        # and a moment's silence is not.
         waiting = with_view(rows, advance_waiting={"target_epoch": 1, "seconds": 5})
+        self.assertEqual(progress.exchange_measure([waiting], 1).state, "stale")
+        short = [row(0, 5, 5), row(1, 2, 5, stale_s=4.0)]
+        waiting = with_view(short, advance_waiting={"target_epoch": 1, "seconds": 5})
         self.assertEqual(progress.exchange_measure([waiting], 1).state, "running")
 
     def test_a_rank_that_left_counts_as_finished_not_dead(self):
@@ -143,6 +147,17 @@ class JobView(unittest.TestCase):
         # A row that says what it received is taken as it is.
         rows[0]["exchange"].update(received_bytes=250, to_receive_bytes=260)
         self.assertEqual(progress.exchange_measure([waiting], 1), (400, 460, 3, False))
+
+    def test_a_rank_past_the_exchange_counts_as_complete(self):
+        rows = [row(0, 5, 5, moved=(300, 400)), row(1, 5, 5, moved=(100, 400))]
+        waiting = with_view(rows, advance_waiting={"target_epoch": 1, "seconds": 5})
+        memo = {}
+        self.assertEqual(progress.exchange_measure([waiting], 1, memo=memo), (200, 400, 2, False))
+        # Rank 0 advanced: its row now shows the exchange into epoch 2, just begun.
+        rows[0] = row(0, 5, 5, into=2, moved=(0, 999))
+        rows[0]["epoch"] = 1
+        waiting = with_view(rows, advance_waiting={"target_epoch": 1, "seconds": 6})
+        self.assertEqual(progress.exchange_measure([waiting], 1, memo=memo), (250, 400, 2, False))
 
     def test_a_row_with_a_staging_state_is_done_by_it(self):
         rows = [row(0, 5, 5), row(1, 0, 0)]

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::common::mpi_job::{MpiJob, checked_listing, wait_all, write_source};
+use crate::common::mpi_job::{MpiJob, checked_listing, exchange, wait_all, write_source};
 use crate::common::*;
 
 const RANKS: u32 = 3;
@@ -299,4 +299,112 @@ fn a_quiet_rank_turns_stale(job: &MpiJob) {
         std::thread::sleep(Duration::from_millis(200));
     }
     signal("-CONT");
+}
+
+/// Rows stay live while an exchange's streams run: a slowed exchange (over MPI, capped at
+/// 20 kB/s a rank, so its one frame per stream goes out in bursts) runs for seconds, and
+/// meanwhile rank 0's mount shows rank 1's row fresh (never `stale_s`) with that
+/// exchange's bytes growing, before it ends. (Rows froze during exchanges while the view
+/// was ticked only between them.) Every rank asks for epoch 1 at once, and
+/// `python3 -m shufflefs.progress --follow` (as the Slurm recipe runs it) shows that
+/// advance waiting: job-wide lines that grow, the last one at 100%, and exits 0 once the
+/// mounts go.
+#[test]
+fn rows_move_while_an_exchange_runs() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write_source(dir, 3, 60, 20_000);
+    let slow = ["--exchange-rate", "20000", "--share-disk", "never"];
+    let mut job = MpiJob::start(dir, RANKS, 7, 0.5, &slow);
+    let (follow, stderr) = follow(&job);
+    // The exchange into epoch 1 starts at mount; opening epoch 1 waits for it.
+    let listings: Vec<_> = (job.mounts.iter().map(|m| m.join("epoch-1")))
+        .map(|e| std::thread::spawn(move || std::fs::read_dir(e).map(|d| d.count())))
+        .collect();
+    let seen = rows_move(&job);
+    assert!(seen[0] < seen[1], "{seen:?}");
+    for l in listings {
+        let listed = l.join().unwrap();
+        assert!(listed.as_ref().is_ok_and(|&n| n > 0), "{listed:?}");
+    }
+    // Time for its last line (every 0.2 s) before the mounts go.
+    std::thread::sleep(Duration::from_secs(2));
+    let exit = job.unmount_within(Duration::from_secs(60));
+    assert!(exit.is_some_and(|s| s.success()), "{exit:?}");
+    followed(follow, stderr);
+}
+
+/// Watches rank 1's row in rank 0's mount during the exchange into epoch 1: fresh every
+/// time, it shows two different bytes-done values before the exchange ends.
+fn rows_move(job: &MpiJob) -> Vec<u64> {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut seen: Vec<u64> = Vec::new();
+    while seen.len() < 2 {
+        let row = job.status(0)["job"]["ranks"][1].clone();
+        let running = exchange(&job.status(1), 1).is_some_and(|x| x["state"] == "running");
+        let x = &row["exchange"];
+        let (done, total) = (x["done_bytes"].as_u64(), x["total_bytes"].as_u64());
+        if running && x["into_epoch"] == 1 {
+            assert!(
+                row.get("stale_s").is_none(),
+                "stale during the exchange: {row:#}"
+            );
+            let done = done.filter(|&d| d > 0 && Some(d) < total);
+            if let Some(done) = done.filter(|&d| seen.last() != Some(&d)) {
+                seen.push(done);
+            }
+        }
+        assert!(
+            (running || seen.is_empty()) && Instant::now() < deadline,
+            "rank 1's row did not move during the exchange (seen {seen:?}): {row:#}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    seen
+}
+
+type Stderr = std::thread::JoinHandle<String>;
+
+/// `python3 -m shufflefs.progress --follow` over the job's mounts, lines every 0.2 s.
+fn follow(job: &MpiJob) -> (std::process::Child, Stderr) {
+    let mut follow = Command::new("python3")
+        .args(["-m", "shufflefs.progress", "--follow"])
+        .args(&job.mounts)
+        .env("PYTHONPATH", repo().join("python"))
+        .env("SHUFFLEFS_PROGRESS_EVERY", "0.2")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let err = follow.stderr.take().unwrap();
+    let stderr = std::thread::spawn(move || std::io::read_to_string(err).unwrap_or_default());
+    (follow, stderr)
+}
+
+/// `--follow` ended with the mounts, after lines for the advance into epoch 1.
+fn followed(mut follow: std::process::Child, stderr: Stderr) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = follow.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = follow.kill();
+            panic!("progress --follow did not end with the mounts");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let stderr = stderr.join().unwrap();
+    let lines: Vec<&str> = (stderr.lines())
+        .filter(|l| l.starts_with("exchange into epoch 1"))
+        .collect();
+    assert!(status.success(), "{stderr}");
+    assert!(lines.len() >= 2, "{stderr}");
+    let last = lines.last().unwrap();
+    assert!(
+        last.contains("100%") && last.ends_with("(3 ranks)"),
+        "{stderr}"
+    );
 }

@@ -9,9 +9,9 @@
 //! nothing ever waits for a peer, so a rank that lags only turns stale in the table, and one
 //! that leaves says so in a last row (`gather`). MPI belongs to one
 //! thread, so the view cannot have a thread of its own: the [`Gatherer`] is a state machine
-//! that thread drives, through [`Viewed`], a transport wrapper that ticks it when the
-//! exchange loop idles ([`Comm::idle`]) and before collectives, not while an exchange's
-//! streams run (see `Viewed::progress`). The table
+//! that thread drives, through [`Viewed`], a transport wrapper that ticks it whenever the
+//! exchange polls its transport, when the loop idles ([`Comm::idle`]) and before
+//! collectives. The table
 //! itself is a [`JobBoard`] that the status reads from any thread.
 
 mod board;
@@ -99,11 +99,12 @@ impl Comm for Viewed<'_> {
     fn post(&mut self, op: Op) -> Result<Ticket, CommError> {
         self.inner.post(op)
     }
-    // Not ticked inside an exchange: any view traffic while the exchange's streams run
-    // (even once a second) slowed them on a slow link enough that a slow peer was no
-    // longer told apart from the others (cluster test `slow_steady`; cause not found).
-    // Rows are refreshed between exchanges (`idle`) and at collectives.
+    // Ticked inside an exchange too, so rows stay live while streams run: `tick` is a
+    // no-op but every `POLL`, and the view's frames are small. (It was off for a while: the
+    // cluster test `slow_steady` failed with it, from a race in the slow-peer leave that
+    // the changed timing made likelier, since fixed, see `exchange::executor::stop`.)
     fn progress(&mut self, wait: Duration, abort: &AtomicBool) -> Result<Vec<Done>, CommError> {
+        self.view.tick();
         self.inner.progress(wait, abort)
     }
     fn detach(&mut self, tickets: &[Ticket]) {
