@@ -449,11 +449,13 @@ fn take_packet(
     }
 }
 
-/// Writes `bytes` as sample `id`, checked against `crc` and the sample's known size.
+/// Writes `bytes` as sample `id`, checked against `crc` and the sample's known size. A
+/// partial cache (`plan::coded_keep`) takes it only within its size: never into a full disk.
 fn store_bytes(store: &SampleStore, id: SampleId, bytes: &[u8], crc: u32) -> std::io::Result<()> {
     if store.contains(id) {
         return Ok(());
     }
+    let _room = store.room_for_received(id, bytes.len() as u64)?;
     store
         .insert_with(id, |out: &mut dyn Write| {
             out.write_all(bytes)?;
