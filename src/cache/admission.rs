@@ -334,22 +334,6 @@ impl io::Write for Within<'_> {
     }
 }
 
-/// `rank`'s early refill at `planner`'s epoch: its kept samples leaving next epoch, and the
-/// next epoch's new kept samples already in its share.
-pub(super) fn early_of(planner: &KeepPlanner, rank: Rank) -> Early {
-    let mut next = planner.clone();
-    next.advance();
-    let (kept, share) = (planner.kept(rank), planner.shares().share(rank));
-    let next_share = next.shares().share(rank);
-    let leavers = (kept.iter().copied())
-        .filter(|s| next_share.binary_search(s).is_err())
-        .collect();
-    let next_new = (next.kept(rank).iter().copied())
-        .filter(|s| kept.binary_search(s).is_err() && share.binary_search(s).is_ok())
-        .collect();
-    Early::new(planner.epoch(), leavers, next_new)
-}
-
 /// The error of a refused write: `StorageFull`, and it says why.
 pub(crate) fn not_kept(id: SampleId) -> io::Error {
     io::Error::new(

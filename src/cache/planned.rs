@@ -45,7 +45,7 @@ impl Planned {
     /// `rank`'s early refill at the current epoch (idle for a coded run).
     pub(crate) fn early(&self, rank: Rank) -> Early {
         match self {
-            Planned::Partial(p) => super::admission::early_of(p, rank),
+            Planned::Partial(p) => early_of(p, rank),
             Planned::Coded(_) => Early::default(),
         }
     }
@@ -64,4 +64,20 @@ impl Planned {
             transfers: p.exchanged(step),
         })
     }
+}
+
+/// `rank`'s early refill at `planner`'s epoch: its kept samples leaving next epoch, and the
+/// next epoch's new kept samples already in its share.
+fn early_of(planner: &KeepPlanner, rank: Rank) -> Early {
+    let mut next = planner.clone();
+    next.advance();
+    let (kept, share) = (planner.kept(rank), planner.shares().share(rank));
+    let next_share = next.shares().share(rank);
+    let leavers = (kept.iter().copied())
+        .filter(|s| next_share.binary_search(s).is_err())
+        .collect();
+    let next_new = (next.kept(rank).iter().copied())
+        .filter(|s| kept.binary_search(s).is_err() && share.binary_search(s).is_ok())
+        .collect();
+    Early::new(planner.epoch(), leavers, next_new)
 }

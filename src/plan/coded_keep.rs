@@ -101,14 +101,17 @@ pub struct CodedPlacement {
     kept: Option<KeptSets>,
 }
 
+/// Every rank's share and coded cache at one epoch.
+type Epoch = (Vec<BTreeSet<SampleId>>, Vec<BTreeSet<SampleId>>);
+
 /// Every rank's kept set at the placement's epoch `t`, and the placement's shares and caches
 /// of epochs `t ..= t + horizon`.
 #[derive(Clone, Debug)]
 struct KeptSets {
     slots: usize,
     sets: Vec<BTreeSet<SampleId>>,
-    /// `(shares, caches)`, front: epoch `t`.
-    window: VecDeque<(Vec<BTreeSet<SampleId>>, Vec<BTreeSet<SampleId>>)>,
+    /// Front: epoch `t`.
+    window: VecDeque<Epoch>,
     /// At the window's last epoch.
     ahead: RandomPlacement,
 }

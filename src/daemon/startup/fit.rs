@@ -91,7 +91,8 @@ impl Fit {
 }
 
 /// The phase (collective): each rank's room, the job's, the fit, and for a share that does
-/// not fit, the store's gate from `epoch` on (a coded run's: `super::fit_coded`).
+/// not fit, the store's gate from `epoch` on. A coded run is checked by
+/// `super::fit_coded` instead (`super::fill::fit_and_fill` picks).
 pub(crate) fn phase(
     comm: &mut dyn Comm,
     config: &MountConfig,
@@ -100,9 +101,6 @@ pub(crate) fn phase(
     cache: &Path,
     epoch: u64,
 ) -> Result<Option<Fit>, StartError> {
-    if let Some(shares) = plans.0.coded_shares() {
-        return super::fit_coded::phase(comm, config, shares, store, cache, epoch).map(Some);
-    }
     let held = store.held_bytes();
     let sharing = sharing(comm, cache)?;
     let room = agreed(comm, room(config, cache, held, sharing))?;
