@@ -179,9 +179,12 @@ impl Setup {
             (got - planned).abs() < 1e-9,
             "rank {r} epoch {epoch}: measured {got}, planned {planned}"
         );
-        assert_eq!(
-            partial["source_bytes_per_epoch"], source,
-            "rank {r} epoch {epoch}"
+        // At most the plan's: a sample read through memory may be handed out once more
+        // (`Admission::recall`, up to 16 held), even in the next epoch.
+        let got_source = partial["source_bytes_per_epoch"].as_u64().unwrap();
+        assert!(
+            got_source <= source && got_source + 16 * SIZE as u64 >= source,
+            "rank {r} epoch {epoch}: {got_source} bytes from the source, planned {source}"
         );
     }
 }
@@ -210,6 +213,9 @@ fn a_coded_job_on_caches_half_its_shares_keeps_the_planned_part() {
     let log = std::fs::read_to_string(s.tmp.path().join("job.log")).unwrap_or_default();
     assert!(status.is_some_and(|s| s.success()), "{status:?}\n{log}");
     assert!(log.contains("Going on with a partial coded cache"), "{log}");
+    for served in log.lines().filter(|l| l.contains("coded exchange served")) {
+        eprintln!("{served}");
+    }
     assert!(
         log.contains("kept_slots=10 "),
         "the server plans the kept sets: {log}"
