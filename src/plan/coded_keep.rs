@@ -151,6 +151,15 @@ impl CodedPlacement {
         self.kept.is_some()
     }
 
+    /// Rank `r`'s kept set at the next epoch, without stepping; `None` when the caches are
+    /// whole (the next share is then what arrives).
+    pub fn next_kept(&self, r: usize) -> Option<BTreeSet<SampleId>> {
+        let k = self.kept.as_ref()?;
+        let prev = &k.sets[r];
+        let room = k.slots.saturating_sub(prev.len());
+        Some(choose(&k.view(r, 1), prev, k.slots, room))
+    }
+
     /// Moves to the next epoch: returns what each rank holds as side information and what it
     /// must be sent (its new share, or the kept part of it not held), then steps on.
     pub fn advance(&mut self) -> (Vec<BTreeSet<SampleId>>, Vec<BTreeSet<SampleId>>) {
@@ -250,7 +259,9 @@ mod tests {
         let mut a = CodedPlacement::new(p.clone(), Some(8));
         let mut b = CodedPlacement::new(p, Some(8));
         for _ in 0..6 {
+            let next: Vec<_> = (0..3).map(|r| a.next_kept(r).unwrap()).collect();
             let (held, demands) = a.advance();
+            assert_eq!(next, a.caches());
             assert_eq!(b.advance(), (held.clone(), demands.clone()));
             for r in 0..3 {
                 let union: BTreeSet<_> = held[r].union(&a.caches()[r]).collect();

@@ -207,13 +207,16 @@ fn a_coded_job_on_caches_half_its_shares_keeps_the_planned_part() {
             let st = job.status(r);
             let x = exchange(&st, epoch + 1).unwrap();
             assert_eq!(x["coded"]["decode_failures"], 0, "rank {r}: {x}");
+            assert_eq!(x["coded"]["fallback_samples"], 0, "rank {r}: {x}");
         }
     }
     let status = job.unmount_within(Duration::from_secs(60));
     let log = std::fs::read_to_string(s.tmp.path().join("job.log")).unwrap_or_default();
     assert!(status.is_some_and(|s| s.success()), "{status:?}\n{log}");
     assert!(log.contains("Going on with a partial coded cache"), "{log}");
-    for served in log.lines().filter(|l| l.contains("coded exchange served")) {
+    for served in
+        (log.lines()).filter(|l| l.contains("coded exchange served") || l.contains("WARN"))
+    {
         eprintln!("{served}");
     }
     assert!(

@@ -209,7 +209,10 @@ impl CodedClient {
         // The cache holds C^t from here on (the view's share is part of it), plus whatever of
         // the next share an interrupted attempt (before a crash) already brought.
         let cache: BTreeSet<SampleId> = self.placement.caches()[me].clone();
-        let next: BTreeSet<SampleId> = self.placement.shares(target).remove(me);
+        // What arrives: the next share, or the kept part of it (`plan::coded_keep`: a
+        // sample of the next share not kept must not take the room of one that is).
+        let next: BTreeSet<SampleId> = (self.placement.next_kept(me))
+            .unwrap_or_else(|| self.placement.shares(target).remove(me));
         drop_outside(store, &cache, &next);
         let share: BTreeSet<SampleId> = self.placement.shares(from).remove(me);
         let lacking: Vec<SampleId> = cache
