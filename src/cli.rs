@@ -379,8 +379,8 @@ pub struct MountArgs {
     )]
     pub cache_size: Option<u64>,
 
-    /// Refuse to mount when (1 + Q) x this rank's share does not fit the cache, instead of
-    /// going on with a partial cache.
+    /// Refuse to mount when (1 + Q) x this rank's share (under --exchange coded: its cache
+    /// and the next share) does not fit the cache, instead of going on with a partial cache.
     #[arg(long, help_heading = "Data")]
     pub require_fit: bool,
 
