@@ -253,7 +253,7 @@ fn a_coded_job_that_does_not_fit_is_refused_under_require_fit() {
     let log = std::fs::read_to_string(log).unwrap();
     assert!(!status.success(), "the job should be refused: {log}");
     assert!(
-        log.contains("--require-fit: this rank's coded cache needs up to"),
+        log.contains("--require-fit: a rank's coded cache needs up to"),
         "{log}"
     );
     assert!(log.contains("which holds 0.5 MB"), "{log}");

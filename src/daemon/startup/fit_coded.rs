@@ -4,7 +4,8 @@
 //! A coded rank holds its cache `C^t` and receives the part of its next share it does not
 //! cache while the current epoch is read: at most `C^t ∪ D^{t+1}` (`exchange::coded::side`
 //! drops side information early, so the real peak is nearer `D^t ∪ C^{t+1}`, but a disk
-//! must not fill in between). When that does not fit the job's smallest room, the run goes
+//! must not fill in between), the most any rank needs. When that does not fit the job's
+//! smallest room, the run goes
 //! on with kept sets (`plan::coded_keep`) of `room / slot` samples, `slot` the largest
 //! sample size the mount knows (so the kept bytes stay within the room where sizes are
 //! known; the store's gate checks the real bytes), and says so once with what the plan
@@ -76,7 +77,8 @@ pub(crate) fn check(
     Ok(fit)
 }
 
-/// The fit of `rank`'s coded cache in `capacity` bytes, simulated on `shares` (pure).
+/// The fit of the job's coded caches in `capacity` bytes (the same on every rank), and what
+/// `rank` is expected to hit, simulated on `shares` (pure).
 pub(crate) fn estimate(
     shares: &CodedShares,
     sizes: std::sync::Arc<[u64]>,
@@ -87,10 +89,14 @@ pub(crate) fn estimate(
     let bytes = |set: &BTreeSet<SampleId>| set.iter().map(|&s| sizes[s as usize]).sum::<u64>();
     let mut p = shares.placement_at(0);
     let share_bytes = bytes(&p.shares(0)[r]);
+    // The job's most, not this rank's: every rank and the server must plan the same kept
+    // sets, so either all ranks keep parts or none does.
     let mut needed = 0;
     for _ in 0..ESTIMATE_EPOCHS {
-        let next = p.shares(p.epoch() + 1).swap_remove(r);
-        needed = needed.max(bytes(&p.coded_caches()[r].union(&next).copied().collect()));
+        let next = p.shares(p.epoch() + 1);
+        for (cache, next) in p.coded_caches().iter().zip(&next) {
+            needed = needed.max(bytes(&cache.union(next).copied().collect()));
+        }
         p.advance();
     }
     let slot = sizes.iter().copied().max().unwrap_or(0).max(1);
@@ -150,7 +156,7 @@ fn mb(bytes: u64) -> String {
 
 fn numbers(fit: &Fit, shares: &CodedShares) -> String {
     format!(
-        "this rank's coded cache needs up to {} on disk (its cache of --cache-fraction {} and the next share it receives, {} a share), which holds {}; kept sets of {} samples would give a hit rate of {:.1}% and read {} per epoch from the source, the server sending this rank {} per epoch (before coding)",
+        "a rank's coded cache needs up to {} on disk (its cache of --cache-fraction {} and the next share it receives; this rank's share is {}), which holds {}; kept sets of {} samples would give a hit rate of {:.1}% and read {} per epoch from the source, the server sending this rank {} per epoch (before coding)",
         mb(fit.needed),
         shares.alpha(),
         mb(fit.share_bytes),
