@@ -418,4 +418,25 @@ mod tests {
         drop(third);
         assert_eq!(*a.reserved.lock().unwrap(), 0);
     }
+
+    /// A coded gate admits the kept set of each epoch it is stepped to, and leaves a coded
+    /// step (no transfers) as it is.
+    #[test]
+    fn a_coded_gate_follows_the_kept_sets() {
+        let shares = crate::plan::CodedShares::new(60, 3, 0.5, 2)
+            .unwrap()
+            .with_slots(Some(8));
+        let gate = Admission::coded(shares.placement_at(0), 1, 8_000, 1_000);
+        for epoch in [0, 1, 3] {
+            gate.epoch(epoch);
+            let p = shares.placement_at(epoch);
+            let kept = &p.caches()[1];
+            assert!(
+                (0..60).all(|s| gate.wanted(s) == kept.contains(&s)),
+                "{epoch}"
+            );
+        }
+        let step = shares.step(&shares.shares(3));
+        assert_eq!(gate.exchanged(&step).next, step.next);
+    }
 }
