@@ -375,12 +375,12 @@ pub struct MountArgs {
         value_parser = parse_bytes,
         help_heading = "Data",
         long_help = "Bytes this rank's cache may hold: a number with an optional unit, e.g. 30M or 2G (K, M, G are powers of 1024) [default: what the cache folder's filesystem has free, plus what the cache holds already, minus 5% of the filesystem's size].\n\n\
-            A rank caches its share plus what the next exchange brings in, (1 + Q) x its share. When that does not fit, the mount says so once, with the hit rate and the bytes read from the source per epoch to expect, and goes on with a partial cache: the samples that stay on the rank longest (the plan knows every future epoch) are kept, the rest are read from the source when opened (docs/partial-cache.md). --require-fit refuses instead. Applies to --exchange partial."
+            A rank caches its share plus what the next exchange brings in, (1 + Q) x its share. When that does not fit, the mount says so once, with the hit rate and the bytes read from the source per epoch to expect, and goes on with a partial cache: the samples that stay on the rank longest (the plan knows every future epoch) are kept, the rest are read from the source when opened (docs/partial-cache.md). --require-fit refuses instead. Under --exchange coded the cache holds its --cache-fraction of the dataset and the next share it receives; when that does not fit, each rank keeps a planned part of it, the server codes over the kept parts and the rest is read from the source (docs/coded.md)."
     )]
     pub cache_size: Option<u64>,
 
-    /// Refuse to mount when (1 + Q) x this rank's share does not fit the cache, instead of
-    /// going on with a partial cache.
+    /// Refuse to mount when (1 + Q) x this rank's share (under --exchange coded: its cache
+    /// and the next share) does not fit the cache, instead of going on with a partial cache.
     #[arg(long, help_heading = "Data")]
     pub require_fit: bool,
 

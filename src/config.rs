@@ -143,7 +143,6 @@ impl TryFrom<MountArgs> for MountConfig {
             return Err("--metrics-file must end in .prom: node_exporter's textfile collector reads only those files".into());
         }
         let exchange = exchange_mode(&args)?;
-        check_cache_size(&args, &exchange)?;
         let layout = args
             .cache_layout
             .unwrap_or_else(|| CacheLayout::default_for(args.format));
@@ -176,24 +175,6 @@ impl TryFrom<MountArgs> for MountConfig {
             read_path: args.read_path,
         })
     }
-}
-
-/// `--cache-size` and `--require-fit` plan a partial cache for the partial exchange; a coded
-/// run sizes its cache with `--cache-fraction` and has no partial cache (not built yet).
-fn check_cache_size(args: &MountArgs, exchange: &ExchangeMode) -> Result<(), String> {
-    if let ExchangeMode::Coded { .. } = exchange {
-        for (given, flag) in [
-            (args.cache_size.is_some(), "--cache-size"),
-            (args.require_fit, "--require-fit"),
-        ] {
-            if given {
-                return Err(format!(
-                    "{flag} applies to --exchange partial: a coded run caches --cache-fraction of the dataset and cannot stream what does not fit yet; drop {flag}, or use --exchange partial"
-                ));
-            }
-        }
-    }
-    Ok(())
 }
 
 /// The record settings, checked against `--format` and each other.
@@ -519,16 +500,15 @@ mod tests {
     }
 
     #[test]
-    fn cache_size_takes_units_and_refuses_coded() {
+    fn cache_size_takes_units_also_coded() {
         let c = mount(&["--cache-size", "30M", "--require-fit"]).unwrap();
         assert_eq!(c.cache_size, Some(30 << 20));
         assert!(c.require_fit);
         assert_eq!(mount(&[]).unwrap().cache_size, None);
+        // A coded cache that does not fit keeps planned parts (`plan::coded_keep`).
         let coded = ["--exchange", "coded", "--cache-fraction", "0.5"];
-        for flag in [&["--cache-size", "2G"][..], &["--require-fit"]] {
-            let err = mount(&[&coded[..], flag].concat()).unwrap_err();
-            assert!(err.contains("applies to --exchange partial"), "{err}");
-        }
+        let c = mount(&[&coded[..], &["--cache-size", "2G", "--require-fit"]].concat()).unwrap();
+        assert_eq!((c.cache_size, c.require_fit), (Some(2 << 30), true));
     }
 
     /// Source, cache and mount point overlapping in any direction, equal, or through a

@@ -12,6 +12,8 @@ use std::io;
 use std::sync::{Mutex, RwLock};
 
 use super::early::Early;
+use super::planned::Planned;
+use crate::plan::coded_keep::CodedPlacement;
 use crate::plan::keep::KeepPlanner;
 use crate::plan::{Rank, SampleId, Step};
 
@@ -23,7 +25,7 @@ pub(crate) struct Admission {
     /// Sorted.
     kept: RwLock<Vec<SampleId>>,
     /// Steps the kept sets with the epochs (`epoch`); `None` in tests of the gate alone.
-    planner: Option<(Mutex<KeepPlanner>, Rank)>,
+    planner: Option<(Mutex<Planned>, Rank)>,
     /// What reads found, this epoch and the one before.
     measured: Mutex<Measured>,
     /// The last samples read through memory, each handed out once more: a first lookup
@@ -82,9 +84,23 @@ impl Admission {
 
     /// The gate of `rank` following `planner`'s kept sets (from its current epoch).
     pub(crate) fn planned(planner: KeepPlanner, rank: Rank, mean_size: u64) -> Admission {
-        let (kept, capacity) = (planner.kept(rank).to_vec(), planner.capacity());
-        let early = early_of(&planner, rank);
-        let epoch = planner.epoch();
+        let capacity = planner.capacity();
+        Admission::following(Planned::Partial(planner), rank, capacity, mean_size)
+    }
+
+    /// The gate of compute rank `rank` of a coded run whose cache does not fit, following
+    /// `placement`'s kept sets (`plan::coded_keep`) within `capacity` bytes.
+    pub(crate) fn coded(
+        placement: CodedPlacement,
+        rank: Rank,
+        capacity: u64,
+        mean_size: u64,
+    ) -> Admission {
+        Admission::following(Planned::Coded(placement), rank, capacity, mean_size)
+    }
+
+    fn following(planner: Planned, rank: Rank, capacity: u64, mean_size: u64) -> Admission {
+        let (kept, early, epoch) = (planner.kept(rank), planner.early(rank), planner.epoch());
         let gate = Admission {
             planner: Some((Mutex::new(planner), rank)),
             early: Mutex::new(early),
@@ -164,11 +180,9 @@ impl Admission {
             return;
         };
         let mut p = planner.lock().unwrap_or_else(|e| e.into_inner());
-        while p.epoch() < epoch {
-            p.advance();
-        }
-        self.set_kept(p.kept(*rank).to_vec());
-        *self.early.lock().unwrap_or_else(|e| e.into_inner()) = early_of(&p, *rank);
+        p.advance_to(epoch);
+        self.set_kept(p.kept(*rank));
+        *self.early.lock().unwrap_or_else(|e| e.into_inner()) = p.early(*rank);
     }
 
     /// Sample `id` was opened: the leaver to evict now, if any (see `super::early`).
@@ -199,15 +213,8 @@ impl Admission {
         let Some((planner, _)) = &self.planner else {
             return step.clone();
         };
-        let from = step.next.epoch.saturating_sub(1);
         let planner = planner.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let Some(p) = planner.at_epoch(from) else {
-            return step.clone();
-        };
-        Step {
-            next: step.next.clone(),
-            transfers: p.exchanged(step),
-        }
+        planner.exchanged(step).unwrap_or_else(|| step.clone())
     }
 
     /// Whether sample `id` (of `size` bytes, if known) may be written into a cache that
@@ -327,22 +334,6 @@ impl io::Write for Within<'_> {
     }
 }
 
-/// `rank`'s early refill at `planner`'s epoch: its kept samples leaving next epoch, and the
-/// next epoch's new kept samples already in its share.
-fn early_of(planner: &KeepPlanner, rank: Rank) -> Early {
-    let mut next = planner.clone();
-    next.advance();
-    let (kept, share) = (planner.kept(rank), planner.shares().share(rank));
-    let next_share = next.shares().share(rank);
-    let leavers = (kept.iter().copied())
-        .filter(|s| next_share.binary_search(s).is_err())
-        .collect();
-    let next_new = (next.kept(rank).iter().copied())
-        .filter(|s| kept.binary_search(s).is_err() && share.binary_search(s).is_ok())
-        .collect();
-    Early::new(planner.epoch(), leavers, next_new)
-}
-
 /// The error of a refused write: `StorageFull`, and it says why.
 pub(crate) fn not_kept(id: SampleId) -> io::Error {
     io::Error::new(
@@ -426,5 +417,26 @@ mod tests {
         assert!(is_not_kept(&e), "{e}");
         drop(third);
         assert_eq!(*a.reserved.lock().unwrap(), 0);
+    }
+
+    /// A coded gate admits the kept set of each epoch it is stepped to, and leaves a coded
+    /// step (no transfers) as it is.
+    #[test]
+    fn a_coded_gate_follows_the_kept_sets() {
+        let shares = crate::plan::CodedShares::new(60, 3, 0.5, 2)
+            .unwrap()
+            .with_slots(Some(8));
+        let gate = Admission::coded(shares.placement_at(0), 1, 8_000, 1_000);
+        for epoch in [0, 1, 3] {
+            gate.epoch(epoch);
+            let p = shares.placement_at(epoch);
+            let kept = &p.caches()[1];
+            assert!(
+                (0..60).all(|s| gate.wanted(s) == kept.contains(&s)),
+                "{epoch}"
+            );
+        }
+        let step = shares.step(&shares.shares(3));
+        assert_eq!(gate.exchanged(&step).next, step.next);
     }
 }

@@ -44,6 +44,7 @@ mod files;
 mod layout;
 pub(crate) mod own;
 mod packed;
+pub(crate) mod planned;
 pub(crate) mod prefetch;
 pub(crate) mod private;
 pub(crate) mod side;

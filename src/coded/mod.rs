@@ -38,6 +38,7 @@ pub mod packet;
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::plan::SampleId;
+use crate::plan::coded_keep::CodedPlacement;
 pub(crate) use crate::plan::placement::MAX_NODES;
 use crate::plan::placement::RandomPlacement;
 
@@ -150,6 +151,13 @@ impl Instance {
 pub fn next_instance(placement: &mut RandomPlacement) -> Instance {
     let (caches, demands) = placement.advance();
     Instance::new(caches, demands).expect("balanced shares of a permutation are disjoint")
+}
+
+/// [`next_instance`] of a coded run's placement: over the kept sets when its cache does not
+/// fit (`plan::coded_keep`), else the same problem.
+pub fn next_placed_instance(placement: &mut CodedPlacement) -> Instance {
+    let (caches, demands) = placement.advance();
+    Instance::new(caches, demands).expect("parts of balanced shares of a permutation are disjoint")
 }
 
 /// One packet from the server: the XOR of `parts`' samples, multicast to `group`.

@@ -15,6 +15,7 @@
 
 use std::collections::BTreeSet;
 
+use super::coded_keep::CodedPlacement;
 use super::placement::{PlacementError, RandomPlacement};
 use super::{EpochShares, Rank, SampleId, Step};
 
@@ -25,6 +26,9 @@ pub struct CodedShares {
     ranks: u32,
     alpha: f64,
     seed: u64,
+    /// The kept sets' room in samples when the cache does not fit the disk
+    /// (`plan::coded_keep`); `None`: every rank holds its whole coded cache.
+    slots: Option<usize>,
 }
 
 impl CodedShares {
@@ -41,24 +45,40 @@ impl CodedShares {
             ranks,
             alpha,
             seed,
+            slots: None,
         })
+    }
+
+    /// The same run with kept sets of `slots` samples (`plan::coded_keep`), or whole caches.
+    pub fn with_slots(self, slots: Option<usize>) -> Self {
+        CodedShares { slots, ..self }
+    }
+
+    /// The kept sets' room in samples, if the cache does not fit.
+    pub fn slots(&self) -> Option<usize> {
+        self.slots
     }
 
     pub(crate) fn alpha(&self) -> f64 {
         self.alpha
     }
 
-    /// The caches of every rank at `epoch` (replays the update rule from epoch 0).
-    pub fn placement_at(&self, epoch: u64) -> RandomPlacement {
-        let mut p = RandomPlacement::new(self.samples, self.ranks as usize, self.alpha, self.seed)
-            .expect("checked in new");
+    /// The caches (or kept sets) of every rank at `epoch` (replays the rules from epoch 0).
+    pub fn placement_at(&self, epoch: u64) -> CodedPlacement {
+        let mut p = CodedPlacement::new(self.random(), self.slots);
         p.advance_to(epoch);
         p
     }
 
+    /// The placement at epoch 0.
+    fn random(&self) -> RandomPlacement {
+        RandomPlacement::new(self.samples, self.ranks as usize, self.alpha, self.seed)
+            .expect("checked in new")
+    }
+
     /// Epoch `epoch`'s shares, each sorted (so views list by class, as under every plan).
     pub(crate) fn shares(&self, epoch: u64) -> EpochShares {
-        let p = self.placement_at(0);
+        let p = self.random();
         EpochShares {
             epoch,
             shares: p
@@ -77,9 +97,11 @@ impl CodedShares {
         }
     }
 
-    /// What `rank` caches at `epoch`: its share and the retained samples, ascending.
+    /// What `rank`'s coded cache holds at `epoch`: its share and the retained samples,
+    /// ascending (of a cache that does not fit, what the kept set is chosen from).
     pub(crate) fn cache(&self, rank: Rank, epoch: u64) -> Vec<SampleId> {
-        let p = self.placement_at(epoch);
+        let mut p = self.random();
+        p.advance_to(epoch);
         let cache: &BTreeSet<SampleId> = &p.caches()[rank as usize];
         cache.iter().copied().collect()
     }

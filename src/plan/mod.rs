@@ -42,6 +42,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 
 pub(crate) mod coded;
+pub mod coded_keep;
 pub mod elastic;
 pub mod equal;
 pub mod keep;
@@ -284,6 +285,15 @@ impl Plan {
         })?;
         plan.kind = PlanKind::Coded(Arc::new(shares));
         Ok(plan)
+    }
+
+    /// This coded plan with kept sets of `slots` samples per rank (`coded_keep`: the cache
+    /// does not fit the disk); any other plan unchanged.
+    pub fn with_coded_slots(mut self, slots: Option<usize>) -> Plan {
+        if let PlanKind::Coded(c) = &self.kind {
+            self.kind = PlanKind::Coded(Arc::new(CodedShares::clone(c).with_slots(slots)));
+        }
+        self
     }
 
     /// The coded variant's shares and caches, if this is one.

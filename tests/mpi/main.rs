@@ -12,6 +12,7 @@ mod common;
 mod clean_stop;
 mod coded_live;
 mod coded_mpi;
+mod coded_partial;
 mod comm_mpi;
 mod disk_full;
 mod elastic_mpi;

@@ -82,7 +82,7 @@ fn faults(plan: &Plan, scheme: Scheme) -> (Option<SampleId>, SampleId) {
     let mut p = shares.placement_at(1);
     let share1: BTreeSet<SampleId> = p.shares(1).remove(1);
     let retained = *p.caches()[1].difference(&share1).next().unwrap();
-    let inst = coded::next_instance(&mut p);
+    let inst = coded::next_placed_instance(&mut p);
     // The server pairs samples by size (the manifest's here).
     let m = manifest(120);
     let size = |s: SampleId| m.size(s).unwrap();

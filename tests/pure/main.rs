@@ -15,6 +15,7 @@
 mod common;
 
 mod coded_inproc;
+mod coded_keep_props;
 mod elastic_props;
 mod equal_props;
 mod exchange_inproc;

@@ -203,6 +203,10 @@ pub(crate) struct Offer {
     pub epoch: u64,
     pub format: String,
     pub manifest_fingerprint: u32,
+    /// The kept sets' room in samples when the compute ranks' caches do not fit
+    /// (`plan::coded_keep`); absent: whole caches.
+    #[serde(default)]
+    pub slots: Option<usize>,
 }
 
 impl Offer {
@@ -235,6 +239,7 @@ impl Offer {
             epoch,
             format: format!("{:?}", config.format()).to_lowercase(),
             manifest_fingerprint,
+            slots: plan.coded_shares().and_then(CodedShares::slots),
         })
     }
 

@@ -61,6 +61,7 @@ pub(crate) fn serve(args: &ServeConfig, world: &mut dyn Comm) -> Result<(), Code
         alpha = offer.alpha,
         scheme = settings.scheme.name(),
         epoch = offer.epoch,
+        kept_slots = offer.slots,
         memory = args.memory,
         "serving the coded shuffle"
     );
@@ -153,7 +154,8 @@ fn check(
         .check_source(&args.source)
         .map_err(|e| format!("--source {}: {e}", args.source.display()))?;
     let shares = CodedShares::new(offer.samples, offer.ranks, offer.alpha, offer.seed)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())?
+        .with_slots(offer.slots);
     let scheme = offer.scheme()?;
     let comms = communicators(offer.ranks, offer.communicators, offer.alpha)?;
     let multicast = offer.multicast()?;

@@ -103,7 +103,13 @@ pub(crate) fn fit_and_fill(
     (cache, made): (&std::path::Path, Option<bool>),
     job: Job,
 ) -> Result<(Option<super::fit::Fit>, Arc<SampleStore>, Resumed), StartError> {
-    let fit = match super::fit::phase(comm, config, plans, &store, cache, job.epoch) {
+    let fit = match plans.0.coded_shares() {
+        Some(shares) => {
+            super::fit_coded::phase(comm, config, shares, &store, cache, job.epoch).map(Some)
+        }
+        None => super::fit::phase(comm, config, plans, &store, cache, job.epoch),
+    };
+    let fit = match fit {
         Ok(fit) => fit,
         Err(e) => match made {
             Some(folder) => return Err(super::fit::forget(store, (cache, folder), e)),

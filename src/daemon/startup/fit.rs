@@ -10,7 +10,7 @@
 //! what the planned partial cache (`plan::keep`) is expected to give, simulated on the real
 //! plan: the hit rate and the bytes read from the source per epoch. `--require-fit` refuses the
 //! mount instead (before anything is mounted), with the same numbers and the way out.
-//! A coded run has no partial cache (refused in `config`) and is not checked here.
+//! A coded run is checked by `super::fit_coded` with this room and agreement.
 
 use std::path::Path;
 
@@ -47,8 +47,11 @@ pub(crate) struct Fit {
     pub expected: Outcome,
     /// Samples kept at epoch 0.
     pub kept_samples: u64,
-    /// The sizes the estimate used (see [`sizes`]).
+    /// The sizes the estimate used (see [`job_sizes`]).
     pub sizes: std::sync::Arc<[u64]>,
+    /// A coded run's kept sets' room in samples, when its cache does not fit
+    /// (`super::fit_coded`); `None` otherwise.
+    pub slots: Option<usize>,
 }
 
 impl Fit {
@@ -88,7 +91,8 @@ impl Fit {
 }
 
 /// The phase (collective): each rank's room, the job's, the fit, and for a share that does
-/// not fit, the store's gate from `epoch` on. None for a coded run.
+/// not fit, the store's gate from `epoch` on. A coded run is checked by
+/// `super::fit_coded` instead (`super::fill::fit_and_fill` picks).
 pub(crate) fn phase(
     comm: &mut dyn Comm,
     config: &MountConfig,
@@ -97,9 +101,6 @@ pub(crate) fn phase(
     cache: &Path,
     epoch: u64,
 ) -> Result<Option<Fit>, StartError> {
-    if config.coded_alpha().is_some() {
-        return Ok(None);
-    }
     let held = store.held_bytes();
     let sharing = sharing(comm, cache)?;
     let room = agreed(comm, room(config, cache, held, sharing))?;
@@ -292,6 +293,7 @@ pub(crate) fn estimate(
         kept_samples: expected.kept,
         expected,
         sizes,
+        slots: None,
     }
 }
 

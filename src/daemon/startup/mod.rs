@@ -46,6 +46,7 @@ mod agree;
 mod cache;
 mod fill;
 pub(crate) mod fit;
+mod fit_coded;
 mod index;
 mod local;
 mod rescan;
@@ -97,8 +98,8 @@ pub(crate) struct Prepared {
     pub mountpoint: PathBuf,
     /// The folders the mount point lacks: created at the mount (`sys::made_dirs`).
     pub mount_dirs: MountDirs,
-    /// The cache's room against the share (None for a coded run): `fit::Fit::fits`, or a
-    /// partial cache.
+    /// The cache's room against the share (or a coded cache's peak): `fit::Fit::fits`, or
+    /// a partial cache (`Fit::slots` for a coded one).
     pub fit: Option<fit::Fit>,
 }
 
@@ -161,6 +162,8 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
     let store = fill::open_store(config, (dir, backend), manifest)?;
     let (fit, store, resumed) =
         fill::fit_and_fill(comm, config, plans, store, (&cache_path, made), job)?;
+    // A coded cache that does not fit is planned as kept sets from here on (`fit_coded`).
+    let plan = plan.with_coded_slots(fit.as_ref().and_then(|f| f.slots));
     Ok(Prepared {
         fit,
         store,

@@ -13,12 +13,12 @@ use super::{CodedReport, LAST, MORE, Request, Routes, STOP, comm_err, recv_piece
 use super::{TAG_SIZES, recv_exact, recv_totals, routes, wire};
 use crate::cache::SampleStore;
 use crate::coded::packet::{self, DecodeError};
-use crate::coded::{Instance, Node, Scheme, Transmission, next_instance};
+use crate::coded::{Instance, Node, Scheme, Transmission, next_placed_instance};
 use crate::comm::Comm;
 use crate::exchange::{
     EpochExchange, ExchangeCtx, ExchangeError, ExchangeState, ExchangeTracker, Settled,
 };
-use crate::plan::placement::RandomPlacement;
+use crate::plan::coded_keep::CodedPlacement;
 use crate::plan::{Plan, Rank, SampleId, Step};
 
 /// One compute rank's coded exchanges, epoch after epoch.
@@ -26,7 +26,7 @@ pub struct CodedClient {
     node: Node,
     scheme: Scheme,
     /// Every rank's cache at the epoch before the next exchange.
-    placement: RandomPlacement,
+    placement: CodedPlacement,
     routes: Routes,
     /// Why the coded exchange ended for good (the server stopped it), if it did.
     stopped: Option<String>,
@@ -128,7 +128,7 @@ impl CodedClient {
 
         let cache: BTreeSet<SampleId> = self.placement.caches()[me].clone();
         let view: BTreeSet<SampleId> = self.placement.shares(target - 1).remove(me);
-        let inst: Instance = next_instance(&mut self.placement);
+        let inst: Instance = next_placed_instance(&mut self.placement);
         let sizes = recv_sizes(world, &inst, abort).map_err(|e| comm_err(target, e))?;
         let txs = sizes.plan(&inst, self.scheme);
         let next_cache = &self.placement.caches()[me];
@@ -209,7 +209,10 @@ impl CodedClient {
         // The cache holds C^t from here on (the view's share is part of it), plus whatever of
         // the next share an interrupted attempt (before a crash) already brought.
         let cache: BTreeSet<SampleId> = self.placement.caches()[me].clone();
-        let next: BTreeSet<SampleId> = self.placement.shares(target).remove(me);
+        // What arrives: the next share, or the kept part of it (`plan::coded_keep`: a
+        // sample of the next share not kept must not take the room of one that is).
+        let next: BTreeSet<SampleId> = (self.placement.next_kept(me))
+            .unwrap_or_else(|| self.placement.shares(target).remove(me));
         drop_outside(store, &cache, &next);
         let share: BTreeSet<SampleId> = self.placement.shares(from).remove(me);
         let lacking: Vec<SampleId> = cache
@@ -449,11 +452,13 @@ fn take_packet(
     }
 }
 
-/// Writes `bytes` as sample `id`, checked against `crc` and the sample's known size.
+/// Writes `bytes` as sample `id`, checked against `crc` and the sample's known size. A
+/// partial cache (`plan::coded_keep`) takes it only within its size: never into a full disk.
 fn store_bytes(store: &SampleStore, id: SampleId, bytes: &[u8], crc: u32) -> std::io::Result<()> {
     if store.contains(id) {
         return Ok(());
     }
+    let _room = store.room_for_received(id, bytes.len() as u64)?;
     store
         .insert_with(id, |out: &mut dyn Write| {
             out.write_all(bytes)?;

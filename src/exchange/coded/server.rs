@@ -22,10 +22,10 @@ use super::wire::Bundle;
 use super::{BUNDLE, LAST, MORE, Request, Routes, STOP, TAG_SIZES, recv_requests, send_head};
 use super::{routes, send_all, send_totals};
 use crate::coded::packet;
-use crate::coded::{Scheme, Transmission, next_instance};
+use crate::coded::{Scheme, Transmission, next_placed_instance};
 use crate::comm::{Comm, CommError};
 use crate::dataset::{Dataset, Manifest};
-use crate::plan::placement::RandomPlacement;
+use crate::plan::coded_keep::CodedPlacement;
 use crate::plan::{CodedShares, Rank, SampleId};
 
 /// A size not learned yet.
@@ -122,7 +122,7 @@ pub struct StepStats {
 /// The server's loop state.
 pub struct Server {
     settings: ServeSettings,
-    placement: RandomPlacement,
+    placement: CodedPlacement,
     routes: Routes,
     samples: ServerSamples,
     steps: Vec<StepStats>,
@@ -178,7 +178,7 @@ impl Server {
         let started = Instant::now();
         self.placement.advance_to(target - 1);
         let plain = self.answer(world, hellos, abort)?;
-        let inst = next_instance(&mut self.placement);
+        let inst = next_placed_instance(&mut self.placement);
         let needed = sizes::needed(&inst);
         let lens = needed.iter().map(|&id| self.samples.size(id)).collect();
         let sizes = StepSizes::new(needed, lens);

@@ -1,0 +1,210 @@
+//! Does a coded rank's cache fit its disk? (issue 33; the partial exchange's check is
+//! `super::fit`, whose room, agreement and refusal this shares.)
+//!
+//! A coded rank holds its cache `C^t` and receives the part of its next share it does not
+//! cache while the current epoch is read: at most `C^t ∪ D^{t+1}` (`exchange::coded::side`
+//! drops side information early, so the real peak is nearer `D^t ∪ C^{t+1}`, but a disk
+//! must not fill in between), the most any rank needs. When that does not fit the job's
+//! smallest room, the run goes
+//! on with kept sets (`plan::coded_keep`) of `room / slot` samples, `slot` the largest
+//! sample size the mount knows (so the kept bytes stay within the room where sizes are
+//! known; the store's gate checks the real bytes), and says so once with what the plan
+//! expects; `--require-fit` refuses instead. Every compute rank computes the same slots,
+//! and compute rank 0 tells the server (`daemon::coded::Offer`), which plans the packets
+//! over the same kept sets.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use crate::cache::SampleStore;
+use crate::cache::admission::Admission;
+use crate::comm::Comm;
+use crate::config::MountConfig;
+use crate::plan::keep::Outcome;
+use crate::plan::{CodedShares, Rank, SampleId};
+
+use super::StartError;
+use super::agree::{PhaseError, agreed};
+use super::fit::{Fit, job_room, job_sizes, room, sharing};
+
+/// Epochs simulated for the estimate (epoch 0, cold, is left out of it).
+const ESTIMATE_EPOCHS: u64 = 6;
+
+/// The phase for a coded run (collective over the compute ranks): the fit of this rank's
+/// cache in the job's smallest room; for one that does not fit, the store's gate from
+/// `epoch` on and the kept sets' slots in [`Fit::slots`].
+pub(crate) fn phase(
+    comm: &mut dyn Comm,
+    config: &MountConfig,
+    shares: &CodedShares,
+    store: &SampleStore,
+    cache: &Path,
+    epoch: u64,
+) -> Result<Fit, StartError> {
+    let held = store.held_bytes();
+    let sharing = sharing(comm, cache)?;
+    let room = agreed(comm, room(config, cache, held, sharing))?;
+    let room = job_room(comm, room)?;
+    let rank = comm.rank();
+    let sizes = job_sizes(comm, store.manifest(), &config.source)?;
+    let fit = agreed(comm, check(config, shares, sizes, rank, room))?;
+    if let Some(slots) = fit.slots {
+        let placement = shares.clone().with_slots(Some(slots)).placement_at(epoch);
+        let n = fit.sizes.len().max(1) as u64;
+        let mean = fit.sizes.iter().sum::<u64>() / n;
+        store.set_partial(Admission::coded(placement, rank, room, mean));
+    }
+    Ok(fit)
+}
+
+/// The fit of `rank`'s coded cache in `capacity` bytes; a refusal under `--require-fit`.
+/// Logs the partial message when it does not fit.
+pub(crate) fn check(
+    config: &MountConfig,
+    shares: &CodedShares,
+    sizes: Vec<u64>,
+    rank: Rank,
+    capacity: u64,
+) -> Result<Fit, PhaseError> {
+    let fit = estimate(shares, sizes.into(), rank, capacity);
+    if fit.fits() {
+        return Ok(fit);
+    }
+    if config.require_fit {
+        return Err(PhaseError::mine(refusal(&fit, shares)));
+    }
+    tracing::warn!("{}", partial_message(&fit, shares));
+    Ok(fit)
+}
+
+/// The fit of the job's coded caches in `capacity` bytes (the same on every rank), and what
+/// `rank` is expected to hit, simulated on `shares` (pure).
+pub(crate) fn estimate(
+    shares: &CodedShares,
+    sizes: std::sync::Arc<[u64]>,
+    rank: Rank,
+    capacity: u64,
+) -> Fit {
+    let r = rank as usize;
+    let bytes = |set: &BTreeSet<SampleId>| set.iter().map(|&s| sizes[s as usize]).sum::<u64>();
+    let mut p = shares.placement_at(0);
+    let share_bytes = bytes(&p.shares(0)[r]);
+    // The job's most, not this rank's: every rank and the server must plan the same kept
+    // sets, so either all ranks keep parts or none does.
+    let mut needed = 0;
+    for _ in 0..ESTIMATE_EPOCHS {
+        let next = p.shares(p.epoch() + 1);
+        for (cache, next) in p.coded_caches().iter().zip(&next) {
+            needed = needed.max(bytes(&cache.union(next).copied().collect()));
+        }
+        p.advance();
+    }
+    let slot = sizes.iter().copied().max().unwrap_or(0).max(1);
+    let slots = (needed > capacity).then(|| (capacity / slot) as usize);
+    let expected = simulated(&shares.clone().with_slots(slots), &sizes, r);
+    Fit {
+        capacity,
+        needed,
+        share_bytes,
+        kept_samples: expected.kept,
+        expected,
+        sizes,
+        slots,
+    }
+}
+
+/// `rank`'s outcome per epoch under the kept sets (or the whole cache), averaged over the
+/// simulated epochs after the first; `kept` is the kept set of epoch 0, `peer_bytes` what
+/// the server sends this rank (uncoded: the kept part of its share it does not hold).
+fn simulated(shares: &CodedShares, sizes: &[u64], r: usize) -> Outcome {
+    let bytes = |set: &BTreeSet<SampleId>| set.iter().map(|&s| sizes[s as usize]).sum::<u64>();
+    let mut p = shares.placement_at(0);
+    let kept = p.caches()[r].len() as u64;
+    let mut total = Outcome::default();
+    for _ in 1..ESTIMATE_EPOCHS {
+        let held = p.caches()[r].clone();
+        p.advance();
+        let share = &p.shares(p.epoch())[r];
+        let hits: BTreeSet<SampleId> = share.intersection(&p.caches()[r]).copied().collect();
+        let missed: BTreeSet<SampleId> = share.difference(&hits).copied().collect();
+        let sent: BTreeSet<SampleId> = hits.difference(&held).copied().collect();
+        total = total.add(&Outcome {
+            reads: share.len() as u64,
+            hits: hits.len() as u64,
+            read_bytes: bytes(share),
+            source_bytes: bytes(&missed),
+            peer_bytes: bytes(&sent),
+            kept: 0,
+            kept_bytes: bytes(&p.caches()[r]),
+        });
+    }
+    let n = ESTIMATE_EPOCHS - 1;
+    Outcome {
+        reads: total.reads / n,
+        hits: total.hits / n,
+        read_bytes: total.read_bytes / n,
+        source_bytes: total.source_bytes / n,
+        peer_bytes: total.peer_bytes / n,
+        kept,
+        kept_bytes: total.kept_bytes / n,
+    }
+}
+
+fn mb(bytes: u64) -> String {
+    format!("{:.1} MB", bytes as f64 / 1e6)
+}
+
+fn numbers(fit: &Fit, shares: &CodedShares) -> String {
+    format!(
+        "a rank's coded cache needs up to {} on disk (its cache of --cache-fraction {} and the next share it receives; this rank's share is {}), which holds {}; kept sets of {} samples would give a hit rate of {:.1}% and read {} per epoch from the source, the server sending this rank {} per epoch (before coding)",
+        mb(fit.needed),
+        shares.alpha(),
+        mb(fit.share_bytes),
+        mb(fit.capacity),
+        fit.slots.unwrap_or(0),
+        100.0 * fit.expected.hit_rate(),
+        mb(fit.expected.source_bytes),
+        mb(fit.expected.peer_bytes),
+    )
+}
+
+fn partial_message(fit: &Fit, shares: &CodedShares) -> String {
+    format!(
+        "{}. Going on with a partial coded cache: each rank keeps the planned part of its cache that fits, the server codes over the kept parts, the rest is read from the source when opened (docs/coded.md). To cache it all give it {} (--cache-size, a larger disk, or more ranks); --require-fit refuses instead.",
+        numbers(fit, shares),
+        mb(fit.needed),
+    )
+}
+
+fn refusal(fit: &Fit, shares: &CodedShares) -> String {
+    format!(
+        "--require-fit: {}. Give the cache {} (--cache-size, a larger disk, or more ranks), or drop --require-fit to run with a partial coded cache.",
+        numbers(fit, shares),
+        mb(fit.needed),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cache of half a share does not fit: kept sets of as many samples as the room holds,
+    /// a hit rate the kept sets give; a room for the whole peak fits and plans no slots.
+    #[test]
+    fn a_small_room_plans_kept_sets() {
+        let shares = CodedShares::new(90, 3, 0.5, 4).unwrap();
+        let sizes: std::sync::Arc<[u64]> = vec![1000u64; 90].into();
+        let fit = estimate(&shares, sizes.clone(), 1, 15_000);
+        assert!(!fit.fits());
+        assert_eq!(fit.slots, Some(15));
+        assert_eq!(fit.share_bytes, 30_000);
+        let rate = fit.expected.hit_rate();
+        assert!(rate > 0.1 && rate <= 0.5, "{rate}");
+        // Averages over the epochs, each rounded down.
+        let read = fit.expected.source_bytes + fit.expected.hits * 1000;
+        assert!((29_000..=30_000).contains(&read), "{read}");
+        let whole = estimate(&shares, sizes, 1, fit.needed);
+        assert!(whole.fits() && whole.slots.is_none());
+        assert_eq!(whole.expected.hit_rate(), 1.0);
+    }
+}
