@@ -127,7 +127,12 @@ impl<'a> Split<'a> {
     /// Takes a listed object as a sample, skips it with the reason, holds it until the end
     /// (zero bytes), or ignores it (a folder marker, a key outside the prefix).
     fn add(&mut self, object: Object) {
-        let Object { key, size, etag } = object;
+        let Object {
+            key,
+            size,
+            etag,
+            utf8,
+        } = object;
         let prefix = self.prefix;
         let relative = match prefix.is_empty() {
             true => Some(key.as_str()),
@@ -137,6 +142,11 @@ impl<'a> Split<'a> {
             return;
         };
         if is_marker(relative) {
+            return;
+        }
+        if !utf8 {
+            let why = "bytes that are not UTF-8 (S3 keys are UTF-8; this store sent others)";
+            self.unusable.add(&key, why);
             return;
         }
         if let Some(why) = unusable(relative) {
@@ -250,6 +260,7 @@ mod tests {
             key: key.to_string(),
             size,
             etag: None,
+            utf8: !key.contains('\u{FFFD}'),
         }
     }
 
@@ -305,10 +316,25 @@ mod tests {
 
     #[test]
     fn keys_that_cannot_be_paths_are_skipped_and_named_never_failing() {
-        let keys = ["p/a//x", "p/../y", "p/cls/t\tab", "p/cls/ok.jpg", "p/./z"];
+        // `\u{FFFD}` here: a key whose bytes were not UTF-8 (`object`).
+        let keys = [
+            "p/a//x",
+            "p/../y",
+            "p/cls/t\tab",
+            "p/cls/ok.jpg",
+            "p/./z",
+            "p/cls/\u{FFFD}",
+        ];
         let (kept, skipped) = listed("p", &keys, Format::Tree);
         assert_eq!(kept, ["cls|ok.jpg"]);
-        assert_eq!(skipped, ["p/a//x", "p/../y", "p/cls/t\\u{9}ab", "p/./z"]);
+        let want = [
+            "p/a//x",
+            "p/../y",
+            "p/cls/t\\u{9}ab",
+            "p/./z",
+            "p/cls/\u{FFFD}",
+        ];
+        assert_eq!(skipped, want);
     }
 
     #[test]
@@ -362,6 +388,7 @@ fn a_million_keys_sort_into_a_manifest() {
             key,
             size: 110_000,
             etag: Some(format!("\"{i:032x}\"")),
+            utf8: true,
         });
     }
     let (folders, _, etags) = split.finish("s3://b/p");

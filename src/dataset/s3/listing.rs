@@ -19,6 +19,9 @@ pub(crate) struct Object {
     pub key: String,
     pub size: u64,
     pub etag: Option<String>,
+    /// The key was UTF-8 (S3 keys are; a store that is not S3 may send other bytes, and
+    /// such a key, shown with U+FFFD, could not be asked for again).
+    pub utf8: bool,
 }
 
 /// A page of a `ListObjectsV2` answer: what we read of it.
@@ -75,14 +78,15 @@ pub(crate) fn list(
         pages += 1;
         let encoded = page.encoding_type.as_deref() == Some("url");
         for c in page.contents {
-            let key = match encoded {
+            let (key, utf8) = match encoded {
                 true => decode(&c.key),
-                false => c.key,
+                false => (c.key, true),
             };
             each(Object {
                 key,
                 size: c.size,
                 etag: c.e_tag,
+                utf8,
             });
         }
         if !page.is_truncated || max_keys.is_some() {
@@ -127,16 +131,16 @@ fn parse(body: &[u8]) -> Result<Page, StoreError> {
     quick_xml::de::from_reader(body).map_err(|e| malformed(e.to_string()))
 }
 
-/// A key as `encoding-type=url` sent it: `+` is a space, `%XX` a byte. Bytes that are not
-/// UTF-8 once decoded (S3 keys are UTF-8; only a store that is not S3 could send them)
-/// become U+FFFD. Such a key is not skipped (U+FFFD is also a valid character of a real
-/// key): its sample's GET asks for another key, is answered 404 and fails that sample
-/// alone, named in the status.
-fn decode(key: &str) -> String {
+/// A key as `encoding-type=url` sent it: `+` is a space, `%XX` a byte; and whether those
+/// bytes are UTF-8 (S3 keys are; only a store that is not S3 could send others: the key is
+/// then shown with U+FFFD, and skipped by the caller, since a GET could not name it).
+fn decode(key: &str) -> (String, bool) {
     let spaced = key.replace('+', " ");
-    percent_encoding::percent_decode_str(&spaced)
-        .decode_utf8_lossy()
-        .into_owned()
+    let bytes: Vec<u8> = percent_encoding::percent_decode_str(&spaced).collect();
+    match String::from_utf8(bytes) {
+        Ok(key) => (key, true),
+        Err(e) => (String::from_utf8_lossy(e.as_bytes()).into_owned(), false),
+    }
 }
 
 #[cfg(test)]
@@ -177,9 +181,10 @@ mod tests {
         assert!(page.is_truncated);
         assert_eq!(page.next_continuation_token.as_deref(), Some("tok/="));
         assert_eq!(page.encoding_type.as_deref(), Some("url"));
-        assert_eq!(decode(&page.contents[0].key), "p/t\tab");
+        assert_eq!(decode(&page.contents[0].key), ("p/t\tab".into(), true));
         assert_eq!(page.contents[0].e_tag.as_deref(), Some("\"abc\""));
-        assert_eq!(decode(&page.contents[1].key), "p/a b+c");
+        assert_eq!(decode(&page.contents[1].key), ("p/a b+c".into(), true));
+        assert_eq!(decode("p/c/x%FF.jpg"), ("p/c/x\u{FFFD}.jpg".into(), false));
         assert_eq!(page.contents[1].size, 0);
         let empty = parse(b"<ListBucketResult><IsTruncated>false</IsTruncated></ListBucketResult>");
         assert!(empty.unwrap().contents.is_empty());

@@ -292,15 +292,25 @@ impl Attempts {
 pub(crate) static STORE_RETRIES: std::sync::atomic::AtomicU64 =
     std::sync::atomic::AtomicU64::new(0);
 
-/// The wait a 503 or 429 answer's `Retry-After` asks for (whole seconds; an HTTP date is
-/// not read), at most [`BACKOFF_MAX`]: honoured when longer than the backoff drawn.
+/// The wait a 503 or 429 answer's `Retry-After` asks for (whole seconds, or an HTTP date:
+/// the time until it, none if it passed), at most [`BACKOFF_MAX`]: honoured when longer
+/// than the backoff drawn.
 fn retry_after(answer: &HttpResponse) -> Option<Duration> {
     if !matches!(answer.status().as_u16(), 429 | 503) {
         return None;
     }
-    let text = answer.headers().get("retry-after")?.to_str().ok()?;
-    let secs = text.trim().parse::<u64>().ok()?;
-    Some(Duration::from_secs(secs).min(BACKOFF_MAX))
+    let text = answer.headers().get("retry-after")?.to_str().ok()?.trim();
+    let wait = match text.parse::<u64>() {
+        Ok(secs) => Duration::from_secs(secs),
+        // RFC 9110's HTTP date is RFC 2822's form in GMT.
+        Err(_) => {
+            let at = chrono::DateTime::parse_from_rfc2822(text).ok()?;
+            (at.with_timezone(&chrono::Utc) - chrono::Utc::now())
+                .to_std()
+                .ok()?
+        }
+    };
+    Some(wait.min(BACKOFF_MAX))
 }
 
 /// The next piece of a body: `None` at its end, `Err(reason)` if it broke off or no byte
@@ -425,10 +435,22 @@ mod tests {
         assert_eq!(retry_after(&answer(503, "3")), Some(Duration::from_secs(3)));
         assert_eq!(retry_after(&answer(429, " 60 ")), Some(BACKOFF_MAX));
         assert_eq!(retry_after(&answer(500, "3")), None);
+        // An HTTP date: the time until it (capped), none once it passed, none if garbled.
         assert_eq!(
             retry_after(&answer(503, "Wed, 21 Oct 2015 07:28:00 GMT")),
             None
         );
+        let soon = chrono::Utc::now() + chrono::Duration::seconds(5);
+        let soon = soon.format("%a, %d %b %Y %H:%M:%S GMT").to_string();
+        let wait = retry_after(&answer(503, &soon)).unwrap();
+        assert!(
+            wait > Duration::from_secs(3) && wait <= Duration::from_secs(5),
+            "{wait:?}"
+        );
+        let later = chrono::Utc::now() + chrono::Duration::seconds(600);
+        let later = later.format("%a, %d %b %Y %H:%M:%S GMT").to_string();
+        assert_eq!(retry_after(&answer(429, &later)), Some(BACKOFF_MAX));
+        assert_eq!(retry_after(&answer(503, "soon")), None);
     }
 
     #[test]
