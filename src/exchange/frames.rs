@@ -233,6 +233,7 @@ pub(super) fn write_stream(
             (input.copy_to(size + 4, &mut io::sink()))
                 .map_err(|source| ExchangeError::Store { sample: id, source })?;
             progress.tick(size);
+            tracker.update(target, |r| r.not_kept_samples += 1);
             i += 1;
             continue;
         };

@@ -52,6 +52,9 @@ pub struct ExchangeReport {
     pub bytes_sent: u64,
     pub bytes_received: u64,
     pub failed_samples: u64,
+    /// Samples that arrived (over the transport or a disk hand-off) for which a partial
+    /// cache had no room: not stored, read from the source when opened.
+    pub not_kept_samples: u64,
     /// Bytes received from ranks of this host (over the shared disk or the transport) and
     /// from other hosts (the only network traffic).
     pub bytes_within_hosts: u64,

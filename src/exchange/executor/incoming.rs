@@ -315,7 +315,9 @@ fn take_stream(
                 tracker.update(target, |r| r.failed_samples += 1);
             }
             // A partial cache without room for it: read from the source when needed.
-            Err(e) if crate::cache::admission::is_not_kept(&e) => {}
+            Err(e) if crate::cache::admission::is_not_kept(&e) => {
+                tracker.update(target, |r| r.not_kept_samples += 1);
+            }
             Err(source) => return Err(ExchangeError::Store { sample: id, source }),
         }
     }
