@@ -428,6 +428,11 @@ fn take_packet(
             for (s, bytes) in samples {
                 match store_bytes(store, s, &bytes, crc32c::crc32c(&bytes)) {
                     Ok(()) => report.samples_decoded += 1,
+                    // The partial cache has no room for it: asking the server again would
+                    // only be refused again (a reader gets it from the source).
+                    Err(e) if crate::cache::admission::is_not_kept(&e) => {
+                        tracing::warn!(sample = s, error = %e, "a decoded sample found no room in the partial cache; it is read from the source");
+                    }
                     Err(e) => {
                         tracing::warn!(sample = s, error = %e, "cannot store a decoded sample; asking the server for it");
                         failed.push(s);
