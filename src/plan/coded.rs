@@ -70,6 +70,14 @@ impl CodedShares {
         p
     }
 
+    /// [`CodedShares::placement_at`] whose kept sets are rank `rank`'s alone (what a
+    /// store's gate needs; the shares and caches are every rank's).
+    pub(crate) fn placement_of(&self, epoch: u64, rank: usize) -> CodedPlacement {
+        let mut p = CodedPlacement::tracking(self.random(), self.slots, Some(rank));
+        p.advance_to(epoch);
+        p
+    }
+
     /// The placement at epoch 0.
     fn random(&self) -> RandomPlacement {
         RandomPlacement::new(self.samples, self.ranks as usize, self.alpha, self.seed)

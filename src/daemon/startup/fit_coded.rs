@@ -52,7 +52,8 @@ pub(crate) fn phase(
     let sizes = job_sizes_bounded(comm, store.manifest(), &config.source)?;
     let fit = agreed(comm, check(config, shares, sizes, rank, room))?;
     if let Some(slots) = fit.slots {
-        let placement = shares.clone().with_slots(Some(slots)).placement_at(epoch);
+        // The gate follows this rank's kept set alone (the client steps every rank's).
+        let placement = (shares.clone().with_slots(Some(slots))).placement_of(epoch, rank as usize);
         let n = fit.sizes.len().max(1) as u64;
         let mean = fit.sizes.iter().sum::<u64>() / n;
         store.set_partial(Admission::coded(placement, rank, room, mean));

@@ -211,8 +211,12 @@ impl CodedClient {
         let cache: BTreeSet<SampleId> = self.placement.caches()[me].clone();
         // What arrives: the next share, or the kept part of it (`plan::coded_keep`: a
         // sample of the next share not kept must not take the room of one that is).
-        let next: BTreeSet<SampleId> = (self.placement.next_kept(me))
-            .unwrap_or_else(|| self.placement.shares(target).remove(me));
+        let kept = self.placement.next_kept(me);
+        if let (Some(kept), Some(gate)) = (&kept, store.partial()) {
+            // The gate's kept set at `target`, so its publication need not step for it.
+            gate.prepare(target, kept.iter().copied().collect());
+        }
+        let next = kept.unwrap_or_else(|| self.placement.shares(target).remove(me));
         drop_outside(store, &cache, &next);
         let share: BTreeSet<SampleId> = self.placement.shares(from).remove(me);
         let lacking: Vec<SampleId> = cache
