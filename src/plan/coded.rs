@@ -50,12 +50,12 @@ impl CodedShares {
     }
 
     /// The same run with kept sets of `slots` samples (`plan::coded_keep`), or whole caches.
-    pub fn with_slots(self, slots: Option<usize>) -> Self {
+    pub(crate) fn with_slots(self, slots: Option<usize>) -> Self {
         CodedShares { slots, ..self }
     }
 
     /// The kept sets' room in samples, if the cache does not fit.
-    pub fn slots(&self) -> Option<usize> {
+    pub(crate) fn slots(&self) -> Option<usize> {
         self.slots
     }
 
