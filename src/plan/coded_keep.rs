@@ -29,7 +29,11 @@
 //! `D(t+1) ∩ K(t+1)` ([`CodedPlacement::advance`]): the server sends only what will be
 //! cached, packets decode only with samples that are on disk, and the rest of each share is
 //! read from the source when it is opened. The server and every rank re-derive the kept
-//! sets from `(seed, alpha, slots, epoch)` alone, like the caches.
+//! sets from `(seed, alpha, slots, epoch)` alone, like the caches. The exchange's client
+//! and the server step every rank's (the packets need them); a store's gate needs only its
+//! own rank's, so it tracks that one ([`CodedPlacement::tracking`]), and is handed each
+//! next one by the client (`cache::admission::Admission::prepare`): publishing an epoch
+//! steps nothing while readers wait.
 
 use std::collections::{BTreeSet, VecDeque};
 
