@@ -496,6 +496,15 @@ mod measure {
     use super::*;
     use std::time::Instant;
 
+    /// This process's resident kB.
+    fn rss() -> i64 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        (status.lines())
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    }
+
     #[test]
     #[ignore = "a measurement, not a check"]
     fn measure_coded_gate() {
@@ -503,6 +512,15 @@ mod measure {
             let shares = crate::plan::CodedShares::new(200_000, ranks, 0.5, 1)
                 .unwrap()
                 .with_slots(Some(2_000_000 / ranks as usize));
+            // One rank's first: memory freed by a drop is reused without showing.
+            let before = rss();
+            let one = shares.placement_of(0, 1);
+            let own = rss() - before;
+            let before = rss();
+            let all = shares.placement_at(0);
+            let full = rss() - before;
+            drop((one, all));
+            eprintln!("{ranks} ranks: placement ~{full} kB, one rank's ~{own} kB (RSS growth)");
             let t = Instant::now();
             let gate = Admission::coded(shares.placement_of(0, 1), 1, u64::MAX, 1);
             let built = t.elapsed();
