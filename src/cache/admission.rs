@@ -38,6 +38,11 @@ pub(crate) struct Admission {
     reserved: Mutex<u64>,
     /// Samples not kept, read ahead of the loader (`super::prefetch`).
     pub(crate) prefetch: super::prefetch::Prefetch,
+    /// A coded run's kept set of the next epoch, from the exchange's client, which steps
+    /// every rank's anyway ([`Admission::prepare`]): the publication then takes it instead
+    /// of stepping the planner while readers wait (the planner catches up only when an
+    /// epoch comes without one, as after the coded exchange stopped).
+    prepared: Mutex<Option<(u64, Vec<SampleId>)>>,
 }
 
 /// Samples [`Admission::remember`] holds.
@@ -79,6 +84,7 @@ impl Admission {
             early: Mutex::default(),
             reserved: Mutex::default(),
             prefetch: Default::default(),
+            prepared: Mutex::default(),
         }
     }
 
@@ -179,10 +185,34 @@ impl Admission {
         let Some((planner, rank)) = &self.planner else {
             return;
         };
+        if let Some(kept) = self.take_prepared(epoch) {
+            // A coded gate (the only kind prepared): no early refill to set.
+            self.set_kept(kept);
+            return;
+        }
         let mut p = planner.lock().unwrap_or_else(|e| e.into_inner());
         p.advance_to(epoch);
         self.set_kept(p.kept(*rank));
         *self.early.lock().unwrap_or_else(|e| e.into_inner()) = p.early(*rank);
+    }
+
+    /// `kept` is this rank's kept set at `epoch` (sorted), as a coded exchange's client
+    /// planned it: taken by [`Admission::epoch`] at that epoch's publication.
+    pub(crate) fn prepare(&self, epoch: u64, kept: Vec<SampleId>) {
+        *self.prepared.lock().unwrap_or_else(|e| e.into_inner()) = Some((epoch, kept));
+    }
+
+    /// The kept set prepared for `epoch`, if any; one prepared for a later epoch stays.
+    fn take_prepared(&self, epoch: u64) -> Option<Vec<SampleId>> {
+        let mut prepared = self.prepared.lock().unwrap_or_else(|e| e.into_inner());
+        match prepared.take() {
+            Some((e, kept)) if e == epoch => Some(kept),
+            Some(later) if later.0 > epoch => {
+                *prepared = Some(later);
+                None
+            }
+            _ => None,
+        }
     }
 
     /// Sample `id` was opened: the leaver to evict now, if any (see `super::early`).
@@ -213,7 +243,12 @@ impl Admission {
         let Some((planner, _)) = &self.planner else {
             return step.clone();
         };
-        let planner = planner.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let planner = planner.lock().unwrap_or_else(|e| e.into_inner());
+        // A coded step has no transfers to filter: no copy of the placement for it.
+        if matches!(&*planner, Planned::Coded(_)) {
+            return step.clone();
+        }
+        let planner = planner.clone();
         planner.exchanged(step).unwrap_or_else(|| step.clone())
     }
 
@@ -426,7 +461,7 @@ mod tests {
         let shares = crate::plan::CodedShares::new(60, 3, 0.5, 2)
             .unwrap()
             .with_slots(Some(8));
-        let gate = Admission::coded(shares.placement_at(0), 1, 8_000, 1_000);
+        let gate = Admission::coded(shares.placement_of(0, 1), 1, 8_000, 1_000);
         for epoch in [0, 1, 3] {
             gate.epoch(epoch);
             let p = shares.placement_at(epoch);
@@ -436,7 +471,74 @@ mod tests {
                 "{epoch}"
             );
         }
+        // A kept set the client prepared is taken as it is (a later one waits for its
+        // epoch); an epoch without one steps the planner again.
+        gate.prepare(5, vec![7]);
+        gate.prepare(4, vec![2, 9]);
+        gate.epoch(4);
+        assert!((0..60).all(|s| gate.wanted(s) == [2, 9].contains(&s)));
+        gate.prepare(6, vec![8]);
+        gate.epoch(5);
+        let p5 = shares.placement_at(5);
+        let kept = &p5.caches()[1];
+        assert!((0..60).all(|s| gate.wanted(s) == kept.contains(&s)));
+        gate.epoch(6);
+        assert!((0..60).all(|s| gate.wanted(s) == (s == 8)));
         let step = shares.step(&shares.shares(3));
         assert_eq!(gate.exchanged(&step).next, step.next);
+    }
+}
+
+/// Timings of a coded gate at scale (`cargo test --lib measure_coded_gate -- --ignored
+/// --nocapture`): building it, stepping it at a publication, filtering a step.
+#[cfg(test)]
+mod measure {
+    use super::*;
+    use std::time::Instant;
+
+    /// This process's resident kB.
+    fn rss() -> i64 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        (status.lines())
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    #[test]
+    #[ignore = "a measurement, not a check"]
+    fn measure_coded_gate() {
+        for ranks in [8u32, 32] {
+            let shares = crate::plan::CodedShares::new(200_000, ranks, 0.5, 1)
+                .unwrap()
+                .with_slots(Some(2_000_000 / ranks as usize));
+            // One rank's first: memory freed by a drop is reused without showing.
+            let before = rss();
+            let one = shares.placement_of(0, 1);
+            let own = rss() - before;
+            let before = rss();
+            let all = shares.placement_at(0);
+            let full = rss() - before;
+            drop((one, all));
+            eprintln!("{ranks} ranks: placement ~{full} kB, one rank's ~{own} kB (RSS growth)");
+            let t = Instant::now();
+            let gate = Admission::coded(shares.placement_of(0, 1), 1, u64::MAX, 1);
+            let built = t.elapsed();
+            let t = Instant::now();
+            gate.epoch(1);
+            let stepped = t.elapsed();
+            let next = shares.placement_at(2).caches()[1].iter().copied().collect();
+            gate.prepare(2, next);
+            let t = Instant::now();
+            gate.epoch(2);
+            let prepared = t.elapsed();
+            let step = shares.step(&shares.shares(2));
+            let t = Instant::now();
+            let _ = gate.exchanged(&step);
+            let filtered = t.elapsed();
+            eprintln!(
+                "{ranks} ranks: gate built {built:.2?}, stepped at publication {stepped:.2?} (prepared: {prepared:.2?}), exchanged {filtered:.2?}"
+            );
+        }
     }
 }

@@ -50,12 +50,12 @@ impl CodedShares {
     }
 
     /// The same run with kept sets of `slots` samples (`plan::coded_keep`), or whole caches.
-    pub fn with_slots(self, slots: Option<usize>) -> Self {
+    pub(crate) fn with_slots(self, slots: Option<usize>) -> Self {
         CodedShares { slots, ..self }
     }
 
     /// The kept sets' room in samples, if the cache does not fit.
-    pub fn slots(&self) -> Option<usize> {
+    pub(crate) fn slots(&self) -> Option<usize> {
         self.slots
     }
 
@@ -66,6 +66,14 @@ impl CodedShares {
     /// The caches (or kept sets) of every rank at `epoch` (replays the rules from epoch 0).
     pub fn placement_at(&self, epoch: u64) -> CodedPlacement {
         let mut p = CodedPlacement::new(self.random(), self.slots);
+        p.advance_to(epoch);
+        p
+    }
+
+    /// [`CodedShares::placement_at`] whose kept sets are rank `rank`'s alone (what a
+    /// store's gate needs; the shares and caches are every rank's).
+    pub(crate) fn placement_of(&self, epoch: u64, rank: usize) -> CodedPlacement {
+        let mut p = CodedPlacement::tracking(self.random(), self.slots, Some(rank));
         p.advance_to(epoch);
         p
     }

@@ -29,7 +29,11 @@
 //! `D(t+1) ∩ K(t+1)` ([`CodedPlacement::advance`]): the server sends only what will be
 //! cached, packets decode only with samples that are on disk, and the rest of each share is
 //! read from the source when it is opened. The server and every rank re-derive the kept
-//! sets from `(seed, alpha, slots, epoch)` alone, like the caches.
+//! sets from `(seed, alpha, slots, epoch)` alone, like the caches. The exchange's client
+//! and the server step every rank's (the packets need them); a store's gate needs only its
+//! own rank's, so it tracks that one ([`CodedPlacement::tracking`]), and is handed each
+//! next one by the client (`cache::admission::Admission::prepare`): publishing an epoch
+//! steps nothing while readers wait.
 
 use std::collections::{BTreeSet, VecDeque};
 
@@ -42,7 +46,7 @@ pub const CODED_HORIZON: usize = 4;
 /// `window[i]` is `(share, coded cache)` of one rank at epoch `t + 1 + i` (the epoch the kept
 /// set is for first), `prev` its kept set at `t`, `new_room` how many samples it may take
 /// that `prev` lacks. Returns `K(t + 1)` (see the module docs).
-pub fn choose(
+pub(crate) fn choose(
     window: &[(&BTreeSet<SampleId>, &BTreeSet<SampleId>)],
     prev: &BTreeSet<SampleId>,
     slots: usize,
@@ -105,10 +109,13 @@ pub struct CodedPlacement {
 type Epoch = (Vec<BTreeSet<SampleId>>, Vec<BTreeSet<SampleId>>);
 
 /// Every rank's kept set at the placement's epoch `t`, and the placement's shares and caches
-/// of epochs `t ..= t + horizon`.
+/// of epochs `t ..= t + horizon`; with `only`, of that rank alone (the others' sets empty:
+/// a rank's kept set depends on its own shares and caches only, so a store's gate tracks
+/// its own at a fraction of the memory and time).
 #[derive(Clone, Debug)]
 struct KeptSets {
     slots: usize,
+    only: Option<usize>,
     sets: Vec<BTreeSet<SampleId>>,
     /// Front: epoch `t`.
     window: VecDeque<Epoch>,
@@ -118,13 +125,22 @@ struct KeptSets {
 
 impl CodedPlacement {
     /// At epoch 0; `slots`: the kept sets' room in samples (`None`: the cache fits).
-    pub fn new(placement: RandomPlacement, slots: Option<usize>) -> CodedPlacement {
+    pub(crate) fn new(placement: RandomPlacement, slots: Option<usize>) -> CodedPlacement {
+        CodedPlacement::tracking(placement, slots, None)
+    }
+
+    /// [`CodedPlacement::new`] whose kept sets are `only` that rank's (the others empty).
+    pub(crate) fn tracking(
+        placement: RandomPlacement,
+        slots: Option<usize>,
+        only: Option<usize>,
+    ) -> CodedPlacement {
         debug_assert_eq!(placement.epoch(), 0);
-        let kept = slots.map(|slots| KeptSets::new(&placement, slots));
+        let kept = slots.map(|slots| KeptSets::new(&placement, slots, only));
         CodedPlacement { placement, kept }
     }
 
-    pub fn epoch(&self) -> u64 {
+    pub(crate) fn epoch(&self) -> u64 {
         self.placement.epoch()
     }
 
@@ -153,7 +169,7 @@ impl CodedPlacement {
 
     /// Rank `r`'s kept set at the next epoch, without stepping; `None` when the caches are
     /// whole (the next share is then what arrives).
-    pub fn next_kept(&self, r: usize) -> Option<BTreeSet<SampleId>> {
+    pub(crate) fn next_kept(&self, r: usize) -> Option<BTreeSet<SampleId>> {
         let k = self.kept.as_ref()?;
         let prev = &k.sets[r];
         let room = k.slots.saturating_sub(prev.len());
@@ -162,7 +178,7 @@ impl CodedPlacement {
 
     /// Moves to the next epoch: returns what each rank holds as side information and what it
     /// must be sent (its new share, or the kept part of it not held), then steps on.
-    pub fn advance(&mut self) -> (Vec<BTreeSet<SampleId>>, Vec<BTreeSet<SampleId>>) {
+    pub(crate) fn advance(&mut self) -> (Vec<BTreeSet<SampleId>>, Vec<BTreeSet<SampleId>>) {
         let (left, shares) = self.placement.advance();
         let Some(kept) = &mut self.kept else {
             return (left, shares);
@@ -176,7 +192,7 @@ impl CodedPlacement {
     }
 
     /// Steps until the epoch is `epoch` (no-op if there or past it).
-    pub fn advance_to(&mut self, epoch: u64) {
+    pub(crate) fn advance_to(&mut self, epoch: u64) {
         while self.epoch() < epoch {
             self.advance();
         }
@@ -184,15 +200,17 @@ impl CodedPlacement {
 }
 
 impl KeptSets {
-    fn new(placement: &RandomPlacement, slots: usize) -> KeptSets {
+    fn new(placement: &RandomPlacement, slots: usize, only: Option<usize>) -> KeptSets {
         let mut ahead = placement.clone();
-        let mut window = VecDeque::from([(placement.shares(0), placement.caches().to_vec())]);
+        let first = (placement.shares(0), placement.caches().to_vec());
+        let mut window = VecDeque::from([only_of(first, only)]);
         for _ in 0..CODED_HORIZON {
             let (_, shares) = ahead.advance();
-            window.push_back((shares, ahead.caches().to_vec()));
+            window.push_back(only_of((shares, ahead.caches().to_vec()), only));
         }
         let mut k = KeptSets {
             slots,
+            only,
             sets: Vec::new(),
             window,
             ahead,
@@ -200,9 +218,16 @@ impl KeptSets {
         let nodes = placement.caches().len();
         let none = BTreeSet::new();
         k.sets = (0..nodes)
-            .map(|r| choose(&k.view(r, 0), &none, slots, slots / 2))
+            .map(|r| match k.tracks(r) {
+                true => choose(&k.view(r, 0), &none, slots, slots / 2),
+                false => BTreeSet::new(),
+            })
             .collect();
         k
+    }
+
+    fn tracks(&self, r: usize) -> bool {
+        self.only.is_none_or(|o| o == r)
     }
 
     /// Rank `r`'s `(share, cache)` of the window's epochs from index `from` on.
@@ -215,6 +240,9 @@ impl KeptSets {
     fn advance(&mut self) {
         let sets: Vec<BTreeSet<SampleId>> = (self.sets.iter().enumerate())
             .map(|(r, prev)| {
+                if !self.tracks(r) {
+                    return BTreeSet::new();
+                }
                 let room = self.slots.saturating_sub(prev.len());
                 choose(&self.view(r, 1), prev, self.slots, room)
             })
@@ -222,9 +250,20 @@ impl KeptSets {
         self.sets = sets;
         self.window.pop_front();
         let (_, shares) = self.ahead.advance();
-        self.window
-            .push_back((shares, self.ahead.caches().to_vec()));
+        let next = only_of((shares, self.ahead.caches().to_vec()), self.only);
+        self.window.push_back(next);
     }
+}
+
+/// `epoch` with the sets of every rank but `only` emptied (all kept without `only`).
+fn only_of(epoch: Epoch, only: Option<usize>) -> Epoch {
+    let Some(o) = only else { return epoch };
+    let keep = |sets: Vec<BTreeSet<SampleId>>| {
+        (sets.into_iter().enumerate())
+            .map(|(r, s)| if r == o { s } else { BTreeSet::new() })
+            .collect()
+    };
+    (keep(epoch.0), keep(epoch.1))
 }
 
 #[cfg(test)]
@@ -274,6 +313,21 @@ mod tests {
                     share.intersection(&a.caches()[r]).copied().collect()
                 );
             }
+        }
+    }
+
+    /// A placement tracking one rank's kept set steps it exactly as the full one does.
+    #[test]
+    fn tracking_one_rank_keeps_its_set() {
+        let p = RandomPlacement::new(90, 3, 0.5, 5).unwrap();
+        let mut all = CodedPlacement::new(p.clone(), Some(8));
+        let mut one = CodedPlacement::tracking(p, Some(8), Some(2));
+        for _ in 0..8 {
+            assert_eq!(one.caches()[2], all.caches()[2]);
+            assert!(one.caches()[0].is_empty());
+            assert_eq!(one.next_kept(2), all.next_kept(2));
+            all.advance();
+            one.advance();
         }
     }
 }

@@ -87,7 +87,17 @@ pub(crate) struct Role {
     pub serve: bool,
     pub coded: bool,
     pub version: String,
+    /// The coded protocol it speaks ([`CODED_PROTOCOL`]); absent (0) from a build before
+    /// the numbers, whose server would ignore the kept sets' slots of the offer silently.
+    #[serde(default)]
+    pub protocol: u32,
 }
+
+/// The coded exchange's protocol between `serve` and the compute ranks: 2 since the offer
+/// carries the kept sets' slots (issue 33), which an older server would ignore and then
+/// code over whole caches no rank holds. Builds of one version number can differ in it (a
+/// development build), so phase 1 compares it as well.
+pub(crate) const CODED_PROTOCOL: u32 = 2;
 
 impl Role {
     pub(crate) fn mount(config: &MountConfig) -> Role {
@@ -95,6 +105,7 @@ impl Role {
             serve: false,
             coded: config.coded_scheme().is_some(),
             version: env!("CARGO_PKG_VERSION").into(),
+            protocol: CODED_PROTOCOL,
         }
     }
 
@@ -103,6 +114,7 @@ impl Role {
             serve: true,
             coded: true,
             version: env!("CARGO_PKG_VERSION").into(),
+            protocol: CODED_PROTOCOL,
         }
     }
 }
@@ -148,6 +160,12 @@ pub(crate) fn verdict(roles: &[Role]) -> Result<Layout, String> {
         return Err(format!(
             "`shufflefs serve` runs at world ranks {}; exactly one server, world rank 0, is supported: {LAUNCH}",
             list(&servers)
+        ));
+    }
+    if let Some(other) = roles.iter().find(|r| r.protocol != roles[0].protocol) {
+        return Err(format!(
+            "the server (world rank 0) speaks coded protocol {} and a compute rank {} (a build before 2 ignores a partial cache's kept sets); install the same build everywhere",
+            roles[0].protocol, other.protocol
         ));
     }
     if roles.len() == 1 {
@@ -375,6 +393,7 @@ mod tests {
             serve,
             coded,
             version: "1".into(),
+            protocol: CODED_PROTOCOL,
         }
     }
 
@@ -416,6 +435,19 @@ mod tests {
         );
         let mut old = c.clone();
         old.version = "0".into();
-        assert!(verdict(&[s, c, old]).unwrap_err().contains("versions"));
+        assert!(
+            verdict(&[s.clone(), c.clone(), old])
+                .unwrap_err()
+                .contains("versions")
+        );
+        // A server from before the kept sets' slots (no protocol in its role) is refused,
+        // naming both protocols.
+        let old_server: Role =
+            serde_json::from_str(r#"{"serve":true,"coded":true,"version":"1"}"#).unwrap();
+        let why = verdict(&[old_server, c.clone(), c]).unwrap_err();
+        assert!(
+            why.contains("coded protocol 0 and a compute rank 2"),
+            "{why}"
+        );
     }
 }

@@ -203,17 +203,34 @@ pub(crate) fn job_sizes(
     manifest: &Manifest,
     source: &Path,
 ) -> Result<Vec<u64>, CommError> {
+    Ok(job_sizes_bounded(comm, manifest, source)?.sizes)
+}
+
+/// [`job_sizes`], and an upper figure of each size (`upper`): the known size, or for an
+/// unknown one the largest size known or probed. A sample larger than every probed one is
+/// possible but rare (the gate refuses it, and it is read from the source).
+pub(crate) struct JobSizes {
+    pub sizes: Vec<u64>,
+    pub upper: Vec<u64>,
+}
+
+/// See [`JobSizes`] (collective).
+pub(crate) fn job_sizes_bounded(
+    comm: &mut dyn Comm,
+    manifest: &Manifest,
+    source: &Path,
+) -> Result<JobSizes, CommError> {
     let n = manifest.len();
     let known: Vec<Option<u64>> = (0..n).map(|s| manifest.size(s)).collect();
-    let (mut sum, mut count) =
-        (known.iter().flatten()).fold((0u64, 0u64), |(s, c), &b| (s + b, c + 1));
+    let (mut sum, mut count, mut largest) =
+        (known.iter().flatten()).fold((0u64, 0u64, 0u64), |(s, c, m), &b| (s + b, c + 1, m.max(b)));
     if count < u64::from(SIZE_PROBES.min(n)) {
         let probed = match comm.rank() {
             0 => probe(manifest, source),
-            _ => (0, 0),
+            _ => (0, 0, 0),
         };
-        let mut bytes = probed.0.to_le_bytes().to_vec();
-        bytes.extend_from_slice(&probed.1.to_le_bytes());
+        let words = [probed.0, probed.1, probed.2];
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
         let got = comm.broadcast(0, bytes)?;
         let word = |i: usize| {
             let b: Option<[u8; 8]> = got.get(i * 8..i * 8 + 8).and_then(|b| b.try_into().ok());
@@ -221,19 +238,25 @@ pub(crate) fn job_sizes(
         };
         sum += word(0);
         count += word(1);
+        largest = largest.max(word(2));
     }
     let mean = sum.checked_div(count).unwrap_or(0);
-    Ok(known.into_iter().map(|s| s.unwrap_or(mean)).collect())
+    let largest = largest.max(mean);
+    Ok(JobSizes {
+        sizes: known.iter().map(|s| s.unwrap_or(mean)).collect(),
+        upper: known.into_iter().map(|s| s.unwrap_or(largest)).collect(),
+    })
 }
 
-/// The bytes and number of up to [`SIZE_PROBES`] evenly spaced samples found in `source`.
-fn probe(manifest: &Manifest, source: &Path) -> (u64, u64) {
+/// The bytes, number and largest size of up to [`SIZE_PROBES`] evenly spaced samples found
+/// in `source`.
+fn probe(manifest: &Manifest, source: &Path) -> (u64, u64, u64) {
     let n = manifest.len();
     let step = (n / SIZE_PROBES).max(1);
-    let mut found = (0u64, 0u64);
+    let mut found = (0u64, 0u64, 0u64);
     for id in (0..n).step_by(step as usize) {
         if let Ok(meta) = std::fs::metadata(source.join(manifest.relative_path(id))) {
-            found = (found.0 + meta.len(), found.1 + 1);
+            found = (found.0 + meta.len(), found.1 + 1, found.2.max(meta.len()));
         }
     }
     found
@@ -373,7 +396,7 @@ mod tests {
     }
 
     /// Sizes an index does not know are rank 0's probe of the source, on every rank (rank 1
-    /// here sees no source at all).
+    /// here sees no source at all): the mean as the estimate, the largest as the upper one.
     #[test]
     fn unknown_sizes_are_rank_0s_probe_everywhere() {
         use crate::dataset::manifest::UNKNOWN_SIZE;
@@ -392,11 +415,14 @@ mod tests {
                     0 => root,
                     _ => root.join("nowhere"),
                 };
-                std::thread::spawn(move || job_sizes(&mut comm, &m, &source).unwrap())
+                std::thread::spawn(move || job_sizes_bounded(&mut comm, &m, &source).unwrap())
             })
             .collect();
         for h in handles {
-            assert_eq!(h.join().unwrap(), [200, 200]);
+            let got = h.join().unwrap();
+            assert_eq!(got.sizes, [200, 200]);
+            // The slot of a coded partial cache: the largest probed, not the mean.
+            assert_eq!(got.upper, [300, 300]);
         }
     }
 

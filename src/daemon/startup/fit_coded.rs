@@ -4,12 +4,15 @@
 //! A coded rank holds its cache `C^t` and receives the part of its next share it does not
 //! cache while the current epoch is read: at most `C^t ∪ D^{t+1}` (`exchange::coded::side`
 //! drops side information early, so the real peak is nearer `D^t ∪ C^{t+1}`, but a disk
-//! must not fill in between), the most any rank needs. When that does not fit the job's
-//! smallest room, the run goes
-//! on with kept sets (`plan::coded_keep`) of `room / slot` samples, `slot` the largest
-//! sample size the mount knows (so the kept bytes stay within the room where sizes are
-//! known; the store's gate checks the real bytes), and says so once with what the plan
-//! expects; `--require-fit` refuses instead. Every compute rank computes the same slots,
+//! must not fill in between). The need is a bound for every epoch, not a look at the first
+//! ones: the bytes of the `|C| + |D|` largest samples (the caches and shares have the same
+//! sizes every epoch), with each size the index does not know counted as the largest one
+//! known or probed (`super::fit::JobSizes`). When that does not fit the job's smallest
+//! room, the run goes on with kept sets (`plan::coded_keep`) of `room / slot` samples,
+//! `slot` the same largest size (so the kept bytes stay within the room; the store's gate
+//! checks the real bytes, and a sample larger than every probed one is read from the
+//! source), and says so once with what the plan expects; `--require-fit` refuses instead.
+//! A cache that fits costs no simulation. Every compute rank computes the same slots,
 //! and compute rank 0 tells the server (`daemon::coded::Offer`), which plans the packets
 //! over the same kept sets.
 
@@ -25,7 +28,7 @@ use crate::plan::{CodedShares, Rank, SampleId};
 
 use super::StartError;
 use super::agree::{PhaseError, agreed};
-use super::fit::{Fit, job_room, job_sizes, room, sharing};
+use super::fit::{Fit, JobSizes, job_room, job_sizes_bounded, room, sharing};
 
 /// Epochs simulated for the estimate (epoch 0, cold, is left out of it).
 const ESTIMATE_EPOCHS: u64 = 6;
@@ -46,10 +49,11 @@ pub(crate) fn phase(
     let room = agreed(comm, room(config, cache, held, sharing))?;
     let room = job_room(comm, room)?;
     let rank = comm.rank();
-    let sizes = job_sizes(comm, store.manifest(), &config.source)?;
+    let sizes = job_sizes_bounded(comm, store.manifest(), &config.source)?;
     let fit = agreed(comm, check(config, shares, sizes, rank, room))?;
     if let Some(slots) = fit.slots {
-        let placement = shares.clone().with_slots(Some(slots)).placement_at(epoch);
+        // The gate follows this rank's kept set alone (the client steps every rank's).
+        let placement = (shares.clone().with_slots(Some(slots))).placement_of(epoch, rank as usize);
         let n = fit.sizes.len().max(1) as u64;
         let mean = fit.sizes.iter().sum::<u64>() / n;
         store.set_partial(Admission::coded(placement, rank, room, mean));
@@ -62,11 +66,11 @@ pub(crate) fn phase(
 pub(crate) fn check(
     config: &MountConfig,
     shares: &CodedShares,
-    sizes: Vec<u64>,
+    sizes: JobSizes,
     rank: Rank,
     capacity: u64,
 ) -> Result<Fit, PhaseError> {
-    let fit = estimate(shares, sizes.into(), rank, capacity);
+    let fit = estimate(shares, (sizes.sizes.into(), &sizes.upper), rank, capacity);
     if fit.fits() {
         return Ok(fit);
     }
@@ -78,30 +82,28 @@ pub(crate) fn check(
 }
 
 /// The fit of the job's coded caches in `capacity` bytes (the same on every rank), and what
-/// `rank` is expected to hit, simulated on `shares` (pure).
+/// `rank` is expected to hit, simulated on `shares` (pure). `sizes` are the estimates,
+/// `upper` the upper figures (`super::fit::JobSizes`): the need and the slot come from
+/// those, so a cache said to fit fits every epoch, and kept sets stay within the room.
 pub(crate) fn estimate(
     shares: &CodedShares,
-    sizes: std::sync::Arc<[u64]>,
+    (sizes, upper): (std::sync::Arc<[u64]>, &[u64]),
     rank: Rank,
     capacity: u64,
 ) -> Fit {
     let r = rank as usize;
     let bytes = |set: &BTreeSet<SampleId>| set.iter().map(|&s| sizes[s as usize]).sum::<u64>();
-    let mut p = shares.placement_at(0);
+    let p = shares.clone().with_slots(None).placement_at(0);
     let share_bytes = bytes(&p.shares(0)[r]);
     // The job's most, not this rank's: every rank and the server must plan the same kept
     // sets, so either all ranks keep parts or none does.
-    let mut needed = 0;
-    for _ in 0..ESTIMATE_EPOCHS {
-        let next = p.shares(p.epoch() + 1);
-        for (cache, next) in p.coded_caches().iter().zip(&next) {
-            needed = needed.max(bytes(&cache.union(next).copied().collect()));
-        }
-        p.advance();
-    }
-    let slot = sizes.iter().copied().max().unwrap_or(0).max(1);
+    let needed = need_bound(&p, upper);
+    let slot = upper.iter().copied().max().unwrap_or(0).max(1);
     let slots = (needed > capacity).then(|| (capacity / slot) as usize);
-    let expected = simulated(&shares.clone().with_slots(slots), &sizes, r);
+    let expected = match slots {
+        Some(_) => simulated(&shares.clone().with_slots(slots), &sizes, r),
+        None => whole(&p, &sizes, r),
+    };
     Fit {
         capacity,
         needed,
@@ -110,6 +112,42 @@ pub(crate) fn estimate(
         expected,
         sizes,
         slots,
+    }
+}
+
+/// An upper bound of any rank's bytes on disk in any epoch: a rank holds at most its coded
+/// cache and the next share (`|C| + |D|` samples, every epoch alike), so the sum of that
+/// many of the largest `upper` sizes bounds every epoch, not only the first ones.
+fn need_bound(p: &crate::plan::coded_keep::CodedPlacement, upper: &[u64]) -> u64 {
+    let cache = p
+        .coded_caches()
+        .iter()
+        .map(BTreeSet::len)
+        .max()
+        .unwrap_or(0);
+    let share = p.shares(0).iter().map(BTreeSet::len).max().unwrap_or(0);
+    let count = (cache + share).min(upper.len());
+    if count == upper.len() {
+        return upper.iter().sum();
+    }
+    let mut all = upper.to_vec();
+    all.select_nth_unstable_by(count, |a, b| b.cmp(a));
+    all[..count].iter().sum()
+}
+
+/// `rank`'s outcome per epoch with its whole coded cache (it fits): every read a hit.
+fn whole(p: &crate::plan::coded_keep::CodedPlacement, sizes: &[u64], r: usize) -> Outcome {
+    let bytes = |set: &BTreeSet<SampleId>| set.iter().map(|&s| sizes[s as usize]).sum::<u64>();
+    let share = &p.shares(0)[r];
+    let cache = &p.coded_caches()[r];
+    Outcome {
+        reads: share.len() as u64,
+        hits: share.len() as u64,
+        read_bytes: bytes(share),
+        source_bytes: 0,
+        peer_bytes: bytes(share),
+        kept: cache.len() as u64,
+        kept_bytes: bytes(cache),
     }
 }
 
@@ -194,7 +232,7 @@ mod tests {
     fn a_small_room_plans_kept_sets() {
         let shares = CodedShares::new(90, 3, 0.5, 4).unwrap();
         let sizes: std::sync::Arc<[u64]> = vec![1000u64; 90].into();
-        let fit = estimate(&shares, sizes.clone(), 1, 15_000);
+        let fit = estimate(&shares, (sizes.clone(), &sizes), 1, 15_000);
         assert!(!fit.fits());
         assert_eq!(fit.slots, Some(15));
         assert_eq!(fit.share_bytes, 30_000);
@@ -203,8 +241,46 @@ mod tests {
         // Averages over the epochs, each rounded down.
         let read = fit.expected.source_bytes + fit.expected.hits * 1000;
         assert!((29_000..=30_000).contains(&read), "{read}");
-        let whole = estimate(&shares, sizes, 1, fit.needed);
+        let whole = estimate(&shares, (sizes.clone(), &sizes), 1, fit.needed);
         assert!(whole.fits() && whole.slots.is_none());
         assert_eq!(whole.expected.hit_rate(), 1.0);
+    }
+
+    /// Sizes varying from 20 to 80 kB: a room said to fit holds `C ∪ D'` of every rank in
+    /// every epoch (not only the first six), and kept sets planned with the largest size as
+    /// their slot never hold more than the room, also where the estimates are all the mean
+    /// (an image folder's index: the upper figures are then the largest probed).
+    #[test]
+    fn the_need_bounds_every_epoch_and_kept_sets_stay_in_the_room() {
+        let shares = CodedShares::new(90, 3, 0.5, 4).unwrap();
+        let varied: Vec<u64> = (0..90u64).map(|s| 20_000 + (s * 7919) % 60_001).collect();
+        let sizes: std::sync::Arc<[u64]> = varied.clone().into();
+        let bytes = |set: &BTreeSet<SampleId>| set.iter().map(|&s| varied[s as usize]).sum::<u64>();
+        let fit = estimate(&shares, (sizes.clone(), &varied), 0, u64::MAX);
+        let mut p = shares.placement_at(0);
+        for _ in 0..20 {
+            let next = p.shares(p.epoch() + 1);
+            for (c, d) in p.coded_caches().iter().zip(&next) {
+                assert!(bytes(&c.union(d).copied().collect()) <= fit.needed);
+            }
+            p.advance();
+        }
+        let mean = varied.iter().sum::<u64>() / 90;
+        let upper = vec![*varied.iter().max().unwrap(); 90];
+        let room = 1_100_000;
+        let fit = estimate(&shares, (vec![mean; 90].into(), &upper), 0, room);
+        assert_eq!(fit.slots, Some((room / upper[0]) as usize));
+        let mut p = shares.clone().with_slots(fit.slots).placement_at(0);
+        for _ in 0..20 {
+            let held = p.caches().to_vec();
+            p.advance();
+            for (h, k) in held.iter().zip(p.caches()) {
+                assert!(
+                    bytes(&h.union(k).copied().collect()) <= room,
+                    "{}",
+                    p.epoch()
+                );
+            }
+        }
     }
 }

@@ -211,8 +211,12 @@ impl CodedClient {
         let cache: BTreeSet<SampleId> = self.placement.caches()[me].clone();
         // What arrives: the next share, or the kept part of it (`plan::coded_keep`: a
         // sample of the next share not kept must not take the room of one that is).
-        let next: BTreeSet<SampleId> = (self.placement.next_kept(me))
-            .unwrap_or_else(|| self.placement.shares(target).remove(me));
+        let kept = self.placement.next_kept(me);
+        if let (Some(kept), Some(gate)) = (&kept, store.partial()) {
+            // The gate's kept set at `target`, so its publication need not step for it.
+            gate.prepare(target, kept.iter().copied().collect());
+        }
+        let next = kept.unwrap_or_else(|| self.placement.shares(target).remove(me));
         drop_outside(store, &cache, &next);
         let share: BTreeSet<SampleId> = self.placement.shares(from).remove(me);
         let lacking: Vec<SampleId> = cache
@@ -428,6 +432,11 @@ fn take_packet(
             for (s, bytes) in samples {
                 match store_bytes(store, s, &bytes, crc32c::crc32c(&bytes)) {
                     Ok(()) => report.samples_decoded += 1,
+                    // The partial cache has no room for it: asking the server again would
+                    // only be refused again (a reader gets it from the source).
+                    Err(e) if crate::cache::admission::is_not_kept(&e) => {
+                        tracing::warn!(sample = s, error = %e, "a decoded sample found no room in the partial cache; it is read from the source");
+                    }
                     Err(e) => {
                         tracing::warn!(sample = s, error = %e, "cannot store a decoded sample; asking the server for it");
                         failed.push(s);
