@@ -9,8 +9,9 @@
 //!   root's lock for it, which the lookup that advanced still holds, so not on a request
 //!   thread).
 //! - `signals`: SIGTERM, SIGINT or SIGHUP unmount; with files still open the unmount is
-//!   refused, so the mount is detached instead and the exchange given up at once (a reader
-//!   may wait on an advance whose exchange waits on a peer that already left).
+//!   refused, so the mount is detached instead and the advances readers wait on fail (a
+//!   reader may wait on an advance whose exchange waits on peers); a second signal gives
+//!   the exchange in flight up.
 //!
 //! # Stopping
 //! An unmount may come at any moment, also while the background exchange into the next
@@ -24,9 +25,10 @@
 //! rank out afterwards. The drain is not bounded: a peer an epoch behind (still training)
 //! completes it when it advances or stops, and giving it up would end the whole job. Meanwhile
 //! the `fuse` thread is named [`DRAINING`], so `shufflefs unmount` returns at once rather
-//! than waiting for that peer. Only a detached mount (a signal with files still open) gives
-//! the exchange up (`abort`), and the daemon then ends with
-//! [`super::DaemonError::Abandoned`], for which `launch` picks the exit code.
+//! than waiting for that peer. Only a second signal gives the exchange up (`abort`), and
+//! the daemon then ends with [`super::DaemonError::Abandoned`], for which `launch` picks
+//! the exit code. (A first signal with files still open used to give it up too: one rank's
+//! SIGTERM while its trainer waited on an advance ended the whole job.)
 //!
 //! # A stop before the mount
 //! A signal that arrives during start-up (a long index scan, or the regrow of a job whose
@@ -103,6 +105,8 @@ pub(crate) struct Hooks {
     /// Old epochs whose kernel entries must go; each is reported done through `invalidated`.
     pub invalidations: Receiver<u64>,
     pub invalidated: Box<dyn Fn(u64) + Send>,
+    /// Fails the advances readers wait on (the mount was detached on a signal).
+    pub give_up_waits: Box<dyn Fn() + Send>,
 }
 
 /// A session mounted, before it serves: the last phase of start-up is whether every rank
@@ -169,7 +173,12 @@ impl Mounted {
         let closing = Arc::new(AtomicBool::new(false));
         let invalidation =
             invalidation_thread(&session, hooks.invalidations, hooks.invalidated, &closing)?;
-        let (signals, signal_thread) = watch_signals(&mut session, mountpoint, &abort, &leftovers)?;
+        let on_signal = Signalled {
+            abort: abort.clone(),
+            leftovers: leftovers.clone(),
+            give_up_waits: hooks.give_up_waits,
+        };
+        let (signals, signal_thread) = watch_signals(&mut session, mountpoint, on_signal)?;
         if stop_requested() {
             // Told to stop after the ranks agreed to mount, before the watcher listened.
             tracing::info!("signal received during start-up; unmounting");
@@ -348,21 +357,27 @@ fn invalidation_thread(
         .map_err(thread_error("invalidation"))
 }
 
+/// What a signal acts on (see [`watch_signals`]).
+struct Signalled {
+    abort: Arc<AtomicBool>,
+    leftovers: SharedLeftovers,
+    give_up_waits: Box<dyn Fn() + Send>,
+}
+
 /// Unmounts on SIGTERM, SIGINT or SIGHUP. With files still open (readers that have not
 /// stopped) the unmount is refused: the mount is detached instead, so the daemon exits once
-/// they close rather than never. A reader may be waiting on an advance whose exchange waits
-/// on a peer that already left: `abort` gives up the exchange too (after detaching, so a
-/// daemon that exits for it leaves no mount behind), or that reader, and with it this
-/// daemon, would wait forever.
+/// they close rather than never, and the advances readers wait on fail (the rank will not
+/// publish another epoch), so no reader waits on an exchange that may wait on peers. The
+/// exchange in flight is still finished, as for any stop ("Stopping"): giving it up would
+/// end the whole job under MPI. Only a second signal gives it up (`abort`), for a user who
+/// would rather end the job than wait for it.
 fn watch_signals(
     session: &mut Session,
     mountpoint: &Path,
-    abort: &Arc<AtomicBool>,
-    leftovers: &SharedLeftovers,
+    on: Signalled,
 ) -> Result<(signal_hook::iterator::Handle, JoinHandle<()>), DaemonError> {
     let mut unmounter = session.unmount_callable();
-    let (mountpoint, abort) = (mountpoint.to_path_buf(), abort.clone());
-    let leftovers = leftovers.clone();
+    let mountpoint = mountpoint.to_path_buf();
     let mut signals =
         signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGHUP])
             .map_err(thread_error("signal"))?;
@@ -370,23 +385,30 @@ fn watch_signals(
     let thread = thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
-            if let Some(sig) = signals.forever().next() {
-                tracing::info!(signal = sig, "signal received; unmounting");
-                drop(lock(&leftovers).ready.take());
-                let gone = match unmounter.unmount() {
-                    Ok(()) => true,
-                    Err(e) => {
-                        let detached = mounts::detach(&mountpoint);
-                        tracing::warn!(error = %e, detached, "unmount on signal failed; detached the mount instead");
-                        abort.store(true, Ordering::Relaxed);
-                        detached
-                    }
-                };
-                // Unmounted or detached: the folders can go now, even if the daemon is
-                // killed while its readers keep the detached mount alive.
-                if gone {
-                    clean_up(&leftovers);
+            let mut received = signals.forever();
+            let Some(sig) = received.next() else {
+                return;
+            };
+            tracing::info!(signal = sig, "signal received; unmounting");
+            drop(lock(&on.leftovers).ready.take());
+            let gone = match unmounter.unmount() {
+                Ok(()) => true,
+                Err(e) => {
+                    let detached = mounts::detach(&mountpoint);
+                    tracing::warn!(error = %e, detached, "unmount on signal failed (files still open); detached the mount instead: waiting advances fail, the exchange in flight is finished, the daemon exits once the files close");
+                    (on.give_up_waits)();
+                    detached
                 }
+            };
+            // Unmounted or detached: the folders can go now, even if the daemon is
+            // killed while its readers keep the detached mount alive.
+            if gone {
+                clean_up(&on.leftovers);
+            }
+            if let Some(sig) = received.next() {
+                tracing::warn!(signal = sig, "second signal: giving up the exchange in flight (under MPI this ends the job)");
+                (on.give_up_waits)();
+                on.abort.store(true, Ordering::Relaxed);
             }
         })
         .map_err(thread_error("signal"))?;

@@ -245,6 +245,10 @@ fn hooks(node: &Node) -> Hooks {
         }),
         invalidations: node.invalidations(),
         invalidated: Box::new(move |old| coordinator.invalidated(old)),
+        give_up_waits: {
+            let coordinator = node.coordinator.clone();
+            Box::new(move || coordinator.give_up_waits())
+        },
     }
 }
 

@@ -188,6 +188,9 @@ struct Shared {
     /// The ranks the exchange into the next epoch moves samples with (from the plan).
     exchange_peers: Mutex<Vec<Rank>>,
     next_id: AtomicU64,
+    /// The mount is going away with readers still holding it (`give_up_waits`): every
+    /// advance waiting, and any asked later, fails as shutting down.
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -231,6 +234,7 @@ impl Coordinator {
             waits: Mutex::default(),
             exchange_peers: Mutex::default(),
             next_id: AtomicU64::new(0),
+            stopping: std::sync::atomic::AtomicBool::new(false),
         });
         let (tx, rx) = channel();
         let handle = Coordinator {
@@ -346,7 +350,10 @@ impl Coordinator {
                 Err(RecvTimeoutError::Disconnected) => return Err(AdvanceError::ShuttingDown),
                 Err(RecvTimeoutError::Timeout) => {}
             }
-            if let Some(why) = cancel.cancelled() {
+            let stopping = || {
+                (self.shared.stopping.load(Ordering::Relaxed)).then_some(Cancelled::ShuttingDown)
+            };
+            if let Some(why) = cancel.cancelled().or_else(stopping) {
                 self.send(Command::Withdraw(id));
                 // It may have been answered meanwhile: then that answer stands; and one
                 // published already (waiting for the kernel to forget the old epoch) did
@@ -429,6 +436,14 @@ impl Coordinator {
     /// The kernel forgot epoch `old`'s names.
     pub(crate) fn invalidated(&self, old: u64) {
         self.send(Command::Invalidated(old));
+    }
+
+    /// Fails every advance waiting, and any asked later, with `ShuttingDown`, while the
+    /// worker goes on (the exchange in flight still ends and is reported): the mount was
+    /// detached on a signal and its readers must not wait for an epoch this rank will not
+    /// publish.
+    pub(crate) fn give_up_waits(&self) {
+        self.shared.stopping.store(true, Ordering::Relaxed);
     }
 
     /// Stops the worker; advances waiting or asked later fail with `ShuttingDown`.
