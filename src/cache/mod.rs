@@ -41,6 +41,7 @@ mod backend;
 mod bitset;
 pub(crate) mod early;
 mod files;
+pub(crate) mod footprint;
 mod layout;
 pub(crate) mod own;
 mod packed;

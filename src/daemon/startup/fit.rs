@@ -107,6 +107,7 @@ pub(crate) fn phase(
     let room = job_room(comm, room)?;
     let rank = comm.rank();
     let sizes = job_sizes(comm, store.manifest(), &config.source)?;
+    let sizes = on_disk(sizes, job_block(comm, store.block())?);
     let fit = agreed(comm, check(config, plans.0, sizes, rank, room))?;
     if !fit.fits() {
         store.set_partial(fit.admission(plans, rank, epoch));
@@ -156,6 +157,23 @@ pub(crate) fn sharing(comm: &mut dyn Comm, cache: &Path) -> Result<u64, CommErro
         hosts.get(*r) == hosts.get(me) && b.as_slice() == dev.to_le_bytes()
     };
     Ok((all.iter().enumerate()).filter(same).count().max(1) as u64)
+}
+
+/// The unit the job plans disk space in: the largest of its ranks' caches' blocks
+/// (collective; `cache::footprint`). Every rank plans every rank's kept set, so all plan with
+/// the same sizes; a rank whose disk has smaller blocks keeps what it planned all the more.
+pub(crate) fn job_block(comm: &mut dyn Comm, mine: u64) -> Result<u64, CommError> {
+    let all = comm.all_gather(&mine.to_le_bytes())?;
+    Ok((all.iter())
+        .filter_map(|b| Some(u64::from_le_bytes(b.as_slice().try_into().ok()?)))
+        .max()
+        .unwrap_or(mine))
+}
+
+/// `sizes` as they take disk space in `block`s: what the plan and the gate count.
+pub(crate) fn on_disk(sizes: Vec<u64>, block: u64) -> Vec<u64> {
+    let round = |s| crate::cache::footprint::on_disk(s, block);
+    sizes.into_iter().map(round).collect()
 }
 
 /// The job's room per rank: the smallest rank's (collective). Every rank plans every

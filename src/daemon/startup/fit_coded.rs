@@ -28,7 +28,7 @@ use crate::plan::{CodedShares, Rank, SampleId};
 
 use super::StartError;
 use super::agree::{PhaseError, agreed};
-use super::fit::{Fit, JobSizes, job_room, job_sizes_bounded, room, sharing};
+use super::fit::{Fit, JobSizes, job_block, job_room, job_sizes_bounded, on_disk, room, sharing};
 
 /// Epochs simulated for the estimate (epoch 0, cold, is left out of it).
 const ESTIMATE_EPOCHS: u64 = 6;
@@ -50,6 +50,11 @@ pub(crate) fn phase(
     let room = job_room(comm, room)?;
     let rank = comm.rank();
     let sizes = job_sizes_bounded(comm, store.manifest(), &config.source)?;
+    let block = job_block(comm, store.block())?;
+    let sizes = JobSizes {
+        sizes: on_disk(sizes.sizes, block),
+        upper: on_disk(sizes.upper, block),
+    };
     let fit = agreed(comm, check(config, shares, sizes, rank, room))?;
     if let Some(slots) = fit.slots {
         // The gate follows this rank's kept set alone (the client steps every rank's).
