@@ -46,8 +46,8 @@ pub(crate) fn phase(
 ) -> Result<Fit, StartError> {
     let held = store.held_bytes();
     let sharing = sharing(comm, cache)?;
-    let room = agreed(comm, room(config, cache, held, sharing))?;
-    let room = job_room(comm, room)?;
+    let mine = agreed(comm, room(config, cache, held, sharing))?;
+    let room = job_room(comm, mine.bytes)?;
     let rank = comm.rank();
     let sizes = job_sizes_bounded(comm, store.manifest(), &config.source)?;
     let block = job_block(comm, store.block())?;
@@ -55,7 +55,7 @@ pub(crate) fn phase(
         sizes: on_disk(sizes.sizes, block),
         upper: on_disk(sizes.upper, block),
     };
-    let fit = agreed(comm, check(config, shares, sizes, rank, room))?;
+    let fit = agreed(comm, check(config, shares, sizes, rank, (room, mine.cut)))?;
     if let Some(slots) = fit.slots {
         // The gate follows this rank's kept set alone (the client steps every rank's).
         let placement = (shares.clone().with_slots(Some(slots))).placement_of(epoch, rank as usize);
@@ -73,9 +73,12 @@ pub(crate) fn check(
     shares: &CodedShares,
     sizes: JobSizes,
     rank: Rank,
-    capacity: u64,
+    (capacity, cut): (u64, Option<String>),
 ) -> Result<Fit, PhaseError> {
-    let fit = estimate(shares, (sizes.sizes.into(), &sizes.upper), rank, capacity);
+    let fit = Fit {
+        cut,
+        ..estimate(shares, (sizes.sizes.into(), &sizes.upper), rank, capacity)
+    };
     if fit.fits() {
         return Ok(fit);
     }
@@ -117,6 +120,7 @@ pub(crate) fn estimate(
         expected,
         sizes,
         slots,
+        cut: None,
     }
 }
 
@@ -198,8 +202,12 @@ fn mb(bytes: u64) -> String {
 }
 
 fn numbers(fit: &Fit, shares: &CodedShares) -> String {
+    let cut = fit
+        .cut
+        .as_ref()
+        .map_or(String::new(), |c| format!(" ({c})"));
     format!(
-        "a rank's coded cache needs up to {} on disk (its cache of --cache-fraction {} and the next share it receives; this rank's share is {}), which holds {}; kept sets of {} samples would give a hit rate of {:.1}% and read {} per epoch from the source, the server sending this rank {} per epoch (before coding)",
+        "a rank's coded cache needs up to {} on disk (its cache of --cache-fraction {} and the next share it receives; this rank's share is {}), which holds {}{cut}; kept sets of {} samples would give a hit rate of {:.1}% and read {} per epoch from the source, the server sending this rank {} per epoch (before coding)",
         mb(fit.needed),
         shares.alpha(),
         mb(fit.share_bytes),
