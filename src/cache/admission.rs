@@ -98,6 +98,11 @@ impl Admission {
         self
     }
 
+    /// The bytes the cache may hold.
+    pub(crate) fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
     /// What `bytes` take on the cache's disk.
     fn on_disk(&self, bytes: u64) -> u64 {
         super::footprint::on_disk(bytes, self.block)

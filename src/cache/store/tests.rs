@@ -1041,6 +1041,33 @@ fn a_partial_cache_counts_whole_blocks() {
     assert_eq!(store.held_bytes(), block);
 }
 
+/// A cache filled under a larger room and given a smaller one (a remount with a smaller
+/// `--cache-size`) drops the samples its gate does not keep, those outside the share first,
+/// until it is within its size; kept samples stay.
+#[test]
+fn a_cache_over_its_size_drops_unkept_samples_to_its_room() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = manifest_with(|_| 1000);
+    let store = store_in(tmp.path(), &m);
+    for id in 0..6 {
+        store.ensure(id).unwrap();
+    }
+    let block = store.on_disk(1000);
+    assert_eq!(
+        crate::cache::trim::to_room(&store, &[]),
+        0,
+        "no partial cache"
+    );
+    let gate = crate::cache::admission::Admission::new(3 * block, 1000, vec![1, 4]);
+    store.set_partial(gate);
+    // The share is 0..=3: 5 goes first, then 0 and 2 (3 stays: the cache is within its size).
+    assert_eq!(crate::cache::trim::to_room(&store, &[0, 1, 2, 3]), 3);
+    assert_eq!(store.held_bytes(), 3 * block);
+    let held: Vec<u32> = (0..6).filter(|&id| store.contains(id)).collect();
+    assert_eq!(held, [1, 3, 4]);
+    assert_eq!(crate::cache::trim::to_room(&store, &[0, 1, 2, 3]), 0);
+}
+
 /// A partial cache reads ahead the listed samples it does not keep, and a reader takes
 /// those bytes instead of reading the source again: each is read from the source once.
 #[test]

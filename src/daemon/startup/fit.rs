@@ -114,6 +114,12 @@ pub(crate) fn phase(
     let fit = agreed(comm, check(config, plans.0, sizes, rank, (room, mine.cut)))?;
     if !fit.fits() {
         store.set_partial(fit.admission(plans, rank, epoch));
+        // A cache filled under a larger room is brought within this one before staging.
+        let shares = match plans.1 {
+            Some(e) => e.shares_at(epoch),
+            None => plans.0.shares_at(epoch),
+        };
+        crate::cache::trim::to_room(store, shares.share(rank));
     }
     Ok(Some(fit))
 }

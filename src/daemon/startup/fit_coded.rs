@@ -62,6 +62,8 @@ pub(crate) fn phase(
         let n = fit.sizes.len().max(1) as u64;
         let mean = fit.sizes.iter().sum::<u64>() / n;
         store.set_partial(Admission::coded(placement, rank, room, mean));
+        // A cache filled under a larger room is brought within this one before staging.
+        crate::cache::trim::to_room(store, &[]);
     }
     Ok(fit)
 }
