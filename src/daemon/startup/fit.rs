@@ -416,7 +416,7 @@ pub(crate) fn mb(bytes: u64) -> String {
 
 fn numbers(fit: &Fit, config: &MountConfig) -> String {
     format!(
-        "this rank's share needs up to {} in its cache ((1 + Q) x {} at --fraction {}), which holds {} ({}); with a partial cache, {:.1}% of reads would hit and {} per epoch would be read from the source",
+        "this rank's share needs up to {} in its cache (the most two consecutive epochs' shares take together: its share of {} and what the exchange brings in, at most --fraction {} of it), which holds {} ({}); with a partial cache, {:.1}% of reads would hit and {} per epoch would be read from the source",
         mb(fit.needed),
         mb(fit.share_bytes),
         config.fraction,

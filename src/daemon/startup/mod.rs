@@ -412,6 +412,9 @@ mod tests {
                 "{err}"
             );
             assert!(err.contains("which holds 0.0 MB (--cache-size)"), "{err}");
+            // What is computed: the union of two consecutive shares, not (1 + Q) x share.
+            let need = "the most two consecutive epochs' shares take together";
+            assert!(err.contains(need) && !err.contains("(1 + Q)"), "{err}");
             assert!(err.contains("drop --require-fit"), "{err}");
         }
     }
