@@ -84,7 +84,8 @@ fn check(dir: &Path, job: &MpiJob, epoch: u64, samples: usize) {
 
 /// The repro: `mpirun -np 2`, both caches on one 1 MiB tmpfs, the default cache size,
 /// shares of 820 kB each: counted in bytes each rank would take 24 samples, 590 kB of
-/// blocks, and the two would fill the disk; counted in blocks each takes 20.
+/// blocks, and the two would fill the disk; counted in blocks each takes 19. The packed
+/// layout counts its segments' bytes (and reserves no more than the disk has).
 #[test]
 fn ranks_sharing_a_small_disk_never_fill_it() {
     if !require_fuse() || !require_mpi() {
@@ -93,14 +94,24 @@ fn ranks_sharing_a_small_disk_never_fill_it() {
     if !require_root("mounts a small tmpfs as the caches' disk") {
         return;
     }
+    for layout in ["files", "packed"] {
+        sharing_a_small_disk(layout);
+    }
+}
+
+fn sharing_a_small_disk(layout: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     write_source(dir);
     let _disk = shared_tmpfs(dir, "1m");
-    let job = MpiJob::start_with(mpirun(RANKS), dir, RANKS, SEED, FRACTION, &[]);
+    let args = ["--cache-layout", layout];
+    let job = MpiJob::start_with(mpirun(RANKS), dir, RANKS, SEED, FRACTION, &args);
     for r in 0..job.mounts.len() {
         let st = job.status(r);
-        assert!(st["partial"].is_object(), "not a partial cache: {st:#}");
+        assert!(
+            st["partial"].is_object(),
+            "{layout}: not a partial cache: {st:#}"
+        );
     }
     check(dir, &job, 0, SAMPLES);
     for epoch in 1..EPOCHS {
@@ -115,7 +126,7 @@ fn ranks_sharing_a_small_disk_never_fill_it() {
     drop(job);
     let log = std::fs::read_to_string(dir.join("job.log")).unwrap_or_default();
     let full = log.lines().filter(|l| l.contains("No space left")).count();
-    assert_eq!(full, 0, "{log}");
+    assert_eq!(full, 0, "{layout}: {log}");
 }
 
 /// A full cache remounted with a smaller `--cache-size` is within its size from the mount
