@@ -367,15 +367,15 @@ pub struct MountArgs {
     #[arg(long, help_heading = "Data")]
     pub reset_cache: bool,
 
-    /// Bytes this rank's cache may hold (e.g. 30M, 2G) [default: what the cache folder's
+    /// Bytes this rank's cache may hold (e.g. 30M, 2G, 1T) [default: what the cache folder's
     /// filesystem has free, plus what the cache holds already, minus 5% of the filesystem].
     #[arg(
         long,
         value_name = "BYTES",
         value_parser = parse_bytes,
         help_heading = "Data",
-        long_help = "Bytes this rank's cache may hold: a number with an optional unit, e.g. 30M or 2G (K, M, G are powers of 1024) [default: what the cache folder's filesystem has free, plus what the cache holds already, minus 5% of the filesystem's size].\n\n\
-            A rank caches its share plus what the next exchange brings in, (1 + Q) x its share. When that does not fit, the mount says so once, with the hit rate and the bytes read from the source per epoch to expect, and goes on with a partial cache: the samples that stay on the rank longest (the plan knows every future epoch) are kept, the rest are read from the source when opened (docs/partial-cache.md). --require-fit refuses instead. Under --exchange coded the cache holds its --cache-fraction of the dataset and the next share it receives; when that does not fit, each rank keeps a planned part of it, the server codes over the kept parts and the rest is read from the source (docs/coded.md)."
+        long_help = "Bytes this rank's cache may hold: a number with an optional unit, e.g. 30M, 2G or 1T (K, M, G, T, P are powers of 1024), counted as the samples take the disk (whole blocks of its filesystem) [default: what the cache folder's filesystem has free, plus what the cache holds already, minus 5% of the filesystem's size; a larger size is cut to that, with a warning].\n\n\
+            A rank caches its share plus what the next exchange brings in, at most (1 + Q) x its share. When that does not fit, the mount says so once, with the hit rate and the bytes read from the source per epoch to expect, and goes on with a partial cache: the samples that stay on the rank longest (the plan knows every future epoch) are kept, the rest are read from the source when opened (docs/partial-cache.md). --require-fit refuses instead. Under --exchange coded the cache holds its --cache-fraction of the dataset and the next share it receives; when that does not fit, each rank keeps a planned part of it, the server codes over the kept parts and the rest is read from the source (docs/coded.md)."
     )]
     pub cache_size: Option<u64>,
 
@@ -489,7 +489,7 @@ fn parse_nu(s: &str) -> Result<usize, String> {
     }
 }
 
-/// A byte count with an optional K/M/G suffix (powers of 1024), at least 1.
+/// A byte count with an optional K/M/G/T/P suffix (powers of 1024), at least 1.
 fn parse_bytes(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let (digits, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
@@ -501,9 +501,11 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
         "K" => 10,
         "M" => 20,
         "G" => 30,
+        "T" => 40,
+        "P" => 50,
         _ => {
             return Err(format!(
-                "{s:?}: unknown unit {unit:?}; write bytes, e.g. 65536, 64K, 128M or 1G"
+                "{s:?}: unknown unit {unit:?}; write bytes, e.g. 65536, 64K, 128M, 1G or 2T"
             ));
         }
     };
@@ -542,6 +544,9 @@ mod tests {
         assert_eq!(parse_bytes("64K"), Ok(64 << 10));
         assert_eq!(parse_bytes("128MiB"), Ok(128 << 20));
         assert_eq!(parse_bytes("1g"), Ok(1 << 30));
+        assert_eq!(parse_bytes("2T"), Ok(2 << 40));
+        assert_eq!(parse_bytes("3PiB"), Ok(3 << 50));
+        assert!(parse_bytes("20000P").is_err(), "past u64");
         // The documented default of --part-size is the view's.
         assert_eq!(parse_bytes("128M"), Ok(crate::vfs::DEFAULT_PART_SIZE));
         for bad in ["", "0", "12X", "-5", "99999999999G"] {

@@ -43,6 +43,9 @@ pub(crate) struct Admission {
     /// of stepping the planner while readers wait (the planner catches up only when an
     /// epoch comes without one, as after the coded exchange stopped).
     prepared: Mutex<Option<(u64, Vec<SampleId>)>>,
+    /// The unit the cache takes disk space in (`super::footprint`): every size is counted
+    /// rounded up to it, as the cache's held bytes are.
+    block: u64,
 }
 
 /// Samples [`Admission::remember`] holds.
@@ -85,7 +88,24 @@ impl Admission {
             reserved: Mutex::default(),
             prefetch: Default::default(),
             prepared: Mutex::default(),
+            block: 1,
         }
+    }
+
+    /// This gate counting every size in whole `block`s (the store's, `super::footprint`).
+    pub(crate) fn in_blocks(mut self, block: u64) -> Admission {
+        self.block = block.max(1);
+        self
+    }
+
+    /// The bytes the cache may hold.
+    pub(crate) fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// What `bytes` take on the cache's disk.
+    fn on_disk(&self, bytes: u64) -> u64 {
+        super::footprint::on_disk(bytes, self.block)
     }
 
     /// The gate of `rank` following `planner`'s kept sets (from its current epoch).
@@ -256,7 +276,8 @@ impl Admission {
     /// holds `held` bytes (and the bytes promised to fetches under way).
     pub(crate) fn admits(&self, id: SampleId, size: Option<u64>, held: u64) -> bool {
         let reserved = *self.reserved.lock().unwrap_or_else(|e| e.into_inner());
-        self.wanted(id) && held + reserved + size.unwrap_or(self.mean_size) <= self.capacity
+        let size = self.on_disk(size.unwrap_or(self.mean_size));
+        self.wanted(id) && held + reserved + size <= self.capacity
     }
 
     /// [`Admission::admits`], and the room promised to the fetch of `id` until the [`Room`]
@@ -265,7 +286,7 @@ impl Admission {
         if !self.wanted(id) {
             return None;
         }
-        let bytes = size.unwrap_or(self.mean_size);
+        let bytes = self.on_disk(size.unwrap_or(self.mean_size));
         // Built only when promised: a dropped room gives its bytes back.
         self.grow(bytes, held).then(|| Room {
             admission: self,
@@ -277,7 +298,12 @@ impl Admission {
     /// Room for `bytes` the exchange brings in (`id`: the first of them), whether or not
     /// the plan keeps them now (the plan chose what is sent, with sizes that may be
     /// estimates: this makes the real ones fit).
+    /// `bytes`: each sample's size on disk summed ([`SampleStore::on_disk`]), or one
+    /// sample's size (rounded here).
+    ///
+    /// [`SampleStore::on_disk`]: super::SampleStore::on_disk
     pub(crate) fn reserve_received(&self, id: SampleId, bytes: u64, held: u64) -> Option<Room<'_>> {
+        let bytes = self.on_disk(bytes);
         self.grow(bytes, held).then(|| Room {
             admission: self,
             id,
@@ -354,6 +380,8 @@ impl io::Write for Within<'_> {
             self.room.bytes.load(Relaxed),
         );
         if end > have {
+            // Whole blocks, as the cache's held bytes count them.
+            let end = self.room.admission.on_disk(end);
             if !self.room.admission.grow(end - have, (self.held)()) {
                 return Err(not_kept(self.room.id));
             }

@@ -41,6 +41,7 @@ mod backend;
 mod bitset;
 pub(crate) mod early;
 mod files;
+pub(crate) mod footprint;
 mod layout;
 pub(crate) mod own;
 mod packed;
@@ -49,6 +50,7 @@ pub(crate) mod prefetch;
 pub(crate) mod private;
 pub(crate) mod side;
 mod store;
+pub(crate) mod trim;
 
 pub(crate) use backend::{Borrowed, CacheBackend, ChecksumMismatch};
 #[cfg(test)]

@@ -144,6 +144,10 @@ pub struct SampleStore {
     pub stats: StoreStats,
     /// Set when the share does not fit the cache: what may be written ([`Admission`]).
     partial: std::sync::OnceLock<Admission>,
+    /// The unit the cache takes disk space in (`super::footprint`).
+    block: u64,
+    /// Bytes the cached samples take on disk, each rounded up to `block`.
+    disk: AtomicU64,
 }
 
 impl SampleStore {
@@ -173,6 +177,8 @@ impl SampleStore {
             claims: Claims::default(),
             stats: StoreStats::default(),
             partial: std::sync::OnceLock::new(),
+            block: super::footprint::block_of(dir.root(), backend.layout()),
+            disk: AtomicU64::new(0),
             backend,
             dir,
             manifest,
@@ -267,9 +273,9 @@ impl SampleStore {
     /// Counts a sample that just became present (call after `learn_size`).
     fn count_in(&self, id: SampleId) {
         self.stats.files.fetch_add(1, Ordering::Relaxed);
-        self.stats
-            .bytes
-            .fetch_add(self.size(id).unwrap_or(0), Ordering::Relaxed);
+        let len = self.size(id).unwrap_or(0);
+        self.stats.bytes.fetch_add(len, Ordering::Relaxed);
+        self.disk.fetch_add(self.on_disk(len), Ordering::Relaxed);
     }
 
     /// Staging is about to copy `ids` from the source (see [`Dataset::will_read`]).
@@ -280,7 +286,7 @@ impl SampleStore {
     /// Makes this a partial cache: from now on only what `admission` admits is fetched
     /// into it (a second call changes nothing).
     pub(crate) fn set_partial(&self, admission: Admission) {
-        let _ = self.partial.set(admission);
+        let _ = self.partial.set(admission.in_blocks(self.block));
     }
 
     /// The partial cache's gate, if this is one.
@@ -311,11 +317,22 @@ impl SampleStore {
             .ok_or_else(|| not_kept(id))
     }
 
-    /// Bytes the cache takes on disk: its samples', or more where the backend keeps removed
-    /// ones until it compacts (the packed layout).
+    /// Bytes the cache takes on disk: its samples' whole blocks, or more where the backend
+    /// keeps removed ones until it compacts (the packed layout).
     pub(crate) fn held_bytes(&self) -> u64 {
-        let live = self.stats.bytes.load(Ordering::Relaxed);
+        let live = self.disk.load(Ordering::Relaxed);
         live.max(self.backend.disk_bytes().unwrap_or(0))
+    }
+
+    /// What a sample of `bytes` takes on this cache's disk (`super::footprint`): the sizes
+    /// a partial cache is planned and gated with.
+    pub(crate) fn on_disk(&self, bytes: u64) -> u64 {
+        super::footprint::on_disk(bytes, self.block)
+    }
+
+    /// The unit this cache takes disk space in (`super::footprint`).
+    pub(crate) fn block(&self) -> u64 {
+        self.block
     }
 
     /// Makes sure sample `id` is cached, copying it from the source if needed. A partial
@@ -861,9 +878,9 @@ impl SampleStore {
     pub fn remove(&self, id: SampleId) -> io::Result<()> {
         if self.backend.remove(id)? {
             self.stats.files.fetch_sub(1, Ordering::Relaxed);
-            self.stats
-                .bytes
-                .fetch_sub(self.size(id).unwrap_or(0), Ordering::Relaxed);
+            let len = self.size(id).unwrap_or(0);
+            self.stats.bytes.fetch_sub(len, Ordering::Relaxed);
+            self.disk.fetch_sub(self.on_disk(len), Ordering::Relaxed);
         }
         Ok(())
     }

@@ -204,7 +204,10 @@ pub(super) fn write_stream(
         }
         // A partial cache takes a run only if it all fits (else one by one, below).
         let room = match end > i {
-            true => store.room_for_received(ids[i].0, ids[i..end].iter().map(|s| s.1).sum()),
+            true => store.room_for_received(
+                ids[i].0,
+                ids[i..end].iter().map(|s| store.on_disk(s.1)).sum(),
+            ),
             false => Ok(None),
         };
         if end > i && room.is_ok() {

@@ -679,6 +679,46 @@ fn options_that_cannot_apply_are_refused() {
     assert!(!data.path("cache").exists());
 }
 
+/// A `--cache-size` larger than the cache's disk is cut to what the disk gives: under
+/// `--require-fit` a share that does not fit the disk is refused, naming the filesystem's
+/// numbers and the fix (a 1 GB size on a 512 kB tmpfs used to mount as "fits" and stage
+/// into a full disk). Needs root (tmpfs).
+#[test]
+fn a_cache_size_larger_than_the_disk_is_refused_under_require_fit() {
+    if !require_fuse() || !require_root("mounts a small tmpfs as the cache") {
+        return;
+    }
+    let data = standard_dataset();
+    let cache = data.dir("cache");
+    let flags = nix::mount::MsFlags::empty();
+    nix::mount::mount(
+        Some("tmpfs"),
+        &cache,
+        Some("tmpfs"),
+        flags,
+        Some("size=512k"),
+    )
+    .unwrap();
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+    let _tmpfs = Unmount(cache);
+    let extra = ["--cache-size", "1G", "--require-fit"];
+    let r = refused(&data, &data.root, &data.dir("mnt"), &extra);
+    all_mention(
+        &r,
+        &[
+            "--require-fit: this rank's share needs up to",
+            "--cache-size 1073.7 MB is more than the cache's filesystem can give",
+            "of reads would hit",
+            "or give --cache-size",
+        ],
+    );
+}
+
 /// A share larger than `--cache-size` under `--require-fit` is refused, foreground and
 /// detached, naming what the share needs, what the cache holds, the hit rate a partial cache
 /// would give and the way out; nothing is mounted (issue 33).

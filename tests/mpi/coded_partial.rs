@@ -23,7 +23,8 @@ const ALPHA: &str = "0.5";
 const CLASSES: u32 = 3;
 const PER_CLASS: u32 = 20;
 const SIZE: usize = 50_000;
-/// Room for 22 samples of `SIZE` (a coded cache holds 30, and the next share 20 more).
+/// Room for 22 samples of `SIZE`, 20 in whole 4 KiB blocks (a coded cache holds 30, and the
+/// next share 20 more).
 const CAP: u64 = 22 * SIZE as u64;
 const TMPFS: &str = "1250k";
 /// The sizes of the varied walk: 20 to 80 kB (an image folder's index knows none of them).
@@ -102,8 +103,12 @@ impl Setup {
             .map(|id| std::fs::metadata(dir.join("src").join(m.relative_path(id))).unwrap())
             .map(|meta| meta.len())
             .collect();
-        // The mount's slot: the largest size (probed from the source).
-        let slots = (CAP / sizes.iter().max().unwrap()) as usize;
+        // The mount's slot: the largest size (probed from the source), in whole blocks of
+        // the cache's disk (`cache::footprint`).
+        let block = nix::sys::statvfs::statvfs(&caches.0[0])
+            .unwrap()
+            .block_size();
+        let slots = (CAP / (sizes.iter().max().unwrap().div_ceil(block) * block)) as usize;
         let plan = Plan::coded(params, ALPHA.parse().unwrap())
             .unwrap()
             .with_coded_slots(Some(slots));

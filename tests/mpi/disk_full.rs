@@ -89,7 +89,8 @@ fn disk_full_during_exchange_keeps_the_current_view_serving() {
         let cache = dir.join(format!("cache{r}"));
         std::fs::create_dir(&cache).unwrap();
         std::fs::create_dir(dir.join(format!("mnt{r}"))).unwrap();
-        mount_tmpfs(&cache, "2300k");
+        // Room for both shares at mount; shrunk below once mounted.
+        mount_tmpfs(&cache, "10m");
     }
     setup.child = Some(
         mpirun(RANKS as u32)
@@ -98,10 +99,10 @@ fn disk_full_during_exchange_keeps_the_current_view_serving() {
             // Received over MPI, as from another host (a sample taken from a peer's cache
             // on this host is tested in the cache's unit tests).
             .args(["--share-disk", "never"])
-            // The cache claims room it does not have (as when another program fills the
-            // disk): without it, the share would not fit the tmpfs and the mount would be a
-            // partial cache, which never fills the disk (tests/mpi/partial_cache.rs).
-            .args(["--cache-size", "100M"])
+            // Slow enough that the disk shrinks below (as when another program fills it
+            // after the mount) before much arrives: the room was taken at mount, so the
+            // cache is no partial one and the exchange meets a full disk.
+            .args(["--exchange-rate", "200000"])
             .arg("--source")
             .arg(dir.join("src"))
             .arg("--cache")
@@ -114,6 +115,23 @@ fn disk_full_during_exchange_keeps_the_current_view_serving() {
     );
     let mounts: Vec<PathBuf> = (0..RANKS).map(|r| dir.join(format!("mnt{r}"))).collect();
     let deadline = Instant::now() + Duration::from_secs(120);
+    while !mounts.iter().all(|m| m.join(".shufflefs/status").exists()) {
+        assert!(Instant::now() < deadline, "ranks did not mount in time");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The disk now holds the share (2.1 MB of blocks) and little more.
+    for r in 0..RANKS {
+        let cache = dir.join(format!("cache{r}"));
+        let flags = nix::mount::MsFlags::MS_REMOUNT;
+        nix::mount::mount(
+            None::<&str>,
+            &cache,
+            None::<&str>,
+            flags,
+            Some("size=2300k"),
+        )
+        .unwrap();
+    }
     let failed = |m: &Path| -> Option<Value> {
         let st = status(m);
         st["exchange"]

@@ -23,6 +23,7 @@ mod layouts_modes;
 mod layouts_mpi;
 mod mpi_exchange;
 mod partial_cache;
+mod partial_cache_room;
 mod rank_leaves;
 mod rescan_mpi;
 mod resume_mpi;

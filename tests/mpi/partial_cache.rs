@@ -3,7 +3,7 @@
 //! partition of the dataset with every byte right, nothing hits a full disk (the cache's
 //! bytes stay within its size), and each rank's measured hit rate and source bytes per epoch
 //! are at least as good as the plan's (`plan::keep`; the early refill, `cache::early`, may
-//! do better). Needs root (tmpfs).
+//! do better), planned with each sample's size on disk (whole blocks). Needs root (tmpfs).
 
 use std::path::Path;
 
@@ -86,7 +86,12 @@ impl Setup {
             fraction: FRACTION,
             seed: SEED,
         };
-        let sizes = vec![SIZE as u64; samples as usize];
+        // Sizes as they take the cache's disk: whole blocks of the tmpfs (`cache::footprint`).
+        let block = nix::sys::statvfs::statvfs(&mounted.0[0])
+            .unwrap()
+            .block_size();
+        let on_disk = (SIZE as u64).div_ceil(block) * block;
+        let sizes = vec![on_disk; samples as usize];
         let planner = KeepPlanner::new(Plan::new(params).unwrap(), sizes, cap, DEFAULT_HORIZON);
         Setup {
             tmp,

@@ -628,7 +628,17 @@ impl Inner {
         }
         let keep_size = nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE;
         let mut result = Err(nix::errno::Errno::ENOSPC);
-        for to in [end.div_ceil(RESERVE_STEP) * RESERVE_STEP, end] {
+        // A step only where the disk has ample room: a step that fails takes the disk's
+        // last bytes for a moment (tmpfs allocates, then gives back), and another cache on
+        // that disk (a rank beside this one) meets a full disk meanwhile.
+        let step = end.div_ceil(RESERVE_STEP) * RESERVE_STEP;
+        let free = nix::sys::statvfs::fstatvfs(&a.seg.file)
+            .map_or(0, |s| s.blocks_available() * s.fragment_size().max(1));
+        let step = match free > 4 * (step - a.reserved) {
+            true => step,
+            false => end,
+        };
+        for to in [step, end] {
             let len = (to - a.reserved) as libc::off_t;
             result = nix::fcntl::fallocate(&a.seg.file, keep_size, a.reserved as libc::off_t, len);
             if result.is_ok() {

@@ -937,7 +937,9 @@ fn a_partial_cache_fetches_only_what_it_keeps_within_its_size() {
     let tmp = tempfile::tempdir().unwrap();
     let m = manifest_with(|_| 1000);
     let store = store_in(tmp.path(), &m);
-    let gate = crate::cache::admission::Admission::new(2500, 1000, vec![1, 2, 3, 4]);
+    // Room for two and a half samples as they take the disk (whole blocks).
+    let room = store.on_disk(1000) * 5 / 2;
+    let gate = crate::cache::admission::Admission::new(room, 1000, vec![1, 2, 3, 4]);
     store.set_partial(gate);
     store.ensure(1).unwrap();
     store.ensure(2).unwrap();
@@ -963,8 +965,10 @@ fn a_partial_cache_counts_the_packed_layouts_removed_records() {
         let tmp = tempfile::tempdir().unwrap();
         let store = store_with_layout(tmp.path(), &m, layout);
         let kept = vec![1, 2, 3, 4, 5];
-        // Room for three samples with the packed layout's record headers.
-        let gate = crate::cache::admission::Admission::new(3300, 1000, kept);
+        // Room for three samples with the packed layout's record headers (the files
+        // layout's in whole blocks).
+        let room = 3 * store.on_disk(1000) + 300;
+        let gate = crate::cache::admission::Admission::new(room, 1000, kept);
         store.set_partial(gate);
         for id in [1, 2, 3] {
             store.ensure(id).unwrap();
@@ -979,6 +983,7 @@ fn a_partial_cache_counts_the_packed_layouts_removed_records() {
                 let e = got.unwrap_err();
                 assert!(crate::cache::admission::is_not_kept(&e), "{e}");
                 assert!(store.held_bytes() > 3000);
+                assert_eq!(store.on_disk(1000), 1000, "packed counts its segments");
             }
         }
     }
@@ -994,7 +999,7 @@ fn a_partial_cache_receives_only_within_its_size() {
     let (_peer, peer_root) = peer_holding(tmp.path(), &[0, 1, 2]);
     let store = store_in(&tmp.path().join("me"), &m);
     assert!(store.room_for_received(0, u64::MAX / 2).unwrap().is_none());
-    let room = m.size(0).unwrap() + m.size(1).unwrap();
+    let room = store.on_disk(m.size(0).unwrap()) + store.on_disk(m.size(1).unwrap());
     store.set_partial(crate::cache::admission::Admission::new(room, 1, vec![]));
     store.adopt_from_peer(0, &peer_root).unwrap();
     let promised = store.room_for_received(1, m.size(1).unwrap()).unwrap();
@@ -1008,6 +1013,59 @@ fn a_partial_cache_receives_only_within_its_size() {
     assert!(crate::cache::admission::is_not_kept(&e), "{e}");
     assert!(!store.contains(2));
     assert_eq!(store.held_bytes(), room);
+}
+
+/// A partial cache of one file per sample counts each sample in whole blocks of its disk,
+/// as the disk does: room for four samples' bytes holds only the samples whose blocks fit
+/// (two ranks sharing a disk filled it while counting bytes).
+#[test]
+fn a_partial_cache_counts_whole_blocks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = manifest_with(|_| 1000);
+    let store = store_with_layout(tmp.path(), &m, CacheLayout::Files);
+    let block = store.block();
+    assert!(block >= 512, "{block}");
+    let gate = crate::cache::admission::Admission::new(2 * block, 1000, vec![1, 2, 3, 4]);
+    store.set_partial(gate);
+    store.ensure(1).unwrap();
+    store.ensure(2).unwrap();
+    let e = store.ensure(3).unwrap_err();
+    assert!(crate::cache::admission::is_not_kept(&e), "{e}");
+    assert_eq!(store.held_bytes(), 2 * block);
+    assert_eq!(store.stats.bytes.load(Ordering::Relaxed), 2000);
+    assert!(
+        store.room_for_received(4, 1).is_err(),
+        "a byte takes a block"
+    );
+    store.remove(1).unwrap();
+    assert_eq!(store.held_bytes(), block);
+}
+
+/// A cache filled under a larger room and given a smaller one (a remount with a smaller
+/// `--cache-size`) drops the samples its gate does not keep, those outside the share first,
+/// until it is within its size; kept samples stay.
+#[test]
+fn a_cache_over_its_size_drops_unkept_samples_to_its_room() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = manifest_with(|_| 1000);
+    let store = store_in(tmp.path(), &m);
+    for id in 0..6 {
+        store.ensure(id).unwrap();
+    }
+    let block = store.on_disk(1000);
+    assert_eq!(
+        crate::cache::trim::to_room(&store, &[]),
+        0,
+        "no partial cache"
+    );
+    let gate = crate::cache::admission::Admission::new(3 * block, 1000, vec![1, 4]);
+    store.set_partial(gate);
+    // The share is 0..=3: 5 goes first, then 0 and 2 (3 stays: the cache is within its size).
+    assert_eq!(crate::cache::trim::to_room(&store, &[0, 1, 2, 3]), 3);
+    assert_eq!(store.held_bytes(), 3 * block);
+    let held: Vec<u32> = (0..6).filter(|&id| store.contains(id)).collect();
+    assert_eq!(held, [1, 3, 4]);
+    assert_eq!(crate::cache::trim::to_room(&store, &[0, 1, 2, 3]), 0);
 }
 
 /// A partial cache reads ahead the listed samples it does not keep, and a reader takes

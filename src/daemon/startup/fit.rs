@@ -52,6 +52,9 @@ pub(crate) struct Fit {
     /// A coded run's kept sets' room in samples, when its cache does not fit
     /// (`super::fit_coded`); `None` otherwise.
     pub slots: Option<usize>,
+    /// Why the room is less than `--cache-size`: the cache's filesystem cannot give it
+    /// ([`Room::cut`]); the messages say so.
+    pub cut: Option<String>,
 }
 
 impl Fit {
@@ -103,13 +106,20 @@ pub(crate) fn phase(
 ) -> Result<Option<Fit>, StartError> {
     let held = store.held_bytes();
     let sharing = sharing(comm, cache)?;
-    let room = agreed(comm, room(config, cache, held, sharing))?;
-    let room = job_room(comm, room)?;
+    let mine = agreed(comm, room(config, cache, held, sharing))?;
+    let room = job_room(comm, mine.bytes)?;
     let rank = comm.rank();
     let sizes = job_sizes(comm, store.manifest(), &config.source)?;
-    let fit = agreed(comm, check(config, plans.0, sizes, rank, room))?;
+    let sizes = on_disk(sizes, job_block(comm, store.block())?);
+    let fit = agreed(comm, check(config, plans.0, sizes, rank, (room, mine.cut)))?;
     if !fit.fits() {
         store.set_partial(fit.admission(plans, rank, epoch));
+        // A cache filled under a larger room is brought within this one before staging.
+        let shares = match plans.1 {
+            Some(e) => e.shares_at(epoch),
+            None => plans.0.shares_at(epoch),
+        };
+        crate::cache::trim::to_room(store, shares.share(rank));
     }
     Ok(Some(fit))
 }
@@ -129,18 +139,54 @@ pub(crate) fn forget(
     refusal
 }
 
-/// This rank's room: `--cache-size`, or the default from its filesystem (`held`: bytes
-/// the cache holds now; `sharing`: ranks of this host with a cache on that filesystem).
+/// A rank's room ([`room`]).
+#[derive(Clone, Debug)]
+pub(crate) struct Room {
+    pub bytes: u64,
+    /// Set when `--cache-size` is more than the filesystem can give (the room is then
+    /// what it can): says so with the filesystem's numbers and the fix.
+    pub cut: Option<String>,
+}
+
+/// This rank's room (`held`: bytes the cache holds now; `sharing`: ranks of this host with
+/// a cache on that filesystem): what its filesystem can give (its part of the free space
+/// plus what the cache holds, less headroom), or `--cache-size` where that is less. A
+/// `--cache-size` past what the disk gives would stage into a full disk: it is cut to the
+/// disk's room, with a warning (a filesystem that cannot be looked at leaves it as given).
 pub(crate) fn room(
     config: &MountConfig,
     cache: &Path,
     held: u64,
     sharing: u64,
-) -> Result<u64, PhaseError> {
-    match config.cache_size {
-        Some(bytes) => Ok(bytes),
-        None => default_capacity(cache, held, sharing).map_err(PhaseError::mine),
-    }
+) -> Result<Room, PhaseError> {
+    let disk = default_capacity(cache, held, sharing);
+    let (bytes, disk) = match (config.cache_size, disk) {
+        (None, disk) => {
+            return (disk.map_err(PhaseError::mine)).map(|d| Room {
+                bytes: d.0,
+                cut: None,
+            });
+        }
+        (Some(bytes), Ok(disk)) if bytes > disk.0 => (bytes, disk),
+        (Some(bytes), _) => return Ok(Room { bytes, cut: None }),
+    };
+    let cut = format!(
+        "--cache-size {} is more than the cache's filesystem can give this rank: {} ({} of {} free on {}, plus {} the cache holds, less 5%, split between {} rank(s) of this host); the cache uses {}. Free space on that disk, put the cache on a larger one, or give --cache-size {} or less",
+        mb(bytes),
+        mb(disk.0),
+        mb(disk.1.0),
+        mb(disk.1.1),
+        cache.display(),
+        mb(held),
+        sharing.max(1),
+        mb(disk.0),
+        mb(disk.0),
+    );
+    tracing::warn!("{cut}");
+    Ok(Room {
+        bytes: disk.0,
+        cut: Some(cut),
+    })
 }
 
 /// How many ranks of this host, this one included, have their cache on the filesystem of
@@ -156,6 +202,23 @@ pub(crate) fn sharing(comm: &mut dyn Comm, cache: &Path) -> Result<u64, CommErro
         hosts.get(*r) == hosts.get(me) && b.as_slice() == dev.to_le_bytes()
     };
     Ok((all.iter().enumerate()).filter(same).count().max(1) as u64)
+}
+
+/// The unit the job plans disk space in: the largest of its ranks' caches' blocks
+/// (collective; `cache::footprint`). Every rank plans every rank's kept set, so all plan with
+/// the same sizes; a rank whose disk has smaller blocks keeps what it planned all the more.
+pub(crate) fn job_block(comm: &mut dyn Comm, mine: u64) -> Result<u64, CommError> {
+    let all = comm.all_gather(&mine.to_le_bytes())?;
+    Ok((all.iter())
+        .filter_map(|b| Some(u64::from_le_bytes(b.as_slice().try_into().ok()?)))
+        .max()
+        .unwrap_or(mine))
+}
+
+/// `sizes` as they take disk space in `block`s: what the plan and the gate count.
+pub(crate) fn on_disk(sizes: Vec<u64>, block: u64) -> Vec<u64> {
+    let round = |s| crate::cache::footprint::on_disk(s, block);
+    sizes.into_iter().map(round).collect()
 }
 
 /// The job's room per rank: the smallest rank's (collective). Every rank plans every
@@ -176,9 +239,12 @@ pub(crate) fn check(
     plan: &Plan,
     sizes: Vec<u64>,
     rank: Rank,
-    capacity: u64,
+    (capacity, cut): (u64, Option<String>),
 ) -> Result<Fit, PhaseError> {
-    let fit = estimate(plan, sizes.into(), rank, capacity);
+    let fit = Fit {
+        cut,
+        ..estimate(plan, sizes.into(), rank, capacity)
+    };
     if fit.fits() {
         return Ok(fit);
     }
@@ -263,12 +329,12 @@ fn probe(manifest: &Manifest, source: &Path) -> (u64, u64, u64) {
 }
 
 /// This rank's part of the free space of `cache`'s filesystem (shared by `sharing` ranks),
-/// plus `held`, less its part of the headroom.
-fn default_capacity(cache: &Path, held: u64, sharing: u64) -> std::io::Result<u64> {
+/// plus `held`, less its part of the headroom; and the filesystem's free and total bytes.
+fn default_capacity(cache: &Path, held: u64, sharing: u64) -> std::io::Result<(u64, (u64, u64))> {
     let st = nix::sys::statvfs::statvfs(cache)?;
     let frag = st.fragment_size().max(1);
     let (total, free) = (st.blocks() * frag, st.blocks_available() * frag);
-    Ok(part_of(free, total, held, sharing))
+    Ok((part_of(free, total, held, sharing), (free, total)))
 }
 
 /// `held` plus a `sharing`th of `free`, less a `sharing`th of the headroom of `total`.
@@ -317,6 +383,7 @@ pub(crate) fn estimate(
         expected,
         sizes,
         slots: None,
+        cut: None,
     }
 }
 
@@ -343,24 +410,30 @@ fn simulated(plan: &Plan, sizes: &[u64], rank: Rank, capacity: u64) -> Outcome {
     }
 }
 
-fn mb(bytes: u64) -> String {
+pub(crate) fn mb(bytes: u64) -> String {
     format!("{:.1} MB", bytes as f64 / 1e6)
 }
 
 fn numbers(fit: &Fit, config: &MountConfig) -> String {
     format!(
-        "this rank's share needs up to {} in its cache ((1 + Q) x {} at --fraction {}), which holds {} ({}); with a partial cache, {:.1}% of reads would hit and {} per epoch would be read from the source",
+        "this rank's share needs up to {} in its cache (the most two consecutive epochs' shares take together: its share of {} and what the exchange brings in, at most --fraction {} of it), which holds {} ({}); with a partial cache, {:.1}% of reads would hit and {} per epoch would be read from the source",
         mb(fit.needed),
         mb(fit.share_bytes),
         config.fraction,
         mb(fit.capacity),
-        match config.cache_size {
-            Some(_) => "--cache-size",
-            None => "its part of the free space of its filesystem, less 5%",
-        },
+        room_source(fit, config),
         100.0 * fit.expected.hit_rate(),
         mb(fit.expected.source_bytes),
     )
+}
+
+/// Where a rank's room came from, for the messages.
+pub(crate) fn room_source(fit: &Fit, config: &MountConfig) -> String {
+    match (&fit.cut, config.cache_size) {
+        (Some(cut), _) => cut.clone(),
+        (None, Some(_)) => "--cache-size".into(),
+        (None, None) => "its part of the free space of its filesystem, less 5%".into(),
+    }
 }
 
 fn partial_message(fit: &Fit, config: &MountConfig) -> String {

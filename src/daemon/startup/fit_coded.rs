@@ -28,7 +28,7 @@ use crate::plan::{CodedShares, Rank, SampleId};
 
 use super::StartError;
 use super::agree::{PhaseError, agreed};
-use super::fit::{Fit, JobSizes, job_room, job_sizes_bounded, room, sharing};
+use super::fit::{Fit, JobSizes, job_block, job_room, job_sizes_bounded, on_disk, room, sharing};
 
 /// Epochs simulated for the estimate (epoch 0, cold, is left out of it).
 const ESTIMATE_EPOCHS: u64 = 6;
@@ -46,17 +46,24 @@ pub(crate) fn phase(
 ) -> Result<Fit, StartError> {
     let held = store.held_bytes();
     let sharing = sharing(comm, cache)?;
-    let room = agreed(comm, room(config, cache, held, sharing))?;
-    let room = job_room(comm, room)?;
+    let mine = agreed(comm, room(config, cache, held, sharing))?;
+    let room = job_room(comm, mine.bytes)?;
     let rank = comm.rank();
     let sizes = job_sizes_bounded(comm, store.manifest(), &config.source)?;
-    let fit = agreed(comm, check(config, shares, sizes, rank, room))?;
+    let block = job_block(comm, store.block())?;
+    let sizes = JobSizes {
+        sizes: on_disk(sizes.sizes, block),
+        upper: on_disk(sizes.upper, block),
+    };
+    let fit = agreed(comm, check(config, shares, sizes, rank, (room, mine.cut)))?;
     if let Some(slots) = fit.slots {
         // The gate follows this rank's kept set alone (the client steps every rank's).
         let placement = (shares.clone().with_slots(Some(slots))).placement_of(epoch, rank as usize);
         let n = fit.sizes.len().max(1) as u64;
         let mean = fit.sizes.iter().sum::<u64>() / n;
         store.set_partial(Admission::coded(placement, rank, room, mean));
+        // A cache filled under a larger room is brought within this one before staging.
+        crate::cache::trim::to_room(store, &[]);
     }
     Ok(fit)
 }
@@ -68,9 +75,12 @@ pub(crate) fn check(
     shares: &CodedShares,
     sizes: JobSizes,
     rank: Rank,
-    capacity: u64,
+    (capacity, cut): (u64, Option<String>),
 ) -> Result<Fit, PhaseError> {
-    let fit = estimate(shares, (sizes.sizes.into(), &sizes.upper), rank, capacity);
+    let fit = Fit {
+        cut,
+        ..estimate(shares, (sizes.sizes.into(), &sizes.upper), rank, capacity)
+    };
     if fit.fits() {
         return Ok(fit);
     }
@@ -112,6 +122,7 @@ pub(crate) fn estimate(
         expected,
         sizes,
         slots,
+        cut: None,
     }
 }
 
@@ -193,8 +204,12 @@ fn mb(bytes: u64) -> String {
 }
 
 fn numbers(fit: &Fit, shares: &CodedShares) -> String {
+    let cut = fit
+        .cut
+        .as_ref()
+        .map_or(String::new(), |c| format!(" ({c})"));
     format!(
-        "a rank's coded cache needs up to {} on disk (its cache of --cache-fraction {} and the next share it receives; this rank's share is {}), which holds {}; kept sets of {} samples would give a hit rate of {:.1}% and read {} per epoch from the source, the server sending this rank {} per epoch (before coding)",
+        "a rank's coded cache needs up to {} on disk (its cache of --cache-fraction {} and the next share it receives; this rank's share is {}), which holds {}{cut}; kept sets of {} samples would give a hit rate of {:.1}% and read {} per epoch from the source, the server sending this rank {} per epoch (before coding)",
         mb(fit.needed),
         shares.alpha(),
         mb(fit.share_bytes),

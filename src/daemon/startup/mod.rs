@@ -387,28 +387,34 @@ mod tests {
             let out: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
             out
         };
-        // 6 samples of 10 bytes per rank, Q 0.5: up to 90 bytes with the exchange.
-        for fit in run(&["--cache-size", "1K"]) {
+        // 6 samples of 10 bytes per rank, Q 0.5: up to 9 samples with the exchange, each
+        // taking a block of the cache's disk (`cache::footprint`).
+        let block = crate::cache::footprint::block_of(&std::env::temp_dir(), Default::default());
+        for fit in run(&["--cache-size", &(100 * block).to_string()]) {
             assert!(fit.unwrap().fits());
         }
-        for fit in run(&["--cache-size", "30"]) {
+        let three = (3 * block).to_string();
+        for fit in run(&["--cache-size", &three]) {
             let fit = fit.unwrap();
             assert!(!fit.fits());
             assert_eq!(
                 (fit.capacity, fit.share_bytes, fit.kept_samples),
-                (30, 60, 3)
+                (3 * block, 6 * block, 3)
             );
             let snap = fit.snapshot();
             assert!(snap.expected_hit_rate <= 0.5 && snap.hit_rate.is_none());
-            assert!(snap.expected_source_bytes_per_epoch >= 30);
+            assert!(snap.expected_source_bytes_per_epoch >= 3 * block);
         }
-        for err in run(&["--cache-size", "30", "--require-fit"]) {
+        for err in run(&["--cache-size", &three, "--require-fit"]) {
             let err = err.unwrap_err();
             assert!(
                 err.contains("--require-fit: this rank's share needs up to"),
                 "{err}"
             );
             assert!(err.contains("which holds 0.0 MB (--cache-size)"), "{err}");
+            // What is computed: the union of two consecutive shares, not (1 + Q) x share.
+            let need = "the most two consecutive epochs' shares take together";
+            assert!(err.contains(need) && !err.contains("(1 + Q)"), "{err}");
             assert!(err.contains("drop --require-fit"), "{err}");
         }
     }
