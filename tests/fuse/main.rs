@@ -20,6 +20,7 @@ mod mount_single;
 mod overlaps;
 mod packed_cache;
 mod page_cache;
+mod partial_counts;
 mod permissions;
 mod rescan;
 mod slow_source;
