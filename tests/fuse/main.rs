@@ -24,4 +24,5 @@ mod partial_counts;
 mod permissions;
 mod rescan;
 mod slow_source;
+mod status_hints;
 mod unmount_safety;
