@@ -3,7 +3,9 @@
 //! second until interrupted (on a terminal in place, otherwise as periodic plain tables,
 //! so a log keeps every one; with `--json`, one compact object a line). Errors go to stderr
 //! (a single look then exits with failure); a reader that goes away (`--watch | head`) ends
-//! it quietly.
+//! it quietly. A path that is no mount, or a mount whose daemon is gone, is named as such
+//! with the way out ([`unreadable`]); watching, [`GONE_AFTER`] such looks in a row end it
+//! with failure, so a watch of a mount that went does not print the same error forever.
 
 use std::io::{IsTerminal, Write};
 use std::path::Path;
@@ -17,12 +19,22 @@ use crate::cli::StatusArgs;
 pub fn run(args: &StatusArgs) -> ExitCode {
     let terminal = std::io::stdout().is_terminal();
     let mut first = true;
+    let mut gone = 0;
     loop {
         // Watching, JSON goes one compact object a line (for `jq` and logs).
         let shown = show(&args.mountpoint, args.json, !args.watch);
-        if let Err(e) = &shown {
-            eprintln!("shufflefs status: {e}");
+        match &shown {
+            Err(Look::Gone(e)) if args.watch && gone + 1 == GONE_AFTER => {
+                eprintln!("shufflefs status: {e}; stopped watching after {GONE_AFTER} such looks");
+                return ExitCode::FAILURE;
+            }
+            Err(e) => eprintln!("shufflefs status: {}", e.text()),
+            Ok(_) => {}
         }
+        gone = match &shown {
+            Err(Look::Gone(_)) => gone + 1,
+            _ => 0,
+        };
         let text = shown.as_deref().unwrap_or("");
         let clear = args.watch && terminal;
         // A table after another in a log: a blank line between.
@@ -55,25 +67,67 @@ fn print(text: &str, clear: bool, gap: bool) -> std::io::Result<()> {
     out.flush()
 }
 
+/// Failed looks in a row at a mount that is not there (or not served) that end `--watch`.
+const GONE_AFTER: u32 = 3;
+
+/// Why one look failed.
+#[derive(Debug)]
+enum Look {
+    /// No status to read: no mount there (any more), or its daemon is gone.
+    Gone(String),
+    Other(String),
+}
+
+impl Look {
+    fn text(&self) -> &str {
+        match self {
+            Look::Gone(e) | Look::Other(e) => e,
+        }
+    }
+}
+
+/// What a failed read of `mount`'s status file says: a path that is no mount names the
+/// mount point it wants; a dead mount (its daemon gone) how to unmount it.
+fn unreadable(mount: &Path, e: &std::io::Error) -> Look {
+    let shown = mount.display();
+    match e.raw_os_error() {
+        Some(libc::ENOENT | libc::ENOTDIR) if !mount.exists() => Look::Gone(format!(
+            "{shown} does not exist: give the mount point of a shufflefs mount"
+        )),
+        Some(libc::ENOENT | libc::ENOTDIR) => Look::Gone(format!(
+            "{shown} is not a shufflefs mount (no .shufflefs/status); give the mount point"
+        )),
+        Some(libc::ENOTCONN) => Look::Gone(format!(
+            "{shown} is a dead shufflefs mount (its daemon is gone: {e}); unmount it with \
+             `fusermount3 -u {shown}`, or for a launched job `shufflefs-teardown --job FILE`"
+        )),
+        _ => Look::Other(format!(
+            "reading {}: {e}",
+            mount.join(".shufflefs/status").display()
+        )),
+    }
+}
+
 /// The text for one look at `mount`'s status.
-fn show(mount: &Path, json: bool, pretty: bool) -> Result<String, String> {
+fn show(mount: &Path, json: bool, pretty: bool) -> Result<String, Look> {
     let path = mount.join(".shufflefs/status");
-    let text = std::fs::read(&path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let text = std::fs::read(&path).map_err(|e| unreadable(mount, &e))?;
+    let other = |e: String| Look::Other(e);
     let status: Value =
-        serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        serde_json::from_slice(&text).map_err(|e| other(format!("{}: {e}", path.display())))?;
     let Some(job) = status.get("job") else {
         let rank = &status["rank"];
-        return Err(format!(
+        return Err(other(format!(
             "rank {rank} at {} holds no job view (a daemon before it, or a job of over 64 ranks where only each host's first rank shows it)",
             mount.display()
-        ));
+        )));
     };
     if json {
         let s = match pretty {
             true => serde_json::to_string_pretty(job),
             false => serde_json::to_string(job),
         };
-        let mut s = s.map_err(|e| e.to_string())?;
+        let mut s = s.map_err(|e| other(e.to_string()))?;
         s.push('\n');
         return Ok(s);
     }
@@ -242,11 +296,8 @@ mod tests {
     #[test]
     fn json_is_compact_when_watched_and_errors_say_why() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(
-            show(dir.path(), true, true)
-                .unwrap_err()
-                .contains("reading")
-        );
+        let e = show(dir.path(), true, true).unwrap_err();
+        assert!(e.text().contains("is not a shufflefs mount"), "{e:?}");
         std::fs::create_dir(dir.path().join(".shufflefs")).unwrap();
         let status = json!({"rank": 0, "job": {"updated_unix_ms": 0, "ranks": [{"rank": 0}]}});
         std::fs::write(dir.path().join(".shufflefs/status"), status.to_string()).unwrap();
@@ -257,6 +308,32 @@ mod tests {
         assert_eq!(
             serde_json::from_str::<Value>(&compact).unwrap(),
             status["job"]
+        );
+    }
+
+    #[test]
+    fn a_path_that_is_no_mount_or_a_dead_mount_is_named_with_the_way_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nowhere");
+        let e = show(&missing, false, true).unwrap_err();
+        assert!(matches!(e, Look::Gone(_)), "{e:?}");
+        assert!(
+            e.text().contains("does not exist: give the mount point"),
+            "{e:?}"
+        );
+        let e = show(dir.path(), false, true).unwrap_err();
+        let want = format!(
+            "{} is not a shufflefs mount (no .shufflefs/status); give the mount point",
+            dir.path().display()
+        );
+        assert_eq!(e.text(), want);
+        let dead = std::io::Error::from_raw_os_error(libc::ENOTCONN);
+        let e = unreadable(dir.path(), &dead);
+        assert!(matches!(e, Look::Gone(_)), "{e:?}");
+        let unmount = format!("fusermount3 -u {}", dir.path().display());
+        assert!(
+            e.text().contains(&unmount) && e.text().contains("shufflefs-teardown"),
+            "{e:?}"
         );
     }
 }

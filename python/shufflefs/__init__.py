@@ -10,6 +10,7 @@ N, waiting until this rank holds its whole share. Loaders that keep one path can
 `MOUNT/current` and call `advance(mount, N)` between epochs. `shufflefs.torch` and
 `shufflefs.tf` build the usual datasets on these paths; nothing here imports either framework.
 """
+import errno
 import json
 import os
 import re
@@ -23,10 +24,29 @@ __version__ = "0.1.0"
 RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID", "RANK")
 
 
+class NotAMountError(FileNotFoundError):
+    """A path given as a mount is no shufflefs mount: it has no `.shufflefs/status` (or does
+    not exist). A FileNotFoundError, so code that waits for a mount to come keeps working."""
+
+
 def status(mount):
-    """The daemon's status for this mount, as a dict (see docs/status.md)."""
-    with open(os.path.join(mount, ".shufflefs", "status")) as f:
-        return json.load(f)
+    """The daemon's status for this mount, as a dict (see docs/status.md). Raises
+    NotAMountError when `mount` is no shufflefs mount, and an OSError (ENOTCONN) saying how
+    to unmount it when its daemon is gone."""
+    path = os.path.join(mount, ".shufflefs", "status")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (FileNotFoundError, NotADirectoryError):
+        what = "is not a shufflefs mount (no .shufflefs/status)"
+        if not os.path.exists(mount):
+            what = "does not exist"
+        raise NotAMountError(errno.ENOENT, f"{mount} {what}; give the mount point of a shufflefs mount") from None
+    except OSError as e:
+        if e.errno != errno.ENOTCONN:
+            raise
+        raise OSError(e.errno, f"{mount} is a dead shufflefs mount (its daemon is gone); "
+                      f"unmount it with fusermount3 -u {mount}") from None
 
 
 def wait_ready(mount, timeout=600.0, staged=False):
@@ -89,6 +109,16 @@ def rank_mount(template, rank=None):
     return template.replace("{rank}", str(rank_from_env() if rank is None else rank))
 
 
+def binary_looked_for(binary=None):
+    """Which binary `binary_version` runs, in words: `binary`, else `SHUFFLEFS`, else
+    `shufflefs` on PATH."""
+    if binary:
+        return f"the binary {binary}"
+    if os.environ.get("SHUFFLEFS"):
+        return f"SHUFFLEFS={os.environ['SHUFFLEFS']}"
+    return "`shufflefs` on PATH"
+
+
 def binary_version(binary=None):
     """The version `shufflefs --version` prints (`SHUFFLEFS` or `shufflefs` on PATH), or
     None when the binary cannot be run."""
@@ -104,11 +134,18 @@ def binary_version(binary=None):
 def check_version(mount=None, binary=None):
     """Warns (UserWarning) when the daemon differs from this package's version: the
     mount's (its status says which version serves it), else the binary's. Returns the
-    version found, or None when there was none to compare."""
+    version found, or None when there was none to compare (then it warns too, naming the
+    binary it looked for). A `mount` that is no shufflefs mount raises NotAMountError."""
     if mount is not None:
         found, what = status(mount).get("version"), f"the daemon serving {mount}"
     else:
         found, what = binary_version(binary), "the shufflefs binary"
+        if found is None:
+            warnings.warn(
+                f"no shufflefs version to compare: {binary_looked_for(binary)} could not be run "
+                f"(or printed no version); set SHUFFLEFS to the binary or put it on PATH",
+                stacklevel=2,
+            )
     if found is not None and found != __version__:
         warnings.warn(
             f"{what} is version {found}, this Python package {__version__}: "

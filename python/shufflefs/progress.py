@@ -99,8 +99,10 @@ class Measure:
     `this host's ranks (2 of 8)`), `state` (`running`, `done`, or why it ended without being
     done: `incomplete`, `stale`) and `note` (what to say about that)."""
 
-    def __init__(self, done, total, ranks, state="running", note=""):
+    def __init__(self, done, total, ranks, state="running", note="", rate=None):
         self.done, self.total, self.ranks, self.state, self.note = done, total, ranks, state, note
+        # The phase's own mean rate where the statuses tell one (bytes/s), else None.
+        self.rate = rate
 
     def __iter__(self):  # (done, total, ranks, finished), as callers unpack it
         return iter((self.done, self.total, self.ranks, self.state == "done"))
@@ -280,7 +282,8 @@ def exchange_measure(statuses, target, stale_limit=STALE_LIMIT, memo=None):
             remember(memo, r, target)
         done = int(sum(d for d, _ in memo.values()))
         total = int(sum(t for _, t in memo.values()))
-        m = Measure(done, max(total, done), len(rows), "running" if waiting else "done")
+        m = Measure(done, max(total, done), len(rows), "running" if waiting else "done",
+                    rate=rows_rate(rows, target))
         # Rows are refreshed while an exchange runs too: one silent for long is a lost rank.
         note = stale_note(rows, stale_limit)
         if waiting and note:
@@ -288,7 +291,31 @@ def exchange_measure(statuses, target, stale_limit=STALE_LIMIT, memo=None):
         return m
     pairs = [exchange_bytes(s, target) for s in statuses]
     return Measure(sum(p[0] for p in pairs), sum(p[1] for p in pairs), who(statuses),
-                   "running" if waiting else "done")
+                   "running" if waiting else "done", rate=statuses_rate(statuses, target))
+
+
+def rows_rate(rows, target):
+    """The job's rate of receiving in the exchange into `target`, from the rows still on it
+    (each row's rate is of its sent plus received bytes: its received share of it), or None."""
+    rate = 0.0
+    for r in rows:
+        x = r.get("exchange") or {}
+        done = x.get("done_bytes") or 0
+        if x.get("into_epoch") == target and done > 0:
+            rate += (x.get("rate_bytes_per_s") or 0) * received(x, "received_bytes", "done_bytes") / done
+    return rate or None
+
+
+def statuses_rate(statuses, target):
+    """These ranks' rate of receiving in the exchange into `target` (bytes over its
+    seconds), or None before any of them tells its time."""
+    rate = 0.0
+    for s in statuses:
+        for x in s.get("exchange", []):
+            secs = x.get("seconds") or 0
+            if x.get("target_epoch") == target and secs > 0:
+                rate += (x.get("bytes_received") or 0) / secs
+    return rate or None
 
 
 # --- the line --------------------------------------------------------------------------------
@@ -304,22 +331,37 @@ class Line:
         self.every = every if every is not None else (TTY_EVERY if self.tty else LOG_EVERY)
         self.rate = Rate()
         self.first = None
+        self.moved = None
         self.last_write = None
         self.width = 0
 
-    def update(self, done, total, ranks=None, finished=False, now=None):
+    def update(self, done, total, ranks=None, finished=False, now=None, phase_rate=None):
+        """One look: `done` of `total` bytes. `finished`: the phase ended; its line says the
+        mean rate ([`Line.mean_rate`]; `phase_rate`: the phase's own, where its status tells
+        one, for when no byte moved while it was watched)."""
         now = time.monotonic() if now is None else now
         rate = self.rate.add(now, done)
         self.first = self.first or (now, done)
+        if done > (self.moved or self.first)[1]:
+            self.moved = (now, done)
         if finished:
-            # The last line says the whole phase's mean rate.
+            rate = self.mean_rate(phase_rate)
             done = total = max(done, total)
-            t0, d0 = self.first
-            rate = (done - d0) / (now - t0) if now > t0 else rate
         due = self.last_write is None or now - self.last_write >= self.every
         if not (due or finished):
             return
         self.write(format_line(self.label, done, total, rate, ranks, finished), finished, now)
+
+    def mean_rate(self, phase_rate=None):
+        """The phase's mean rate: the bytes that moved from the first look until the last
+        look that saw them move, over that time; not until the phase was said done, which
+        may come seconds later (rows that flip to `done` after their bytes). Where no byte
+        moved while watched (done before the first look), `phase_rate`, else None (`--/s`)."""
+        if self.moved is not None:
+            (t0, d0), (t1, d1) = self.first, self.moved
+            if t1 > t0:
+                return (d1 - d0) / (t1 - t0)
+        return phase_rate if phase_rate else None
 
     def end(self, measure, now=None):
         """The last line of a phase that ended without being done: its numbers as they are,
@@ -397,7 +439,7 @@ def watch_exchange(reader, out, target, poll=0.2, every=None):
         if m.state == "stale":
             line.end(m)
             return "stale"
-        line.update(m.done, m.total, m.ranks, m.state == "done")
+        line.update(m.done, m.total, m.ranks, m.state == "done", phase_rate=m.rate)
         if m.state == "done":
             return "done"
         time.sleep(poll)

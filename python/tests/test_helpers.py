@@ -52,6 +52,32 @@ class Helpers(unittest.TestCase):
         self.assertEqual(len(seen), 1)
         self.assertIn("9.9.9", str(seen[0].message))
 
+    def test_a_path_that_is_no_mount_is_named(self):
+        plain = os.path.join(self.dir.name, "plain")
+        os.mkdir(plain)
+        for call in (shufflefs.status, shufflefs.check_version, shufflefs.current_epoch):
+            with self.assertRaisesRegex(shufflefs.NotAMountError, "plain is not a shufflefs mount"):
+                call(plain)
+        gone = os.path.join(self.dir.name, "nowhere")
+        with self.assertRaisesRegex(FileNotFoundError, "nowhere does not exist"):
+            shufflefs.status(gone)
+
+    def test_check_version_warns_when_no_binary_is_found(self):
+        saved = os.environ.pop("SHUFFLEFS", None)
+        try:
+            os.environ["SHUFFLEFS"] = "/nonexistent/shufflefs"
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                self.assertIsNone(shufflefs.check_version())
+                self.assertIsNone(shufflefs.check_version(binary="/nonexistent/sfs"))
+            self.assertEqual(len(seen), 2, [str(w.message) for w in seen])
+            self.assertIn("SHUFFLEFS=/nonexistent/shufflefs", str(seen[0].message))
+            self.assertIn("/nonexistent/sfs", str(seen[1].message))
+        finally:
+            os.environ.pop("SHUFFLEFS", None)
+            if saved is not None:
+                os.environ["SHUFFLEFS"] = saved
+
     def test_binary_version(self):
         binary = os.environ.get("SHUFFLEFS")
         if not binary:

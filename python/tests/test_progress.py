@@ -53,6 +53,37 @@ class Formatting(unittest.TestCase):
         self.assertEqual(len(lines), 4)  # at 0, 10, 20 and the end
         self.assertIn("100 B / 100 B  100%  4 B/s  ETA 0:00", lines[-1])
 
+    def test_the_last_line_says_the_mean_rate_of_the_bytes_it_saw_move(self):
+        # The bytes are all there at 10 s, the phase is said done 5 s later: the mean is
+        # over the 10 s they moved, not 0 B/s nor diluted by the wait.
+        out = io.StringIO()
+        line = progress.Line(out, "staging", tty=False, every=100)
+        line.update(200, 1200, now=0.0)
+        line.update(1200, 1200, now=10.0)
+        line.update(1200, 1200, finished=True, now=15.0)
+        self.assertIn("1.2 kB / 1.2 kB  100%  100 B/s  ETA 0:00", out.getvalue().splitlines()[-1])
+        # Done at the first look: the phase's own rate where its status tells one, else none.
+        out = io.StringIO()
+        line = progress.Line(out, "exchange", tty=False)
+        line.update(500, 500, finished=True, now=3.0, phase_rate=250.0)
+        self.assertIn("500 B / 500 B  100%  250 B/s", out.getvalue())
+        out = io.StringIO()
+        line = progress.Line(out, "exchange", tty=False)
+        line.update(500, 500, now=1.0)
+        line.update(500, 500, finished=True, now=3.0)
+        self.assertIn("100%  --/s", out.getvalue().splitlines()[-1])
+        self.assertNotIn("0 B/s", out.getvalue())
+
+    def test_an_exchange_measure_carries_its_own_rate(self):
+        st = {"exchange": [{"target_epoch": 2, "state": "done", "bytes_received": 800,
+                            "bytes_to_receive": 800, "seconds": 2.0}]}
+        self.assertEqual(progress.exchange_measure([st], 2).rate, 400.0)
+        rows = [{"rank": 0, "exchange": {"into_epoch": 2, "done_bytes": 1000, "total_bytes": 1000,
+                                         "received_bytes": 600, "to_receive_bytes": 600,
+                                         "rate_bytes_per_s": 500.0}}]
+        view = {"updated_unix_ms": 1, "ranks": rows}
+        self.assertEqual(progress.exchange_measure([{"job": view}], 2).rate, 300.0)
+
     def test_line_on_a_terminal_is_rewritten(self):
         out = io.StringIO()
         line = progress.Line(out, "staging", tty=True, every=0)

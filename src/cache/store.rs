@@ -456,6 +456,11 @@ impl SampleStore {
         if let Some(partial) = self.partial.get() {
             partial.read_from_source(got);
         }
+        // Read through memory (or ahead of the loader), the source was read all the same:
+        // the general counters (status, metrics, the epoch's log line) count it too.
+        let stats = &self.stats;
+        stats.fetched_from_source.fetch_add(1, Ordering::Relaxed);
+        (stats.fetched_bytes_from_source).fetch_add(got, Ordering::Relaxed);
         if want.is_some_and(|w| w != got) {
             return Err(io::Error::other(format!(
                 "{}: sample is {got} bytes, it was {} when first read; it changed since",

@@ -46,6 +46,72 @@ pub(crate) fn check(template: Option<&str>, hosts: &[u32]) -> Result<(), String>
     }
 }
 
+/// [`check_path`] for this rank's file of `template` (none: nothing to check).
+pub(crate) fn check_rank(template: Option<&str>, rank: u32) -> Result<(), String> {
+    let host = crate::node::jobview::hostname();
+    template.map_or(Ok(()), |t| check_path(&path_for(t, rank, &host)))
+}
+
+/// How every metrics file shufflefs writes begins (`node::metrics` renders its families
+/// in order, each under a `# HELP shufflefs_…` line).
+const OURS: &[u8] = b"# HELP shufflefs_";
+
+/// Refuses this rank's metrics `path` before anything is mounted, rather than a warning
+/// nobody reads and a file never written: its folder must exist and take a file, and a
+/// file already there must be one shufflefs wrote (empty, or beginning with [`OURS`]):
+/// shufflefs never overwrites a file it did not create.
+pub(crate) fn check_path(path: &Path) -> Result<(), String> {
+    let shown = path.display();
+    let folder = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if !folder.is_dir() {
+        return Err(format!(
+            "--metrics-file {shown}: the folder {} does not exist; create it (mkdir -p {}) \
+             or give a path in an existing folder",
+            folder.display(),
+            folder.display()
+        ));
+    }
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("--metrics-file {shown}: {e}")),
+        Ok(m) if !m.is_file() => {
+            return Err(format!(
+                "--metrics-file {shown} exists and is not a regular file; give another path"
+            ));
+        }
+        Ok(_) if !written_by_us(path) => {
+            return Err(format!(
+                "--metrics-file {shown} exists and is not a metrics file shufflefs wrote (it \
+                 does not begin with \"# HELP shufflefs_\"): shufflefs never overwrites a \
+                 file it did not create; move it away or give another path"
+            ));
+        }
+        Ok(_) => {}
+    }
+    // The folder takes a file: the temporary one `write` would make, made and removed.
+    let tmp = tmp_path(path);
+    std::fs::write(&tmp, b"").map_err(|e| {
+        format!(
+            "--metrics-file {shown}: cannot write in the folder {}: {e}",
+            folder.display()
+        )
+    })?;
+    let _ = std::fs::remove_file(&tmp);
+    Ok(())
+}
+
+/// Whether the file at `path` is empty or begins as every metrics file shufflefs writes.
+fn written_by_us(path: &Path) -> bool {
+    use std::io::Read;
+    let mut head = Vec::with_capacity(OURS.len());
+    let read =
+        std::fs::File::open(path).and_then(|f| f.take(OURS.len() as u64).read_to_end(&mut head));
+    read.is_ok() && (head.is_empty() || head == OURS)
+}
+
 impl MetricsFile {
     pub(crate) fn start(path: PathBuf, status: Arc<dyn StatusReport>) -> MetricsFile {
         let (tx, rx) = channel();
@@ -100,12 +166,17 @@ impl Drop for MetricsFile {
 /// Writes `bytes` to `path` through a temporary file beside it (hidden, and not ending in
 /// .prom, so a collector never reads it).
 fn write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    let tmp = tmp_path(path);
     std::fs::write(&tmp, bytes)?;
     std::fs::rename(&tmp, path).inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
     })
+}
+
+/// The temporary file beside `path` that `write` renames into place.
+fn tmp_path(path: &Path) -> PathBuf {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    path.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
 }
 
 #[cfg(test)]
@@ -129,6 +200,32 @@ mod tests {
         assert!(check(Some("/m/sfs-{host}.prom"), &[0, 1, 2]).is_ok());
         let e = check(Some("/m/sfs-{host}.prom"), &[0, 1, 1]).unwrap_err();
         assert!(e.contains("lacks {rank}"), "{e}");
+    }
+
+    #[test]
+    fn a_missing_folder_or_a_file_shufflefs_did_not_write_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nofolder/m-0.prom");
+        let e = check_path(&missing).unwrap_err();
+        assert!(e.contains("nofolder") && e.contains("mkdir -p"), "{e}");
+
+        let mine = dir.path().join("m-0.prom");
+        std::fs::write(&mine, "my own data").unwrap();
+        let e = check_path(&mine).unwrap_err();
+        assert!(
+            e.contains("m-0.prom") && e.contains("never overwrites"),
+            "{e}"
+        );
+        assert_eq!(std::fs::read_to_string(&mine).unwrap(), "my own data");
+
+        // Empty, or one shufflefs wrote (a remount over the last job's file): accepted.
+        std::fs::write(&mine, "").unwrap();
+        check_path(&mine).unwrap();
+        std::fs::write(&mine, "# HELP shufflefs_epoch The epoch\n").unwrap();
+        check_path(&mine).unwrap();
+        check_path(&dir.path().join("new.prom")).unwrap();
+        let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(left.len(), 1, "the check leaves no temporary file");
     }
 
     #[test]

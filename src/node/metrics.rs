@@ -96,8 +96,10 @@ impl ExchangeTotals {
         }
         for r in reports {
             let now = t.seen.entry(r.target_epoch).or_default();
-            if r.peers.is_empty() {
+            if r.coded.is_some() {
                 // The coded client tells no peers: what it moved, it moved with the server.
+                // (Any other exchange names its peers, and one without any, of a job of
+                // one rank, say, moved nothing: no `server` series of zeros.)
                 for (k, v) in [
                     (Moved::Sent, r.bytes_sent),
                     (Moved::Received, r.bytes_received),
@@ -415,6 +417,7 @@ mod tests {
         let coded = ExchangeReport {
             target_epoch: 1,
             bytes_received: 70,
+            coded: Some(crate::exchange::coded::CodedReport::default()),
             ..ExchangeReport::default()
         };
         let t = ExchangeTotals::default().observe(&[coded]);
@@ -424,6 +427,18 @@ mod tests {
         let text = render(&i);
         let line = "shufflefs_exchange_bytes_total{rank=\"0\",direction=\"received\",peer_host=\"server\"} 70";
         assert!(text.lines().any(|l| l == line), "{text}");
+    }
+
+    #[test]
+    fn an_exchange_without_peers_that_is_not_coded_shows_no_server() {
+        let alone = ExchangeReport {
+            target_epoch: 1,
+            ..ExchangeReport::default()
+        };
+        let t = ExchangeTotals::default().observe(&[alone]);
+        assert!(t.keys().all(|&(_, peer)| peer != SERVER), "{t:?}");
+        let text = render(&input(t, None));
+        assert!(!text.contains("peer_host=\"server\""), "{text}");
     }
 
     #[test]

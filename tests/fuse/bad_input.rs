@@ -745,3 +745,28 @@ fn a_share_that_does_not_fit_is_refused_under_require_fit() {
         .unwrap_or_default();
     assert!(left.iter().all(|n| n == "shufflefs.log"), "{left:?}");
 }
+
+#[test]
+fn metrics_file_in_a_missing_folder_or_over_a_users_file() {
+    if !require_fuse() {
+        return;
+    }
+    let data = standard_dataset();
+    let missing = data.path("nofolder");
+    let template = missing.join("m-{rank}.prom");
+    let extra = ["--metrics-file", template.to_str().unwrap()];
+    let r = refused(&data, &data.root, &data.dir("mnt"), &extra);
+    all_mention(
+        &r,
+        &[missing.to_str().unwrap(), "does not exist", "mkdir -p"],
+    );
+
+    // A user's own file at the path is never overwritten.
+    let theirs = data.path("m-0.prom");
+    fs::write(&theirs, "my own data").unwrap();
+    let template = data.path("m-{rank}.prom");
+    let extra = ["--metrics-file", template.to_str().unwrap()];
+    let r = refused(&data, &data.root, &data.dir("mnt"), &extra);
+    all_mention(&r, &[theirs.to_str().unwrap(), "never overwrites"]);
+    assert_eq!(fs::read_to_string(&theirs).unwrap(), "my own data");
+}

@@ -201,6 +201,11 @@ fn metrics_move(job: &MpiJob, dir: &Path, python: &Path) {
         assert!(!checked_listing(dir, m, 2).is_empty());
     }
     let after = parse(python, &mount_metrics);
+    for m in &mount_metrics {
+        let text = std::fs::read_to_string(m).unwrap();
+        // Only the coded exchange moves bytes with a server.
+        assert!(!text.contains("peer_host=\"server\""), "{text}");
+    }
     for r in 0..RANKS as usize {
         let (b, a) = (&before[r], &after[r]);
         let rank = r.to_string();

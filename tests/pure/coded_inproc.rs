@@ -195,6 +195,13 @@ fn run(scheme: Scheme, limit: usize, how: Multicast) -> Vec<Vec<CodedReport>> {
                         report.bytes_to_receive <= share_bytes,
                         "rank {me}: {report:?}"
                     );
+                    // Done counts what the total counts (the lacking samples' bytes, not the
+                    // packets' nor the cache fill's): the whole of it, never more.
+                    assert_eq!(
+                        (report.bytes_received, report.bytes_sent),
+                        (report.bytes_to_receive, report.bytes_to_send),
+                        "rank {me}: {report:?}"
+                    );
                     // The exchange alone delivered the whole share: nothing from the source.
                     for &id in step.next.share(me) {
                         assert!(store.contains(id), "rank {me}: sample {id} not delivered");

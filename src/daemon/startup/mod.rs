@@ -5,7 +5,8 @@
 //!
 //! 0. the command line's own consistency was checked before (`config`), alone on each rank;
 //! 1. local checks (mount point, source on rank 0, the cache folder and its lock): `local`;
-//! 2. the same settings everywhere (and a `--metrics-file` no two ranks of a host share): `settings`;
+//! 2. the same settings everywhere (and a `--metrics-file` no two ranks of a host share, whose
+//!    folder exists and that is not a file shufflefs did not write): `settings`;
 //! 3. seed and index, decided by rank 0 (the index is reused from rank 0's cache when its
 //!    settings match, else built by the dataset format): `index`;
 //!    The side files (`--replicate`) are then copied once per host: `side`;
@@ -115,7 +116,8 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
     let (mut dir, mount_dirs) = agreed(comm, checked)?;
     let same = settings::compare(comm, config)?.and_then(|()| {
         let template = config.metrics_file.as_deref();
-        crate::daemon::metrics_file::check(template, comm.hosts()).map_err(PhaseError::Shared)
+        crate::daemon::metrics_file::check(template, comm.hosts()).map_err(PhaseError::Shared)?;
+        crate::daemon::metrics_file::check_rank(template, rank).map_err(PhaseError::Mine)
     });
     agreed(comm, same)?;
 

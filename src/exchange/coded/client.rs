@@ -152,13 +152,17 @@ impl CodedClient {
             abort,
             &mut report,
         )?;
-        tracker.update(target, |r| r.coded = Some(report.clone()));
+        tracker.update(target, |r| {
+            r.bytes_received = report.share_bytes_received;
+            r.coded = Some(report.clone());
+        });
 
         self.fallback(world, store, target, failed, abort, &mut report)?;
         (report.server_packet_bytes, report.uncoded_packet_bytes) =
             recv_totals(world, abort).map_err(|e| comm_err(target, e))?;
         let received = report.samples_decoded + report.fallback_samples;
-        let bytes = report.packet_bytes_received + report.plain_bytes_received;
+        // What the total (`bytes_to_receive`) counts; the wire bytes are in `report`.
+        let bytes = report.share_bytes_received;
         tracker.update(target, |r| {
             r.samples_received = received;
             r.bytes_received = bytes;
@@ -229,7 +233,7 @@ impl CodedClient {
             ids: lacking,
         };
         send_request(world, &req, abort).map_err(|e| comm_err(target, e))?;
-        let (n, bytes) = self.receive_plain(world, store, target, abort)?;
+        let (n, bytes, _) = self.receive_plain(world, store, target, abort)?;
         report.cache_fill_samples = n;
         report.plain_bytes_received += bytes;
         Ok(())
@@ -283,7 +287,7 @@ impl CodedClient {
             ids: failed,
         };
         send_request(world, &req, abort).map_err(|e| comm_err(target, e))?;
-        let (n, bytes) = self.receive_plain(world, store, target, abort)?;
+        let (n, bytes, stored) = self.receive_plain(world, store, target, abort)?;
         if n < asked {
             tracing::warn!(
                 asked,
@@ -293,19 +297,21 @@ impl CodedClient {
         }
         report.fallback_samples = n;
         report.plain_bytes_received += bytes;
+        report.share_bytes_received += stored;
         Ok(())
     }
 
     /// Receives the server's plain samples until its last piece; returns how many were
-    /// stored and the bytes received. A stop ends the coded exchange for good.
+    /// stored, the bytes received (framing included) and the stored samples' bytes. A stop
+    /// ends the coded exchange for good.
     fn receive_plain(
         &mut self,
         world: &mut dyn Comm,
         store: &SampleStore,
         target: u64,
         abort: &AtomicBool,
-    ) -> Result<(u64, u64), ExchangeError> {
-        let (mut n, mut bytes) = (0u64, 0u64);
+    ) -> Result<(u64, u64, u64), ExchangeError> {
+        let (mut n, mut bytes, mut stored) = (0u64, 0u64, 0u64);
         loop {
             let (more, bundle) = recv_piece(world, abort).map_err(|e| comm_err(target, e))?;
             if more == STOP {
@@ -319,7 +325,10 @@ impl CodedClient {
             for p in entries {
                 let Some(b) = p.bytes else { continue };
                 match store_bytes(store, p.id, b, p.crc) {
-                    Ok(()) => n += 1,
+                    Ok(()) => {
+                        n += 1;
+                        stored += b.len() as u64;
+                    }
                     Err(e) => {
                         tracing::warn!(sample = p.id, error = %e, "cannot store a sample from the server")
                     }
@@ -327,7 +336,7 @@ impl CodedClient {
             }
             if more != MORE {
                 debug_assert_eq!(more, LAST);
-                return Ok((n, bytes));
+                return Ok((n, bytes, stored));
             }
         }
     }
@@ -430,8 +439,12 @@ fn take_packet(
     match decoded {
         Ok(samples) if samples.iter().any(|(s, _)| *s == want) => {
             for (s, bytes) in samples {
+                let len = bytes.len() as u64;
                 match store_bytes(store, s, &bytes, crc32c::crc32c(&bytes)) {
-                    Ok(()) => report.samples_decoded += 1,
+                    Ok(()) => {
+                        report.samples_decoded += 1;
+                        report.share_bytes_received += len;
+                    }
                     // The partial cache has no room for it: asking the server again would
                     // only be refused again (a reader gets it from the source).
                     Err(e) if crate::cache::admission::is_not_kept(&e) => {

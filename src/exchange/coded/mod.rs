@@ -103,6 +103,13 @@ pub struct CodedReport {
     /// them: the initial cache fill, or what a crash lost.
     pub cache_fill_samples: u64,
     pub plain_bytes_received: u64,
+    /// Bytes of the samples of the next share this rank lacked that came (decoded, or
+    /// plainly after a failed decode): what `bytes_to_receive` counts, so the exchange's
+    /// `bytes_received` (its progress against that total) is this, not the wire bytes
+    /// above, which also carry the cache fill, the packets' headers and padding, and
+    /// packets whose part was for another rank. Not shown: `bytes_received` is.
+    #[serde(skip)]
+    pub share_bytes_received: u64,
     /// Seconds spent decoding packets (reading the cached parts, XOR, CRC).
     pub decode_seconds: f64,
     /// Bytes of every packet the server sent in this step (all groups, headers and padding
