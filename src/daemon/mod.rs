@@ -214,8 +214,17 @@ fn ready_line(
         Some(s) if coded => format!(", {} exchange from the server", s.name()),
         _ => String::new(),
     };
+    // A partial cache is said on the terminal too (the warning with its numbers is in the
+    // log, which a detached or launched daemon writes to a file).
+    let partial = match store.partial() {
+        Some(gate) => format!(
+            "; partial cache: its shares do not fit {} of cache, the samples not kept are read from the source (expected hit rate in the log and the status's `partial`)",
+            startup::fit::mb(gate.capacity())
+        ),
+        None => String::new(),
+    };
     format!(
-        "shufflefs: rank {rank} of {} mounted {} (epoch {}, {}{how})",
+        "shufflefs: rank {rank} of {} mounted {} (epoch {}, {}{how}){partial}",
         comm.size(),
         for_rank(&config.mountpoint, rank).display(),
         current.epoch,

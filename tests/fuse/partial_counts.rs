@@ -1,7 +1,8 @@
 //! A partial cache's reads through from the source (issue 33) are source reads like any
 //! other: `cache.fetched_bytes_from_source`, `shufflefs_source_bytes_total` and the
 //! `epoch advanced` line's `source_bytes` count them, and agree with the partial cache's
-//! own `partial.source_bytes_per_epoch`.
+//! own `partial.source_bytes_per_epoch`; and the mount's "mounted" line says the cache is
+//! partial.
 
 use std::fs;
 
@@ -47,6 +48,12 @@ fn bytes_read_through_count_as_source_bytes() {
         &data.path("cache"),
         &mnt,
         &["--cache-size", "1K"],
+    );
+    // The terminal is told, not only the log.
+    assert!(
+        d.ready_line.contains("partial cache") && d.ready_line.contains("read from the source"),
+        "{}",
+        d.ready_line
     );
     let before = wait_staging_done(&mnt);
     let epoch = mnt.join(format!("epoch-{}", before["epoch"]));
