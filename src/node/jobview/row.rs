@@ -111,7 +111,9 @@ pub(crate) struct Parts {
 pub(crate) struct Sampler {
     parts: Parts,
     host: String,
-    last: Option<(u64, u64, Instant)>,
+    /// The exchange the rows follow and its bytes done at each recent row (the last
+    /// [`RATE_WINDOW`]), for its rate.
+    last: Option<(u64, std::collections::VecDeque<(Instant, u64)>)>,
     fallbacks: BTreeMap<u64, u64>,
     retired_fallbacks: u64,
 }
@@ -168,19 +170,16 @@ impl Sampler {
         let done = r.bytes_sent + r.bytes_received;
         let now = Instant::now();
         let ended = matches!(r.state, ExchangeState::Done | ExchangeState::Failed);
-        let rate = match self.last {
-            _ if ended && r.seconds > 0.0 => done as f64 / r.seconds,
-            Some((epoch, before, at)) if epoch == r.target_epoch && !ended => {
-                let dt = now.duration_since(at).as_secs_f64();
-                if dt > 0.0 {
-                    done.saturating_sub(before) as f64 / dt
-                } else {
-                    0.0
-                }
-            }
-            _ => 0.0,
+        let seen = match self.last.take() {
+            Some((epoch, seen)) if epoch == r.target_epoch => seen,
+            _ => Default::default(),
         };
-        self.last = Some((r.target_epoch, done, now));
+        let (rate, seen) = window_rate(seen, now, done);
+        let rate = match ended && r.seconds > 0.0 {
+            true => done as f64 / r.seconds,
+            false => rate,
+        };
+        self.last = Some((r.target_epoch, seen));
         ExchangeRow {
             into_epoch: Some(r.target_epoch),
             done_bytes: done,
@@ -216,9 +215,53 @@ pub(crate) fn hostname() -> String {
         .unwrap_or_default()
 }
 
+/// How far back a running exchange's rate looks: a paced or bursty exchange (frames go out
+/// whole) would read 0 B/s between bursts over one second.
+const RATE_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The rate of bytes done over the rows of the last [`RATE_WINDOW`] (0 at the first), and
+/// those rows with this one added.
+fn window_rate(
+    mut seen: std::collections::VecDeque<(Instant, u64)>,
+    now: Instant,
+    done: u64,
+) -> (f64, std::collections::VecDeque<(Instant, u64)>) {
+    while seen.len() > 1 && seen.front().is_some_and(|&(at, _)| now - at > RATE_WINDOW) {
+        seen.pop_front();
+    }
+    let rate = match seen.front() {
+        Some(&(at, before)) if now > at => {
+            done.saturating_sub(before) as f64 / (now - at).as_secs_f64()
+        }
+        _ => 0.0,
+    };
+    seen.push_back((now, done));
+    (rate, seen)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A paced exchange's bursts: the rate stays above 0 between them, over the window.
+    #[test]
+    fn a_running_rate_spans_the_window_not_the_last_row() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + std::time::Duration::from_secs(s);
+        let (rate, seen) = window_rate(Default::default(), at(0), 0);
+        assert_eq!(rate, 0.0);
+        let (rate, seen) = window_rate(seen, at(1), 100_000);
+        assert_eq!(rate, 100_000.0);
+        // No burst for 4 s: the rate over the window, not 0.
+        let (rate, mut seen) = window_rate(seen, at(5), 100_000);
+        assert_eq!(rate, 20_000.0);
+        for s in 6..=20 {
+            (_, seen) = window_rate(seen, at(s), 100_000 + (s - 5) * 1000);
+        }
+        // Only the last 10 s count.
+        let (rate, _) = window_rate(seen, at(21), 116_000);
+        assert_eq!(rate, 1_000.0);
+    }
 
     #[test]
     fn a_bounded_row_keeps_whole_characters() {
