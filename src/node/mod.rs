@@ -256,9 +256,20 @@ impl Effects for NodeEffects {
 
     fn persist(&self, epoch: u64) -> Result<(), EffectError> {
         let dir = self.store.dir();
-        let mut state = dir.load_state()?.ok_or(EffectError::StateVanished)?;
-        state.epoch = epoch;
-        Ok(dir.save_state(&state)?)
+        let saved = dir
+            .load_state()
+            .map_err(EffectError::from)
+            .and_then(|state| {
+                let mut state = state.ok_or(EffectError::StateVanished)?;
+                state.epoch = epoch;
+                Ok(dir.save_state(&state)?)
+            });
+        // The advance fails (the current epoch stays); the status says why (a full cache
+        // disk, say), or the job table would show no problem at all.
+        if let Err(e) = &saved {
+            (self.store.stats).report_problem(format!("saving epoch {epoch} failed: {e}"));
+        }
+        saved
     }
 
     /// The peers whose stream into `target` is not complete and not given up.

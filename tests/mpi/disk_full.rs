@@ -184,6 +184,11 @@ fn disk_full_during_exchange_keeps_the_current_view_serving() {
         Ok(_) => (1, "epoch-1"),
     };
     assert_eq!(status(full)["epoch"], epoch);
+    if epoch == 0 {
+        // The failed advance is named in the status (the job table's first problem).
+        let problems = status(full)["cache"]["problems"].to_string();
+        assert!(problems.contains("saving epoch 1 failed"), "{problems}");
+    }
     let mut n = 0;
     for c in 0..2 {
         for f in std::fs::read_dir(full.join(format!("{serving}/c{c}"))).unwrap() {
