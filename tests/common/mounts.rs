@@ -93,3 +93,41 @@ pub fn teardown_launched(job: &Path, mounts: impl IntoIterator<Item = PathBuf>) 
         }
     }
 }
+
+/// Small tmpfs mounts a test makes (caches that must fill, or be exactly so large),
+/// unmounted (detached) however the test ends.
+#[derive(Default)]
+pub struct Tmpfs(pub Vec<PathBuf>);
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `size` (`mount -o size=` syntax: `1250k`, `2M`) at `dir`, which must
+    /// exist.
+    pub fn add(&mut self, dir: &Path, size: &str) {
+        let options = format!("size={size}");
+        nix::mount::mount(
+            Some("tmpfs"),
+            dir,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some(options.as_str()),
+        )
+        .unwrap_or_else(|e| panic!("mount a {size} tmpfs at {}: {e}", dir.display()));
+        self.0.push(dir.to_path_buf());
+    }
+
+    /// One tmpfs of `size` at `dir` (created).
+    pub fn at(dir: &Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(dir).unwrap();
+        let mut t = Tmpfs::default();
+        t.add(dir, size);
+        t
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+}

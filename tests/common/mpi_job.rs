@@ -209,6 +209,21 @@ pub fn write_source(dir: &Path, classes: u32, per_class: u32, bytes: usize) {
     }
 }
 
+/// As [`write_source`], every sample exactly `bytes` long, under `src/c{c}/` (the partial
+/// cache tests plan with those sizes).
+pub fn write_equal_source(dir: &Path, classes: u32, per_class: u32, bytes: usize) {
+    for c in 0..classes {
+        let class = dir.join(format!("src/c{c}"));
+        std::fs::create_dir_all(&class).unwrap();
+        for i in 0..per_class {
+            let data: Vec<u8> = (0..bytes)
+                .map(|o| (o as u32 ^ (i * 31 + c)) as u8)
+                .collect();
+            std::fs::write(class.join(format!("s{i:03}.bin")), data).unwrap();
+        }
+    }
+}
+
 /// Waits (up to 2 minutes) until `pred` holds for every rank's status.
 #[track_caller]
 pub fn wait_all(job: &MpiJob, what: &str, pred: impl Fn(&Value) -> bool) {

@@ -36,17 +36,6 @@ const VARIED: std::ops::RangeInclusive<usize> = 20_000..=80_000;
 const LEAST_HIT_PART: f64 = 0.4;
 const EPOCHS: u64 = 5;
 
-/// Unmounts the tmpfs caches however the test ends.
-struct Tmpfs(Vec<std::path::PathBuf>);
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        for p in &self.0 {
-            let _ = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH);
-        }
-    }
-}
-
 struct Setup {
     tmp: tempfile::TempDir,
     plan: Plan,
@@ -82,15 +71,11 @@ impl Setup {
                 std::fs::write(class.join(format!("s{i:03}.bin")), data).unwrap();
             }
         }
-        let mut caches = Tmpfs(Vec::new());
+        let mut caches = Tmpfs::default();
         for r in 0..RANKS {
             let cache = dir.join(format!("cache{r}"));
             std::fs::create_dir(&cache).unwrap();
-            let options = format!("size={TMPFS}");
-            let flags = nix::mount::MsFlags::empty();
-            nix::mount::mount(Some("tmpfs"), &cache, Some("tmpfs"), flags, Some(&*options))
-                .unwrap();
-            caches.0.push(cache);
+            caches.add(&cache, TMPFS);
         }
         let params = PlanParams {
             samples: CLASSES * PER_CLASS,

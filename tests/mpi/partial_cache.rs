@@ -5,9 +5,7 @@
 //! are at least as good as the plan's (`plan::keep`; the early refill, `cache::early`, may
 //! do better), planned with each sample's size on disk (whole blocks). Needs root (tmpfs).
 
-use std::path::Path;
-
-use crate::common::mpi_job::{MpiJob, checked_listing, exchange, wait_all};
+use crate::common::mpi_job::{MpiJob, checked_listing, exchange, wait_all, write_equal_source};
 use crate::common::*;
 use shufflefs::plan::keep::{DEFAULT_HORIZON, KeepPlanner};
 use shufflefs::plan::{Plan, PlanParams};
@@ -19,28 +17,6 @@ const CLASSES: u32 = 2;
 const PER_CLASS: u32 = 40;
 const SIZE: usize = 50_000;
 const EPOCHS: u64 = 5;
-
-fn write_equal_source(dir: &Path) {
-    for c in 0..CLASSES {
-        let class = dir.join(format!("src/c{c}"));
-        std::fs::create_dir_all(&class).unwrap();
-        for i in 0..PER_CLASS {
-            let data: Vec<u8> = (0..SIZE).map(|o| (o as u32 ^ (i * 31 + c)) as u8).collect();
-            std::fs::write(class.join(format!("s{i:03}.bin")), data).unwrap();
-        }
-    }
-}
-
-/// Unmounts the tmpfs caches however the test ends.
-struct Tmpfs(Vec<std::path::PathBuf>);
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        for p in &self.0 {
-            let _ = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH);
-        }
-    }
-}
 
 /// The source, the tmpfs caches, and the plan's kept sets for `times`.
 struct Setup {
@@ -60,24 +36,14 @@ impl Setup {
     fn with_caches(times: u64, tmpfs: &str, caches: u32) -> Setup {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
-        write_equal_source(dir);
+        write_equal_source(dir, CLASSES, PER_CLASS, SIZE);
         let share = u64::from(CLASSES * PER_CLASS / RANKS) * SIZE as u64;
         let cap = share / times;
-        let mut mounted = Tmpfs(Vec::new());
+        let mut mounted = Tmpfs::default();
         for r in 0..caches {
             let cache = dir.join(format!("cache{r}"));
             std::fs::create_dir(&cache).unwrap();
-            let options = format!("size={tmpfs}");
-            let flags = nix::mount::MsFlags::empty();
-            nix::mount::mount(
-                Some("tmpfs"),
-                &cache,
-                Some("tmpfs"),
-                flags,
-                Some(options.as_str()),
-            )
-            .unwrap();
-            mounted.0.push(cache);
+            mounted.add(&cache, tmpfs);
         }
         let samples = CLASSES * PER_CLASS;
         let params = PlanParams {

@@ -6,7 +6,9 @@
 
 use std::path::Path;
 
-use crate::common::mpi_job::{MpiJob, checked_listing, exchange, mpirun, wait_all};
+use crate::common::mpi_job::{
+    MpiJob, checked_listing, exchange, mpirun, wait_all, write_equal_source,
+};
 use crate::common::*;
 
 const RANKS: u32 = 2;
@@ -20,41 +22,10 @@ const PER_CLASS: u32 = 40;
 const SIZE: usize = 20_500;
 const SAMPLES: usize = (CLASSES * PER_CLASS) as usize;
 
-fn write_source(dir: &Path) {
-    for c in 0..CLASSES {
-        let class = dir.join(format!("src/c{c}"));
-        std::fs::create_dir_all(&class).unwrap();
-        for i in 0..PER_CLASS {
-            let data: Vec<u8> = (0..SIZE).map(|o| (o as u32 ^ (i * 31 + c)) as u8).collect();
-            std::fs::write(class.join(format!("s{i:03}.bin")), data).unwrap();
-        }
-    }
-}
-
-/// Unmounts the tmpfs however the test ends.
-struct Tmpfs(std::path::PathBuf);
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
-    }
-}
-
 /// A `size` tmpfs at `dir/shared`, and `dir/cache{r}` a link to `shared/c{r}` on it.
 fn shared_tmpfs(dir: &Path, size: &str) -> Tmpfs {
     let shared = dir.join("shared");
-    std::fs::create_dir(&shared).unwrap();
-    let options = format!("size={size}");
-    let flags = nix::mount::MsFlags::empty();
-    nix::mount::mount(
-        Some("tmpfs"),
-        &shared,
-        Some("tmpfs"),
-        flags,
-        Some(options.as_str()),
-    )
-    .unwrap();
-    let mounted = Tmpfs(shared.clone());
+    let mounted = Tmpfs::at(&shared, size);
     for r in 0..RANKS {
         std::fs::create_dir(shared.join(format!("c{r}"))).unwrap();
         std::os::unix::fs::symlink(shared.join(format!("c{r}")), dir.join(format!("cache{r}")))
@@ -102,7 +73,7 @@ fn ranks_sharing_a_small_disk_never_fill_it() {
 fn sharing_a_small_disk(layout: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    write_source(dir);
+    write_equal_source(dir, CLASSES, PER_CLASS, SIZE);
     let _disk = shared_tmpfs(dir, "1m");
     let args = ["--cache-layout", layout];
     let job = MpiJob::start_with(mpirun(RANKS), dir, RANKS, SEED, FRACTION, &args);
@@ -139,7 +110,7 @@ fn a_full_cache_remounted_smaller_shrinks_to_its_size() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    write_source(dir);
+    write_equal_source(dir, CLASSES, PER_CLASS, SIZE);
     let job = MpiJob::start_with(mpirun(RANKS), dir, RANKS, SEED, FRACTION, &[]);
     check(dir, &job, 0, SAMPLES);
     wait_all(&job, "the first exchange", |st| {
