@@ -241,7 +241,8 @@ fn a_cache_smaller_than_the_share_still_serves_every_byte() {
     ] {
         let read_path = read_path.to_string();
         let cache = data.dir(&format!("cache-{read_path}-{layout}"));
-        mount_tmpfs(&cache, "1m");
+        // Unmounted however the test ends (a failed run once left one behind).
+        let tmpfs = Tmpfs::at(&cache, "1m");
         let d = Daemon::mount(
             &data.root,
             &cache,
@@ -273,6 +274,6 @@ fn a_cache_smaller_than_the_share_still_serves_every_byte() {
         );
         let stopped = d.unmount();
         assert!(stopped.status.is_some_and(|s| s.success()), "{stopped:?}");
-        nix::mount::umount2(&cache, nix::mount::MntFlags::MNT_DETACH).unwrap();
+        drop(tmpfs);
     }
 }
