@@ -205,7 +205,10 @@ fn mount_everywhere<'w>(
 fn ready_line(
     config: &MountConfig,
     comm: &dyn Comm,
-    store: &crate::cache::SampleStore,
+    (store, partial): (
+        &crate::cache::SampleStore,
+        Option<&crate::node::status::PartialSnapshot>,
+    ),
     current: &crate::plan::EpochShares,
     coded: bool,
 ) -> String {
@@ -216,10 +219,12 @@ fn ready_line(
     };
     // A partial cache is said on the terminal too (the warning with its numbers is in the
     // log, which a detached or launched daemon writes to a file).
-    let partial = match store.partial() {
-        Some(gate) => format!(
-            "; partial cache: its shares do not fit {} of cache, the samples not kept are read from the source (expected hit rate in the log and the status's `partial`)",
-            startup::fit::mb(gate.capacity())
+    let partial = match partial {
+        Some(p) => format!(
+            "; partial cache: its shares do not fit {} of cache, the samples not kept are read from the source: expected hit rate {:.0}%, {} from the source per epoch (the log and the status's `partial` say more)",
+            startup::fit::mb(p.cache_size_bytes),
+            100.0 * p.expected_hit_rate,
+            startup::fit::mb(p.expected_source_bytes_per_epoch),
         ),
         None => String::new(),
     };

@@ -105,7 +105,7 @@ pub(crate) fn run_node(
     on_ready(&super::ready_line(
         config,
         comm,
-        &store,
+        (&store, node.status.partial.get()),
         &current,
         world.is_some(),
     ));

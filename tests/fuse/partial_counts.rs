@@ -51,7 +51,9 @@ fn bytes_read_through_count_as_source_bytes() {
     );
     // The terminal is told, not only the log.
     assert!(
-        d.ready_line.contains("partial cache") && d.ready_line.contains("read from the source"),
+        d.ready_line.contains("partial cache")
+            && d.ready_line.contains("read from the source")
+            && d.ready_line.contains("expected hit rate"),
         "{}",
         d.ready_line
     );
