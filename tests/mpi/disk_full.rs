@@ -17,6 +17,8 @@ use shufflefs::sys::mounts::is_mounted;
 const RANKS: usize = 2;
 
 struct Setup {
+    /// Unmounted after the daemons (fields drop after `drop`), before the folder goes.
+    caches: Tmpfs,
     _tmp: tempfile::TempDir,
     dir: PathBuf,
     child: Option<Child>,
@@ -34,26 +36,7 @@ impl Drop for Setup {
             let _ = c.kill();
             let _ = c.wait();
         }
-        for r in 0..RANKS {
-            let _ = nix::mount::umount2(
-                &self.dir.join(format!("cache{r}")),
-                nix::mount::MntFlags::MNT_DETACH,
-            );
-        }
     }
-}
-
-/// A small tmpfs at `dir` (which must exist), so the cache on it fills up.
-fn mount_tmpfs(dir: &Path, size: &str) {
-    let options = format!("size={size}");
-    nix::mount::mount(
-        Some("tmpfs"),
-        dir,
-        Some("tmpfs"),
-        nix::mount::MsFlags::empty(),
-        Some(options.as_str()),
-    )
-    .unwrap();
 }
 
 fn status(mnt: &Path) -> Value {
@@ -71,6 +54,7 @@ fn disk_full_during_exchange_keeps_the_current_view_serving() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().to_path_buf();
     let mut setup = Setup {
+        caches: Tmpfs::default(),
         _tmp: tmp,
         dir: dir.clone(),
         child: None,
@@ -90,7 +74,7 @@ fn disk_full_during_exchange_keeps_the_current_view_serving() {
         std::fs::create_dir(&cache).unwrap();
         std::fs::create_dir(dir.join(format!("mnt{r}"))).unwrap();
         // Room for both shares at mount; shrunk below once mounted.
-        mount_tmpfs(&cache, "10m");
+        setup.caches.add(&cache, "10m");
     }
     setup.child = Some(
         mpirun(RANKS as u32)
