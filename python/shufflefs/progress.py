@@ -392,6 +392,17 @@ def lost_note(mounts):
     return f"{mounts.lost} stopped answering (its daemon exited?)"
 
 
+def look(reader, line):
+    """The mounts' statuses, or how the watch ends: `lost` (said on `line`) or `none`."""
+    statuses = reader.read()
+    if reader.lost:
+        line.fail(lost_note(reader))
+        return None, "lost"
+    if not statuses:
+        return None, "none"
+    return statuses, None
+
+
 def watch_staging(mounts, out, poll=0.2, every=None, timeout=None, quiet_if_done=False):
     """Shows staging until every share is staged. Returns how it ended: `done`, `none` (no
     mount answered), `lost` (a mount stopped answering), `incomplete` (staging ended with
@@ -402,12 +413,9 @@ def watch_staging(mounts, out, poll=0.2, every=None, timeout=None, quiet_if_done
     deadline = None if timeout is None else time.monotonic() + timeout
     first = True
     while True:
-        statuses = reader.read()
-        if reader.lost:
-            line.fail(lost_note(reader))
-            return "lost"
-        if not statuses:
-            return "none"
+        statuses, ended = look(reader, line)
+        if ended:
+            return ended
         m = staging_measure(statuses)
         if m.state in ("incomplete", "stale"):
             line.end(m)
@@ -429,12 +437,9 @@ def watch_exchange(reader, out, target, poll=0.2, every=None):
     line = Line(out, f"exchange into epoch {target}", every=every)
     memo = {}
     while True:
-        statuses = reader.read()
-        if reader.lost:
-            line.fail(lost_note(reader))
-            return "lost"
-        if not statuses:
-            return "none"
+        statuses, ended = look(reader, line)
+        if ended:
+            return ended
         m = exchange_measure(statuses, target, memo=memo)
         if m.state == "stale":
             line.end(m)
