@@ -245,13 +245,30 @@ pub(crate) fn check(
         cut,
         ..estimate(plan, sizes.into(), rank, capacity)
     };
+    verdict(
+        fit,
+        config.require_fit,
+        |f| refusal(f, config),
+        |f| partial_message(f, config),
+    )
+}
+
+/// `fit` as it is when it fits; else refused under `--require-fit` (`refusal` says why),
+/// or taken with the partial-cache warning (`partial`) in the log. Partial and coded
+/// runs alike.
+pub(crate) fn verdict(
+    fit: Fit,
+    require_fit: bool,
+    refusal: impl FnOnce(&Fit) -> String,
+    partial: impl FnOnce(&Fit) -> String,
+) -> Result<Fit, PhaseError> {
     if fit.fits() {
         return Ok(fit);
     }
-    if config.require_fit {
-        return Err(PhaseError::mine(refusal(&fit, config)));
+    if require_fit {
+        return Err(PhaseError::mine(refusal(&fit)));
     }
-    tracing::warn!("{}", partial_message(&fit, config));
+    tracing::warn!("{}", partial(&fit));
     Ok(fit)
 }
 

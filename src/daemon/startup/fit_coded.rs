@@ -81,14 +81,12 @@ pub(crate) fn check(
         cut,
         ..estimate(shares, (sizes.sizes.into(), &sizes.upper), rank, capacity)
     };
-    if fit.fits() {
-        return Ok(fit);
-    }
-    if config.require_fit {
-        return Err(PhaseError::mine(refusal(&fit, shares)));
-    }
-    tracing::warn!("{}", partial_message(&fit, shares));
-    Ok(fit)
+    super::fit::verdict(
+        fit,
+        config.require_fit,
+        |f| refusal(f, shares),
+        |f| partial_message(f, shares),
+    )
 }
 
 /// The fit of the job's coded caches in `capacity` bytes (the same on every rank), and what
