@@ -9,13 +9,17 @@
 //! - [`Slow`]: a thin uplink: sends leave at most at a number of bytes per second, without
 //!   blocking the caller (they are held back and posted when due), so a peer of a slow rank
 //!   sees its messages arrive late while the slow rank itself keeps working.
+//! - [`Lagging`]: reports a large send's completion a while after it happened (as MPI does
+//!   for a message past its eager limit, which waits for the receiver) while small ones
+//!   complete at once, and counts what was posted and never reported, so a test sees a
+//!   caller that returns with messages still pending.
 //!
 //! A split of a wrapped transport is not wrapped: the doubles act on the communicator they
 //! were given.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -301,6 +305,109 @@ impl<C: Comm> Comm for Slow<C> {
                 self.detached.insert(*ticket);
             }
         }
+    }
+}
+
+/// Holds the completion of each send over [`Lagging::EAGER`] bytes back for `lag` after the
+/// wrapped transport reported it (smaller sends complete as they do), and counts the messages posted whose completion was not reported (nor detached or
+/// cancelled) yet: a caller that returns while [`Lagging::open`] is not zero left them to
+/// be abandoned, which under MPI skips `MPI_Finalize` and fails the job.
+pub struct Lagging<C> {
+    inner: C,
+    lag: Duration,
+    /// Send completions the wrapped transport reported, with when they are due.
+    held: VecDeque<(Instant, Done)>,
+    /// Posted and not reported, detached or cancelled yet.
+    live: HashSet<Ticket>,
+    /// Which of them are sends.
+    sends: HashSet<Ticket>,
+    open: Arc<AtomicUsize>,
+}
+
+impl<C: Comm> Lagging<C> {
+    /// Sends up to this many bytes complete at once, as MPI's eager sends do: so a short
+    /// message posted after a long one may complete first.
+    pub const EAGER: usize = 64;
+
+    pub fn new(inner: C, lag: Duration) -> Lagging<C> {
+        Lagging {
+            inner,
+            lag,
+            held: VecDeque::new(),
+            live: HashSet::new(),
+            sends: HashSet::new(),
+            open: Arc::default(),
+        }
+    }
+
+    /// How many posted messages are still unaccounted for; shared, so it can be read after
+    /// the transport moved into the code under test.
+    pub fn open(&self) -> Arc<AtomicUsize> {
+        self.open.clone()
+    }
+
+    fn forget(&mut self, tickets: &[Ticket]) {
+        for t in tickets {
+            self.live.remove(t);
+            self.sends.remove(t);
+        }
+        self.held.retain(|(_, d)| !tickets.contains(&d.ticket));
+        self.open.store(self.live.len(), Ordering::Relaxed);
+    }
+}
+
+impl<C: Comm> Comm for Lagging<C> {
+    delegate!();
+
+    fn post(&mut self, op: Op) -> Result<Ticket, CommError> {
+        let send = op.dir == Dir::Send && op.buf.len() > Self::EAGER;
+        let ticket = self.inner.post(op)?;
+        self.live.insert(ticket);
+        if send {
+            self.sends.insert(ticket);
+        }
+        self.open.store(self.live.len(), Ordering::Relaxed);
+        Ok(ticket)
+    }
+
+    fn progress(&mut self, wait: Duration, abort: &AtomicBool) -> Result<Vec<Done>, CommError> {
+        let until = Instant::now() + wait;
+        loop {
+            let now = Instant::now();
+            let next = self
+                .held
+                .front()
+                .map_or(until, |(due, _)| (*due).min(until));
+            let step = next.saturating_duration_since(now);
+            let mut out = Vec::new();
+            for d in self.inner.progress(step, abort)? {
+                if self.sends.remove(&d.ticket) {
+                    self.held.push_back((Instant::now() + self.lag, d));
+                } else {
+                    out.push(d);
+                }
+            }
+            let now = Instant::now();
+            while self.held.front().is_some_and(|(due, _)| *due <= now) {
+                out.push(self.held.pop_front().expect("front").1);
+            }
+            out.retain(|d| self.live.remove(&d.ticket));
+            self.open.store(self.live.len(), Ordering::Relaxed);
+            if !out.is_empty() || now >= until || self.live.is_empty() {
+                return Ok(out);
+            }
+            thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    fn detach(&mut self, tickets: &[Ticket]) {
+        self.inner.detach(tickets);
+        self.forget(tickets);
+    }
+
+    fn cancel(&mut self, tickets: &[Ticket]) {
+        self.inner.cancel(tickets);
+        self.forget(tickets);
     }
 }
 

@@ -267,19 +267,21 @@ enum Slot {
     SizesIn(usize),
     /// Stream, frame index.
     FrameIn(usize, usize),
-    SizesOut,
+    /// Sends that carry nothing back, by the peer they go to (so a given-up peer's are
+    /// detached with the rest of its messages).
+    SizesOut(Rank),
     FrameOut(usize),
     ConfirmIn(usize),
-    ConfirmOut,
+    ConfirmOut(Rank),
     EndIn(usize),
-    EndOut,
+    EndOut(Rank),
 }
 
 fn phase_of(slot: Slot) -> Phase {
     match slot {
-        Slot::SizesIn(_) | Slot::SizesOut => Phase::Sizes,
-        Slot::FrameIn(..) | Slot::FrameOut(_) | Slot::EndIn(_) | Slot::EndOut => Phase::Samples,
-        Slot::ConfirmIn(_) | Slot::ConfirmOut => Phase::Confirm,
+        Slot::SizesIn(_) | Slot::SizesOut(_) => Phase::Sizes,
+        Slot::FrameIn(..) | Slot::FrameOut(_) | Slot::EndIn(_) | Slot::EndOut(_) => Phase::Samples,
+        Slot::ConfirmIn(_) | Slot::ConfirmOut(_) => Phase::Confirm,
     }
 }
 
@@ -367,7 +369,6 @@ fn run_round(
             started: Instant::now(),
             pacer: Pacer::new(ctx.cfg.rate),
             local: None,
-            ends_out: 0,
             leaves: None,
             sizing: None,
             scope,
@@ -395,8 +396,6 @@ struct RoundRun<'a, 's, 'scope, 'env> {
     started: Instant,
     pacer: Pacer,
     local: Option<ExchangeError>,
-    /// Ends of streams posted and not completed.
-    ends_out: usize,
     /// Whether this rank leaves the exchanges after this one, once decided (see `stop`):
     /// every end of a stream says the same.
     leaves: Option<bool>,
@@ -442,21 +441,23 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
         // Every receive the round starts with, before any send.
         let (mut outs, mut ins) = self.open_streams(comm, round)?;
         self.start_sending(comm, &mut outs)?;
-        let mut confirms_out = 0usize;
         let mut settled_at: Option<Instant> = None;
         loop {
             self.list_resolved(comm, &mut outs)?;
             self.feed_out(comm, &mut outs)?;
             self.feed_in(comm, &mut ins)?;
             if settled_at.is_none() && ins.iter().all(|s| s.settled) {
-                confirms_out = self.settle(comm, &ins)?;
+                self.settle(comm, &ins)?;
                 settled_at = Some(Instant::now());
                 settled(&self.local);
             }
             let sent = (outs.iter())
                 .all(|o| o.sent == o.frames && o.confirmed.is_some() && (o.disk || o.ended));
-            let posted = confirms_out + self.ends_out;
-            if settled_at.is_some() && posted == 0 && sent && ins.iter().all(In::drained) {
+            // Every message this round posted is accounted for (completed, or cancelled or
+            // detached with its peer given up): a send still pending when the round ends
+            // would be abandoned with the communicator, and MPI then cannot finalize.
+            let accounted = self.tickets.is_empty();
+            if settled_at.is_some() && accounted && sent && ins.iter().all(In::drained) {
                 return Ok(());
             }
             let completed = comm.progress(POLL, ctx.abort).map_err(|e| {
@@ -467,7 +468,7 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
                 ctx.comm_error(Phase::Samples, peers.collect(), e)
             })?;
             for done in completed {
-                self.completed(comm, done, &mut outs, &mut ins, &mut confirms_out);
+                self.completed(comm, done, &mut outs, &mut ins);
             }
             self.reap(&mut ins);
             if settled_at.is_none() {
@@ -554,7 +555,6 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
         done: Done,
         outs: &mut [Out],
         ins: &mut [In<'s, 'scope>],
-        confirms_out: &mut usize,
     ) {
         let Some(slot) = self.tickets.remove(&done.ticket) else {
             return;
@@ -562,7 +562,8 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
         let peer = match slot {
             Slot::SizesIn(i) | Slot::FrameIn(i, _) | Slot::EndIn(i) => Some(ins[i].peer),
             Slot::FrameOut(i) | Slot::ConfirmIn(i) => Some(outs[i].peer),
-            Slot::SizesOut | Slot::ConfirmOut | Slot::EndOut => None,
+            // A send completing says little of its peer (small ones complete locally).
+            Slot::SizesOut(_) | Slot::ConfirmOut(_) | Slot::EndOut(_) => None,
         };
         if let Some(peer) = peer {
             self.last_heard.insert(peer, Instant::now());
@@ -570,18 +571,17 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
         match slot {
             Slot::SizesIn(i) => self.sizes_arrived(&mut ins[i], &done.buf),
             Slot::FrameIn(i, k) => self.frame_arrived(&mut ins[i], k, done.buf),
-            Slot::SizesOut => {}
+            // Sends of this rank that carry nothing back: their completion only counts (the
+            // ticket table empties).
+            Slot::SizesOut(_) | Slot::ConfirmOut(_) | Slot::EndOut(_) => {}
             Slot::FrameOut(i) => self.frame_sent(&mut outs[i], done.buf),
             Slot::ConfirmIn(i) => self.confirmed(&mut outs[i], &done.buf),
-            Slot::ConfirmOut => *confirms_out -= 1,
             Slot::EndIn(i) => self.end_arrived(comm, &mut ins[i], i, &done.buf),
-            Slot::EndOut => self.ends_out -= 1,
         }
     }
 
-    /// Makes what arrived durable and tells every sender whether it is stored; returns the
-    /// number of confirmations posted.
-    fn settle(&mut self, comm: &mut dyn Comm, ins: &[In]) -> Result<usize, ExchangeError> {
+    /// Makes what arrived durable and tells every sender whether it is stored.
+    fn settle(&mut self, comm: &mut dyn Comm, ins: &[In]) -> Result<(), ExchangeError> {
         let t0 = Instant::now();
         if !self.ctx.leaving
             && let Err(e) = self.ctx.store.sync()
@@ -599,9 +599,13 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
         };
         for s in ins {
             let msg = vec![ok, u8::from(s.given_up && !s.disk)];
-            self.post(comm, Op::send(s.peer, confirm, msg), Slot::ConfirmOut)?;
+            self.post(
+                comm,
+                Op::send(s.peer, confirm, msg),
+                Slot::ConfirmOut(s.peer),
+            )?;
         }
-        Ok(ins.len())
+        Ok(())
     }
 }
 

@@ -11,7 +11,7 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use shufflefs::cache::{CacheDir, FileBackend, SampleStore};
-use shufflefs::comm::doubles::{Delaying, Failing, Slow};
+use shufflefs::comm::doubles::{Delaying, Failing, Lagging, Slow};
 use shufflefs::comm::{Comm, CommError, LocalComm};
 use shufflefs::dataset::manifest::Manifest;
 use shufflefs::dataset::{SyntheticSource, synthetic_byte};
@@ -804,11 +804,12 @@ fn a_rank_that_leaves_serves_one_exchange_without_samples_then_is_left_out() {
     let plan = plan(manifest.len(), world, 0.5, 31);
     let handles: Vec<_> = LocalComm::world(world)
         .into_iter()
-        .map(|mut comm| {
+        .map(|comm| {
             let (manifest, plan) = (manifest.clone(), plan.clone());
             std::thread::spawn(move || {
                 let _guard = AbortOnPanic;
                 let me = comm.rank();
+                let mut comm = comm;
                 let dir = tempfile::tempdir().unwrap();
                 let source = Arc::new(SyntheticSource {
                     manifest: manifest.clone(),
@@ -869,5 +870,50 @@ fn a_rank_that_leaves_serves_one_exchange_without_samples_then_is_left_out() {
             "rank {me}: {in2:?}"
         );
         assert_eq!(report(2).state, ExchangeState::Done);
+    }
+}
+
+/// Every rank stops at once (the end of an ordinary job): each serves the exchange in flight
+/// without samples and returns only once every message it posted completed. Long sends
+/// complete late here, as under MPI past its eager limit: the size lists (a leaving rank's
+/// only long messages) once were not waited for, so the communicator abandoned them, MPI
+/// was never finalized and every job ended with exit 1.
+#[test]
+fn ranks_leaving_together_return_with_nothing_pending() {
+    let world = 4;
+    let manifest = manifest(1200);
+    let plan = plan(manifest.len(), world, 0.5, 7);
+    let handles: Vec<_> = LocalComm::world(world)
+        .into_iter()
+        .map(|comm| {
+            let (manifest, plan) = (manifest.clone(), plan.clone());
+            std::thread::spawn(move || {
+                let _guard = AbortOnPanic;
+                let me = comm.rank();
+                let mut comm = Lagging::new(comm, Duration::from_millis(300));
+                let open = comm.open();
+                let dir = tempfile::tempdir().unwrap();
+                let source = Arc::new(SyntheticSource {
+                    manifest: manifest.clone(),
+                });
+                let store = SampleStore::new(CacheDir::open(dir.path()).unwrap(), manifest, source)
+                    .unwrap();
+                for &id in plan.initial().share(me) {
+                    store.ensure(id).unwrap();
+                }
+                let mut partial = Partial {
+                    cfg: ExchangeConfig::default(),
+                    peers: Peers::separate(world),
+                };
+                let tracker = ExchangeTracker::default();
+                let into1 = plan.step(&plan.initial());
+                partial.leave(&mut comm, &store, &tracker, &into1).unwrap();
+                let open = open.load(std::sync::atomic::Ordering::Relaxed);
+                assert_eq!(open, 0, "rank {me} returned with messages pending");
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
     }
 }

@@ -257,7 +257,7 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
                 .filter(|(_, slot)| match **slot {
                     Slot::SizesIn(i) | Slot::FrameIn(i, _) | Slot::EndIn(i) => ins[i].peer == peer,
                     Slot::FrameOut(i) | Slot::ConfirmIn(i) => outs[i].peer == peer,
-                    Slot::SizesOut | Slot::ConfirmOut | Slot::EndOut => false,
+                    Slot::SizesOut(p) | Slot::ConfirmOut(p) | Slot::EndOut(p) => p == peer,
                 })
                 .map(|(&t, _)| t)
                 .collect();

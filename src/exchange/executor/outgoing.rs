@@ -124,7 +124,7 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
         let (data, ..) = ctx.tags();
         o.listed = true;
         let list = sizes::encode(ctx.store, o.ids, &sizes);
-        self.post(comm, Op::send(o.peer, data, list), Slot::SizesOut)?;
+        self.post(comm, Op::send(o.peer, data, list), Slot::SizesOut(o.peer))?;
         if o.disk {
             return Ok(());
         }

@@ -72,9 +72,8 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
         let (.., end) = self.ctx.tags();
         let mut msg = (o.frames as u64).to_le_bytes().to_vec();
         msg.push(u8::from(leaves));
-        self.post(comm, Op::send(o.peer, end, msg), Slot::EndOut)?;
+        self.post(comm, Op::send(o.peer, end, msg), Slot::EndOut(o.peer))?;
         o.ended = true;
-        self.ends_out += 1;
         Ok(())
     }
 
