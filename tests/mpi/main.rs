@@ -17,6 +17,7 @@ mod comm_mpi;
 mod disk_full;
 mod elastic_mpi;
 mod interrupt_mpi;
+mod job_end;
 mod jobview_mpi;
 mod launch_mpi;
 mod layouts_modes;

@@ -11,17 +11,21 @@ use serde::{Deserialize, Serialize};
 use super::ManifestError;
 
 /// ETags in one arena (a `String` each would cost 24 bytes and an allocation per object).
+///
+/// The ends are 64-bit: ETags run 34-70 bytes, so 32-bit ends wrapped past ~60-120M objects
+/// and every rank but the scanning one rejected the manifest as corrupt. Postcard writes
+/// both as the same varint, so manifests saved with 32-bit ends decode unchanged.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Etags {
     text: String,
     /// Where each ETag ends in `text`.
-    end: Vec<u32>,
+    end: Vec<u64>,
 }
 
 impl Etags {
     pub fn push(&mut self, etag: &str) {
         self.text.push_str(etag);
-        self.end.push(self.text.len() as u32);
+        self.end.push(self.text.len() as u64);
     }
 
     pub fn get(&self, i: usize) -> Option<&str> {
@@ -45,8 +49,11 @@ impl Etags {
     fn valid(&self) -> bool {
         let mut at = 0;
         self.end.iter().all(|&e| {
-            let ok = e as usize >= at && self.text.is_char_boundary(e as usize);
-            at = e as usize;
+            let Ok(e) = usize::try_from(e) else {
+                return false;
+            };
+            let ok = e >= at && self.text.is_char_boundary(e);
+            at = e;
             ok
         }) && at <= self.text.len()
     }
@@ -114,5 +121,43 @@ mod tests {
         let mut cut = bytes.clone();
         cut.remove(4);
         assert!(decode(&cut).is_err());
+    }
+
+    /// A footer written when the ends were `u32` decodes as it did.
+    #[test]
+    fn a_footer_with_32_bit_ends_still_decodes() {
+        #[derive(Serialize)]
+        struct Old {
+            text: String,
+            end: Vec<u32>,
+        }
+        let old = Old {
+            text: "\"a\"\"bc\"".into(),
+            end: vec![3, 7],
+        };
+        let mut bytes = postcard::to_allocvec(&old).unwrap();
+        let len = bytes.len() as u64;
+        bytes.extend_from_slice(&len.to_le_bytes());
+        bytes.extend_from_slice(MAGIC);
+        let (rest, etags) = decode(&bytes).unwrap();
+        assert!(rest.is_empty());
+        assert_eq!(
+            (etags.get(0), etags.get(1)),
+            (Some("\"a\""), Some("\"bc\""))
+        );
+    }
+
+    /// ETags past 4 GiB of text (~60-120M objects) keep their places: 32-bit ends wrapped.
+    #[test]
+    fn etags_past_four_gib_of_text_keep_their_places() {
+        // NUL bytes are valid UTF-8, and a zeroed allocation takes no memory until written.
+        let filler = String::from_utf8(vec![0u8; (1 << 32) + 8]).unwrap();
+        let mut etags = Etags {
+            end: vec![filler.len() as u64],
+            text: filler,
+        };
+        etags.push("\"past\"");
+        assert_eq!(etags.get(1), Some("\"past\""));
+        assert!(etags.valid());
     }
 }
