@@ -46,6 +46,7 @@ pub mod coded_keep;
 pub mod elastic;
 pub mod equal;
 pub mod keep;
+pub mod keyed;
 pub mod placement;
 
 pub use coded::CodedShares;
