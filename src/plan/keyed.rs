@@ -27,7 +27,7 @@ use rand_core::Rng;
 const ROUNDS: usize = 8;
 
 /// A permutation of `0..n` keyed by the plan's seed and a tuple naming its use.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KeyedPermutation {
     n: u64,
     /// Bits in each half of the Feistel network.
@@ -44,6 +44,16 @@ impl KeyedPermutation {
         let mut rng = stream(seed, domain, a, b);
         let keys = std::array::from_fn(|_| rng.next_u64());
         KeyedPermutation { n, half, keys }
+    }
+
+    /// An independent permutation of the same size for `tweak` (e.g. one per exchange
+    /// slot), without a fresh ChaCha8 stream: each round key is mixed with the tweak.
+    pub fn tweaked(&self, tweak: u64) -> KeyedPermutation {
+        let t = mix(tweak ^ 0x5446_5745_414B_0001);
+        KeyedPermutation {
+            keys: self.keys.map(|k| mix(k ^ t)),
+            ..*self
+        }
     }
 
     /// How many indices it permutes.
@@ -175,6 +185,19 @@ mod tests {
         for b in buckets {
             assert!((850..1150).contains(&b), "{buckets:?}");
         }
+    }
+
+    #[test]
+    fn tweaks_give_independent_bijections() {
+        let base = KeyedPermutation::new(64, 7, 1, 0, 0);
+        let a = image(&base.tweaked(1));
+        let b = image(&base.tweaked(2));
+        let mut sorted = a.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..64).collect::<Vec<_>>());
+        assert_ne!(a, b);
+        assert_ne!(a, image(&base));
+        assert_eq!(a, image(&base.tweaked(1)));
     }
 
     #[test]

@@ -47,6 +47,7 @@ pub mod elastic;
 pub mod equal;
 pub mod keep;
 pub mod keyed;
+pub mod local;
 pub mod placement;
 
 pub use coded::CodedShares;

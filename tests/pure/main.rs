@@ -20,6 +20,7 @@ mod elastic_props;
 mod equal_props;
 mod exchange_inproc;
 mod keep_props;
+mod local_plan_props;
 mod plan_props;
 mod reftest;
 mod resume_inproc;
