@@ -100,9 +100,10 @@ pub(crate) fn index(
 }
 
 /// The index saved in rank 0's cache, if it was built with the same format and framing
-/// (and no `--rescan` asks for a new one).
+/// (and neither `--rescan` nor `--allow-other` asks for a new one: see
+/// `MountConfig::rescans`).
 fn cached(config: &MountConfig, dir: &CacheDir, reusable: Option<&CacheState>) -> Option<Manifest> {
-    if config.rescan {
+    if config.rescans() {
         return None;
     }
     let params = config.source_config.params();
@@ -123,7 +124,7 @@ fn scan(config: &MountConfig) -> Result<Manifest, String> {
     let params = config.source_config.params();
     let m = config
         .format()
-        .build_index(&config.source, &params)
+        .build_index(&config.source, &params, config.owners_per_entry())
         .map_err(|e| e.to_string())?;
     let globs = Globs::parse(&config.replicate)?;
     let m = side::split(m, &config.source, &globs).map_err(|e| e.to_string())?;
