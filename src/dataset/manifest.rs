@@ -423,6 +423,11 @@ impl Manifest {
         self.owners.as_ref()
     }
 
+    /// Forgets the owners (a view only its mounting user sees shows none).
+    pub(crate) fn clear_owners(&mut self) {
+        self.owners = None;
+    }
+
     /// Keeps `owners`, refusing ones that do not cover exactly this manifest's folders,
     /// samples and side files (or any of a record source's).
     pub(crate) fn set_owners(&mut self, owners: Owners) -> Result<(), ManifestError> {

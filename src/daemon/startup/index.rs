@@ -78,10 +78,14 @@ pub(crate) fn index(
 ) -> Result<(Manifest, Vec<u8>, bool), StartError> {
     let mut built = None;
     let outcome = decide(comm, || -> Result<Vec<u8>, String> {
-        let (m, scanned) = match cached(config, dir, reusable) {
+        let (mut m, scanned) = match cached(config, dir, reusable) {
             Some(m) => (m, false),
             None => (scan(config)?, true),
         };
+        // Owners from an earlier --allow-other mount are for a view others see alone.
+        if !config.owners_per_entry() {
+            m.clear_owners();
+        }
         let mut bytes = vec![u8::from(scanned)];
         bytes.extend(m.encode());
         built = Some(m);
