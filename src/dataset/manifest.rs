@@ -5,7 +5,9 @@
 //! on a cold cache means reading every inode table (on a parallel filesystem, a metadata
 //! round trip per file) and cost 2-3x the whole listing. So a scanned sample's size is
 //! unknown until the sample is first read (see `SampleStore::size`). Manifests built with
-//! sizes (tests, synthetic sources) keep them.
+//! sizes (tests, synthetic sources) keep them. Under `--allow-other` the scan also keeps
+//! each folder's and sample's owner and mode (`dataset::owners`), in a footer the
+//! fingerprint leaves out.
 //!
 //! Samples are sorted by (class, name) and a sample's id is its index, so a class is a
 //! contiguous id range and a share sorted by id is already grouped in listing order. Names

@@ -15,6 +15,9 @@
 //!   scan hold more than the manifest plus the classes in flight: no per-name allocation and
 //!   no second copy of the whole listing.
 //!
+//! Under `--allow-other` ([`scan_with`]) every class folder and sample is `stat`ed for its
+//! owner and mode, and links are followed only inside the source (`dataset::owners`).
+//!
 //! What counts as a class or a sample, the skip reasons and the errors are those of the
 //! one-thread `std::fs::read_dir` scan this replaced (`tests::scan_judges_every_kind_of_entry`
 //! pins them).

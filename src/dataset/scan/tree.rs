@@ -370,10 +370,16 @@ mod scale {
             let m = super::scan_tree(&dir).unwrap();
             let scan = t.elapsed().as_secs_f64();
             assert_eq!(m.len() as usize, files);
+            // Under --allow-other: a stat per folder and file besides.
+            let t = std::time::Instant::now();
+            let owned = super::scan_tree_with(&dir, true).unwrap();
+            let owners = t.elapsed().as_secs_f64();
+            assert_eq!(owned.len(), m.len());
             println!(
-                "round {round}: {files} files in {} folders: find {find:.3} s, scan {scan:.3} s ({:.2}x)",
+                "round {round}: {files} files in {} folders: find {find:.3} s, scan {scan:.3} s ({:.2}x), with owners {owners:.3} s ({:.2}x)",
                 m.class_count(),
-                scan / find
+                scan / find,
+                owners / find
             );
         }
     }
