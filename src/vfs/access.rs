@@ -32,7 +32,8 @@ use crate::dataset::owners::{Folder, Owner, search_classes};
 /// Owners and modes of the view's nodes (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Access {
-    /// The source root's owner and group: owners of every view node but `.shufflefs`.
+    /// The source root's owner and group: owners of the view's root and `epoch-N/`, and of
+    /// every view node but `.shufflefs` where entries show no owners of their own.
     pub uid: u32,
     pub gid: u32,
     /// Mode of view files (samples, parts): read bits only.
