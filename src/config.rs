@@ -273,6 +273,22 @@ impl MountConfig {
         self.source_config.format()
     }
 
+    /// Whether the view shows each folder's and sample's own owner and mode: under
+    /// `--allow-other`, for a folder source (a bucket has none; a record source shows its
+    /// root's, see `vfs::access`).
+    pub(crate) fn owners_per_entry(&self) -> bool {
+        self.allow_other
+            && self.format() != Format::Records
+            && !crate::dataset::s3::is_s3(&self.source)
+    }
+
+    /// Whether rank 0 scans the source at this mount whatever its cache holds: `--rescan`,
+    /// or owners and modes per entry, which must be today's (a `chmod` since the last
+    /// mount must show; see `dataset::owners`).
+    pub(crate) fn rescans(&self) -> bool {
+        self.rescan || self.owners_per_entry()
+    }
+
     /// Which ranks exchange samples (a coded run reshuffles globally).
     pub(crate) fn scope(&self) -> ExchangeScope {
         match &self.exchange {

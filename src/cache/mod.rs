@@ -416,7 +416,9 @@ impl CacheDir {
     /// state file names); a missing or stale one is `None`, and the source is scanned.
     pub(crate) fn load_manifest(&self, fingerprint: u32) -> Result<Option<Manifest>, CacheError> {
         match fs::read(self.root.join("manifest.bin")) {
-            Ok(bytes) if crc32c::crc32c(&bytes) != fingerprint => Ok(None),
+            Ok(bytes) if crate::dataset::manifest::fingerprint_of(&bytes) != fingerprint => {
+                Ok(None)
+            }
             Ok(bytes) => Manifest::decode(&bytes)
                 .map(Some)
                 .map_err(|e| CacheError::Corrupt {

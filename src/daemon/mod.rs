@@ -152,7 +152,7 @@ fn coded_offer(
     };
     let offer = prepared.as_ref().map_err(ToString::to_string).map(|p| {
         let manifest = p.store.manifest().encode();
-        let fingerprint = crc32c::crc32c(&manifest);
+        let fingerprint = crate::dataset::manifest::fingerprint_of(&manifest);
         let epoch = p.resumed.current.epoch;
         let offer = coded::Offer::new(config, &p.plan, fingerprint, epoch);
         (offer.expect("a coded mount makes an offer"), manifest)

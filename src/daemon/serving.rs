@@ -296,7 +296,8 @@ impl EpochExchange for Recorded {
 }
 
 /// The filesystem over `node` as `config` shows it: part size, the source's owners and
-/// modes, and under `--equal-shares` the samples left out (also shown in the status).
+/// modes (each entry's own under `--allow-other`), and under `--equal-shares` the samples
+/// left out (also shown in the status).
 fn view(config: &MountConfig, node: &Node, rank: u32, elastic: Option<ElasticPlan>) -> ShuffleFs {
     let mut fs = ShuffleFs::of(node);
     if config.equal_shares {
@@ -309,5 +310,8 @@ fn view(config: &MountConfig, node: &Node, rank: u32, elastic: Option<ElasticPla
         fs = fs.with_equal_shares(equal);
     }
     fs.with_part_size(config.source_config.part_size())
-        .with_access(crate::vfs::access::Access::of_source(&config.source))
+        .with_access(
+            crate::vfs::access::Access::of_source(&config.source)
+                .per_entry(config.owners_per_entry()),
+        )
 }

@@ -3,10 +3,15 @@
 
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
+use nix::sys::stat::Mode;
+
 use super::manifest::{Manifest, ManifestError};
+use super::owners::Owner;
 use super::{Copied, Dataset};
 use crate::plan::SampleId;
 use crate::sys::io::read_full_at;
@@ -14,21 +19,83 @@ use crate::sys::io::read_full_at;
 pub struct ImageFolder {
     root: PathBuf,
     manifest: Arc<Manifest>,
+    /// Under `--allow-other` (the manifest has owners): the source root, opened, that every
+    /// sample is opened beneath (see [`Confined`]); an error to report on every read if it
+    /// could not be opened.
+    confined: Option<Result<Confined, String>>,
+}
+
+/// What a read checks under `--allow-other`, where the view shows each sample's owner and
+/// mode as the scan saw them: the source may have changed since (a file swapped for a
+/// link out of the source, or for a more private file), so a sample is opened only
+/// beneath the source root (`RESOLVE_BENEATH`: links inside it still work), and the file
+/// opened must have the owner and group the view shows and grant read to every class the
+/// view does. Otherwise the read fails (the view answers EIO) rather than serve others
+/// what the source would not.
+struct Confined {
+    dir: OwnedFd,
 }
 
 impl ImageFolder {
     pub fn new(root: PathBuf, manifest: Arc<Manifest>) -> ImageFolder {
-        ImageFolder { root, manifest }
+        let confined = manifest.owners().map(|_| {
+            let open = || -> io::Result<Confined> {
+                let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+                Ok(Confined {
+                    dir: nix::fcntl::open(&root, flags, Mode::empty())?,
+                })
+            };
+            open().map_err(|e| format!("source {}: {e}", root.display()))
+        });
+        ImageFolder {
+            root,
+            manifest,
+            confined,
+        }
     }
 
     fn path(&self, id: SampleId) -> PathBuf {
         self.root.join(self.manifest.relative_path(id))
     }
+
+    /// Opens sample `id` for reading: by its path, or under `--allow-other` only as
+    /// [`Confined`] allows.
+    fn open(&self, id: SampleId) -> io::Result<File> {
+        let (Some(confined), Some(owners)) = (&self.confined, self.manifest.owners()) else {
+            return File::open(self.path(id));
+        };
+        let confined = confined.as_ref().map_err(|e| io::Error::other(e.clone()))?;
+        let how = OpenHow::new()
+            .flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+        let refused = |why: &str| {
+            let path = self.path(id).display().to_string();
+            let why = format!("{path}: {why}; not served to other users (remount to scan again)");
+            io::Error::new(io::ErrorKind::PermissionDenied, why)
+        };
+        let rel = self.manifest.relative_path(id);
+        let file = match openat2(&confined.dir, &rel, how) {
+            Ok(fd) => File::from(fd),
+            Err(nix::Error::EXDEV) => return Err(refused("now a link out of the source")),
+            // A kernel before 5.6 has no openat2: the owner check below still holds.
+            Err(nix::Error::ENOSYS) => File::open(self.path(id))?,
+            Err(e) => return Err(io::Error::from(e)),
+        };
+        if !covers(Owner::of_meta(&file.metadata()?), owners.sample(id)) {
+            return Err(refused("its owner or mode changed since the scan"));
+        }
+        Ok(file)
+    }
+}
+
+/// Whether a file read as `now` lets read everyone the view lets read (`shown`).
+fn covers(now: Owner, shown: Owner) -> bool {
+    now.uid == shown.uid && now.gid == shown.gid && now.read & shown.read == shown.read
 }
 
 impl Dataset for ImageFolder {
     fn copy_to(&self, id: SampleId, out: &mut dyn Write) -> io::Result<Copied> {
-        let mut file = File::open(self.path(id))?;
+        let mut file = self.open(id)?;
         // The open file's size and times cost no extra lookup on the source.
         let meta = file.metadata().ok();
         let mtime = meta.as_ref().and_then(|m| m.modified().ok());
@@ -43,7 +110,7 @@ impl Dataset for ImageFolder {
     }
 
     fn read_at(&self, id: SampleId, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
-        read_full_at(&File::open(self.path(id))?, offset, buf)
+        read_full_at(&self.open(id)?, offset, buf)
     }
 
     fn describe(&self, id: SampleId) -> String {
@@ -81,5 +148,56 @@ fn copy_large(from: &mut dyn Read, to: &mut dyn Write) -> io::Result<u64> {
         };
         to.write_all(&buf[..n])?;
         total += n as u64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::{PermissionsExt as _, symlink};
+
+    use super::*;
+
+    /// Under `--allow-other` a sample swapped after the scan for a link out of the source,
+    /// or for a more private file, is not read; a link inside the source still is. Without
+    /// owners, reads go by path as before (issue 40).
+    #[test]
+    fn reads_under_owners_stay_beneath_the_source_and_as_private_as_shown() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("src");
+        fs::create_dir_all(root.join("c")).unwrap();
+        fs::write(tmp.path().join("secret"), b"secret").unwrap();
+        for name in ["a", "b", "d", "e"] {
+            fs::write(root.join("c").join(name), name).unwrap();
+            fs::set_permissions(root.join("c").join(name), fs::Permissions::from_mode(0o644))
+                .unwrap();
+        }
+        let owned = Arc::new(crate::dataset::scan::scan_with(&root, true).unwrap());
+        let plain = Arc::new(crate::dataset::scan::scan(&root).unwrap());
+        let (confined, by_path) = (
+            ImageFolder::new(root.clone(), owned),
+            ImageFolder::new(root.clone(), plain),
+        );
+        let read = |ds: &ImageFolder, id| {
+            let mut out = Vec::new();
+            ds.copy_to(id, &mut out).map(|_| out)
+        };
+        assert_eq!(read(&confined, 0).unwrap(), b"a");
+        // a: now a link out of the source; b: now 0600; d: a link to e, inside.
+        fs::remove_file(root.join("c/a")).unwrap();
+        symlink(tmp.path().join("secret"), root.join("c/a")).unwrap();
+        fs::set_permissions(root.join("c/b"), fs::Permissions::from_mode(0o600)).unwrap();
+        fs::remove_file(root.join("c/d")).unwrap();
+        symlink("e", root.join("c/d")).unwrap();
+        let err = read(&confined, 0).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::PermissionDenied, "{err}");
+        assert!(err.to_string().contains("link out of the source"), "{err}");
+        let err = read(&confined, 1).unwrap_err();
+        assert!(err.to_string().contains("owner or mode changed"), "{err}");
+        assert_eq!(read(&confined, 2).unwrap(), b"e");
+        let mut buf = [0u8; 6];
+        assert!(confined.read_at(0, 0, &mut buf).is_err());
+        // Without owners (no --allow-other), the mounting user's own view reads by path.
+        assert_eq!(read(&by_path, 0).unwrap(), b"secret");
+        assert_eq!(read(&by_path, 1).unwrap(), b"b");
     }
 }

@@ -5,7 +5,9 @@
 //! on a cold cache means reading every inode table (on a parallel filesystem, a metadata
 //! round trip per file) and cost 2-3x the whole listing. So a scanned sample's size is
 //! unknown until the sample is first read (see `SampleStore::size`). Manifests built with
-//! sizes (tests, synthetic sources) keep them.
+//! sizes (tests, synthetic sources) keep them. Under `--allow-other` the scan also keeps
+//! each folder's and sample's owner and mode (`dataset::owners`), in a footer the
+//! fingerprint leaves out.
 //!
 //! Samples are sorted by (class, name) and a sample's id is its index, so a class is a
 //! contiguous id range and a share sorted by id is already grouped in listing order. Names
@@ -23,6 +25,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::dataset::names::{Skipped, is_safe_name};
+use crate::dataset::owners::{self, Owners};
 use crate::dataset::records::RecordIndex;
 use crate::dataset::records::scan::RecordError;
 use crate::plan::SampleId;
@@ -107,6 +110,9 @@ pub struct Manifest {
     /// A bucket's objects' ETags as listed (per sample, or per shard of a record source);
     /// empty for a folder, whose encoding they leave unchanged (see `etags`).
     etags: Etags,
+    /// Under `--allow-other`, each folder's, sample's and side file's owner and mode (see
+    /// `dataset::owners`); `None` for a stat-free scan, a bucket or a record source.
+    owners: Option<Owners>,
 }
 
 /// What a source's units are: one or the other, never both.
@@ -200,6 +206,7 @@ impl Manifest {
             skipped,
             side: Side::default(),
             etags: Etags::default(),
+            owners: None,
         }
     }
 
@@ -298,6 +305,7 @@ impl Manifest {
             skipped: Vec::new(),
             side: Side::default(),
             etags: Etags::default(),
+            owners: None,
         }
     }
 
@@ -363,7 +371,8 @@ impl Manifest {
     }
 
     pub(crate) fn encode(&self) -> Vec<u8> {
-        etags::encode(self.encode_index(), &self.etags)
+        let bytes = etags::encode(self.encode_index(), &self.etags);
+        owners::encode(bytes, self.owners.as_ref())
     }
 
     /// The encoding without the ETags: a folder's whole encoding.
@@ -395,6 +404,7 @@ impl Manifest {
 
     /// Decodes bytes from the cache or a peer, refusing anything inconsistent or unsafe.
     pub(crate) fn decode(bytes: &[u8]) -> Result<Manifest, ManifestError> {
+        let (bytes, owners) = owners::decode(bytes).map_err(ManifestError::Decode)?;
         let (bytes, etags) = etags::decode(bytes)?;
         let mut m = Manifest::decode_index(bytes)?;
         if !etags.is_empty() && etags.len() != m.etag_count() {
@@ -403,7 +413,34 @@ impl Manifest {
             ));
         }
         m.etags = etags;
+        if let Some(o) = owners {
+            m.set_owners(o)?;
+        }
         Ok(m)
+    }
+
+    /// Each folder's, sample's and side file's owner, if the scan learned them
+    /// (`--allow-other`; see `dataset::owners`).
+    pub(crate) fn owners(&self) -> Option<&Owners> {
+        self.owners.as_ref()
+    }
+
+    /// Forgets the owners (a view only its mounting user sees shows none).
+    pub(crate) fn clear_owners(&mut self) {
+        self.owners = None;
+    }
+
+    /// Keeps `owners`, refusing ones that do not cover exactly this manifest's folders,
+    /// samples and side files (or any of a record source's).
+    pub(crate) fn set_owners(&mut self, owners: Owners) -> Result<(), ManifestError> {
+        let (classes, samples) = (self.class_count() as usize, self.len() as usize);
+        if self.records().is_some() || !owners.fits(classes, samples, self.side_files().len()) {
+            return Err(ManifestError::Decode(
+                "owners do not match the entries".into(),
+            ));
+        }
+        self.owners = Some(owners);
+        Ok(())
     }
 
     /// The objects (samples, or a record source's shards) an ETag is kept for.
@@ -441,6 +478,7 @@ impl Manifest {
                 skipped: wire.skipped,
                 side: Side::default(),
                 etags: Etags::default(),
+                owners: None,
             };
             return m.with_side(extras.replicate, extras.side);
         }
@@ -462,13 +500,21 @@ impl Manifest {
             skipped: wire.skipped,
             side: Side::default(),
             etags: Etags::default(),
+            owners: None,
         })
     }
 
     /// A short fingerprint of the manifest, to tell whether two caches describe the same data.
     pub fn fingerprint(&self) -> u32 {
-        crc32c::crc32c(&self.encode())
+        fingerprint_of(&self.encode())
     }
+}
+
+/// The fingerprint of an encoded manifest: of everything but the owners and modes, so a
+/// cache still belongs to the same samples after a `chmod`, and whether the view was made
+/// for other users (`--allow-other`) or not.
+pub fn fingerprint_of(bytes: &[u8]) -> u32 {
+    crc32c::crc32c(owners::without_footer(bytes))
 }
 
 impl Folders {
@@ -568,6 +614,42 @@ mod tests {
             Err(ManifestError::UnsafeName(_))
         ));
         assert!(Manifest::decode(b"junk").is_err());
+    }
+}
+
+#[cfg(test)]
+mod owned {
+    use super::*;
+    use crate::dataset::owners::{Owner, OwnersBuilder};
+
+    /// Owners travel with the manifest (to every rank, and into the cache), but leave its
+    /// fingerprint as it was: a cache belongs to the same samples whatever their modes.
+    #[test]
+    fn owners_round_trip_outside_the_fingerprint() {
+        let plain = Manifest::from_parts(vec![
+            (b"a".to_vec(), vec![(b"x".to_vec(), 1), (b"y".to_vec(), 2)]),
+            (b"b".to_vec(), vec![(b"z".to_vec(), 3)]),
+        ])
+        .unwrap();
+        let mut owned = plain.clone();
+        let mut b = OwnersBuilder::new();
+        for c in [0o755, 0o700] {
+            b.push_class(Owner::of(5, 6, c, true));
+        }
+        b.push_samples(&[0o644, 0o600, 0o640].map(|m| Owner::of(5, 6, m, false)));
+        owned.set_owners(b.finish()).unwrap();
+        let bytes = owned.encode();
+        assert_ne!(bytes, plain.encode());
+        assert_eq!(owned.fingerprint(), plain.fingerprint());
+        assert_eq!(fingerprint_of(&bytes), crc32c::crc32c(&plain.encode()));
+        let back = Manifest::decode(&bytes).unwrap();
+        assert_eq!(back, owned);
+        assert_eq!(back.owners().unwrap().sample(2).file_perm(), 0o440);
+        assert_eq!(back.owners().unwrap().class(1).dir_perm(), 0o500);
+        // Owners of another manifest's entries are refused.
+        let mut wrong = OwnersBuilder::new();
+        wrong.push_class(Owner::of(5, 6, 0o755, true));
+        assert!(plain.clone().set_owners(wrong.finish()).is_err());
     }
 }
 

@@ -19,6 +19,7 @@ use crate::plan::SampleId;
 pub(crate) mod imagefolder;
 pub mod manifest;
 pub(crate) mod names;
+pub mod owners;
 pub mod records;
 pub(crate) mod rescan;
 pub(crate) mod s3;
@@ -92,18 +93,20 @@ impl Format {
     }
 
     /// Builds the index of `source` (rank 0's one pass over it); `records` are the record
-    /// settings (`--framing` and the rest), used by `Format::Records` only.
+    /// settings (`--framing` and the rest), used by `Format::Records` only; `owners`: also
+    /// each folder's and file's owner and mode (`--allow-other`; see `owners`).
     pub fn build_index(
         self,
         source: &Path,
         records: &RecordParams,
+        owners: bool,
     ) -> Result<Manifest, ManifestError> {
         if s3::is_s3(source) {
             return s3::build_index(source, self, records);
         }
         match self {
-            Format::Imagefolder => scan::scan(source),
-            Format::Tree => scan::scan_tree(source),
+            Format::Imagefolder => scan::scan_with(source, owners),
+            Format::Tree => scan::scan_tree_with(source, owners),
             Format::Records => {
                 let (index, skipped) = records::build_index(source, records)?;
                 Ok(Manifest::from_records(index, skipped))

@@ -15,6 +15,9 @@
 //!   scan hold more than the manifest plus the classes in flight: no per-name allocation and
 //!   no second copy of the whole listing.
 //!
+//! Under `--allow-other` ([`scan_with`]) every class folder and sample is `stat`ed for its
+//! owner and mode, and links are followed only inside the source (`dataset::owners`).
+//!
 //! What counts as a class or a sample, the skip reasons and the errors are those of the
 //! one-thread `std::fs::read_dir` scan this replaced (`tests::scan_judges_every_kind_of_entry`
 //! pins them).
@@ -35,10 +38,11 @@ use nix::sys::stat::{FileStat, Mode, SFlag, fstatat};
 
 use crate::dataset::manifest::{Manifest, ManifestError, UNKNOWN_SIZE};
 use crate::dataset::names::Skipped;
+use crate::dataset::owners::{self, Owner, OwnersBuilder};
 
 mod tree;
 
-pub use tree::scan_tree;
+pub use tree::{scan_tree, scan_tree_with};
 
 /// Threads listing class folders. Measured when every sample was stat'ed (1M files, 2-core
 /// VM): warm, two threads filled two cores; cold, 8 kept more reads in flight than 2 or 4.
@@ -48,6 +52,12 @@ const THREADS: usize = 8;
 /// regular files in them (or symlinks to regular files) are samples. Dangling links and
 /// anything else are skipped and listed in `Manifest::skipped`.
 pub fn scan(root: &Path) -> Result<Manifest, ManifestError> {
+    scan_with(root, false)
+}
+
+/// [`scan`]; with `owners` (`--allow-other`), also each class folder's and sample's owner
+/// and mode (a `stat` each), and links out of the source skipped (see `dataset::owners`).
+pub fn scan_with(root: &Path, owners: bool) -> Result<Manifest, ManifestError> {
     let io_err = |path: &Path| {
         let path = path.to_path_buf();
         move |source| ManifestError::Io { path, source }
@@ -56,20 +66,12 @@ pub fn scan(root: &Path) -> Result<Manifest, ManifestError> {
     if !meta.is_dir() {
         return Err(ManifestError::NotADir(root.to_path_buf()));
     }
-    let mut classes = Vec::new();
-    for entry in fs::read_dir(root).map_err(io_err(root))? {
-        let entry = entry.map_err(io_err(root))?;
-        // ImageFolder follows links to class folders too.
-        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir())
-            || fs::metadata(entry.path()).is_ok_and(|m| m.is_dir());
-        if is_dir {
-            classes.push(entry.file_name().into_vec());
-        }
-    }
-    if classes.is_empty() {
-        return Err(ManifestError::NoClasses(root.to_path_buf()));
-    }
-    classes.sort();
+    let confine = match owners {
+        true => Some(fs::canonicalize(root).map_err(io_err(root))?),
+        false => None,
+    };
+    let (classes, class_owners, skipped) = list_classes(root, confine.as_deref())?;
+    let confine = confine.as_deref();
     let root_dir = fs::File::open(root).map_err(io_err(root))?;
 
     let next = AtomicUsize::new(0);
@@ -77,8 +79,10 @@ pub fn scan(root: &Path) -> Result<Manifest, ManifestError> {
     let done = Mutex::new(Assembly {
         manifest: Manifest::empty(),
         pending: BTreeMap::new(),
-        skipped: Vec::new(),
+        skipped,
         error: None,
+        owners: confine.map(|_| OwnersBuilder::new()),
+        class_owners,
     });
     std::thread::scope(|s| {
         for _ in 0..THREADS.min(classes.len()) {
@@ -86,7 +90,7 @@ pub fn scan(root: &Path) -> Result<Manifest, ManifestError> {
                 while !failed.load(Ordering::Relaxed) {
                     let c = next.fetch_add(1, Ordering::Relaxed);
                     let Some(class) = classes.get(c) else { break };
-                    let listed = scan_class(&root_dir, root, class);
+                    let listed = scan_class(&root_dir, root, class, confine);
                     if listed.is_err() {
                         failed.store(true, Ordering::Relaxed);
                     }
@@ -108,7 +112,54 @@ pub fn scan(root: &Path) -> Result<Manifest, ManifestError> {
     skipped.sort_by(|a, b| a.path.cmp(&b.path));
     manifest.skipped = skipped;
     manifest.shrink_to_fit();
+    if let Some(owners) = done.owners {
+        manifest.set_owners(owners.finish())?;
+    }
     Ok(manifest)
+}
+
+/// The class folders of `root`, sorted: its sub-folders and links to folders. Under
+/// `confine` (the canonical root, `--allow-other`), also each one's owner, and links out
+/// of the source skipped with the reason.
+type Classes = (Vec<Vec<u8>>, Vec<Owner>, Vec<Skipped>);
+
+fn list_classes(root: &Path, confine: Option<&Path>) -> Result<Classes, ManifestError> {
+    let io_err = |source| ManifestError::Io {
+        path: root.to_path_buf(),
+        source,
+    };
+    let mut classes = Vec::new();
+    let mut skipped = Vec::new();
+    for entry in fs::read_dir(root).map_err(io_err)? {
+        let entry = entry.map_err(io_err)?;
+        // ImageFolder follows links to class folders too.
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir())
+            || fs::metadata(entry.path()).is_ok_and(|m| m.is_dir());
+        if !is_dir {
+            continue;
+        }
+        let owner = match confine {
+            None => None,
+            Some(confine) => {
+                let is_link = entry.file_type().is_ok_and(|t| t.is_symlink());
+                match owners::of_path(confine, &entry.path(), is_link) {
+                    Ok(owner) => Some(owner),
+                    Err(reason) => {
+                        let path = entry.path().display().to_string();
+                        skipped.push(Skipped { path, reason });
+                        continue;
+                    }
+                }
+            }
+        };
+        classes.push((entry.file_name().into_vec(), owner));
+    }
+    if classes.is_empty() {
+        return Err(ManifestError::NoClasses(root.to_path_buf()));
+    }
+    classes.sort_by(|a, b| a.0.cmp(&b.0));
+    let (names, owners): (Vec<_>, Vec<_>) = classes.into_iter().unzip();
+    Ok((names, owners.into_iter().flatten().collect(), skipped))
 }
 
 /// Classes scanned so far: those whose predecessors are all in are already in `manifest`,
@@ -118,6 +169,9 @@ struct Assembly {
     pending: BTreeMap<usize, ClassScan>,
     skipped: Vec<Skipped>,
     error: Option<(usize, ManifestError)>,
+    /// Under `--allow-other`: the owners so far, and every class folder's.
+    owners: Option<OwnersBuilder>,
+    class_owners: Vec<Owner>,
 }
 
 impl Assembly {
@@ -129,10 +183,17 @@ impl Assembly {
                 while result.is_ok()
                     && let Some(scan) = self.pending.remove(&self.manifest.class_count_usize())
                 {
-                    let name = classes[self.manifest.class_count_usize()].clone();
-                    result = self
-                        .manifest
-                        .push_class(name, &scan.names, &scan.ends, &scan.sizes);
+                    let c = self.manifest.class_count_usize();
+                    if let Some(owners) = &mut self.owners {
+                        owners.push_class(self.class_owners[c]);
+                        owners.push_samples(&scan.owners);
+                    }
+                    result = (self.manifest).push_class(
+                        classes[c].clone(),
+                        &scan.names,
+                        &scan.ends,
+                        &scan.sizes,
+                    );
                     self.skipped.extend(scan.skipped);
                 }
                 match result {
@@ -155,6 +216,8 @@ struct ClassScan {
     ends: Vec<u32>,
     sizes: Vec<u64>,
     skipped: Vec<Skipped>,
+    /// Each sample's owner, under `--allow-other` (else empty).
+    owners: Vec<Owner>,
 }
 
 /// An entry of a class folder as `getdents64` reported it; its name is
@@ -165,9 +228,15 @@ struct Entry {
     len: u16,
     kind: Option<Type>,
     size: Option<u64>,
+    owner: Option<Owner>,
 }
 
-fn scan_class(root_dir: &fs::File, root: &Path, class: &[u8]) -> Result<ClassScan, ManifestError> {
+fn scan_class(
+    root_dir: &fs::File,
+    root: &Path,
+    class: &[u8],
+    confine: Option<&Path>,
+) -> Result<ClassScan, ManifestError> {
     let dir_path = root.join(OsStr::from_bytes(class));
     let io_err = |e: nix::Error| ManifestError::Io {
         path: dir_path.clone(),
@@ -181,8 +250,17 @@ fn scan_class(root_dir: &fs::File, root: &Path, class: &[u8]) -> Result<ClassSca
     entries.sort_unstable_by_key(|e| e.ino);
     for e in &mut entries {
         let name = CStr::from_bytes_with_nul(e.name(&raw)).expect("one NUL, at the end");
-        match sample_size(&dir, name, e.kind).map_err(io_err)? {
-            Ok(size) => e.size = Some(size),
+        let judged = match sample_size(&dir, name, e.kind).map_err(io_err)? {
+            Ok(size) => match confine {
+                None => Ok((size, None)),
+                Some(confine) => sample_owner(&dir, &dir_path, name, confine)
+                    .map_err(io_err)?
+                    .map(|owner| (size, Some(owner))),
+            },
+            Err(reason) => Err(reason),
+        };
+        match judged {
+            Ok((size, owner)) => (e.size, e.owner) = (Some(size), owner),
             Err(reason) => out.skipped.push(Skipped {
                 path: dir_path
                     .join(OsStr::from_bytes(name.to_bytes()))
@@ -194,6 +272,22 @@ fn scan_class(root_dir: &fs::File, root: &Path, class: &[u8]) -> Result<ClassSca
     }
     pack(&mut out, entries, &raw);
     Ok(out)
+}
+
+/// Under `--allow-other`: the owner of sample `name` of `dir` (at `dir_path`), or why it
+/// is skipped: a link is followed only inside the source (`confine`, canonical).
+fn sample_owner(
+    dir: &Dir,
+    dir_path: &Path,
+    name: &CStr,
+    confine: &Path,
+) -> nix::Result<Result<Owner, String>> {
+    let st = fstatat(dir.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW)?;
+    if type_of(&st) == Type::Symlink {
+        let path = dir_path.join(OsStr::from_bytes(name.to_bytes()));
+        return Ok(owners::of_path(confine, &path, true));
+    }
+    Ok(Ok(Owner::of(st.st_uid, st.st_gid, st.st_mode, false)))
 }
 
 impl Entry {
@@ -220,6 +314,7 @@ fn read_entries(dir: &mut Dir) -> nix::Result<(Vec<u8>, Vec<Entry>)> {
             len: name.len() as u16,
             kind: entry.file_type(),
             size: None,
+            owner: None,
         });
         raw.extend_from_slice(name);
     }
@@ -277,6 +372,7 @@ fn pack(out: &mut ClassScan, mut entries: Vec<Entry>, raw: &[u8]) {
         out.names.extend_from_slice(&name[..name.len() - 1]);
         out.ends.push(out.names.len() as u32);
         out.sizes.push(e.size.expect("kept above"));
+        out.owners.extend(e.owner);
     }
 }
 
@@ -295,7 +391,7 @@ fn type_of(meta: &FileStat) -> Type {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt};
     use std::path::PathBuf;
 
     /// A tree with every kind of entry `scan` must judge; the expected result was recorded
@@ -371,6 +467,94 @@ mod tests {
                     format!("{r}/b/nested"),
                     "nested folder (not supported; flatten the class folder)".into()
                 ),
+            ]
+        );
+        assert_eq!(Manifest::decode(&m.encode()).unwrap(), m);
+    }
+
+    /// Under `--allow-other` the scan keeps each class folder's and sample's owner and
+    /// mode, follows links only inside the source, and shows a link's target less what
+    /// the folders on the way to it deny (issue 40).
+    #[test]
+    fn scan_with_owners_keeps_modes_and_confines_links() {
+        use std::os::unix::fs::symlink;
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("src");
+        let outside = tmp.path().join("outside");
+        fs::create_dir_all(outside.join("dir")).unwrap();
+        fs::write(outside.join("secret"), b"s").unwrap();
+        fs::write(outside.join("dir/x"), b"x").unwrap();
+        for class in ["pub", "priv"] {
+            fs::create_dir_all(root.join(class)).unwrap();
+        }
+        let chmod = |p: &Path, m| fs::set_permissions(p, fs::Permissions::from_mode(m)).unwrap();
+        fs::write(root.join("pub/open"), b"o").unwrap();
+        fs::write(root.join("pub/mine"), b"m").unwrap();
+        fs::write(root.join("pub/group"), b"g").unwrap();
+        fs::write(root.join("priv/inside"), b"i").unwrap();
+        chmod(&root.join("pub"), 0o755);
+        chmod(&root.join("priv"), 0o700);
+        chmod(&root.join("pub/open"), 0o644);
+        chmod(&root.join("pub/mine"), 0o600);
+        chmod(&root.join("pub/group"), 0o640);
+        chmod(&root.join("priv/inside"), 0o644);
+        symlink(outside.join("secret"), root.join("pub/leak")).unwrap();
+        symlink("../../outside/secret", root.join("pub/relative-leak")).unwrap();
+        symlink("../priv/inside", root.join("pub/via-private")).unwrap();
+        symlink("open", root.join("pub/alias")).unwrap();
+        symlink(outside.join("dir"), root.join("linked-out")).unwrap();
+        symlink("pub", root.join("linked-in")).unwrap();
+
+        // Without owners, as before: every link followed, nothing stat'ed for modes.
+        let plain = scan(&root).unwrap();
+        assert!(plain.owners().is_none());
+        assert_eq!(plain.len(), 16);
+
+        let m = scan_with(&root, true).unwrap();
+        let classes: Vec<_> = (0..m.class_count()).map(|c| m.class_name(c)).collect();
+        assert_eq!(classes, ["linked-in", "priv", "pub"]);
+        let o = m.owners().unwrap();
+        let read = |rel: &str| {
+            let (class, name) = rel.split_once('/').unwrap();
+            let c = m.class_by_name(OsStr::new(class)).unwrap();
+            let id = m
+                .find(c, OsStr::new(name))
+                .unwrap_or_else(|| panic!("{rel}"));
+            o.sample(id).file_perm()
+        };
+        assert_eq!(o.class(1).dir_perm(), 0o500, "a private folder");
+        assert_eq!(o.class(2).dir_perm(), 0o555);
+        // A class folder linked inside the source shows its target's mode.
+        assert_eq!(o.class(0).dir_perm(), 0o555);
+        assert_eq!(read("pub/open"), 0o444);
+        assert_eq!(read("pub/mine"), 0o400, "a private file in a public folder");
+        assert_eq!(read("pub/group"), 0o440);
+        assert_eq!(
+            read("priv/inside"),
+            0o444,
+            "reached only through its 0700 folder"
+        );
+        assert_eq!(read("pub/alias"), 0o444);
+        // A link into the private folder may not lead others around it.
+        assert_eq!(read("pub/via-private"), 0o400);
+        let uid = fs::metadata(root.join("pub/open")).unwrap().uid();
+        assert_eq!(o.sample(0).uid, uid);
+        let skipped: Vec<_> = (m.skipped.iter())
+            .map(|s| {
+                (
+                    s.path.strip_prefix(&*root.to_string_lossy()).unwrap(),
+                    &*s.reason,
+                )
+            })
+            .collect();
+        assert_eq!(
+            skipped,
+            [
+                ("/linked-in/leak", owners::OUTSIDE),
+                ("/linked-in/relative-leak", owners::OUTSIDE),
+                ("/linked-out", owners::OUTSIDE),
+                ("/pub/leak", owners::OUTSIDE),
+                ("/pub/relative-leak", owners::OUTSIDE),
             ]
         );
         assert_eq!(Manifest::decode(&m.encode()).unwrap(), m);

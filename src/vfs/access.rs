@@ -1,36 +1,39 @@
 //! Who may read the view, and who may steer it.
 //!
-//! The view shows the source's owner and a mode derived from the source **root** (the
-//! dataset folder, or a record source's one file), on every folder and file of every
-//! epoch; under `--allow-other` the mount has `default_permissions`, so the kernel checks
-//! them as it would on the source. Only the control folder `.shufflefs` is the mounting
-//! user's: writing `.shufflefs/epoch`, or looking up the next `epoch-N` (which advances
-//! too), is accepted only from that user and root ([`Access::may_control`]).
+//! Under `--allow-other` the mount has `default_permissions`: the kernel checks the owners
+//! and modes the view shows as it would on the source, so they must never grant what the
+//! source does not. The view's root and `epoch-N/` show the source **root**'s owner and a
+//! mode derived from it (the dataset folder, or a record source's one file), less what the
+//! folders above it deny ([`search_classes`]: a 0755 dataset in a 0700 home folder is
+//! private). Below them, under `--allow-other`, every class folder (every folder of a
+//! tree), sample and side file shows its **own** owner and mode, which rank 0's scan read
+//! (`dataset::owners`, carried in the manifest to every rank, since a rank never opens the
+//! source file of a sample a peer sent it): a private class folder, or a private file in a
+//! public folder, stays private. The kernel checks search on every folder of a path, so a
+//! public file in a private class folder is out of reach as on the source; `current` is a
+//! link to `epoch-N`, and nothing else in the view leads to a sample but its folders.
 //!
-//! Why the root and not each sample's own mode: the scan reads names only (no `stat` per
-//! file at a million files, often on a network filesystem), and a rank never opens the
-//! source file of a sample a peer sent it, so a per-file mode would be known for some
-//! samples and not others, and would differ between ranks and between epochs. The
-//! kernel keeps a view's attributes for a day, so they must be right the first time and
-//! never change. The root's mode (and its ancestors') is a few `stat`s per rank at mount
-//! time, the same everywhere, and it bounds what anyone can read through the source: a user who cannot
-//! list and enter the dataset folder cannot reach a file in it by its name either.
+//! Without per-entry owners (no `--allow-other`: only the mounting user sees the view; a
+//! record source, whose parts mix records of every file; a bucket, which has no modes) the
+//! root's owner and mode are shown on everything. Only the control folder `.shufflefs` is
+//! the mounting user's: writing `.shufflefs/epoch`, or looking up the next `epoch-N`
+//! (which advances too), is accepted only from that user and root
+//! ([`Access::may_control`]).
 //!
-//! The mapping is conservative: a class of users (owner, group, others) may read view
-//! files and list view folders only if the root grants it both read and search (`r-x`) on
-//! a folder, or read on a single record file, and every folder above the root grants it
-//! search (a 0755 dataset in a 0700 home folder is private: [`search_classes`]). A file
-//! more private than its dataset folder (a 0600 file in a 0755 folder) is shown with the
-//! folder's mode: keep private files in a private folder, or mount without
-//! `--allow-other`.
+//! The mapping is conservative: a class of users (owner, group, others) may list a view
+//! folder only if the source grants it both read and search (`r-x`), and read a view file
+//! if the source grants it read (`dataset::owners::readers`).
 
 use std::os::unix::fs::MetadataExt as _;
 use std::path::Path;
 
+use crate::dataset::owners::{Folder, Owner, search_classes};
+
 /// Owners and modes of the view's nodes (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Access {
-    /// The source root's owner and group: owners of every view node but `.shufflefs`.
+    /// The source root's owner and group: owners of the view's root and `epoch-N/`, and of
+    /// every view node but `.shufflefs` where entries show no owners of their own.
     pub uid: u32,
     pub gid: u32,
     /// Mode of view files (samples, parts): read bits only.
@@ -40,6 +43,9 @@ pub(crate) struct Access {
     /// The mounting user: owner of `.shufflefs`, and who may advance.
     pub mounter_uid: u32,
     pub mounter_gid: u32,
+    /// Whether class folders, samples and side files show their own owners and modes
+    /// (from the manifest) instead of the root's.
+    pub per_entry: bool,
 }
 
 impl Access {
@@ -57,6 +63,7 @@ impl Access {
             dir_perm: 0o555,
             mounter_uid: uid,
             mounter_gid: gid,
+            per_entry: false,
         }
     }
 
@@ -89,20 +96,16 @@ impl Access {
 
     /// `self`'s mounting user, with the view owned by `uid`/`gid` and modes from `mode`.
     fn derived(self, uid: u32, gid: u32, mode: u32, is_dir: bool) -> Access {
-        // Per class of users (shift 6: owner, 3: group, 0: others), whether it may read.
-        let needed = if is_dir { 0o5 } else { 0o4 };
-        let mut file_perm = 0;
-        for shift in [6, 3, 0] {
-            if (mode >> shift) & needed == needed {
-                file_perm |= 0o4 << shift;
-            }
-        }
+        self.owned(Owner::of(uid, gid, mode, is_dir))
+    }
+
+    /// `self`'s mounting user, with the view shown as `owner`.
+    fn owned(self, owner: Owner) -> Access {
         Access {
-            uid,
-            gid,
-            file_perm,
-            // Read implies search: a folder one may list, one may enter.
-            dir_perm: file_perm | (file_perm >> 2),
+            uid: owner.uid,
+            gid: owner.gid,
+            file_perm: owner.file_perm(),
+            dir_perm: owner.dir_perm(),
             ..self
         }
     }
@@ -118,14 +121,31 @@ impl Access {
         }
     }
 
+    /// `self`, showing each folder's and sample's own owner and mode where the manifest has
+    /// them (`--allow-other`; see the module docs).
+    pub(crate) fn per_entry(self, on: bool) -> Access {
+        Access {
+            per_entry: on,
+            ..self
+        }
+    }
+
+    /// The owner, group and mode a view entry shows (a folder if `is_dir`): its own
+    /// `owner` (from the manifest) under per-entry owners, else the source root's.
+    pub(crate) fn shown(&self, owner: Option<Owner>, is_dir: bool) -> (u32, u32, u16) {
+        match owner.filter(|_| self.per_entry) {
+            Some(o) if is_dir => (o.uid, o.gid, o.dir_perm()),
+            Some(o) => (o.uid, o.gid, o.file_perm()),
+            None if is_dir => (self.uid, self.gid, self.dir_perm),
+            None => (self.uid, self.gid, self.file_perm),
+        }
+    }
+
     /// Whether user `uid` may steer the mount (advance the epoch): the mounting user or root.
     pub(crate) fn may_control(&self, uid: u32) -> bool {
         uid == 0 || uid == self.mounter_uid
     }
 }
-
-/// A folder's owner, group and mode.
-type Folder = (u32, u32, u32);
 
 /// The source root's metadata, and every folder above it.
 fn examine(root: &Path) -> std::io::Result<(std::fs::Metadata, Vec<Folder>)> {
@@ -139,97 +159,22 @@ fn examine(root: &Path) -> std::io::Result<(std::fs::Metadata, Vec<Folder>)> {
     Ok((meta, above))
 }
 
-/// Which classes of users of a view owned by `uid`/`gid` (bits 0o100 owner, 0o010 group,
-/// 0o001 others) may search every folder of `above` (each as owner, group, mode).
-///
-/// Who a class's member is to a folder of another owner or group is not known (the view's
-/// group member may own the folder, or not be in its group), so a class keeps search only
-/// if every set of bits that may apply to its members grants it.
-fn search_classes(uid: u32, gid: u32, above: &[Folder]) -> u32 {
-    let mut classes = 0o111;
-    for &(dir_uid, dir_gid, mode) in above {
-        let x = |shift: u32| (mode >> shift) & 1 == 1;
-        let (owner_x, group_x, other_x) = (x(6), x(3), x(0));
-        // Anyone but the view's owner may be this folder's owner, if the view's owner is not.
-        let as_owner_ok = dir_uid == uid || owner_x;
-        let view_owner = if dir_uid == uid {
-            owner_x
-        } else {
-            group_x && other_x
-        };
-        let (group, others) = if dir_gid == gid {
-            (group_x, other_x)
-        } else {
-            (group_x && other_x, group_x && other_x)
-        };
-        let allowed = u32::from(view_owner) << 6
-            | u32::from(as_owner_ok && group) << 3
-            | u32::from(as_owner_ok && others);
-        classes &= allowed;
-    }
-    classes
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn of(mode: u32, is_dir: bool) -> (u16, u16) {
-        let a = Access::mounter().derived(7, 8, mode, is_dir);
-        assert_eq!((a.uid, a.gid), (7, 8));
-        (a.file_perm, a.dir_perm)
-    }
-
-    #[test]
-    fn a_folder_grants_who_may_list_and_enter_it() {
-        assert_eq!(of(0o755, true), (0o444, 0o555));
-        assert_eq!(of(0o700, true), (0o400, 0o500));
-        assert_eq!(of(0o750, true), (0o440, 0o550));
-        // Search without read, or read without search: not enough to reach a file by name.
-        assert_eq!(of(0o711, true), (0o400, 0o500));
-        assert_eq!(of(0o744, true), (0o400, 0o500));
-        assert_eq!(of(0o40755, true), (0o444, 0o555));
-    }
-
-    #[test]
-    fn a_record_file_grants_who_may_read_it() {
-        assert_eq!(of(0o644, false), (0o444, 0o555));
-        assert_eq!(of(0o600, false), (0o400, 0o500));
-        assert_eq!(of(0o640, false), (0o440, 0o550));
-    }
-
     #[test]
     fn a_folder_above_that_others_cannot_search_hides_the_view() {
-        let (alice, staff, root) = (1000, 100, 0);
-        // /data (root 0755) above a dataset of alice's: nothing hidden.
-        assert_eq!(
-            search_classes(alice, staff, &[(root, root, 0o40755)]),
-            0o111
-        );
-        // /home/alice (alice 0700): only alice passes.
-        let home = (alice, staff, 0o40700);
-        assert_eq!(
-            search_classes(alice, staff, &[home, (root, root, 0o755)]),
-            0o100
-        );
-        // 0710 of the view's group: the group passes too, others not.
-        assert_eq!(
-            search_classes(alice, staff, &[(alice, staff, 0o710)]),
-            0o110
-        );
-        // 0710 of another group: members of the view's group may not be in it.
-        assert_eq!(search_classes(alice, staff, &[(alice, 7, 0o710)]), 0o100);
-        // Root's 0700 folder above alice's dataset: nobody but root.
-        assert_eq!(search_classes(alice, staff, &[(root, root, 0o700)]), 0);
-        // 1777 (/tmp): everyone.
-        assert_eq!(
-            search_classes(alice, staff, &[(root, root, 0o41777)]),
-            0o111
-        );
+        let (alice, staff) = (1000, 100);
         let a = Access::mounter()
             .derived(alice, staff, 0o755, true)
-            .reachable_by(0o100);
-        assert_eq!((a.file_perm, a.dir_perm), (0o400, 0o500));
+            .reachable_by(search_classes(alice, staff, &[(alice, staff, 0o700)]));
+        assert_eq!(
+            (a.uid, a.gid, a.file_perm, a.dir_perm),
+            (alice, staff, 0o400, 0o500)
+        );
+        let a = Access::mounter().derived(alice, staff, 0o640, false);
+        assert_eq!((a.file_perm, a.dir_perm), (0o440, 0o550));
     }
 
     #[test]

@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::cache::SampleStore;
+use crate::dataset::owners::Owner;
 use crate::node::coordinator::Coordinator;
 use crate::node::status::StatusReport;
 use crate::plan::equal::{EqualShares, visible_from};
@@ -276,31 +277,40 @@ impl ShuffleFs {
         Ok(path)
     }
 
-    fn entry(&self, node: Node) -> Result<Entry, FsError> {
-        let a = &self.access;
-        // The view is the source's (owner, mode); the control files the mounting user's.
-        let view = |kind, size, perm| Entry {
+    /// A view node's entry: the source's owner and mode (its root's, or under
+    /// `--allow-other` each folder's, sample's or side file's own: `owner`; see `access`).
+    fn view_entry(&self, node: Node, kind: Kind, size: u64, owner: Option<Owner>) -> Entry {
+        let (uid, gid, perm) = self.access.shown(owner, kind == Kind::Dir);
+        Entry {
             node,
             kind,
             size,
             perm,
-            uid: a.uid,
-            gid: a.gid,
+            uid,
+            gid,
             immutable: true,
             mtime: None,
-        };
+        }
+    }
+
+    fn entry(&self, node: Node) -> Result<Entry, FsError> {
+        let a = &self.access;
+        // The view is the source's; the control files the mounting user's.
+        let view = |kind, size, owner| self.view_entry(node, kind, size, owner);
         let control = |kind, size, perm| Entry {
             uid: a.mounter_uid,
             gid: a.mounter_gid,
+            perm,
             immutable: false,
-            ..view(kind, size, perm)
+            ..view(kind, size, None)
         };
         let current = self.epochs.epoch();
         let manifest = self.store.manifest();
+        let owners = manifest.owners();
         Ok(match node {
             Node::Root => Entry {
                 immutable: false,
-                ..view(Kind::Dir, 0, a.dir_perm)
+                ..view(Kind::Dir, 0, None)
             },
             Node::CtlDir => control(Kind::Dir, 0, 0o555),
             // A link to the copy in the cache (see `with_status_link`), else a file the daemon answers.
@@ -314,26 +324,27 @@ impl ShuffleFs {
             Node::Status | Node::Metrics => control(Kind::File, 0, 0o444),
             Node::EpochCtl => control(Kind::File, 0, 0o644),
             Node::Current => Entry {
+                perm: 0o777,
                 immutable: false,
                 ..view(
                     Kind::Symlink,
                     inodes::epoch_dir_name(current).len() as u64,
-                    0o777,
+                    None,
                 )
             },
-            Node::EpochDir(e) if e == current => view(Kind::Dir, 0, a.dir_perm),
+            Node::EpochDir(e) if e == current => view(Kind::Dir, 0, None),
             // A tree's root folder is the epoch folder itself, never a class folder.
             Node::ClassDir(e, c)
                 if e == current && c < manifest.class_count() && (c > 0 || !manifest.is_tree()) =>
             {
-                view(Kind::Dir, 0, a.dir_perm)
+                view(Kind::Dir, 0, owners.map(|o| o.class(c)))
             }
             Node::Part(e, p) if e == current => {
                 let layout = self.layout(e)?;
                 if p >= layout.parts() {
                     return Err(FsError::NotFound);
                 }
-                view(Kind::File, layout.size(p), a.file_perm)
+                view(Kind::File, layout.size(p), None)
             }
             // A size not known yet is listed as 0 and not cacheable, so the kernel asks
             // again (LOOKUP or GETATTR, which resolve it) before anything uses it.
@@ -345,12 +356,12 @@ impl ShuffleFs {
                     immutable: size.is_some(),
                     // The source file's time, once learned with its bytes.
                     mtime: self.store.mtime(id),
-                    ..view(Kind::File, size.unwrap_or(0), a.file_perm)
+                    ..view(Kind::File, size.unwrap_or(0), owners.map(|o| o.sample(id)))
                 }
             }
             Node::Side(i) if (i as usize) < manifest.side_files().len() => {
                 let size = manifest.side_files()[i as usize].size;
-                view(Kind::File, size, a.file_perm)
+                view(Kind::File, size, owners.map(|o| o.side(i)))
             }
             _ => return Err(FsError::NotFound),
         })

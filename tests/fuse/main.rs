@@ -12,6 +12,7 @@ mod common;
 mod bad_input;
 mod cache_safety;
 mod corrupt_cache;
+mod entry_modes;
 mod host_calls;
 mod layouts;
 mod layouts_bad_input;

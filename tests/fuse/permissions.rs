@@ -1,7 +1,8 @@
 //! Access control (issue 26.5): the cache is private to the mounting user (folders 0700,
-//! files 0600, whatever the umask and the source's modes); the view shows the source
-//! root's owner and mode, which the kernel checks under `--allow-other`; only the
-//! mounting user (and root) may advance the epoch.
+//! files 0600, whatever the umask and the source's modes); under `--allow-other` the view
+//! shows the source's owners and modes (the root's on the view's root, each folder's and
+//! file's own below it: `entry_modes`), which the kernel checks; only the mounting user
+//! (and root) may advance the epoch.
 //!
 //! The checks with a second user need root (to mount for another user to look at, and to
 //! run commands as `sfs-other`, created with `useradd` if missing): they skip when not
@@ -150,7 +151,7 @@ fn a_detached_daemons_log_is_private() {
 
 /// The second user's uid and gid, creating the user if needed; `None` (skip) when not
 /// root, or a panic where a `SHUFFLEFS_REQUIRE_*` says a skip is a failure.
-fn other_user() -> Option<(u32, u32)> {
+pub(crate) fn other_user() -> Option<(u32, u32)> {
     let missing = (!is_root()).then(|| "creating and using one needs root".to_string());
     if !crate::common::skip::require("a second local user", "SHUFFLEFS_REQUIRE_USERS", missing) {
         return None;
@@ -175,7 +176,7 @@ fn other_user() -> Option<(u32, u32)> {
 
 /// Runs `sh -c script` (with `$1` = `arg`) as the second user, without supplementary
 /// groups (std drops them when root switches uid).
-fn as_other(user: (u32, u32), script: &str, arg: &Path) -> Output {
+pub(crate) fn as_other(user: (u32, u32), script: &str, arg: &Path) -> Output {
     run_with_timeout(
         Command::new("sh")
             .arg("-c")
@@ -190,7 +191,7 @@ fn as_other(user: (u32, u32), script: &str, arg: &Path) -> Output {
 }
 
 #[track_caller]
-fn assert_refused(out: &Output, what: &str) {
+pub(crate) fn assert_refused(out: &Output, what: &str) {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{what} should be refused");
     assert!(
@@ -231,7 +232,10 @@ fn a_private_dataset_stays_private_through_the_view_and_the_cache() {
     let src = fs::metadata(&data.root).unwrap();
     assert_eq!((meta.uid(), meta.gid()), (src.uid(), src.gid()));
     assert_eq!(meta.mode() & 0o7777, 0o400);
-    assert_eq!(mode(&mnt.join("epoch-0/cat")), 0o500);
+    // Each folder shows its own mode (the class folder is 0755 on the source), behind the
+    // 0700 root as on the source.
+    assert_eq!(mode(&mnt.join("epoch-0")), 0o500);
+    assert_eq!(mode(&mnt.join("epoch-0/cat")), 0o555);
 
     // The other user can neither read a sample nor list a folder through the view.
     assert_refused(&as_other(other, "cat \"$1\"", &sample), "reading a sample");
@@ -308,7 +312,10 @@ fn a_public_dataset_in_a_private_folder_stays_private() {
     let s = data.sample("cat", "a.jpg");
     let sample = mnt.join("epoch-0").join(s.rel());
     assert_eq!(fs::read(&sample).unwrap(), s.bytes());
-    assert_eq!(mode(&sample), 0o400);
+    // The file shows its own 0644, and the view's root the dataset's reach: nobody else
+    // may search the folder it sits in.
+    assert_eq!(mode(&sample), 0o444);
+    assert_eq!(mode(&mnt), 0o500);
     assert_refused(&as_other(other, "cat \"$1\"", &sample), "reading a sample");
     d.unmount().assert_clean();
 }

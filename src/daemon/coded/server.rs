@@ -145,7 +145,7 @@ fn check(
             offer.format
         ));
     }
-    if crc32c::crc32c(manifest_bytes) != offer.manifest_fingerprint {
+    if crate::dataset::manifest::fingerprint_of(manifest_bytes) != offer.manifest_fingerprint {
         return Err("the manifest from compute rank 0 arrived damaged".into());
     }
     let manifest = Manifest::decode(manifest_bytes)

@@ -78,10 +78,14 @@ pub(crate) fn index(
 ) -> Result<(Manifest, Vec<u8>, bool), StartError> {
     let mut built = None;
     let outcome = decide(comm, || -> Result<Vec<u8>, String> {
-        let (m, scanned) = match cached(config, dir, reusable) {
+        let (mut m, scanned) = match cached(config, dir, reusable) {
             Some(m) => (m, false),
             None => (scan(config)?, true),
         };
+        // Owners from an earlier --allow-other mount are for a view others see alone.
+        if !config.owners_per_entry() {
+            m.clear_owners();
+        }
         let mut bytes = vec![u8::from(scanned)];
         bytes.extend(m.encode());
         built = Some(m);
@@ -100,9 +104,10 @@ pub(crate) fn index(
 }
 
 /// The index saved in rank 0's cache, if it was built with the same format and framing
-/// (and no `--rescan` asks for a new one).
+/// (and neither `--rescan` nor `--allow-other` asks for a new one: see
+/// `MountConfig::rescans`).
 fn cached(config: &MountConfig, dir: &CacheDir, reusable: Option<&CacheState>) -> Option<Manifest> {
-    if config.rescan {
+    if config.rescans() {
         return None;
     }
     let params = config.source_config.params();
@@ -123,7 +128,7 @@ fn scan(config: &MountConfig) -> Result<Manifest, String> {
     let params = config.source_config.params();
     let m = config
         .format()
-        .build_index(&config.source, &params)
+        .build_index(&config.source, &params, config.owners_per_entry())
         .map_err(|e| e.to_string())?;
     let globs = Globs::parse(&config.replicate)?;
     let m = side::split(m, &config.source, &globs).map_err(|e| e.to_string())?;

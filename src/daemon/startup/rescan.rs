@@ -39,7 +39,7 @@ pub(crate) fn carry_over(
     manifest: &Manifest,
 ) -> Result<Carried, PhaseError> {
     let old = match state {
-        Some(old) if config.rescan && !config.reset_cache => old,
+        Some(old) if config.rescans() && !config.reset_cache => old,
         other => return Ok((other, None)),
     };
     if old.manifest_fingerprint == expected.manifest_fingerprint {

@@ -160,6 +160,8 @@ impl Manifest {
         files: Vec<SideFile>,
     ) -> Result<Manifest, ManifestError> {
         self.side = Side::new(globs, files, &self)?;
+        // Owners cover the side files too: whoever changes them sets the owners again.
+        self.owners = None;
         Ok(self)
     }
 }

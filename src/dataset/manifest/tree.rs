@@ -133,9 +133,15 @@ impl Manifest {
             skipped: self.skipped,
             side: Side::default(),
             etags: self.etags,
+            owners: None,
         };
         let files = self.side.files().to_vec();
-        tree.with_side(self.side.globs, files)
+        let mut tree = tree.with_side(self.side.globs, files)?;
+        // The same folders, samples and side files, in the same order.
+        if let Some(owners) = self.owners {
+            tree.set_owners(owners)?;
+        }
+        Ok(tree)
     }
 
     /// A tree manifest from `(folder path, [(sample name, size)])`: folders missing from the

@@ -21,22 +21,31 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use nix::dir::{Dir, Type};
 use nix::fcntl::{AtFlags, OFlag};
-use nix::sys::stat::{Mode, fstatat};
+use nix::sys::stat::{Mode, fstat, fstatat};
 
-use super::{ClassScan, THREADS, pack, read_entries, sample_size, type_of};
+use super::{ClassScan, THREADS, pack, read_entries, sample_owner, sample_size, type_of};
 use crate::dataset::manifest::{Manifest, ManifestError};
 use crate::dataset::names::Skipped;
+use crate::dataset::owners::{Owner, OwnersBuilder};
 
 /// One folder's listing: its samples, and the names of its sub-folders.
 #[derive(Default)]
 struct DirScan {
     files: ClassScan,
     subdirs: Vec<Vec<u8>>,
+    /// The folder's own owner, under `--allow-other`.
+    owner: Option<Owner>,
 }
 
 /// Scans `root` as a tree: regular files (and links to them) at any depth are samples, and
 /// every folder, empty or not, is kept. Anything else is skipped and listed.
 pub fn scan_tree(root: &Path) -> Result<Manifest, ManifestError> {
+    scan_tree_with(root, false)
+}
+
+/// [`scan_tree`]; with `owners` (`--allow-other`), also each folder's and sample's owner
+/// and mode (a `stat` each), and links out of the source skipped (see `dataset::owners`).
+pub fn scan_tree_with(root: &Path, owners: bool) -> Result<Manifest, ManifestError> {
     let io_err = |source| ManifestError::Io {
         path: root.to_path_buf(),
         source,
@@ -44,23 +53,32 @@ pub fn scan_tree(root: &Path) -> Result<Manifest, ManifestError> {
     if !fs::metadata(root).map_err(io_err)?.is_dir() {
         return Err(ManifestError::NotADir(root.to_path_buf()));
     }
+    let confine = match owners {
+        true => Some(fs::canonicalize(root).map_err(io_err)?),
+        false => None,
+    };
     let root_dir = fs::File::open(root).map_err(io_err)?;
     let mut level: Vec<Vec<u8>> = vec![Vec::new()];
     let mut found = Vec::new();
     let mut skipped = Vec::new();
     while !level.is_empty() {
-        let scans = scan_level(&root_dir, root, &level)?;
+        let scans = scan_level(&root_dir, root, &level, confine.as_deref())?;
         let mut next = Vec::new();
         for (path, mut scan) in level.into_iter().zip(scans) {
             next.extend(scan.subdirs.iter().map(|name| join(&path, name)));
             skipped.append(&mut scan.files.skipped);
-            found.push((path, scan.files));
+            found.push((path, scan.files, scan.owner));
         }
         level = next;
     }
     found.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     let mut manifest = Manifest::empty();
-    for (path, scan) in found {
+    let mut owners = confine.map(|_| OwnersBuilder::new());
+    for (path, scan, owner) in found {
+        if let (Some(owners), Some(owner)) = (&mut owners, owner) {
+            owners.push_class(owner);
+            owners.push_samples(&scan.owners);
+        }
         manifest.push_class(path, &scan.names, &scan.ends, &scan.sizes)?;
     }
     if manifest.is_empty() {
@@ -69,6 +87,9 @@ pub fn scan_tree(root: &Path) -> Result<Manifest, ManifestError> {
     skipped.sort_by(|a, b| a.path.cmp(&b.path));
     manifest.skipped = skipped;
     manifest.shrink_to_fit();
+    if let Some(owners) = owners {
+        manifest.set_owners(owners.finish())?;
+    }
     manifest.into_tree()
 }
 
@@ -87,6 +108,7 @@ fn scan_level(
     root_dir: &fs::File,
     root: &Path,
     level: &[Vec<u8>],
+    confine: Option<&Path>,
 ) -> Result<Vec<DirScan>, ManifestError> {
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
@@ -98,7 +120,7 @@ fn scan_level(
                 while !failed.load(Ordering::Relaxed) {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(rel) = level.get(i) else { break };
-                    let listed = scan_dir(root_dir, root, rel);
+                    let listed = scan_dir(root_dir, root, rel, confine);
                     if listed.is_err() {
                         failed.store(true, Ordering::Relaxed);
                     }
@@ -116,7 +138,12 @@ fn scan_level(
 }
 
 /// Lists the folder `rel` (relative to the root; empty for the root itself).
-fn scan_dir(root_dir: &fs::File, root: &Path, rel: &[u8]) -> Result<DirScan, ManifestError> {
+fn scan_dir(
+    root_dir: &fs::File,
+    root: &Path,
+    rel: &[u8],
+    confine: Option<&Path>,
+) -> Result<DirScan, ManifestError> {
     let dir_path = root.join(OsStr::from_bytes(rel));
     let io_err = |e: nix::Error| ManifestError::Io {
         path: dir_path.clone(),
@@ -127,6 +154,10 @@ fn scan_dir(root_dir: &fs::File, root: &Path, rel: &[u8]) -> Result<DirScan, Man
     let mut dir = Dir::openat(root_dir.as_fd(), at, flags, Mode::empty()).map_err(io_err)?;
     let (raw, mut entries) = read_entries(&mut dir).map_err(io_err)?;
     let mut out = DirScan::default();
+    if confine.is_some() {
+        let st = fstat(dir.as_fd()).map_err(io_err)?;
+        out.owner = Some(Owner::of(st.st_uid, st.st_gid, st.st_mode, true));
+    }
     // In inode order when something needs a stat: those find their inodes near each other.
     if entries
         .iter()
@@ -146,8 +177,17 @@ fn scan_dir(root_dir: &fs::File, root: &Path, rel: &[u8]) -> Result<DirScan, Man
             out.subdirs.push(name.to_bytes().to_vec());
             continue;
         }
-        match sample_size(&dir, name, Some(kind)).map_err(io_err)? {
-            Ok(size) => e.size = Some(size),
+        let judged = match sample_size(&dir, name, Some(kind)).map_err(io_err)? {
+            Ok(size) => match confine {
+                None => Ok((size, None)),
+                Some(confine) => sample_owner(&dir, &dir_path, name, confine)
+                    .map_err(io_err)?
+                    .map(|owner| (size, Some(owner))),
+            },
+            Err(reason) => Err(reason),
+        };
+        match judged {
+            Ok((size, owner)) => (e.size, e.owner) = (Some(size), owner),
             Err(reason) => out.files.skipped.push(Skipped {
                 path: dir_path
                     .join(OsStr::from_bytes(name.to_bytes()))
@@ -241,6 +281,49 @@ mod tests {
         assert_eq!(Manifest::decode(&m.encode()).unwrap(), m);
     }
 
+    /// Under `--allow-other` every folder at any depth keeps its own owner and mode, and a
+    /// file link out of the source is skipped (issue 40).
+    #[test]
+    fn with_owners_every_folder_keeps_its_mode_and_links_stay_inside() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("src");
+        fs::create_dir_all(root.join("a/private/deeper")).unwrap();
+        fs::write(tmp.path().join("secret"), b"s").unwrap();
+        fs::write(root.join("a/private/deeper/f"), b"f").unwrap();
+        fs::write(root.join("a/mine"), b"m").unwrap();
+        let chmod = |p: &Path, m| fs::set_permissions(p, fs::Permissions::from_mode(m)).unwrap();
+        chmod(&root.join("a/private"), 0o700);
+        chmod(&root.join("a/private/deeper"), 0o755);
+        chmod(&root.join("a/private/deeper/f"), 0o644);
+        chmod(&root.join("a/mine"), 0o600);
+        symlink(tmp.path().join("secret"), root.join("a/leak")).unwrap();
+        symlink("private/deeper/f", root.join("a/around")).unwrap();
+
+        assert_eq!(scan_tree(&root).unwrap().len(), 4);
+        let m = scan_tree_with(&root, true).unwrap();
+        let o = m.owners().unwrap();
+        let folders: Vec<_> = (0..m.class_count()).map(|c| m.class_name(c)).collect();
+        assert_eq!(folders, ["", "a", "a/private", "a/private/deeper"]);
+        let dirs: Vec<_> = (0..4).map(|c| o.class(c).dir_perm()).collect();
+        assert_eq!(dirs, [0o755 & 0o555, 0o555, 0o500, 0o555]);
+        let files: Vec<_> = (0..m.len())
+            .map(|id| (m.relative_path(id), o.sample(id).file_perm()))
+            .collect();
+        let expected: Vec<(PathBuf, u16)> = [
+            ("a/around", 0o400),
+            ("a/mine", 0o400),
+            ("a/private/deeper/f", 0o444),
+        ]
+        .iter()
+        .map(|(p, m)| (PathBuf::from(p), *m))
+        .collect();
+        assert_eq!(files, expected);
+        assert_eq!(m.skipped.len(), 1);
+        assert!(m.skipped[0].path.ends_with("a/leak"));
+        assert_eq!(m.skipped[0].reason, crate::dataset::owners::OUTSIDE);
+        assert_eq!(Manifest::decode(&m.encode()).unwrap(), m);
+    }
+
     #[test]
     fn refuses_what_is_no_tree_naming_it() {
         let tmp = tempfile::tempdir().unwrap();
@@ -287,10 +370,16 @@ mod scale {
             let m = super::scan_tree(&dir).unwrap();
             let scan = t.elapsed().as_secs_f64();
             assert_eq!(m.len() as usize, files);
+            // Under --allow-other: a stat per folder and file besides.
+            let t = std::time::Instant::now();
+            let owned = super::scan_tree_with(&dir, true).unwrap();
+            let owners = t.elapsed().as_secs_f64();
+            assert_eq!(owned.len(), m.len());
             println!(
-                "round {round}: {files} files in {} folders: find {find:.3} s, scan {scan:.3} s ({:.2}x)",
+                "round {round}: {files} files in {} folders: find {find:.3} s, scan {scan:.3} s ({:.2}x), with owners {owners:.3} s ({:.2}x)",
                 m.class_count(),
-                scan / find
+                scan / find,
+                owners / find
             );
         }
     }
