@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use mpi::Threading;
+use mpi::datatype::PartitionMut;
 use mpi::environment::Universe;
 use mpi::ffi;
 use mpi::request::StaticScope;
@@ -83,6 +84,32 @@ impl MpiComm {
         let names = comm.all_gather(name.as_bytes())?;
         comm.hosts = host_indices(&names);
         Ok(comm)
+    }
+
+    /// `MPI_Allgatherv` of `data`, every rank's length in `lens` (their sum under
+    /// [`CHUNK`], so every count and displacement fits MPI's `int`).
+    fn all_gather_v(&self, data: &[u8], lens: &[u64]) -> Vec<Vec<u8>> {
+        let counts: Vec<mpi::Count> = lens.iter().map(|&l| l as mpi::Count).collect();
+        let displs: Vec<mpi::Count> = (counts.iter())
+            .scan(0, |at, &c| {
+                let here = *at;
+                *at += c;
+                Some(here)
+            })
+            .collect();
+        let total: u64 = lens.iter().sum();
+        let mut buf = vec![0u8; total as usize];
+        {
+            let mut parts = PartitionMut::new(&mut buf[..], counts, &displs[..]);
+            self.comm.all_gather_varcount_into(data, &mut parts);
+        }
+        let mut out = Vec::with_capacity(lens.len());
+        let mut at = 0usize;
+        for &len in lens {
+            out.push(buf[at..at + len as usize].to_vec());
+            at += len as usize;
+        }
+        out
     }
 
     /// Gives up the transfers still pending: their requests and buffers are leaked (MPI may
@@ -192,10 +219,20 @@ impl Comm for MpiComm {
         &self.hosts
     }
 
+    /// One `MPI_Allgatherv` when the gathered bytes fit MPI's 32-bit counts (a real
+    /// collective: O(log M) steps, where M broadcasts took M), else one broadcast per rank
+    /// in chunks.
     fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, CommError> {
         let mut lens = vec![0u64; self.size() as usize];
         self.comm
             .all_gather_into(&(data.len() as u64), &mut lens[..]);
+        let total: u64 = lens.iter().sum();
+        if total == 0 {
+            return Ok(vec![Vec::new(); lens.len()]);
+        }
+        if total <= CHUNK as u64 {
+            return Ok(self.all_gather_v(data, &lens));
+        }
         let mut out = Vec::with_capacity(lens.len());
         for (root, len) in lens.into_iter().enumerate() {
             let mut buf = if root as Rank == self.rank() {

@@ -91,5 +91,14 @@ fn ranks() {
     drop(sub);
     // The world still works after the split.
     assert_eq!(comm.all_gather(&[]).unwrap().len(), 4);
+    // Different lengths per rank (one of them empty) come back in rank order.
+    let mine: Vec<u8> = (0..me * 1000).map(|i| (i as u8) ^ (me as u8)).collect();
+    let all = comm.all_gather(&mine).unwrap();
+    for (r, got) in all.iter().enumerate() {
+        let want: Vec<u8> = (0..r as u32 * 1000)
+            .map(|i| (i as u8) ^ (r as u8))
+            .collect();
+        assert_eq!(*got, want, "rank {r}'s part");
+    }
     println!("rank {me} ok");
 }
