@@ -519,7 +519,8 @@ fn endless_progress(dir: &Path) -> PathBuf {
     fs::write(
         &path,
         format!(
-            "#!/bin/sh\ncase \"$1\" in -m) echo $$ >{}; exec sleep 600 ;; esac\nexec python3 \"$@\"\n",
+            "#!/bin/sh\ncase \"$1\" in -m) echo \"$@\" >{}; echo $$ >{}; exec sleep 600 ;; esac\nexec python3 \"$@\"\n",
+            dir.join("progress.args").display(),
             dir.join("progress.pid").display()
         ),
     )
@@ -627,4 +628,10 @@ fn launch_wait_staged_fails_without_the_package_or_past_its_deadline() {
         }
         assert!(teardown(dir).status.success());
     }
+    // The progress line is told the way out of a wait an error holds up.
+    let args = fs::read_to_string(dir.join("progress.args")).unwrap();
+    assert!(
+        args.contains("--way-out giving up after --staging-timeout 1s"),
+        "{args}"
+    );
 }
