@@ -719,6 +719,22 @@ fn a_cache_size_larger_than_the_disk_is_refused_under_require_fit() {
     );
 }
 
+/// `--cache-size 1` (a forgotten unit) is refused naming the unit, foreground and detached;
+/// before, it mounted with "0.0 MB of cache".
+#[test]
+fn a_cache_size_without_its_unit_is_refused() {
+    if !require_fuse() {
+        return;
+    }
+    let data = standard_dataset();
+    for r in refused(&data, &data.root, &data.dir("mnt"), &["--cache-size", "1"]) {
+        r.assert_mentions("--cache-size");
+        r.assert_mentions("a number without a unit counts bytes");
+        r.assert_mentions("e.g. 1G or 1M");
+    }
+    assert!(!data.path("cache").exists(), "a refused mount made its cache");
+}
+
 /// A share larger than `--cache-size` under `--require-fit` is refused, foreground and
 /// detached, naming what the share needs, what the cache holds, the hit rate a partial cache
 /// would give and the way out; nothing is mounted (issue 33).

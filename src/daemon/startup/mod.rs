@@ -130,6 +130,7 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
     let reusable = index::reusable(config, state.as_ref());
     let seed = index::seed(comm, config, reusable)?;
     let (manifest, manifest_bytes, scanned) = index::index(config, comm, &dir, reusable)?;
+    agreed(comm, equal_shares_fit(config, manifest.len(), world))?;
     let scanned_at = match scanned {
         true => Some(now_secs()),
         false => reusable.and_then(|s| s.scanned_at),
@@ -175,6 +176,20 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
         mountpoint,
         mount_dirs,
     })
+}
+
+/// `--equal-shares drop` shows `floor(N/M)` samples in every view: with fewer samples than
+/// ranks every view would be empty, a job that trains on nothing. Refused on every rank
+/// alike (the manifest is the same everywhere), naming the counts and the ways out.
+fn equal_shares_fit(config: &MountConfig, samples: u32, world: u32) -> Result<(), PhaseError> {
+    if !config.equal_shares || samples >= world {
+        return Ok(());
+    }
+    Err(PhaseError::Shared(format!(
+        "--equal-shares drop: the dataset has {samples} samples for {world} ranks, so every \
+         rank's view would be empty (each shows floor({samples}/{world}) = 0 samples); run at \
+         most {samples} ranks, or leave out --equal-shares"
+    )))
 }
 
 /// The cache state this mount expects to find (or writes): what must match for the cache
@@ -419,6 +434,27 @@ mod tests {
             assert!(err.contains(need) && !err.contains("(1 + Q)"), "{err}");
             assert!(err.contains("drop --require-fit"), "{err}");
         }
+    }
+
+    /// `--equal-shares drop` with fewer samples (12) than ranks (13) is refused on every rank,
+    /// naming the counts (before, it mounted with every view empty and no warning); 12 ranks
+    /// mount.
+    #[test]
+    fn equal_shares_with_fewer_samples_than_ranks_is_refused() {
+        let folders = Folders::new(13);
+        let args = folders.args_with("global", &["--equal-shares", "drop"]);
+        for err in folders.start_with(args.clone(), &[0; 13]) {
+            let err = err.unwrap_err();
+            assert!(
+                err.contains("12 samples for 13 ranks")
+                    && err.contains("every rank's view would be empty"),
+                "{err}"
+            );
+            assert!(err.contains("run at most 12 ranks"), "{err}");
+        }
+        let folders = Folders::new(12);
+        let args = folders.args_with("global", &["--equal-shares", "drop"]);
+        assert!(folders.start_with(args, &[0; 12]).iter().all(Result::is_ok));
     }
 
     /// A cache remembers whether a coded run built it and with which cache fraction: another
