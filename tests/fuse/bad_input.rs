@@ -732,7 +732,10 @@ fn a_cache_size_without_its_unit_is_refused() {
         r.assert_mentions("a number without a unit counts bytes");
         r.assert_mentions("e.g. 1G or 1M");
     }
-    assert!(!data.path("cache").exists(), "a refused mount made its cache");
+    assert!(
+        !data.path("cache").exists(),
+        "a refused mount made its cache"
+    );
 }
 
 /// A share larger than `--cache-size` under `--require-fit` is refused, foreground and
