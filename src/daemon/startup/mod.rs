@@ -226,7 +226,7 @@ fn expected_state(
 /// started there (the user's folder, or the one the detaching parent made: only what this
 /// mount writes into it is ours), `None` when it holds anything else (an earlier mount's
 /// cache, or not ours): a refused mount then removes nothing.
-fn made_by_this_mount(cache: &std::path::Path) -> Option<bool> {
+pub(crate) fn made_by_this_mount(cache: &std::path::Path) -> Option<bool> {
     match std::fs::read_dir(cache) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(true),
         Ok(entries) => {
@@ -234,6 +234,24 @@ fn made_by_this_mount(cache: &std::path::Path) -> Option<bool> {
             (names.all(|n| n.is_ok_and(|n| n == "shufflefs.log"))).then_some(false)
         }
         Err(_) => None,
+    }
+}
+
+/// A start that failed before anything was served (refused on some rank, or its mount
+/// failed): what this mount wrote into the cache it made goes again, the folder too when it
+/// made it (`folder`, see [`made_by_this_mount`]), as far as the files are ours. Not while
+/// a daemon holds the folder's lock: a mount started at the same moment on the same
+/// missing folder took it, and this one was refused for that.
+pub(crate) fn forget_made_cache(cache: &std::path::Path, folder: bool) {
+    if !cache.exists() || crate::cache::CacheDir::is_locked(cache) {
+        return;
+    }
+    match crate::cache::remove_owned(cache, folder) {
+        Ok(left) if left.is_empty() => {
+            tracing::info!(folder = %cache.display(), "removed the cache this refused mount made")
+        }
+        Ok(left) => tracing::debug!(?left, "left what the refused mount did not make"),
+        Err(e) => tracing::debug!(error = %e, "could not remove the refused mount's cache"),
     }
 }
 
