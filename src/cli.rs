@@ -372,9 +372,9 @@ pub struct MountArgs {
     #[arg(
         long,
         value_name = "BYTES",
-        value_parser = parse_bytes,
+        value_parser = parse_cache_size,
         help_heading = "Data",
-        long_help = "Bytes this rank's cache may hold: a number with an optional unit, e.g. 30M, 2G or 1T (K, M, G, T, P are powers of 1024), counted as the samples take the disk (whole blocks of its filesystem) [default: what the cache folder's filesystem has free, plus what the cache holds already, minus 5% of the filesystem's size; a larger size is cut to that, with a warning].\n\n\
+        long_help = "Bytes this rank's cache may hold: a number with an optional unit, e.g. 30M, 2G or 1T (K, M, G, T, P are powers of 1024; a number under 4096 without a unit is refused, as a forgotten unit: no sample would fit), counted as the samples take the disk (whole blocks of its filesystem) [default: what the cache folder's filesystem has free, plus what the cache holds already, minus 5% of the filesystem's size; a larger size is cut to that, with a warning].\n\n\
             A rank caches its share plus what the next exchange brings in, at most (1 + Q) x its share. When that does not fit, the mount says so once, with the hit rate and the bytes read from the source per epoch to expect, and goes on with a partial cache: the samples that stay on the rank longest (the plan knows every future epoch) are kept, the rest are read from the source when opened (docs/partial-cache.md). --require-fit refuses instead. Under --exchange coded the cache holds its --cache-fraction of the dataset and the next share it receives; when that does not fit, each rank keeps a planned part of it, the server codes over the kept parts and the rest is read from the source (docs/coded.md)."
     )]
     pub cache_size: Option<u64>,
@@ -518,6 +518,24 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
     }
 }
 
+/// Below this many bytes a cache holds no sample (less than a filesystem block).
+const SMALLEST_BARE_CACHE: u64 = 4096;
+
+/// `--cache-size`: [`parse_bytes`], refusing a bare number under [`SMALLEST_BARE_CACHE`]:
+/// `--cache-size 1` is a forgotten unit far more often than a cache of one byte, which
+/// would mount with "0.0 MB of cache" and read every sample from the source.
+fn parse_cache_size(s: &str) -> Result<u64, String> {
+    let n = parse_bytes(s)?;
+    let bare = s.trim().bytes().all(|b| b.is_ascii_digit());
+    if bare && n < SMALLEST_BARE_CACHE {
+        return Err(format!(
+            "{s:?} is {n} bytes (a number without a unit counts bytes), too small to hold \
+             a sample: give the unit, e.g. {s}G or {s}M"
+        ));
+    }
+    Ok(n)
+}
+
 /// See `--share-disk`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum ShareDisk {
@@ -536,7 +554,7 @@ fn non_negative(v: &str) -> Result<f64, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{non_negative, parse_bytes};
+    use super::{non_negative, parse_bytes, parse_cache_size};
 
     #[test]
     fn sizes_take_suffixes_and_reject_nonsense() {
@@ -552,6 +570,22 @@ mod tests {
         for bad in ["", "0", "12X", "-5", "99999999999G"] {
             assert!(parse_bytes(bad).is_err(), "{bad}");
         }
+    }
+
+    /// `--cache-size 1` (a forgotten unit) is refused, naming the unit; a bare number of
+    /// bytes a block can hold, and a small size with a unit, are taken (was: 1 byte taken).
+    #[test]
+    fn a_cache_size_without_a_unit_that_holds_nothing_is_refused() {
+        let err = parse_cache_size("1").unwrap_err();
+        assert!(
+            err.contains("without a unit") && err.contains("1G"),
+            "{err}"
+        );
+        assert!(parse_cache_size("4095").is_err());
+        assert_eq!(parse_cache_size("4096"), Ok(4096));
+        assert_eq!(parse_cache_size("204800"), Ok(200 << 10));
+        assert_eq!(parse_cache_size("1K"), Ok(1024));
+        assert!(parse_cache_size("0").is_err() && parse_cache_size("2X").is_err());
     }
 
     #[test]

@@ -103,6 +103,8 @@ class Measure:
         self.done, self.total, self.ranks, self.state, self.note = done, total, ranks, state, note
         # The phase's own mean rate where the statuses tell one (bytes/s), else None.
         self.rate = rate
+        # What the statuses say fails ([`problem_note`]), shown while nothing moves.
+        self.problem = ""
 
     def __iter__(self):  # (done, total, ranks, finished), as callers unpack it
         return iter((self.done, self.total, self.ranks, self.state == "done"))
@@ -192,6 +194,34 @@ def row_staged(row):
     return total > 0 and (st.get("done") or 0) >= total
 
 
+PROBLEM_CHARS = 160
+
+
+def printable(text, limit=PROBLEM_CHARS):
+    """`text` on one line, control characters escaped (a problem names a file or key, which
+    could hold any byte) and cut to `limit` characters."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def problem_note(statuses):
+    """What the statuses say fails (source errors, the store away), or '': the newest
+    problem of a rank on this host (`cache.problems`), else the job-wide view's first one of
+    the first rank reporting any, and how many ranks report some."""
+    rows = [r for r in (job_ranks(statuses) or []) if r.get("problems")]
+    local = [s for s in statuses if (s.get("cache") or {}).get("problems")]
+    if local:
+        rank, text = local[0].get("rank"), local[0]["cache"]["problems"][-1]
+    elif rows:
+        rank = rows[0].get("rank")
+        text = rows[0].get("first_problem") or f"{rows[0]['problems']} source errors"
+    else:
+        return ""
+    n = max(len(rows), len(local))
+    where = f"rank {rank}" if n <= 1 else f"{n} ranks; rank {rank}"
+    return f"source errors ({where}): {printable(text)}"
+
+
 def staging_measure(statuses, stale_limit=STALE_LIMIT):
     """The staging [`Measure`], job-wide when a status carries the view, else over `statuses`."""
     rows = job_ranks(statuses)
@@ -210,6 +240,7 @@ def staging_measure(statuses, stale_limit=STALE_LIMIT):
             m.state, m.note = "incomplete", f"incomplete, {errors} errors"
         elif all(row_staged(r) for r in rows):
             m.state = "done"
+        m.problem = problem_note(statuses)
         return m
     m = Measure(sum(s.get("bytes_done") or 0 for s in local),
                 sum(s.get("bytes_total") or 0 for s in local), who(statuses))
@@ -219,6 +250,7 @@ def staging_measure(statuses, stale_limit=STALE_LIMIT):
             m.state = "done"
         else:
             m.state, m.note = "incomplete", f"incomplete, {errors} errors"
+    m.problem = problem_note(statuses)
     return m
 
 
@@ -335,10 +367,12 @@ class Line:
         self.last_write = None
         self.width = 0
 
-    def update(self, done, total, ranks=None, finished=False, now=None, phase_rate=None):
+    def update(self, done, total, ranks=None, finished=False, now=None, phase_rate=None,
+               stalled=""):
         """One look: `done` of `total` bytes. `finished`: the phase ended; its line says the
         mean rate ([`Line.mean_rate`]; `phase_rate`: the phase's own, where its status tells
-        one, for when no byte moved while it was watched)."""
+        one, for when no byte moved while it was watched). `stalled`: said after the numbers
+        while no byte moves (rate 0 or not known yet), e.g. the error that holds it up."""
         now = time.monotonic() if now is None else now
         rate = self.rate.add(now, done)
         self.first = self.first or (now, done)
@@ -350,7 +384,10 @@ class Line:
         due = self.last_write is None or now - self.last_write >= self.every
         if not (due or finished):
             return
-        self.write(format_line(self.label, done, total, rate, ranks, finished), finished, now)
+        text = format_line(self.label, done, total, rate, ranks, finished)
+        if stalled and not finished and not rate:
+            text = f"{text}  {stalled}"
+        self.write(text, finished, now)
 
     def mean_rate(self, phase_rate=None):
         """The phase's mean rate: the bytes that moved from the first look until the last
@@ -403,11 +440,14 @@ def look(reader, line):
     return statuses, None
 
 
-def watch_staging(mounts, out, poll=0.2, every=None, timeout=None, quiet_if_done=False):
+def watch_staging(mounts, out, poll=0.2, every=None, timeout=None, quiet_if_done=False,
+                  way_out=""):
     """Shows staging until every share is staged. Returns how it ended: `done`, `none` (no
     mount answered), `lost` (a mount stopped answering), `incomplete` (staging ended with
     errors), `stale` (the job-wide view has not heard from a rank for long) or `timeout`.
-    `quiet_if_done`: write nothing when staging was done at the first look."""
+    `quiet_if_done`: write nothing when staging was done at the first look. While no byte
+    moves and the statuses report errors (the store away: staging waits and retries), the
+    line names the error and `way_out` (how to stop waiting)."""
     reader = mounts if isinstance(mounts, Mounts) else Mounts(mounts)
     line = Line(out, "staging", every=every)
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -420,8 +460,9 @@ def watch_staging(mounts, out, poll=0.2, every=None, timeout=None, quiet_if_done
         if m.state in ("incomplete", "stale"):
             line.end(m)
             return m.state
+        stalled = "; ".join(x for x in (m.problem, way_out if m.problem else "") if x)
         if not (first and quiet_if_done and m.state == "done"):
-            line.update(m.done, m.total, m.ranks, m.state == "done")
+            line.update(m.done, m.total, m.ranks, m.state == "done", stalled=stalled)
         first = False
         if m.state == "done":
             return "done"
@@ -482,13 +523,15 @@ def main(argv=None):
     ap.add_argument("--every", type=float, default=None,
                     help=f"seconds between lines (default {TTY_EVERY} on a terminal, {LOG_EVERY} in a log)")
     ap.add_argument("--timeout", type=float, default=None, help="give up staging after S seconds")
+    ap.add_argument("--way-out", default="",
+                    help="said after an error that holds staging up (how to stop waiting)")
     ap.add_argument("mounts", nargs="+")
     a = ap.parse_args(argv)
     every = a.every if a.every is not None else _env_every()
     if a.follow:
         ended = follow(a.mounts, sys.stderr, every=every)
         return 0 if ended == "none" else 1
-    ended = watch_staging(a.mounts, sys.stderr, every=every, timeout=a.timeout)
+    ended = watch_staging(a.mounts, sys.stderr, every=every, timeout=a.timeout, way_out=a.way_out)
     if ended == "none":
         print("shufflefs.progress: no mount answered", file=sys.stderr)
     return 0 if ended == "done" else 1

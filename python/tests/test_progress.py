@@ -328,5 +328,46 @@ class Watch(unittest.TestCase):
         self.assertEqual(lines[-1], exchange_lines[-1])
 
 
+AWAY = ("s3://bucket/train/a.jpg: the store did not answer after 8 retries "
+        "(Unreachable: connection refused); staging retries the round")
+
+
+class Stalled(unittest.TestCase):
+    """The store away: staging waits and retries while the statuses name the error. The line
+    says it and the way out; before, it showed `0 B/s  ETA --:--` and nothing else."""
+
+    def test_the_line_names_the_error_and_the_way_out_while_nothing_moves(self):
+        with tempfile.TemporaryDirectory() as d:
+            mounts = [make_mount(f"{d}/m{r}", rank=r, world_size=2, staging={
+                "state": "staging", "bytes_done": 0, "bytes_total": 1000},
+                cache={"problems": [AWAY]}) for r in range(2)]
+            out = io.StringIO()
+            ended = progress.watch_staging(mounts, out, poll=0.01, every=0, timeout=0.1,
+                                           way_out="stop waiting with --staging-timeout S")
+        self.assertEqual(ended, "timeout")
+        stalled = out.getvalue().splitlines()[0]
+        self.assertIn("ETA --:--  (2 ranks)  source errors (2 ranks; rank 0): s3://bucket/", stalled)
+        self.assertIn("Unreachable", stalled)
+        self.assertTrue(stalled.endswith("; stop waiting with --staging-timeout S"), stalled)
+
+    def test_the_error_is_not_said_while_bytes_move(self):
+        line = progress.Line(io.StringIO(), "staging", tty=False, every=0)
+        line.update(0, 100, 1, now=0.0, stalled="source errors (rank 0): x")
+        line.update(50, 100, 1, now=1.0, stalled="source errors (rank 0): x")
+        first, moving = line.out.getvalue().splitlines()
+        self.assertTrue(first.endswith("source errors (rank 0): x"), first)
+        self.assertTrue(moving.endswith("(1 rank)"), moving)
+
+    def test_the_job_view_names_the_first_rank_with_problems(self):
+        rows = [row(r, 0, 5) for r in range(4)]
+        for r in (1, 3):
+            rows[r].update(problems=7, first_problem=f"rank{r}: {AWAY}\x1b[2J")
+        m = progress.staging_measure([with_view(rows)])
+        self.assertTrue(m.problem.startswith("source errors (2 ranks; rank 1): rank1: s3://"), m.problem)
+        self.assertNotIn("\x1b", m.problem, "control characters are escaped")
+        self.assertLessEqual(len(m.problem), len("source errors (2 ranks; rank 1): ") + progress.PROBLEM_CHARS)
+        self.assertEqual(progress.staging_measure([with_view([row(0, 0, 5)])]).problem, "")
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -528,17 +528,11 @@ pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<(
 /// the fsyncs that make the new content survive a crash (without them a crash may leave the
 /// old content, the new, or an empty file).
 fn replace(dir: &Path, name: &str, bytes: &[u8], durable: bool) -> io::Result<()> {
-    let tmp = dir.join(format!(".{name}.tmp"));
-    let mut file = private::create_file(&tmp)?;
-    file.write_all(bytes)?;
-    if durable {
-        file.sync_all()?;
-    }
-    fs::rename(&tmp, dir.join(name))?;
-    if durable {
-        File::open(dir)?.sync_all()?;
-    }
-    Ok(())
+    let how = crate::sys::replace::Replace {
+        mode: private::FILE_MODE,
+        durable,
+    };
+    crate::sys::replace::replace(&dir.join(name), bytes, how)
 }
 
 #[cfg(test)]

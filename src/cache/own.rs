@@ -41,19 +41,11 @@ const TOP_FILES: &[&str] = &[
 const BEFORE_MARKER: &[&str] = &["LOCK", "shufflefs.log"];
 
 /// Whether `name` is one shufflefs writes at a cache folder's top level, its temporaries
-/// (`.state.json.tmp`, `.status.json.N.tmp`, `.metrics.prom.N.tmp`) included.
+/// (`.state.json.aZ3x9Q.tmp`: see `sys::replace`; `.status.json.N.tmp` of older versions)
+/// included.
 fn is_top_file(name: &str) -> bool {
-    if TOP_FILES.contains(&name) {
-        return true;
-    }
-    let Some(inner) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")) else {
-        return false;
-    };
-    let numbered = |prefix: &str| {
-        (inner.strip_prefix(prefix))
-            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-    };
-    TOP_FILES.contains(&inner) || numbered("status.json.") || numbered("metrics.prom.")
+    TOP_FILES.contains(&name)
+        || (TOP_FILES.iter()).any(|of| crate::sys::replace::is_temporary_of(name, of))
 }
 
 /// Whether `name` names a sample file (`samples/<id>`, `tmp/<id>`): an id, nothing else.
@@ -170,6 +162,7 @@ mod tests {
         assert!(!is_segment_name("notes.seg") && !is_segment_name(".seg"));
         assert!(is_top_file(".state.json.tmp") && is_top_file(".status.json.17.tmp"));
         assert!(is_top_file("metrics.prom") && is_top_file(".metrics.prom.3.tmp"));
+        assert!(is_top_file(".state.json.aZ3x9Q.tmp") && !is_top_file(".notes.aZ3x9Q.tmp"));
         assert!(!is_top_file("state.json.bak") && !is_top_file(".bashrc"));
     }
 

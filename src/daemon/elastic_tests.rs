@@ -328,11 +328,10 @@ fn foreign_folders_are_left_alone_and_node_scope_refuses() {
     )
     .unwrap();
     let runs = folders.run(2, 0).unwrap();
-    let reclaimed: Vec<PathBuf> = runs
-        .iter()
-        .flat_map(|r| r.report.as_ref().unwrap().reclaimed.clone())
-        .collect();
-    assert_eq!(reclaimed, [folders.cache(2)]);
+    // Every rank's report lists what the job removed, whichever rank removed it.
+    for r in &runs {
+        assert_eq!(r.report.as_ref().unwrap().reclaimed, [folders.cache(2)]);
+    }
     assert!(folders.cache(3).join("state.json").is_file());
     let from_source: u64 = runs
         .iter()

@@ -11,6 +11,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::node::status::StatusReport;
+use crate::sys::replace::{Replace, can_write_beside, replace};
 
 pub(crate) const EVERY: Duration = Duration::from_secs(5);
 
@@ -92,14 +93,12 @@ pub(crate) fn check_path(path: &Path) -> Result<(), String> {
         Ok(_) => {}
     }
     // The folder takes a file: the temporary one `write` would make, made and removed.
-    let tmp = tmp_path(path);
-    std::fs::write(&tmp, b"").map_err(|e| {
+    can_write_beside(path).map_err(|e| {
         format!(
             "--metrics-file {shown}: cannot write in the folder {}: {e}",
             folder.display()
         )
     })?;
-    let _ = std::fs::remove_file(&tmp);
     Ok(())
 }
 
@@ -163,20 +162,14 @@ impl Drop for MetricsFile {
     }
 }
 
-/// Writes `bytes` to `path` through a temporary file beside it (hidden, and not ending in
-/// .prom, so a collector never reads it).
+/// Writes `bytes` to `path` through a temporary file beside it (`sys::replace`: hidden,
+/// and not ending in .prom, so a collector never reads it).
 fn write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = tmp_path(path);
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })
-}
-
-/// The temporary file beside `path` that `write` renames into place.
-fn tmp_path(path: &Path) -> PathBuf {
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
-    path.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
+    let how = Replace {
+        mode: 0o666,
+        durable: false,
+    };
+    replace(path, bytes, how)
 }
 
 #[cfg(test)]

@@ -78,8 +78,31 @@ pub(crate) fn run(
     }
 }
 
-/// One compute rank on `comm`; `world` (server included) in a coded job.
+/// One compute rank on `comm`; `world` (server included) in a coded job. A start that
+/// fails before the mount is ready leaves no cache folder it made behind
+/// (`startup::forget_made_cache`): the refusal or failed mount said why, and a folder of
+/// ours in the user's scratch space would only be in the way (or taken for a cache).
 fn run_rank(
+    config: &MountConfig,
+    comm: &mut dyn Comm,
+    world: Option<&mut dyn Comm>,
+    on_ready: &mut dyn FnMut(&str),
+) -> Result<(), DaemonError> {
+    let cache = for_rank(&config.cache, comm.rank());
+    let made = startup::made_by_this_mount(&cache);
+    let mut ready = false;
+    let result = serve_rank(config, comm, world, &mut |line| {
+        ready = true;
+        on_ready(line)
+    });
+    if let (Err(_), false, Some(folder)) = (&result, ready, made) {
+        startup::forget_made_cache(&cache, folder);
+    }
+    result
+}
+
+/// [`run_rank`]'s start-up and service.
+fn serve_rank(
     config: &MountConfig,
     comm: &mut dyn Comm,
     mut world: Option<&mut dyn Comm>,

@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::comm::Comm;
 use crate::config::MountConfig;
+use crate::sys::replace::{Replace, replace};
 
 /// The start of the line on rank 0's stdout that carries the record (one line of JSON).
 pub(crate) const READY_LINE: &str = "shufflefs: job ready ";
@@ -170,19 +171,19 @@ fn hostname() -> String {
         .unwrap_or_default()
 }
 
-/// A temporary file in the same folder, then a rename over `path`.
+/// The record replaces `path` whole (`sys::replace`: a launcher polling it never reads
+/// half of one, and no link planted in a shared folder is written through).
 fn write_atomically(path: &Path, record: &JobRecord) -> std::io::Result<()> {
     let mut bytes = serde_json::to_vec_pretty(record).map_err(std::io::Error::other)?;
     bytes.push(b'\n');
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }
-    std::fs::write(&tmp, &bytes)?;
-    std::fs::rename(&tmp, path).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })
+    let how = Replace {
+        mode: 0o666,
+        durable: false,
+    };
+    replace(path, &bytes, how)
 }
 
 #[cfg(test)]

@@ -110,6 +110,24 @@ impl ExchangeReport {
         };
         &mut self.peers[i]
     }
+
+    /// Bytes this rank expects to receive in all. `bytes_to_receive` counts the transport's
+    /// streams only: a sample handed over on this host's disk has no byte count before it is
+    /// taken, so each of a disk peer's is expected at `mean` bytes (what it handed over
+    /// already counts as it is). Never less than what arrived (a table showed `50.0 kB/0 B`
+    /// during hand-offs), and exactly that once the exchange is done.
+    pub(crate) fn expected_bytes_to_receive(&self, mean: u64) -> u64 {
+        if self.state == ExchangeState::Done {
+            return self.bytes_received;
+        }
+        let disk: u64 = (self.peers.iter().filter(|p| p.via == "disk"))
+            .map(|p| {
+                p.bytes_received
+                    .max(p.samples_to_receive.saturating_mul(mean))
+            })
+            .sum();
+        (self.bytes_to_receive + disk).max(self.bytes_received)
+    }
 }
 
 /// Reports of recent exchanges.
@@ -152,6 +170,34 @@ impl ExchangeTracker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// During disk hand-offs what arrived is more than `bytes_to_receive` counts (the job
+    /// table showed `->1 50.0 kB/0 B`): the hand-offs are expected at the mean size.
+    #[test]
+    fn disk_hand_offs_are_expected_at_the_mean_size() {
+        let disk = |to: u64, got: u64, bytes: u64| PeerReport {
+            via: "disk",
+            samples_to_receive: to,
+            samples_received: got,
+            bytes_received: bytes,
+            ..Default::default()
+        };
+        let mut r = ExchangeReport {
+            state: ExchangeState::Running,
+            bytes_to_receive: 1_000,
+            bytes_received: 50_000 + 400,
+            peers: vec![disk(10, 5, 50_000), disk(4, 0, 0)],
+            ..Default::default()
+        };
+        // The first peer's 10 at 10 kB = 100 kB; the second's 4 at 10 kB; the stream's 1 kB.
+        assert_eq!(r.expected_bytes_to_receive(10_000), 141_000);
+        // With no mean (nothing cached yet), never less than what arrived.
+        assert_eq!(r.expected_bytes_to_receive(0), 51_000);
+        r.bytes_received = 60_000;
+        assert_eq!(r.expected_bytes_to_receive(0), 60_000);
+        r.state = ExchangeState::Done;
+        assert_eq!(r.expected_bytes_to_receive(10_000), 60_000);
+    }
 
     /// The status JSON shows the states as it always did.
     #[test]

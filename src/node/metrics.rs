@@ -297,9 +297,10 @@ fn exchange(r: &mut Registry, i: &Input) {
     let target = latest.map_or(0, |x| x.target_epoch);
     let help = "The epoch the latest exchange moves samples into (0 before any)";
     gauge(r, EXCHANGE_TARGET, help, target);
+    let mean = i.cache_bytes.checked_div(i.cache_samples).unwrap_or(0);
     let (done, total) = latest.map_or((0, 0), |x| {
         let done = x.bytes_sent + x.bytes_received;
-        (done, x.bytes_to_send + x.bytes_to_receive)
+        (done, x.bytes_to_send + x.expected_bytes_to_receive(mean))
     });
     let help = "The latest exchange's bytes sent and received so far";
     gauge(r, EXCHANGE_DONE, help, done);

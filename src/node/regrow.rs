@@ -156,7 +156,9 @@ fn move_to_owners(
 }
 
 /// Step 5's end (collective): makes this rank's cache durable and, once every rank's is,
-/// removes the orphans; returns the folders removed (none when they are kept).
+/// removes the orphans; returns the folders the job removed, by every rank in rank order
+/// (none when they are kept). Job-wide, so each rank's status tells it: the orphan of a
+/// gone rank is removed by whichever rank locked it, and the others' `reclaimed` said `[]`.
 fn reclaim_when_durable(
     comm: &mut dyn Comm,
     store: &SampleStore,
@@ -166,13 +168,30 @@ fn reclaim_when_durable(
     let synced = store.sync().map_err(|e| e.to_string());
     let failures = agree(comm, synced)?;
     if failures.is_empty() {
-        return Ok(reclaim(orphans));
+        let mine = reclaim(orphans);
+        return every_ranks(comm, &mine);
     }
     tracing::warn!(
         ?failures,
         "some ranks could not make their caches durable; the caches of gone ranks are kept until the next start"
     );
     Ok(Vec::new())
+}
+
+/// Collective: every rank's `paths`, in rank order (a path travels as its bytes, one per
+/// line; a path holding a newline is not one shufflefs names a cache with).
+fn every_ranks(comm: &mut dyn Comm, paths: &[PathBuf]) -> Result<Vec<PathBuf>, CommError> {
+    use std::os::unix::ffi::{OsStrExt as _, OsStringExt as _};
+    let mut mine = Vec::new();
+    for p in paths {
+        mine.extend_from_slice(p.as_os_str().as_bytes());
+        mine.push(b'\n');
+    }
+    let all = comm.all_gather(&mine)?;
+    Ok((all.iter())
+        .flat_map(|b| b.split(|&c| c == b'\n').filter(|l| !l.is_empty()))
+        .map(|l| PathBuf::from(std::ffi::OsString::from_vec(l.to_vec())))
+        .collect())
 }
 
 /// A partial cache's kept set is planned afresh at the restart (`plan::keep`): the samples

@@ -42,6 +42,7 @@ pub struct RegrowReport {
     pub received: BTreeMap<Rank, u64>,
     /// Left to the source (fetched in the background, or when read).
     pub from_source: u64,
-    /// Cache folders of gone ranks removed by this rank.
+    /// Cache folders of gone ranks the job removed (by any rank, in rank order: the same
+    /// list on every rank).
     pub reclaimed: Vec<PathBuf>,
 }

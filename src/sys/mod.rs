@@ -1,6 +1,7 @@
-//! The host: the mount table, kernel probes, mount points the daemon made, the mount's readahead window, positioned reads.
+//! The host: the mount table, kernel probes, mount points the daemon made, the mount's readahead window, positioned reads, replacing a file whole.
 pub(crate) mod io;
 pub(crate) mod kernel;
 pub(crate) mod made_dirs;
 pub mod mounts;
 pub(crate) mod readahead;
+pub(crate) mod replace;

@@ -20,7 +20,7 @@ use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use crate::cache::SampleStore;
@@ -79,7 +79,6 @@ pub struct ShuffleFs {
     status: Arc<dyn StatusReport>,
     /// Page-cache mode: `.shufflefs/status` is a link to `status_file` (see there).
     status_link: bool,
-    renders: AtomicU64,
     /// Record sources: the current epoch's part layout, made on first use.
     parts: Mutex<Option<Arc<PartLayout>>>,
     part_size: u64,
@@ -126,7 +125,6 @@ impl ShuffleFs {
             epochs,
             status,
             status_link: false,
-            renders: AtomicU64::new(0),
             parts: Mutex::new(None),
             part_size: DEFAULT_PART_SIZE,
             access: Access::mounter(),
@@ -265,15 +263,13 @@ impl ShuffleFs {
     /// Writes `bytes` to `CACHE/name` as `status_file` does, and returns its path (the
     /// metrics, under page-cache mode, are published the same way).
     fn publish(&self, name: &str, bytes: &[u8]) -> Result<PathBuf, FsError> {
-        let n = self.renders.fetch_add(1, Ordering::Relaxed);
-        let tmp = self.store.dir().root().join(format!(".{name}.{n}.tmp"));
         let path = self.store.dir().root().join(name);
         // Read-only and private, as everything in the cache (see `cache::private`).
-        std::fs::write(&tmp, bytes)?;
-        std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o400))?;
-        std::fs::rename(&tmp, &path).inspect_err(|_| {
-            let _ = std::fs::remove_file(&tmp);
-        })?;
+        let how = crate::sys::replace::Replace {
+            mode: 0o400,
+            durable: false,
+        };
+        crate::sys::replace::replace(&path, bytes, how)?;
         Ok(path)
     }
 

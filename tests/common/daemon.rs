@@ -85,7 +85,16 @@ impl Daemon {
 
     /// Like [`Daemon::start`], but a refusal is returned instead of panicking.
     pub fn try_start(mnt: &Path, args: &[OsString]) -> Result<Daemon, Refusal> {
-        let mut cmd = shufflefs();
+        Daemon::try_start_with(shufflefs(), mnt, args)
+    }
+
+    /// Like [`Daemon::try_start`], with `cmd` in place of `shufflefs` (a wrapper that
+    /// ends by exec'ing it, see [`super::shufflefs_after`]).
+    pub fn try_start_with(
+        mut cmd: std::process::Command,
+        mnt: &Path,
+        args: &[OsString],
+    ) -> Result<Daemon, Refusal> {
         cmd.arg("mount")
             .arg("--foreground")
             .args(args)

@@ -28,6 +28,20 @@ pub fn shufflefs() -> Command {
     c
 }
 
+/// `shufflefs` run by `sh -c SCRIPT` after `script`, which ends with `exec "$0" "$@"`
+/// (the daemon then has the shell's pid, `$$` in the script).
+pub fn shufflefs_after(script: &str) -> Command {
+    let mut c = Command::new("sh");
+    c.arg("-c")
+        .arg(format!("{script}\nexec \"$0\" \"$@\""))
+        .arg(BIN);
+    for v in MPI_VARS {
+        c.env_remove(v);
+    }
+    c.stdin(Stdio::null());
+    c
+}
+
 /// `--source SRC --cache CACHE EXTRA... MOUNTPOINT`, the arguments after `mount`.
 pub fn mount_args(source: &Path, cache: &Path, mnt: &Path, extra: &[&str]) -> Vec<OsString> {
     let mut v: Vec<OsString> = vec![

@@ -719,6 +719,62 @@ fn a_cache_size_larger_than_the_disk_is_refused_under_require_fit() {
     );
 }
 
+/// A start refused after it made and locked its cache (here: the `--metrics-file` check,
+/// which comes after the cache is taken) removes the cache folder it made, foreground and
+/// detached (before, `.shufflefs-cache` and `LOCK` stayed); a cache that was there before
+/// (an earlier mount's) is kept whole.
+#[test]
+fn a_refused_start_removes_the_cache_it_made_and_only_that() {
+    if !require_fuse() {
+        return;
+    }
+    let data = standard_dataset();
+    let bad = ["--metrics-file", "/nonexistent-folder/m.prom"];
+    for r in refused(&data, &data.root, &data.dir("mnt"), &bad) {
+        r.assert_mentions("does not exist");
+        let left: Vec<_> = fs::read_dir(data.path("cache"))
+            .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+            .unwrap_or_default();
+        assert!(left.iter().all(|n| n == "shufflefs.log"), "{left:?}");
+        let _ = fs::remove_dir_all(data.path("cache"));
+    }
+    Daemon::mount(&data.root, &data.path("cache"), &data.dir("mnt"), &[])
+        .unmount()
+        .assert_clean();
+    let names = || -> std::collections::BTreeSet<_> {
+        (fs::read_dir(data.path("cache")).unwrap())
+            .map(|e| e.unwrap().file_name())
+            .filter(|n| n != "shufflefs.log") // the detached daemon's, added
+            .collect()
+    };
+    let before = names();
+    refused(&data, &data.root, &data.dir("mnt"), &bad);
+    assert!(
+        data.path("cache/state.json").is_file(),
+        "an earlier cache was removed"
+    );
+    assert_eq!(names(), before);
+}
+
+/// `--cache-size 1` (a forgotten unit) is refused naming the unit, foreground and detached;
+/// before, it mounted with "0.0 MB of cache".
+#[test]
+fn a_cache_size_without_its_unit_is_refused() {
+    if !require_fuse() {
+        return;
+    }
+    let data = standard_dataset();
+    for r in refused(&data, &data.root, &data.dir("mnt"), &["--cache-size", "1"]) {
+        r.assert_mentions("--cache-size");
+        r.assert_mentions("a number without a unit counts bytes");
+        r.assert_mentions("e.g. 1G or 1M");
+    }
+    assert!(
+        !data.path("cache").exists(),
+        "a refused mount made its cache"
+    );
+}
+
 /// A share larger than `--cache-size` under `--require-fit` is refused, foreground and
 /// detached, naming what the share needs, what the cache holds, the hit rate a partial cache
 /// would give and the way out; nothing is mounted (issue 33).

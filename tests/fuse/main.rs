@@ -23,6 +23,7 @@ mod packed_cache;
 mod page_cache;
 mod partial_counts;
 mod permissions;
+mod planted_links;
 mod rescan;
 mod slow_source;
 mod status_hints;

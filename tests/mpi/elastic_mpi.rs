@@ -180,3 +180,31 @@ fn four_then_two_then_three_ranks_with_sigkill_between() {
         assert!(!is_mounted(&mnt));
     }
 }
+
+/// 4 ranks stopped cleanly, then 3 on the same caches: the gone rank's folder is removed,
+/// and every rank's `resize.reclaimed` names it (before, only the rank that happened to lock
+/// it did: the others' said `[]`, `shufflefs status` of rank 0 among them).
+#[test]
+fn four_then_three_ranks_each_report_the_removed_folder() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    crate::common::mpi_job::write_source(dir, 2, 12, 2000);
+    let job = MpiJob::start(dir, 4, SEED, FRACTION, &[]);
+    wait_all(&job, "staging", |st| st["staging"]["state"] == "done");
+    job.unmount();
+    let job = MpiJob::start(dir, 3, SEED, FRACTION, &[]);
+    let reports: Vec<Value> = (0..3).map(|r| resize(&job, r)).collect();
+    job.unmount();
+    assert!(!dir.join("cache3").exists(), "cache3 is left");
+    let gone = Value::from(dir.join("cache3").display().to_string());
+    for (r, x) in reports.iter().enumerate() {
+        assert_eq!(
+            x["reclaimed"],
+            Value::Array(vec![gone.clone()]),
+            "rank {r}: {x}"
+        );
+    }
+}

@@ -261,6 +261,116 @@ fn launch_with_a_launcher_prefix_and_teardown() {
     assert_nothing_left(dir, 2, &pids);
 }
 
+/// `shufflefs-launch` again with the `--job` of a job that runs is refused before it
+/// touches anything: the job file, ready file and log stay the running job's, so teardown
+/// still stops it (before, the second launch rewrote them, failed, and teardown exited 0
+/// leaving the daemons and mounts).
+#[test]
+fn launching_over_a_running_job_is_refused_and_teardown_still_stops_it() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let _cleanup = Cleanup(dir, 2);
+    write_source(dir, 2, 12, 3000);
+    let pids = check_printed(dir, &launch(dir, &["--np", "2"]), 2);
+    let files = ["job", "job.ready", "job.log", "job.ranks"];
+    let before: Vec<String> = files
+        .iter()
+        .map(|f| fs::read_to_string(dir.join(f)).unwrap())
+        .collect();
+    let again = run_with_timeout(
+        script("shufflefs-launch")
+            .args(["--np", "2", "--job"])
+            .arg(dir.join("job"))
+            .arg("--")
+            .args(mount_args(dir)),
+        TIMEOUT,
+    );
+    let said = String::from_utf8_lossy(&again.stderr);
+    assert_eq!(again.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("is running") && said.contains("shufflefs-teardown --job"),
+        "{said}"
+    );
+    for (f, was) in files.iter().zip(&before) {
+        assert_eq!(
+            &fs::read_to_string(dir.join(f)).unwrap(),
+            was,
+            "{f} changed"
+        );
+    }
+    let out = teardown(dir);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_nothing_left(dir, 2, &pids);
+}
+
+/// `--job NAME` without a slash is the file NAME in the current folder, never one of that
+/// name on `$PATH` (before, `source NAME` read `$PATH`'s first: here a script that leaves a
+/// mark); and a file that is not a job record is refused unread.
+#[test]
+fn teardown_reads_a_bare_job_name_from_the_current_folder_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let bin = dir.join("bin");
+    fs::create_dir(&bin).unwrap();
+    let mark = dir.join("sourced-from-path");
+    let on_path = format!("#!/bin/sh\ntouch '{}'\n", mark.display());
+    fs::write(bin.join("myjob"), on_path).unwrap();
+    fs::set_permissions(
+        bin.join("myjob"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    // A job whose launcher is gone (no pid is that high).
+    let work = dir.join("work");
+    fs::create_dir(&work).unwrap();
+    fs::write(
+        work.join("myjob"),
+        "launcher_pid=999999999\nlauncher_pgid=999999999\n",
+    )
+    .unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    let run = |job: &str| {
+        run_with_timeout(
+            script("shufflefs-teardown")
+                .args(["--job", job])
+                .current_dir(&work)
+                .env("PATH", &path),
+            TIMEOUT,
+        )
+    };
+    let out = run("myjob");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(!mark.exists(), "teardown sourced myjob from $PATH");
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("launcher 999999999 is not running"), "{said}");
+    assert!(!work.join("myjob").exists(), "the job file is removed");
+
+    fs::write(
+        work.join("train.sh"),
+        format!("touch '{}'\n", mark.display()),
+    )
+    .unwrap();
+    let out = run("train.sh");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(said.contains("not a job file"), "{said}");
+    assert!(
+        !mark.exists(),
+        "teardown ran a file that is not a job record"
+    );
+}
+
 /// A reader holding a sample open does not keep a mount behind: its daemon detaches on
 /// SIGTERM (mpirun kills it a second later; the detached mount is already gone).
 #[test]
@@ -409,7 +519,8 @@ fn endless_progress(dir: &Path) -> PathBuf {
     fs::write(
         &path,
         format!(
-            "#!/bin/sh\ncase \"$1\" in -m) echo $$ >{}; exec sleep 600 ;; esac\nexec python3 \"$@\"\n",
+            "#!/bin/sh\ncase \"$1\" in -m) echo \"$@\" >{}; echo $$ >{}; exec sleep 600 ;; esac\nexec python3 \"$@\"\n",
+            dir.join("progress.args").display(),
             dir.join("progress.pid").display()
         ),
     )
@@ -517,4 +628,10 @@ fn launch_wait_staged_fails_without_the_package_or_past_its_deadline() {
         }
         assert!(teardown(dir).status.success());
     }
+    // The progress line is told the way out of a wait an error holds up.
+    let args = fs::read_to_string(dir.join("progress.args")).unwrap();
+    assert!(
+        args.contains("--way-out giving up after --staging-timeout 1s"),
+        "{args}"
+    );
 }

@@ -14,6 +14,7 @@ mod coded_live;
 mod coded_mpi;
 mod coded_partial;
 mod comm_mpi;
+mod demo_script;
 mod disk_full;
 mod elastic_mpi;
 mod interrupt_mpi;

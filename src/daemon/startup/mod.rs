@@ -130,6 +130,7 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
     let reusable = index::reusable(config, state.as_ref());
     let seed = index::seed(comm, config, reusable)?;
     let (manifest, manifest_bytes, scanned) = index::index(config, comm, &dir, reusable)?;
+    agreed(comm, equal_shares_fit(config, manifest.len(), world))?;
     let scanned_at = match scanned {
         true => Some(now_secs()),
         false => reusable.and_then(|s| s.scanned_at),
@@ -177,6 +178,20 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
     })
 }
 
+/// `--equal-shares drop` shows `floor(N/M)` samples in every view: with fewer samples than
+/// ranks every view would be empty, a job that trains on nothing. Refused on every rank
+/// alike (the manifest is the same everywhere), naming the counts and the ways out.
+fn equal_shares_fit(config: &MountConfig, samples: u32, world: u32) -> Result<(), PhaseError> {
+    if !config.equal_shares || samples >= world {
+        return Ok(());
+    }
+    Err(PhaseError::Shared(format!(
+        "--equal-shares drop: the dataset has {samples} samples for {world} ranks, so every \
+         rank's view would be empty (each shows floor({samples}/{world}) = 0 samples); run at \
+         most {samples} ranks, or leave out --equal-shares"
+    )))
+}
+
 /// The cache state this mount expects to find (or writes): what must match for the cache
 /// to be reused. `epoch` and `world_history` are set once the job's history is known.
 fn expected_state(
@@ -211,7 +226,7 @@ fn expected_state(
 /// started there (the user's folder, or the one the detaching parent made: only what this
 /// mount writes into it is ours), `None` when it holds anything else (an earlier mount's
 /// cache, or not ours): a refused mount then removes nothing.
-fn made_by_this_mount(cache: &std::path::Path) -> Option<bool> {
+pub(crate) fn made_by_this_mount(cache: &std::path::Path) -> Option<bool> {
     match std::fs::read_dir(cache) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(true),
         Ok(entries) => {
@@ -219,6 +234,24 @@ fn made_by_this_mount(cache: &std::path::Path) -> Option<bool> {
             (names.all(|n| n.is_ok_and(|n| n == "shufflefs.log"))).then_some(false)
         }
         Err(_) => None,
+    }
+}
+
+/// A start that failed before anything was served (refused on some rank, or its mount
+/// failed): what this mount wrote into the cache it made goes again, the folder too when it
+/// made it (`folder`, see [`made_by_this_mount`]), as far as the files are ours. Not while
+/// a daemon holds the folder's lock: a mount started at the same moment on the same
+/// missing folder took it, and this one was refused for that.
+pub(crate) fn forget_made_cache(cache: &std::path::Path, folder: bool) {
+    if !cache.exists() || crate::cache::CacheDir::is_locked(cache) {
+        return;
+    }
+    match crate::cache::remove_owned(cache, folder) {
+        Ok(left) if left.is_empty() => {
+            tracing::info!(folder = %cache.display(), "removed the cache this refused mount made")
+        }
+        Ok(left) => tracing::debug!(?left, "left what the refused mount did not make"),
+        Err(e) => tracing::debug!(error = %e, "could not remove the refused mount's cache"),
     }
 }
 
@@ -419,6 +452,27 @@ mod tests {
             assert!(err.contains(need) && !err.contains("(1 + Q)"), "{err}");
             assert!(err.contains("drop --require-fit"), "{err}");
         }
+    }
+
+    /// `--equal-shares drop` with fewer samples (12) than ranks (13) is refused on every rank,
+    /// naming the counts (before, it mounted with every view empty and no warning); 12 ranks
+    /// mount.
+    #[test]
+    fn equal_shares_with_fewer_samples_than_ranks_is_refused() {
+        let folders = Folders::new(13);
+        let args = folders.args_with("global", &["--equal-shares", "drop"]);
+        for err in folders.start_with(args.clone(), &[0; 13]) {
+            let err = err.unwrap_err();
+            assert!(
+                err.contains("12 samples for 13 ranks")
+                    && err.contains("every rank's view would be empty"),
+                "{err}"
+            );
+            assert!(err.contains("run at most 12 ranks"), "{err}");
+        }
+        let folders = Folders::new(12);
+        let args = folders.args_with("global", &["--equal-shares", "drop"]);
+        assert!(folders.start_with(args, &[0; 12]).iter().all(Result::is_ok));
     }
 
     /// A cache remembers whether a coded run built it and with which cache fraction: another

@@ -180,14 +180,27 @@ impl Sampler {
             false => rate,
         };
         self.last = Some((r.target_epoch, seen));
+        let to_receive = r.expected_bytes_to_receive(self.mean_sample_bytes());
         ExchangeRow {
             into_epoch: Some(r.target_epoch),
             done_bytes: done,
-            total_bytes: r.bytes_to_send + r.bytes_to_receive,
+            total_bytes: r.bytes_to_send + to_receive,
             received_bytes: r.bytes_received,
-            to_receive_bytes: r.bytes_to_receive,
+            to_receive_bytes: to_receive,
             rate_bytes_per_s: rate.round(),
         }
+    }
+
+    /// The mean size of the samples this rank caches (0 before any): what a sample handed
+    /// over on the disk is expected to bring before it is taken.
+    fn mean_sample_bytes(&self) -> u64 {
+        let stats = &self.parts.store.stats;
+        let files = stats.files.load(Ordering::Relaxed);
+        stats
+            .bytes
+            .load(Ordering::Relaxed)
+            .checked_div(files)
+            .unwrap_or(0)
     }
 
     /// Samples fetched from the source in a peer's stead, over every exchange seen.
