@@ -169,6 +169,7 @@ fn missing_bucket_is_refused_with_the_fix_and_no_mount() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "mounted an empty prefix: {stderr}");
     assert!(stderr.contains("holds no objects"), "{stderr}");
+    assert!(stderr.contains("an ImageFolder source"), "{stderr}");
     assert!(!is_mounted(&mnt), "a refused mount left a mount behind");
 }
 

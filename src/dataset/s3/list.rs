@@ -35,7 +35,7 @@ pub(crate) fn build_index(client: &Client, format: Format) -> Result<Manifest, M
     let (folders, mut skipped, etags) = split.finish(&url.to_string());
     if folders.values().all(|s| s.is_empty()) {
         return Err(ManifestError::Store(format!(
-            "--source {url} holds no objects a {} source can serve{}",
+            "--source {url} holds no objects that {} can serve{}",
             format_name(format),
             match skipped.first() {
                 Some(s) => format!(" (e.g. {}: {})", s.path, s.reason),
@@ -89,8 +89,8 @@ fn without_etags(folders: Listing, listed: &Etags) -> (Vec<ClassListing>, Option
 
 fn format_name(format: Format) -> &'static str {
     match format {
-        Format::Tree => "--format tree",
-        _ => "ImageFolder (PREFIX/CLASS/NAME)",
+        Format::Tree => "a --format tree source",
+        _ => "an ImageFolder source (PREFIX/CLASS/NAME)",
     }
 }
 
