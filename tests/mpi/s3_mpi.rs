@@ -736,6 +736,8 @@ fn record_bodies_cut_midway_are_fetched_again() {
 /// A store that refuses every request alike for a while (403 SignatureDoesNotMatch, as
 /// after a key rotation) is an outage, not a bad sample each: staging names the code and
 /// the fix in the status, waits, and stages every sample once the store takes the key again.
+/// It asks for no more samples once the refusal came, probing with one request per round,
+/// and logs it once (before issue 40 each round asked for all 42 samples and logged each).
 #[test]
 fn a_store_refusing_every_request_is_waited_out_not_failed_per_sample() {
     if !require_fuse() || !require_mpi() {
@@ -750,7 +752,8 @@ fn a_store_refusing_every_request_is_waited_out_not_failed_per_sample() {
     let mut launcher = mpirun(1);
     launcher.envs(S3Server::env(&proxy.endpoint()));
     let source = format!("s3://{BUCKET}/{PREFIX}");
-    let job = MpiJob::start_from(launcher, source.as_ref(), tmp.path(), 1, SEED, 0.5, &[]);
+    let extra = ["--staging-threads", "4"];
+    let job = MpiJob::start_from(launcher, source.as_ref(), tmp.path(), 1, SEED, 0.5, &extra);
     wait_status(&job, 30, "the refusal in the status", |s| {
         s["cache"]["problems"]
             .as_array()
@@ -763,10 +766,17 @@ fn a_store_refusing_every_request_is_waited_out_not_failed_per_sample() {
     wait_status(&job, 60, "every sample staged after", |s| {
         s["cache"]["files"] == 42
     });
-    assert!(proxy.injected() > 0);
+    // At most one request per staging thread in the first round, then one per round.
+    let refused = proxy.injected();
+    assert!((1..42).contains(&refused), "{refused} requests refused");
+    let log = std::fs::read_to_string(tmp.path().join("job.log")).unwrap();
+    let lines = |needle: &str| log.lines().filter(|l| l.contains(needle)).count();
+    assert_eq!(lines("staging failed for a sample"), 0, "{log}");
+    assert_eq!(lines("retrying with one request per round"), 1, "{log}");
+    assert_eq!(lines("the source answers again"), 1, "{log}");
     let (exact, failed) = read_view(&job.mounts[0].join("epoch-0"), &tmp.path().join("src"));
     assert_eq!((exact, failed.len()), (42, 0), "{failed:?}");
-    eprintln!("403s injected: {}; problems: {problems}", proxy.injected());
+    eprintln!("403s injected: {refused}; problems: {problems}");
     job.unmount();
 }
 
