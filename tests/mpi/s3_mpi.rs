@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::common::mpi_job::{MpiJob, mpirun};
+use crate::common::mpi_job::{MpiJob, exchange, mpirun, wait_all};
 use crate::common::s3::{S3Server, free_port, moto_python};
 use crate::common::trees::{assert_epochs_partition, write_tree};
 use crate::common::{
@@ -777,6 +777,53 @@ fn a_store_refusing_every_request_is_waited_out_not_failed_per_sample() {
     let (exact, failed) = read_view(&job.mounts[0].join("epoch-0"), &tmp.path().join("src"));
     assert_eq!((exact, failed.len()), (42, 0), "{failed:?}");
     eprintln!("403s injected: {refused}; problems: {problems}");
+    job.unmount();
+}
+
+/// Ranks of one host hand samples over through the disk: a hand-off of a bucket's sample
+/// waits for the sender's staging of it, so the exchange into epoch 1 fails none and no
+/// object is fetched twice ("staging once, then nothing"), and with the store gone after
+/// staging, epoch 1 reads whole on every rank. Fails before issue 40: the first exchange
+/// ran before staging (a bucket's sizes are listed, so nothing waited for a fetch), found
+/// no file in the peer's cache (`failed_samples` 20 to 23 a rank with 400 objects), and
+/// fetched those samples from the bucket again at the advance (EIO with the store away).
+#[test]
+fn same_host_hand_offs_of_a_bucket_wait_for_staging_and_fetch_nothing_twice() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let Some(python) = moto_python() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let server = S3Server::start(&python, &tmp.path().join("moto.log"));
+    let files: Vec<(String, usize)> = (0..4)
+        .flat_map(|c| (0..50).map(move |i| (format!("class{c}/s_{i:03}.bin"), 20_000)))
+        .collect();
+    write_tree(tmp.path(), &files, &[]);
+    server.upload(BUCKET, "handoff", &tmp.path().join("src"));
+    let mut launcher = mpirun(RANKS);
+    launcher.envs(S3Server::env(&server.endpoint()));
+    let source = format!("s3://{BUCKET}/handoff");
+    let job = MpiJob::start_from(launcher, source.as_ref(), tmp.path(), RANKS, SEED, 0.5, &[]);
+    wait_all(&job, "staged, and the exchange into epoch 1 done", |s| {
+        let st = &s["staging"];
+        st["state"] == "done"
+            && st["files_done"] == st["files_total"]
+            && exchange(s, 1).is_some_and(|x| x["state"] == "done")
+    });
+    for r in 0..RANKS as usize {
+        let st = job.status(r);
+        let x = exchange(&st, 1).unwrap();
+        assert_eq!(x["failed_samples"], 0, "rank {r}: {x:#}");
+        assert!(
+            x["samples_received"].as_u64().unwrap() > 0,
+            "rank {r}: {x:#}"
+        );
+    }
+    let (whole, _) = server.object_gets(BUCKET, "handoff");
+    assert_eq!(whole, files.len(), "GETs of staging: each object once");
+    // The store gone, epoch 1 is all on this host's disks.
+    drop(server);
+    assert_epochs_partition(&job, &tmp.path().join("src"), 2, &[]);
     job.unmount();
 }
 
