@@ -420,10 +420,17 @@ impl ShuffleFs {
         let Err(cache_err) = self.store.ensure(id) else {
             return Ok(Fetched::Cached);
         };
-        let through = self.store.source_len(id).and_then(|size| match size {
+        let through = match self.store.size(id) {
             Some(size) if size > UNCACHED_MAX => Ok(Fetched::Stream(size)),
-            _ => (self.store.read_uncached(id, UNCACHED_MAX)).map(Fetched::Bytes),
-        });
+            // A size not known yet is learned as the bytes come (a stat each time would
+            // cost every read through a metadata request); one found too large is asked.
+            _ => match self.store.read_uncached(id, UNCACHED_MAX) {
+                Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => {
+                    (self.store.source_len(id)).and_then(|len| len.map(Fetched::Stream).ok_or(e))
+                }
+                read => read.map(Fetched::Bytes),
+            },
+        };
         let not_kept = crate::cache::admission::is_not_kept(&cache_err);
         match through {
             Ok(fetched) if not_kept => Ok(fetched),

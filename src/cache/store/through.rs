@@ -17,7 +17,9 @@ use crate::plan::SampleId;
 
 impl SampleStore {
     /// Sample `id`'s length in the source: known (the index's, or learned), else asked of
-    /// the source without reading it (learned then); `None` where only reading it tells.
+    /// the source without reading it (learned then: a sample read through memory must not
+    /// learn it first, or the bytes a lookup read are not kept for the open that follows);
+    /// `None` where only reading it tells.
     pub(crate) fn source_len(&self, id: SampleId) -> io::Result<Option<u64>> {
         if let Some(size) = self.size(id) {
             return Ok(Some(size));
