@@ -370,24 +370,14 @@ impl SampleStore {
             (Err(e), Some(_)) if is_not_kept(e) => return Err(not_kept(id)),
             _ => {}
         }
-        match &result {
-            Ok(_) => {
-                // Learned as it was written (see `write_claimed_from`).
-                let len = self.size(id).unwrap_or(0);
-                let stats = &self.stats;
-                stats.fetched_from_source.fetch_add(1, Ordering::Relaxed);
-                (stats.fetched_bytes_from_source).fetch_add(len, Ordering::Relaxed);
-            }
-            Err(_) => {
-                self.stats.source_errors.fetch_add(1, Ordering::Relaxed);
-            }
-        };
-        result.map(|_| ()).map_err(|e| {
-            let what = self.source.describe(id);
-            let e = io::Error::new(e.kind(), SourceError { what, error: e });
-            self.stats.report_problem(e.to_string());
-            e
-        })
+        if result.is_ok() {
+            // Learned as it was written (see `write_claimed_from`).
+            let len = self.size(id).unwrap_or(0);
+            let stats = &self.stats;
+            stats.fetched_from_source.fetch_add(1, Ordering::Relaxed);
+            (stats.fetched_bytes_from_source).fetch_add(len, Ordering::Relaxed);
+        }
+        result.map(|_| ()).map_err(|e| self.source_failed(id, e))
     }
 
     /// A partial cache's `ids` of `epoch` were listed: those it does not keep are read
@@ -420,10 +410,10 @@ impl SampleStore {
     /// are taken (not by the prefetch itself, which would wait for itself).
     fn read_through(&self, id: SampleId, max: u64, taken: bool) -> io::Result<Vec<u8>> {
         let too_large = || {
-            io::Error::other(format!(
-                "{}: too large to serve without the cache (limit {max} bytes)",
-                self.source.describe(id)
-            ))
+            io::Error::new(
+                io::ErrorKind::FileTooLarge,
+                format!("too large to read through memory (limit {max} bytes)"),
+            )
         };
         let want = self.size(id);
         if want.is_some_and(|w| w > max) {
@@ -463,8 +453,7 @@ impl SampleStore {
         (stats.fetched_bytes_from_source).fetch_add(got, Ordering::Relaxed);
         if want.is_some_and(|w| w != got) {
             return Err(io::Error::other(format!(
-                "{}: sample is {got} bytes, it was {} when first read; it changed since",
-                self.source.describe(id),
+                "sample is {got} bytes, it was {} when first read; it changed since",
                 want.unwrap_or(0)
             )));
         }
@@ -993,3 +982,4 @@ impl<W: Write + ?Sized> Write for CrcWriter<'_, W> {
 
 #[cfg(test)]
 mod tests;
+mod through;

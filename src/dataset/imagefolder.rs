@@ -113,6 +113,10 @@ impl Dataset for ImageFolder {
         read_full_at(&self.open(id)?, offset, buf)
     }
 
+    fn stat_len(&self, id: SampleId) -> io::Result<Option<u64>> {
+        Ok(Some(fs::metadata(self.path(id))?.len()))
+    }
+
     fn describe(&self, id: SampleId) -> String {
         self.path(id).display().to_string()
     }

@@ -46,6 +46,12 @@ pub trait Dataset: Send + Sync {
     fn copy_to(&self, id: SampleId, out: &mut dyn Write) -> io::Result<Copied>;
     /// Reads up to `buf.len()` bytes of sample `id` at `offset`; short only at its end.
     fn read_at(&self, id: SampleId, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
+    /// Sample `id`'s length in the source now, where the source can tell without reading
+    /// it (a file's metadata); `None` where only reading it tells. A reader that must
+    /// stream a sample too large for memory needs it before the first byte.
+    fn stat_len(&self, _id: SampleId) -> io::Result<Option<u64>> {
+        Ok(None)
+    }
     /// Reads the whole of every sample in `ids`, handing each to `each` (in any order: a
     /// packed source sorts by file and offset and coalesces neighbours). One failure is
     /// that sample's alone.

@@ -11,6 +11,13 @@
 //!
 //! Each size travels with the sample's modification time in the source (nanoseconds since
 //! 1970, 0 if unknown), so a received sample shows the source's time as a fetched one does.
+//!
+//! A stream to a peer on this host moves no bytes: the receiver takes each sample's file from
+//! the sender's cache folder (a disk hand-off). So the sender fetches into its cache every
+//! sample of such a stream that it has not staged yet before it lists it ([`resolve_held`]),
+//! whether its size is known or not. Before issue 40 a bucket's sizes (listed) needed no
+//! fetch, the first exchange ran before staging, and the receivers found no file: those
+//! samples were fetched from the bucket again at the advance, or failed with it away.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::thread;
@@ -53,19 +60,44 @@ pub(super) fn decode(
     (sendable, unsendable)
 }
 
+/// Whether [`resolve_held`] has nothing to fetch: every size known, and every sample that
+/// `hold` marks in the cache.
+pub(super) fn all_at_hand(store: &SampleStore, ids: &[SampleId], hold: &[bool]) -> bool {
+    (ids.iter().enumerate())
+        .all(|(i, &id)| store.size(id).is_some() && (!held(hold, i) || store.contains(id)))
+}
+
+fn held(hold: &[bool], i: usize) -> bool {
+    hold.get(i) == Some(&true)
+}
+
 /// The sizes of `ids` ([`UNKNOWN_SIZE`] for one that cannot be read), fetching the samples
 /// whose size is not known yet on a few threads: at the first exchange, part of what a rank
 /// sends may not be staged yet, and one copy at a time from a parallel filesystem is slow.
-pub(super) fn resolve_sizes(store: &SampleStore, ids: &[SampleId]) -> Vec<u64> {
+/// The samples `hold` marks (those of a disk hand-off) are fetched into the cache first: one that cannot be (the source failing, a partial cache without room
+/// for it) is [`UNKNOWN_SIZE`], and the receiver fetches it. Once the source answers
+/// as a store that refuses every request or is away (`ConnectionRefused`), the held
+/// samples left are not asked for (each would wait out the same answer): listed unknown.
+pub(super) fn resolve_held(store: &SampleStore, ids: &[SampleId], hold: &[bool]) -> Vec<u64> {
     const THREADS: usize = 4;
-    let resolve = |id: SampleId| {
-        store.resolve_size(id).unwrap_or_else(|e| {
+    let away = std::sync::atomic::AtomicBool::new(false);
+    let resolve = |i: usize| {
+        let id = ids[i];
+        let staged = match held(hold, i) && !store.contains(id) {
+            false => Ok(()),
+            true if away.load(Ordering::Relaxed) => return UNKNOWN_SIZE,
+            true => store.ensure(id),
+        };
+        staged.and_then(|()| store.resolve_size(id)).unwrap_or_else(|e| {
+            if e.kind() == std::io::ErrorKind::ConnectionRefused {
+                away.store(true, Ordering::Relaxed);
+            }
             tracing::warn!(sample = id, error = %e, "cannot read a sample to send; receiver will refetch");
             UNKNOWN_SIZE
         })
     };
-    if ids.iter().all(|&id| store.size(id).is_some()) {
-        return ids.iter().map(|&id| resolve(id)).collect();
+    if all_at_hand(store, ids, hold) {
+        return (0..ids.len()).map(resolve).collect();
     }
     let sizes: Vec<AtomicU64> = ids.iter().map(|_| AtomicU64::new(UNKNOWN_SIZE)).collect();
     let next = AtomicUsize::new(0);
@@ -75,8 +107,10 @@ pub(super) fn resolve_sizes(store: &SampleStore, ids: &[SampleId]) -> Vec<u64> {
                 idle_io_priority();
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(&id) = ids.get(i) else { break };
-                    sizes[i].store(resolve(id), Ordering::Relaxed);
+                    if i >= ids.len() {
+                        break;
+                    }
+                    sizes[i].store(resolve(i), Ordering::Relaxed);
                 }
             });
         }

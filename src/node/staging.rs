@@ -10,6 +10,14 @@
 //! ENOTCONN, a timeout...) is retried: the share is staged again after a pause that doubles
 //! from 1 s to 30 s, until a round ends without such a failure or a new epoch arrives. A
 //! sample that is missing or changed at the source is that sample's problem, not retried.
+//!
+//! A store that refuses every request alike or does not answer at all (a connection refused,
+//! a bucket's expired or rotated credentials: `ConnectionRefused`, see `dataset::s3::error`)
+//! would answer every sample the same: once a round meets that answer it asks for no more
+//! samples, logs one warning with the answer and the count of samples left, and the next
+//! rounds probe the store with one request each (logged at debug) until it answers again.
+//! Before issue 40 every round asked for every remaining sample and logged each failure (a
+//! 1M share: ~1M failing requests and log lines a round).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError, channel};
@@ -115,6 +123,8 @@ fn run(
     let mut pending = rx.recv().ok();
     let mut scrubbed = false;
     let mut backoff = RETRY_FIRST;
+    // The last round met a store-wide answer: the next one probes first.
+    let mut probing = false;
     while let Some(StagingCmd::Epoch { current }) = pending.take() {
         let mine = current.share(rank);
         progress.epoch.store(current.epoch, Ordering::Relaxed);
@@ -149,13 +159,20 @@ fn run(
         progress.started.store(true, Ordering::Relaxed);
         let started = std::time::Instant::now();
         store.will_stage(&missing.iter().map(|m| m.0).collect::<Vec<_>>());
-        let unreachable;
-        (pending, unreachable) = stage(store, &missing, threads, rx, progress);
+        let round;
+        (pending, round) = stage_probing(store, &missing, threads, rx, progress, probing);
         progress.busy.store(false, Ordering::Relaxed);
-        if pending.is_none() && unreachable > 0 {
-            pending = retry_after(rx, &mut backoff, unreachable, current);
+        if pending.is_none() && round.unreachable > 0 {
+            let left = missing.iter().filter(|m| !store.contains(m.0)).count();
+            let logged = probing && round.refused.is_some();
+            probing = round.refused.is_some();
+            pending = retry_after(rx, &mut backoff, (&round, left, logged), current);
             continue;
         }
+        if probing && pending.is_none() {
+            tracing::info!(epoch = current.epoch, "staging: the source answers again");
+        }
+        probing = false;
         backoff = RETRY_FIRST;
         if pending.is_none() && !missing.is_empty() {
             tracing::info!(
@@ -178,20 +195,34 @@ fn run(
 const RETRY_FIRST: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 
-/// After a round in which `unreachable` samples failed as an unreachable source does: waits
-/// `backoff` (doubled for next time) for a newer epoch, else stages `current` again.
+/// After a `round` in which samples failed as an unreachable source does (`left` samples
+/// not staged; `logged`: a store-wide answer was logged already, this round only probed):
+/// waits `backoff` (doubled for next time) for a newer epoch, else stages `current` again.
 fn retry_after(
     rx: &Receiver<StagingCmd>,
     backoff: &mut Duration,
-    unreachable: u64,
+    (round, left, logged): (&Round, usize, bool),
     current: Arc<EpochShares>,
 ) -> Option<StagingCmd> {
-    tracing::warn!(
-        epoch = current.epoch,
-        samples = unreachable,
-        retry_in_secs = backoff.as_secs_f64(),
-        "staging: the source did not answer; retrying"
-    );
+    let retry_in_secs = backoff.as_secs_f64();
+    match &round.refused {
+        None => tracing::warn!(
+            epoch = current.epoch,
+            samples = round.unreachable,
+            retry_in_secs,
+            "staging: the source did not answer; retrying"
+        ),
+        Some(error) if !logged => tracing::warn!(
+            epoch = current.epoch,
+            samples_left = left,
+            %error,
+            retry_in_secs,
+            "staging: the source did not answer or refused every request alike; retrying with one request per round until it answers"
+        ),
+        Some(error) => {
+            tracing::debug!(epoch = current.epoch, samples_left = left, %error, retry_in_secs, "staging: the source still refuses")
+        }
+    }
     let wait = *backoff;
     *backoff = (*backoff * 2).min(RETRY_MAX);
     match rx.recv_timeout(wait) {
@@ -250,18 +281,85 @@ fn scrub(store: &SampleStore, rx: &Receiver<StagingCmd>) -> Option<StagingCmd> {
     next
 }
 
-/// Copies `missing` into the cache; returns early with the next command if one arrives.
-/// Also returns how many samples failed as an unreachable source does.
+/// Whether `e` is an answer every request to the source would get (the store away or
+/// refusing this job's credentials: `dataset::s3::error` gives both this kind, as does a
+/// refused connection), so asking for another sample only repeats it.
+fn store_wide(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::ConnectionRefused
+}
+
+/// How a round of staging ended.
+#[derive(Debug, Default)]
+struct Round {
+    /// Samples that failed as an unreachable source does.
+    unreachable: u64,
+    /// The first store-wide answer ([`store_wide`]) of the round, after which it asked for
+    /// no more samples.
+    refused: Option<String>,
+}
+
+/// [`stage`]; with `probing` (the last round met a store-wide answer), one sample first,
+/// and the rest only if the source answered it.
+fn stage_probing(
+    store: &SampleStore,
+    missing: &[(SampleId, bool)],
+    threads: usize,
+    rx: &Receiver<StagingCmd>,
+    progress: &StagingProgress,
+    probing: bool,
+) -> (Option<StagingCmd>, Round) {
+    if !probing || missing.is_empty() {
+        return stage(store, missing, threads, rx, progress);
+    }
+    let (next, round) = stage(store, &missing[..1], 1, rx, progress);
+    if next.is_some() || round.unreachable > 0 {
+        return (next, round);
+    }
+    stage(store, &missing[1..], threads, rx, progress)
+}
+
+/// Copies `missing` into the cache; returns early with the next command if one arrives, and
+/// stops asking for samples after a store-wide answer. Also returns how the round ended.
 fn stage(
     store: &SampleStore,
     missing: &[(SampleId, bool)],
     threads: usize,
     rx: &Receiver<StagingCmd>,
     progress: &StagingProgress,
-) -> (Option<StagingCmd>, u64) {
+) -> (Option<StagingCmd>, Round) {
     let unreachable = AtomicU64::new(0);
-    let next = stage_counting(store, missing, threads, rx, progress, &unreachable);
-    (next, unreachable.into_inner())
+    let refused = std::sync::OnceLock::new();
+    let shared = (&unreachable, &refused);
+    let next = stage_counting(store, missing, threads, rx, progress, shared);
+    let round = Round {
+        unreachable: unreachable.into_inner(),
+        refused: refused.into_inner(),
+    };
+    (next, round)
+}
+
+/// Counts a failed copy of sample `id` (`unreachable`, `refused`: see [`Round`]); a
+/// store-wide answer is logged once per round, by the caller.
+fn staging_failed(
+    id: SampleId,
+    e: &std::io::Error,
+    progress: &StagingProgress,
+    (unreachable, refused): (&AtomicU64, &std::sync::OnceLock<String>),
+) {
+    if source_unreachable(e) {
+        unreachable.fetch_add(1, Ordering::Relaxed);
+    }
+    if store_wide(e) {
+        let _ = refused.set(e.to_string());
+    } else {
+        // A bad sample is reported, not fatal: readers get EIO for it alone.
+        tracing::warn!(sample = id, error = %e, "staging failed for a sample");
+    }
+    progress.errors.fetch_add(1, Ordering::Relaxed);
+    *progress
+        .last_error
+        .lock()
+        .unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
 }
 
 fn stage_counting(
@@ -270,7 +368,7 @@ fn stage_counting(
     threads: usize,
     rx: &Receiver<StagingCmd>,
     progress: &StagingProgress,
-    unreachable: &AtomicU64,
+    shared: (&AtomicU64, &std::sync::OnceLock<String>),
 ) -> Option<StagingCmd> {
     let next_index = AtomicU64::new(0);
     let stop = AtomicBool::new(false);
@@ -279,7 +377,7 @@ fn stage_counting(
         for _ in 0..threads {
             let (next_index, stop, running) = (&next_index, &stop, &running);
             scope.spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
+                while !stop.load(Ordering::Relaxed) && shared.1.get().is_none() {
                     let i = next_index.fetch_add(1, Ordering::Relaxed) as usize;
                     let Some(&(id, counted)) = missing.get(i) else {
                         break;
@@ -295,18 +393,7 @@ fn stage_counting(
                         }
                         // The partial cache is full: not a failure.
                         Err(e) if crate::cache::admission::is_not_kept(&e) => {}
-                        Err(e) => {
-                            if source_unreachable(&e) {
-                                unreachable.fetch_add(1, Ordering::Relaxed);
-                            }
-                            // A bad sample is reported, not fatal: readers get EIO for it alone.
-                            tracing::warn!(sample = id, error = %e, "staging failed for a sample");
-                            progress.errors.fetch_add(1, Ordering::Relaxed);
-                            *progress
-                                .last_error
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
-                        }
+                        Err(e) => staging_failed(id, &e, progress, shared),
                     }
                 }
                 running.fetch_sub(1, Ordering::Release);
@@ -385,6 +472,77 @@ mod tests {
         fn describe(&self, id: SampleId) -> String {
             self.inner.describe(id)
         }
+    }
+
+    /// A source whose store refuses every request (rotated credentials), counting them.
+    struct Refusing {
+        inner: ImageFolder,
+        refusing: AtomicBool,
+        asked: AtomicU64,
+    }
+
+    impl crate::dataset::Dataset for Refusing {
+        fn copy_to(
+            &self,
+            id: SampleId,
+            out: &mut dyn std::io::Write,
+        ) -> std::io::Result<crate::dataset::Copied> {
+            self.asked.fetch_add(1, Ordering::Relaxed);
+            if self.refusing.load(Ordering::Relaxed) {
+                let refused = "HTTP 403 InvalidAccessKeyId: check AWS_ACCESS_KEY_ID";
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionRefused,
+                    refused,
+                ));
+            }
+            self.inner.copy_to(id, out)
+        }
+        fn read_at(&self, id: SampleId, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+            self.inner.read_at(id, offset, buf)
+        }
+        fn describe(&self, id: SampleId) -> String {
+            self.inner.describe(id)
+        }
+    }
+
+    /// A round that meets a store-wide answer asks for no more samples (at most one per
+    /// thread was in flight), and a probing round asks once; once the store answers, the
+    /// probe's round stages everything. Fails before issue 40: a round asked for all 200.
+    #[test]
+    fn a_store_refusing_everything_is_asked_once_per_thread_then_probed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src");
+        std::fs::create_dir_all(src.join("c")).unwrap();
+        for i in 0..200 {
+            std::fs::write(src.join(format!("c/{i:03}")), vec![i as u8; 10]).unwrap();
+        }
+        let manifest = Arc::new(crate::dataset::scan::scan(&src).unwrap());
+        let source = Arc::new(Refusing {
+            inner: ImageFolder::new(src, manifest.clone()),
+            refusing: AtomicBool::new(true),
+            asked: AtomicU64::new(0),
+        });
+        let dir = CacheDir::open(&tmp.path().join("cache")).unwrap();
+        let store = SampleStore::new(dir, manifest, source.clone()).unwrap();
+        let missing: Vec<(SampleId, bool)> = (0..200).map(|i| (i, true)).collect();
+        let progress = StagingProgress::default();
+        let (_tx, rx) = channel();
+        let (next, round) = stage(&store, &missing, 4, &rx, &progress);
+        assert!(next.is_none());
+        let asked = source.asked.load(Ordering::Relaxed);
+        assert!(
+            (1..=4).contains(&asked),
+            "{asked} requests in the first round"
+        );
+        assert_eq!(round.unreachable, asked);
+        assert!(round.refused.unwrap().contains("InvalidAccessKeyId"));
+        let (_, probe) = stage_probing(&store, &missing, 4, &rx, &progress, true);
+        assert_eq!(source.asked.load(Ordering::Relaxed), asked + 1, "one probe");
+        assert!(probe.refused.is_some());
+        source.refusing.store(false, Ordering::Relaxed);
+        let (_, round) = stage_probing(&store, &missing, 4, &rx, &progress, true);
+        assert_eq!((round.unreachable, round.refused), (0, None));
+        assert!((0..200).all(|i| store.contains(i)));
     }
 
     /// A source that answers EIO (sshfs without its server) is staged again after a pause,

@@ -40,6 +40,8 @@ enum Handle {
         _attached: Option<Attached>,
     },
     Snapshot(Arc<[u8]>),
+    /// A sample too large for memory that the cache does not hold: read from the source.
+    Stream(Arc<crate::vfs::stream::SourceStream>),
     /// A record source's part: read group by group through the store.
     Part(Arc<crate::vfs::PartLayout>, u32),
     /// The epoch control file; `wrote` once it took its one write (one open, one advance).
@@ -132,6 +134,7 @@ impl OpenFiles {
                 )
             }
             Opened::Snapshot(bytes) => (Handle::Snapshot(bytes.into()), None, false),
+            Opened::Stream(stream) => (Handle::Stream(Arc::new(stream)), None, false),
             // A part never changes: its inode is its epoch's own.
             Opened::Part(layout, p) => (Handle::Part(layout, p), None, true),
             Opened::EpochControl => (Handle::EpochControl { wrote: false }, None, false),
@@ -154,6 +157,10 @@ impl OpenFiles {
                 let (layout, p) = (layout.clone(), *p);
                 return self.fs.read_part(&layout, p, offset, size);
             }
+            Some(Handle::Stream(stream)) => {
+                let stream = stream.clone();
+                return Ok(stream.read(&self.fs.store, offset, size)?);
+            }
             Some(Handle::EpochControl { .. }) | None => return Err(FsError::BadHandle),
         };
         // Read without holding the table: other opens and reads go on meanwhile.
@@ -161,10 +168,10 @@ impl OpenFiles {
     }
 
     /// Whether a read through handle `fh` may wait on the source (a part's groups may not be
-    /// cached yet), so the binding runs it where waiting is allowed.
+    /// cached yet, a stream reads it), so the binding runs it where waiting is allowed.
     pub(crate) fn read_wait(&self, fh: u64) -> crate::vfs::Wait {
         match self.table().get(&fh) {
-            Some(Handle::Part(..)) => crate::vfs::Wait::Source,
+            Some(Handle::Part(..) | Handle::Stream(_)) => crate::vfs::Wait::Source,
             _ => crate::vfs::Wait::No,
         }
     }
@@ -227,6 +234,7 @@ impl OpenFiles {
                     Ok(data)
                 }
                 Opened::Snapshot(bytes) => Ok(window(&bytes, offset, size).to_vec()),
+                Opened::Stream(stream) => Ok(stream.read_once(&self.fs.store, offset, size)?),
                 Opened::EpochControl | Opened::Part(..) => Err(FsError::BadHandle),
             },
             Some(Node::Part(e, p)) => {

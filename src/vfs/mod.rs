@@ -44,6 +44,7 @@ pub mod inodes;
 mod listing_tests;
 pub(crate) mod parts;
 pub(crate) mod statfs;
+pub(crate) mod stream;
 pub(crate) mod wait;
 
 pub use attr::{Entry, Kind};
@@ -51,8 +52,9 @@ pub use handles::{OpenFile, OpenFiles};
 pub use parts::PartLayout;
 pub use wait::{Cancel, Cancelled, Wait};
 
-/// Largest sample served straight from the source when the cache cannot hold it. In the
-/// page-cache read path every read request re-reads the whole sample, so this stays small.
+/// Largest sample read whole into memory when the cache cannot hold it; a larger one is
+/// streamed (`stream`). In the page-cache read path every read request re-reads the whole
+/// sample, so this stays small.
 pub(crate) const UNCACHED_MAX: u64 = 16 << 20;
 
 /// Default `--part-size`.
@@ -69,6 +71,8 @@ pub enum Opened {
     Part(Arc<PartLayout>, u32),
     /// Bytes frozen at open time (status, current epoch), so chunked reads agree.
     Snapshot(Vec<u8>),
+    /// A sample the cache does not hold, too large for memory: read from the source.
+    Stream(stream::SourceStream),
     /// The epoch control file opened for writing.
     EpochControl,
 }
@@ -99,6 +103,16 @@ fn tree_child(fs: &ShuffleFs, e: u64, c: u32, name: &OsStr) -> Result<Node, FsEr
         .find(c, name)
         .map(Node::Sample)
         .ok_or(FsError::NotFound)
+}
+
+/// How [`ShuffleFs::fetch`] made a sample readable.
+enum Fetched {
+    /// It is in the cache.
+    Cached,
+    /// Its bytes, read from the source into memory.
+    Bytes(Vec<u8>),
+    /// Too large for memory: to be read from the source as asked; its size.
+    Stream(u64),
 }
 
 /// The part of `bytes` from `offset` on copied into `out`; returns how much.
@@ -226,12 +240,13 @@ impl ShuffleFs {
                 return Ok(copy_window(bytes, off, out));
             }
             match self.fetch(g).map_err(std::io::Error::other)? {
-                None => self.store.read_at(g, off, out),
-                Some(bytes) => {
+                Fetched::Cached => self.store.read_at(g, off, out),
+                Fetched::Bytes(bytes) => {
                     let n = copy_window(&bytes, off, out);
                     held = Some((g, bytes));
                     Ok(n)
                 }
+                Fetched::Stream(size) => self.store.read_source_at(g, size, off, out),
             }
         })?;
         buf.truncate(n);
@@ -386,8 +401,9 @@ impl ShuffleFs {
         let size = match self.store.size(id) {
             Some(size) => size,
             None => match self.fetch(id)? {
-                Some(bytes) => bytes.len() as u64,
-                None => self.store.resolve_size(id)?,
+                Fetched::Bytes(bytes) => bytes.len() as u64,
+                Fetched::Stream(size) => size,
+                Fetched::Cached => self.store.resolve_size(id)?,
             },
         };
         Ok(Entry {
@@ -398,23 +414,40 @@ impl ShuffleFs {
         })
     }
 
-    /// Makes sample `id` readable: cached (`None`), or, if the cache could not take it (full
-    /// disk, say), its bytes read from the source into memory, rather than failing a read of
-    /// the current epoch. A listed sample that cannot be fetched is an I/O error (EIO), never
-    /// ENOENT; the cache's error says what went wrong first.
-    fn fetch(&self, id: u32) -> Result<Option<Vec<u8>>, FsError> {
+    /// Makes sample `id` readable: cached, or, if the cache could not take it (a partial
+    /// cache's sample it does not keep, a full disk), read from the source (into memory,
+    /// or streamed when larger than `UNCACHED_MAX`), rather than failing a read of the
+    /// current epoch. A listed sample that cannot be fetched is an I/O error (EIO), never
+    /// ENOENT, named as the source answered: the cache's error when the cache failed, the
+    /// source's (counted and kept among the problems) when only the source was asked.
+    fn fetch(&self, id: u32) -> Result<Fetched, FsError> {
         if let Some(partial) = self.store.partial() {
             partial.saw(id, self.store.contains(id));
         }
         let Err(cache_err) = self.store.ensure(id) else {
-            return Ok(None);
+            return Ok(Fetched::Cached);
         };
-        match self.store.read_uncached(id, UNCACHED_MAX) {
-            Ok(bytes) if crate::cache::admission::is_not_kept(&cache_err) => Ok(Some(bytes)),
-            Ok(bytes) => {
+        let through = match self.store.size(id) {
+            Some(size) if size > UNCACHED_MAX => Ok(Fetched::Stream(size)),
+            // A size not known yet is learned as the bytes come (a stat each time would
+            // cost every read through a metadata request); one found too large is asked.
+            _ => match self.store.read_uncached(id, UNCACHED_MAX) {
+                Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => {
+                    (self.store.source_len(id)).and_then(|len| len.map(Fetched::Stream).ok_or(e))
+                }
+                read => read.map(Fetched::Bytes),
+            },
+        };
+        let not_kept = crate::cache::admission::is_not_kept(&cache_err);
+        match through {
+            Ok(fetched) if not_kept => Ok(fetched),
+            Ok(fetched) => {
                 tracing::warn!(sample = id, error = %cache_err, "serving a sample from the source without caching it");
-                Ok(Some(bytes))
+                Ok(fetched)
             }
+            // Only the source was asked: its answer, reported as a failed fetch's is.
+            Err(e) if not_kept => Err(FsError::Io(self.store.source_failed(id, e))),
+            // The fetch into the cache was reported already.
             Err(_) => Err(FsError::Io(std::io::Error::other(cache_err))),
         }
     }
@@ -659,11 +692,12 @@ impl ShuffleFs {
             Node::Sample(id) => {
                 let opened = match self.fetch(id)? {
                     // A backend without a file per sample is read through the store.
-                    None => match self.store.file(id) {
+                    Fetched::Cached => match self.store.file(id) {
                         Some(file) => Opened::Sample(file?),
                         None => Opened::Snapshot(self.store.read(id)?),
                     },
-                    Some(bytes) => Opened::Snapshot(bytes),
+                    Fetched::Bytes(bytes) => Opened::Snapshot(bytes),
+                    Fetched::Stream(size) => Opened::Stream(stream::SourceStream::new(id, size)),
                 };
                 // A partial cache's leaver, read, makes room (`cache::early`): the open
                 // file or the bytes read stay the reader's.

@@ -22,6 +22,7 @@ mod overlaps;
 mod packed_cache;
 mod page_cache;
 mod partial_counts;
+mod partial_read_through;
 mod permissions;
 mod planted_links;
 mod rescan;

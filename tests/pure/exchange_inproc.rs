@@ -644,6 +644,55 @@ fn a_source_that_hangs_during_the_fallback_is_reported_not_waited_for() {
     assert!(problems.contains("answered none"), "{problems}");
 }
 
+/// A source that refuses every copy after `delay` (a store whose connections are refused,
+/// each request giving up after its retries).
+struct Refuses {
+    manifest: Arc<Manifest>,
+    delay: Duration,
+}
+
+impl shufflefs::dataset::Dataset for Refuses {
+    fn copy_to(
+        &self,
+        _id: u32,
+        _out: &mut dyn std::io::Write,
+    ) -> std::io::Result<shufflefs::dataset::Copied> {
+        std::thread::sleep(self.delay);
+        Err(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "the store did not answer after 9 attempts: Connection refused",
+        ))
+    }
+    fn read_at(&self, _id: u32, _offset: u64, _buf: &mut [u8]) -> std::io::Result<usize> {
+        Err(std::io::ErrorKind::ConnectionRefused.into())
+    }
+    fn describe(&self, id: u32) -> String {
+        format!("s3://b/{id} of {}", self.manifest.len())
+    }
+}
+
+/// The fallback against a store that refuses every request (each failing after a while,
+/// more often than the stall limit): failures are no answer, so it returns after the stall
+/// limit with the problem named, as for a source that answers nothing. Fails before issue
+/// 40: each failure counted as progress, and the epoch waited for all of them (102 s to
+/// 590 s with moto or s3s-fs stopped).
+#[test]
+fn a_store_refusing_during_the_fallback_does_not_hold_the_epoch() {
+    let manifest = manifest(60);
+    let plan = plan(manifest.len(), 2, 1.0, 9);
+    let step = plan.step(&plan.initial());
+    let dir = tempfile::tempdir().unwrap();
+    let source = Arc::new(Refuses {
+        manifest: manifest.clone(),
+        delay: Duration::from_millis(150),
+    });
+    let store =
+        Arc::new(SampleStore::new(CacheDir::open(dir.path()).unwrap(), manifest, source).unwrap());
+    shufflefs::node::fetch_missing(&store, 0, &step, Duration::from_millis(400));
+    let problems = store.stats.problems().join("\n");
+    assert!(problems.contains("answered none"), "{problems}");
+}
+
 /// One rank's uplink is a trickle (`Slow`): the others settle once their other streams are
 /// in and the deadline passed, well before its stream could arrive, and fetch what it owed
 /// them from the source; it stops sending after the frames it had posted, and every rank

@@ -625,8 +625,9 @@ fn read(fs: &ShuffleFs, id: SampleId, offset: u64, len: usize) -> Result<Vec<u8>
             let end = (offset as usize).saturating_add(len).min(bytes.len());
             Ok(bytes[start..end].to_vec())
         }
-        Opened::EpochControl | Opened::Part(..) => {
-            panic!("a sample opened as the control file or a part")
+        // The reference's samples are small: none is streamed from the source.
+        Opened::EpochControl | Opened::Part(..) | Opened::Stream(_) => {
+            panic!("a sample opened as the control file, a part or a stream")
         }
     }
 }

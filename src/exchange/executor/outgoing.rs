@@ -54,9 +54,10 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
     }
 
     /// Resolves the sizes of everything this rank sends and sends each peer its size list.
-    /// Sizes not known yet (samples not staged) are resolved by fetching them on threads of
-    /// their own (`sizing`), so the round goes on meanwhile: on a slow link that takes long,
-    /// and its peers may give it up and stop its streams before it is done (see `stop`).
+    /// Sizes not known yet (samples not staged), and the samples of disk hand-offs not
+    /// staged yet (the receiver takes their files), are fetched on threads of their own
+    /// (`sizing`), so the round goes on meanwhile: on a slow link that takes long, and its
+    /// peers may give it up and stop its streams before it is done (see `stop`).
     pub(super) fn start_sending(
         &mut self,
         comm: &mut dyn Comm,
@@ -68,11 +69,15 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
         if ctx.leaving {
             return self.list(comm, outs, vec![UNKNOWN_SIZE; all.len()]);
         }
-        if all.iter().all(|&id| ctx.store.size(id).is_some()) {
-            return self.list(comm, outs, sizes::resolve_sizes(ctx.store, &all));
+        // A disk hand-off's samples must be in this rank's cache (see `sizes`).
+        let hold: Vec<bool> = (outs.iter())
+            .flat_map(|o| std::iter::repeat_n(o.disk, o.ids.len()))
+            .collect();
+        if sizes::all_at_hand(ctx.store, &all, &hold) {
+            return self.list(comm, outs, sizes::resolve_held(ctx.store, &all, &hold));
         }
         let store = ctx.store;
-        self.sizing = Some(self.scope.spawn(move || sizes::resolve_sizes(store, &all)));
+        self.sizing = Some((self.scope).spawn(move || sizes::resolve_held(store, &all, &hold)));
         Ok(())
     }
 
