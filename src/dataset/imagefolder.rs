@@ -81,16 +81,11 @@ impl ImageFolder {
             Err(nix::Error::ENOSYS) => File::open(self.path(id))?,
             Err(e) => return Err(io::Error::from(e)),
         };
-        if !covers(Owner::of_meta(&file.metadata()?), owners.sample(id)) {
+        if !Owner::of_meta(&file.metadata()?).covers(owners.sample(id)) {
             return Err(refused("its owner or mode changed since the scan"));
         }
         Ok(file)
     }
-}
-
-/// Whether a file read as `now` lets read everyone the view lets read (`shown`).
-fn covers(now: Owner, shown: Owner) -> bool {
-    now.uid == shown.uid && now.gid == shown.gid && now.read & shown.read == shown.read
 }
 
 impl Dataset for ImageFolder {
