@@ -419,6 +419,16 @@ impl ShuffleFs {
                 tracing::warn!(sample = id, error = %cache_err, "serving a sample from the source without caching it");
                 Ok(Some(bytes))
             }
+            // A partial cache refused it before reading it: the source's error is the one
+            // to tell (a sample refused under `--allow-other`, say), and it is counted as
+            // `ensure` counts one.
+            Err(source_err) if crate::cache::admission::is_not_kept(&cache_err) => {
+                let stats = &self.store.stats;
+                stats.source_errors.fetch_add(1, Ordering::Relaxed);
+                stats.report_problem(source_err.to_string());
+                tracing::warn!(sample = id, error = %source_err, "reading a sample from the source failed");
+                Err(FsError::Io(source_err))
+            }
             Err(_) => Err(FsError::Io(std::io::Error::other(cache_err))),
         }
     }

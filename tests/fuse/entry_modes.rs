@@ -372,3 +372,44 @@ fn a_file_changed_between_mounts_is_not_served_from_the_cache() {
     assert_eq!(fs::read(view.join("ok.jpg")).unwrap(), b"shared/ok.jpg");
     d.unmount().assert_clean();
 }
+
+/// A partial cache (`--cache-size` below the share) reads samples it does not keep from
+/// the source; one refused there (swapped for a link out of the source since the scan) is
+/// an I/O error whose reason is logged and shown in the status's problems, and it is
+/// counted in `source_errors` (issue 40 review, 4: on the code before the log said only
+/// that the sample was not in the partial cache, and nothing was counted).
+#[test]
+fn a_read_refused_beneath_the_source_is_a_counted_source_error() {
+    if !require_fuse() {
+        return;
+    }
+    let s = Scratch::new();
+    let names: Vec<String> = (0..8).map(|i| format!("c/f{i}.bin")).collect();
+    for name in &names {
+        let p = s.src().join(name);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(&p, vec![7u8; 100_000]).unwrap();
+    }
+    let d = s.mount(&["--cache-size", "150000"]);
+    let mnt = s.base.join("mnt");
+    wait_staging_done(&mnt);
+    for name in &names {
+        fs::remove_file(s.src().join(name)).unwrap();
+        symlink(s.base.join("secret/key"), s.src().join(name)).unwrap();
+    }
+    let failed = (names.iter())
+        .filter(|n| fs::read(mnt.join("epoch-0").join(n)).is_err())
+        .count();
+    assert!(
+        failed >= 7,
+        "{failed} of 8 refused (one sample fits the cache)"
+    );
+    let cache = &read_status(&mnt)["cache"];
+    assert!(
+        cache["source_errors"].as_u64() >= Some(failed as u64),
+        "{cache}"
+    );
+    let problems = cache["problems"].to_string();
+    assert!(problems.contains("link out of the source"), "{problems}");
+    d.unmount().assert_clean();
+}
