@@ -274,6 +274,14 @@ fn tree_folders_at_any_depth_keep_their_own_modes() {
         "listing a 0700 folder",
     );
     assert_missing(&cat("a/leak.npz"), "a file link out of the source");
+    // The status names the link in the private folder's neighbour: the mounting user's
+    // alone (issue 40 review, 2; it was 0444 before).
+    let status = mnt.join(".shufflefs/status");
+    assert_eq!(fs::metadata(&status).unwrap().mode() & 0o777, 0o400);
+    assert_refused(
+        &as_other(other, "cat \"$1\"", &status),
+        "the status under --allow-other",
+    );
     let listed = skipped(&mnt);
     assert!(
         (listed.iter()).any(|(p, r)| p.ends_with("a/leak.npz") && r.contains("out of the source")),
