@@ -32,8 +32,15 @@ pub struct ImageFolder {
 /// opened must have the owner and group the view shows and grant read to every class the
 /// view does. Otherwise the read fails (the view answers EIO) rather than serve others
 /// what the source would not.
+///
+/// `RESOLVE_BENEATH` refuses every absolute link, even one whose target is inside the
+/// source (which the scan serves): such a path is resolved by `realpath`, and served if
+/// that lies beneath the source's own real path, opened from the root again with no link
+/// followed at all (`RESOLVE_NO_SYMLINKS`), so a link swapped in between cannot lead out.
 struct Confined {
     dir: OwnedFd,
+    /// The source root's real path (links resolved), if it has one.
+    real: Option<PathBuf>,
 }
 
 impl ImageFolder {
@@ -43,6 +50,7 @@ impl ImageFolder {
                 let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
                 Ok(Confined {
                     dir: nix::fcntl::open(&root, flags, Mode::empty())?,
+                    real: fs::canonicalize(&root).ok(),
                 })
             };
             open().map_err(|e| format!("source {}: {e}", root.display()))
@@ -76,21 +84,36 @@ impl ImageFolder {
         let rel = self.manifest.relative_path(id);
         let file = match openat2(&confined.dir, &rel, how) {
             Ok(fd) => File::from(fd),
-            Err(nix::Error::EXDEV) => return Err(refused("now a link out of the source")),
+            Err(nix::Error::EXDEV) => match self.through_absolute_link(confined, id) {
+                Some(Ok(file)) => file,
+                Some(Err(e)) => return Err(e),
+                None => return Err(refused("now a link out of the source")),
+            },
             // A kernel before 5.6 has no openat2: the owner check below still holds.
             Err(nix::Error::ENOSYS) => File::open(self.path(id))?,
             Err(e) => return Err(io::Error::from(e)),
         };
-        if !covers(Owner::of_meta(&file.metadata()?), owners.sample(id)) {
+        if !Owner::of_meta(&file.metadata()?).covers(owners.sample(id)) {
             return Err(refused("its owner or mode changed since the scan"));
         }
         Ok(file)
     }
-}
 
-/// Whether a file read as `now` lets read everyone the view lets read (`shown`).
-fn covers(now: Owner, shown: Owner) -> bool {
-    now.uid == shown.uid && now.gid == shown.gid && now.read & shown.read == shown.read
+    /// Sample `id` reached through an absolute link (see [`Confined`]): `None` when its
+    /// real path is not beneath the source's; an error when it changed while resolved.
+    fn through_absolute_link(&self, confined: &Confined, id: SampleId) -> Option<io::Result<File>> {
+        let real = fs::canonicalize(self.path(id)).ok()?;
+        let inside = real.strip_prefix(confined.real.as_ref()?).ok()?;
+        let how = OpenHow::new()
+            .flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
+        Some(match openat2(&confined.dir, inside, how) {
+            Ok(fd) => Ok(File::from(fd)),
+            // A link swapped in since the `realpath`: not followed.
+            Err(nix::Error::ELOOP | nix::Error::EXDEV) => return None,
+            Err(e) => Err(io::Error::from(e)),
+        })
+    }
 }
 
 impl Dataset for ImageFolder {
@@ -203,5 +226,41 @@ mod tests {
         // Without owners (no --allow-other), the mounting user's own view reads by path.
         assert_eq!(read(&by_path, 0).unwrap(), b"secret");
         assert_eq!(read(&by_path, 1).unwrap(), b"b");
+    }
+
+    /// An absolute link to a file inside the source is read (`RESOLVE_BENEATH` alone
+    /// refused it: the view answered EIO even to root); one that leads out, even through
+    /// the source's own path (`<src>/../secret`), is not (issue 40 review, 3).
+    #[test]
+    fn absolute_links_inside_the_source_are_read_and_out_of_it_are_not() {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = fs::canonicalize(tmp.path()).unwrap();
+        let root = base.join("src");
+        fs::create_dir_all(root.join("c")).unwrap();
+        fs::create_dir_all(root.join("data")).unwrap();
+        fs::write(root.join("data/t"), b"target").unwrap();
+        fs::write(base.join("secret"), b"secret").unwrap();
+        symlink(root.join("data/t"), root.join("c/abs")).unwrap();
+        symlink(root.join("data/../data/t"), root.join("c/dots")).unwrap();
+        fs::write(root.join("c/out"), b"x").unwrap();
+        // Given by a path through a link, as `--source` may be.
+        symlink(&root, base.join("via")).unwrap();
+        let owned = Arc::new(crate::dataset::scan::scan_with(&root, true).unwrap());
+        let ds = ImageFolder::new(base.join("via"), owned);
+        let read = |id| {
+            let mut out = Vec::new();
+            ds.copy_to(id, &mut out).map(|_| out)
+        };
+        let names: Vec<_> = (0..ds.manifest.len())
+            .map(|id| ds.manifest.name(id).to_owned())
+            .collect();
+        assert_eq!(names, ["abs", "dots", "out", "t"]);
+        assert_eq!(read(0).unwrap(), b"target");
+        assert_eq!(read(1).unwrap(), b"target");
+        // Swapped after the scan for an absolute link out, through the source's path.
+        fs::remove_file(root.join("c/out")).unwrap();
+        symlink(root.join("../secret"), root.join("c/out")).unwrap();
+        let err = read(2).unwrap_err();
+        assert!(err.to_string().contains("link out of the source"), "{err}");
     }
 }

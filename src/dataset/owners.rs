@@ -65,6 +65,12 @@ impl Owner {
         self.read | (self.read >> 2)
     }
 
+    /// Whether a file read as `self` lets read everyone a view showing `shown` lets read:
+    /// same owner and group, and read granted to at least `shown`'s classes.
+    pub(crate) fn covers(self, shown: Owner) -> bool {
+        self.uid == shown.uid && self.gid == shown.gid && self.read & shown.read == shown.read
+    }
+
     /// `self`, readable only by the classes in `classes` (bits 0o100 owner, 0o010 group,
     /// 0o001 others, as [`search_classes`] gives them).
     pub fn reachable_by(self, classes: u32) -> Owner {

@@ -28,6 +28,12 @@ pub(crate) fn same_sample(old: &Manifest, new: &Manifest, id: SampleId) -> Optio
     }
 }
 
+/// Whether `m`'s samples are files of the source, each checked on its own by
+/// [`still_valid`] (a record index's samples are positions in its files).
+pub(crate) fn per_file(m: &Manifest) -> bool {
+    matches!(m.index(), Index::Folders(_) | Index::Tree(_))
+}
+
 /// Whether a cached copy of `new`'s sample `id` (of `len` bytes, modified at `mtime`: the
 /// cache keeps the source file's time) is still the source file's bytes, as far as the
 /// file's size and time tell; the source file is looked at, so a file rewritten in place

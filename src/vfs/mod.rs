@@ -332,6 +332,10 @@ impl ShuffleFs {
                 };
                 control(Kind::Symlink, target.as_os_str().len() as u64, 0o777)
             }
+            // The status names source paths (`skipped`, problems, errors), some maybe in
+            // folders others may not list: where the view shows each entry's own mode
+            // (`--allow-other`), it is the mounting user's alone (root reads it anyway).
+            Node::Status if a.per_entry => control(Kind::File, 0, 0o400),
             Node::Status | Node::Metrics => control(Kind::File, 0, 0o444),
             Node::EpochCtl => control(Kind::File, 0, 0o644),
             Node::Current => Entry {

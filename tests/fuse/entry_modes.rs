@@ -274,6 +274,14 @@ fn tree_folders_at_any_depth_keep_their_own_modes() {
         "listing a 0700 folder",
     );
     assert_missing(&cat("a/leak.npz"), "a file link out of the source");
+    // The status names the link in the private folder's neighbour: the mounting user's
+    // alone (issue 40 review, 2; it was 0444 before).
+    let status = mnt.join(".shufflefs/status");
+    assert_eq!(fs::metadata(&status).unwrap().mode() & 0o777, 0o400);
+    assert_refused(
+        &as_other(other, "cat \"$1\"", &status),
+        "the status under --allow-other",
+    );
     let listed = skipped(&mnt);
     assert!(
         (listed.iter()).any(|(p, r)| p.ends_with("a/leak.npz") && r.contains("out of the source")),
@@ -312,5 +320,104 @@ fn a_cache_from_a_mount_without_allow_other_is_rescanned() {
     assert_refused(&cat("c/mine.jpg"), "a 0600 file");
     assert_missing(&cat("c/leak.jpg"), "a file link out of the source");
     assert_eq!(read_status(&mnt)["source_scan"]["scanned_this_mount"], true);
+    d.unmount().assert_clean();
+}
+
+/// A sample's source file changed between mounts while its name and size stayed: the
+/// remount must not show the cached bytes of the old file (issue 40, review 1). Root's
+/// 0600 file swapped by another user for theirs (0644, same size, its time set to the
+/// old one to the nanosecond): on the code before, the remount kept the cached copy and
+/// the other user read root's bytes through their own file's mode. A file root rewrites
+/// in place with the same size is read anew too, under `--allow-other` and under
+/// `--rescan` without it (on the code before, both kept the old bytes).
+#[test]
+fn a_file_changed_between_mounts_is_not_served_from_the_cache() {
+    if !require_fuse() {
+        return;
+    }
+    let Some(other) = other_user() else { return };
+    let member = (other.0, share_group());
+    let s = Scratch::new();
+    s.file("shared/ok.jpg", 0o644);
+    s.file("shared/root.jpg", 0o600);
+    s.file("shared/edit.jpg", 0o644);
+    let dir = s.src().join("shared");
+    std::os::unix::fs::chown(&dir, None, Some(member.1)).unwrap();
+    chmod(&dir, 0o2775);
+    let mnt = s.base.join("mnt");
+    let view = mnt.join("epoch-0/shared");
+    let d = s.mount(&[]);
+    wait_staging_done(&mnt);
+    assert_eq!(fs::read(view.join("root.jpg")).unwrap(), b"shared/root.jpg");
+    d.unmount().assert_clean();
+
+    let swap = r#"cd "$1" && t=$(stat -c %y root.jpg) && rm -f root.jpg &&
+        printf OTHER_USERS_FIL > root.jpg && chmod 644 root.jpg && touch -d "$t" root.jpg"#;
+    let out = as_other(member, swap, &dir);
+    assert!(out.status.success(), "swap: {out:?}");
+    fs::write(dir.join("edit.jpg"), b"SHARED/EDIT.JPG").unwrap();
+    let d = s.mount(&[]);
+    let cat = |rel: &str| as_other(other, "cat \"$1\"", &view.join(rel));
+    assert_reads(
+        &cat("root.jpg"),
+        "the other user's own file",
+        b"OTHER_USERS_FIL",
+    );
+    assert_reads(
+        &cat("edit.jpg"),
+        "a file edited in place",
+        b"SHARED/EDIT.JPG",
+    );
+    assert_reads(&cat("ok.jpg"), "an unchanged file", b"shared/ok.jpg");
+    assert_eq!(read_status(&mnt)["source_scan"]["dropped"], 2);
+    d.unmount().assert_clean();
+
+    // Without --allow-other, --rescan checks the same way.
+    fs::write(dir.join("edit.jpg"), b"shared/EDIT.jpg").unwrap();
+    let cache = s.base.join("cache");
+    let d = Daemon::mount(&s.src(), &cache, &mnt, &["--seed", "3", "--rescan"]);
+    assert_eq!(fs::read(view.join("edit.jpg")).unwrap(), b"shared/EDIT.jpg");
+    assert_eq!(fs::read(view.join("ok.jpg")).unwrap(), b"shared/ok.jpg");
+    d.unmount().assert_clean();
+}
+
+/// A partial cache (`--cache-size` below the share) reads samples it does not keep from
+/// the source; one refused there (swapped for a link out of the source since the scan) is
+/// an I/O error whose reason is logged and shown in the status's problems, and it is
+/// counted in `source_errors` (issue 40 review, 4: on the code before the log said only
+/// that the sample was not in the partial cache, and nothing was counted).
+#[test]
+fn a_read_refused_beneath_the_source_is_a_counted_source_error() {
+    if !require_fuse() {
+        return;
+    }
+    let s = Scratch::new();
+    let names: Vec<String> = (0..8).map(|i| format!("c/f{i}.bin")).collect();
+    for name in &names {
+        let p = s.src().join(name);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(&p, vec![7u8; 100_000]).unwrap();
+    }
+    let d = s.mount(&["--cache-size", "150000"]);
+    let mnt = s.base.join("mnt");
+    wait_staging_done(&mnt);
+    for name in &names {
+        fs::remove_file(s.src().join(name)).unwrap();
+        symlink(s.base.join("secret/key"), s.src().join(name)).unwrap();
+    }
+    let failed = (names.iter())
+        .filter(|n| fs::read(mnt.join("epoch-0").join(n)).is_err())
+        .count();
+    assert!(
+        failed >= 7,
+        "{failed} of 8 refused (one sample fits the cache)"
+    );
+    let cache = &read_status(&mnt)["cache"];
+    assert!(
+        cache["source_errors"].as_u64() >= Some(failed as u64),
+        "{cache}"
+    );
+    let problems = cache["problems"].to_string();
+    assert!(problems.contains("link out of the source"), "{problems}");
     d.unmount().assert_clean();
 }
