@@ -9,6 +9,8 @@
 //! - [`Slow`]: a thin uplink: sends leave at most at a number of bytes per second, without
 //!   blocking the caller (they are held back and posted when due), so a peer of a slow rank
 //!   sees its messages arrive late while the slow rank itself keeps working.
+//! - [`Rewriting`]: hands each send to a function that may change its bytes first (a
+//!   peer that says something else than the plan would have it say).
 //! - [`Lagging`]: reports a large send's completion a while after it happened (as MPI does
 //!   for a message past its eager limit, which waits for the receiver) while small ones
 //!   complete at once, and counts what was posted and never reported, so a test sees a
@@ -305,6 +307,32 @@ impl<C: Comm> Comm for Slow<C> {
                 self.detached.insert(*ticket);
             }
         }
+    }
+}
+
+/// Passes every send through `rewrite` (which may change its bytes) before posting it.
+pub struct Rewriting<C> {
+    inner: C,
+    rewrite: Box<dyn FnMut(&mut Op) + Send>,
+}
+
+impl<C: Comm> Rewriting<C> {
+    pub fn new(inner: C, rewrite: impl FnMut(&mut Op) + Send + 'static) -> Rewriting<C> {
+        Rewriting {
+            inner,
+            rewrite: Box::new(rewrite),
+        }
+    }
+}
+
+impl<C: Comm> Comm for Rewriting<C> {
+    delegate!(messages);
+
+    fn post(&mut self, mut op: Op) -> Result<Ticket, CommError> {
+        if op.dir == Dir::Send {
+            (self.rewrite)(&mut op);
+        }
+        self.inner.post(op)
     }
 }
 

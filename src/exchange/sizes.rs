@@ -9,8 +9,14 @@
 //! sender cannot read is marked [`UNKNOWN_SIZE`]: it is left out of both sides' streams, and
 //! the receiver fetches it from the source later.
 //!
-//! Each size travels with the sample's modification time in the source (nanoseconds since
-//! 1970, 0 if unknown), so a received sample shows the source's time as a fetched one does.
+//! Each size travels with the sample's id (64-bit) and its modification time in the source
+//! (nanoseconds since 1970, 0 if unknown), so a received sample shows the source's time as a
+//! fetched one does. The receiver checks every id against the one its plan expects: ranks
+//! whose plans disagree (another build, another seed or dataset given to one rank) would
+//! otherwise store one sample's bytes under another's id, since the checksums that follow
+//! cover bytes, not names. A list that disagrees is given up whole: its bytes are drained and
+//! dropped, and its samples fetched from the source (see [`Decoded::mismatch`]). The ids
+//! are also what a plan that receivers cannot compute alone needs (issue 41).
 //!
 //! A stream to a peer on this host moves no bytes: the receiver takes each sample's file from
 //! the sender's cache folder (a disk hand-off). So the sender fetches into its cache every
@@ -28,36 +34,51 @@ use crate::cache::SampleStore;
 use crate::dataset::manifest::UNKNOWN_SIZE;
 use crate::plan::SampleId;
 
-/// Bytes per sample in a size list: its size, then its source mtime.
-pub(super) const ENTRY: usize = 16;
+/// Bytes per sample in a size list: its id, its size, then its source mtime.
+pub(super) const ENTRY: usize = 24;
 
 /// The size list of `ids` (sizes from `sizes`, in the same order).
 pub(super) fn encode(store: &SampleStore, ids: &[SampleId], sizes: &[u64]) -> Vec<u8> {
     let mut out = Vec::with_capacity(ids.len() * ENTRY);
     for (&id, size) in ids.iter().zip(sizes) {
+        out.extend_from_slice(&u64::from(id).to_le_bytes());
         out.extend_from_slice(&size.to_le_bytes());
         out.extend_from_slice(&store.mtime_nanos(id).to_le_bytes());
     }
     out
 }
 
-/// The stream a size list describes: the samples of `ids` the sender can send, with their
-/// sizes (the mtimes are learned on the way), and those it cannot.
-pub(super) fn decode(
-    store: &SampleStore,
-    ids: &[SampleId],
-    list: &[u8],
-) -> (Vec<Sized>, Vec<SampleId>) {
-    let (mut sendable, mut unsendable) = (Vec::new(), Vec::new());
-    for (&id, entry) in ids.iter().zip(list.chunks_exact(ENTRY)) {
+/// What a size list says of its stream.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct Decoded {
+    /// The samples the sender sends, with their sizes, in stream order: they fix the
+    /// stream's length whatever else the list says.
+    pub sendable: Vec<Sized>,
+    /// Those it cannot send.
+    pub unsendable: Vec<SampleId>,
+    /// The first entry whose id is not the one this rank's plan expects there: `(position,
+    /// expected, sent)`. Nothing of such a stream may be stored.
+    pub mismatch: Option<(usize, SampleId, u64)>,
+}
+
+/// The stream a size list describes, checked against `ids`, the samples this rank's plan
+/// expects in it (the mtimes of those that agree are learned on the way).
+pub(super) fn decode(store: &SampleStore, ids: &[SampleId], list: &[u8]) -> Decoded {
+    let mut out = Decoded::default();
+    for (k, (&id, entry)) in ids.iter().zip(list.chunks_exact(ENTRY)).enumerate() {
         let word = |i: usize| u64::from_le_bytes(entry[i..i + 8].try_into().expect("8 bytes"));
-        store.learn_mtime_nanos(id, word(8));
-        match word(0) {
-            UNKNOWN_SIZE => unsendable.push(id),
-            size => sendable.push((id, size)),
+        let sent = word(0);
+        if sent != u64::from(id) {
+            out.mismatch.get_or_insert((k, id, sent));
+        } else {
+            store.learn_mtime_nanos(id, word(16));
+        }
+        match word(8) {
+            UNKNOWN_SIZE => out.unsendable.push(id),
+            size => out.sendable.push((id, size)),
         }
     }
-    (sendable, unsendable)
+    out
 }
 
 /// Whether [`resolve_held`] has nothing to fetch: every size known, and every sample that

@@ -11,8 +11,8 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use shufflefs::cache::{CacheDir, FileBackend, SampleStore};
-use shufflefs::comm::doubles::{Delaying, Failing, Lagging, Slow};
-use shufflefs::comm::{Comm, CommError, LocalComm};
+use shufflefs::comm::doubles::{Delaying, Failing, Lagging, Rewriting, Slow};
+use shufflefs::comm::{Comm, CommError, LocalComm, Op};
 use shufflefs::dataset::manifest::Manifest;
 use shufflefs::dataset::{SyntheticSource, synthetic_byte};
 use shufflefs::exchange::{
@@ -959,6 +959,73 @@ fn ranks_leaving_together_return_with_nothing_pending() {
                 partial.leave(&mut comm, &store, &tracker, &into1).unwrap();
                 let open = open.load(std::sync::atomic::Ordering::Relaxed);
                 assert_eq!(open, 0, "rank {me} returned with messages pending");
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+}
+
+/// Rank 0's size lists name other samples than the plan puts in its streams (the first id
+/// of each list is off by one, as if its plan disagreed): its receivers store nothing of
+/// those streams, count them failed, drain their bytes, and every rank still ends with the
+/// exact bytes of its share (fetched from the source). Without the ids in the lists, the
+/// receivers stored each of rank 0's samples under the id their own plan expected.
+#[test]
+fn a_peer_whose_size_lists_disagree_with_the_plan_has_nothing_stored() {
+    let world = 3;
+    let manifest = manifest(600);
+    let plan = plan(manifest.len(), world, 0.5, 9);
+    let step = plan.step(&plan.initial());
+    let handles: Vec<_> = LocalComm::world(world)
+        .into_iter()
+        .map(|comm| {
+            let (manifest, plan, step) = (manifest.clone(), plan.clone(), step.clone());
+            std::thread::spawn(move || {
+                let _guard = AbortOnPanic;
+                let me = comm.rank();
+                let mut seen = std::collections::HashSet::new();
+                let mut comm: Box<dyn Comm> = match me {
+                    // The data tag of the exchange into epoch 1; a peer's first message on it
+                    // is the size list, whose first 8 bytes are its first sample's id.
+                    0 => Box::new(Rewriting::new(comm, move |op: &mut Op| {
+                        if op.tag == 1 << 2 && seen.insert(op.peer) && op.buf.len() >= 8 {
+                            let id = u64::from_le_bytes(op.buf[..8].try_into().unwrap());
+                            op.buf[..8].copy_from_slice(&(id + 1).to_le_bytes());
+                        }
+                    })),
+                    _ => Box::new(comm),
+                };
+                let dir = tempfile::tempdir().unwrap();
+                let source = Arc::new(SyntheticSource {
+                    manifest: manifest.clone(),
+                });
+                let store = Arc::new(
+                    SampleStore::new(CacheDir::open(dir.path()).unwrap(), manifest, source)
+                        .unwrap(),
+                );
+                for &id in plan.initial().share(me) {
+                    store.ensure(id).unwrap();
+                }
+                let cfg = ExchangeConfig {
+                    frame: 4096,
+                    ..ExchangeConfig::default()
+                };
+                let tracker = ExchangeTracker::default();
+                let abort = AtomicBool::new(false);
+                exchange::run(comm.as_mut(), &store, &step, cfg, &tracker, &abort).unwrap();
+                let report = tracker.snapshot().into_iter().last().unwrap();
+                let from0 = step.transfers.iter().filter(|t| t.from == 0 && t.to == me);
+                let expected = from0.count() as u64;
+                if me != 0 {
+                    assert!(expected > 0, "rank {me} receives from rank 0");
+                    assert!(report.failed_samples >= expected, "rank {me}: {report:?}");
+                }
+                shufflefs::node::fetch_missing(&store, me, &step, Duration::from_secs(30));
+                for &id in step.next.share(me) {
+                    check_sample(&store, id);
+                }
             })
         })
         .collect();

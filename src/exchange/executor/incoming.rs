@@ -77,10 +77,29 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
     fn sizes_known(&mut self, s: &mut In<'s, 'scope>, list: &[u8]) {
         let ctx = self.ctx;
         s.began = Some(Instant::now());
-        let (samples, unsendable) = sizes::decode(ctx.store, s.ids, list);
+        let sizes::Decoded {
+            sendable: samples,
+            mut unsendable,
+            mismatch,
+        } = sizes::decode(ctx.store, s.ids, list);
+        if let Some((at, expected, sent)) = mismatch {
+            tracing::error!(
+                from = s.peer,
+                target_epoch = ctx.target,
+                position = at,
+                expected,
+                sent,
+                "a peer's plan disagrees with this rank's (another build, seed or dataset?): nothing of its stream is stored, its samples come from the source"
+            );
+            // Drained and dropped, like a given-up peer's; every sample counts as failed.
+            (s.given_up, s.writer) = (true, None);
+            unsendable = s.ids.to_vec();
+        }
         // Given up before it knew its sizes, the peer may send none: nothing failed.
-        let quiet = s.given_up && !ctx.leaving;
-        if !quiet && unsendable.len() == s.ids.len() && unsendable.len() > 1 {
+        let quiet = s.given_up && !ctx.leaving && mismatch.is_none();
+        if mismatch.is_some() {
+            // Said above, once for the stream.
+        } else if !quiet && unsendable.len() == s.ids.len() && unsendable.len() > 1 {
             if !ctx.leaving {
                 tracing::warn!(
                     samples = unsendable.len(),
