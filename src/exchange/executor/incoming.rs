@@ -13,7 +13,7 @@ use super::super::{ExchangeError, ExchangeTracker, Sized, stream_len};
 use super::{IN_FLIGHT, In, Out, QUEUED, RoundRun, Slot};
 use crate::cache::{Adopted, SampleStore};
 use crate::comm::{Comm, Op, Ticket};
-use crate::plan::Rank;
+use crate::plan::{Rank, SampleId};
 
 impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
     /// Hands arrived frames to writers in order and posts the next receives.
@@ -82,39 +82,14 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
             mut unsendable,
             mismatch,
         } = sizes::decode(ctx.store, s.ids, list);
-        if let Some((at, expected, sent)) = mismatch {
-            tracing::error!(
-                from = s.peer,
-                target_epoch = ctx.target,
-                position = at,
-                expected,
-                sent,
-                "a peer's plan disagrees with this rank's (another build, seed or dataset?): nothing of its stream is stored, its samples come from the source"
-            );
-            // Drained and dropped, like a given-up peer's; every sample counts as failed.
-            (s.given_up, s.writer) = (true, None);
+        if let Some(at) = mismatch {
+            self.disagrees(s, at);
             unsendable = s.ids.to_vec();
         }
         // Given up before it knew its sizes, the peer may send none: nothing failed.
         let quiet = s.given_up && !ctx.leaving && mismatch.is_none();
-        if mismatch.is_some() {
-            // Said above, once for the stream.
-        } else if !quiet && unsendable.len() == s.ids.len() && unsendable.len() > 1 {
-            if !ctx.leaving {
-                tracing::warn!(
-                    samples = unsendable.len(),
-                    from = s.peer,
-                    "peer sends none of its samples (it is leaving, or its cache failed); they will be fetched from the source"
-                );
-            }
-        } else if !quiet {
-            for &id in &unsendable {
-                tracing::warn!(
-                    sample = id,
-                    from = s.peer,
-                    "peer could not read this sample; it will be fetched from the source"
-                );
-            }
+        if mismatch.is_none() && !quiet {
+            self.warn_unsendable(s, &unsendable);
         }
         let failed = if quiet { 0 } else { unsendable.len() as u64 };
         ctx.tracker
@@ -157,6 +132,42 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
         }));
         s.writer = Some(tx);
         s.samples = Some(samples);
+    }
+
+    /// `s`'s size list names other samples than this rank's plan (first at `(position,
+    /// expected, sent)`): drained and dropped like a given-up peer's stream, every sample
+    /// counted failed and fetched from the source.
+    fn disagrees(&self, s: &mut In, (at, expected, sent): (usize, SampleId, u64)) {
+        tracing::error!(
+            from = s.peer,
+            target_epoch = self.ctx.target,
+            position = at,
+            expected,
+            sent,
+            "a peer's plan disagrees with this rank's (another build, seed or dataset?): nothing of its stream is stored, its samples come from the source"
+        );
+        (s.given_up, s.writer) = (true, None);
+    }
+
+    /// Says which of `s`'s samples its peer cannot send (all at once when it sends none).
+    fn warn_unsendable(&self, s: &In, unsendable: &[SampleId]) {
+        if unsendable.len() == s.ids.len() && unsendable.len() > 1 {
+            if !self.ctx.leaving {
+                tracing::warn!(
+                    samples = unsendable.len(),
+                    from = s.peer,
+                    "peer sends none of its samples (it is leaving, or its cache failed); they will be fetched from the source"
+                );
+            }
+            return;
+        }
+        for &id in unsendable {
+            tracing::warn!(
+                sample = id,
+                from = s.peer,
+                "peer could not read this sample; it will be fetched from the source"
+            );
+        }
     }
 
     pub(super) fn frame_arrived(&mut self, s: &mut In, k: usize, buf: Vec<u8>) {
