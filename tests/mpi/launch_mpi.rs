@@ -369,6 +369,102 @@ fn teardown_reads_a_bare_job_name_from_the_current_folder_only() {
         !mark.exists(),
         "teardown ran a file that is not a job record"
     );
+
+    // Known keys whose values would run code, or name pid 1, when sourced: refused unread
+    // (before, `source` ran the substitutions, and pid 1 was signalled).
+    for (name, record) in [
+        (
+            "sub",
+            format!("launcher_pid=$(touch '{}')\n", mark.display()),
+        ),
+        (
+            "tick",
+            format!("log=x; touch '{}'\nlauncher_pid=2\n", mark.display()),
+        ),
+        ("one", "launcher_pid=1\nlauncher_pgid=1\n".to_string()),
+    ] {
+        fs::write(work.join(name), record).unwrap();
+        let out = run(name);
+        let said = String::from_utf8_lossy(&out.stderr);
+        if name == "tick" {
+            // Read as data: a log path with a space in it, and a launcher long gone.
+            assert!(out.status.success(), "{name}: {said}");
+        } else {
+            assert_eq!(out.status.code(), Some(2), "{name}: {said}");
+            assert!(said.contains("not a job file"), "{name}: {said}");
+        }
+        assert!(
+            !mark.exists(),
+            "{name}: teardown ran code from a job record"
+        );
+    }
+}
+
+/// Links planted at the job's file names (the job file, its log and ranks file) in a
+/// folder other users may write are replaced, never written through, and teardown deletes
+/// none of their targets (before, the job record and the log overwrote root's files, and
+/// teardown removed the ranks file's target).
+#[test]
+fn links_planted_at_the_job_files_are_never_written_through() {
+    if !require_fuse() || !require_mpi() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let _cleanup = Cleanup(dir, 2);
+    write_source(dir, 2, 12, 3000);
+    let victims = dir.join("victims");
+    fs::create_dir(&victims).unwrap();
+    for name in ["job", "job.log", "job.ranks"] {
+        let victim = victims.join(name);
+        fs::write(&victim, "VICTIM\n").unwrap();
+        std::os::unix::fs::symlink(&victim, dir.join(name)).unwrap();
+    }
+    let printed = launch(dir, &["--np", "2"]);
+    let pids = check_printed(dir, &printed, 2);
+    let out = teardown(dir);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_nothing_left(dir, 2, &pids);
+    for name in ["job", "job.log", "job.ranks"] {
+        let got = fs::read_to_string(victims.join(name)).unwrap_or_default();
+        assert_eq!(
+            got, "VICTIM\n",
+            "{name}'s link was written through or its target removed"
+        );
+    }
+}
+
+/// A job file whose launcher pid now belongs to another process (a different group than
+/// recorded) is a job that ended: teardown signals nothing (before, it sent SIGTERM to the
+/// unrelated process and exited 0).
+#[test]
+fn teardown_never_signals_a_reused_pid() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut other = Command::new("sleep").arg("60").spawn().unwrap();
+    let job = tmp.path().join("stale");
+    let record = format!("launcher_pid={}\nlauncher_pgid=4242\n", other.id());
+    fs::write(&job, record).unwrap();
+    let out = run_with_timeout(
+        script("shufflefs-teardown").args([
+            "--job".as_ref(),
+            job.as_os_str(),
+            "--timeout".as_ref(),
+            "3".as_ref(),
+        ]),
+        TIMEOUT,
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("is not running any more"), "{said}");
+    assert!(
+        other.try_wait().unwrap().is_none(),
+        "teardown killed an unrelated process"
+    );
+    let _ = other.kill();
+    let _ = other.wait();
 }
 
 /// A reader holding a sample open does not keep a mount behind: its daemon detaches on
