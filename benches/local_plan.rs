@@ -86,18 +86,23 @@ fn global(n: u32, m: u32) {
 }
 
 fn main() {
+    // `cargo bench` passes --bench; under `cargo test --all-targets` (a debug build), a smoke
+    // run on a thousandth of the samples.
+    let scale = match std::env::args().any(|a| a == "--bench") {
+        true => 1,
+        false => 1000,
+    };
     println!("| plan | N | M | share | epoch 0 s | step s | sent | peak RSS MiB |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
-    for m in [8, 64] {
-        local(10_000_000, m);
+    for n in [10_000_000, 100_000_000] {
+        for m in [8, 64] {
+            local(n / scale, m);
+        }
     }
     for m in [8, 64] {
-        local(100_000_000, m);
+        global(10_000_000 / scale as u32, m);
     }
-    for m in [8, 64] {
-        global(10_000_000, m);
-    }
-    if std::env::var_os("LOCAL_PLAN_BIG").is_some() {
+    if scale == 1 && std::env::var_os("LOCAL_PLAN_BIG").is_some() {
         local(5_000_000_000, 4096);
     }
 }
