@@ -130,6 +130,8 @@ fn detached(args: &MountConfig) -> ExitCode {
         return ExitCode::FAILURE;
     }
     let log = daemon::log_path(args);
+    // The folders this mount makes for its log (and cache): a refused start removes them.
+    let made = first_missing(&crate::config::for_rank(&args.cache, 0));
     // SAFETY: no other thread exists yet (nothing has been spawned and MPI is not initialised),
     // so the child may keep running arbitrary code after fork.
     match unsafe { nix::unistd::fork() } {
@@ -139,7 +141,11 @@ fn detached(args: &MountConfig) -> ExitCode {
         }
         Ok(nix::unistd::ForkResult::Parent { .. }) => {
             drop(write_end);
-            wait_for_child(read_end, &log)
+            let (code, refused) = wait_for_child(read_end, &log);
+            if let (true, Some(top)) = (refused, made) {
+                forget_made_folders(&log, &top);
+            }
+            code
         }
         Ok(nix::unistd::ForkResult::Child) => {
             drop(read_end);
@@ -162,7 +168,9 @@ fn detached(args: &MountConfig) -> ExitCode {
     }
 }
 
-fn wait_for_child(read_end: OwnedFd, log: &std::path::Path) -> ExitCode {
+/// The daemon's answer: its exit code, and whether it refused with a message (then its log
+/// holds nothing the message did not say).
+fn wait_for_child(read_end: OwnedFd, log: &std::path::Path) -> (ExitCode, bool) {
     let mut msg = String::new();
     let mut pipe = File::from(read_end);
     // The child writes one message; reading up to "ok ..." is enough (it keeps the pipe open).
@@ -183,16 +191,51 @@ fn wait_for_child(read_end: OwnedFd, log: &std::path::Path) -> ExitCode {
     if let Some(ok) = msg.strip_prefix("ok ") {
         println!("{ok}");
         println!("shufflefs: log in {}", log.display());
-        ExitCode::SUCCESS
+        (ExitCode::SUCCESS, false)
     } else if let Some(err) = msg.strip_prefix("err ") {
         eprintln!("shufflefs: {err}");
-        ExitCode::FAILURE
+        (ExitCode::FAILURE, true)
     } else {
         eprintln!(
             "shufflefs: the daemon exited during startup; see {}",
             log.display()
         );
-        ExitCode::FAILURE
+        (ExitCode::FAILURE, false)
+    }
+}
+
+/// The outermost folder of `path` (itself included) that does not exist yet: what a mount
+/// that creates `path` makes.
+fn first_missing(path: &std::path::Path) -> Option<std::path::PathBuf> {
+    let path = std::path::absolute(path).ok()?;
+    let mut top = None;
+    for dir in path.ancestors() {
+        match dir.symlink_metadata() {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => top = Some(dir.to_path_buf()),
+            _ => break,
+        }
+    }
+    top
+}
+
+/// After a refused detached start: the log, if it is all the cache folder holds (the daemon
+/// removed the rest it made), and the empty folders up to `top`, which this mount made. A
+/// folder that holds anything else stays.
+fn forget_made_folders(log: &std::path::Path, top: &std::path::Path) {
+    let Some(cache) = log.parent() else { return };
+    let only_log = std::fs::read_dir(cache)
+        .map(|entries| entries.flatten().all(|e| e.path() == log))
+        .unwrap_or(false);
+    if only_log && !crate::cache::CacheDir::is_locked(cache) {
+        let _ = std::fs::remove_file(log);
+    }
+    let Ok(cache) = std::path::absolute(cache) else {
+        return;
+    };
+    for dir in cache.ancestors() {
+        if std::fs::remove_dir(dir).is_err() || dir == top {
+            break;
+        }
     }
 }
 

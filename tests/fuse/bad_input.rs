@@ -732,12 +732,25 @@ fn a_refused_start_removes_the_cache_it_made_and_only_that() {
     let bad = ["--metrics-file", "/nonexistent-folder/m.prom"];
     for r in refused(&data, &data.root, &data.dir("mnt"), &bad) {
         r.assert_mentions("does not exist");
-        let left: Vec<_> = fs::read_dir(data.path("cache"))
-            .map(|d| d.map(|e| e.unwrap().file_name()).collect())
-            .unwrap_or_default();
-        assert!(left.iter().all(|n| n == "shufflefs.log"), "{left:?}");
-        let _ = fs::remove_dir_all(data.path("cache"));
+        // Foreground and detached alike: the detached daemon's log and its folder went too
+        // (they once stayed).
+        assert!(!data.path("cache").exists(), "the made cache folder stayed");
     }
+    // A cache folder three levels down, none of which existed: none stays.
+    let deep = data.path("deep/a/b");
+    let mut mount = shufflefs();
+    mount
+        .arg("mount")
+        .arg("--source")
+        .arg(&data.root)
+        .arg("--cache")
+        .arg(&deep);
+    let out = mount.args(bad).arg(data.dir("mnt")).output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        !data.path("deep").exists(),
+        "the folders made for the cache stayed"
+    );
     Daemon::mount(&data.root, &data.path("cache"), &data.dir("mnt"), &[])
         .unmount()
         .assert_clean();
