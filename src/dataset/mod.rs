@@ -16,6 +16,7 @@ use std::time::SystemTime;
 
 use crate::plan::SampleId;
 
+pub(crate) mod footer;
 pub(crate) mod imagefolder;
 pub mod manifest;
 pub(crate) mod names;

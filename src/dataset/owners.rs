@@ -29,6 +29,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::dataset::footer;
+
 /// Who may read one entry: its owner and group, and the read bits (`0o444` at most) of the
 /// classes of users that may read it (a file) or list and enter it (a folder).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -287,35 +289,18 @@ impl From<Owners> for OwnersBuilder {
 /// fingerprint covers.
 const MAGIC: &[u8; 8] = b"\xffSFOWNR1";
 
-/// `bytes` with the footer of `owners` appended: the owners (postcard), their length (8
-/// bytes, little-endian), then [`MAGIC`].
-pub(crate) fn encode(mut bytes: Vec<u8>, owners: Option<&Owners>) -> Vec<u8> {
-    let Some(owners) = owners else {
-        return bytes;
-    };
-    let start = bytes.len();
-    bytes = postcard::to_extend(owners, bytes).expect("owners serialization cannot fail");
-    let len = (bytes.len() - start) as u64;
-    bytes.extend_from_slice(&len.to_le_bytes());
-    bytes.extend_from_slice(MAGIC);
-    bytes
+/// `bytes` with the footer of `owners` appended (see `footer`).
+pub(crate) fn encode(bytes: Vec<u8>, owners: Option<&Owners>) -> Vec<u8> {
+    match owners {
+        Some(owners) => footer::append(bytes, owners, MAGIC),
+        None => bytes,
+    }
 }
 
 /// The bytes before the footer, and the owners in it (`None` without a footer); `Err`
 /// for a corrupt footer.
 pub(crate) fn decode(bytes: &[u8]) -> Result<(&[u8], Option<Owners>), String> {
-    let Some(rest) = bytes.strip_suffix(MAGIC.as_slice()) else {
-        return Ok((bytes, None));
-    };
-    let bad = || "the owners footer is corrupt".to_string();
-    let split = rest.len().checked_sub(8).ok_or_else(bad)?;
-    let len = u64::from_le_bytes(rest[split..].try_into().expect("8 bytes"));
-    let at = usize::try_from(len)
-        .ok()
-        .and_then(|len| split.checked_sub(len))
-        .ok_or_else(bad)?;
-    let owners: Owners = postcard::from_bytes(&rest[at..split]).map_err(|_| bad())?;
-    Ok((&rest[..at], Some(owners)))
+    footer::split(bytes, MAGIC).map_err(|_| "the owners footer is corrupt".to_string())
 }
 
 /// The part of an encoded manifest its fingerprint covers: all but the owners' footer.

@@ -9,6 +9,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::ManifestError;
+use crate::dataset::footer;
 
 /// ETags in one arena (a `String` each would cost 24 bytes and an allocation per object).
 ///
@@ -68,35 +69,22 @@ impl Etags {
 const MAGIC: &[u8; 8] = b"\xffSFETAG1";
 
 /// `bytes` with the footer of `etags` appended (nothing when there are none).
-pub(super) fn encode(mut bytes: Vec<u8>, etags: &Etags) -> Vec<u8> {
-    if etags.is_empty() {
-        return bytes;
+pub(super) fn encode(bytes: Vec<u8>, etags: &Etags) -> Vec<u8> {
+    match etags.is_empty() {
+        true => bytes,
+        false => footer::append(bytes, etags, MAGIC),
     }
-    let start = bytes.len();
-    bytes = postcard::to_extend(etags, bytes).expect("ETag serialization cannot fail");
-    let len = (bytes.len() - start) as u64;
-    bytes.extend_from_slice(&len.to_le_bytes());
-    bytes.extend_from_slice(MAGIC);
-    bytes
 }
 
 /// The bytes before the footer and the ETags in it (none without a footer).
 pub(super) fn decode(bytes: &[u8]) -> Result<(&[u8], Etags), ManifestError> {
-    let Some(rest) = bytes.strip_suffix(MAGIC.as_slice()) else {
-        return Ok((bytes, Etags::default()));
-    };
     let bad = || ManifestError::Decode("the ETag footer is corrupt".into());
-    let split = rest.len().checked_sub(8).ok_or_else(bad)?;
-    let len = u64::from_le_bytes(rest[split..].try_into().expect("8 bytes"));
-    let at = usize::try_from(len)
-        .ok()
-        .and_then(|len| split.checked_sub(len))
-        .ok_or_else(bad)?;
-    let etags: Etags = postcard::from_bytes(&rest[at..split]).map_err(|_| bad())?;
+    let (rest, etags) = footer::split::<Etags>(bytes, MAGIC).map_err(|_| bad())?;
+    let etags = etags.unwrap_or_default();
     if !etags.valid() {
         return Err(bad());
     }
-    Ok((&rest[..at], etags))
+    Ok((rest, etags))
 }
 
 #[cfg(test)]
