@@ -250,16 +250,7 @@ fn scan_class(
     entries.sort_unstable_by_key(|e| e.ino);
     for e in &mut entries {
         let name = CStr::from_bytes_with_nul(e.name(&raw)).expect("one NUL, at the end");
-        let judged = match sample_size(&dir, name, e.kind).map_err(io_err)? {
-            Ok(size) => match confine {
-                None => Ok((size, None)),
-                Some(confine) => sample_owner(&dir, &dir_path, name, confine)
-                    .map_err(io_err)?
-                    .map(|owner| (size, Some(owner))),
-            },
-            Err(reason) => Err(reason),
-        };
-        match judged {
+        match judge(&dir, &dir_path, name, e.kind, confine).map_err(io_err)? {
             Ok((size, owner)) => (e.size, e.owner) = (Some(size), owner),
             Err(reason) => out.skipped.push(Skipped {
                 path: dir_path
@@ -272,6 +263,25 @@ fn scan_class(
     }
     pack(&mut out, entries, &raw);
     Ok(out)
+}
+
+/// Sample `name` of `dir` (at `dir_path`): its size and, under `--allow-other`
+/// (`confine`, the canonical source), its owner; or why it is skipped.
+pub(super) fn judge(
+    dir: &Dir,
+    dir_path: &Path,
+    name: &CStr,
+    kind: Option<Type>,
+    confine: Option<&Path>,
+) -> nix::Result<Result<(u64, Option<Owner>), String>> {
+    let size = match sample_size(dir, name, kind)? {
+        Ok(size) => size,
+        Err(reason) => return Ok(Err(reason)),
+    };
+    Ok(match confine {
+        None => Ok((size, None)),
+        Some(confine) => sample_owner(dir, dir_path, name, confine)?.map(|o| (size, Some(o))),
+    })
 }
 
 /// Under `--allow-other`: the owner of sample `name` of `dir` (at `dir_path`), or why it

@@ -23,7 +23,7 @@ use nix::dir::{Dir, Type};
 use nix::fcntl::{AtFlags, OFlag};
 use nix::sys::stat::{Mode, fstat, fstatat};
 
-use super::{ClassScan, THREADS, pack, read_entries, sample_owner, sample_size, type_of};
+use super::{ClassScan, THREADS, judge, pack, read_entries, type_of};
 use crate::dataset::manifest::{Manifest, ManifestError};
 use crate::dataset::names::Skipped;
 use crate::dataset::owners::{Owner, OwnersBuilder};
@@ -177,16 +177,7 @@ fn scan_dir(
             out.subdirs.push(name.to_bytes().to_vec());
             continue;
         }
-        let judged = match sample_size(&dir, name, Some(kind)).map_err(io_err)? {
-            Ok(size) => match confine {
-                None => Ok((size, None)),
-                Some(confine) => sample_owner(&dir, &dir_path, name, confine)
-                    .map_err(io_err)?
-                    .map(|owner| (size, Some(owner))),
-            },
-            Err(reason) => Err(reason),
-        };
-        match judged {
+        match judge(&dir, &dir_path, name, Some(kind), confine).map_err(io_err)? {
             Ok((size, owner)) => (e.size, e.owner) = (Some(size), owner),
             Err(reason) => out.files.skipped.push(Skipped {
                 path: dir_path
