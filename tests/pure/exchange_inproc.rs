@@ -53,6 +53,20 @@ fn manifest(samples: u32) -> Arc<Manifest> {
     Arc::new(Manifest::from_parts(classes).unwrap())
 }
 
+/// A cache over the synthetic source of `manifest` holding `share`: its folder (keep it
+/// alive) and the store.
+fn staged(manifest: Arc<Manifest>, share: &[u32]) -> (tempfile::TempDir, Arc<SampleStore>) {
+    let dir = tempfile::tempdir().unwrap();
+    let source = Arc::new(SyntheticSource {
+        manifest: manifest.clone(),
+    });
+    let store = SampleStore::new(CacheDir::open(dir.path()).unwrap(), manifest, source).unwrap();
+    for &id in share {
+        store.ensure(id).unwrap();
+    }
+    (dir, Arc::new(store))
+}
+
 fn check_sample(store: &SampleStore, id: u32) {
     let bytes = std::fs::read(FileBackend::path_in(store.dir().root(), id))
         .unwrap_or_else(|e| panic!("sample {id} missing from cache: {e}"));
@@ -731,17 +745,7 @@ fn slow_peer_given_up(frame: usize) {
                 } else {
                     Box::new(comm)
                 };
-                let dir = tempfile::tempdir().unwrap();
-                let source = Arc::new(SyntheticSource {
-                    manifest: manifest.clone(),
-                });
-                let store = Arc::new(
-                    SampleStore::new(CacheDir::open(dir.path()).unwrap(), manifest, source)
-                        .unwrap(),
-                );
-                for &id in plan.initial().share(me) {
-                    store.ensure(id).unwrap();
-                }
+                let (_dir, store) = staged(manifest, plan.initial().share(me));
                 let cfg = ExchangeConfig {
                     frame,
                     slow_peers: SlowPeers {
@@ -859,17 +863,7 @@ fn a_rank_that_leaves_serves_one_exchange_without_samples_then_is_left_out() {
                 let _guard = AbortOnPanic;
                 let me = comm.rank();
                 let mut comm = comm;
-                let dir = tempfile::tempdir().unwrap();
-                let source = Arc::new(SyntheticSource {
-                    manifest: manifest.clone(),
-                });
-                let store = Arc::new(
-                    SampleStore::new(CacheDir::open(dir.path()).unwrap(), manifest, source)
-                        .unwrap(),
-                );
-                for &id in plan.initial().share(me) {
-                    store.ensure(id).unwrap();
-                }
+                let (_dir, store) = staged(manifest, plan.initial().share(me));
                 let cfg = ExchangeConfig {
                     frame: 4096,
                     ..ExchangeConfig::default()
@@ -941,15 +935,7 @@ fn ranks_leaving_together_return_with_nothing_pending() {
                 let me = comm.rank();
                 let mut comm = Lagging::new(comm, Duration::from_millis(300));
                 let open = comm.open();
-                let dir = tempfile::tempdir().unwrap();
-                let source = Arc::new(SyntheticSource {
-                    manifest: manifest.clone(),
-                });
-                let store = SampleStore::new(CacheDir::open(dir.path()).unwrap(), manifest, source)
-                    .unwrap();
-                for &id in plan.initial().share(me) {
-                    store.ensure(id).unwrap();
-                }
+                let (_dir, store) = staged(manifest, plan.initial().share(me));
                 let mut partial = Partial {
                     cfg: ExchangeConfig::default(),
                     peers: Peers::separate(world),
@@ -997,17 +983,7 @@ fn a_peer_whose_size_lists_disagree_with_the_plan_has_nothing_stored() {
                     })),
                     _ => Box::new(comm),
                 };
-                let dir = tempfile::tempdir().unwrap();
-                let source = Arc::new(SyntheticSource {
-                    manifest: manifest.clone(),
-                });
-                let store = Arc::new(
-                    SampleStore::new(CacheDir::open(dir.path()).unwrap(), manifest, source)
-                        .unwrap(),
-                );
-                for &id in plan.initial().share(me) {
-                    store.ensure(id).unwrap();
-                }
+                let (_dir, store) = staged(manifest, plan.initial().share(me));
                 let cfg = ExchangeConfig {
                     frame: 4096,
                     ..ExchangeConfig::default()
