@@ -25,7 +25,7 @@
 
 use std::time::Instant;
 
-use shufflefs::plan::local::LocalParams;
+use shufflefs::plan::local::{LocalParams, LocalPlan};
 use shufflefs::plan::{Plan, PlanParams};
 
 const Q: f64 = 0.3;
@@ -55,8 +55,8 @@ fn peak_rss_mib() -> f64 {
 
 /// One rank's epoch-0 share and one step, per-rank plan.
 fn local(n: u64, m: u32) {
-    let p = LocalParams::new(n, m, Q, 7).expect("valid");
-    let (deal, share) = best(|| p.initial_share(m / 2));
+    let p = LocalPlan::new(LocalParams::new(n, m, Q, 7).expect("valid"), None);
+    let (deal, share) = best(|| p.initial_slots(m / 2));
     let (step, s) = best(|| p.step(0, m / 2, &share));
     println!(
         "| per rank | {n:>13} | {m:>5} | {:>9} | {deal:>8.3} | {step:>8.3} | {:>8} | {:>8.0} |",

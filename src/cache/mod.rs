@@ -63,7 +63,8 @@ pub(crate) use store::source_errno;
 pub use store::{Adopted, SampleStore, StoreStats};
 
 /// Bump when the layout or the plan's output changes: old caches are then refused.
-pub const FORMAT_VERSION: u32 = 2;
+/// 3: the partial-local plan runs on positions (`plan::local`), so shares differ from 2's.
+pub const FORMAT_VERSION: u32 = 3;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
@@ -602,9 +603,10 @@ mod tests {
     /// global one is still written without the new fields.
     #[test]
     fn old_state_files_are_global_and_global_ones_unchanged() {
-        let old = r#"{"format": 2, "source": "/data", "seed": 7, "fraction": 0.3,
+        let old = r#"{"format": FORMAT, "source": "/data", "seed": 7, "fraction": 0.3,
             "world_size": 4, "rank": 1, "manifest_fingerprint": 43981, "epoch": 3}"#;
-        let loaded: CacheState = serde_json::from_str(old).unwrap();
+        let old = old.replace("FORMAT", &FORMAT_VERSION.to_string());
+        let loaded: CacheState = serde_json::from_str(&old).unwrap();
         assert_eq!(loaded, state());
         let written = serde_json::to_string(&state()).unwrap();
         assert!(!written.contains("exchange_scope") && !written.contains("hosts"));

@@ -138,7 +138,7 @@ fn run_epochs(comm: &mut dyn Comm, p: Prepared, epochs: u64) -> RankRun {
     }
     let mut seen = vec![held(&store)];
     for _ in 0..epochs {
-        let step = p.plan.step(&cur);
+        let step = p.plan.own_step(rank, &cur);
         exchange::run(
             comm,
             &store,

@@ -218,7 +218,8 @@ fn stop_and_leave(
         // every rank, however long, so a rank that skipped it would hang the job.
         Some(recorded) if transport_intact && comm.size() > 1 => {
             let last = (recorded.last).unwrap_or_else(|| node.coordinator.current().epoch);
-            let step = plan.step(&plan.shares_at(last));
+            let rank = comm.rank();
+            let step = plan.own_step(rank, &plan.own_shares_at(rank, last));
             leave(comm, recorded.partial, node, &step).and(stopped)
         }
         _ => stopped,

@@ -224,7 +224,7 @@ impl Coordinator {
     ) -> Coordinator {
         let next = next
             .filter(|s| s.next.epoch == current.epoch + 1)
-            .unwrap_or_else(|| plan.step(&current));
+            .unwrap_or_else(|| plan.own_step(rank, &current));
         let epoch = current.epoch;
         let shared = Arc::new(Shared {
             plan,

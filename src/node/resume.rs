@@ -31,15 +31,17 @@ pub fn resume(
     epoch: u64,
 ) -> Result<Resumed, CommError> {
     let rank = comm.rank();
-    // The plan is walked once: into `epoch` (what may need redoing), then one step on.
+    // This rank's share is walked back to `epoch - 1` (O(share · epoch)), then stepped into
+    // `epoch` (what may need redoing) and one step on.
+    // This rank's own part only (`Plan::own_step`): no other rank's share is computed.
     let current = if epoch == 0 {
-        plan.initial()
+        plan.own_initial(rank)
     } else {
-        let step = plan.step(&plan.shares_at(epoch - 1));
+        let step = plan.own_step(rank, &plan.own_shares_at(rank, epoch - 1));
         redo_missing(comm, store, &step)?;
         step.next
     };
-    let next = plan.step(&current);
+    let next = plan.own_step(rank, &current);
     // A coded run's cache also keeps retained samples (`plan::coded`).
     let retained = plan.retained(rank, current.epoch);
     trim(store, rank, &current, &next.next, &retained);

@@ -94,6 +94,7 @@ impl CodedShares {
                 .into_iter()
                 .map(|s| s.into_iter().collect())
                 .collect(),
+            slots: Vec::new(),
         }
     }
 

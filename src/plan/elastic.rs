@@ -189,27 +189,39 @@ pub fn remap(old: &EpochShares, world: u32, seed: u64) -> Remap {
     );
     let mut dealt = pool.into_iter();
     let mut transfers = Vec::new();
+    let mut slots = kept_slots(old, &next);
     for (r, share) in next.iter_mut().enumerate() {
         while share.len() < size(r) {
             let (sample, from) = dealt.next().expect("the pool holds every missing sample");
             share.push(sample);
+            slots[r].push(sample);
             transfers.push(Transfer {
                 sample,
                 from,
                 to: r as Rank,
             });
         }
-        share.sort_unstable();
     }
     transfers.sort_unstable_by_key(|t| (t.from, t.to, t.sample));
     Remap {
-        next: EpochShares {
-            epoch: old.epoch,
-            shares: next,
-        },
+        next: EpochShares::from_slots(old.epoch, slots),
         transfers,
         kept,
     }
+}
+
+/// The new ranks' slots before the deal: what each survivor kept, in its old slot order
+/// (the dealt samples go after them, in the deal's order).
+fn kept_slots(old: &EpochShares, kept: &[Vec<SampleId>]) -> Vec<Vec<SampleId>> {
+    (kept.iter().enumerate())
+        .map(|(r, mine)| match old.slots.get(r) {
+            Some(slots) if slots.len() == old.shares[r].len() => (slots.iter())
+                .copied()
+                .filter(|s| mine.binary_search(s).is_ok())
+                .collect(),
+            _ => mine.clone(),
+        })
+        .collect()
 }
 
 /// The plan of a job with a [`History`]: one [`Plan`] per era, joined by [`remap`]s.
@@ -231,7 +243,8 @@ impl ElasticPlan {
                 let plan = Plan::new(PlanParams {
                     world: era.world,
                     ..params
-                })?;
+                })?
+                .stepping_from(era.epoch);
                 Ok((era, plan))
             })
             .collect::<Result<_, PlanError>>()?;
@@ -335,7 +348,7 @@ mod tests {
         let snapshot = format!("{:?}", plan.shares_at(1).shares);
         assert_eq!(snapshot, KNOWN_ANSWER, "remap output changed");
     }
-    const KNOWN_ANSWER: &str = "[[3, 5, 7, 9], [0, 2, 4], [1, 6, 8]]";
+    const KNOWN_ANSWER: &str = "[[2, 4, 8, 9], [0, 3, 5], [1, 6, 7]]";
 
     #[test]
     fn without_a_change_it_is_the_plain_plan() {

@@ -6,29 +6,30 @@
 //! "what do you hold?" — the exchange (and a restart after a crash) only needs this.
 //!
 //! # Algorithm (Nguyen et al., "Why globally re-shuffle?", Section III-B, Algorithm 1)
-//! * Epoch 0: a seeded permutation of all sample ids is dealt into `world` contiguous chunks
-//!   whose sizes differ by at most one.
-//! * Epoch e -> e+1: `k = floor(Q * min_share)` (the same on every rank, so every rank sends
-//!   and receives exactly `k`). Rank `r` shuffles its share with a stream seeded by
-//!   `(seed, e, r)` and takes the first `k` as its outgoing samples. For `i in 0..k` a
-//!   permutation `dest_i` of the ranks (one stream seeded by `(seed, e)`, shared by every
-//!   rank) sends rank `r`'s `i`-th outgoing sample to `dest_i[r]`. Because `dest_i` is a
-//!   permutation, each rank receives exactly one sample per `i`. `dest_i[r] == r` keeps the
-//!   sample where it is, so about `Q * (M-1)/M` of a share moves.
+//! Run on positions by [`local`]: each rank owns a fixed chunk of positions `0..N` (sizes
+//! differ by at most one); epoch 0 deals a keyed permutation of the ids over them; each
+//! epoch `e -> e+1`, with `k = floor(Q * min_share)` the same on every rank, rank `r` picks
+//! a keyed random `k`-subset of its chunk in a random order, and for `i in 0..k` a keyed
+//! permutation `σ_i` of the ranks sends its `i`-th pick to `σ_i(r)`, into the place that
+//! rank vacated for slot `i`. Each rank receives exactly one sample per `i`; `σ_i(r) == r`
+//! keeps the sample where it is, so about `Q * (M-1)/M` of a share moves.
+//!
+//! Every permutation is evaluated per index, so a rank computes its own part in O(share)
+//! ([`Plan::own_step`]) and its share at any epoch by walking its positions back
+//! ([`Plan::own_shares_at`]), with no other rank's share: no rank holds the job's plan.
+//! [`Plan::step`] and [`Plan::shares_at`] compute the whole job (tests, the coded and
+//! elastic plans, the partial cache's planner, equal shares).
 //!
 //! # Exchange scope
-//! [`ExchangeScope::Node`] changes one thing: each `dest_i` permutes the ranks *within each
-//! host* (a [`HostLayout`]) instead of all ranks. Per `i`, the hosts are taken in order of
-//! their lowest rank and each host's ranks (ascending) are shuffled in turn, all from the
-//! same shared `(seed, e)` stream. `dest_i` is still a permutation of all ranks, so every
-//! rank still sends and receives exactly `k` and shares keep their sizes; but no sample ever
-//! leaves its host, so each host's set of samples is the one epoch 0 dealt it, forever (the
-//! paper's local shuffling at host granularity; within a host it is partial-local with `Q`).
-//! About `Q * (G-1)/G` of a share moves on a host of `G` ranks; a host of one rank keeps its
-//! share. `k` stays `floor(Q * min_share)` over all ranks: it is what keeps every rank
-//! sending as much as it receives, whatever the hosts' sizes. Epoch 0 is the same in both
-//! scopes, and with every rank on one host node scope gives exactly the global plan (the one
-//! group, shuffled from the same stream, is the global `dest_i`). Global scope ignores hosts.
+//! [`ExchangeScope::Node`] changes one thing: each `σ_i` permutes the ranks *within each
+//! host* (a [`HostLayout`]) instead of all ranks. Every rank still sends and receives
+//! exactly `k` and shares keep their sizes; but no sample ever leaves its host, so each
+//! host's set of samples is the one epoch 0 dealt it, forever (the paper's local shuffling
+//! at host granularity; within a host it is partial-local with `Q`). About `Q * (G-1)/G` of
+//! a share moves on a host of `G` ranks; a host of one rank keeps its share. `k` stays
+//! `floor(Q * min_share)` over all ranks: it is what keeps every rank sending as much as it
+//! receives, whatever the hosts' sizes. Epoch 0 is the same in both scopes. Global scope
+//! ignores hosts.
 //!
 //! # Why our own shuffle
 //! `rand`'s `shuffle`/`gen_range` are allowed to change their output between releases; a cache
@@ -40,6 +41,8 @@ use std::sync::Arc;
 
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
+
+use local::LocalPlan;
 
 pub(crate) mod coded;
 pub mod coded_keep;
@@ -209,22 +212,45 @@ pub enum PlanError {
     History(String),
 }
 
-/// Domain tags keep the random streams for different purposes independent.
-const DOMAIN_INITIAL: u64 = 1;
-const DOMAIN_PICK: u64 = 2;
-const DOMAIN_DEST: u64 = 3;
-
 /// Who owns what in one epoch. Each share is sorted by sample id, which (because ids are
 /// sorted by class and name) also groups it by class in listing order.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EpochShares {
     pub epoch: u64,
+    /// Each rank's share, sorted by sample id. In a rank's own view ([`Plan::own_initial`],
+    /// [`Plan::own_step`], [`Plan::own_shares_at`]) only its own is filled.
     pub shares: Vec<Vec<SampleId>>,
+    /// The same shares by chunk offset, the order the partial-local plan steps them in
+    /// ([`local`]); empty for a coded plan, which does not need it.
+    pub slots: Vec<Vec<SampleId>>,
 }
 
 impl EpochShares {
     pub fn share(&self, rank: Rank) -> &[SampleId] {
         &self.shares[rank as usize]
+    }
+
+    /// Shares of `slots` (sorted copies of them).
+    pub fn from_slots(epoch: u64, slots: Vec<Vec<SampleId>>) -> EpochShares {
+        let shares = (slots.iter())
+            .map(|s| {
+                let mut share = s.clone();
+                share.sort_unstable();
+                share
+            })
+            .collect();
+        EpochShares {
+            epoch,
+            shares,
+            slots,
+        }
+    }
+
+    /// `rank`'s own view of an epoch in a world of `world` ranks: its slots alone.
+    fn own(epoch: u64, world: u32, rank: Rank, slots: Vec<SampleId>) -> EpochShares {
+        let mut all = vec![Vec::new(); world as usize];
+        all[rank as usize] = slots;
+        EpochShares::from_slots(epoch, all)
     }
 }
 
@@ -260,6 +286,11 @@ pub(crate) enum PlanKind {
 pub struct Plan {
     params: PlanParams,
     kind: PlanKind,
+    /// The partial-local plan's permutations (not used by a coded plan).
+    local: Arc<LocalPlan>,
+    /// The first epoch this plan steps from: 0, or the epoch an elastic restart remapped
+    /// the shares at ([`elastic`]). A rank can walk its own share back only to it.
+    origin: u64,
 }
 
 impl Plan {
@@ -274,6 +305,8 @@ impl Plan {
         Ok(Plan {
             params,
             kind: PlanKind::Global,
+            local: Arc::new(LocalPlan::new(local_params(&params), None)),
+            origin: 0,
         })
     }
 
@@ -329,13 +362,22 @@ impl Plan {
                     world: params.world,
                 });
             }
-            plan.kind = PlanKind::Node(Arc::new(HostLayout::new(hosts)));
+            let layout = Arc::new(HostLayout::new(hosts));
+            plan.local = Arc::new(LocalPlan::new(local_params(&params), Some(layout.clone())));
+            plan.kind = PlanKind::Node(layout);
         }
         Ok(plan)
     }
 
     pub fn params(&self) -> &PlanParams {
         &self.params
+    }
+
+    /// This plan stepping from `epoch` on (an era of an elastic job): a rank can no longer
+    /// walk its share back to epoch 0 with it alone.
+    pub(crate) fn stepping_from(mut self, epoch: u64) -> Plan {
+        self.origin = epoch;
+        self
     }
 
     /// The exchange scope (a coded plan shows as global: samples go anywhere).
@@ -360,99 +402,89 @@ impl Plan {
         (self.params.fraction * min_share as f64).floor() as usize
     }
 
-    /// Epoch 0: a seeded permutation dealt into balanced contiguous chunks.
+    /// Epoch 0: a keyed permutation dealt into balanced contiguous chunks ([`local`]).
     pub fn initial(&self) -> EpochShares {
         if let PlanKind::Coded(c) = &self.kind {
             return c.shares(0);
         }
-        let n = self.params.samples;
-        let m = self.params.world;
-        let mut perm: Vec<SampleId> = (0..n).collect();
-        shuffle(
-            &mut perm,
-            &mut stream(self.params.seed, DOMAIN_INITIAL, 0, 0),
-        );
-        let (base, extra) = (n / m, n % m);
-        let mut shares = Vec::with_capacity(m as usize);
-        let mut start = 0usize;
-        for r in 0..m {
-            let len = (base + u32::from(r < extra)) as usize;
-            let mut share = perm[start..start + len].to_vec();
-            share.sort_unstable();
-            shares.push(share);
-            start += len;
-        }
-        EpochShares { epoch: 0, shares }
+        let slots = (0..self.params.world)
+            .map(|r| narrow(self.local.initial_slots(r)))
+            .collect();
+        EpochShares::from_slots(0, slots)
     }
 
-    /// Algorithm 1: ownership in `cur.epoch + 1` and the transfers that get there.
+    /// Algorithm 1, for the whole job: ownership in `cur.epoch + 1` and the transfers that
+    /// get there. O(N); a daemon steps its own share with [`Plan::own_step`].
     pub fn step(&self, cur: &EpochShares) -> Step {
-        let layout = match &self.kind {
-            PlanKind::Coded(c) => return c.step(cur),
-            PlanKind::Node(layout) => Some(&**layout),
-            PlanKind::Global => None,
-        };
-        let m = self.params.world as usize;
-        let k = self.exchange_count();
-        let seed = self.params.seed;
-        let mut outgoing: Vec<Vec<SampleId>> = Vec::with_capacity(m);
-        let mut next: Vec<Vec<SampleId>> = Vec::with_capacity(m);
-        for (r, share) in cur.shares.iter().enumerate() {
-            let mut picked = share.clone();
-            partial_shuffle(
-                &mut picked,
-                k,
-                &mut stream(seed, DOMAIN_PICK, cur.epoch, r as u64),
-            );
-            let kept = picked.split_off(k);
-            outgoing.push(picked);
-            next.push(kept);
+        if let PlanKind::Coded(c) = &self.kind {
+            return c.step(cur);
         }
-        let mut transfers = Vec::new();
-        let mut dest: Vec<Rank> = (0..m as Rank).collect();
-        let mut dest_rng = stream(seed, DOMAIN_DEST, cur.epoch, 0);
-        let mut group_dest: Vec<Rank> = Vec::new();
-        for i in 0..k {
-            // A fresh permutation per i, drawn from one shared stream (Algorithm 1, line 3).
-            match layout {
-                None => {
-                    dest.iter_mut()
-                        .enumerate()
-                        .for_each(|(j, d)| *d = j as Rank);
-                    shuffle(&mut dest, &mut dest_rng);
-                }
-                // Node scope: the same, host by host (see the module docs).
-                Some(layout) => {
-                    for group in layout.groups() {
-                        group_dest.clear();
-                        group_dest.extend_from_slice(group);
-                        shuffle(&mut group_dest, &mut dest_rng);
-                        for (&from, &to) in group.iter().zip(&group_dest) {
-                            dest[from as usize] = to;
-                        }
-                    }
-                }
-            }
-            for (from, out) in outgoing.iter().enumerate() {
-                let to = dest[from];
-                let sample = out[i];
-                next[to as usize].push(sample);
-                if to as usize != from {
-                    transfers.push(Transfer {
-                        sample,
-                        from: from as Rank,
-                        to,
-                    });
-                }
-            }
-        }
-        next.iter_mut().for_each(|s| s.sort_unstable());
+        let all = self.local.step_all(cur.epoch, &cur.slots);
+        let mut transfers: Vec<Transfer> = (all.moves.iter())
+            .map(|&(sample, from, to)| Transfer { sample, from, to })
+            .collect();
         transfers.sort_unstable_by_key(|t| (t.from, t.to, t.sample));
         Step {
-            next: EpochShares {
-                epoch: cur.epoch + 1,
-                shares: next,
-            },
+            next: EpochShares::from_slots(cur.epoch + 1, all.next),
+            transfers,
+        }
+    }
+
+    /// Whether `rank` can plan alone ([`Plan::own_step`]): a partial-local plan whose
+    /// shares it can walk back to epoch 0. A coded plan, and an era after an elastic
+    /// restart, need the whole job's shares.
+    pub fn is_per_rank(&self) -> bool {
+        !matches!(self.kind, PlanKind::Coded(_)) && self.origin == 0
+    }
+
+    /// `rank`'s view of epoch 0 (the whole job's, for a plan that is not per rank).
+    pub fn own_initial(&self, rank: Rank) -> EpochShares {
+        if !self.is_per_rank() {
+            return self.initial();
+        }
+        let slots = narrow(self.local.initial_slots(rank));
+        EpochShares::own(0, self.params.world, rank, slots)
+    }
+
+    /// `rank`'s view of `epoch`: its slots walked back to epoch 0, O(share · epoch), no
+    /// other rank's share (the whole job's replay for a plan that is not per rank).
+    pub fn own_shares_at(&self, rank: Rank, epoch: u64) -> EpochShares {
+        if !self.is_per_rank() {
+            return self.shares_at(epoch);
+        }
+        let slots = narrow(self.local.slots_at(epoch, rank, threads()));
+        EpochShares::own(epoch, self.params.world, rank, slots)
+    }
+
+    /// `rank`'s part of the step out of `cur` (its own view): its sends, its receives
+    /// (named by walking their sources back, O(k · epoch)), its next share. The whole
+    /// job's step for a plan that is not per rank.
+    pub fn own_step(&self, rank: Rank, cur: &EpochShares) -> Step {
+        if !self.is_per_rank() {
+            return self.step(cur);
+        }
+        let slots = &cur.slots[rank as usize];
+        let step = self.local.step(cur.epoch, rank, slots);
+        let sources: Vec<u64> = (step.receives.iter())
+            .map(|r| self.local.source(cur.epoch, r))
+            .collect();
+        let arrived = self.local.ids_at(cur.epoch, &sources, threads());
+        let next = narrow(step.next_slots(&widen(slots), &arrived));
+        let mut transfers: Vec<Transfer> = (step.sends.iter())
+            .map(|s| Transfer {
+                sample: s.sample as SampleId,
+                from: rank,
+                to: s.to,
+            })
+            .chain(step.receives.iter().zip(&arrived).map(|(r, &id)| Transfer {
+                sample: id as SampleId,
+                from: r.from,
+                to: rank,
+            }))
+            .collect();
+        transfers.sort_unstable_by_key(|t| (t.from, t.to, t.sample));
+        Step {
+            next: EpochShares::own(cur.epoch + 1, self.params.world, rank, next),
             transfers,
         }
     }
@@ -465,6 +497,30 @@ impl Plan {
         }
         cur
     }
+}
+
+/// The per-rank plan's parameters of `params`.
+fn local_params(params: &PlanParams) -> local::LocalParams {
+    local::LocalParams {
+        samples: u64::from(params.samples),
+        world: params.world,
+        fraction: params.fraction,
+        seed: params.seed,
+    }
+}
+
+/// Ids of a dataset named by 32-bit [`SampleId`]s (the plan's samples are a `u32`).
+fn narrow(ids: Vec<local::GlobalId>) -> Vec<SampleId> {
+    ids.into_iter().map(|id| id as SampleId).collect()
+}
+
+fn widen(ids: &[SampleId]) -> Vec<local::GlobalId> {
+    ids.iter().map(|&id| u64::from(id)).collect()
+}
+
+/// Threads a rank may use to walk its share back (resume, naming arrivals).
+fn threads() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
 }
 
 /// A ChaCha8 stream keyed by `(seed, domain, a, b)`: independent for every distinct tuple.
@@ -559,7 +615,7 @@ mod tests {
         assert_eq!(snapshot, KNOWN_ANSWER, "plan output changed");
     }
     const KNOWN_ANSWER: &str =
-        "[[0, 2, 5, 8, 9], [1, 3, 4, 6, 7]] [[0, 2, 4, 8, 9], [1, 3, 5, 6, 7]]";
+        "[[1, 4, 6, 7, 9], [0, 2, 3, 5, 8]] [[0, 1, 3, 6, 7], [2, 4, 5, 8, 9]]";
 
     #[test]
     fn known_answer_pins_the_node_scope_stream() {
@@ -574,8 +630,8 @@ mod tests {
             "node-scope plan output changed"
         );
     }
-    const KNOWN_ANSWER_NODE: &str = "[[4, 6, 10], [0, 2, 11], [3, 5, 7], [1, 8, 9]] \
-         [[0, 2, 11], [4, 6, 10], [5, 7, 8], [1, 3, 9]]";
+    const KNOWN_ANSWER_NODE: &str = "[[3, 4, 9], [1, 6, 10], [0, 5, 11], [2, 7, 8]] \
+         [[1, 4, 6], [3, 9, 10], [0, 7, 11], [2, 5, 8]]";
 
     #[test]
     fn node_scope_on_one_host_is_the_global_plan() {

@@ -117,7 +117,7 @@ pub(crate) fn phase(
         // A cache filled under a larger room is brought within this one before staging.
         let shares = match plans.1 {
             Some(e) => e.shares_at(epoch),
-            None => plans.0.shares_at(epoch),
+            None => plans.0.own_shares_at(rank, epoch),
         };
         crate::cache::trim::to_room(store, shares.share(rank));
     }
@@ -368,11 +368,11 @@ pub(crate) fn estimate(
     capacity: u64,
 ) -> Fit {
     let bytes = |share: &[SampleId]| share.iter().map(|&s| sizes[s as usize]).sum::<u64>();
-    let mut cur = plan.initial();
+    let mut cur = plan.own_initial(rank);
     let share_bytes = bytes(cur.share(rank));
     let mut needed = share_bytes;
     for _ in 1..ESTIMATE_EPOCHS {
-        let next = plan.step(&cur).next;
+        let next = plan.own_step(rank, &cur).next;
         let mut union: Vec<SampleId> = cur.share(rank).to_vec();
         union.extend_from_slice(next.share(rank));
         union.sort_unstable();

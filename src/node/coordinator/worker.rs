@@ -201,7 +201,7 @@ impl Worker {
             samples = current.share(rank).len(),
             "epoch published"
         );
-        self.next = Arc::new(self.shared.plan.step(&current));
+        self.next = Arc::new(self.shared.plan.own_step(rank, &current));
         let mine = current.share(rank);
         let evict = previous
             .share(rank)
