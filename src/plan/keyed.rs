@@ -10,14 +10,17 @@
 //! Grain and tf.data shuffle the same way (a Feistel network with cycle-walking).
 //!
 //! # Construction
-//! A balanced Feistel network of [`ROUNDS`] rounds on `2h` bits, `2h` the smallest even width
-//! that holds `n - 1` (at least 2), is a permutation of `0..4^h`; cycle-walking (apply again
-//! while the result is `>= n`) restricts it to a permutation of `0..n`. Since `4^h < 4n`, a
-//! walk takes under 4 steps on average. The round function mixes the right half with a
-//! round key through the SplitMix64 finaliser; the keys come from the plan's ChaCha8 stream
-//! for `(seed, domain, a, b)`. Both the mix and the keys are fixed here (no crate's
-//! algorithm that could change between releases), so a cache written by one build plans
-//! identically under the next.
+//! A Feistel network of [`ROUNDS`] rounds on `b` bits, `b` the width of `n - 1` (at least
+//! 2), is a permutation of `0..2^b`; cycle-walking (apply again while the result is `>= n`)
+//! restricts it to a permutation of `0..n`. Since `2^b < 2n`, a walk takes under 2 steps on
+//! average. When `b` is odd the halves differ by one bit and trade widths every round (an
+//! unbalanced Feistel network is still a bijection, and it halves the walk of a balanced one
+//! on `b + 1` bits). The round function mixes the right half with a round key through the
+//! SplitMix64 finaliser; the keys come from the plan's ChaCha8 stream for
+//! `(seed, domain, a, b)`, and a tweak (one per exchange slot, per rank) is one more mixed
+//! word in every round, so tweaking costs one mix, not a fresh key stream. Both the mix and
+//! the keys are fixed here (no crate's algorithm that could change between releases), so a
+//! cache planned by one build plans identically under the next.
 
 use super::stream;
 use rand_core::Rng;
@@ -25,33 +28,42 @@ use rand_core::Rng;
 /// Feistel rounds: 4 make a pseudo-random permutation in theory (Luby-Rackoff); 8 leave
 /// room for the weak round function, at two multiplications a round.
 const ROUNDS: usize = 8;
+const _: () = assert!(
+    ROUNDS % 2 == 0,
+    "backward assumes the halves end as they start"
+);
 
 /// A permutation of `0..n` keyed by the plan's seed and a tuple naming its use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KeyedPermutation {
     n: u64,
-    /// Bits in each half of the Feistel network.
-    half: u32,
+    /// Bits of the Feistel network's domain.
+    bits: u32,
     keys: [u64; ROUNDS],
+    /// Mixed into every round ([`KeyedPermutation::tweaked`]); 0 for none.
+    tweak: u64,
 }
 
 impl KeyedPermutation {
     /// The permutation of `0..n` for `(seed, domain, a, b)`: distinct tuples give independent
     /// permutations, as distinct [`stream`]s do.
     pub fn new(n: u64, seed: u64, domain: u64, a: u64, b: u64) -> KeyedPermutation {
-        let bits = 64 - n.saturating_sub(1).leading_zeros();
-        let half = bits.div_ceil(2).max(1);
+        let bits = (64 - n.saturating_sub(1).leading_zeros()).max(2);
         let mut rng = stream(seed, domain, a, b);
         let keys = std::array::from_fn(|_| rng.next_u64());
-        KeyedPermutation { n, half, keys }
+        KeyedPermutation {
+            n,
+            bits,
+            keys,
+            tweak: 0,
+        }
     }
 
     /// An independent permutation of the same size for `tweak` (e.g. one per exchange
-    /// slot), without a fresh ChaCha8 stream: each round key is mixed with the tweak.
+    /// slot), without a fresh ChaCha8 stream: one mix of the tweak enters every round.
     pub fn tweaked(&self, tweak: u64) -> KeyedPermutation {
-        let t = mix(tweak ^ 0x5446_5745_414B_0001);
         KeyedPermutation {
-            keys: self.keys.map(|k| mix(k ^ t)),
+            tweak: mix(tweak ^ 0x5446_5745_414B_0001),
             ..*self
         }
     }
@@ -89,27 +101,43 @@ impl KeyedPermutation {
         }
     }
 
-    fn mask(&self) -> u64 {
-        (1u64 << self.half) - 1
+    /// The round function for round `i` on a half `half`, cut to `width` bits.
+    fn round(&self, i: usize, half: u64, width: u32) -> u64 {
+        let t = self.tweak.rotate_left(8 * i as u32);
+        mix(half ^ self.keys[i] ^ t) & mask(width)
+    }
+
+    /// Widths of the left and right halves at the start (the right one takes the odd bit).
+    fn widths(&self) -> (u32, u32) {
+        (self.bits / 2, self.bits - self.bits / 2)
     }
 
     fn forward(&self, x: u64) -> u64 {
-        let mask = self.mask();
-        let (mut left, mut right) = (x >> self.half, x & mask);
-        for &key in &self.keys {
-            (left, right) = (right, left ^ (mix(right ^ key) & mask));
+        let (mut lw, mut rw) = self.widths();
+        let (mut left, mut right) = (x >> rw, x & mask(rw));
+        for i in 0..ROUNDS {
+            (left, right) = (right, left ^ self.round(i, right, lw));
+            (lw, rw) = (rw, lw);
         }
-        (left << self.half) | right
+        (left << rw) | right
     }
 
     fn backward(&self, y: u64) -> u64 {
-        let mask = self.mask();
-        let (mut left, mut right) = (y >> self.half, y & mask);
-        for &key in self.keys.iter().rev() {
-            (left, right) = (right ^ (mix(left ^ key) & mask), left);
+        // ROUNDS is even, so the halves end with the widths they started with.
+        let (mut lw, mut rw) = self.widths();
+        let (mut left, mut right) = (y >> rw, y & mask(rw));
+        for i in (0..ROUNDS).rev() {
+            // Before round i: right was `left` now, left was `right ^ f(left)`.
+            (lw, rw) = (rw, lw);
+            (left, right) = (right ^ self.round(i, left, lw), left);
         }
-        (left << self.half) | right
+        (left << rw) | right
     }
+}
+
+/// The low `width` bits (`width < 64`).
+fn mask(width: u32) -> u64 {
+    (1u64 << width) - 1
 }
 
 /// The SplitMix64 finaliser: every input bit reaches every output bit.
@@ -171,7 +199,7 @@ mod tests {
         assert_eq!(got, PINNED);
     }
 
-    const PINNED: [u64; 4] = [1_013_560_417, 2_594_476_238, 3_443_045_400, 1_065_442_169];
+    const PINNED: [u64; 4] = [4_078_861_258, 4_772_229_435, 767_280_814, 3_796_146_087];
 
     /// Where index 0 lands is close to uniform over many keys (a chi-square-like bound on
     /// 10 buckets of 0..1000 over 10,000 keys).

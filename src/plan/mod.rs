@@ -615,7 +615,7 @@ mod tests {
         assert_eq!(snapshot, KNOWN_ANSWER, "plan output changed");
     }
     const KNOWN_ANSWER: &str =
-        "[[1, 4, 6, 7, 9], [0, 2, 3, 5, 8]] [[0, 1, 3, 6, 7], [2, 4, 5, 8, 9]]";
+        "[[1, 4, 6, 7, 9], [0, 2, 3, 5, 8]] [[0, 1, 6, 7, 9], [2, 3, 4, 5, 8]]";
 
     #[test]
     fn known_answer_pins_the_node_scope_stream() {
@@ -630,8 +630,8 @@ mod tests {
             "node-scope plan output changed"
         );
     }
-    const KNOWN_ANSWER_NODE: &str = "[[3, 4, 9], [1, 6, 10], [0, 5, 11], [2, 7, 8]] \
-         [[1, 4, 6], [3, 9, 10], [0, 7, 11], [2, 5, 8]]";
+    const KNOWN_ANSWER_NODE: &str = "[[4, 9, 10], [1, 3, 6], [0, 7, 11], [2, 5, 8]] \
+         [[1, 9, 10], [3, 4, 6], [0, 8, 11], [2, 5, 7]]";
 
     #[test]
     fn node_scope_on_one_host_is_the_global_plan() {

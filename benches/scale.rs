@@ -1,0 +1,128 @@
+//! What one rank's own part of the plan costs at scale (issue 41): its epoch-0 share, one
+//! epoch's plan step (its sends, who sends to it, and naming what arrives by walking the
+//! sources back), and a resume (its share at epoch E from nothing but the plan), against
+//! the whole job's step that every rank computed before `plan::local`.
+//!
+//! One rank's real code (`plan::local::LocalPlan`, what `Plan::own_*` run in the daemon);
+//! the other ranks are not run: the per-rank plan never needs their shares, so nothing of
+//! the plan is modelled. What this leaves out: the manifest (still the whole dataset's on
+//! every rank), the partial cache's keep planner and the elastic remap (both still the whole
+//! job's), and the exchange's bytes.
+//!
+//! `cargo bench --bench scale` (release): N = 10^8 at M = 8 and 64, resume at epoch 10;
+//! `SCALE_BIG=1` adds N = 5·10^9, M = 4,096, resume at epoch 90 (`SCALE_ONLY_BIG=1`: that row
+//! alone). Q = 0.3. CPU seconds are
+//! the process's user+system time over the call (the resume runs on every core); peak RSS
+//! is the process's so far (`VmHWM`), so read each row's memory as "at most".
+//!
+//! Results are in docs/performance.md ("Per-rank plan at scale").
+
+use std::time::Instant;
+
+use shufflefs::plan::local::{LocalParams, LocalPlan};
+use shufflefs::plan::{Plan, PlanParams};
+
+const Q: f64 = 0.3;
+
+/// Process CPU seconds (user + system) so far.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15 of the line (11 and 12 after the name).
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Wall and CPU seconds of `f`.
+fn measure<T>(f: impl FnOnce() -> T) -> (f64, f64, T) {
+    let (wall, cpu) = (Instant::now(), cpu_seconds());
+    let v = f();
+    (wall.elapsed().as_secs_f64(), cpu_seconds() - cpu, v)
+}
+
+fn peak_rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .unwrap_or(0.0);
+    kib / 1024.0
+}
+
+fn threads() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+/// One rank (the middle one): epoch 0, the step out of `epoch`, a resume at `epoch`.
+fn per_rank(n: u64, m: u32, epoch: u64) {
+    let plan = LocalPlan::new(LocalParams::new(n, m, Q, 7).expect("valid"), None);
+    let me = m / 2;
+    let (deal, _, initial) = measure(|| plan.initial_slots(me));
+    let (resume_wall, resume_cpu, slots) = measure(|| plan.slots_at(epoch, me, threads()));
+    let (step_wall, step_cpu, step) = measure(|| {
+        let step = plan.step(epoch, me, &slots);
+        let sources: Vec<u64> = step
+            .receives
+            .iter()
+            .map(|r| plan.source(epoch, r))
+            .collect();
+        let arrived = plan.ids_at(epoch, &sources, 1);
+        (step, arrived)
+    });
+    println!(
+        "| per rank | {n:>13} | {m:>5} | {:>9} | {deal:>6.3} | {epoch:>3} | {step_wall:>6.3} | {step_cpu:>6.2} | {resume_wall:>7.2} | {resume_cpu:>7.2} | {:>8} | {:>7.0} |",
+        initial.len(),
+        step.0.sends.len(),
+        peak_rss_mib()
+    );
+}
+
+/// The whole job's plan (what every rank computed before): epoch 0 and one step.
+fn whole_job(n: u32, m: u32) {
+    let plan = Plan::new(PlanParams {
+        samples: n,
+        world: m,
+        fraction: Q,
+        seed: 7,
+    })
+    .expect("valid");
+    let (deal, _, shares) = measure(|| plan.initial());
+    let (step_wall, step_cpu, s) = measure(|| plan.step(&shares));
+    let sent = s.transfers.iter().filter(|t| t.from == m / 2).count();
+    println!(
+        "| whole job | {n:>13} | {m:>5} | {:>9} | {deal:>6.3} | 0 | {step_wall:>6.3} | {step_cpu:>6.2} | | | {sent:>8} | {:>7.0} |",
+        shares.share(m / 2).len(),
+        peak_rss_mib()
+    );
+}
+
+fn main() {
+    // `cargo bench` passes --bench; under `cargo test --all-targets` (a debug build), a smoke
+    // run on a thousandth of the samples.
+    let scale = match std::env::args().any(|a| a == "--bench") {
+        true => 1,
+        false => 1000,
+    };
+    println!(
+        "| plan | N | M | share | epoch 0 s | epoch | step wall s | step CPU s | resume wall s | resume CPU s | sent | peak RSS MiB |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let only_big = scale == 1 && std::env::var_os("SCALE_ONLY_BIG").is_some();
+    for m in [8, 64].into_iter().filter(|_| !only_big) {
+        per_rank(100_000_000 / scale, m, 10);
+    }
+    for m in [8, 64].into_iter().filter(|_| !only_big) {
+        whole_job(10_000_000 / scale as u32, m);
+    }
+    if only_big || (scale == 1 && std::env::var_os("SCALE_BIG").is_some()) {
+        per_rank(5_000_000_000, 4096, 90);
+    }
+}
