@@ -29,7 +29,7 @@ use rand_core::Rng;
 /// room for the weak round function, at two multiplications a round.
 const ROUNDS: usize = 8;
 const _: () = assert!(
-    ROUNDS % 2 == 0,
+    ROUNDS.is_multiple_of(2),
     "backward assumes the halves end as they start"
 );
 
