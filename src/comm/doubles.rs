@@ -15,6 +15,9 @@
 //!   for a message past its eager limit, which waits for the receiver) while small ones
 //!   complete at once, and counts what was posted and never reported, so a test sees a
 //!   caller that returns with messages still pending.
+//! - [`Metered`]: counts the bytes collectives hand this rank, as MPI moves them (an
+//!   all-gather's M lengths and M payloads, a broadcast's length and payload, an
+//!   all-reduce's words), so a test sees what start-up costs each rank as M grows.
 //!
 //! A split of a wrapped transport is not wrapped: the doubles act on the communicator they
 //! were given.
@@ -46,6 +49,9 @@ macro_rules! delegate {
         }
         fn broadcast(&mut self, root: Rank, data: Vec<u8>) -> Result<Vec<u8>, CommError> {
             self.inner.broadcast(root, data)
+        }
+        fn all_reduce(&mut self, values: &[u64], op: super::Reduce) -> Result<Vec<u64>, CommError> {
+            self.inner.all_reduce(values, op)
         }
         fn split(&mut self, color: u32) -> Result<Box<dyn Comm>, CommError> {
             self.inner.split(color)
@@ -436,6 +442,70 @@ impl<C: Comm> Comm for Lagging<C> {
     fn cancel(&mut self, tickets: &[Ticket]) {
         self.inner.cancel(tickets);
         self.forget(tickets);
+    }
+}
+
+/// Counts what collectives hand this rank (see the module docs); point-to-point messages
+/// pass through uncounted.
+pub struct Metered<C> {
+    inner: C,
+    received: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl<C: Comm> Metered<C> {
+    /// With the counter it adds to.
+    pub fn new(inner: C) -> (Metered<C>, Arc<std::sync::atomic::AtomicU64>) {
+        let received = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let metered = Metered {
+            inner,
+            received: received.clone(),
+        };
+        (metered, received)
+    }
+
+    fn count(&self, bytes: usize) {
+        self.received.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+}
+
+impl<C: Comm> Comm for Metered<C> {
+    fn rank(&self) -> Rank {
+        self.inner.rank()
+    }
+    fn size(&self) -> u32 {
+        self.inner.size()
+    }
+    fn hosts(&self) -> &[u32] {
+        self.inner.hosts()
+    }
+    fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, CommError> {
+        let all = self.inner.all_gather(data)?;
+        self.count(all.iter().map(|d| 8 + d.len()).sum());
+        Ok(all)
+    }
+    fn broadcast(&mut self, root: Rank, data: Vec<u8>) -> Result<Vec<u8>, CommError> {
+        let got = self.inner.broadcast(root, data)?;
+        self.count(8 + got.len());
+        Ok(got)
+    }
+    fn all_reduce(&mut self, values: &[u64], op: super::Reduce) -> Result<Vec<u64>, CommError> {
+        self.count(8 * values.len());
+        self.inner.all_reduce(values, op)
+    }
+    fn split(&mut self, color: u32) -> Result<Box<dyn Comm>, CommError> {
+        self.inner.split(color)
+    }
+    fn post(&mut self, op: Op) -> Result<Ticket, CommError> {
+        self.inner.post(op)
+    }
+    fn progress(&mut self, wait: Duration, abort: &AtomicBool) -> Result<Vec<Done>, CommError> {
+        self.inner.progress(wait, abort)
+    }
+    fn detach(&mut self, tickets: &[Ticket]) {
+        self.inner.detach(tickets)
+    }
+    fn cancel(&mut self, tickets: &[Ticket]) {
+        self.inner.cancel(tickets)
     }
 }
 

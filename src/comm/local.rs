@@ -17,7 +17,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError, channel}
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::{Comm, CommError, Dir, Done, Op, Ticket, host_indices};
+use super::{Comm, CommError, Dir, Done, Op, Reduce, Ticket, host_indices, words};
 use crate::plan::Rank;
 
 /// Tag reserved for collectives.
@@ -183,6 +183,26 @@ impl Comm for LocalComm {
         }
     }
 
+    /// Up a star and back: every rank sends its values to rank 0, which combines them and
+    /// sends the result to all (2(M-1) messages of `values.len()` words, where an
+    /// all-gather sends M x M).
+    fn all_reduce(&mut self, values: &[u64], op: Reduce) -> Result<Vec<u64>, CommError> {
+        let bytes = |v: &[u64]| -> Vec<u8> { v.iter().flat_map(|w| w.to_le_bytes()).collect() };
+        if self.rank != 0 {
+            self.raw_send(0, COLLECTIVE, bytes(values))?;
+            return Ok(words(&self.raw_recv(0)?));
+        }
+        let mut all = vec![values.to_vec()];
+        for peer in 1..self.size() {
+            all.push(words(&self.raw_recv(peer)?));
+        }
+        let result = op.fold(&all);
+        for peer in 1..self.size() {
+            self.raw_send(peer, COLLECTIVE, bytes(&result))?;
+        }
+        Ok(result)
+    }
+
     fn split(&mut self, color: u32) -> Result<Box<dyn Comm>, CommError> {
         let key = (self.splits, color);
         self.splits += 1;
@@ -324,6 +344,10 @@ mod tests {
                     assert_eq!(all, vec![vec![0], vec![1], vec![2], vec![3]]);
                     let b = c.broadcast(2, vec![me as u8; 3]).unwrap();
                     assert_eq!(b, vec![2, 2, 2]);
+                    let v = [u64::from(me), 10 - u64::from(me)];
+                    assert_eq!(c.all_reduce(&v, Reduce::Max).unwrap(), [3, 10]);
+                    assert_eq!(c.all_reduce(&v, Reduce::Min).unwrap(), [0, 7]);
+                    assert_eq!(c.all_reduce(&v, Reduce::Sum).unwrap(), [6, 34]);
                     let d = decide(&mut c, || Err::<Vec<u8>, _>("no samples")).unwrap();
                     assert_eq!(d, Err("no samples".to_string()));
                     let failures = agree(

@@ -113,6 +113,40 @@ impl Op {
     }
 }
 
+/// How [`Comm::all_reduce`] combines the ranks' values, element by element.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reduce {
+    Max,
+    Min,
+    /// Wrapping on overflow.
+    Sum,
+}
+
+impl Reduce {
+    /// `a` and `b` combined.
+    pub fn apply(self, a: u64, b: u64) -> u64 {
+        match self {
+            Reduce::Max => a.max(b),
+            Reduce::Min => a.min(b),
+            Reduce::Sum => a.wrapping_add(b),
+        }
+    }
+
+    /// Element-wise combination of the ranks' lists (`all[r]` is rank r's), as many values
+    /// as the shortest list.
+    pub fn fold(self, all: &[Vec<u64>]) -> Vec<u64> {
+        let len = all.iter().map(Vec::len).min().unwrap_or(0);
+        (0..len)
+            .map(|i| {
+                all.iter()
+                    .map(|v| v[i])
+                    .reduce(|a, b| self.apply(a, b))
+                    .unwrap_or(0)
+            })
+            .collect()
+    }
+}
+
 /// Names a posted message; unique within one transport.
 pub(crate) type Ticket = u64;
 
@@ -134,6 +168,16 @@ pub trait Comm {
     fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, CommError>;
     /// `root`'s `data` (ignored elsewhere) reaches every rank.
     fn broadcast(&mut self, root: Rank, data: Vec<u8>) -> Result<Vec<u8>, CommError>;
+    /// Collective: every rank passes as many `values`; every rank gets their element-wise
+    /// combination by `op` (`MPI_Allreduce`: O(log M) steps and O(len) bytes at each rank,
+    /// where an all-gather hands every rank M x len). What start-up agreements use: whether
+    /// any rank failed, the job's largest epoch, the smallest room. By default (a wrapper
+    /// that does not forward it) built on [`Comm::all_gather`], which gives the same answer.
+    fn all_reduce(&mut self, values: &[u64], op: Reduce) -> Result<Vec<u64>, CommError> {
+        let mine: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let all: Vec<Vec<u64>> = (self.all_gather(&mine)?.iter()).map(|b| words(b)).collect();
+        Ok(op.fold(&all))
+    }
     /// Collective: the ranks that pass the same `color` form a new communicator, numbered
     /// in their order here. Hosts carry over (renumbered by first appearance).
     fn split(&mut self, color: u32) -> Result<Box<dyn Comm>, CommError>;
@@ -270,6 +314,9 @@ impl<C: Comm + ?Sized> Comm for Box<C> {
     fn broadcast(&mut self, root: Rank, data: Vec<u8>) -> Result<Vec<u8>, CommError> {
         (**self).broadcast(root, data)
     }
+    fn all_reduce(&mut self, values: &[u64], op: Reduce) -> Result<Vec<u64>, CommError> {
+        (**self).all_reduce(values, op)
+    }
     fn split(&mut self, color: u32) -> Result<Box<dyn Comm>, CommError> {
         (**self).split(color)
     }
@@ -288,6 +335,13 @@ impl<C: Comm + ?Sized> Comm for Box<C> {
     fn idle(&mut self) {
         (**self).idle()
     }
+}
+
+/// Little-endian `u64`s of `bytes` (a trailing part shorter than 8 bytes is ignored).
+pub(crate) fn words(bytes: &[u8]) -> Vec<u64> {
+    (bytes.chunks_exact(8))
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect()
 }
 
 /// Host indices for per-rank host names: equal names share an index, numbered in order of
@@ -342,6 +396,21 @@ where
     })
 }
 
+/// Collective: every rank's `mine` when some rank has something to say (a non-empty
+/// `mine`), else `None`. One all-reduce of a flag when nobody does (the common case of a
+/// start-up agreement: O(log M) steps, O(1) bytes at each rank); the all-gather, whose
+/// every rank receives M payloads, only when someone does (a refusal).
+pub(crate) fn gather_if_any(
+    comm: &mut dyn Comm,
+    mine: &[u8],
+) -> Result<Option<Vec<Vec<u8>>>, CommError> {
+    let any = comm.all_reduce(&[u64::from(!mine.is_empty())], Reduce::Max)?;
+    if any.first().is_none_or(|&a| a == 0) {
+        return Ok(None);
+    }
+    comm.all_gather(mine).map(Some)
+}
+
 /// Every rank reports `Ok` or its own error; all ranks learn whether everybody is fine.
 /// Returns the list of `(rank, message)` failures, the same on every rank.
 pub(crate) fn agree(
@@ -353,7 +422,9 @@ pub(crate) fn agree(
         Err(e) if e.is_empty() => b"failed".to_vec(),
         Err(e) => e.as_bytes().to_vec(),
     };
-    let all = comm.all_gather(&payload)?;
+    let Some(all) = gather_if_any(comm, &payload)? else {
+        return Ok(Vec::new());
+    };
     Ok(all
         .into_iter()
         .enumerate()

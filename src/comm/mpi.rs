@@ -30,7 +30,7 @@ use mpi::request::StaticScope;
 use mpi::topology::{Color, SimpleCommunicator};
 use mpi::traits::*;
 
-use super::{Comm, CommError, Dir, Done, Op, Ticket, host_indices};
+use super::{Comm, CommError, Dir, Done, Op, Reduce, Ticket, host_indices};
 use crate::plan::Rank;
 
 const CHUNK: usize = 1 << 30;
@@ -261,6 +261,19 @@ impl Comm for MpiComm {
             root_proc.broadcast_into(chunk);
         }
         Ok(buf)
+    }
+
+    /// One `MPI_Allreduce` over the values as `u64`s.
+    fn all_reduce(&mut self, values: &[u64], op: Reduce) -> Result<Vec<u64>, CommError> {
+        use mpi::collective::SystemOperation;
+        let mut out = vec![0u64; values.len()];
+        let op = match op {
+            Reduce::Max => SystemOperation::max(),
+            Reduce::Min => SystemOperation::min(),
+            Reduce::Sum => SystemOperation::sum(),
+        };
+        self.comm.all_reduce_into(values, &mut out[..], op);
+        Ok(out)
     }
 
     fn split(&mut self, color: u32) -> Result<Box<dyn Comm>, CommError> {

@@ -14,7 +14,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::comm::Comm;
+use crate::comm::{Comm, Reduce};
 use crate::config::{ExchangeMode, MountConfig, for_rank};
 use crate::exchange::coded::{CodedClient, Routes};
 use crate::exchange::{ExchangeConfig, ExchangeError, Peers, SlowPeers};
@@ -198,9 +198,9 @@ fn mount_everywhere<'w>(
     world: Option<&mut (dyn Comm + 'w)>,
 ) -> Result<Option<(mounted::Session, MadeDirs)>, DaemonError> {
     let stops = comm
-        .all_gather(&[u8::from(mounted::stop_requested())])
+        .all_reduce(&[u64::from(mounted::stop_requested())], Reduce::Max)
         .map_err(StartError::from)?;
-    if stops.iter().any(|s| s.first() == Some(&1)) {
+    if stops.first() == Some(&1) {
         tracing::info!("a rank was told to stop during start-up; not mounting");
         if let Some(world) = world {
             coded::mounted(world, coded::Mount::Stopped)?;

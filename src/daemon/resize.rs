@@ -24,10 +24,11 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::cache::{CacheDir, CacheError, CacheState, SampleStore};
-use crate::comm::{Comm, decide};
+use crate::comm::{Comm, Reduce, decide};
 use crate::config::{MountConfig, for_rank};
 use crate::dataset::{Dataset, Manifest};
 use crate::plan::ExchangeScope;
+use crate::plan::Rank;
 use crate::plan::elastic::{Era, History};
 
 use super::StartError;
@@ -80,24 +81,18 @@ pub(crate) fn find_job(
     let template = config.cache.as_str();
     let world = comm.size();
     let mine = mine.and_then(Seen::of);
-    let live = gather(comm, &[mine].into_iter().flatten().collect::<Vec<_>>())?;
-    let histories: Vec<History> = live.iter().filter_map(Seen::history).collect();
-    let Some(longest) = histories.iter().max_by_key(|h| h.eras().len()).cloned() else {
+    let longest = match longest_history(comm, mine.as_ref())? {
+        Ok(Some(longest)) => longest,
         // No rank has a cache of this job: a fresh start.
-        return Ok(Ok(Job {
-            history: History::new(world),
-            epoch: 0,
-            orphans: Vec::new(),
-        }));
+        Ok(None) => {
+            return Ok(Ok(Job {
+                history: History::new(world),
+                epoch: 0,
+                orphans: Vec::new(),
+            }));
+        }
+        Err(why) => return Ok(Err(why)),
     };
-    if let Some(other) = histories.iter().find(|h| !h.is_prefix_of(&longest)) {
-        return Ok(Err(format!(
-            "the cache folders belong to different jobs (one ran with {}, another with {}); \
-             pass --reset-cache to rebuild them",
-            longest.describe(),
-            other.describe()
-        )));
-    }
     let resizing = longest.world() != world;
     if let Some(why) = fixed_world(config).filter(|_| resizing) {
         return Ok(Err(format!(
@@ -120,12 +115,14 @@ pub(crate) fn find_job(
     } else {
         Vec::new()
     };
-    let seen: Vec<Seen> = orphans.iter().filter_map(|o| Seen::of(&o.state)).collect();
-    let epoch = (live.iter())
-        .chain(&gather(comm, &seen)?)
+    // The furthest epoch any state file saved, this rank's and its orphans': one all-reduce.
+    let seen = (orphans.iter()).filter_map(|o| Seen::of(&o.state));
+    let furthest = (mine.iter().chain(&seen.collect::<Vec<_>>()))
         .map(|s| s.epoch)
         .max()
         .unwrap_or(0);
+    let epoch = comm.all_reduce(&[furthest], Reduce::Max)?;
+    let epoch = epoch.first().copied().unwrap_or(furthest);
     Ok(longest
         .resized(epoch, world)
         .map(|history| Job {
@@ -202,7 +199,8 @@ fn mark_live(comm: &mut dyn Comm, own: &Path) -> Result<String, StartError> {
     if let Err(e) = crate::cache::write_atomic(own, LIVE_MARK, token.as_bytes()) {
         tracing::warn!(error = %e, "cannot mark the cache folder as in use by this start");
     }
-    comm.all_gather(&[])?;
+    // A barrier: one all-reduce (an empty all-gather still hands every rank M lengths).
+    comm.all_reduce(&[0], Reduce::Max)?;
     Ok(token)
 }
 
@@ -218,16 +216,58 @@ fn fixed_world(config: &MountConfig) -> Option<&'static str> {
     }
 }
 
-/// Everybody's list of `Seen`, flattened.
-fn gather(comm: &mut dyn Comm, mine: &[Seen]) -> Result<Vec<Seen>, StartError> {
-    let bytes = serde_json::to_vec(mine).expect("serializes");
-    let mut all = Vec::new();
-    for theirs in comm.all_gather(&bytes)? {
-        let list: Vec<Seen> =
-            serde_json::from_slice(&theirs).map_err(|_| StartError::Malformed("cache history"))?;
-        all.extend(list);
+/// Collective: the longest history of the ranks' state files (the highest such rank's), or
+/// `None` when no rank has one; `Err` when some rank's history is not an earlier part of it
+/// (the caches belong to different jobs), naming the first such rank's. Two all-reduces
+/// and a broadcast of one history (three when they differ): no rank gathers every rank's.
+fn longest_history(
+    comm: &mut dyn Comm,
+    mine: Option<&Seen>,
+) -> Result<Result<Option<History>, String>, StartError> {
+    let rank = comm.rank();
+    let mine = mine.and_then(Seen::history);
+    // Longest first, then the highest rank: (eras, rank + 1) in one word, 0 for none.
+    let key = mine.as_ref().map_or(0, |h| {
+        ((h.eras().len() as u64) << 32) | (u64::from(rank) + 1)
+    });
+    let top = comm.all_reduce(&[key], Reduce::Max)?;
+    let holder = match top.first().map(|t| t & u64::from(u32::MAX)) {
+        None | Some(0) => return Ok(Ok(None)),
+        Some(r) => (r - 1) as Rank,
+    };
+    let longest = share_history(comm, holder, mine.as_ref())?;
+    let odd = (mine.as_ref())
+        .filter(|h| !h.is_prefix_of(&longest))
+        .map_or(u64::MAX, |_| u64::from(rank));
+    let first = comm.all_reduce(&[odd], Reduce::Min)?;
+    match first.first() {
+        Some(&r) if r != u64::MAX => {
+            let other = share_history(comm, r as Rank, mine.as_ref())?;
+            Ok(Err(format!(
+                "the cache folders belong to different jobs (one ran with {}, another with {}); \
+                 pass --reset-cache to rebuild them",
+                longest.describe(),
+                other.describe()
+            )))
+        }
+        _ => Ok(Ok(Some(longest))),
     }
-    Ok(all)
+}
+
+/// Collective: `holder`'s history (`mine` there) on every rank.
+fn share_history(
+    comm: &mut dyn Comm,
+    holder: Rank,
+    mine: Option<&History>,
+) -> Result<History, StartError> {
+    let sent = match (comm.rank() == holder, mine) {
+        (true, Some(h)) => serde_json::to_vec(h.eras()).expect("serializes"),
+        _ => Vec::new(),
+    };
+    let got = comm.broadcast(holder, sent)?;
+    (serde_json::from_slice::<Vec<Era>>(&got).ok())
+        .and_then(|eras| History::from_eras(eras).ok())
+        .ok_or(StartError::Malformed("cache history"))
 }
 
 /// The folder at `path`, locked, if it is an orphan of this job (see the module docs). Its

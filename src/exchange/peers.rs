@@ -86,22 +86,17 @@ impl Peers {
             .map(|m| PathBuf::from(String::from_utf8_lossy(&m[16..]).into_owned()))
             .collect();
         let hosts = comm.hosts().to_vec();
-        // Which ranks of my host I can see (by the identity they reported).
-        let sees: Vec<u8> = (0..all.len())
-            .map(|r| {
-                let reported = (
-                    u64::from_le_bytes(all[r][..8].try_into().expect("8 bytes")),
-                    u64::from_le_bytes(all[r][8..16].try_into().expect("8 bytes")),
-                );
-                let visible = r == me
-                    || (share
-                        && hosts[r] == hosts[me]
-                        && reported.0 != u64::MAX
-                        && id(&caches[r]) == Some(reported));
-                u8::from(visible)
-            })
-            .collect();
-        let seen = comm.all_gather(&sees)?;
+        // Whether I see every rank of my host (by the identity it reported): one byte each,
+        // not the M bytes of whom I see (an all-gather of those handed every rank M x M).
+        let sees_host = (0..all.len()).filter(|&r| hosts[r] == hosts[me]).all(|r| {
+            let reported = (
+                u64::from_le_bytes(all[r][..8].try_into().expect("8 bytes")),
+                u64::from_le_bytes(all[r][8..16].try_into().expect("8 bytes")),
+            );
+            r == me || (share && reported.0 != u64::MAX && id(&caches[r]) == Some(reported))
+        });
+        let seen = comm.all_gather(&[u8::from(sees_host)])?;
+        let seen: Vec<bool> = seen.iter().map(|s| s.first() == Some(&1)).collect();
         Ok(Peers {
             disks: disk_groups(&hosts, &seen),
             caches,
@@ -110,22 +105,19 @@ impl Peers {
     }
 }
 
-/// Disk groups from who sees whom (`seen[a][b] != 0`: rank `a` sees rank `b`'s cache): a
-/// host whose ranks all see each other is one group (numbered by the host), any other rank
-/// is a group of its own (numbered past the hosts).
-fn disk_groups(hosts: &[u32], seen: &[Vec<u8>]) -> Vec<u32> {
+/// Disk groups from whether each rank sees the caches of every rank of its host
+/// (`sees_host[r]`): a host whose ranks all do is one group (numbered by the host), any
+/// other rank is a group of its own (numbered past the hosts). O(M).
+fn disk_groups(hosts: &[u32], sees_host: &[bool]) -> Vec<u32> {
     let n = hosts.len();
-    let whole = |host: u32| {
-        let ranks: Vec<usize> = (0..n).filter(|&r| hosts[r] == host).collect();
-        (ranks.iter()).all(|&a| ranks.iter().all(|&b| seen[a].get(b) == Some(&1)))
-    };
+    let mut whole = std::collections::HashMap::<u32, bool>::new();
+    for (h, &sees) in hosts.iter().zip(sees_host) {
+        *whole.entry(*h).or_insert(true) &= sees;
+    }
     (0..n)
-        .map(|r| {
-            if whole(hosts[r]) {
-                hosts[r]
-            } else {
-                n as u32 + r as u32
-            }
+        .map(|r| match whole.get(&hosts[r]) {
+            Some(true) => hosts[r],
+            _ => n as u32 + r as u32,
         })
         .collect()
 }
@@ -138,10 +130,40 @@ mod tests {
     #[test]
     fn a_host_is_one_disk_only_if_all_its_ranks_see_each_other() {
         let hosts = [0, 0, 1, 1, 1];
-        let mut seen = vec![vec![1u8; 5]; 5];
+        let mut seen = vec![true; 5];
         assert_eq!(disk_groups(&hosts, &seen), vec![0, 0, 1, 1, 1]);
-        seen[3][4] = 0; // rank 3 cannot see rank 4's cache
+        seen[3] = false; // rank 3 cannot see rank 4's cache
         assert_eq!(disk_groups(&hosts, &seen), vec![0, 0, 7, 8, 9]);
+    }
+
+    /// What discovery hands each rank grows linearly with M (each rank's cache path and one
+    /// byte): before, every rank sent whom it sees (M bytes) to every rank, M x M at each.
+    #[test]
+    fn discovery_traffic_is_linear_in_the_ranks() {
+        use crate::comm::doubles::Metered;
+        let received = |world: u32| -> u64 {
+            let dir = tempfile::tempdir().unwrap();
+            let handles: Vec<_> = LocalComm::world(world)
+                .into_iter()
+                .map(|c| {
+                    let p = dir.path().join(format!("cache{:03}", c.rank()));
+                    std::fs::create_dir(&p).unwrap();
+                    std::thread::spawn(move || {
+                        let (mut c, count) = Metered::new(c);
+                        Peers::discover(&mut c, &p, true).unwrap();
+                        count.load(std::sync::atomic::Ordering::Relaxed)
+                    })
+                })
+                .collect();
+            let all: Vec<u64> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+            all[0]
+        };
+        let (a, b, c) = (received(2), received(10), received(18));
+        assert_eq!(
+            c - b,
+            b - a,
+            "received {a}, {b} and {c} bytes at 2, 10 and 18 ranks"
+        );
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! `MpiComm` under a real `mpirun -np 4`: hosts, `split` and batched transfers with several
+//! `MpiComm` under a real `mpirun -np 4`: hosts, all-reduce, `split` and batched transfers with several
 //! peers in flight, the parts of the transport the daemon's exchange does not reach yet.
 //!
 //! The test re-runs its own binary under `mpirun`, selecting `ranks` below through an
@@ -9,7 +9,7 @@ use std::sync::atomic::AtomicBool;
 
 use crate::common::mpi_job::{mpirun, test_name};
 use crate::common::require_mpi;
-use shufflefs::comm::{Batch, Comm, MpiComm};
+use shufflefs::comm::{Batch, Comm, MpiComm, Reduce};
 
 const CHILD: &str = "SHUFFLEFS_COMM_MPI_CHILD";
 
@@ -52,6 +52,12 @@ fn ranks() {
     // One machine: every rank on host 0.
     assert_eq!(comm.hosts(), [0, 0, 0, 0]);
     let abort = AtomicBool::new(false);
+
+    // All-reduce (`MPI_Allreduce`), element by element.
+    let v = [u64::from(me), 10 - u64::from(me)];
+    assert_eq!(comm.all_reduce(&v, Reduce::Max).unwrap(), [3, 10]);
+    assert_eq!(comm.all_reduce(&v, Reduce::Min).unwrap(), [0, 7]);
+    assert_eq!(comm.all_reduce(&v, Reduce::Sum).unwrap(), [6, 34]);
 
     // Everyone to everyone in one batch, one message each way per pair.
     let others: Vec<u32> = (0..size).filter(|&p| p != me).collect();

@@ -23,6 +23,7 @@ mod jobview_mpi;
 mod launch_mpi;
 mod layouts_modes;
 mod layouts_mpi;
+mod many_ranks;
 mod mpi_exchange;
 mod partial_cache;
 mod partial_cache_room;

@@ -1,13 +1,14 @@
 //! "Every rank agrees" as a value: the one place a phase's outcome becomes either what the
 //! phase produced on this rank or the same [`StartError::Refused`] on every rank.
 //!
-//! Each phase runs on every rank and ends in a collective ([`agreed`]); a rank that failed
-//! contributes its reason, and a verdict every rank reached from the same gathered data
+//! Each phase runs on every rank and ends in a collective ([`agreed`]): one all-reduce of
+//! "did any rank fail" (O(log M) steps, a word at each rank), and only when one did, an
+//! all-gather of the reasons. A rank that failed contributes its reason, and a verdict every rank reached from the same gathered data
 //! ([`PhaseError::Shared`]) is reported once, by rank 0. Since the value travels with the
 //! agreement, no phase needs to unwrap its result after the collective.
 
 use super::StartError;
-use crate::comm::{Comm, CommError};
+use crate::comm::{Comm, CommError, gather_if_any};
 use crate::plan::Rank;
 
 /// Why a phase failed on this rank.
@@ -41,11 +42,12 @@ pub(crate) fn agreed<T>(comm: &mut dyn Comm, mine: Result<T, PhaseError>) -> Res
         Err(PhaseError::Shared(m)) if rank == 0 => (None, [&[REPORTED][..], m.as_bytes()].concat()),
         Err(PhaseError::Shared(_)) => (None, vec![SILENT]),
     };
-    let all = comm.all_gather(&payload)?;
-    let failed = all.iter().any(|m| !m.is_empty());
-    match value {
-        Some(v) if !failed => Ok(v),
-        _ => {
+    // One all-reduce when every rank succeeded; the reasons are gathered only on a failure.
+    let all = gather_if_any(comm, &payload)?;
+    match (value, all) {
+        (Some(v), None) => Ok(v),
+        (_, all) => {
+            let all = all.unwrap_or_default();
             let failures = all
                 .iter()
                 .enumerate()

@@ -208,11 +208,8 @@ pub(crate) fn sharing(comm: &mut dyn Comm, cache: &Path) -> Result<u64, CommErro
 /// (collective; `cache::footprint`). Every rank plans every rank's kept set, so all plan with
 /// the same sizes; a rank whose disk has smaller blocks keeps what it planned all the more.
 pub(crate) fn job_block(comm: &mut dyn Comm, mine: u64) -> Result<u64, CommError> {
-    let all = comm.all_gather(&mine.to_le_bytes())?;
-    Ok((all.iter())
-        .filter_map(|b| Some(u64::from_le_bytes(b.as_slice().try_into().ok()?)))
-        .max()
-        .unwrap_or(mine))
+    let all = comm.all_reduce(&[mine], crate::comm::Reduce::Max)?;
+    Ok(all.first().copied().unwrap_or(mine))
 }
 
 /// `sizes` as they take disk space in `block`s: what the plan and the gate count.
@@ -225,11 +222,8 @@ pub(crate) fn on_disk(sizes: Vec<u64>, block: u64) -> Vec<u64> {
 /// rank's kept set (the exchange sends only what the receiver keeps), so all plan with the
 /// same size.
 pub(crate) fn job_room(comm: &mut dyn Comm, mine: u64) -> Result<u64, CommError> {
-    let all = comm.all_gather(&mine.to_le_bytes())?;
-    Ok((all.iter())
-        .filter_map(|b| Some(u64::from_le_bytes(b.as_slice().try_into().ok()?)))
-        .min()
-        .unwrap_or(mine))
+    let all = comm.all_reduce(&[mine], crate::comm::Reduce::Min)?;
+    Ok(all.first().copied().unwrap_or(mine))
 }
 
 /// The fit of `rank`'s share in `capacity` bytes; a refusal under `--require-fit`. Logs the

@@ -454,6 +454,42 @@ mod tests {
         }
     }
 
+    /// What start-up's agreements hand each rank (counted as MPI moves it) grows by less
+    /// than 32 bytes per added rank: the agreements are all-reduces and broadcasts, not
+    /// all-gathers of every rank's data (issue 41). Before, the settings went from every
+    /// rank to every rank and each agreement gathered every rank's word: 618 bytes per
+    /// added rank (now 16: `fit::sharing`'s device word, see docs/performance.md).
+    #[test]
+    fn start_up_traffic_per_rank_barely_grows_with_the_ranks() {
+        use crate::comm::doubles::Metered;
+        let received = |world: u32| -> Vec<u64> {
+            let folders = Folders::new(world);
+            let args = folders.args("global");
+            let handles: Vec<_> = LocalComm::world(world)
+                .into_iter()
+                .map(|comm| {
+                    let args = args.clone();
+                    std::thread::spawn(move || {
+                        let (mut comm, count) = Metered::new(comm);
+                        prepare(&cfg(args), &mut comm).map(|_| ()).unwrap();
+                        count.load(std::sync::atomic::Ordering::Relaxed)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        };
+        let (small, large) = (received(2), received(12));
+        for rank in 0..2 {
+            let grew = large[rank] - small[rank];
+            assert!(
+                grew < 32 * 10,
+                "rank {rank} received {} bytes at 2 ranks, {} at 12",
+                small[rank],
+                large[rank]
+            );
+        }
+    }
+
     /// `--equal-shares drop` with fewer samples (12) than ranks (13) is refused on every rank,
     /// naming the counts (before, it mounted with every view empty and no warning); 12 ranks
     /// mount.

@@ -1,9 +1,9 @@
-//! Phase 2: the same settings on every rank. Each rank sends its list; every rank compares
-//! them with rank 0's alike, and rank 0 reports the differences once.
+//! Phase 2: the same settings on every rank. Rank 0 broadcasts its list; each rank compares
+//! its own with it, and rank 0 reports the differences of all once.
 
 use super::StartError;
 use super::agree::PhaseError;
-use crate::comm::Comm;
+use crate::comm::{Comm, gather_if_any};
 use crate::config::{ExchangeMode, MountConfig};
 
 /// The settings every rank must share, as `(name, value)`; a setting a mode does not have
@@ -59,32 +59,37 @@ fn shared_settings(config: &MountConfig) -> Vec<(&'static str, String)> {
     ]
 }
 
-/// Rank 0's settings against everyone's: `Err` names what differs from rank 0.
+/// Rank 0's settings against everyone's: `Err` names what differs from rank 0. Rank 0
+/// broadcasts its list and each rank compares its own with it; the differences are
+/// gathered only when some rank found one (see `comm::gather_if_any`), so an agreeing
+/// start moves one list down a tree, not every rank's list to every rank.
 pub(crate) fn compare(
     comm: &mut dyn Comm,
     config: &MountConfig,
 ) -> Result<Result<(), PhaseError>, StartError> {
-    let mine = serde_json::to_vec(&shared_settings(config)).expect("settings serialize");
-    let all = comm.all_gather(&mine)?;
-    let parse = |bytes: &[u8]| -> Result<Vec<(String, String)>, StartError> {
-        serde_json::from_slice(bytes).map_err(|_| StartError::Malformed("settings list"))
+    let rank = comm.rank();
+    let mine = shared_settings(config);
+    let sent = match rank {
+        0 => serde_json::to_vec(&mine).expect("settings serialize"),
+        _ => Vec::new(),
     };
-    let root = parse(&all[0])?;
-    let mut diffs = Vec::new();
-    for (rank, bytes) in all.iter().enumerate().skip(1) {
-        for ((name, a), (_, b)) in root.iter().zip(&parse(bytes)?) {
-            if a != b {
-                diffs.push(format!(
-                    "rank {rank} was started with {name} {b}, rank 0 with {a}"
-                ));
-            }
-        }
-    }
-    Ok(match diffs.is_empty() {
-        true => Ok(()),
-        false => Err(PhaseError::Shared(format!(
-            "ranks disagree on settings; start every rank with the same options:\n{}",
-            diffs.join("\n")
-        ))),
-    })
+    let root: Vec<(String, String)> = serde_json::from_slice(&comm.broadcast(0, sent)?)
+        .map_err(|_| StartError::Malformed("settings list"))?;
+    let diffs: Vec<String> = (root.iter().zip(&mine))
+        .filter(|((_, a), (_, b))| a != b)
+        .map(|((name, a), (_, b))| {
+            format!("rank {rank} was started with {name} {b}, rank 0 with {a}")
+        })
+        .collect();
+    let Some(all) = gather_if_any(comm, diffs.join("\n").as_bytes())? else {
+        return Ok(Ok(()));
+    };
+    let lines: Vec<String> = (all.iter())
+        .filter(|d| !d.is_empty())
+        .map(|d| String::from_utf8_lossy(d).into_owned())
+        .collect();
+    Ok(Err(PhaseError::Shared(format!(
+        "ranks disagree on settings; start every rank with the same options:\n{}",
+        lines.join("\n")
+    ))))
 }

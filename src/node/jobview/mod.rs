@@ -93,6 +93,14 @@ impl Comm for Viewed<'_> {
         self.view.tick();
         self.inner.broadcast(root, data)
     }
+    fn all_reduce(
+        &mut self,
+        values: &[u64],
+        op: crate::comm::Reduce,
+    ) -> Result<Vec<u64>, CommError> {
+        self.view.tick();
+        self.inner.all_reduce(values, op)
+    }
     fn split(&mut self, color: u32) -> Result<Box<dyn Comm>, CommError> {
         self.inner.split(color)
     }
