@@ -19,7 +19,7 @@
 //! ([`RoundOp::Hand`]/[`RoundOp::Take`]) has only the size list and the confirmation: the
 //! receiver takes the samples from the sender's cache folder.
 //!
-//! All streams of a round move at once, each at its own pace: the loop below posts a few
+//! All streams of a round (of a wave, see below) move at once, each at its own pace: the loop below posts a few
 //! frames per stream ([`IN_FLIGHT`]) and refills a stream as its own messages complete, so a
 //! slow peer holds only its streams. Receives are posted as soon as the size list says what
 //! comes, and a send only ever waits for a receive its peer posts without waiting for
@@ -32,6 +32,34 @@
 //! the receiver checks the bytes before committing them, so a sample damaged on either side
 //! never enters a view. Received bytes land only under the cache's own names: peers never
 //! send names, so nothing a peer says can make us write outside the cache folder.
+//!
+//! # A frame budget for any number of ranks
+//! Each stream holds a few frames at once ([`PER_STREAM`]: posted, queued for its disk
+//! thread, in the thread's hands), so all streams at once would hold frames in proportion to
+//! the number of ranks M: at 1 MiB frames, 9 MiB per stream, 72 GiB per rank at M = 4,096.
+//! Frames shrink to fit `ExchangeConfig::frame_budget` (256 MiB) down to [`MIN_FRAME`];
+//! past that a round runs in *waves* (`waves`): the stream from rank a to rank b has the
+//! shift (b - a) mod M, and a wave is the streams of [`Ctx::wave_width`] consecutive shifts,
+//! so a rank has at most that many streams out and as many in per wave, all of whose frames
+//! fit the budget (measured: `ExchangeReport::frame_bytes_peak`, counted by the round's
+//! frame pools). The waves of a round run one after the other, each as a round of its own
+//! (its own settle and confirmations), a rank skipping those it has no stream in.
+//!
+//! Why this cannot deadlock. The invariant every round keeps: *a send only ever waits for a
+//! receive its peer posts without waiting for anything of ours* (receives are posted as soon
+//! as the size list says what comes; size lists, confirmations and ends are posted
+//! unconditionally), so within a round every stream completes once both ends run that round.
+//! A cap that made a receive wait for budget held by our other streams would break it: A
+//! holding its budget for streams to B that wait on B, B the same towards A. Waves keep it
+//! because they are rounds: the wave of a stream is a function of (a, b, M, width), settings
+//! every rank shares, so both ends run it in the same wave, and the waves are run in one
+//! global order (round, then wave). Take the first (round, wave) not complete everywhere:
+//! every rank with a stream in it has finished everything before it, so both ends of each of
+//! its streams run it, and the round invariant completes it. Frames held stay in a wave's
+//! streams and are handed back when it ends. The price: a wave ends with its slowest stream
+//! (given up past the slow-peer rule, as in any round), and each wave makes the cache
+//! durable once; with the defaults (1 MiB frames, 256 MiB) a wave is 14 shifts, so up to 15
+//! ranks run in one wave as before, 64 ranks in 5 and 4,096 in 293.
 //!
 //! # Settling early, draining late
 //! A rank has what it needs once every incoming stream is stored or given up (see
@@ -61,7 +89,7 @@ use std::sync::mpsc::{Receiver, SyncSender};
 use std::thread::{self, Scope, ScopedJoinHandle};
 use std::time::{Duration, Instant};
 
-use super::frames::Pool;
+use super::frames::{Held, Pool};
 use super::schedule::{Round, RoundOp, Schedule};
 use super::sizes::ENTRY;
 use super::{
@@ -75,15 +103,19 @@ use crate::plan::{Rank, SampleId};
 mod incoming;
 mod outgoing;
 mod stop;
+mod waves;
 use stop::stop_sending;
 
 /// Frames per stream posted to the transport at once.
 const IN_FLIGHT: usize = 2;
 /// Frames per stream queued between the transport and its disk thread.
 const QUEUED: usize = 2;
-/// What all streams' frames may hold at once; frames shrink when many peers share it.
-const BUDGET: usize = 256 << 20;
-/// The smallest frame the budget may shrink frames to.
+/// The most frames one stream holds at once: an incoming one has `IN_FLIGHT` receives
+/// posted, up to `QUEUED + IN_FLIGHT - 1` frames arrived and waiting for its writer,
+/// `QUEUED` in the writer's channel and two in the writer's hands (the one it is done with
+/// and the next); an outgoing one holds fewer (posted, queued, and two in the reader's).
+const PER_STREAM: usize = 2 * IN_FLIGHT + 2 * QUEUED + 1;
+/// The smallest frame the budget may shrink frames to; below it, streams run in waves.
 const MIN_FRAME: usize = 1 << 20;
 /// How long one look at the transport may wait.
 const POLL: Duration = Duration::from_millis(2);
@@ -131,13 +163,20 @@ impl Ctx<'_> {
         (data, data | 1, data | 2)
     }
 
-    /// Frame size: the configured one, shrunk so all streams' frames fit the budget. A
-    /// function of settings every rank shares, so both sides of a stream cut it alike.
+    /// Frame size: the configured one, shrunk so all streams' frames fit the budget, but
+    /// not below [`MIN_FRAME`] (past that, [`Ctx::wave_width`] runs fewer streams at once).
+    /// A function of settings every rank shares, so both sides of a stream cut it alike.
     fn frame(&self) -> usize {
         let streams = 2 * self.hosts.len().saturating_sub(1).max(1);
-        // Per stream: posted, waiting for the disk thread, in its channel, in its hands.
-        let fit = BUDGET / (streams * (IN_FLIGHT + 2 * QUEUED + 2));
-        self.cfg.frame.min(fit.max(MIN_FRAME))
+        let fit = self.cfg.frame_budget / (streams * PER_STREAM);
+        self.cfg.frame.min(fit.max(MIN_FRAME)).max(1)
+    }
+
+    /// Shifts per wave (see `waves`): as many streams as the budget holds at `frame`
+    /// bytes, half of them out and half in, at least one each way. Every peer at once (one
+    /// wave) whenever the budget holds them all.
+    fn wave_width(&self, frame: usize) -> usize {
+        (self.cfg.frame_budget / (frame * PER_STREAM) / 2).max(1)
     }
 
     fn same_host(&self, peer: Rank) -> bool {
@@ -159,7 +198,9 @@ pub(super) fn execute(
         r.state = ExchangeState::Running;
         count_streams(ctx, schedule, r);
     });
-    let result = run_rounds(comm, ctx, schedule, started, settled);
+    let width = ctx.wave_width(ctx.frame());
+    let waves = waves::split(schedule, ctx.me, ctx.hosts.len() as u32, width);
+    let result = run_rounds(comm, ctx, &waves, started, settled);
     let seconds = started.elapsed().as_secs_f64();
     tracker.update(target, |r| {
         r.seconds = seconds;
@@ -357,7 +398,11 @@ fn run_round(
 ) -> Result<Option<ExchangeError>, ExchangeError> {
     let frame = ctx.frame();
     let streams = round.ops.len().max(1);
-    let pools = (Pool::new(frame, streams), Pool::new(frame, streams));
+    let held = std::sync::Arc::new(Held::default());
+    let pools = (
+        Pool::new(frame, streams, held.clone()),
+        Pool::new(frame, streams, held.clone()),
+    );
     let mut tickets = HashMap::new();
     let result = thread::scope(|scope| {
         let mut run = RoundRun {
@@ -383,6 +428,10 @@ fn run_round(
         let pending: Vec<Ticket> = tickets.keys().copied().collect();
         comm.detach(&pending);
     }
+    let peak = (held.peak() * frame) as u64;
+    (ctx.tracker).update(ctx.target, |r| {
+        r.frame_bytes_peak = r.frame_bytes_peak.max(peak);
+    });
     result
 }
 

@@ -3,8 +3,9 @@
 //! pass to and from the MPI thread. The stream format is in the executor's docs.
 
 use std::io::{self, Read, Write};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
 
 use super::{DEPTH, ExchangeError, ExchangeTracker, Sized};
 use crate::cache::SampleStore;
@@ -186,6 +187,7 @@ pub(super) fn write_stream(
         pool,
         buf: Vec::new(),
         pos: 0,
+        holds: false,
     };
     let mut progress = Progress::new(tracker, target, Some(peer));
     let mut i = 0;
@@ -359,20 +361,51 @@ pub(super) struct Pool {
     /// Buffers kept for reuse at most: enough for every stream's frames in flight.
     keep: usize,
     free: Mutex<Vec<Vec<u8>>>,
+    held: Arc<Held>,
+}
+
+/// Frames a round's pools handed out and did not get back yet: every frame is taken with
+/// [`Pool::get`] and handed back once with [`Pool::put`] (a transport may hand back another
+/// buffer, or an empty one, for it), so this counts frames in this rank's hands whatever the
+/// transport does with buffers. Frames a failing stream drops count until the round ends.
+#[derive(Debug, Default)]
+pub(super) struct Held {
+    live: AtomicUsize,
+    peak: AtomicUsize,
+}
+
+impl Held {
+    /// The most frames held at once so far.
+    pub(super) fn peak(&self) -> usize {
+        self.peak.load(Ordering::Relaxed)
+    }
+
+    fn take(&self) {
+        let now = self.live.fetch_add(1, Ordering::Relaxed) + 1;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+    }
+
+    fn give(&self, n: usize) {
+        let _ = (self.live).fetch_update(Ordering::Relaxed, Ordering::Relaxed, |live| {
+            Some(live.saturating_sub(n))
+        });
+    }
 }
 
 impl Pool {
-    /// A pool for `streams` streams in flight together.
-    pub(super) fn new(frame: usize, streams: usize) -> Pool {
+    /// A pool for `streams` streams in flight together, counting its frames in `held`.
+    pub(super) fn new(frame: usize, streams: usize, held: Arc<Held>) -> Pool {
         Pool {
             frame,
             keep: (2 * DEPTH + 2) * streams.max(1),
             free: Mutex::default(),
+            held,
         }
     }
 
     /// A buffer of `len` bytes (contents unspecified) with room for a whole frame.
     pub(super) fn get(&self, len: usize) -> Vec<u8> {
+        self.held.take();
         let mut buf = self
             .free
             .lock()
@@ -385,11 +418,20 @@ impl Pool {
         buf
     }
 
+    /// Hands back a frame taken with [`Pool::get`] (or the buffer the transport returned
+    /// for it), keeping the buffer for reuse if it can hold a frame.
     pub(super) fn put(&self, buf: Vec<u8>) {
+        self.held.give(1);
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
         if buf.capacity() >= self.frame && free.len() < self.keep {
             free.push(buf);
         }
+    }
+
+    /// `n` frames taken from this pool went to the transport and will not come back (their
+    /// receives were withdrawn).
+    pub(super) fn forget(&self, n: usize) {
+        self.held.give(n);
     }
 }
 
@@ -460,7 +502,9 @@ impl FrameWriter<'_> {
     }
 
     fn finish(mut self) -> io::Result<()> {
-        if self.used > 0 {
+        if self.used == 0 {
+            self.pool.put(std::mem::take(&mut self.buf));
+        } else {
             let mut last = std::mem::take(&mut self.buf);
             last.truncate(self.used);
             self.tx
@@ -491,6 +535,16 @@ struct FrameReader<'a> {
     pool: &'a Pool,
     buf: Vec<u8>,
     pos: usize,
+    /// `buf` is a frame (from the MPI thread), handed back to the pool when done with.
+    holds: bool,
+}
+
+impl Drop for FrameReader<'_> {
+    fn drop(&mut self) {
+        if self.holds {
+            self.pool.put(std::mem::take(&mut self.buf));
+        }
+    }
 }
 
 impl FrameReader<'_> {
@@ -501,7 +555,9 @@ impl FrameReader<'_> {
             && let Ok(next) = self.rx.recv()
         {
             let used = std::mem::replace(&mut self.buf, next);
-            self.pool.put(used);
+            if std::mem::replace(&mut self.holds, true) {
+                self.pool.put(used);
+            }
             self.pos = 0;
         }
         &self.buf[self.pos..]

@@ -47,6 +47,9 @@ pub use tracker::{ExchangeReport, ExchangeState, ExchangeTracker, PeerReport};
 pub const FRAME: usize = 1 << 20;
 /// Frames buffered between the disk threads and the MPI thread, each way.
 const DEPTH: usize = 4;
+/// What all of a rank's frames may hold at once, whatever the number of ranks (see the
+/// executor's docs, "A frame budget for any number of ranks").
+pub const FRAME_BUDGET: usize = 256 << 20;
 
 /// Settings of the exchange.
 #[derive(Clone, Copy, Debug)]
@@ -54,6 +57,9 @@ pub struct ExchangeConfig {
     /// Cap on bytes sent per second by this rank; `None` is uncapped.
     pub rate: Option<u64>,
     pub frame: usize,
+    /// Bytes all of this rank's frames may hold at once ([`FRAME_BUDGET`]); every rank must
+    /// use the same, since it sets how streams are grouped into waves.
+    pub frame_budget: usize,
     /// How transfers are grouped into rounds; every rank must use the same.
     pub strategy: StrategyKind,
     /// When to stop waiting for a peer far slower than the others.
@@ -68,6 +74,7 @@ impl Default for ExchangeConfig {
         ExchangeConfig {
             rate: None,
             frame: FRAME,
+            frame_budget: FRAME_BUDGET,
             strategy: StrategyKind::default(),
             slow_peers: SlowPeers::default(),
             fallback_stall: std::time::Duration::from_secs(30),

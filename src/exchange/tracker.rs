@@ -59,6 +59,9 @@ pub struct ExchangeReport {
     /// from other hosts (the only network traffic).
     pub bytes_within_hosts: u64,
     pub bytes_across_hosts: u64,
+    /// The most bytes this rank's frames held at once (posted to the transport, queued for
+    /// or held by its disk threads): at most the frame budget, whatever the number of ranks.
+    pub frame_bytes_peak: u64,
     /// Seconds until this rank held what it needs (or gave slow peers up); `seconds` also
     /// counts serving peers and draining late bytes after that.
     pub settled_seconds: f64,

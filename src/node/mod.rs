@@ -21,6 +21,9 @@ use crate::plan::{Plan, Rank, SampleId, Step};
 pub mod coordinator;
 mod epoch_log;
 pub(crate) mod jobview;
+/// The job view of many ranks in one thread, for the benches.
+#[cfg(feature = "testing")]
+pub use jobview::sim as jobview_sim;
 pub(crate) mod metrics;
 pub(crate) mod regrow;
 pub mod resume;

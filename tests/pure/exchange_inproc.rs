@@ -1009,3 +1009,77 @@ fn a_peer_whose_size_lists_disagree_with_the_plan_has_nothing_stored() {
         h.join().unwrap();
     }
 }
+
+/// Samples of one size each, so every stream of a test spans several frames.
+fn uniform_manifest(samples: u32, size: u64) -> Arc<Manifest> {
+    let names = (0..samples)
+        .map(|i| (format!("s{i:05}.bin").into_bytes(), size))
+        .collect();
+    Arc::new(Manifest::from_parts(vec![(b"all".to_vec(), names)]).unwrap())
+}
+
+/// Runs one exchange on `world` ranks with frames of `frame` bytes and a frame budget of
+/// `budget` bytes; checks every rank holds its next share exactly and returns each rank's
+/// most bytes held in frames at once.
+fn exchange_under_budget(world: u32, frame: usize, budget: usize, wrap: Wrap) -> Vec<u64> {
+    let manifest = uniform_manifest(world * 48, 3 * frame as u64);
+    let plan = plan(manifest.len(), world, 0.75, 77);
+    let handles: Vec<_> = LocalComm::world(world)
+        .into_iter()
+        .map(|comm| {
+            let (manifest, plan) = (manifest.clone(), plan.clone());
+            std::thread::spawn(move || {
+                let _guard = AbortOnPanic;
+                let me = comm.rank();
+                let mut comm: Box<dyn Comm> = match wrap {
+                    Wrap::Delaying => Box::new(Delaying::new(comm, u64::from(me) + 7)),
+                    _ => Box::new(comm),
+                };
+                let cur = plan.initial();
+                let (_dir, store) = staged(manifest, cur.share(me));
+                let step = plan.step(&cur);
+                let (tracker, abort) = (ExchangeTracker::default(), AtomicBool::new(false));
+                let cfg = ExchangeConfig {
+                    frame,
+                    frame_budget: budget,
+                    ..ExchangeConfig::default()
+                };
+                exchange::run(comm.as_mut(), &store, &step, cfg, &tracker, &abort).unwrap();
+                let report = tracker.snapshot().into_iter().last().unwrap();
+                assert_eq!(report.state, ExchangeState::Done);
+                assert_eq!(report.failed_samples, 0, "rank {me}");
+                assert_eq!(report.bytes_received, report.bytes_to_receive, "rank {me}");
+                for &id in step.next.share(me) {
+                    check_sample(&store, id);
+                }
+                report.frame_bytes_peak
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+/// Issue 41: the frames a rank holds stay within the budget however many ranks there are.
+/// Before, frames shrank to fit the budget only down to 1 MiB and every stream ran at once,
+/// so the frames held grew with the number of ranks: here 15 streams out and 15 in against a
+/// budget for 4 (the old code held 1.4-3.3x the budget on every rank).
+#[test]
+fn the_frames_a_rank_holds_stay_within_the_budget_with_many_ranks() {
+    let (frame, budget) = (4096, 4 * 9 * 4096);
+    for wrap in [Wrap::None, Wrap::Delaying] {
+        let peaks = exchange_under_budget(16, frame, budget, wrap);
+        assert!(peaks.iter().all(|&p| p > 0), "{peaks:?}");
+        assert!(
+            peaks.iter().all(|&p| p <= budget as u64),
+            "bytes held in frames per rank {peaks:?}, budget {budget}"
+        );
+    }
+}
+
+/// The smallest budget (one stream each way at a time, the most waves) still completes
+/// every rank's exchange: waves cannot wait on each other in a cycle.
+#[test]
+fn an_exchange_with_many_ranks_and_a_tiny_budget_completes() {
+    let peaks = exchange_under_budget(24, 4096, 1, Wrap::Delaying);
+    assert!(peaks.iter().all(|&p| p <= 2 * 9 * 4096), "{peaks:?}");
+}

@@ -179,7 +179,9 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
                                 "reading samples to send failed".into(),
                             ));
                         }
-                        vec![0u8; want]
+                        let mut zeros = self.send_pool.get(want);
+                        zeros.fill(0);
+                        zeros
                     }
                 };
                 self.pacer.spent(buf.len());

@@ -110,6 +110,7 @@ impl<'a, 's: 'env, 'scope, 'env> RoundRun<'a, 's, 'scope, 'env> {
             .map(|(&t, _)| t)
             .collect();
         comm.cancel(&later);
+        self.recv_pool.forget(later.len());
         for t in &later {
             self.tickets.remove(t);
         }

@@ -1,9 +1,11 @@
-//! Rank 0's table going out at a bounded rate. A table takes a frame per few rows (about
-//! [`ROWS_PER_FRAME`]) and goes to every rank that shows it, so sending it whole every
-//! second grows as ranks squared: 64 ranks would be some 820 sends a second, 1024 ranks (to
-//! each host's first rank) tens of thousands, all on the thread that also drives the
-//! exchange. Instead the frames wait in a queue that each tick drains by at most
-//! [`SENDS_PER_TICK`] (ticks come at most every 100 ms: at most [`SENDS_PER_S`] a second),
+//! A rank's table going down to its children in the view's tree (`tree`) at a bounded rate.
+//! A table takes a frame per few rows (about [`ROWS_PER_FRAME`]); when rank 0 sent it to
+//! every rank that shows it, sending it whole every second grew as ranks squared (64 ranks:
+//! some 820 sends a second, 1024 ranks tens of thousands, all on the thread that also drives
+//! the exchange). Down the tree a rank sends it to its children only (at most
+//! `FAN_IN` leaders and its host's ranks), and the frames wait in a queue that each tick
+//! drains by at most [`SENDS_PER_TICK`] (ticks come at most every 100 ms: at most
+//! [`SENDS_PER_S`] a second, some 2 MB/s and a few ms of the MPI thread's time),
 //! and a new table starts only once the last went out: the table's period is the larger of
 //! a second and what the queue takes to drain ([`table_interval`]). Frames older than a
 //! period are made again from the board before they are sent, so the ages they carry stay
@@ -14,10 +16,10 @@ use std::time::{Duration, Instant};
 
 use crate::plan::Rank;
 
-/// Rank 0's sends of the table, at most, per second.
-pub(crate) const SENDS_PER_S: u32 = 200;
+/// A rank's sends of the table, at most, per second.
+pub(crate) const SENDS_PER_S: u32 = 1000;
 /// And per tick (a tick looks at the transport at most every 100 ms).
-pub(super) const SENDS_PER_TICK: usize = 20;
+pub(super) const SENDS_PER_TICK: usize = 100;
 /// Rows a frame holds, about (a row is some 300 to 400 bytes of JSON; a frame 2 KiB).
 const ROWS_PER_FRAME: u32 = 5;
 
@@ -84,8 +86,9 @@ mod tests {
     fn the_interval_grows_with_frames_times_recipients() {
         let s = |ranks, to| table_interval(Duration::from_secs(1), ranks, to).as_secs_f64();
         assert_eq!(s(8, 7), 1.0);
-        assert!((s(64, 63) - 4.095).abs() < 0.01, "{}", s(64, 63));
-        assert!((s(1024, 128) - 131.2).abs() < 0.1, "{}", s(1024, 128));
+        assert!((s(64, 63) - 1.0).abs() < 0.01, "{}", s(64, 63));
+        assert!((s(1024, 15) - 3.075).abs() < 0.01, "{}", s(1024, 15));
+        assert!((s(4096, 15) - 12.3).abs() < 0.1, "{}", s(4096, 15));
     }
 
     #[test]

@@ -5,16 +5,23 @@
 //! thread may call it): between exchanges from the exchange loop's idle wait, during one from
 //! every look the exchange takes at its transport (`Viewed`). A tick does nothing until
 //! [`POLL`] passed since the last; then it collects what completed and, once a [`PERIOD`],
-//! sends: every rank its row up to rank 0, rank 0 the table down to the ranks that show it.
+//! sends along the view's tree (`tree`): every rank its row, with the latest rows it holds
+//! of the ranks below it, up to its parent, so rank 0 assembles the whole table from its
+//! few children; and every rank with children that show the table sends them its table,
+//! so the table comes down the same tree (each node sending to at most its host's ranks and
+//! [`tree::FAN_IN`] leaders, at a bounded rate: `fanout`). Rank 0 thus posts receives for
+//! and hears from a few children, not every rank; a row reaches it in `depth` hops.
 //!
-//! Nothing here ever waits on a peer: receives stay posted (rank 0: one per rank; the
-//! others: a few from rank 0) and are reposted as they complete; a send to a peer whose
-//! previous one has not completed is skipped.
+//! Nothing here ever waits on a peer: receives stay posted (a few per child and from the
+//! parent) and are reposted as they complete; a send to a peer whose previous one has not
+//! completed is skipped.
 //!
-//! Leaving says so: [`Gatherer::finish`] sends one last row marked `left` (rank 0: to every
-//! rank, which then stop sending rows and show the view as ended; another rank: to rank 0,
-//! which stops sending it the table and shows it as left) and waits a bounded moment for
-//! that send. Without it, the others would go on sending to a rank that is gone, and Open MPI
+//! Leaving says so: [`Gatherer::finish`] sends one last row marked `left` up to its parent
+//! (which stops sending it the table and shows it as left, and so does rank 0 once the row
+//! came up) and down to its children, which stop sending to it (rank 0's: the job's
+//! ranks, each passing it on to its own children, stop sending rows and show the view as
+//! ended; another rank's: the ranks below it go quiet and turn stale at rank 0). It waits a
+//! bounded moment for those sends. Without it, the others would go on sending to a rank that is gone, and Open MPI
 //! keeps messages for a freed communicator for as long as the leaver waits in
 //! `MPI_Finalize`. A rank that vanishes without a word goes quiet (its row turns stale); a
 //! transport that reports it gone (the in-process one) gets its receives cancelled and
@@ -29,6 +36,7 @@ use std::time::{Duration, Instant};
 use super::board::{JobBoard, STALE};
 use super::fanout::{self, Fanout, SENDS_PER_TICK};
 use super::row::RankRow;
+use super::tree::{self, FAN_IN, Place};
 use super::wire::{self, Aged, FRAME};
 use crate::comm::{Comm, CommError, Op, Ticket};
 use crate::plan::Rank;
@@ -39,13 +47,16 @@ pub(crate) const PERIOD: Duration = Duration::from_secs(1);
 const POLL: Duration = Duration::from_millis(100);
 const UP: u16 = 1;
 const DOWN: u16 = 2;
-/// Receives from rank 0 kept posted on the ranks that show the table (the others keep
+/// Receives from the parent kept posted on the ranks that show the table (the others keep
 /// one, for rank 0's last word).
 const DOWN_POSTED: usize = 8;
+/// Receives kept posted from each child (a child sends a frame per few rows below it).
+const UP_POSTED: usize = 4;
 /// How long a leaving rank waits for its last row to be sent.
 const LEAVE_WAIT: Duration = Duration::from_millis(200);
 /// Up to this many ranks, every rank gets the table; beyond, each host's first rank only
-/// (rank 0 sends the table's frames to each recipient, at a bounded rate: `fanout`).
+/// (each parent sends the table's frames to each child that shows it, at a bounded rate:
+/// `fanout`).
 pub(crate) const ALL_RANKS_UP_TO: u32 = 64;
 
 #[derive(Clone, Copy)]
@@ -69,8 +80,14 @@ pub(crate) struct Gatherer {
     never: AtomicBool,
     /// Receives cancelled and sends detached (`close`).
     closed: bool,
-    /// Rank 0: the table going out.
+    /// The table going down to this rank's children.
     fanout: Fanout,
+    place: Place,
+    /// Ranks whose rows came up from this rank's children: forwarded to its parent.
+    below: BTreeSet<Rank>,
+    /// Frames received from children (the simulation's count).
+    #[cfg(any(test, feature = "testing"))]
+    frames_up: u64,
 }
 
 /// Whether `rank` of a job on `hosts` shows the table (see [`ALL_RANKS_UP_TO`]).
@@ -101,28 +118,27 @@ impl Gatherer {
             never: AtomicBool::new(false),
             closed: false,
             fanout: Fanout::default(),
+            place: Place::default(),
+            below: BTreeSet::new(),
+            #[cfg(any(test, feature = "testing"))]
+            frames_up: 0,
         };
         let (me, size) = (g.comm.rank(), g.comm.size());
+        g.place = tree::place(g.comm.hosts(), me);
         if me == 0 || shows_table(g.comm.hosts(), me) {
             g.board.start(size);
         }
-        if me != 0 {
-            // Rows come with each table, which may come less often than once a period.
-            let to = (1..size)
-                .filter(|&r| shows_table(g.comm.hosts(), r))
-                .count();
-            g.board
-                .stale_after(STALE + fanout::table_interval(PERIOD, size, to as u32));
+        g.board
+            .stale_after(stale_after(g.comm.hosts(), me, &g.place));
+        for c in g.place.children.clone() {
+            (0..UP_POSTED).for_each(|_| g.post_recv(Posted::Up(c), c, UP));
         }
-        if me == 0 {
-            (1..size).for_each(|r| g.post_recv(Posted::Up(r), r, UP));
-        } else {
-            let n = if shows_table(g.comm.hosts(), me) {
-                DOWN_POSTED
-            } else {
-                1
+        if let Some(parent) = g.place.parent {
+            let n = match shows_table(g.comm.hosts(), me) {
+                true => DOWN_POSTED,
+                false => 1,
             };
-            (0..n).for_each(|_| g.post_recv(Posted::Down, 0, DOWN));
+            (0..n).for_each(|_| g.post_recv(Posted::Down, parent, DOWN));
         }
         g
     }
@@ -164,7 +180,7 @@ impl Gatherer {
         let from_peer: Vec<Ticket> = (self.posted.iter())
             .filter(|(_, p)| match p {
                 Posted::Up(r) => *r == peer,
-                Posted::Down => peer == 0,
+                Posted::Down => self.place.parent == Some(peer),
                 Posted::Sent(_) => false,
             })
             .map(|(t, _)| *t)
@@ -187,12 +203,12 @@ impl Gatherer {
             self.next_round = now + self.period;
             self.round();
         }
-        if self.comm.rank() == 0 {
+        if !self.fanout.is_empty() {
             self.drain();
         }
     }
 
-    /// Rank 0: sends at most [`SENDS_PER_TICK`] frames of the table (see `fanout`).
+    /// Sends at most [`SENDS_PER_TICK`] frames of the table to children (see `fanout`).
     fn drain(&mut self) {
         for _ in 0..SENDS_PER_TICK {
             let (board, period) = (&self.board, self.period);
@@ -223,7 +239,7 @@ impl Gatherer {
             };
             for d in done {
                 match self.posted.remove(&d.ticket) {
-                    Some(Posted::Up(from)) => self.got_row(from, &d.buf),
+                    Some(Posted::Up(from)) => self.got_rows(from, &d.buf),
                     Some(Posted::Down) => self.got_table(&d.buf),
                     Some(Posted::Sent(to)) => {
                         self.sending.entry(to).and_modify(|n| *n -= 1);
@@ -234,12 +250,20 @@ impl Gatherer {
         }
     }
 
-    /// Rank 0: a row from `from`; its last (`left`) ends all messages with it.
-    fn got_row(&mut self, from: Rank, frame: &[u8]) {
-        let row = wire::read_up(frame);
-        let left = row.as_ref().is_some_and(|r| r.left);
-        if let Some(row) = row {
-            self.board.put(row, Instant::now());
+    /// Rows from child `from` (its own and those below it); its own last row (`left`) ends
+    /// all messages with it.
+    fn got_rows(&mut self, from: Rank, frame: &[u8]) {
+        let now = Instant::now();
+        #[cfg(any(test, feature = "testing"))]
+        {
+            self.frames_up += 1;
+        }
+        let mut left = false;
+        for Aged(age, row) in wire::read_down(frame) {
+            left |= row.rank == from && row.left;
+            self.below.insert(row.rank);
+            let made = now.checked_sub(Duration::from_millis(age));
+            self.board.put(row, made.unwrap_or(now));
         }
         if left {
             tracing::debug!(peer = from, "job view: rank left");
@@ -250,45 +274,69 @@ impl Gatherer {
         }
     }
 
-    /// Another rank: a part of the table; rank 0's last row in it ends the view.
+    /// A part of the table from the parent; rank 0's last row in it ends the view (passed
+    /// on to this rank's children), the parent's own last row ends messages with it.
     fn got_table(&mut self, frame: &[u8]) {
         let now = Instant::now();
-        let mut ended = false;
+        let Some(parent) = self.place.parent else {
+            return;
+        };
+        let (mut ended, mut orphaned) = (false, false);
         for Aged(age, row) in wire::read_down(frame) {
             ended |= row.rank == 0 && row.left;
+            orphaned |= row.rank == parent && row.left;
             let made = now.checked_sub(Duration::from_millis(age));
             self.board.put(row, made.unwrap_or(now));
         }
         if ended {
             self.board.end();
-            self.lost(0, &CommError::PeerGone(0));
+            for c in self.place.children.clone() {
+                if !self.gone.contains(&c) {
+                    self.send(c, DOWN, frame.to_vec());
+                }
+            }
+        }
+        if ended || orphaned {
+            self.lost(parent, &CommError::PeerGone(parent));
         } else {
-            self.post_recv(Posted::Down, 0, DOWN);
+            self.post_recv(Posted::Down, parent, DOWN);
         }
     }
 
-    /// Once a period: this rank's row into its own board, then up (or, on rank 0, a new
-    /// table down once the last went out).
+    /// Once a period: this rank's row into its own board, then up with the rows from below
+    /// it, and a new table down to its children once the last went out.
     fn round(&mut self) {
         let row = (self.mine)();
         let me = self.comm.rank();
         if me == 0 || shows_table(self.comm.hosts(), me) {
             self.board.put_own(row.clone(), Instant::now());
         }
-        if me != 0 {
-            if let Some(frame) = wire::up(&row).filter(|_| self.idle_towards(0)) {
-                self.send(0, UP, frame);
+        if let Some(parent) = self.place.parent.filter(|&p| self.idle_towards(p)) {
+            for frame in self.rows_up(row) {
+                self.send(parent, UP, frame);
             }
-            return;
         }
         if !self.fanout.is_empty() {
             return;
         }
         let hosts = self.comm.hosts();
-        let to: Vec<Rank> = (1..self.comm.size())
+        let to: Vec<Rank> = (self.place.children.iter().copied())
             .filter(|&r| shows_table(hosts, r) && self.idle_towards(r))
             .collect();
-        self.fanout.start(table_frames(&self.board), to.into_iter());
+        if !to.is_empty() {
+            self.fanout.start(table_frames(&self.board), to.into_iter());
+        }
+    }
+
+    /// This rank's `row` and the latest it holds of the ranks below it, as frames.
+    fn rows_up(&self, row: RankRow) -> Vec<Vec<u8>> {
+        let mut rows = vec![Aged(0, row)];
+        if !self.below.is_empty() {
+            let held = self.board.rows().into_iter();
+            let below = held.filter(|(_, r)| self.below.contains(&r.rank));
+            rows.extend(below.map(|(age, r)| Aged(age.as_millis() as u64, r)));
+        }
+        wire::down(&rows)
     }
 
     /// Whether `peer` is there and every earlier send to it completed.
@@ -321,15 +369,15 @@ impl Gatherer {
         if me == 0 || shows_table(self.comm.hosts(), me) {
             self.board.put_own(row.clone(), Instant::now());
         }
-        let (tag, frame, to) = if me == 0 {
-            let frame = wire::down(&[Aged(0, row)]).pop();
-            (DOWN, frame, (1..self.comm.size()).collect::<Vec<_>>())
-        } else {
-            (UP, wire::up(&row), vec![0])
+        let Some(frame) = wire::down(&[Aged(0, row)]).pop() else {
+            return;
         };
-        let Some(frame) = frame else { return };
-        let to: Vec<Rank> = to.into_iter().filter(|p| !self.gone.contains(p)).collect();
-        for peer in to {
+        let up = self.place.parent.map(|p| (p, UP));
+        let down = self.place.children.iter().map(|&c| (c, DOWN));
+        let to: Vec<(Rank, u16)> = (down.chain(up))
+            .filter(|(p, _)| !self.gone.contains(p))
+            .collect();
+        for (peer, tag) in to {
             self.send(peer, tag, frame.clone());
         }
         let until = Instant::now() + LEAVE_WAIT;
@@ -357,11 +405,33 @@ impl Gatherer {
         self.posted.clear();
     }
 
+    /// Frames received from children so far (the simulation).
+    #[cfg(any(test, feature = "testing"))]
+    pub(super) fn frames_received(&self) -> u64 {
+        self.frames_up
+    }
+
     /// Whether this rank no longer exchanges with `peer` (tests).
     #[cfg(test)]
     pub(super) fn done_with(&self, peer: Rank) -> bool {
         self.gone.contains(&peer)
     }
+}
+
+/// How old a row may get before the status calls it stale on `me`: rank 0 hears of a row
+/// up to a period late per hop; the others get rows with the table, which comes down one
+/// level per table interval (`fanout`), from parents with at most `FAN_IN` leaders and
+/// their host's ranks to send to.
+fn stale_after(hosts: &[u32], me: Rank, place: &Place) -> Duration {
+    let depth = place.depth.max(1) as u32;
+    if me == 0 {
+        return STALE + PERIOD * depth;
+    }
+    let size = hosts.len() as u32;
+    let mine = hosts.get(me as usize);
+    let per_host = hosts.iter().filter(|&h| Some(h) == mine).count();
+    let to = (FAN_IN + per_host).min(hosts.len()) as u32;
+    STALE + (PERIOD + fanout::table_interval(PERIOD, size, to)) * depth
 }
 
 /// The board's rows as frames of the table.

@@ -1,7 +1,8 @@
 //! The job-wide view: every rank's summary ([`RankRow`]: epoch, staging, exchange progress
-//! and rate, given-up peers, source fallbacks, problems, cache use), gathered by rank 0
-//! about once a second and sent back, so that any host's mount shows the whole job (the
-//! status's `job` object, `shufflefs status MOUNT`).
+//! and rate, given-up peers, source fallbacks, problems, cache use), gathered up a tree of
+//! hosts to rank 0 about once a second and sent back down it (`tree`, `gather`), so that
+//! any host's mount shows the whole job (the status's `job` object, `shufflefs status
+//! MOUNT`).
 //!
 //! It must not disturb the exchange: it runs on a communicator of its own (split from the
 //! job's at start-up, so no message of it can match one of the exchange's), in small
@@ -18,6 +19,9 @@ mod board;
 mod fanout;
 mod gather;
 mod row;
+#[cfg(feature = "testing")]
+pub mod sim;
+mod tree;
 mod wire;
 
 pub(crate) use board::JobBoard;

@@ -271,3 +271,113 @@ fn a_dropped_view_cancels_its_receives() {
         assert_eq!(c.len(), 8, "finish: {finish}");
     }
 }
+
+/// Counts the peers its rank posts messages to or from.
+struct Watched {
+    inner: LocalComm,
+    peers: Arc<std::sync::Mutex<std::collections::BTreeSet<Rank>>>,
+}
+
+impl Comm for Watched {
+    fn rank(&self) -> Rank {
+        self.inner.rank()
+    }
+    fn size(&self) -> u32 {
+        self.inner.size()
+    }
+    fn hosts(&self) -> &[u32] {
+        self.inner.hosts()
+    }
+    fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, CommError> {
+        self.inner.all_gather(data)
+    }
+    fn broadcast(&mut self, root: Rank, data: Vec<u8>) -> Result<Vec<u8>, CommError> {
+        self.inner.broadcast(root, data)
+    }
+    fn split(&mut self, color: u32) -> Result<Box<dyn Comm>, CommError> {
+        self.inner.split(color)
+    }
+    fn post(&mut self, op: Op) -> Result<Ticket, CommError> {
+        self.peers.lock().unwrap().insert(op.peer);
+        self.inner.post(op)
+    }
+    fn progress(&mut self, wait: Duration, abort: &AtomicBool) -> Result<Vec<Done>, CommError> {
+        self.inner.progress(wait, abort)
+    }
+    fn detach(&mut self, tickets: &[Ticket]) {
+        self.inner.detach(tickets)
+    }
+    fn cancel(&mut self, tickets: &[Ticket]) {
+        self.inner.cancel(tickets)
+    }
+}
+
+/// Issue 41: 128 ranks on 16 hosts, driven from one thread. Rank 0's table fills with every
+/// rank's row and every host's first rank gets the whole table back, while rank 0 only
+/// ever talks to its children in the view's tree (its host's ranks and `FAN_IN` leaders),
+/// not to every rank as before (it posted a receive from each of the 127 others).
+#[test]
+fn a_large_job_gathers_up_a_tree_and_rank_0_talks_to_its_children_only() {
+    let (size, per_host) = (128u32, 8u32);
+    let hosts: Vec<u32> = (0..size).map(|r| r / per_host).collect();
+    let peers = Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::new()));
+    let mut views: Vec<(Arc<JobBoard>, Gatherer)> = LocalComm::world_on_hosts(&hosts)
+        .into_iter()
+        .map(|world| {
+            let rank = world.rank();
+            let comm: Box<dyn Comm> = match rank {
+                0 => Box::new(Watched {
+                    inner: world,
+                    peers: peers.clone(),
+                }),
+                _ => Box::new(world),
+            };
+            let board = Arc::new(JobBoard::default());
+            let mut epoch = 0;
+            let rows = Box::new(move || {
+                epoch += 1;
+                RankRow {
+                    rank,
+                    host: format!("h{}", rank / per_host),
+                    epoch,
+                    ..RankRow::default()
+                }
+            });
+            let g = Gatherer::new(comm, board.clone(), rows).with_period(FAST);
+            (board, g)
+        })
+        .collect();
+    let whole = |b: &JobBoard| {
+        let rows = b.rows();
+        rows.len() == size as usize && rows.iter().all(|(_, r)| r.epoch >= 3)
+    };
+    let leaders: Vec<usize> = (0..size)
+        .step_by(per_host as usize)
+        .map(|r| r as usize)
+        .collect();
+    let until = Instant::now() + Duration::from_secs(60);
+    let mut done = false;
+    while !done && Instant::now() < until {
+        views.iter_mut().for_each(|(_, g)| g.tick());
+        done = leaders.iter().all(|&r| whole(&views[r].0));
+        thread::sleep(Duration::from_millis(1));
+    }
+    let missing: Vec<usize> = leaders
+        .iter()
+        .copied()
+        .filter(|&r| !whole(&views[r].0))
+        .collect();
+    assert!(done, "host leaders without the whole table: {missing:?}");
+    assert!(
+        views[1].0.rows().is_empty(),
+        "ranks other than leaders hold no table"
+    );
+    let children = tree::place(&hosts, 0).children;
+    let talked: Vec<Rank> = peers.lock().unwrap().iter().copied().collect();
+    assert!(
+        talked.len() < tree::FAN_IN + per_host as usize
+            && talked.iter().all(|p| children.contains(p)),
+        "rank 0 talked to {} ranks: {talked:?}",
+        talked.len()
+    );
+}

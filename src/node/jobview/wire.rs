@@ -5,9 +5,9 @@
 //! can hold a rank's exit.
 //!
 //! A frame is a little-endian `u16` length, then that many bytes of JSON, then zeros:
-//! - up (a rank to rank 0): one [`RankRow`];
-//! - down (rank 0 to the others): `[[age_ms, row], ...]`, as many rows as fit; a table
-//!   takes several frames, and each row stands alone (the receiver merges rows by rank).
+//! `[[age_ms, row], ...]`, as many rows as fit, both up the view's tree (a rank's row and
+//! those below it) and down it (the table); a batch of rows takes several frames, and each
+//! row stands alone (the receiver merges rows by rank).
 
 use serde::{Deserialize, Serialize};
 
@@ -36,14 +36,6 @@ fn body(frame: &[u8]) -> Option<&[u8]> {
     frame.get(HEAD..HEAD + len)
 }
 
-/// One row going up. A bounded row caps its texts' bytes, but JSON escapes a control
-/// character in six: a row that then does not fit goes without its problem's text, then
-/// without its given-up peers too (rather than not at all, which would leave it stale).
-pub(super) fn up(row: &RankRow) -> Option<Vec<u8>> {
-    let json = |r: &RankRow| serde_json::to_vec(r).ok().and_then(|j| framed(&j));
-    json(&slim_until(row, |r| json(r).is_some()))
-}
-
 /// `row`, or less of it, whichever is first `fits`: without `first_problem`, then without
 /// `given_up_peers` as well.
 fn slim_until(row: &RankRow, fits: impl Fn(&RankRow) -> bool) -> RankRow {
@@ -58,11 +50,10 @@ fn slim_until(row: &RankRow, fits: impl Fn(&RankRow) -> bool) -> RankRow {
     row
 }
 
-pub(super) fn read_up(frame: &[u8]) -> Option<RankRow> {
-    serde_json::from_slice(body(frame)?).ok()
-}
-
-/// A table going down, packed into as few frames as the rows fit.
+/// Rows going up or down, packed into as few frames as they fit. A bounded row caps its
+/// texts' bytes, but JSON escapes a control character in six: a row that then does not fit a
+/// frame alone goes without its problem's text, then without its given-up peers too (rather
+/// than not at all, which would leave it stale).
 pub(super) fn down(rows: &[Aged]) -> Vec<Vec<u8>> {
     let mut frames = Vec::new();
     let alone = |a: &Aged| {
@@ -120,9 +111,9 @@ mod tests {
 
     #[test]
     fn rows_round_trip_in_fixed_frames() {
-        let f = up(&row(7)).unwrap();
-        assert_eq!(f.len(), FRAME);
-        assert_eq!(read_up(&f), Some(row(7)));
+        let f = down(&[Aged(0, row(7))]);
+        assert_eq!((f.len(), f[0].len()), (1, FRAME));
+        assert_eq!(read_down(&f[0])[0].1, row(7));
         let table: Vec<Aged> = (0..40).map(|r| Aged(u64::from(r) * 10, row(r))).collect();
         let frames = down(&table);
         assert!(frames.len() > 1 && frames.iter().all(|f| f.len() == FRAME));
@@ -130,7 +121,7 @@ mod tests {
         assert_eq!(back.len(), 40);
         assert!(back.iter().enumerate().all(|(i, a)| a.1 == row(i as u32)));
         assert_eq!(back[3].0, 30);
-        assert!(read_up(&[0xff; 4]).is_none() && read_down(&[0; 1]).is_empty());
+        assert!(read_down(&[0xff; 4]).is_empty() && read_down(&[0; 1]).is_empty());
     }
 
     /// Control characters take six bytes each in JSON: a bounded row may then not fit a
@@ -143,7 +134,7 @@ mod tests {
         big.given_up_peers = vec![u32::MAX; 32];
         let big = big.bounded();
         assert!(framed(&serde_json::to_vec(&big).unwrap()).is_none());
-        let back = read_up(&up(&big).expect("sent without the problem")).unwrap();
+        let back = read_down(&down(&[Aged(0, big.clone())])[0]).remove(0).1;
         assert_eq!(back.first_problem, None);
         assert_eq!((back.rank, back.given_up_peers.len()), (3, 32));
         let frames = down(&[Aged(5, big.clone()), Aged(6, row(4))]);
