@@ -47,7 +47,8 @@ pub(crate) struct Fit {
     pub expected: Outcome,
     /// Samples kept at epoch 0.
     pub kept_samples: u64,
-    /// The sizes the estimate used (see [`job_sizes`]).
+    /// Every sample's size as the estimate counted it ([`SizeModel`]) when the share does
+    /// not fit (the partial cache's planner needs them); empty when it fits.
     pub sizes: std::sync::Arc<[u64]>,
     /// A coded run's kept sets' room in samples, when its cache does not fit
     /// (`super::fit_coded`); `None` otherwise.
@@ -109,9 +110,9 @@ pub(crate) fn phase(
     let mine = agreed(comm, room(config, cache, held, sharing))?;
     let room = job_room(comm, mine.bytes)?;
     let rank = comm.rank();
-    let sizes = job_sizes(comm, store.manifest(), &config.source)?;
-    let sizes = on_disk(sizes, job_block(comm, store.block())?);
-    let fit = agreed(comm, check(config, plans.0, sizes, rank, (room, mine.cut)))?;
+    let model = job_sizes_bounded(comm, store.manifest(), &config.source)?;
+    let sizes = model.on_disk(store.manifest(), job_block(comm, store.block())?);
+    let fit = agreed(comm, check(config, plans.0, &sizes, rank, (room, mine.cut)))?;
     if !fit.fits() {
         store.set_partial(fit.admission(plans, rank, epoch));
         // A cache filled under a larger room is brought within this one before staging.
@@ -212,12 +213,6 @@ pub(crate) fn job_block(comm: &mut dyn Comm, mine: u64) -> Result<u64, CommError
     Ok(all.first().copied().unwrap_or(mine))
 }
 
-/// `sizes` as they take disk space in `block`s: what the plan and the gate count.
-pub(crate) fn on_disk(sizes: Vec<u64>, block: u64) -> Vec<u64> {
-    let round = |s| crate::cache::footprint::on_disk(s, block);
-    sizes.into_iter().map(round).collect()
-}
-
 /// The job's room per rank: the smallest rank's (collective). Every rank plans every
 /// rank's kept set (the exchange sends only what the receiver keeps), so all plan with the
 /// same size.
@@ -231,13 +226,13 @@ pub(crate) fn job_room(comm: &mut dyn Comm, mine: u64) -> Result<u64, CommError>
 pub(crate) fn check(
     config: &MountConfig,
     plan: &Plan,
-    sizes: Vec<u64>,
+    sizes: &OnDisk<'_>,
     rank: Rank,
     (capacity, cut): (u64, Option<String>),
 ) -> Result<Fit, PhaseError> {
     let fit = Fit {
         cut,
-        ..estimate(plan, sizes.into(), rank, capacity)
+        ..estimate(plan, sizes, rank, capacity)
     };
     verdict(
         fit,
@@ -274,33 +269,75 @@ const SIZE_PROBES: u32 = 256;
 /// looks up in a local source (an image folder's index holds no sizes) and sends to all
 /// (collective: the source is asked once per job, not once per rank). The same on every
 /// rank (the kept sets of all ranks are planned from it), and an estimate: enough to size a
-/// cache, not to place bytes (the gate checks real sizes).
-pub(crate) fn job_sizes(
-    comm: &mut dyn Comm,
-    manifest: &Manifest,
-    source: &Path,
-) -> Result<Vec<u64>, CommError> {
-    Ok(job_sizes_bounded(comm, manifest, source)?.sizes)
+/// cache, not to place bytes (the gate checks real sizes). A model, not a list: a rank looks
+/// up the sizes of its own share (O(share)); only a cache that does not fit lists them all
+/// ([`OnDisk::all`]), for the partial cache's planner of every rank's kept set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SizeModel {
+    /// What an unknown size counts as.
+    pub mean: u64,
+    /// The upper figure of an unknown size: the largest size known or probed (a sample
+    /// larger than every probed one is possible but rare: the gate refuses it, and it is
+    /// read from the source).
+    pub largest: u64,
 }
 
-/// [`job_sizes`], and an upper figure of each size (`upper`): the known size, or for an
-/// unknown one the largest size known or probed. A sample larger than every probed one is
-/// possible but rare (the gate refuses it, and it is read from the source).
-pub(crate) struct JobSizes {
-    pub sizes: Vec<u64>,
-    pub upper: Vec<u64>,
+impl SizeModel {
+    /// Sample `id`'s estimated size.
+    pub(crate) fn size(&self, manifest: &Manifest, id: SampleId) -> u64 {
+        manifest.size(id).unwrap_or(self.mean)
+    }
+
+    /// Sample `id`'s upper size.
+    pub(crate) fn upper(&self, manifest: &Manifest, id: SampleId) -> u64 {
+        manifest.size(id).unwrap_or(self.largest)
+    }
+
+    /// The model as sizes take disk space in `block`s: what the plan and the gate count.
+    pub(crate) fn on_disk<'m>(&self, manifest: &'m Manifest, block: u64) -> OnDisk<'m> {
+        OnDisk {
+            model: *self,
+            manifest,
+            block,
+        }
+    }
 }
 
-/// See [`JobSizes`] (collective).
+/// [`SizeModel`] rounded up to the job's block.
+pub(crate) struct OnDisk<'m> {
+    model: SizeModel,
+    manifest: &'m Manifest,
+    block: u64,
+}
+
+impl OnDisk<'_> {
+    pub(crate) fn size(&self, id: SampleId) -> u64 {
+        crate::cache::footprint::on_disk(self.model.size(self.manifest, id), self.block)
+    }
+
+    /// Every sample's size (O(N): only a cache that does not fit, and coded runs, need it).
+    pub(crate) fn all(&self) -> Vec<u64> {
+        (0..self.manifest.len()).map(|id| self.size(id)).collect()
+    }
+
+    /// Every sample's upper size, on disk.
+    pub(crate) fn all_upper(&self) -> Vec<u64> {
+        let round = |s| crate::cache::footprint::on_disk(s, self.block);
+        (0..self.manifest.len())
+            .map(|id| round(self.model.upper(self.manifest, id)))
+            .collect()
+    }
+}
+
+/// The job's [`SizeModel`] (collective): one pass over the index, no list of sizes.
 pub(crate) fn job_sizes_bounded(
     comm: &mut dyn Comm,
     manifest: &Manifest,
     source: &Path,
-) -> Result<JobSizes, CommError> {
+) -> Result<SizeModel, CommError> {
     let n = manifest.len();
-    let known: Vec<Option<u64>> = (0..n).map(|s| manifest.size(s)).collect();
-    let (mut sum, mut count, mut largest) =
-        (known.iter().flatten()).fold((0u64, 0u64, 0u64), |(s, c, m), &b| (s + b, c + 1, m.max(b)));
+    let (mut sum, mut count, mut largest) = ((0..n).filter_map(|s| manifest.size(s)))
+        .fold((0u64, 0u64, 0u64), |(s, c, m), b| (s + b, c + 1, m.max(b)));
     if count < u64::from(SIZE_PROBES.min(n)) {
         let probed = match comm.rank() {
             0 => probe(manifest, source),
@@ -318,10 +355,9 @@ pub(crate) fn job_sizes_bounded(
         largest = largest.max(word(2));
     }
     let mean = sum.checked_div(count).unwrap_or(0);
-    let largest = largest.max(mean);
-    Ok(JobSizes {
-        sizes: known.iter().map(|s| s.unwrap_or(mean)).collect(),
-        upper: known.into_iter().map(|s| s.unwrap_or(largest)).collect(),
+    Ok(SizeModel {
+        mean,
+        largest: largest.max(mean),
     })
 }
 
@@ -355,13 +391,8 @@ fn part_of(free: u64, total: u64, held: u64, sharing: u64) -> u64 {
 }
 
 /// The fit of `rank`'s share in `capacity` bytes, simulated on `plan` (pure).
-pub(crate) fn estimate(
-    plan: &Plan,
-    sizes: std::sync::Arc<[u64]>,
-    rank: Rank,
-    capacity: u64,
-) -> Fit {
-    let bytes = |share: &[SampleId]| share.iter().map(|&s| sizes[s as usize]).sum::<u64>();
+pub(crate) fn estimate(plan: &Plan, sizes: &OnDisk<'_>, rank: Rank, capacity: u64) -> Fit {
+    let bytes = |share: &[SampleId]| share.iter().map(|&s| sizes.size(s)).sum::<u64>();
     let mut cur = plan.own_initial(rank);
     let share_bytes = bytes(cur.share(rank));
     let mut needed = share_bytes;
@@ -374,6 +405,11 @@ pub(crate) fn estimate(
         needed = needed.max(bytes(&union));
         cur = next;
     }
+    // Every sample's size only for a cache that does not fit (its planner needs them all).
+    let all: std::sync::Arc<[u64]> = match needed <= capacity {
+        true => std::sync::Arc::new([]),
+        false => sizes.all().into(),
+    };
     let expected = match needed <= capacity {
         // The whole share is kept: no need to simulate (every mount passes here).
         true => Outcome {
@@ -384,7 +420,7 @@ pub(crate) fn estimate(
             kept_bytes: share_bytes,
             ..Outcome::default()
         },
-        false => simulated(plan, &sizes, rank, capacity),
+        false => simulated(plan, &all, rank, capacity),
     };
     Fit {
         capacity,
@@ -392,7 +428,7 @@ pub(crate) fn estimate(
         share_bytes,
         kept_samples: expected.kept,
         expected,
-        sizes,
+        sizes: all,
         slots: None,
         cut: None,
     }
@@ -503,10 +539,11 @@ mod tests {
             })
             .collect();
         for h in handles {
-            let got = h.join().unwrap();
-            assert_eq!(got.sizes, [200, 200]);
+            let got = h.join().unwrap().on_disk(&manifest, 1);
+            assert_eq!(got.all(), [200, 200]);
+            assert_eq!((got.size(0), got.size(1)), (200, 200));
             // The slot of a coded partial cache: the largest probed, not the mean.
-            assert_eq!(got.upper, [300, 300]);
+            assert_eq!(got.all_upper(), [300, 300]);
         }
     }
 

@@ -28,7 +28,7 @@ use crate::plan::{CodedShares, Rank, SampleId};
 
 use super::StartError;
 use super::agree::{PhaseError, agreed};
-use super::fit::{Fit, JobSizes, job_block, job_room, job_sizes_bounded, on_disk, room, sharing};
+use super::fit::{Fit, job_block, job_room, job_sizes_bounded, room, sharing};
 
 /// Epochs simulated for the estimate (epoch 0, cold, is left out of it).
 const ESTIMATE_EPOCHS: u64 = 6;
@@ -49,11 +49,13 @@ pub(crate) fn phase(
     let mine = agreed(comm, room(config, cache, held, sharing))?;
     let room = job_room(comm, mine.bytes)?;
     let rank = comm.rank();
-    let sizes = job_sizes_bounded(comm, store.manifest(), &config.source)?;
+    let model = job_sizes_bounded(comm, store.manifest(), &config.source)?;
     let block = job_block(comm, store.block())?;
+    // Coded runs plan every rank's cache: every sample's size (O(N), within coded's limit).
+    let on_disk = model.on_disk(store.manifest(), block);
     let sizes = JobSizes {
-        sizes: on_disk(sizes.sizes, block),
-        upper: on_disk(sizes.upper, block),
+        sizes: on_disk.all(),
+        upper: on_disk.all_upper(),
     };
     let fit = agreed(comm, check(config, shares, sizes, rank, (room, mine.cut)))?;
     if let Some(slots) = fit.slots {
@@ -66,6 +68,13 @@ pub(crate) fn phase(
         crate::cache::trim::to_room(store, &[]);
     }
     Ok(fit)
+}
+
+/// Every sample's size as the fit counts it, and an upper figure of each (see
+/// [`super::fit::SizeModel`]).
+pub(crate) struct JobSizes {
+    pub sizes: Vec<u64>,
+    pub upper: Vec<u64>,
 }
 
 /// The fit of `rank`'s coded cache in `capacity` bytes; a refusal under `--require-fit`.

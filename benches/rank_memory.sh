@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Peak resident memory of every daemon of a job on this host, against the number of ranks
+# (issue 41: what each rank holds should follow its share, not the dataset). A tree of
+# FILES empty files in FOLDERS folders (`--format tree`), `mpirun -np M shufflefs mount`,
+# every rank's status answering, one advance (the exchange into epoch 1), then each daemon's
+# VmHWM and the cache's manifest.bin; the job is unmounted. Binaries are alternated per M
+# so that both see the same machine state.
+#
+#   bash benches/rank_memory.sh BINARY [BINARY...]          (ranks 1 4 8)
+#   FILES=1000000 RANKS="1 4 8" bash benches/rank_memory.sh old/shufflefs target/release/shufflefs
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source mount-helpers/install-deps.sh >/dev/null
+[ $# -gt 0 ] || { echo "usage: $0 BINARY [BINARY...]" >&2; exit 2; }
+files=${FILES:-1000000}
+folders=${FOLDERS:-1000}
+read -r -a ranks <<<"${RANKS:-1 4 8}"
+work=$(mktemp -d /tmp/shufflefs-memory.XXXXXX)
+trap 'for m in "$work"/mnt*; do fusermount3 -uz "$m" 2>/dev/null || true; done; rm -rf "$work"' EXIT
+python3 - "$work/src" "$files" "$folders" <<'PY'
+import os, sys
+root, n, f = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+for d in range(f):
+    os.makedirs(f"{root}/d{d:05}", exist_ok=True)
+for i in range(n):
+    open(f"{root}/d{i % f:05}/sample-{i:09}.bin", "w").close()
+PY
+echo "machine: $(nproc) cores; $files empty files in $folders folders (--format tree)"
+echo "| binary | ranks | peak RSS per daemon MiB (min-max) | sum MiB | manifest.bin MB per cache |"
+echo "|---|---:|---:|---:|---:|"
+for m in "${ranks[@]}"; do
+  for bin in "$@"; do
+    bin=$(realpath "$bin")
+    rm -rf "$work"/cache* "$work"/mnt*
+    for k in $(seq 0 $((m - 1))); do mkdir -p "$work/mnt$k"; done
+    mpirun --oversubscribe -np "$m" "$bin" mount --format tree --seed 1 --fraction 0.3 \
+      --source "$work/src" --cache "$work/cache{rank}" "$work/mnt{rank}" >/dev/null 2>"$work/job.log" &
+    job=$!
+    for k in $(seq 0 $((m - 1))); do
+      until [ -e "$work/mnt$k/.shufflefs/status" ]; do
+        kill -0 "$job" 2>/dev/null || { cat "$work/job.log" >&2; exit 1; }
+        sleep 0.2
+      done
+    done
+    for k in $(seq 0 $((m - 1))); do ls "$work/mnt$k/epoch-1" >/dev/null & done
+    wait $(jobs -p | grep -v "^$job$") 2>/dev/null || true
+    peaks=()
+    for pid in $(pgrep -f "^$bin mount --format tree"); do
+      peaks+=("$(awk '/VmHWM/ {print $2}' "/proc/$pid/status")")
+    done
+    manifest=$(stat -c %s "$work/cache0/manifest.bin" 2>/dev/null || echo 0)
+    printf '%s\n' "${peaks[@]}" | sort -n | awk -v b="$(basename "$bin")" -v m="$m" -v man="$manifest" \
+      '{a[NR]=$1; s+=$1} END {printf "| %s | %d | %.0f-%.0f | %.0f | %.1f |\n", b, m, a[1]/1024, a[NR]/1024, s/1024, man/1e6}'
+    for k in $(seq 0 $((m - 1))); do "$bin" unmount "$work/mnt$k" >/dev/null 2>&1 & done
+    wait "$job" 2>/dev/null || true
+  done
+done
