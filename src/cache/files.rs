@@ -48,7 +48,6 @@ use std::fs::{self, File, Metadata, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use xattr::FileExt as _;
 
@@ -66,9 +65,11 @@ const CRC_XATTR: &str = "user.shufflefs.crc32c";
 pub struct FileBackend {
     root: PathBuf,
     present: Bitset,
-    /// Per sample, the [`change_stamp`] of its file when its bytes last matched their
-    /// record; 0: not checked since the mount (see the module docs).
-    checked: Vec<AtomicU64>,
+    /// Per cached sample, the [`change_stamp`] of its file when its bytes last matched
+    /// their record; none (0): not checked since the mount (see the module docs). Only the
+    /// samples checked since the mount and still cached have one (issue 41: no word per
+    /// sample of the dataset).
+    checked: super::table::Stamps,
 }
 
 impl FileBackend {
@@ -83,7 +84,7 @@ impl FileBackend {
         Ok(FileBackend {
             root: root.to_path_buf(),
             present: Bitset::new(samples),
-            checked: (0..samples).map(|_| AtomicU64::new(0)).collect(),
+            checked: Default::default(),
         })
     }
 
@@ -106,8 +107,7 @@ impl FileBackend {
         let file = File::open(self.path(id))?;
         let meta = file.metadata()?;
         let stamp = change_stamp(&meta);
-        let slot = self.checked.get(id as usize);
-        if slot.is_some_and(|s| s.load(Ordering::Acquire) == stamp) {
+        if self.checked.get(id) == stamp {
             return Ok(file);
         }
         if let Some(recorded) = record_of(&file)? {
@@ -121,16 +121,14 @@ impl FileBackend {
                 .into_io());
             }
         }
-        if let Some(slot) = slot {
-            slot.store(stamp, Ordering::Release);
-        }
+        self.checked.set(id, stamp);
         Ok(file)
     }
 
     /// Notes that sample `id`'s file at `path` holds the bytes its record was taken from.
     fn stamp_checked(&self, id: SampleId, path: &Path) {
-        if let (Some(slot), Ok(meta)) = (self.checked.get(id as usize), fs::metadata(path)) {
-            slot.store(change_stamp(&meta), Ordering::Release);
+        if let Ok(meta) = fs::metadata(path) {
+            self.checked.set(id, change_stamp(&meta));
         }
     }
 
@@ -329,6 +327,7 @@ impl CacheBackend for FileBackend {
         if !self.present.clear(id) {
             return Ok(false);
         }
+        self.checked.remove(id);
         match fs::remove_file(self.path(id)) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
             _ => Ok(true),
@@ -341,6 +340,7 @@ impl CacheBackend for FileBackend {
         for id in 0..self.present.len() {
             self.present.clear(id);
         }
+        self.checked.clear();
         Ok(())
     }
 

@@ -50,6 +50,7 @@ pub(crate) mod prefetch;
 pub(crate) mod private;
 pub(crate) mod side;
 mod store;
+mod table;
 pub(crate) mod trim;
 
 pub(crate) use backend::{Borrowed, CacheBackend, ChecksumMismatch};

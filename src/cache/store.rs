@@ -20,7 +20,7 @@ use super::backend::{CacheBackend, Claim, Claims, Commit, Stored};
 use super::files::FileBackend;
 use super::{CacheDir, CacheError};
 use crate::dataset::Dataset;
-use crate::dataset::manifest::{Manifest, UNKNOWN_SIZE};
+use crate::dataset::manifest::Manifest;
 use crate::plan::SampleId;
 
 /// A source's error named by the sample's place (`PATH: error`), keeping the OS error that
@@ -131,13 +131,12 @@ pub struct SampleStore {
     manifest: Arc<Manifest>,
     source: Arc<dyn Dataset>,
     backend: Box<dyn CacheBackend>,
-    /// Each sample's size once known ([`UNKNOWN_SIZE`] before): from the manifest where it
-    /// has one, else learned when the sample is first written into the cache (fetched,
-    /// received, or found there at start-up). A sample never changes size once known.
-    sizes: Vec<AtomicU64>,
-    /// Each sample's modification time in the source, in nanoseconds since 1970, once known
-    /// (0 before): learned with its bytes, kept by the backend across remounts.
-    mtimes: Vec<AtomicU64>,
+    /// What is learned of this rank's samples (`super::table`): a size where the manifest
+    /// has none, learned when the sample is first written into the cache (fetched,
+    /// received, or found there at start-up), never changing once known; and the source
+    /// modification time, learned with its bytes (kept by the backend across remounts).
+    /// Only for the samples of this rank's share ([`SampleStore::forget`]).
+    learned: super::table::SampleTable,
     /// One writer per sample (see `backend`); a fetch waiting on a claim finds the sample
     /// present when it gets it, and copies nothing.
     claims: Claims,
@@ -170,10 +169,7 @@ impl SampleStore {
         source: Arc<dyn Dataset>,
     ) -> Result<SampleStore, CacheError> {
         let store = SampleStore {
-            sizes: (0..manifest.len())
-                .map(|id| AtomicU64::new(manifest.size(id).unwrap_or(UNKNOWN_SIZE)))
-                .collect(),
-            mtimes: (0..manifest.len()).map(|_| AtomicU64::new(0)).collect(),
+            learned: Default::default(),
             claims: Claims::default(),
             stats: StoreStats::default(),
             partial: std::sync::OnceLock::new(),
@@ -215,13 +211,12 @@ impl SampleStore {
 
     /// The size of sample `id`, if known yet (see `sizes`).
     pub fn size(&self, id: SampleId) -> Option<u64> {
-        let size = self.sizes[id as usize].load(Ordering::Relaxed);
-        (size != UNKNOWN_SIZE).then_some(size)
+        self.manifest.size(id).or_else(|| self.learned.size(id))
     }
 
     /// Sample `id`'s modification time in the source, if known yet.
     pub(crate) fn mtime(&self, id: SampleId) -> Option<SystemTime> {
-        match self.mtimes[id as usize].load(Ordering::Relaxed) {
+        match self.learned.mtime(id) {
             0 => None,
             nanos => Some(SystemTime::UNIX_EPOCH + Duration::from_nanos(nanos)),
         }
@@ -230,12 +225,9 @@ impl SampleStore {
     /// Records a size only if none is known: a known size never changes behind a caller's
     /// back (the callers check a new length against a known one first).
     fn learn_size(&self, id: SampleId, len: u64) {
-        let _ = self.sizes[id as usize].compare_exchange(
-            UNKNOWN_SIZE,
-            len,
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-        );
+        if self.manifest.size(id).is_none() {
+            self.learned.learn_size(id, len);
+        }
     }
 
     /// Records a source modification time (a later copy's time wins: the source is what
@@ -249,15 +241,24 @@ impl SampleStore {
 
     /// [`learn_mtime`](Self::learn_mtime) in nanoseconds since 1970; 0 (unknown) is ignored.
     pub(crate) fn learn_mtime_nanos(&self, id: SampleId, nanos: u64) {
-        if nanos != 0 {
-            self.mtimes[id as usize].store(nanos, Ordering::Relaxed);
-        }
+        self.learned.learn_mtime(id, nanos);
     }
 
     /// Sample `id`'s source time in nanoseconds since 1970, 0 if not known (what the
     /// exchange sends with its size).
     pub(crate) fn mtime_nanos(&self, id: SampleId) -> u64 {
-        self.mtimes[id as usize].load(Ordering::Relaxed)
+        self.learned.mtime(id)
+    }
+
+    /// Sample `id` left this rank's share: what was learned of it goes (its cached copy
+    /// is dropped by [`SampleStore::remove`]), so the store's memory follows the share.
+    pub(crate) fn forget(&self, id: SampleId) {
+        self.learned.forget(id);
+    }
+
+    /// Samples the store keeps something learned of (tests, benches).
+    pub fn learned_samples(&self) -> usize {
+        self.learned.len()
     }
 
     /// Sample `id`'s size, fetching the sample from the source first if it is not known.
@@ -851,7 +852,7 @@ impl SampleStore {
         // The size may have been learned from this very copy (a cache file torn by a crash):
         // forget it, so the refetch from the source is not refused as "changed since".
         if self.manifest.size(id).is_none() {
-            self.sizes[id as usize].store(UNKNOWN_SIZE, Ordering::Relaxed);
+            self.learned.unlearn_size(id);
         }
     }
 

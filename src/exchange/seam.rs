@@ -47,6 +47,7 @@ pub trait EpochExchange {
             if let Err(e) = store.remove(id) {
                 tracing::warn!(sample = id, error = %e, "could not drop a sample that left the share");
             }
+            store.forget(id);
         }
     }
 

@@ -238,6 +238,7 @@ impl Effects for NodeEffects {
             // No exchange: what left the share goes now.
             for id in evict {
                 let _ = self.store.remove(id);
+                self.store.forget(id);
             }
             return false;
         }

@@ -69,7 +69,9 @@ pub(crate) fn trim(
     let mut dropped = 0u64;
     for id in (0..store.manifest().len()).filter(|&id| store.contains(id) && !keep(&id)) {
         // Not fatal: the other ranks are already on their way to mounting.
-        match store.remove(id) {
+        let removed = store.remove(id);
+        store.forget(id);
+        match removed {
             Ok(()) => dropped += 1,
             Err(e) => tracing::warn!(sample = id, error = %e, "cannot drop a stale cached sample"),
         }

@@ -343,7 +343,7 @@ fn rows_move_while_an_exchange_runs() {
 }
 
 /// Watches rank 1's row in rank 0's mount during the exchange into epoch 1: fresh every
-/// time, it shows two different bytes-done values before the exchange ends.
+/// time, it shows two different bytes-done values (0 included) before the exchange ends.
 fn rows_move(job: &MpiJob) -> Vec<u64> {
     let deadline = Instant::now() + Duration::from_secs(90);
     let mut seen: Vec<u64> = Vec::new();
@@ -357,7 +357,10 @@ fn rows_move(job: &MpiJob) -> Vec<u64> {
                 row.get("stale_s").is_none(),
                 "stale during the exchange: {row:#}"
             );
-            let done = done.filter(|&d| d > 0 && Some(d) < total);
+            // 0 counts: a fresh row of a running exchange that shows 0 and later more has
+            // moved. (Each stream is one frame here, so a rank with two peers shows few
+            // values between 0 and done; which ones depends on the plan's streams.)
+            let done = done.filter(|&d| Some(d) < total);
             if let Some(done) = done.filter(|&d| seen.last() != Some(&d)) {
                 seen.push(done);
             }

@@ -1083,3 +1083,81 @@ fn an_exchange_with_many_ranks_and_a_tiny_budget_completes() {
     let peaks = exchange_under_budget(24, 4096, 1, Wrap::Delaying);
     assert!(peaks.iter().all(|&p| p <= 2 * 9 * 4096), "{peaks:?}");
 }
+
+/// What a store learns of samples (sizes an index lacks, source times) follows the rank's
+/// share, not the dataset (issue 41): each rank plans only its own share (`own_step`),
+/// exchanges, and drops what left through the exchange's eviction; after every epoch the
+/// store keeps something only of samples of its share. (The old store held two 8-byte
+/// slots for every sample of the dataset on every rank.)
+#[test]
+fn what_a_store_learns_follows_the_share_across_epochs() {
+    use shufflefs::dataset::ImageFolder;
+    use shufflefs::exchange::{EpochExchange, ExchangeCtx, Partial, Peers};
+    let src = tempfile::tempdir().unwrap();
+    for c in 0..4 {
+        let class = src.path().join(format!("class{c}"));
+        std::fs::create_dir(&class).unwrap();
+        for i in 0..30u32 {
+            std::fs::write(
+                class.join(format!("{i:03}.bin")),
+                vec![c as u8; 10 + i as usize],
+            )
+            .unwrap();
+        }
+    }
+    let manifest = Arc::new(shufflefs::dataset::scan::scan(src.path()).unwrap());
+    let world = 3u32;
+    let plan = plan(manifest.len(), world, 0.5, 11);
+    let handles: Vec<_> = LocalComm::world(world)
+        .into_iter()
+        .map(|mut comm| {
+            let (manifest, plan, root) = (manifest.clone(), plan.clone(), src.path().to_path_buf());
+            std::thread::spawn(move || {
+                let _guard = AbortOnPanic;
+                let me = comm.rank();
+                let dir = tempfile::tempdir().unwrap();
+                let source = Arc::new(ImageFolder::new(root, manifest.clone()));
+                let store = SampleStore::new(
+                    CacheDir::open(dir.path()).unwrap(),
+                    manifest.clone(),
+                    source,
+                )
+                .unwrap();
+                let mut cur = plan.own_initial(me);
+                for &id in cur.share(me) {
+                    store.ensure(id).unwrap();
+                }
+                let mut partial = Partial {
+                    cfg: ExchangeConfig::default(),
+                    peers: Peers::separate(world),
+                };
+                let (tracker, abort) = (ExchangeTracker::default(), AtomicBool::new(false));
+                for _ in 0..4 {
+                    let step = plan.own_step(me, &cur);
+                    let ctx = ExchangeCtx {
+                        store: &store,
+                        tracker: &tracker,
+                        abort: &abort,
+                    };
+                    partial
+                        .run(&mut comm, &step, ctx, &mut |r| r.unwrap())
+                        .unwrap();
+                    for &id in step.next.share(me) {
+                        store.ensure(id).unwrap();
+                    }
+                    let left: Vec<u32> = (cur.share(me).iter().copied())
+                        .filter(|id| step.next.share(me).binary_search(id).is_err())
+                        .collect();
+                    partial.evict(&store, left);
+                    cur = step.next;
+                    let share = cur.share(me);
+                    assert_eq!(store.learned_samples(), share.len(), "rank {me}");
+                    assert!(share.iter().all(|&id| store.size(id).is_some()));
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+}
