@@ -1,7 +1,9 @@
 //! What one rank's own part of the plan costs at scale (issue 41): its epoch-0 share, one
 //! epoch's plan step (its sends, who sends to it, and naming what arrives by walking the
 //! sources back), and a resume (its share at epoch E from nothing but the plan), against
-//! the whole job's step that every rank computed before `plan::local`.
+//! the whole job's step that every rank computed before `plan::local`; then a resume from
+//! the share the rank saved (`cache::slots`: writing it, reading it back) against that
+//! walk-back.
 //!
 //! One rank's real code (`plan::local::LocalPlan`, what `Plan::own_*` run in the daemon);
 //! the other ranks are not run: the per-rank plan never needs their shares, so nothing of
@@ -61,8 +63,40 @@ fn threads() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
 }
 
-/// One rank (the middle one): epoch 0, the step out of `epoch`, a resume at `epoch`.
-fn per_rank(n: u64, m: u32, epoch: u64) {
+/// Saving one rank's share at `epoch` (`cache::slots`, what the daemon writes each epoch,
+/// fsyncs included) and reading it back as a resume does (read, checksum, sorted copy):
+/// `(write wall s, read wall s, read CPU s, bytes)`.
+fn saved_share(n: u64, m: u32, me: u32, epoch: u64, slots: &[u64]) -> (f64, f64, f64, u64) {
+    let tmp = tempfile::tempdir().expect("a temporary folder");
+    let key = shufflefs::cache::slots::SlotsKey {
+        epoch,
+        rank: me,
+        world: m,
+        samples: n,
+        seed: 7,
+        fraction_bits: Q.to_bits(),
+        plan: 0,
+    };
+    let (write, _, saved) = measure(|| shufflefs::cache::slots::save(tmp.path(), &key, slots));
+    saved.expect("saved");
+    let (read, read_cpu, back) = measure(|| {
+        let back = shufflefs::cache::slots::load(tmp.path(), &key).expect("read back");
+        let mut share = back.clone();
+        share.sort_unstable();
+        back
+    });
+    assert_eq!(back, slots, "the saved share reads back");
+    let file = tmp
+        .path()
+        .join(shufflefs::cache::slots::SLOTS)
+        .join(format!("{epoch}.bin"));
+    let bytes = std::fs::metadata(file).map_or(0, |m| m.len());
+    (write, read, read_cpu, bytes)
+}
+
+/// One rank (the middle one): epoch 0, the step out of `epoch`, a resume at `epoch`; and
+/// the resume from its saved share (returned as a row of the second table).
+fn per_rank(n: u64, m: u32, epoch: u64) -> String {
     let plan = LocalPlan::new(LocalParams::new(n, m, Q, 7).expect("valid"), None);
     let me = m / 2;
     let (deal, _, initial) = measure(|| plan.initial_slots(me));
@@ -83,6 +117,11 @@ fn per_rank(n: u64, m: u32, epoch: u64) {
         step.0.sends.len(),
         peak_rss_mib()
     );
+    let (write, read, read_cpu, bytes) = saved_share(n, m, me, epoch, &slots);
+    format!(
+        "| {n:>13} | {m:>5} | {:>9} | {epoch:>3} | {bytes:>10} | {write:>6.3} | {read:>6.3} | {read_cpu:>6.3} | {resume_wall:>7.2} | {resume_cpu:>7.2} |",
+        slots.len()
+    )
 }
 
 /// The whole job's plan (what every rank computed before): epoch 0 and one step.
@@ -116,13 +155,22 @@ fn main() {
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let only_big = scale == 1 && std::env::var_os("SCALE_ONLY_BIG").is_some();
+    let mut saved = Vec::new();
     for m in [8, 64].into_iter().filter(|_| !only_big) {
-        per_rank(100_000_000 / scale, m, 10);
+        saved.push(per_rank(100_000_000 / scale, m, 10));
     }
     for m in [8, 64].into_iter().filter(|_| !only_big) {
         whole_job(10_000_000 / scale as u32, m);
     }
     if only_big || (scale == 1 && std::env::var_os("SCALE_BIG").is_some()) {
-        per_rank(5_000_000_000, 4096, 90);
+        saved.push(per_rank(5_000_000_000, 4096, 90));
+    }
+    println!();
+    println!(
+        "| resume from the saved share: N | M | share | epoch | file bytes | write wall s | read wall s | read CPU s | walk-back wall s | walk-back CPU s |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for row in saved {
+        println!("{row}");
     }
 }

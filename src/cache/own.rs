@@ -6,10 +6,11 @@
 //! new cache, or a `state.json`, which every cache made before the marker existed has);
 //! anything else is refused naming what was found ([`foreign_entries`]). Even inside our
 //! own folder nothing is removed by a pattern wider than the names shufflefs writes: a
-//! sample file is named by its id alone, a segment `NNNNNNNN.seg`, a spill `<id>.spill`, the
-//! state files by their fixed names. [`remove_owned`] is the one way a whole folder goes
-//! away (a gone rank's cache after a resize, a layout given up on `--reset-cache`): it
-//! removes our names and leaves the folder in place if anything else is in it.
+//! sample file is named by its id alone, a segment `NNNNNNNN.seg`, a spill `<id>.spill`, a
+//! saved share `slots/<epoch>.bin`, the state files by their fixed names. [`remove_owned`]
+//! is the one way a whole folder goes away (a gone rank's cache after a resize, a layout
+//! given up on `--reset-cache`): it removes our names and leaves the folder in place if
+//! anything else is in it.
 
 use std::fs;
 use std::io;
@@ -110,10 +111,10 @@ pub(crate) fn remove_files(dir: &Path, ours: impl Fn(&str) -> bool) -> io::Resul
 /// Removes a sub-folder of a cache (`samples`, `tmp`, `segments`): our files in it, then the
 /// folder if that emptied it. Returns what was left, as paths relative to the cache.
 pub(crate) fn remove_sub(root: &Path, sub: &str) -> io::Result<Vec<String>> {
-    let ours: fn(&str) -> bool = if sub == SEGMENTS {
-        is_segment_name
-    } else {
-        is_sample_name
+    let ours: fn(&str) -> bool = match sub {
+        SEGMENTS => is_segment_name,
+        super::slots::SLOTS => super::slots::is_slots_name,
+        _ => is_sample_name,
     };
     let dir = root.join(sub);
     // A link (or a file) where our folder would be is not ours to walk into.
@@ -136,10 +137,10 @@ pub(crate) fn remove_sub(root: &Path, sub: &str) -> io::Result<Vec<String>> {
 /// when that is not empty.
 pub(crate) fn remove_owned(root: &Path, folder: bool) -> io::Result<Vec<String>> {
     let mut left = Vec::new();
-    for sub in ["samples", "tmp", SEGMENTS] {
+    let subs = ["samples", "tmp", SEGMENTS, super::slots::SLOTS];
+    for sub in subs {
         left.extend(remove_sub(root, sub)?);
     }
-    let subs = ["samples", "tmp", SEGMENTS];
     let top = remove_files(root, is_top_file)?;
     left.extend(top.into_iter().filter(|n| !subs.contains(&n.as_str())));
     if left.is_empty() && folder {
@@ -183,13 +184,14 @@ mod tests {
     fn removing_a_cache_leaves_what_is_not_ours() {
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path().join("cache");
-        for dir in ["samples", "tmp", "segments"] {
+        for dir in ["samples", "tmp", "segments", "slots"] {
             fs::create_dir_all(root.join(dir)).unwrap();
         }
         for file in [
             "samples/7",
             "tmp/8",
             "segments/00000001.seg",
+            "slots/3.bin",
             "state.json",
             MARKER,
         ] {

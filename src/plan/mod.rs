@@ -489,6 +489,38 @@ impl Plan {
         }
     }
 
+    /// `rank`'s view of `epoch` from its slots there (chunk order) as saved earlier
+    /// (`cache::slots`), O(share); `None` for a plan that is not per rank or slots of
+    /// another length than `rank`'s chunk.
+    pub(crate) fn own_from_slots(
+        &self,
+        rank: Rank,
+        epoch: u64,
+        slots: Vec<SampleId>,
+    ) -> Option<EpochShares> {
+        let chunk = self.local.params().chunk(rank);
+        let fits = rank < self.params.world && slots.len() as u64 == chunk.end - chunk.start;
+        (self.is_per_rank() && fits)
+            .then(|| EpochShares::own(epoch, self.params.world, rank, slots))
+    }
+
+    /// A digest of what shapes the plan's history beyond its [`PlanParams`]: the kind, the
+    /// host layout, the epoch it steps from. Saved with a rank's slots, so slots saved
+    /// under another layout are not taken for this plan's.
+    pub(crate) fn fingerprint(&self) -> u64 {
+        let mut words: Vec<u64> = vec![self.origin];
+        match &self.kind {
+            PlanKind::Global => words.push(0),
+            PlanKind::Node(layout) => {
+                words.push(1);
+                words.extend(layout.hosts.iter().map(|&h| u64::from(h)));
+            }
+            PlanKind::Coded(_) => words.push(2),
+        }
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        u64::from(crc32c::crc32c(&bytes)) | (words.len() as u64) << 32
+    }
+
     /// Ownership at `epoch`, computed by stepping from epoch 0.
     pub fn shares_at(&self, epoch: u64) -> EpochShares {
         let mut cur = self.initial();
