@@ -3,13 +3,14 @@
 //! sources back), and a resume (its share at epoch E from nothing but the plan), against
 //! the whole job's step that every rank computed before `plan::local`; then a resume from
 //! the share the rank saved (`cache::slots`: writing it, reading it back) against that
-//! walk-back.
+//! walk-back; and one rank's part of an elastic remap (`Rechunk`: where each position of its
+//! new chunk was before the change).
 //!
 //! One rank's real code (`plan::local::LocalPlan`, what `Plan::own_*` run in the daemon);
 //! the other ranks are not run: the per-rank plan never needs their shares, so nothing of
 //! the plan is modelled. What this leaves out: the manifest (still the whole dataset's on
-//! every rank), the partial cache's keep planner and the elastic remap (both still the whole
-//! job's), and the exchange's bytes.
+//! every rank), the partial cache's keep planner (still the whole job's), and the exchange's
+//! bytes.
 //!
 //! `cargo bench --bench scale` (release): N = 10^8 at M = 8 and 64, resume at epoch 10;
 //! `SCALE_BIG=1` adds N = 5·10^9, M = 4,096, resume at epoch 90 (`SCALE_ONLY_BIG=1`: that row
@@ -21,7 +22,7 @@
 
 use std::time::Instant;
 
-use shufflefs::plan::local::{LocalParams, LocalPlan};
+use shufflefs::plan::local::{LocalParams, LocalPlan, Rechunk};
 use shufflefs::plan::{Plan, PlanParams};
 
 const Q: f64 = 0.3;
@@ -124,6 +125,30 @@ fn per_rank(n: u64, m: u32, epoch: u64) -> String {
     )
 }
 
+/// One rank's part of an elastic restart `m -> m2` (`plan::local::Rechunk`): the remap's
+/// prefix sums, then where each position of the middle rank's new chunk was before (what a
+/// walk back across the change does once per position).
+fn remap_row(n: u64, m: u32, m2: u32) -> String {
+    let (old, new) = (
+        LocalParams::new(n, m, Q, 7).expect("valid"),
+        LocalParams::new(n, m2, Q, 7).expect("valid"),
+    );
+    let (build, _, rechunk) = measure(|| Rechunk::new(old, new, 45));
+    let me = m2 / 2;
+    let (map, map_cpu, moved) = measure(|| {
+        let chunk = new.chunk(me);
+        let own = old.chunk(me);
+        (chunk.map(|q| rechunk.old_of(q)))
+            .filter(|p| !own.contains(p))
+            .count()
+    });
+    let share = new.chunk(me).end - new.chunk(me).start;
+    format!(
+        "| {n:>13} | {m:>5} -> {m2:<5} | {share:>9} | {moved:>9} | {build:>7.4} | {map:>6.3} | {map_cpu:>6.2} | {:>7.0} |",
+        peak_rss_mib()
+    )
+}
+
 /// The whole job's plan (what every rank computed before): epoch 0 and one step.
 fn whole_job(n: u32, m: u32) {
     let plan = Plan::new(PlanParams {
@@ -172,5 +197,18 @@ fn main() {
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for row in saved {
         println!("{row}");
+    }
+    println!();
+    println!(
+        "| elastic remap: N | M -> M' | share | moved in | prefix sums s | map wall s | map CPU s | peak RSS MiB |"
+    );
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|");
+    if !only_big {
+        println!("{}", remap_row(100_000_000 / scale, 64, 48));
+        println!("{}", remap_row(100_000_000 / scale, 64, 80));
+    }
+    if only_big || (scale == 1 && std::env::var_os("SCALE_BIG").is_some()) {
+        println!("{}", remap_row(5_000_000_000, 4096, 3072));
+        println!("{}", remap_row(5_000_000_000, 4096, 5120));
     }
 }

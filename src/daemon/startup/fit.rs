@@ -115,10 +115,8 @@ pub(crate) fn phase(
     if !fit.fits() {
         store.set_partial(fit.admission(plans, rank, epoch));
         // A cache filled under a larger room is brought within this one before staging.
-        let shares = match plans.1 {
-            Some(e) => e.shares_at(epoch),
-            None => plans.0.own_shares_at(rank, epoch),
-        };
+        // An elastic job's plan is its last era's, which walks back across the remaps.
+        let shares = plans.0.own_shares_at(rank, epoch);
         crate::cache::trim::to_room(store, shares.share(rank));
     }
     Ok(Some(fit))
