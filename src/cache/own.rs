@@ -21,6 +21,9 @@ use crate::plan::SampleId;
 /// The folder under the cache root holding the segments.
 pub(crate) const SEGMENTS: &str = "segments";
 
+/// The folder under the cache root holding this rank's saved shares (`slots.rs`).
+pub const SLOTS: &str = "slots";
+
 /// Written into every cache folder shufflefs creates: says the folder is ours.
 pub(crate) const MARKER: &str = ".shufflefs-cache";
 
@@ -59,6 +62,28 @@ pub(crate) fn is_segment_name(name: &str) -> bool {
     name.strip_suffix(".seg")
         .or_else(|| name.strip_suffix(".spill"))
         .is_some_and(is_sample_name)
+}
+
+/// Whether `name` is a file of [`SLOTS`]: `<epoch>.bin`, or the temporary `sys::replace`
+/// makes for one.
+pub(crate) fn is_slots_name(name: &str) -> bool {
+    if slots_epoch(name).is_some() {
+        return true;
+    }
+    let Some(inner) = name.strip_prefix('.') else {
+        return false;
+    };
+    let of = inner.split_once(".bin").map(|(e, _)| format!("{e}.bin"));
+    of.is_some_and(|of| {
+        slots_epoch(&of).is_some() && crate::sys::replace::is_temporary_of(name, &of)
+    })
+}
+
+/// The epoch a saved share's file (`<epoch>.bin`) is named after.
+pub(crate) fn slots_epoch(name: &str) -> Option<u64> {
+    let digits = name.strip_suffix(".bin")?;
+    let plain = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
+    plain.then(|| digits.parse().ok()).flatten()
 }
 
 /// The entries that stop `root` from being taken as a cache folder: none when it is
@@ -113,7 +138,7 @@ pub(crate) fn remove_files(dir: &Path, ours: impl Fn(&str) -> bool) -> io::Resul
 pub(crate) fn remove_sub(root: &Path, sub: &str) -> io::Result<Vec<String>> {
     let ours: fn(&str) -> bool = match sub {
         SEGMENTS => is_segment_name,
-        super::slots::SLOTS => super::slots::is_slots_name,
+        SLOTS => is_slots_name,
         _ => is_sample_name,
     };
     let dir = root.join(sub);
@@ -137,7 +162,7 @@ pub(crate) fn remove_sub(root: &Path, sub: &str) -> io::Result<Vec<String>> {
 /// when that is not empty.
 pub(crate) fn remove_owned(root: &Path, folder: bool) -> io::Result<Vec<String>> {
     let mut left = Vec::new();
-    let subs = ["samples", "tmp", SEGMENTS, super::slots::SLOTS];
+    let subs = ["samples", "tmp", SEGMENTS, SLOTS];
     for sub in subs {
         left.extend(remove_sub(root, sub)?);
     }

@@ -24,8 +24,8 @@ use std::path::Path;
 
 use super::private;
 
-/// The folder under the cache root holding the saved slots.
-pub const SLOTS: &str = "slots";
+pub use super::own::SLOTS;
+use super::own::{is_slots_name, slots_epoch as epoch_of};
 
 const MAGIC: &[u8; 8] = b"SFSSLOTS";
 /// Bump when the layout above changes (an older file is then ignored).
@@ -69,26 +69,6 @@ pub enum SlotsMiss {
 /// The file of `epoch` under `root`.
 fn file_name(epoch: u64) -> String {
     format!("{epoch}.bin")
-}
-
-/// Whether `name` is a file this module writes in [`SLOTS`] (`<epoch>.bin`, or the
-/// temporary `sys::replace` makes for one): the only names it ever removes.
-pub(crate) fn is_slots_name(name: &str) -> bool {
-    if epoch_of(name).is_some() {
-        return true;
-    }
-    let Some(inner) = name.strip_prefix('.') else {
-        return false;
-    };
-    let of = inner.split_once(".bin").map(|(e, _)| format!("{e}.bin"));
-    of.is_some_and(|of| epoch_of(&of).is_some() && crate::sys::replace::is_temporary_of(name, &of))
-}
-
-/// The epoch a saved file is named after.
-fn epoch_of(name: &str) -> Option<u64> {
-    let digits = name.strip_suffix(".bin")?;
-    let plain = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
-    plain.then(|| digits.parse().ok()).flatten()
 }
 
 /// The encoded file of `slots` under `key`.
