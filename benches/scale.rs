@@ -134,7 +134,8 @@ fn remap_row(n: u64, m: u32, m2: u32) -> String {
         LocalParams::new(n, m2, Q, 7).expect("valid"),
     );
     let (build, _, rechunk) = measure(|| Rechunk::new(old, new, 45));
-    let me = m2 / 2;
+    // Shrinking: a survivor that grows; growing: the last new rank (all of it dealt).
+    let me = if m2 < m { m2 / 2 } else { m2 - 1 };
     let (map, map_cpu, moved) = measure(|| {
         let chunk = new.chunk(me);
         let own = old.chunk(me);
@@ -144,7 +145,8 @@ fn remap_row(n: u64, m: u32, m2: u32) -> String {
     });
     let share = new.chunk(me).end - new.chunk(me).start;
     format!(
-        "| {n:>13} | {m:>5} -> {m2:<5} | {share:>9} | {moved:>9} | {build:>7.4} | {map:>6.3} | {map_cpu:>6.2} | {:>7.0} |",
+        "| {n:>13} | {m:>5} -> {m2:<5} | {me:>5} | {share:>9} | {moved:>9} | {:>7.3} | {map:>6.3} | {map_cpu:>6.2} | {:>7.0} |",
+        build * 1e3,
         peak_rss_mib()
     )
 }
@@ -200,9 +202,9 @@ fn main() {
     }
     println!();
     println!(
-        "| elastic remap: N | M -> M' | share | moved in | prefix sums s | map wall s | map CPU s | peak RSS MiB |"
+        "| elastic remap: N | M -> M' | rank | share | moved in | prefix sums ms | map wall s | map CPU s | peak RSS MiB |"
     );
-    println!("|---:|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|");
     if !only_big {
         println!("{}", remap_row(100_000_000 / scale, 64, 48));
         println!("{}", remap_row(100_000_000 / scale, 64, 80));
