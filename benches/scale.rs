@@ -64,8 +64,8 @@ fn threads() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
 }
 
-/// Saving one rank's share at `epoch` (`cache::slots`, what the daemon writes each epoch,
-/// fsyncs included) and reading it back as a resume does (read, checksum, sorted copy):
+/// Saving one rank's share at `epoch` (`cache::slots`, what the daemon writes each epoch)
+/// and reading it back as a resume does (read, checksum, sorted copy):
 /// `(write wall s, read wall s, read CPU s, bytes)`.
 fn saved_share(n: u64, m: u32, me: u32, epoch: u64, slots: &[u64]) -> (f64, f64, f64, u64) {
     let tmp = tempfile::tempdir().expect("a temporary folder");

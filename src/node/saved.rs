@@ -25,8 +25,8 @@ fn key(plan: &Plan, rank: Rank, epoch: u64) -> SlotsKey {
     }
 }
 
-/// Saves `rank`'s slots of `shares` in the cache folder `root` (crash-safe; the files of all but this epoch and the
-/// one before go). Nothing for a plan without slots (coded).
+/// Saves `rank`'s slots of `shares` in the cache folder `root` (the files of all but this
+/// epoch and the one before go). Nothing for a plan without slots (coded).
 pub(crate) fn save(root: &Path, plan: &Plan, rank: Rank, shares: &EpochShares) {
     let Some(own) = shares.slots.get(rank as usize) else {
         return;
@@ -41,8 +41,8 @@ pub(crate) fn save(root: &Path, plan: &Plan, rank: Rank, shares: &EpochShares) {
     }
 }
 
-/// `rank`'s view of `epoch`: read from its slots saved under `root` when they match (O(share)), else
-/// walked back (`Plan::own_shares_at`, O(share · epoch)).
+/// `rank`'s view of `epoch`: read from its slots saved under `root` when they match
+/// (O(share)), else walked back (`Plan::own_shares_at`, O(share · epoch)).
 pub(crate) fn own_shares_at(root: &Path, plan: &Plan, rank: Rank, epoch: u64) -> EpochShares {
     match load(root, plan, rank, epoch) {
         Ok(shares) => shares,
