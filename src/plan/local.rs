@@ -463,11 +463,6 @@ impl Rechunk {
         }
     }
 
-    /// The epoch the change happens at.
-    pub fn epoch(&self) -> u64 {
-        self.epoch
-    }
-
     /// Samples that stay with the rank of the same number.
     pub fn kept(&self) -> u64 {
         self.old.samples - self.pool_before[self.pool_before.len() - 1]

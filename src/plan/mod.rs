@@ -381,11 +381,6 @@ impl Plan {
         self
     }
 
-    /// The epoch this plan's era starts at: 0, or where an elastic restart changed the world.
-    pub fn origin(&self) -> u64 {
-        self.local.origin()
-    }
-
     /// The exchange scope (a coded plan shows as global: samples go anywhere).
     pub fn scope(&self) -> ExchangeScope {
         match self.kind {
