@@ -3,18 +3,21 @@
 //! Pure CPU, one thread, fixed seeds; the data movement of a resize is the exchange's (see
 //! `exchange_mpi`) and the disk's.
 //!
+//! These are the whole job's walks (`ElasticPlan::shares_at`: tests, equal shares, the partial
+//! cache's planner); a daemon walks its own share back instead (`benches/scale`'s remap rows).
+//!
 //! `cargo bench --bench elastic_plan` (release). Last results, 2-core VM shared with other
-//! builds (load ~12, so timings are loose), 1 M samples, Q = 0.3, best of 5:
+//! builds (load ~35, so timings are loose), 1 M samples, Q = 0.3, best of 5, with the remap on
+//! positions (`plan::local::Rechunk`):
 //!
 //! | what                                                  | seconds |
 //! |-------------------------------------------------------|---------|
-//! | walk to epoch 10, 8 ranks                             | 0.563   |
-//! | walk to epoch 10, 8 -> 6 at epoch 5                   | 0.464   |
-//! | remap 8 -> 6 alone (750000 kept, 250000 moved)        | 0.030   |
+//! | walk to epoch 10, 8 ranks                             | 0.772   |
+//! | walk to epoch 10, 8 -> 6 at epoch 5                   | 0.960   |
+//! | remap 8 -> 6 alone (750000 kept, 250000 moved)        | 0.066   |
 //!
-//! A resized history costs no more to walk than a plain one (the remap is one pass over the
-//! shares; steps under fewer ranks are no dearer), so a restart's start-up stays what a
-//! resume's is.
+//! A resized history costs about what a plain one does to walk (the remap is one pass over
+//! the positions, O(log M) each), so a restart's start-up stays what a resume's is.
 
 use std::time::Instant;
 

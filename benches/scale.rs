@@ -1,13 +1,16 @@
 //! What one rank's own part of the plan costs at scale (issue 41): its epoch-0 share, one
 //! epoch's plan step (its sends, who sends to it, and naming what arrives by walking the
 //! sources back), and a resume (its share at epoch E from nothing but the plan), against
-//! the whole job's step that every rank computed before `plan::local`.
+//! the whole job's step that every rank computed before `plan::local`; then a resume from
+//! the share the rank saved (`cache::slots`: writing it, reading it back) against that
+//! walk-back; and one rank's part of an elastic remap (`Rechunk`: where each position of its
+//! new chunk was before the change).
 //!
 //! One rank's real code (`plan::local::LocalPlan`, what `Plan::own_*` run in the daemon);
 //! the other ranks are not run: the per-rank plan never needs their shares, so nothing of
 //! the plan is modelled. What this leaves out: the manifest (still the whole dataset's on
-//! every rank), the partial cache's keep planner and the elastic remap (both still the whole
-//! job's), and the exchange's bytes.
+//! every rank), the partial cache's keep planner (still the whole job's), and the exchange's
+//! bytes.
 //!
 //! `cargo bench --bench scale` (release): N = 10^8 at M = 8 and 64, resume at epoch 10;
 //! `SCALE_BIG=1` adds N = 5·10^9, M = 4,096, resume at epoch 90 (`SCALE_ONLY_BIG=1`: that row
@@ -19,7 +22,7 @@
 
 use std::time::Instant;
 
-use shufflefs::plan::local::{LocalParams, LocalPlan};
+use shufflefs::plan::local::{LocalParams, LocalPlan, Rechunk};
 use shufflefs::plan::{Plan, PlanParams};
 
 const Q: f64 = 0.3;
@@ -61,8 +64,40 @@ fn threads() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
 }
 
-/// One rank (the middle one): epoch 0, the step out of `epoch`, a resume at `epoch`.
-fn per_rank(n: u64, m: u32, epoch: u64) {
+/// Saving one rank's share at `epoch` (`cache::slots`, what the daemon writes each epoch)
+/// and reading it back as a resume does (read, checksum, sorted copy):
+/// `(write wall s, read wall s, read CPU s, bytes)`.
+fn saved_share(n: u64, m: u32, me: u32, epoch: u64, slots: &[u64]) -> (f64, f64, f64, u64) {
+    let tmp = tempfile::tempdir().expect("a temporary folder");
+    let key = shufflefs::cache::slots::SlotsKey {
+        epoch,
+        rank: me,
+        world: m,
+        samples: n,
+        seed: 7,
+        fraction_bits: Q.to_bits(),
+        plan: 0,
+    };
+    let (write, _, saved) = measure(|| shufflefs::cache::slots::save(tmp.path(), &key, slots));
+    saved.expect("saved");
+    let (read, read_cpu, back) = measure(|| {
+        let back = shufflefs::cache::slots::load(tmp.path(), &key).expect("read back");
+        let mut share = back.clone();
+        share.sort_unstable();
+        back
+    });
+    assert_eq!(back, slots, "the saved share reads back");
+    let file = tmp
+        .path()
+        .join(shufflefs::cache::slots::SLOTS)
+        .join(format!("{epoch}.bin"));
+    let bytes = std::fs::metadata(file).map_or(0, |m| m.len());
+    (write, read, read_cpu, bytes)
+}
+
+/// One rank (the middle one): epoch 0, the step out of `epoch`, a resume at `epoch`; and
+/// the resume from its saved share (returned as a row of the second table).
+fn per_rank(n: u64, m: u32, epoch: u64) -> String {
     let plan = LocalPlan::new(LocalParams::new(n, m, Q, 7).expect("valid"), None);
     let me = m / 2;
     let (deal, _, initial) = measure(|| plan.initial_slots(me));
@@ -83,6 +118,37 @@ fn per_rank(n: u64, m: u32, epoch: u64) {
         step.0.sends.len(),
         peak_rss_mib()
     );
+    let (write, read, read_cpu, bytes) = saved_share(n, m, me, epoch, &slots);
+    format!(
+        "| {n:>13} | {m:>5} | {:>9} | {epoch:>3} | {bytes:>10} | {write:>6.3} | {read:>6.3} | {read_cpu:>6.3} | {resume_wall:>7.2} | {resume_cpu:>7.2} |",
+        slots.len()
+    )
+}
+
+/// One rank's part of an elastic restart `m -> m2` (`plan::local::Rechunk`): the remap's
+/// prefix sums, then where each position of the middle rank's new chunk was before (what a
+/// walk back across the change does once per position).
+fn remap_row(n: u64, m: u32, m2: u32) -> String {
+    let (old, new) = (
+        LocalParams::new(n, m, Q, 7).expect("valid"),
+        LocalParams::new(n, m2, Q, 7).expect("valid"),
+    );
+    let (build, _, rechunk) = measure(|| Rechunk::new(old, new, 45));
+    // Shrinking: a survivor that grows; growing: the last new rank (all of it dealt).
+    let me = if m2 < m { m2 / 2 } else { m2 - 1 };
+    let (map, map_cpu, moved) = measure(|| {
+        let chunk = new.chunk(me);
+        let own = old.chunk(me);
+        (chunk.map(|q| rechunk.old_of(q)))
+            .filter(|p| !own.contains(p))
+            .count()
+    });
+    let share = new.chunk(me).end - new.chunk(me).start;
+    format!(
+        "| {n:>13} | {m:>5} -> {m2:<5} | {me:>5} | {share:>9} | {moved:>9} | {:>7.3} | {map:>6.3} | {map_cpu:>6.2} | {:>7.0} |",
+        build * 1e3,
+        peak_rss_mib()
+    )
 }
 
 /// The whole job's plan (what every rank computed before): epoch 0 and one step.
@@ -116,13 +182,35 @@ fn main() {
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let only_big = scale == 1 && std::env::var_os("SCALE_ONLY_BIG").is_some();
+    let mut saved = Vec::new();
     for m in [8, 64].into_iter().filter(|_| !only_big) {
-        per_rank(100_000_000 / scale, m, 10);
+        saved.push(per_rank(100_000_000 / scale, m, 10));
     }
     for m in [8, 64].into_iter().filter(|_| !only_big) {
         whole_job(10_000_000 / scale as u32, m);
     }
     if only_big || (scale == 1 && std::env::var_os("SCALE_BIG").is_some()) {
-        per_rank(5_000_000_000, 4096, 90);
+        saved.push(per_rank(5_000_000_000, 4096, 90));
+    }
+    println!();
+    println!(
+        "| resume from the saved share: N | M | share | epoch | file bytes | write wall s | read wall s | read CPU s | walk-back wall s | walk-back CPU s |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for row in saved {
+        println!("{row}");
+    }
+    println!();
+    println!(
+        "| elastic remap: N | M -> M' | rank | share | moved in | prefix sums ms | map wall s | map CPU s | peak RSS MiB |"
+    );
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    if !only_big {
+        println!("{}", remap_row(100_000_000 / scale, 64, 48));
+        println!("{}", remap_row(100_000_000 / scale, 64, 80));
+    }
+    if only_big || (scale == 1 && std::env::var_os("SCALE_BIG").is_some()) {
+        println!("{}", remap_row(5_000_000_000, 4096, 3072));
+        println!("{}", remap_row(5_000_000_000, 4096, 5120));
     }
 }

@@ -8,6 +8,8 @@
 //!                       the folder as a live rank's (see `daemon::resize`)
 //! CACHE/samples/<id>    one file per cached sample (the file backend, `files.rs`)
 //! CACHE/tmp/<id>        samples being written; emptied at startup
+//! CACHE/slots/<E>.bin   this rank's share at epoch E in chunk order, the last two epochs
+//!                       (`slots.rs`): a resume reads it instead of walking the plan back
 //! CACHE/segments/*.seg  records appended to segment files (the packed backend, `packed/`),
 //!                       instead of samples/ and tmp/ (`--cache-layout`, `layout.rs`)
 //! ```
@@ -49,6 +51,7 @@ pub(crate) mod planned;
 pub(crate) mod prefetch;
 pub(crate) mod private;
 pub(crate) mod side;
+pub mod slots;
 mod store;
 mod table;
 pub(crate) mod trim;

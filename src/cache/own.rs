@@ -6,10 +6,11 @@
 //! new cache, or a `state.json`, which every cache made before the marker existed has);
 //! anything else is refused naming what was found ([`foreign_entries`]). Even inside our
 //! own folder nothing is removed by a pattern wider than the names shufflefs writes: a
-//! sample file is named by its id alone, a segment `NNNNNNNN.seg`, a spill `<id>.spill`, the
-//! state files by their fixed names. [`remove_owned`] is the one way a whole folder goes
-//! away (a gone rank's cache after a resize, a layout given up on `--reset-cache`): it
-//! removes our names and leaves the folder in place if anything else is in it.
+//! sample file is named by its id alone, a segment `NNNNNNNN.seg`, a spill `<id>.spill`, a
+//! saved share `slots/<epoch>.bin`, the state files by their fixed names. [`remove_owned`]
+//! is the one way a whole folder goes away (a gone rank's cache after a resize, a layout
+//! given up on `--reset-cache`): it removes our names and leaves the folder in place if
+//! anything else is in it.
 
 use std::fs;
 use std::io;
@@ -19,6 +20,9 @@ use crate::plan::SampleId;
 
 /// The folder under the cache root holding the segments.
 pub(crate) const SEGMENTS: &str = "segments";
+
+/// The folder under the cache root holding this rank's saved shares (`slots.rs`).
+pub const SLOTS: &str = "slots";
 
 /// Written into every cache folder shufflefs creates: says the folder is ours.
 pub(crate) const MARKER: &str = ".shufflefs-cache";
@@ -58,6 +62,28 @@ pub(crate) fn is_segment_name(name: &str) -> bool {
     name.strip_suffix(".seg")
         .or_else(|| name.strip_suffix(".spill"))
         .is_some_and(is_sample_name)
+}
+
+/// Whether `name` is a file of [`SLOTS`]: `<epoch>.bin`, or the temporary `sys::replace`
+/// makes for one.
+pub(crate) fn is_slots_name(name: &str) -> bool {
+    if slots_epoch(name).is_some() {
+        return true;
+    }
+    let Some(inner) = name.strip_prefix('.') else {
+        return false;
+    };
+    let of = inner.split_once(".bin").map(|(e, _)| format!("{e}.bin"));
+    of.is_some_and(|of| {
+        slots_epoch(&of).is_some() && crate::sys::replace::is_temporary_of(name, &of)
+    })
+}
+
+/// The epoch a saved share's file (`<epoch>.bin`) is named after.
+pub(crate) fn slots_epoch(name: &str) -> Option<u64> {
+    let digits = name.strip_suffix(".bin")?;
+    let plain = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
+    plain.then(|| digits.parse().ok()).flatten()
 }
 
 /// The entries that stop `root` from being taken as a cache folder: none when it is
@@ -110,10 +136,10 @@ pub(crate) fn remove_files(dir: &Path, ours: impl Fn(&str) -> bool) -> io::Resul
 /// Removes a sub-folder of a cache (`samples`, `tmp`, `segments`): our files in it, then the
 /// folder if that emptied it. Returns what was left, as paths relative to the cache.
 pub(crate) fn remove_sub(root: &Path, sub: &str) -> io::Result<Vec<String>> {
-    let ours: fn(&str) -> bool = if sub == SEGMENTS {
-        is_segment_name
-    } else {
-        is_sample_name
+    let ours: fn(&str) -> bool = match sub {
+        SEGMENTS => is_segment_name,
+        SLOTS => is_slots_name,
+        _ => is_sample_name,
     };
     let dir = root.join(sub);
     // A link (or a file) where our folder would be is not ours to walk into.
@@ -136,10 +162,10 @@ pub(crate) fn remove_sub(root: &Path, sub: &str) -> io::Result<Vec<String>> {
 /// when that is not empty.
 pub(crate) fn remove_owned(root: &Path, folder: bool) -> io::Result<Vec<String>> {
     let mut left = Vec::new();
-    for sub in ["samples", "tmp", SEGMENTS] {
+    let subs = ["samples", "tmp", SEGMENTS, SLOTS];
+    for sub in subs {
         left.extend(remove_sub(root, sub)?);
     }
-    let subs = ["samples", "tmp", SEGMENTS];
     let top = remove_files(root, is_top_file)?;
     left.extend(top.into_iter().filter(|n| !subs.contains(&n.as_str())));
     if left.is_empty() && folder {
@@ -183,13 +209,14 @@ mod tests {
     fn removing_a_cache_leaves_what_is_not_ours() {
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path().join("cache");
-        for dir in ["samples", "tmp", "segments"] {
+        for dir in ["samples", "tmp", "segments", "slots"] {
             fs::create_dir_all(root.join(dir)).unwrap();
         }
         for file in [
             "samples/7",
             "tmp/8",
             "segments/00000001.seg",
+            "slots/3.bin",
             "state.json",
             MARKER,
         ] {

@@ -219,7 +219,9 @@ fn stop_and_leave(
         Some(recorded) if transport_intact && comm.size() > 1 => {
             let last = (recorded.last).unwrap_or_else(|| node.coordinator.current().epoch);
             let rank = comm.rank();
-            let step = plan.own_step(rank, &plan.own_shares_at(rank, last));
+            let root = node.store.dir().root();
+            let current = crate::node::saved::own_shares_at(root, plan, rank, last);
+            let step = plan.own_step(rank, &current);
             leave(comm, recorded.partial, node, &step).and(stopped)
         }
         _ => stopped,

@@ -115,8 +115,8 @@ pub trait Effects: Send + Sync + 'static {
     fn start_exchange(&self, step: Arc<Step>, evict: Vec<u32>) -> bool;
     /// Makes this rank hold every sample of `step.next`'s share. Runs on its own thread.
     fn prepare(&self, step: &Step, exchange: &ExchangeOutcome) -> Result<(), EffectError>;
-    /// Saves `epoch` as the one to resume at.
-    fn persist(&self, epoch: u64) -> Result<(), EffectError>;
+    /// Saves `current`'s epoch as the one to resume at (and this rank's share of it).
+    fn persist(&self, current: &EpochShares) -> Result<(), EffectError>;
     /// After publication (staging, kernel invalidation). Returns whether the invalidation
     /// of `change.previous` will be reported through `Coordinator::invalidated`.
     fn published(&self, change: &EpochChange) -> bool;
@@ -494,7 +494,7 @@ impl Effects for NoExchange {
     fn prepare(&self, _: &Step, _: &ExchangeOutcome) -> Result<(), EffectError> {
         Ok(())
     }
-    fn persist(&self, _: u64) -> Result<(), EffectError> {
+    fn persist(&self, _: &EpochShares) -> Result<(), EffectError> {
         Ok(())
     }
     fn published(&self, _: &EpochChange) -> bool {
@@ -527,7 +527,7 @@ mod tests {
                 false => Ok(()),
             }
         }
-        fn persist(&self, _: u64) -> Result<(), EffectError> {
+        fn persist(&self, _: &EpochShares) -> Result<(), EffectError> {
             Ok(())
         }
         fn published(&self, _: &EpochChange) -> bool {

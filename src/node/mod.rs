@@ -16,7 +16,7 @@ use std::time::Duration;
 use crate::cache::SampleStore;
 use crate::comm::Comm;
 use crate::exchange::{EpochExchange, ExchangeConfig, ExchangeCtx, ExchangeError, ExchangeTracker};
-use crate::plan::{Plan, Rank, SampleId, Step};
+use crate::plan::{EpochShares, Plan, Rank, SampleId, Step};
 
 pub mod coordinator;
 mod epoch_log;
@@ -28,6 +28,7 @@ pub(crate) mod metrics;
 pub(crate) mod regrow;
 pub mod resume;
 pub(crate) mod resumed;
+pub(crate) mod saved;
 pub(crate) mod staging;
 pub mod status;
 
@@ -84,6 +85,7 @@ impl Node {
         let staging = Arc::new(Staging::start(store.clone(), rank, cfg.staging_threads));
         let effects = Arc::new(NodeEffects {
             store: store.clone(),
+            plan: plan.clone(),
             rank,
             tracker: tracker.clone(),
             staging: staging.clone(),
@@ -222,6 +224,8 @@ pub fn serve(
 /// The daemon's side of the epoch lifecycle.
 struct NodeEffects {
     store: Arc<SampleStore>,
+    /// The plan, to save this rank's slots of each epoch under (`saved`).
+    plan: Plan,
     rank: Rank,
     tracker: Arc<ExchangeTracker>,
     staging: Arc<Staging>,
@@ -258,7 +262,10 @@ impl Effects for NodeEffects {
         Ok(())
     }
 
-    fn persist(&self, epoch: u64) -> Result<(), EffectError> {
+    fn persist(&self, current: &EpochShares) -> Result<(), EffectError> {
+        let epoch = current.epoch;
+        // Before the state names the epoch, so a resume there finds its share saved.
+        saved::save(self.store.dir().root(), &self.plan, self.rank, current);
         let dir = self.store.dir();
         let saved = dir
             .load_state()

@@ -58,8 +58,13 @@ pub(crate) fn regrow(
     cfg: &RegrowConfig,
 ) -> Result<Resumed, CommError> {
     let rank = comm.rank();
-    let current = plan.shares_at(epoch);
-    let next = plan.current().step(&current);
+    // This rank's share alone: saved by an earlier run of this history, or walked back
+    // across the remaps (O(share · epoch)). The transfers below come from what the ranks
+    // hold, not from the plan.
+    let root = store.dir().root();
+    let current = super::saved::own_shares_at(root, plan.current(), rank, epoch);
+    super::saved::save(root, plan.current(), rank, &current);
+    let next = plan.current().own_step(rank, &current);
     let share = current.share(rank);
     let mut report = RegrowReport {
         epoch,

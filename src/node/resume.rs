@@ -17,6 +17,7 @@ use std::collections::HashSet;
 use std::sync::atomic::AtomicBool;
 
 use super::resumed::Resumed;
+use super::saved;
 use crate::cache::SampleStore;
 use crate::comm::{Comm, CommError};
 use crate::exchange::{self, ExchangeConfig, ExchangeTracker};
@@ -31,14 +32,19 @@ pub fn resume(
     epoch: u64,
 ) -> Result<Resumed, CommError> {
     let rank = comm.rank();
-    // This rank's share is walked back to `epoch - 1` (O(share · epoch)), then stepped into
-    // `epoch` (what may need redoing) and one step on.
-    // This rank's own part only (`Plan::own_step`): no other rank's share is computed.
+    // This rank's share at `epoch - 1` is read from what it saved then (O(share), `saved`)
+    // or walked back (O(share · epoch)), then stepped into `epoch` (what may need redoing)
+    // and one step on. This rank's own part only (`Plan::own_step`): no other rank's share
+    // is computed.
     let current = if epoch == 0 {
         plan.own_initial(rank)
     } else {
-        let step = plan.own_step(rank, &plan.own_shares_at(rank, epoch - 1));
+        let previous = saved::own_shares_at(store.dir().root(), plan, rank, epoch - 1);
+        let step = plan.own_step(rank, &previous);
         redo_missing(comm, store, &step)?;
+        // A rank that crashed before saving `epoch` (the job resumes at the furthest
+        // epoch any rank reached) has it saved now, for a crash before the next advance.
+        saved::save(store.dir().root(), plan, rank, &step.next);
         step.next
     };
     let next = plan.own_step(rank, &current);

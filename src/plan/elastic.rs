@@ -3,18 +3,23 @@
 //! Users change node counts between job allocations; the shuffle must go on from where the
 //! job was, not start over. Still pure and deterministic: ownership at any epoch is a
 //! function of `(samples, fraction, seed)` and the job's [`History`] of world sizes, so every
-//! run with the same history gets the same shares, and a later restart at epoch E2 finds
-//! them by walking the plan for M over `0..E`, remapping to M', then walking the plan for M'
-//! over `E..E2` ([`ElasticPlan::shares_at`]).
+//! run with the same history gets the same shares. The whole job's walk
+//! ([`ElasticPlan::shares_at`]) steps the plan for M over `0..E`, remaps to M', then steps
+//! the plan for M' over `E..E2`; a rank alone walks its own positions back across the same
+//! remap (`Plan::after`, [`Rechunk`]) in O(share · E2), and both give the same shares.
 //!
-//! # The remap ([`remap`])
-//! New rank `r` "is" old rank `r`: it keeps what old rank `r` held, up to its new share's
-//! size (`N / M'`, the first `N % M'` ranks one more, as in epoch 0). What does not fit, and
-//! the whole share of every old rank `>= M'` (the removed ranks' orphaned shares), goes into
-//! one pool, which a stream seeded by `(seed, E, M')` shuffles and deals in rank order to
-//! the ranks still short: the new ranks `>= M` (whose samples therefore come from the removed
-//! ranks and the survivors' surplus) and survivors that grew. Which surplus samples a
-//! survivor gives up is drawn from its own stream keyed by `(seed, E, M', r)`.
+//! # The remap ([`remap`], [`Rechunk`]: on positions)
+//! Each rank owns a fixed chunk of positions (`plan::local`). New rank `r` "is" old rank `r`:
+//! it keeps the first `min(old_len, new_len)` offsets of old rank `r`'s chunk, same offsets
+//! (its slot order is already a keyed random order, so these are a random part of its
+//! share). The pool is every old position not kept (a survivor's offsets from its new length
+//! on, every removed rank's chunk), in old position order; the new positions not kept (ranks
+//! that grew, new ranks `>= M`), in new position order, take pool entries through a keyed
+//! permutation of the deal index, keyed by `(seed, E, M, M')`. A sequential deal would be as
+//! good for the statistics (positions hold keyed-random samples); the keyed one makes a new
+//! rank's pool part come from all the ranks that gave samples rather than one neighbour, for
+//! one permutation step per dealt position. Prefix sums over the ranks (O(M) memory) give
+//! the old position of any new one in O(log M), and the old rank that held it is its chunk.
 //!
 //! Only what balance requires moves: a survivor keeps `min(old, new)` samples, which is the
 //! most any remap that keeps rank numbers can keep (shares sizes never increase with the
@@ -40,14 +45,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{
-    EpochShares, Plan, PlanError, PlanParams, Rank, SampleId, Transfer, partial_shuffle, shuffle,
-    stream,
-};
-
-/// Surplus picks of a survivor, and the deal of the pool: independent of the plan's streams.
-const DOMAIN_SURPLUS: u64 = 4;
-const DOMAIN_DEAL: u64 = 5;
+use super::local::{LocalParams, Rechunk};
+use super::{EpochShares, Plan, PlanError, PlanParams, SampleId, Transfer};
 
 /// From epoch `epoch` on, the job ran on `world` ranks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -158,70 +157,49 @@ pub struct Remap {
     pub kept: u64,
 }
 
-/// Re-deals `old` (any shares, balanced or not) over `world` ranks; see the module docs.
+/// Re-deals `old` (balanced shares, larger first, with their slots in chunk order as every
+/// plan gives them) over `world` ranks at `old.epoch`; see the module docs. The whole job's
+/// view of [`Rechunk`], which a rank walks back through alone. O(N log M).
 pub fn remap(old: &EpochShares, world: u32, seed: u64) -> Remap {
-    let m = world as usize;
-    let n: usize = old.shares.iter().map(Vec::len).sum();
-    let size = |r: usize| n / m + usize::from(r < n % m);
-    let mut next: Vec<Vec<SampleId>> = vec![Vec::new(); m];
-    let mut pool: Vec<(SampleId, Rank)> = Vec::new();
-    let mut kept = 0u64;
-    for (r, share) in old.shares.iter().enumerate() {
-        if r >= m {
-            pool.extend(share.iter().map(|&s| (s, r as Rank)));
-            continue;
-        }
-        let surplus = share.len().saturating_sub(size(r));
-        let mut mine = share.clone();
-        if surplus > 0 {
-            let key = (u64::from(world) << 32) | r as u64;
-            let mut rng = stream(seed, DOMAIN_SURPLUS, old.epoch, key);
-            partial_shuffle(&mut mine, surplus, &mut rng);
-            pool.extend(mine.drain(..surplus).map(|s| (s, r as Rank)));
-            mine.sort_unstable();
-        }
-        kept += mine.len() as u64;
-        next[r] = mine;
-    }
-    shuffle(
-        &mut pool,
-        &mut stream(seed, DOMAIN_DEAL, old.epoch, u64::from(world)),
-    );
-    let mut dealt = pool.into_iter();
+    let from = |r: usize| match old.slots.get(r) {
+        Some(slots) if slots.len() == old.shares[r].len() => slots,
+        _ => &old.shares[r],
+    };
+    let flat: Vec<SampleId> = (0..old.shares.len()).flat_map(from).copied().collect();
+    let samples = flat.len() as u64;
+    let params = |world: u32| LocalParams {
+        samples,
+        world,
+        fraction: 0.0,
+        seed,
+    };
+    let old_params = params(old.shares.len() as u32);
+    let rechunk = Rechunk::new(old_params, params(world), old.epoch);
     let mut transfers = Vec::new();
-    let mut slots = kept_slots(old, &next);
-    for (r, share) in next.iter_mut().enumerate() {
-        while share.len() < size(r) {
-            let (sample, from) = dealt.next().expect("the pool holds every missing sample");
-            share.push(sample);
-            slots[r].push(sample);
-            transfers.push(Transfer {
-                sample,
-                from,
-                to: r as Rank,
-            });
-        }
-    }
+    let slots: Vec<Vec<SampleId>> = (0..world)
+        .map(|r| {
+            (params(world).chunk(r))
+                .map(|q| {
+                    let p = rechunk.old_of(q);
+                    let (sample, from) = (flat[p as usize], old_params.chunk_of(p));
+                    if from != r {
+                        transfers.push(Transfer {
+                            sample,
+                            from,
+                            to: r,
+                        });
+                    }
+                    sample
+                })
+                .collect()
+        })
+        .collect();
     transfers.sort_unstable_by_key(|t| (t.from, t.to, t.sample));
     Remap {
         next: EpochShares::from_slots(old.epoch, slots),
         transfers,
-        kept,
+        kept: rechunk.kept(),
     }
-}
-
-/// The new ranks' slots before the deal: what each survivor kept, in its old slot order
-/// (the dealt samples go after them, in the deal's order).
-fn kept_slots(old: &EpochShares, kept: &[Vec<SampleId>]) -> Vec<Vec<SampleId>> {
-    (kept.iter().enumerate())
-        .map(|(r, mine)| match old.slots.get(r) {
-            Some(slots) if slots.len() == old.shares[r].len() => (slots.iter())
-                .copied()
-                .filter(|s| mine.binary_search(s).is_ok())
-                .collect(),
-            _ => mine.clone(),
-        })
-        .collect()
 }
 
 /// The plan of a job with a [`History`]: one [`Plan`] per era, joined by [`remap`]s.
@@ -236,18 +214,17 @@ impl ElasticPlan {
     /// `params.world` is ignored: each era's world comes from `history`. Global scope only
     /// (see the module docs).
     pub fn new(params: PlanParams, history: History) -> Result<ElasticPlan, PlanError> {
-        let eras = history
-            .eras()
-            .iter()
-            .map(|&era| {
-                let plan = Plan::new(PlanParams {
-                    world: era.world,
-                    ..params
-                })?
-                .stepping_from(era.epoch);
-                Ok((era, plan))
-            })
-            .collect::<Result<_, PlanError>>()?;
+        let mut eras: Vec<(Era, Plan)> = Vec::new();
+        for &era in history.eras() {
+            let mut plan = Plan::new(PlanParams {
+                world: era.world,
+                ..params
+            })?;
+            if let Some((_, previous)) = eras.last() {
+                plan = plan.after(era.epoch, previous);
+            }
+            eras.push((era, plan));
+        }
         Ok(ElasticPlan { eras, history })
     }
 
@@ -343,12 +320,20 @@ mod tests {
 
     #[test]
     fn known_answer_pins_the_remap_streams() {
-        // Changing this output breaks resume of resized caches: bump the cache format instead.
+        // Changing this output changes a resized job's shares: its next start moves samples
+        // to the new owners from whatever the caches hold (`node::regrow`), so it stays
+        // correct, but the shares of a run already under way change. Re-pinned for the remap
+        // on positions (was "[[1, 2, 4, 6], [0, 7, 8], [3, 5, 9]]").
         let plan = ElasticPlan::new(params(10), eras(&[(0, 2), (1, 3)])).unwrap();
         let snapshot = format!("{:?}", plan.shares_at(1).shares);
         assert_eq!(snapshot, KNOWN_ANSWER, "remap output changed");
+        // Each rank alone, walking back across the remap, finds the same.
+        for rank in 0..3 {
+            let own = plan.current().own_shares_at(rank, 1);
+            assert_eq!(own.share(rank), plan.shares_at(1).share(rank));
+        }
     }
-    const KNOWN_ANSWER: &str = "[[1, 2, 4, 6], [0, 7, 8], [3, 5, 9]]";
+    const KNOWN_ANSWER: &str = "[[1, 3, 4, 6], [0, 8, 9], [2, 5, 7]]";
 
     #[test]
     fn without_a_change_it_is_the_plain_plan() {

@@ -43,6 +43,7 @@ pub type GlobalId = u64;
 const DOMAIN_DEAL: u64 = 11;
 const DOMAIN_PICK: u64 = 12;
 const DOMAIN_ROUTE: u64 = 13;
+const DOMAIN_REMAP: u64 = 14;
 
 /// Inputs of the per-rank plan: the same on every rank.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -105,6 +106,16 @@ pub struct LocalPlan {
     layout: Option<Arc<HostLayout>>,
     /// Node scope: each rank's index within its host's group.
     index: Vec<u32>,
+    /// An era after an elastic restart: the remap into it and the plan of the era before
+    /// it, where a walk back goes on ([`LocalPlan::after`]). `None` for the first era.
+    before: Option<Arc<Before>>,
+}
+
+/// Where an era's walk back continues: across its remap, into the era before.
+#[derive(Clone, Debug)]
+struct Before {
+    rechunk: Rechunk,
+    plan: LocalPlan,
 }
 
 /// One of this rank's outgoing samples.
@@ -183,7 +194,35 @@ impl LocalPlan {
             params,
             layout,
             index,
+            before: None,
         }
+    }
+
+    /// This plan as the era that starts at `epoch` after `previous`'s (an elastic restart:
+    /// the world changed from `previous`'s to this one's, the samples did not). A walk back
+    /// from this era crosses the remap ([`Rechunk`]) into `previous`.
+    pub fn after(mut self, epoch: u64, previous: LocalPlan) -> LocalPlan {
+        let rechunk = Rechunk::new(previous.params, self.params, epoch);
+        self.before = Some(Arc::new(Before {
+            rechunk,
+            plan: previous,
+        }));
+        self
+    }
+
+    /// The epoch this plan's era starts at (0 for the first era).
+    pub fn origin(&self) -> u64 {
+        self.before.as_ref().map_or(0, |b| b.rechunk.epoch)
+    }
+
+    /// `(start epoch, world)` of every era up to this one, oldest first.
+    pub fn eras(&self) -> Vec<(u64, u32)> {
+        let mut eras = match &self.before {
+            Some(b) => b.plan.eras(),
+            None => Vec::new(),
+        };
+        eras.push((self.origin(), self.params.world));
+        eras
     }
 
     pub fn params(&self) -> &LocalParams {
@@ -323,9 +362,14 @@ impl LocalPlan {
     }
 
     /// The samples at `positions` in `epoch` (how a receiver names what arrives without
-    /// its sender's share). O(len · epoch), on up to `threads` threads.
+    /// its sender's share). O(len · epoch), on up to `threads` threads. Earlier eras are
+    /// walked through their remaps (O(log M) each); an `epoch` before this era's
+    /// [`LocalPlan::origin`] is the plain plan's for this world (as if it had run from
+    /// epoch 0: what the fit estimate simulates).
     pub fn ids_at(&self, epoch: u64, positions: &[u64], threads: usize) -> Vec<GlobalId> {
-        let keys: Vec<Keys> = (0..epoch).map(|e| self.keys(e)).collect();
+        let before = self.before.as_deref().filter(|b| epoch >= b.rechunk.epoch);
+        let origin = before.map_or(0, |b| b.rechunk.epoch);
+        let keys: Vec<Keys> = (origin..epoch).map(|e| self.keys(e)).collect();
         let deal = self.deal();
         let mut ids = positions.to_vec();
         let per = ids.len().div_ceil(threads.max(1)).max(1);
@@ -335,17 +379,24 @@ impl LocalPlan {
                 s.spawn(move || {
                     for p in part.iter_mut() {
                         let at = keys.iter().rev().fold(*p, |q, k| self.back_with(k, q));
-                        *p = deal.apply(at);
+                        *p = match before {
+                            None => deal.apply(at),
+                            Some(b) => b.rechunk.old_of(at),
+                        };
                     }
                 });
             }
         });
-        ids
+        match before {
+            None => ids,
+            // The positions of the era before, at the epoch this one starts.
+            Some(b) => b.plan.ids_at(origin, &ids, threads),
+        }
     }
 
     /// Every rank's slots at `epoch + 1` from every rank's at `epoch` (the whole job:
-    /// O(N); for tests, and the plans that need the whole job: elastic eras, the partial
-    /// cache's planner, equal shares).
+    /// O(N); for tests, and the plans that need the whole job: the whole job's elastic
+    /// walk, the partial cache's planner, equal shares).
     pub fn step_all<T: Copy>(&self, epoch: u64, slots: &[Vec<T>]) -> AllStep<T> {
         let keys = self.keys(epoch);
         let mut next = slots.to_vec();
@@ -358,5 +409,136 @@ impl LocalPlan {
             }
         }
         AllStep { next, moves }
+    }
+}
+
+/// The remap of positions where an elastic job's world changes from `old.world` to
+/// `new.world` ranks at `epoch` (same samples): which old position's sample each new
+/// position holds. See `plan::elastic` for why it is this one.
+///
+/// New rank `r < old.world` keeps its old chunk's first `min(old_len, new_len)` offsets
+/// (same offsets); the other new positions (the ranks that grew, the new ranks) are dealt,
+/// through a keyed permutation of the deal index, the *pool*: every old position not kept
+/// (a survivor's offsets from its new length on, every removed rank's chunk), in old
+/// position order. Prefix sums over the ranks make [`Rechunk::old_of`] O(log M) in O(M)
+/// memory, so a rank walks its positions back across the change without anyone's share.
+#[derive(Clone, Debug)]
+pub struct Rechunk {
+    old: LocalParams,
+    new: LocalParams,
+    epoch: u64,
+    /// Pool positions in the old ranks before each old rank (`old.world + 1` entries).
+    pool_before: Vec<u64>,
+    /// Dealt positions in the new ranks before each new rank (`new.world + 1` entries).
+    dealt_before: Vec<u64>,
+    /// Dealt index -> pool index.
+    deal: KeyedPermutation,
+}
+
+impl Rechunk {
+    /// The remap from `old`'s chunks to `new`'s (`samples` must agree) at `epoch`.
+    pub fn new(old: LocalParams, new: LocalParams, epoch: u64) -> Rechunk {
+        debug_assert_eq!(old.samples, new.samples, "a remap keeps the samples");
+        let prefix = |world: u32, params: &LocalParams| {
+            let mut before = vec![0u64];
+            for r in 0..world {
+                let len = params.chunk(r).end - params.chunk(r).start;
+                let kept = kept_of(&old, &new, r);
+                before.push(before[before.len() - 1] + len - kept);
+            }
+            before
+        };
+        let pool_before = prefix(old.world, &old);
+        let dealt_before = prefix(new.world, &new);
+        let pool = pool_before[pool_before.len() - 1];
+        let key = (u64::from(old.world) << 32) | u64::from(new.world);
+        let deal = KeyedPermutation::new(pool, new.seed, DOMAIN_REMAP, epoch, key);
+        Rechunk {
+            old,
+            new,
+            epoch,
+            pool_before,
+            dealt_before,
+            deal,
+        }
+    }
+
+    /// Samples that stay with the rank of the same number.
+    pub fn kept(&self) -> u64 {
+        self.old.samples - self.pool_before[self.pool_before.len() - 1]
+    }
+
+    /// The old position whose sample new position `q` holds after the change. O(log M).
+    pub fn old_of(&self, q: u64) -> u64 {
+        let r = self.new.chunk_of(q);
+        let offset = q - self.new.chunk(r).start;
+        let kept = kept_of(&self.old, &self.new, r);
+        if offset < kept {
+            return self.old.chunk(r).start + offset;
+        }
+        let i = self
+            .deal
+            .apply(self.dealt_before[r as usize] + offset - kept);
+        // The old rank whose pool part holds pool index `i`.
+        let s = self.pool_before.partition_point(|&b| b <= i) - 1;
+        self.old.chunk(s as Rank).start + kept_of(&self.old, &self.new, s as Rank) + i
+            - self.pool_before[s]
+    }
+}
+
+/// Offsets rank `r` keeps across a change from `old` to `new`: the most it can.
+fn kept_of(old: &LocalParams, new: &LocalParams, r: Rank) -> u64 {
+    if r >= old.world || r >= new.world {
+        return 0;
+    }
+    let len = |p: &LocalParams| p.chunk(r).end - p.chunk(r).start;
+    len(old).min(len(new))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(samples: u64, world: u32) -> LocalParams {
+        LocalParams::new(samples, world, 0.5, 3).unwrap()
+    }
+
+    /// Every new position takes a distinct old one; survivors keep their first offsets;
+    /// the rest comes from the pool (old positions no survivor kept).
+    #[test]
+    fn a_rechunk_is_a_bijection_that_keeps_what_survivors_can() {
+        for (n, m, m2) in [
+            (10, 2, 3),
+            (103, 4, 2),
+            (103, 2, 7),
+            (7, 3, 9),
+            (0, 2, 3),
+            (64, 8, 8),
+        ] {
+            let (old, new) = (params(n, m), params(n, m2));
+            let re = Rechunk::new(old, new, 5);
+            let mut seen = vec![false; n as usize];
+            let mut kept = 0;
+            for r in 0..m2 {
+                for q in new.chunk(r) {
+                    let p = re.old_of(q);
+                    assert!(!std::mem::replace(&mut seen[p as usize], true), "{p} twice");
+                    let keep = kept_of(&old, &new, r);
+                    let offset = q - new.chunk(r).start;
+                    if offset < keep {
+                        assert_eq!(p, old.chunk(r).start + offset);
+                        kept += 1;
+                    } else {
+                        let s = old.chunk_of(p);
+                        assert!(
+                            p - old.chunk(s).start >= kept_of(&old, &new, s),
+                            "{p} was kept"
+                        );
+                    }
+                }
+            }
+            assert!(seen.iter().all(|&s| s), "{n} {m} -> {m2}");
+            assert_eq!(re.kept(), kept);
+        }
     }
 }

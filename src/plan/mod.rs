@@ -17,8 +17,10 @@
 //! Every permutation is evaluated per index, so a rank computes its own part in O(share)
 //! ([`Plan::own_step`]) and its share at any epoch by walking its positions back
 //! ([`Plan::own_shares_at`]), with no other rank's share: no rank holds the job's plan.
-//! [`Plan::step`] and [`Plan::shares_at`] compute the whole job (tests, the coded and
-//! elastic plans, the partial cache's planner, equal shares).
+//! An era after an elastic restart is walked back the same way, across its remap
+//! ([`Plan::after`], [`local::Rechunk`]). [`Plan::step`] and [`Plan::shares_at`] compute
+//! the whole job (tests, the coded plan, `elastic::ElasticPlan::shares_at`, the partial
+//! cache's planner, equal shares).
 //!
 //! # Exchange scope
 //! [`ExchangeScope::Node`] changes one thing: each `σ_i` permutes the ranks *within each
@@ -286,11 +288,9 @@ pub(crate) enum PlanKind {
 pub struct Plan {
     params: PlanParams,
     kind: PlanKind,
-    /// The partial-local plan's permutations (not used by a coded plan).
+    /// The partial-local plan's permutations (not used by a coded plan); after an elastic
+    /// restart, chained to the eras before ([`LocalPlan::after`]).
     local: Arc<LocalPlan>,
-    /// The first epoch this plan steps from: 0, or the epoch an elastic restart remapped
-    /// the shares at ([`elastic`]). A rank can walk its own share back only to it.
-    origin: u64,
 }
 
 impl Plan {
@@ -306,7 +306,6 @@ impl Plan {
             params,
             kind: PlanKind::Global,
             local: Arc::new(LocalPlan::new(local_params(&params), None)),
-            origin: 0,
         })
     }
 
@@ -373,10 +372,12 @@ impl Plan {
         &self.params
     }
 
-    /// This plan stepping from `epoch` on (an era of an elastic job): a rank can no longer
-    /// walk its share back to epoch 0 with it alone.
-    pub(crate) fn stepping_from(mut self, epoch: u64) -> Plan {
-        self.origin = epoch;
+    /// This plan as the era of an elastic job that starts at `epoch` after `previous`'s
+    /// (global scope: the world changed, nothing else). A rank still walks its own share
+    /// back, across the remap at `epoch` ([`local::Rechunk`]) into the eras before.
+    pub(crate) fn after(mut self, epoch: u64, previous: &Plan) -> Plan {
+        let local = LocalPlan::clone(&self.local).after(epoch, LocalPlan::clone(&previous.local));
+        self.local = Arc::new(local);
         self
     }
 
@@ -430,11 +431,11 @@ impl Plan {
         }
     }
 
-    /// Whether `rank` can plan alone ([`Plan::own_step`]): a partial-local plan whose
-    /// shares it can walk back to epoch 0. A coded plan, and an era after an elastic
-    /// restart, need the whole job's shares.
+    /// Whether `rank` can plan alone ([`Plan::own_step`]): a partial-local plan, whose
+    /// shares it walks back to epoch 0 (across elastic restarts too). A coded plan needs
+    /// the whole job's shares.
     pub fn is_per_rank(&self) -> bool {
-        !matches!(self.kind, PlanKind::Coded(_)) && self.origin == 0
+        !matches!(self.kind, PlanKind::Coded(_))
     }
 
     /// `rank`'s view of epoch 0 (the whole job's, for a plan that is not per rank).
@@ -487,6 +488,41 @@ impl Plan {
             next: EpochShares::own(cur.epoch + 1, self.params.world, rank, next),
             transfers,
         }
+    }
+
+    /// `rank`'s view of `epoch` from its slots there (chunk order) as saved earlier
+    /// (`cache::slots`), O(share); `None` for a plan that is not per rank or slots of
+    /// another length than `rank`'s chunk.
+    pub(crate) fn own_from_slots(
+        &self,
+        rank: Rank,
+        epoch: u64,
+        slots: Vec<SampleId>,
+    ) -> Option<EpochShares> {
+        let chunk = self.local.params().chunk(rank);
+        let fits = rank < self.params.world && slots.len() as u64 == chunk.end - chunk.start;
+        (self.is_per_rank() && fits)
+            .then(|| EpochShares::own(epoch, self.params.world, rank, slots))
+    }
+
+    /// A digest of what shapes the plan's history beyond its [`PlanParams`]: the kind, the
+    /// host layout, the world sizes of its eras. Saved with a rank's slots, so slots saved
+    /// under another layout are not taken for this plan's.
+    pub(crate) fn fingerprint(&self) -> u64 {
+        let eras = self.local.eras();
+        let mut words: Vec<u64> = (eras.iter())
+            .flat_map(|&(e, w)| [e, u64::from(w)])
+            .collect();
+        match &self.kind {
+            PlanKind::Global => words.push(0),
+            PlanKind::Node(layout) => {
+                words.push(1);
+                words.extend(layout.hosts.iter().map(|&h| u64::from(h)));
+            }
+            PlanKind::Coded(_) => words.push(2),
+        }
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        u64::from(crc32c::crc32c(&bytes)) | (words.len() as u64) << 32
     }
 
     /// Ownership at `epoch`, computed by stepping from epoch 0.

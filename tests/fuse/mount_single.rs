@@ -772,6 +772,8 @@ fn remount_resumes_the_epoch_without_refetching() {
     d.unmount().assert_clean();
     assert_eq!(state_json(&cache)["epoch"], 2);
     assert!(!is_mounted(&mnt));
+    // Each epoch saved its share beside the state, the last two kept (`cache::slots`).
+    assert_eq!(saved_slots(&cache), ["1.bin", "2.bin"]);
 
     let d = Daemon::mount(&data.root, &cache, &mnt, &args);
     assert_eq!(d.ready_epoch(), 2, "{}", d.ready_line);
@@ -800,6 +802,17 @@ fn remount_resumes_the_epoch_without_refetching() {
     assert_eq!(listing(&mnt.join("epoch-3")), before);
     d.unmount().assert_clean();
     assert_eq!(state_json(&cache)["epoch"], 3);
+    assert_eq!(saved_slots(&cache), ["2.bin", "3.bin"]);
+}
+
+/// The files in the cache's `slots/` folder, sorted.
+fn saved_slots(cache: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(cache.join("slots"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
 }
 
 #[test]

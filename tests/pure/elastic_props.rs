@@ -120,6 +120,35 @@ proptest! {
         prop_assert_eq!(longer.shares_at(end), plan.shares_at(end));
     }
 
+    /// Each rank alone, walking its positions back across every remap, finds its share of
+    /// the whole job's walk at every epoch of a random history, and its own step into the
+    /// next epoch of an era is the whole job's (issue 41: no rank computes another's share;
+    /// before the remap on positions an era after a resize could not be walked back).
+    #[test]
+    fn each_rank_walks_back_across_the_remaps_to_the_whole_jobs_shares(
+        (params, first, changes) in job(),
+        after in 0u64..3,
+    ) {
+        let h = history(first, &changes);
+        let plan = ElasticPlan::new(params, h.clone()).unwrap();
+        for epoch in 0..=h.last_change() + after {
+            let whole = plan.shares_at(epoch);
+            let era = plan.plan_at(epoch);
+            prop_assert!(era.is_per_rank());
+            let next = plan.shares_at(epoch + 1);
+            let changes_next = plan.change_at(epoch + 1).is_some();
+            for rank in 0..whole.shares.len() as u32 {
+                let own = era.own_shares_at(rank, epoch);
+                prop_assert_eq!(own.share(rank), whole.share(rank), "epoch {} rank {}", epoch, rank);
+                prop_assert_eq!(&own.slots[rank as usize], &whole.slots[rank as usize]);
+                if !changes_next {
+                    let step = era.own_step(rank, &own);
+                    prop_assert_eq!(step.next.share(rank), next.share(rank));
+                }
+            }
+        }
+    }
+
     /// The last change into an epoch is the remap of the shares the job had just before it.
     #[test]
     fn change_at_is_the_remap_of_the_shares_before(

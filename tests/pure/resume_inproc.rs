@@ -100,6 +100,9 @@ fn resume_completes_an_interrupted_exchange_without_the_source() {
             0,
             "rank {r} fetched from the source"
         );
+        // Its epoch-E share is saved, so a second crash resumes from it in O(share).
+        let saved = store.dir().root().join(format!("slots/{EPOCH}.bin"));
+        assert!(saved.is_file(), "rank {r} saved no share of epoch {EPOCH}");
         let held: BTreeSet<u32> = (0..manifest.len()).filter(|&i| store.contains(i)).collect();
         for &id in current.share(r) {
             assert!(

@@ -116,10 +116,9 @@ pub(crate) fn phase(
     if !fit.fits() {
         store.set_partial(fit.admission(plans, rank, epoch));
         // A cache filled under a larger room is brought within this one before staging.
-        let shares = match plans.1 {
-            Some(e) => e.shares_at(epoch),
-            None => plans.0.own_shares_at(rank, epoch),
-        };
+        // Saved at that epoch, or walked back (across the remaps of an elastic job too).
+        let root = store.dir().root();
+        let shares = crate::node::saved::own_shares_at(root, plans.0, rank, epoch);
         crate::cache::trim::to_room(store, shares.share(rank));
     }
     Ok(Some(fit))

@@ -159,7 +159,7 @@ impl Worker {
             })
             .and_then(|()| {
                 self.effects
-                    .persist(target)
+                    .persist(&self.next.next)
                     .map_err(|e| AdvanceError::Persist {
                         target,
                         reason: e.to_string(),
