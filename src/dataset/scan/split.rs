@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use super::tree::{DirScan, join, scan_level, tree_manifest};
 use super::{ClassScan, finish_classes, list_classes, list_each, scan_class};
 use crate::dataset::manifest::{Manifest, ManifestError};
-use crate::dataset::names::Skipped;
+use crate::dataset::names::{Skipped, is_safe_name};
 use crate::dataset::owners::{Owner, OwnersBuilder};
 
 /// What the split listing asks of the ranks: this rank, their number, and an all-gather
@@ -41,6 +41,8 @@ pub trait Gather {
     fn rank(&self) -> u32;
     fn ranks(&self) -> u32;
     fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>, String>;
+    /// Rank 0's `data` (ignored elsewhere) on every rank.
+    fn broadcast(&mut self, data: Vec<u8>) -> Result<Vec<u8>, String>;
 }
 
 /// Why a split listing stopped: the same on every rank.
@@ -106,21 +108,30 @@ impl Wire {
         }
     }
 
-    fn into_scan(self) -> ClassScan {
+    /// The listing back, refused unless every name is one a folder may hold (as a manifest
+    /// from a peer is: `Manifest::decode`).
+    fn into_scan(self) -> Result<ClassScan, SplitError> {
         let mut end = 0u32;
-        let ends = (self.lens.iter())
-            .map(|&len| {
-                end += u32::from(len);
-                end
-            })
-            .collect();
-        ClassScan {
+        let mut ends = Vec::with_capacity(self.lens.len());
+        for &len in &self.lens {
+            let start = end as usize;
+            end += u32::from(len);
+            let name = self.names.get(start..end as usize);
+            if !name.is_some_and(is_safe_name) {
+                return Err(SplitError::Comm("a part holds a name no folder may".into()));
+            }
+            ends.push(end);
+        }
+        if end as usize != self.names.len() || self.sizes.len() != ends.len() {
+            return Err(SplitError::Comm("a part's names and sizes disagree".into()));
+        }
+        Ok(ClassScan {
             names: self.names,
             ends,
             sizes: self.sizes.iter().map(|s| s.wrapping_sub(1)).collect(),
             skipped: self.skipped,
             owners: self.owners,
-        }
+        })
     }
 }
 
@@ -147,6 +158,31 @@ fn exchange<T: Serialize + DeserializeOwned>(
     match failed.is_empty() {
         true => Ok(parts),
         false => Err(SplitError::Failed(failed)),
+    }
+}
+
+/// Collective: rank 0's `value` (ignored elsewhere), or its failure, on every rank.
+fn from_root<T: Serialize + DeserializeOwned>(
+    g: &mut dyn Gather,
+    value: Result<T, String>,
+) -> Result<T, SplitError> {
+    let bytes = match g.rank() {
+        0 => postcard::to_allocvec(&value).map_err(|e| SplitError::Comm(e.to_string()))?,
+        _ => Vec::new(),
+    };
+    let got = g.broadcast(bytes).map_err(SplitError::Comm)?;
+    match postcard::from_bytes::<Result<T, String>>(&got) {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(m)) => Err(SplitError::Failed(vec![(0, m)])),
+        Err(e) => Err(SplitError::Comm(format!("rank 0 sent a bad listing: {e}"))),
+    }
+}
+
+/// Refuses folder names from a peer that no folder may hold.
+fn safe(names: &[Vec<u8>]) -> Result<(), SplitError> {
+    match names.iter().all(|n| is_safe_name(n)) {
+        true => Ok(()),
+        false => Err(SplitError::Comm("a part holds a name no folder may".into())),
     }
 }
 
@@ -200,6 +236,7 @@ pub fn scan_tree_split(
         for (i, path) in level.iter().enumerate() {
             let names = (all.get(i % ranks)).and_then(|r| r.get(i / ranks));
             let names = names.ok_or_else(|| SplitError::Comm("a part lacks a folder".into()))?;
+            safe(names)?;
             next.extend(names.iter().map(|name| join(path, name)));
         }
         level = next;
@@ -214,7 +251,7 @@ pub fn scan_tree_split(
     let mut found = Vec::new();
     let mut skipped = Vec::new();
     for (path, wire, owner) in exchange(g, Ok(part))?.into_iter().flatten() {
-        let mut scan = wire.into_scan();
+        let mut scan = wire.into_scan()?;
         skipped.append(&mut scan.skipped);
         found.push((path, scan, owner));
     }
@@ -231,26 +268,27 @@ pub fn scan_split(
 ) -> Result<(Manifest, Listed), SplitError> {
     let opened = open_root(root, owners).map_err(|e| e.to_string());
     let confine = opened.as_ref().ok().and_then(|(_, c)| c.clone());
-    // Rank 0 lists the root; the others only say whether they can list theirs.
-    let classes = match (&opened, g.rank()) {
-        (Err(e), _) => Err(e.clone()),
-        (Ok(_), 0) => (list_classes(root, confine.as_deref()).map(Some)).map_err(|e| e.to_string()),
-        (Ok(_), _) => Ok(None),
+    // Rank 0 lists the root and tells the others; a rank that cannot open the source says
+    // so with its part, below.
+    let classes = match g.rank() {
+        0 => (opened.as_ref().map_err(Clone::clone))
+            .and_then(|_| list_classes(root, confine.as_deref()).map_err(|e| e.to_string())),
+        _ => Err(String::new()),
     };
-    let all = exchange(g, classes)?;
-    let Some((classes, class_owners, root_skipped)) = all.into_iter().next().flatten() else {
-        return Err(SplitError::Comm("rank 0 sent no class folders".into()));
-    };
+    let (classes, class_owners, root_skipped) = from_root(g, classes)?;
+    safe(&classes)?;
     let names = mine(&classes, g);
     let scans = (opened.as_ref().map_err(Clone::clone)).and_then(|(dir, _)| {
-        list_each(&names, |class| scan_class(dir, root, class, confine.as_deref()))
-            .map_err(|e| e.to_string())
+        list_each(&names, |class| {
+            scan_class(dir, root, class, confine.as_deref())
+        })
+        .map_err(|e| e.to_string())
     });
     let counts = Listed {
         folders: names.len() as u64,
-        samples: scans.as_ref().map_or(0, |s| {
-            s.iter().map(|c| c.sizes.len() as u64).sum()
-        }),
+        samples: scans
+            .as_ref()
+            .map_or(0, |s| s.iter().map(|c| c.sizes.len() as u64).sum()),
     };
     let part = scans.map(|s| s.into_iter().map(Wire::of).collect::<Vec<_>>());
     let mut parts: Vec<_> = exchange(g, part)?.into_iter().map(Vec::into_iter).collect();
@@ -261,7 +299,7 @@ pub fn scan_split(
     for (c, class) in classes.into_iter().enumerate() {
         let wire = (parts.get_mut(c % ranks)).and_then(Iterator::next);
         let wire = wire.ok_or_else(|| SplitError::Comm("a part lacks a class".into()))?;
-        let scan = wire.into_scan();
+        let scan = wire.into_scan()?;
         if let (Some(owners), Some(&owner)) = (&mut owners, class_owners.get(c)) {
             owners.push_class(owner);
             owners.push_samples(&scan.owners);

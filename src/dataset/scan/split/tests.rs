@@ -21,6 +21,9 @@ impl Gather for Ranks {
     fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>, String> {
         self.0.all_gather(mine).map_err(|e| e.to_string())
     }
+    fn broadcast(&mut self, data: Vec<u8>) -> Result<Vec<u8>, String> {
+        self.0.broadcast(0, data).map_err(|e| e.to_string())
+    }
 }
 
 type Split = fn(&Path, bool, &mut dyn Gather) -> Result<(Manifest, Listed), SplitError>;
@@ -69,7 +72,13 @@ fn tricky_tree(tmp: &Path) -> PathBuf {
     let outside = tmp.join("outside");
     fs::create_dir_all(&outside).unwrap();
     fs::write(outside.join("secret"), b"s").unwrap();
-    for d in ["spk1/ch1", "spk1/ch2", "spk2/ch9/empty", "a/b/c/d/e/f", "wide"] {
+    for d in [
+        "spk1/ch1",
+        "spk1/ch2",
+        "spk2/ch9/empty",
+        "a/b/c/d/e/f",
+        "wide",
+    ] {
         fs::create_dir_all(root.join(d)).unwrap();
     }
     for i in 0..40 {
