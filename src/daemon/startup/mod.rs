@@ -530,6 +530,35 @@ mod tests {
         }
     }
 
+    /// A listing every rank refuses alike (class folders without samples; a `--replicate`
+    /// glob matching nothing) is said once, under rank 0, on every rank.
+    #[test]
+    fn a_split_listing_refused_alike_is_said_once() {
+        let folders = Folders::new(3);
+        let src = folders.root.path().join("src");
+        let args = folders.args_with("global", &["--replicate", "nothing/*.json"]);
+        for err in folders.start_with(args, &[0, 0, 0]) {
+            let err = err.unwrap_err();
+            assert!(
+                err.starts_with("rank 0: ") && err.contains("matches no file"),
+                "{err}"
+            );
+            assert_eq!(err.lines().count(), 1, "{err}");
+        }
+        for class in ["a", "b"] {
+            std::fs::remove_dir_all(src.join(class)).unwrap();
+            std::fs::create_dir(src.join(class)).unwrap();
+        }
+        for err in folders.start("global", &[0, 0, 0]) {
+            let err = err.unwrap_err();
+            assert!(
+                err.starts_with("rank 0: ") && err.contains("no sample files"),
+                "{err}"
+            );
+            assert_eq!(err.lines().count(), 1, "{err}");
+        }
+    }
+
     /// `--equal-shares drop` with fewer samples (12) than ranks (13) is refused on every rank,
     /// naming the counts (before, it mounted with every view empty and no warning); 12 ranks
     /// mount.
