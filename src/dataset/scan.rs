@@ -1,4 +1,5 @@
-//! Rank 0's scan of the source into a [`Manifest`], at the cost of `find SRC -type f`.
+//! The scan of the source into a [`Manifest`], at the cost of `find SRC -type f`: by one rank
+//! here, by all ranks together, each its part, in [`split`].
 //!
 //! The names cost one `getdents64` per few hundred entries, and the entry type it reports
 //! says which entries are regular files: those are taken without a `stat`, their sizes left

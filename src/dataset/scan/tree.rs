@@ -1,4 +1,4 @@
-//! Rank 0's scan of a tree (`--format tree`): every regular file at any depth is a sample,
+//! The scan of a tree (`--format tree`): every regular file at any depth is a sample,
 //! every folder a folder of the view (see `manifest::tree`).
 //!
 //! The same listing as the ImageFolder scan (one `getdents64` per few hundred entries, no
