@@ -155,7 +155,7 @@ fn a_part_that_fails_stops_every_rank_naming_the_path() {
             _ => root.clone(),
         };
         for got in run(3, path, false, split) {
-            let err = got.err().expect("refused").to_string();
+            let err = got.expect_err("refused").to_string();
             assert!(err.starts_with("rank 1: "), "{err}");
             assert!(err.contains(&*missing.to_string_lossy()), "{err}");
             assert_eq!(err.lines().count(), 1, "{err}");
@@ -163,7 +163,7 @@ fn a_part_that_fails_stops_every_rank_naming_the_path() {
     }
     // Missing everywhere: said once.
     for got in run(3, |_| missing.clone(), false, scan_tree_split) {
-        let err = got.err().expect("refused").to_string();
+        let err = got.expect_err("refused").to_string();
         assert_eq!(err.lines().count(), 1, "{err}");
         assert!(err.starts_with("rank 0: "), "{err}");
     }
@@ -171,7 +171,7 @@ fn a_part_that_fails_stops_every_rank_naming_the_path() {
     let empty = tmp.path().join("empty");
     fs::create_dir_all(empty.join("x/y")).unwrap();
     for got in run(2, |_| empty.clone(), false, scan_tree_split) {
-        let err = got.err().expect("refused").to_string();
+        let err = got.expect_err("refused").to_string();
         assert!(err.starts_with("rank 0: "), "{err}");
         assert!(err.contains("no sample files at any depth"), "{err}");
     }
