@@ -115,8 +115,9 @@ pub(crate) struct MountConfig {
     pub cache_size: Option<u64>,
     /// `--require-fit`: refuse a partial cache.
     pub require_fit: bool,
-    /// `--rescan`: rank 0 scans the source even when its cache holds an index, and a cache
-    /// built on another index keeps what is still valid (see `daemon::startup::rescan`).
+    /// `--rescan`: the source is scanned (by every rank, each its part, for a folder source)
+    /// even when its cache holds an index, and a cache built on another index keeps what is
+    /// still valid (see `daemon::startup::rescan`).
     pub rescan: bool,
     /// Bytes per second the background exchange may send (None: uncapped).
     pub exchange_rate: Option<u64>,
@@ -282,7 +283,7 @@ impl MountConfig {
             && !crate::dataset::s3::is_s3(&self.source)
     }
 
-    /// Whether rank 0 scans the source at this mount whatever its cache holds: `--rescan`,
+    /// Whether the source is scanned at this mount whatever rank 0's cache holds: `--rescan`,
     /// or owners and modes per entry, which must be today's (a `chmod` since the last
     /// mount must show; see `dataset::owners`).
     pub(crate) fn rescans(&self) -> bool {

@@ -445,22 +445,39 @@ impl<C: Comm> Comm for Lagging<C> {
     }
 }
 
-/// Counts what collectives hand this rank (see the module docs); point-to-point messages
-/// pass through uncounted.
+/// Counts what collectives hand this rank (see the module docs), and the bytes this rank
+/// contributes to them (`sent`: its all-gather data, its broadcasts as the root);
+/// point-to-point messages pass through uncounted.
 pub struct Metered<C> {
     inner: C,
     received: Arc<std::sync::atomic::AtomicU64>,
+    sent: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl<C: Comm> Metered<C> {
-    /// With the counter it adds to.
+    /// With the counter of received bytes it adds to.
     pub fn new(inner: C) -> (Metered<C>, Arc<std::sync::atomic::AtomicU64>) {
+        let (metered, received, _) = Metered::with_sent(inner);
+        (metered, received)
+    }
+
+    /// With the counters of received and of sent bytes it adds to.
+    #[allow(clippy::type_complexity)]
+    pub fn with_sent(
+        inner: C,
+    ) -> (
+        Metered<C>,
+        Arc<std::sync::atomic::AtomicU64>,
+        Arc<std::sync::atomic::AtomicU64>,
+    ) {
         let received = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let metered = Metered {
             inner,
             received: received.clone(),
+            sent: sent.clone(),
         };
-        (metered, received)
+        (metered, received, sent)
     }
 
     fn count(&self, bytes: usize) {
@@ -479,11 +496,15 @@ impl<C: Comm> Comm for Metered<C> {
         self.inner.hosts()
     }
     fn all_gather(&mut self, data: &[u8]) -> Result<Vec<Vec<u8>>, CommError> {
+        self.sent.fetch_add(data.len() as u64, Ordering::Relaxed);
         let all = self.inner.all_gather(data)?;
         self.count(all.iter().map(|d| 8 + d.len()).sum());
         Ok(all)
     }
     fn broadcast(&mut self, root: Rank, data: Vec<u8>) -> Result<Vec<u8>, CommError> {
+        if root == self.rank() {
+            self.sent.fetch_add(data.len() as u64, Ordering::Relaxed);
+        }
         let got = self.inner.broadcast(root, data)?;
         self.count(8 + got.len());
         Ok(got)

@@ -1,7 +1,8 @@
-//! The dataset manifest: classes, sample names and, where known, sizes. Built once by rank 0,
-//! shipped to the other ranks as bytes, kept in each cache so a remount need not rescan.
+//! The dataset manifest: classes, sample names and, where known, sizes. Built once (by every
+//! rank together for a folder source, `scan::split`; by rank 0 for the others, shipped to the
+//! other ranks as bytes), kept in each cache so a remount need not rescan.
 //!
-//! Rank 0's scan lists names only, as `find` does: a size needs a `stat` of every file, which
+//! The scan lists names only, as `find` does: a size needs a `stat` of every file, which
 //! on a cold cache means reading every inode table (on a parallel filesystem, a metadata
 //! round trip per file) and cost 2-3x the whole listing. So a scanned sample's size is
 //! unknown until the sample is first read (see `SampleStore::size`). Manifests built with

@@ -2,7 +2,9 @@
 //!
 //! Everything above this layer (cache, exchange, views) names samples by id only and asks a
 //! [`Dataset`] for their bytes; the index itself is a [`Manifest`] (names in view order,
-//! class ranges, sizes where known), built once by rank 0 and shipped to the other ranks.
+//! class ranges, sizes where known): a folder source is listed by every rank, each its part,
+//! and combined on every rank (`scan::split`); a record or bucket index is built by rank 0
+//! and shipped to the other ranks.
 //! The [`Format`] chosen on the command line (`--format`) decides how the index is built
 //! and which `Dataset` reads the source: ImageFolder trees or any tree of folders
 //! (`--format tree`), one file per sample, or packed

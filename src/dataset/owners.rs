@@ -2,13 +2,14 @@
 //! (`--allow-other`).
 //!
 //! A view must never let a user read or list what the source would not let them. Under
-//! `--allow-other` rank 0's scan `stat`s every class folder (every folder of a tree) and
+//! `--allow-other` the scan `stat`s every class folder (every folder of a tree) and
 //! every sample, and keeps, per entry, who may read it ([`Owner`]: the owner, the group
 //! and the classes of users that may read). Without `--allow-other` the scan stays
 //! stat-free and nothing here is made: only the mounting user sees the view.
 //!
-//! Rank 0 scans and ships the manifest to every rank, and a rank never opens the source
-//! file of a sample a peer sent it, so the owners travel in the manifest ([`Owners`]):
+//! The manifest reaches every rank whole (listed by all ranks together and combined, or
+//! scanned by rank 0 and shipped), and a rank never opens the source file of a sample a
+//! peer sent it, so the owners travel in the manifest ([`Owners`]):
 //! the distinct owners once, in a small table, and an index into it per folder and per
 //! sample (two bytes each: a few owners and modes cover a dataset). Its encoding is a
 //! footer the manifest's fingerprint leaves out (see `manifest`), so a cache keeps

@@ -1,4 +1,5 @@
-//! Rank 0's scan of the source into a [`Manifest`], at the cost of `find SRC -type f`.
+//! The scan of the source into a [`Manifest`], at the cost of `find SRC -type f`: by one rank
+//! here, by all ranks together, each its part, in [`split`].
 //!
 //! The names cost one `getdents64` per few hundred entries, and the entry type it reports
 //! says which entries are regular files: those are taken without a `stat`, their sizes left
@@ -40,8 +41,10 @@ use crate::dataset::manifest::{Manifest, ManifestError, UNKNOWN_SIZE};
 use crate::dataset::names::Skipped;
 use crate::dataset::owners::{self, Owner, OwnersBuilder};
 
+mod split;
 mod tree;
 
+pub use split::{Gather, SplitError, scan_split, scan_tree_split};
 pub use tree::{scan_tree, scan_tree_with};
 
 /// Threads listing class folders. Measured when every sample was stat'ed (1M files, 2-core
@@ -104,18 +107,59 @@ pub fn scan_with(root: &Path, owners: bool) -> Result<Manifest, ManifestError> {
     if let Some((_, e)) = done.error {
         return Err(e);
     }
-    let mut manifest = done.manifest;
+    finish_classes(root, done.manifest, done.skipped, done.owners)
+}
+
+/// An ImageFolder manifest once every class is in: refused without samples, its skipped
+/// entries sorted, its owners set. The one tail of [`scan_with`] and of the split listing
+/// (`split`), so both give the same bytes.
+fn finish_classes(
+    root: &Path,
+    mut manifest: Manifest,
+    mut skipped: Vec<Skipped>,
+    owners: Option<OwnersBuilder>,
+) -> Result<Manifest, ManifestError> {
     if manifest.is_empty() {
         return Err(ManifestError::NoSamples(root.to_path_buf()));
     }
-    let mut skipped = done.skipped;
     skipped.sort_by(|a, b| a.path.cmp(&b.path));
     manifest.skipped = skipped;
     manifest.shrink_to_fit();
-    if let Some(owners) = done.owners {
+    if let Some(owners) = owners {
         manifest.set_owners(owners.finish())?;
     }
     Ok(manifest)
+}
+
+/// Lists each of `items` (folders relative to the root) with `list`, by a few threads at
+/// once (`THREADS`), each taking the next unlisted one: the results in `items`' order, or,
+/// of several failures, the first item's error.
+fn list_each<T: Send>(
+    items: &[Vec<u8>],
+    list: impl Fn(&[u8]) -> Result<T, ManifestError> + Sync,
+) -> Result<Vec<T>, ManifestError> {
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let results: Mutex<Vec<Option<Result<T, ManifestError>>>> =
+        Mutex::new((0..items.len()).map(|_| None).collect());
+    std::thread::scope(|s| {
+        for _ in 0..THREADS.min(items.len()) {
+            s.spawn(|| {
+                while !failed.load(Ordering::Relaxed) {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(item) = items.get(i) else { break };
+                    let listed = list(item);
+                    if listed.is_err() {
+                        failed.store(true, Ordering::Relaxed);
+                    }
+                    results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(listed);
+                }
+            });
+        }
+    });
+    let results = results.into_inner().unwrap_or_else(|e| e.into_inner());
+    // Stopped early only after a failure, which the first `None` cannot precede.
+    results.into_iter().map_while(|r| r).collect()
 }
 
 /// The class folders of `root`, sorted: its sub-folders and links to folders. Under

@@ -1,16 +1,20 @@
 //! Phase 3: the seed and the index, decided by rank 0. The index is reused from rank 0's
-//! cache when its settings match, else built by the dataset format; rank 0 ships it.
+//! cache when its settings match (rank 0 ships it), else built from the source: a folder
+//! source (ImageFolder, `--format tree`) is listed by every rank, each its part, and
+//! combined into the same manifest on every rank (`dataset::scan::split`); records and S3
+//! sources are still scanned by rank 0 alone, which ships the manifest.
 
 use std::io::Read;
 use std::path::Path;
 
 use super::StartError;
-use super::agree::decided;
+use super::agree::{self, PhaseError, agreed, decided};
 use crate::cache::{CacheDir, CacheState, FORMAT_VERSION};
-use crate::comm::{Comm, decide};
+use crate::comm::{Comm, Reduce, decide};
 use crate::config::MountConfig;
-use crate::dataset::Manifest;
+use crate::dataset::scan::{self as split, Gather, SplitError};
 use crate::dataset::side::{self, Globs};
+use crate::dataset::{Format, Manifest};
 
 /// The seed: `--seed`, else the one rank 0's reusable cache was built with, else random.
 pub(crate) fn seed(
@@ -64,10 +68,12 @@ pub(crate) fn source_name(config: &MountConfig, state: Option<&CacheState>) -> S
     }
 }
 
-/// Rank 0's index (loaded from its cache when reusable, else built from the source), its
-/// encoding, and whether rank 0 scanned the source for it, on every rank. Rank 0 keeps the
-/// manifest it built and ships its encoding (after one byte: scanned or not); only the
-/// other ranks decode, so no rank holds more than one manifest and one encoding.
+/// The index (loaded from rank 0's cache when reusable, else built from the source), its
+/// encoding, and whether the source was scanned for it, on every rank. Rank 0 keeps the
+/// manifest it loaded or built and ships its encoding (after one byte: scanned or not);
+/// only the other ranks decode, so no rank holds more than one manifest and one encoding.
+/// A folder source on several ranks is listed by all of them instead (`scan_split`): rank
+/// 0 then ships one byte, [`SPLIT`], and every rank ends with the same manifest.
 /// Rank 0's names need no check: a scan's come from the kernel (no '/', NUL, '.', '..' or
 /// over 255 bytes), the cache's were checked on load.
 pub(crate) fn index(
@@ -76,10 +82,13 @@ pub(crate) fn index(
     dir: &CacheDir,
     reusable: Option<&CacheState>,
 ) -> Result<(Manifest, Vec<u8>, bool), StartError> {
+    let split = splits(config, comm.size());
     let mut built = None;
     let outcome = decide(comm, || -> Result<Vec<u8>, String> {
         let (mut m, scanned) = match cached(config, dir, reusable) {
             Some(m) => (m, false),
+            // Every rank lists its part: rank 0 only says so.
+            None if split => return Ok(vec![SPLIT]),
             None => (scan(config)?, true),
         };
         // Owners from an earlier --allow-other mount are for a view others see alone.
@@ -92,6 +101,10 @@ pub(crate) fn index(
         Ok(bytes)
     });
     let mut bytes = decided(comm, outcome)?;
+    if bytes == [SPLIT] {
+        let (m, bytes) = scan_split(config, comm)?;
+        return Ok((m, bytes, true));
+    }
     if bytes.is_empty() {
         return Err(StartError::Malformed("manifest"));
     }
@@ -122,7 +135,95 @@ fn cached(config: &MountConfig, dir: &CacheDir, reusable: Option<&CacheState>) -
     Some(m)
 }
 
-/// The index built from the source.
+/// The first byte of rank 0's answer that says the source is listed by every rank (after
+/// 0: reused from the cache, 1: scanned by rank 0).
+const SPLIT: u8 = 2;
+
+/// Whether the source is listed by every rank (a folder of files, on more than one rank);
+/// records and S3 sources are scanned by rank 0 alone.
+fn splits(config: &MountConfig, world: u32) -> bool {
+    let folders = matches!(config.format(), Format::Imagefolder | Format::Tree);
+    world > 1 && folders && !crate::dataset::s3::is_s3(&config.source)
+}
+
+/// The all-gather the split listing runs over.
+struct Ranks<'a>(&'a mut dyn Comm);
+
+impl Gather for Ranks<'_> {
+    fn rank(&self) -> u32 {
+        self.0.rank()
+    }
+    fn ranks(&self) -> u32 {
+        self.0.size()
+    }
+    fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>, String> {
+        self.0.all_gather(mine).map_err(|e| e.to_string())
+    }
+    fn broadcast(&mut self, data: Vec<u8>) -> Result<Vec<u8>, String> {
+        self.0.broadcast(0, data).map_err(|e| e.to_string())
+    }
+}
+
+/// The index listed by every rank, each its part (collective): the manifest rank 0's scan
+/// would give, and its encoding, on every rank. Side files (`--replicate`) are split out on
+/// every rank alike (a `stat` per side file); one all-reduce of a checksum of the encoding
+/// then checks that every rank holds the same manifest (a side file that changed between
+/// two ranks' stats would not).
+fn scan_split(
+    config: &MountConfig,
+    comm: &mut dyn Comm,
+) -> Result<(Manifest, Vec<u8>), StartError> {
+    let started = std::time::Instant::now();
+    let (source, owners) = (&config.source, config.owners_per_entry());
+    let world = comm.size();
+    let listed = match config.format() {
+        Format::Tree => split::scan_tree_split(source, owners, &mut Ranks(comm)),
+        _ => split::scan_split(source, owners, &mut Ranks(comm)),
+    };
+    let (m, mine) = listed.map_err(|e| match e {
+        SplitError::Failed(failures) => agree::refusal(failures, world),
+        e => agree::refusal(vec![(comm.rank(), e.to_string())], world),
+    })?;
+    let sided = Globs::parse(&config.replicate)
+        .and_then(|globs| side::split(m, source, &globs).map_err(|e| e.to_string()));
+    let m = agreed(comm, sided.map_err(PhaseError::Mine)).map_err(said_once)?;
+    let bytes = m.encode();
+    let fp = u64::from(crc32c::crc32c(&bytes));
+    let both = comm.all_reduce(&[fp, !fp], Reduce::Max)?;
+    if both != [fp, !fp] {
+        let msg = format!(
+            "the ranks listed different sources at {}: it changed during the listing, or is \
+             not the same folder on every host; mount again once it is",
+            source.display()
+        );
+        return Err(agree::refusal(vec![(0, msg)], world));
+    }
+    if comm.rank() == 0 {
+        log_scanned(&m, started);
+    }
+    tracing::debug!(
+        folders = mine.folders,
+        samples = mine.samples,
+        "this rank's part listed"
+    );
+    Ok((m, bytes))
+}
+
+/// A refusal whose ranks failed alike said once, by the first of them.
+fn said_once(e: StartError) -> StartError {
+    match e {
+        StartError::Refused {
+            mut failures,
+            world,
+        } => {
+            failures.dedup_by(|later, earlier| later.1 == earlier.1);
+            agree::refusal(failures, world)
+        }
+        e => e,
+    }
+}
+
+/// The index built from the source by rank 0 alone.
 fn scan(config: &MountConfig) -> Result<Manifest, String> {
     let started = std::time::Instant::now();
     let params = config.source_config.params();
@@ -132,6 +233,11 @@ fn scan(config: &MountConfig) -> Result<Manifest, String> {
         .map_err(|e| e.to_string())?;
     let globs = Globs::parse(&config.replicate)?;
     let m = side::split(m, &config.source, &globs).map_err(|e| e.to_string())?;
+    log_scanned(&m, started);
+    Ok(m)
+}
+
+fn log_scanned(m: &Manifest, started: std::time::Instant) {
     tracing::info!(
         classes = m.class_count(),
         records = m.records().map(|r| r.records()),
@@ -143,7 +249,6 @@ fn scan(config: &MountConfig) -> Result<Manifest, String> {
     for s in &m.skipped {
         tracing::warn!(path = %s.path, reason = %s.reason, "sample skipped");
     }
-    Ok(m)
 }
 
 fn random_seed() -> u64 {

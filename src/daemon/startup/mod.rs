@@ -458,7 +458,8 @@ mod tests {
     /// than 32 bytes per added rank: the agreements are all-reduces and broadcasts, not
     /// all-gathers of every rank's data (issue 41). Before, the settings went from every
     /// rank to every rank and each agreement gathered every rank's word: 618 bytes per
-    /// added rank (now 16: `fit::sharing`'s device word, see docs/performance.md).
+    /// added rank (now 26: `fit::sharing`'s device word, see docs/performance.md, and the
+    /// split listing's all-gather of parts: a length and an empty part per rank).
     #[test]
     fn start_up_traffic_per_rank_barely_grows_with_the_ranks() {
         use crate::comm::doubles::Metered;
@@ -487,6 +488,74 @@ mod tests {
                 small[rank],
                 large[rank]
             );
+        }
+    }
+
+    /// A folder source on several ranks is listed by every rank, each its part (issue 41):
+    /// every rank ends with the manifest one scan gives, byte for byte, and ranks 1 and 2
+    /// send theirs (before, rank 0 listed everything alone and broadcast it: they sent
+    /// nothing but their agreements).
+    #[test]
+    fn a_folder_source_is_listed_by_every_rank() {
+        use crate::comm::doubles::Metered;
+        let folders = Folders::new(3);
+        let src = folders.root.path().join("src");
+        for class in ["c", "d", "e"] {
+            std::fs::create_dir(src.join(class)).unwrap();
+            for i in 0..40 {
+                let name = format!("{i:03}-{}", "x".repeat(96));
+                std::fs::write(src.join(class).join(name), [1u8]).unwrap();
+            }
+        }
+        let want = crate::dataset::scan::scan(&src).unwrap().encode();
+        let args = folders.args("global");
+        let handles: Vec<_> = LocalComm::world(3)
+            .into_iter()
+            .map(|comm| {
+                let args = args.clone();
+                std::thread::spawn(move || {
+                    let (mut comm, _, sent) = Metered::with_sent(comm);
+                    let p = prepare(&cfg(args), &mut comm).unwrap();
+                    let got = p.store.manifest().encode();
+                    (got, sent.load(std::sync::atomic::Ordering::Relaxed))
+                })
+            })
+            .collect();
+        for (rank, h) in handles.into_iter().enumerate() {
+            let (got, sent) = h.join().unwrap();
+            assert!(got == want, "rank {rank}'s manifest");
+            // Classes a, d are rank 0's; b, e rank 1's; c rank 2's: 40 names of 100 bytes
+            // in each of c, d, e.
+            assert!(sent > 4000, "rank {rank} sent {sent} bytes");
+        }
+    }
+
+    /// A listing every rank refuses alike (class folders without samples; a `--replicate`
+    /// glob matching nothing) is said once, under rank 0, on every rank.
+    #[test]
+    fn a_split_listing_refused_alike_is_said_once() {
+        let folders = Folders::new(3);
+        let src = folders.root.path().join("src");
+        let args = folders.args_with("global", &["--replicate", "nothing/*.json"]);
+        for err in folders.start_with(args, &[0, 0, 0]) {
+            let err = err.unwrap_err();
+            assert!(
+                err.starts_with("rank 0: ") && err.contains("matches no file"),
+                "{err}"
+            );
+            assert_eq!(err.lines().count(), 1, "{err}");
+        }
+        for class in ["a", "b"] {
+            std::fs::remove_dir_all(src.join(class)).unwrap();
+            std::fs::create_dir(src.join(class)).unwrap();
+        }
+        for err in folders.start("global", &[0, 0, 0]) {
+            let err = err.unwrap_err();
+            assert!(
+                err.starts_with("rank 0: ") && err.contains("no sample files"),
+                "{err}"
+            );
+            assert_eq!(err.lines().count(), 1, "{err}");
         }
     }
 

@@ -1,8 +1,8 @@
 //! `--rescan`: a remount that scans the source again and keeps what is still valid.
 //!
 //! Without it a remount reuses the index saved in the cache, so a source changed since is
-//! not seen (the status says so: `source_scan.stale_possible`). With it rank 0 scans (phase
-//! 3), and each rank checks its cached samples against the source before its cache is
+//! not seen (the status says so: `source_scan.stale_possible`). With it the source is scanned
+//! again (phase 3: by every rank, each its part, for a folder source), and each rank checks its cached samples against the source before its cache is
 //! checked (phase 4): when the new index differs from the cache's, they are carried over
 //! to it, and when it is the same each is still checked (a file rewritten or swapped with
 //! the same name and size leaves the index as it was). A sample whose class, name, size

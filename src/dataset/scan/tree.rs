@@ -1,4 +1,4 @@
-//! Rank 0's scan of a tree (`--format tree`): every regular file at any depth is a sample,
+//! The scan of a tree (`--format tree`): every regular file at any depth is a sample,
 //! every folder a folder of the view (see `manifest::tree`).
 //!
 //! The same listing as the ImageFolder scan (one `getdents64` per few hundred entries, no
@@ -16,25 +16,23 @@ use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use nix::dir::{Dir, Type};
 use nix::fcntl::{AtFlags, OFlag};
 use nix::sys::stat::{Mode, fstat, fstatat};
 
-use super::{ClassScan, THREADS, judge, pack, read_entries, type_of};
+use super::{ClassScan, judge, list_each, pack, read_entries, type_of};
 use crate::dataset::manifest::{Manifest, ManifestError};
 use crate::dataset::names::Skipped;
 use crate::dataset::owners::{Owner, OwnersBuilder};
 
 /// One folder's listing: its samples, and the names of its sub-folders.
 #[derive(Default)]
-struct DirScan {
-    files: ClassScan,
-    subdirs: Vec<Vec<u8>>,
+pub(super) struct DirScan {
+    pub(super) files: ClassScan,
+    pub(super) subdirs: Vec<Vec<u8>>,
     /// The folder's own owner, under `--allow-other`.
-    owner: Option<Owner>,
+    pub(super) owner: Option<Owner>,
 }
 
 /// Scans `root` as a tree: regular files (and links to them) at any depth are samples, and
@@ -71,9 +69,21 @@ pub fn scan_tree_with(root: &Path, owners: bool) -> Result<Manifest, ManifestErr
         }
         level = next;
     }
+    tree_manifest(root, found, skipped, confine.is_some())
+}
+
+/// The tree's manifest from every folder's listing (in any order) and the entries skipped:
+/// folders sorted by path. The one tail of [`scan_tree_with`] and of the split listing
+/// (`split`), so both give the same bytes.
+pub(super) fn tree_manifest(
+    root: &Path,
+    mut found: Vec<(Vec<u8>, ClassScan, Option<Owner>)>,
+    mut skipped: Vec<Skipped>,
+    owners: bool,
+) -> Result<Manifest, ManifestError> {
     found.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     let mut manifest = Manifest::empty();
-    let mut owners = confine.map(|_| OwnersBuilder::new());
+    let mut owners = owners.then(OwnersBuilder::new);
     for (path, scan, owner) in found {
         if let (Some(owners), Some(owner)) = (&mut owners, owner) {
             owners.push_class(owner);
@@ -93,7 +103,7 @@ pub fn scan_tree_with(root: &Path, owners: bool) -> Result<Manifest, ManifestErr
     manifest.into_tree()
 }
 
-fn join(parent: &[u8], name: &[u8]) -> Vec<u8> {
+pub(super) fn join(parent: &[u8], name: &[u8]) -> Vec<u8> {
     let mut path = parent.to_vec();
     if !path.is_empty() {
         path.push(b'/');
@@ -104,37 +114,13 @@ fn join(parent: &[u8], name: &[u8]) -> Vec<u8> {
 
 /// The folders of one depth, listed by a few threads; of several failures, the first
 /// folder's error is returned.
-fn scan_level(
+pub(super) fn scan_level(
     root_dir: &fs::File,
     root: &Path,
     level: &[Vec<u8>],
     confine: Option<&Path>,
 ) -> Result<Vec<DirScan>, ManifestError> {
-    let next = AtomicUsize::new(0);
-    let failed = AtomicBool::new(false);
-    let results: Mutex<Vec<Option<Result<DirScan, ManifestError>>>> =
-        Mutex::new((0..level.len()).map(|_| None).collect());
-    std::thread::scope(|s| {
-        for _ in 0..THREADS.min(level.len()) {
-            s.spawn(|| {
-                while !failed.load(Ordering::Relaxed) {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(rel) = level.get(i) else { break };
-                    let listed = scan_dir(root_dir, root, rel, confine);
-                    if listed.is_err() {
-                        failed.store(true, Ordering::Relaxed);
-                    }
-                    results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(listed);
-                }
-            });
-        }
-    });
-    let results = results.into_inner().unwrap_or_else(|e| e.into_inner());
-    // Stopped early only after a failure, which the first `None` cannot precede.
-    results
-        .into_iter()
-        .map_while(|r| r)
-        .collect::<Result<Vec<_>, _>>()
+    list_each(level, |rel| scan_dir(root_dir, root, rel, confine))
 }
 
 /// Lists the folder `rel` (relative to the root; empty for the root itself).
