@@ -458,9 +458,16 @@ impl CacheDir {
 
     /// The backend storing this folder's samples: one file per sample.
     pub(crate) fn file_backend(&self, samples: u32) -> Result<FileBackend, CacheError> {
-        FileBackend::open(&self.root, samples).map_err(|source| CacheError::NotWritable {
-            path: self.root.clone(),
-            source,
+        self.file_backend_for(samples, 1)
+    }
+
+    /// [`CacheDir::file_backend`] for a job of `world` ranks (`table`).
+    fn file_backend_for(&self, samples: u32, world: u32) -> Result<FileBackend, CacheError> {
+        FileBackend::open_for(&self.root, samples, world).map_err(|source| {
+            CacheError::NotWritable {
+                path: self.root.clone(),
+                source,
+            }
         })
     }
 
@@ -470,8 +477,18 @@ impl CacheDir {
         layout: CacheLayout,
         samples: u32,
     ) -> Result<Box<dyn CacheBackend>, CacheError> {
+        self.backend_for(layout, samples, 1)
+    }
+
+    /// [`CacheDir::backend`] for a job of `world` ranks (`table`).
+    pub(crate) fn backend_for(
+        &self,
+        layout: CacheLayout,
+        samples: u32,
+        world: u32,
+    ) -> Result<Box<dyn CacheBackend>, CacheError> {
         Ok(match layout {
-            CacheLayout::Files => Box::new(self.file_backend(samples)?),
+            CacheLayout::Files => Box::new(self.file_backend_for(samples, world)?),
             CacheLayout::Packed => {
                 Box::new(PackedBackend::open(&self.root, samples).map_err(|source| {
                     CacheError::NotWritable {

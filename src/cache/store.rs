@@ -168,8 +168,20 @@ impl SampleStore {
         manifest: Arc<Manifest>,
         source: Arc<dyn Dataset>,
     ) -> Result<SampleStore, CacheError> {
+        Self::with_backend_for(dir, backend, manifest, source, 1)
+    }
+
+    /// [`SampleStore::with_backend`] for a job of `world` ranks: what it learns of samples
+    /// takes the shape that costs least for shares of `N / world` (`super::table`).
+    pub fn with_backend_for(
+        dir: CacheDir,
+        backend: Box<dyn CacheBackend>,
+        manifest: Arc<Manifest>,
+        source: Arc<dyn Dataset>,
+        world: u32,
+    ) -> Result<SampleStore, CacheError> {
         let store = SampleStore {
-            learned: Default::default(),
+            learned: super::table::SampleTable::new(manifest.len(), world),
             claims: Claims::default(),
             stats: StoreStats::default(),
             partial: std::sync::OnceLock::new(),

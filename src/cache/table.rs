@@ -1,162 +1,189 @@
 //! What a rank has learned of the samples it holds or will hold: each one's size (when its
-//! index has none) and source modification time, kept only for the samples of this rank's
-//! share (issue 41).
+//! index has none) and source modification time ([`SampleTable`]), and the file backend's
+//! "checked" marks ([`Stamps`]).
 //!
-//! Why a table and not two arrays over every id: arrays cost 16 bytes per sample of the
-//! *dataset* on every rank (160 MB per rank at 10^7 samples, whatever the share), while a
-//! rank only ever learns about the samples it stages, receives, sends or reads. Entries go
-//! when their sample leaves the share ([`SampleTable::forget`]: the exchange's eviction and
-//! a resume's trim call it), so the table follows the share. Sharded so the FUSE threads,
-//! the exchange and staging rarely meet on one lock; a lookup is a read lock and a hash.
+//! Why two shapes: an array over every id costs a word per sample of the *dataset* on
+//! every rank (16 + 8 bytes: 240 MB per rank at 10^7 samples, whatever its share), while a
+//! rank only ever learns about the samples it stages, receives, sends or reads (its share
+//! and the next one's arrivals, about `(1 + Q) N / M`). A hash map per sample costs about
+//! three times an array slot (key, padding, empty buckets), so it pays from about four
+//! ranks on: a job of [`DENSE_UP_TO`] ranks or fewer keeps arrays (as before issue 41),
+//! more keeps sharded maps whose entries go when their sample leaves the share
+//! ([`SampleTable::forget`]: the exchange's eviction and a resume's trim call it), so they
+//! follow the share. The maps are sharded so the FUSE threads, the exchange and staging
+//! rarely meet on one lock; a lookup is a read lock and a hash.
 
 use std::collections::HashMap;
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::dataset::manifest::UNKNOWN_SIZE;
 use crate::plan::SampleId;
 
-/// Shards of the table (a power of two).
+/// Shards of a map (a power of two).
 const SHARDS: usize = 64;
 
-#[derive(Clone, Copy, Debug)]
-struct Entry {
-    /// [`UNKNOWN_SIZE`] until learned.
-    size: u64,
-    /// Nanoseconds since 1970; 0 until learned.
-    mtime: u64,
+/// Jobs of at most this many ranks keep arrays over every id (see the module docs).
+pub(crate) const DENSE_UP_TO: u32 = 4;
+
+/// A word per sample id, 0 where none was set: an array over every id, or sharded maps
+/// holding only the ids set.
+enum Words {
+    Dense(Box<[AtomicU64]>),
+    Sparse(Box<[RwLock<HashMap<SampleId, u64>>]>),
 }
 
-const EMPTY: Entry = Entry {
-    size: UNKNOWN_SIZE,
-    mtime: 0,
-};
+impl Words {
+    fn new(samples: u32, dense: bool) -> Words {
+        match dense {
+            true => Words::Dense((0..samples).map(|_| AtomicU64::new(0)).collect()),
+            false => Words::Sparse((0..SHARDS).map(|_| RwLock::default()).collect()),
+        }
+    }
 
-/// A word per sample id, kept only for the samples given one (sharded like the table):
-/// the file backend's "checked at this change stamp" marks (`super::files`).
-pub(crate) struct Stamps {
-    shards: Box<[RwLock<HashMap<SampleId, u64>>]>,
-}
+    fn shard(
+        shards: &[RwLock<HashMap<SampleId, u64>>],
+        id: SampleId,
+    ) -> &RwLock<HashMap<SampleId, u64>> {
+        // Fibonacci hashing: neighbouring ids land in different shards.
+        &shards[((u64::from(id).wrapping_mul(0x9E37_79B9_7F4A_7C15)) >> 58) as usize % SHARDS]
+    }
 
-impl Default for Stamps {
-    fn default() -> Self {
-        Stamps {
-            shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
+    fn get(&self, id: SampleId) -> u64 {
+        match self {
+            Words::Dense(w) => w.get(id as usize).map_or(0, |w| w.load(Ordering::Acquire)),
+            Words::Sparse(s) => {
+                let shard = Self::shard(s, id).read().unwrap_or_else(|e| e.into_inner());
+                shard.get(&id).copied().unwrap_or(0)
+            }
+        }
+    }
+
+    /// Sets `id`'s word to `f(old)` (0 removes a sparse entry).
+    fn update(&self, id: SampleId, f: impl Fn(u64) -> u64) {
+        match self {
+            Words::Dense(w) => {
+                if let Some(w) = w.get(id as usize) {
+                    let _ = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| Some(f(v)));
+                }
+            }
+            Words::Sparse(s) => {
+                let mut shard = Self::shard(s, id)
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner());
+                match f(shard.get(&id).copied().unwrap_or(0)) {
+                    0 => shard.remove(&id),
+                    v => shard.insert(id, v),
+                };
+            }
+        }
+    }
+
+    fn clear(&self) {
+        match self {
+            Words::Dense(w) => w.iter().for_each(|w| w.store(0, Ordering::Release)),
+            Words::Sparse(s) => {
+                (s.iter()).for_each(|s| s.write().unwrap_or_else(|e| e.into_inner()).clear())
+            }
+        }
+    }
+
+    /// Ids with a word.
+    fn len(&self) -> usize {
+        match self {
+            Words::Dense(w) => w.iter().filter(|w| w.load(Ordering::Acquire) != 0).count(),
+            Words::Sparse(s) => s
+                .iter()
+                .map(|s| s.read().unwrap_or_else(|e| e.into_inner()).len())
+                .sum(),
         }
     }
 }
 
-impl Stamps {
-    fn shard(&self, id: SampleId) -> &RwLock<HashMap<SampleId, u64>> {
-        &self.shards[shard_of(id)]
-    }
-
-    /// `id`'s stamp, 0 if it has none.
-    pub(crate) fn get(&self, id: SampleId) -> u64 {
-        let shard = self.shard(id).read().unwrap_or_else(|e| e.into_inner());
-        shard.get(&id).copied().unwrap_or(0)
-    }
-
-    pub(crate) fn set(&self, id: SampleId, stamp: u64) {
-        let mut shard = self.shard(id).write().unwrap_or_else(|e| e.into_inner());
-        shard.insert(id, stamp);
-    }
-
-    pub(crate) fn remove(&self, id: SampleId) {
-        let mut shard = self.shard(id).write().unwrap_or_else(|e| e.into_inner());
-        shard.remove(&id);
-    }
-
-    pub(crate) fn clear(&self) {
-        for shard in self.shards.iter() {
-            shard.write().unwrap_or_else(|e| e.into_inner()).clear();
-        }
-    }
-}
-
-/// The shard of `id`: Fibonacci hashing, so neighbouring ids land in different shards.
-fn shard_of(id: SampleId) -> usize {
-    ((u64::from(id).wrapping_mul(0x9E37_79B9_7F4A_7C15)) >> 58) as usize % SHARDS
-}
-
-/// Sizes and source times by sample id, for this rank's samples only.
+/// Sizes and source times by sample id.
 pub(crate) struct SampleTable {
-    shards: Box<[RwLock<HashMap<SampleId, Entry>>]>,
-}
-
-impl Default for SampleTable {
-    fn default() -> Self {
-        SampleTable {
-            shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
-        }
-    }
+    /// Size + 1; 0: not known.
+    sizes: Words,
+    /// Nanoseconds since 1970; 0: not known.
+    mtimes: Words,
 }
 
 impl SampleTable {
-    fn shard(&self, id: SampleId) -> usize {
-        shard_of(id)
-    }
-
-    fn read(&self, id: SampleId) -> RwLockReadGuard<'_, HashMap<SampleId, Entry>> {
-        self.shards[self.shard(id)]
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn write(&self, id: SampleId) -> RwLockWriteGuard<'_, HashMap<SampleId, Entry>> {
-        self.shards[self.shard(id)]
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn get(&self, id: SampleId) -> Entry {
-        self.read(id).get(&id).copied().unwrap_or(EMPTY)
+    /// The table of a dataset of `samples` samples in a job of `world` ranks.
+    pub(crate) fn new(samples: u32, world: u32) -> SampleTable {
+        let dense = world <= DENSE_UP_TO;
+        SampleTable {
+            sizes: Words::new(samples, dense),
+            mtimes: Words::new(samples, dense),
+        }
     }
 
     /// The learned size of `id`, if any.
     pub(crate) fn size(&self, id: SampleId) -> Option<u64> {
-        Some(self.get(id).size).filter(|&s| s != UNKNOWN_SIZE)
+        self.sizes.get(id).checked_sub(1)
     }
 
     /// Records a size only if none is known (a known size never changes behind a caller's
     /// back).
     pub(crate) fn learn_size(&self, id: SampleId, len: u64) {
-        let mut shard = self.write(id);
-        let entry = shard.entry(id).or_insert(EMPTY);
-        if entry.size == UNKNOWN_SIZE {
-            entry.size = len;
+        if len != UNKNOWN_SIZE {
+            self.sizes
+                .update(id, |old| if old == 0 { len + 1 } else { old });
         }
     }
 
     /// Forgets `id`'s size (a copy it was learned from turned out torn).
     pub(crate) fn unlearn_size(&self, id: SampleId) {
-        if let Some(entry) = self.write(id).get_mut(&id) {
-            entry.size = UNKNOWN_SIZE;
-        }
+        self.sizes.update(id, |_| 0);
     }
 
     /// `id`'s source time in nanoseconds since 1970, 0 if not known.
     pub(crate) fn mtime(&self, id: SampleId) -> u64 {
-        self.get(id).mtime
+        self.mtimes.get(id)
     }
 
     /// Records a source time (a later one wins); 0 is ignored.
     pub(crate) fn learn_mtime(&self, id: SampleId, nanos: u64) {
         if nanos != 0 {
-            self.write(id).entry(id).or_insert(EMPTY).mtime = nanos;
+            self.mtimes.update(id, |_| nanos);
         }
     }
 
     /// `id` left this rank's share: nothing of it is kept.
     pub(crate) fn forget(&self, id: SampleId) {
-        self.write(id).remove(&id);
+        self.sizes.update(id, |_| 0);
+        self.mtimes.update(id, |_| 0);
     }
 
-    /// Samples with an entry (for tests and the memory bench).
+    /// Samples with a learned size or time (tests, benches; O(N) for arrays).
     pub(crate) fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.read().unwrap_or_else(|e| e.into_inner()).len())
-            .sum()
+        self.sizes.len().max(self.mtimes.len())
+    }
+}
+
+/// The file backend's "checked at this change stamp" marks (`super::files`); 0: none.
+pub(crate) struct Stamps(Words);
+
+impl Stamps {
+    /// The marks of a dataset of `samples` samples in a job of `world` ranks.
+    pub(crate) fn new(samples: u32, world: u32) -> Stamps {
+        Stamps(Words::new(samples, world <= DENSE_UP_TO))
+    }
+
+    pub(crate) fn get(&self, id: SampleId) -> u64 {
+        self.0.get(id)
+    }
+
+    pub(crate) fn set(&self, id: SampleId, stamp: u64) {
+        self.0.update(id, |_| stamp);
+    }
+
+    pub(crate) fn remove(&self, id: SampleId) {
+        self.0.update(id, |_| 0);
+    }
+
+    pub(crate) fn clear(&self) {
+        self.0.clear();
     }
 }
 
@@ -165,29 +192,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sizes_are_learned_once_and_forgotten_with_the_sample() {
-        let t = SampleTable::default();
-        assert_eq!(t.size(7), None);
-        t.learn_size(7, 100);
-        t.learn_size(7, 200);
-        assert_eq!(t.size(7), Some(100), "a known size never changes");
-        t.learn_mtime(7, 5);
-        t.learn_mtime(7, 0);
-        assert_eq!(t.mtime(7), 5);
-        t.unlearn_size(7);
-        assert_eq!((t.size(7), t.mtime(7)), (None, 5));
-        t.forget(7);
-        assert_eq!((t.size(7), t.mtime(7), t.len()), (None, 0, 0));
+    fn sizes_are_learned_once_and_forgotten_with_the_sample_in_both_shapes() {
+        for world in [1, DENSE_UP_TO + 1] {
+            let t = SampleTable::new(10, world);
+            assert_eq!(t.size(7), None);
+            t.learn_size(7, 0);
+            t.learn_size(7, 200);
+            assert_eq!(t.size(7), Some(0), "a known size never changes");
+            t.learn_mtime(7, 5);
+            t.learn_mtime(7, 0);
+            assert_eq!(t.mtime(7), 5);
+            t.unlearn_size(7);
+            assert_eq!((t.size(7), t.mtime(7)), (None, 5));
+            t.forget(7);
+            assert_eq!((t.size(7), t.mtime(7), t.len()), (None, 0, 0));
+        }
     }
 
     #[test]
-    fn only_samples_learned_about_take_room() {
-        let t = SampleTable::default();
-        for id in (0..1000).step_by(10) {
-            t.learn_size(id, u64::from(id));
+    fn stamps_are_set_and_removed_in_both_shapes() {
+        for world in [1, DENSE_UP_TO + 1] {
+            let s = Stamps::new(10, world);
+            s.set(3, 9);
+            assert_eq!((s.get(3), s.get(4)), (9, 0));
+            s.remove(3);
+            assert_eq!(s.get(3), 0);
+            s.set(4, 1);
+            s.clear();
+            assert_eq!(s.get(4), 0);
         }
-        assert_eq!(t.len(), 100);
-        assert_eq!(t.size(990), Some(990));
-        assert_eq!(t.size(991), None);
     }
 }

@@ -58,10 +58,10 @@ fn open_backend(
     config: &MountConfig,
     dir: &CacheDir,
     kept: bool,
-    samples: u32,
+    (samples, world): (u32, u32),
 ) -> Result<Box<dyn CacheBackend>, PhaseError> {
     let backend = dir
-        .backend(config.layout, samples)
+        .backend_for(config.layout, samples, world)
         .map_err(PhaseError::mine)?;
     if !kept {
         backend.clear().map_err(|e| {
@@ -88,7 +88,7 @@ pub(crate) fn belongs(
     samples: u32,
 ) -> Result<(Job, Box<dyn CacheBackend>), StartError> {
     let local = kept(config, dir, state, expected).and_then(|kept| {
-        let backend = open_backend(config, dir, kept.is_some(), samples)?;
+        let backend = open_backend(config, dir, kept.is_some(), (samples, comm.size()))?;
         Ok((kept, backend))
     });
     let (mine, backend) = agreed(comm, local)?;

@@ -52,11 +52,12 @@ pub(crate) fn open_store(
     config: &MountConfig,
     (dir, backend): (CacheDir, Box<dyn CacheBackend>),
     manifest: Manifest,
+    world: u32,
 ) -> Result<Arc<SampleStore>, StartError> {
     let manifest = Arc::new(manifest);
     let dataset = config.format().open(&config.source, manifest.clone());
-    Ok(Arc::new(SampleStore::with_backend(
-        dir, backend, manifest, dataset,
+    Ok(Arc::new(SampleStore::with_backend_for(
+        dir, backend, manifest, dataset, world,
     )?))
 }
 

@@ -162,7 +162,7 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
     };
     let (plan, elastic) = fill::plan(comm, config, params, &job)?;
     let plans = (&plan, elastic.as_ref());
-    let store = fill::open_store(config, (dir, backend), manifest)?;
+    let store = fill::open_store(config, (dir, backend), manifest, comm.size())?;
     let (fit, store, resumed) =
         fill::fit_and_fill(comm, config, plans, store, (&cache_path, made), job)?;
     // A coded cache that does not fit is planned as kept sets from here on (`fit_coded`).
