@@ -82,7 +82,7 @@ pub(crate) fn index(
     dir: &CacheDir,
     reusable: Option<&CacheState>,
 ) -> Result<(Manifest, Vec<u8>, bool), StartError> {
-    let split = splits(config, comm.size());
+    let split = splits(config, comm);
     let mut built = None;
     let outcome = decide(comm, || -> Result<Vec<u8>, String> {
         let (mut m, scanned) = match cached(config, dir, reusable) {
@@ -139,11 +139,16 @@ fn cached(config: &MountConfig, dir: &CacheDir, reusable: Option<&CacheState>) -
 /// 0: reused from the cache, 1: scanned by rank 0).
 const SPLIT: u8 = 2;
 
-/// Whether the source is listed by every rank (a folder of files, on more than one rank);
-/// records and S3 sources are scanned by rank 0 alone.
-fn splits(config: &MountConfig, world: u32) -> bool {
+/// Whether the source is listed by every rank: a folder of files, in a job on more than one
+/// host. On one host the ranks share its cores and its disk, so splitting the listing gains
+/// nothing and costs memory (every rank gathers every part and builds the manifest at once:
+/// 149-152 -> 158-160 MiB per rank at 10^6 files, 8 ranks, `benches/rank_memory.sh`);
+/// rank 0 lists and broadcasts as before. Records and S3 sources are scanned by rank 0 alone.
+fn splits(config: &MountConfig, comm: &dyn Comm) -> bool {
     let folders = matches!(config.format(), Format::Imagefolder | Format::Tree);
-    world > 1 && folders && !crate::dataset::s3::is_s3(&config.source)
+    let hosts = comm.hosts();
+    let several_hosts = hosts.iter().any(|&h| h != hosts[0]);
+    several_hosts && folders && !crate::dataset::s3::is_s3(&config.source)
 }
 
 /// The all-gather the split listing runs over.

@@ -509,24 +509,31 @@ mod tests {
         }
         let want = crate::dataset::scan::scan(&src).unwrap().encode();
         let args = folders.args("global");
-        let handles: Vec<_> = LocalComm::world(3)
-            .into_iter()
-            .map(|comm| {
-                let args = args.clone();
-                std::thread::spawn(move || {
-                    let (mut comm, _, sent) = Metered::with_sent(comm);
-                    let p = prepare(&cfg(args), &mut comm).unwrap();
-                    let got = p.store.manifest().encode();
-                    (got, sent.load(std::sync::atomic::Ordering::Relaxed))
+        // One rank per host: the listing is split; on one host it is rank 0's alone.
+        for hosts in [[0, 1, 2], [0, 0, 0]] {
+            let handles: Vec<_> = LocalComm::world_on_hosts(&hosts)
+                .into_iter()
+                .map(|comm| {
+                    let args = args.clone();
+                    std::thread::spawn(move || {
+                        let (mut comm, _, sent) = Metered::with_sent(comm);
+                        let p = prepare(&cfg(args), &mut comm).unwrap();
+                        let got = p.store.manifest().encode();
+                        (got, sent.load(std::sync::atomic::Ordering::Relaxed))
+                    })
                 })
-            })
-            .collect();
-        for (rank, h) in handles.into_iter().enumerate() {
-            let (got, sent) = h.join().unwrap();
-            assert!(got == want, "rank {rank}'s manifest");
-            // Classes a, d are rank 0's; b, e rank 1's; c rank 2's: 40 names of 100 bytes
-            // in each of c, d, e.
-            assert!(sent > 4000, "rank {rank} sent {sent} bytes");
+                .collect();
+            for (rank, h) in handles.into_iter().enumerate() {
+                let (got, sent) = h.join().unwrap();
+                assert!(got == want, "rank {rank}'s manifest");
+                // Split: classes a, d are rank 0's; b, e rank 1's; c rank 2's: 40 names of
+                // 100 bytes in each of c, d, e.
+                match (hosts[1] != hosts[0], rank) {
+                    (true, _) => assert!(sent > 4000, "rank {rank} sent {sent} bytes"),
+                    (false, 1 | 2) => assert!(sent < 4000, "rank {rank} sent {sent} bytes"),
+                    (false, _) => {}
+                }
+            }
         }
     }
 
@@ -537,7 +544,7 @@ mod tests {
         let folders = Folders::new(3);
         let src = folders.root.path().join("src");
         let args = folders.args_with("global", &["--replicate", "nothing/*.json"]);
-        for err in folders.start_with(args, &[0, 0, 0]) {
+        for err in folders.start_with(args, &[0, 1, 2]) {
             let err = err.unwrap_err();
             assert!(
                 err.starts_with("rank 0: ") && err.contains("matches no file"),
@@ -549,7 +556,7 @@ mod tests {
             std::fs::remove_dir_all(src.join(class)).unwrap();
             std::fs::create_dir(src.join(class)).unwrap();
         }
-        for err in folders.start("global", &[0, 0, 0]) {
+        for err in folders.start("global", &[0, 1, 2]) {
             let err = err.unwrap_err();
             assert!(
                 err.starts_with("rank 0: ") && err.contains("no sample files"),
