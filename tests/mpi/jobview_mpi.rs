@@ -349,7 +349,15 @@ fn rows_move(job: &MpiJob) -> Vec<u64> {
     let mut seen: Vec<u64> = Vec::new();
     while seen.len() < 2 {
         let row = job.status(0)["job"]["ranks"][1].clone();
-        let running = exchange(&job.status(1), 1).is_some_and(|x| x["state"] == "running");
+        // Running until its last byte moved: a rank that holds what it needs reports its
+        // exchange done while its own (paced) sends still go out.
+        let moving = |x: &serde_json::Value| {
+            let n = |k: &str| x[k].as_u64().unwrap_or(0);
+            x["state"] == "running"
+                || n("bytes_sent") + n("bytes_received")
+                    < n("bytes_to_send") + n("bytes_to_receive")
+        };
+        let running = exchange(&job.status(1), 1).is_some_and(moving);
         let x = &row["exchange"];
         let (done, total) = (x["done_bytes"].as_u64(), x["total_bytes"].as_u64());
         if running && x["into_epoch"] == 1 {
