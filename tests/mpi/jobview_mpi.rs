@@ -325,12 +325,15 @@ fn rows_move_while_an_exchange_runs() {
     let slow = ["--exchange-rate", "20000", "--share-disk", "never"];
     let mut job = MpiJob::start(dir, RANKS, 7, 0.5, &slow);
     let (follow, stderr) = follow(&job);
-    // The exchange into epoch 1 starts at mount; opening epoch 1 waits for it.
+    // The exchange into epoch 1 starts at mount. Its rows are watched before anyone opens
+    // epoch 1: an advance right after the last stream arrived would end the watch before a
+    // row could show it (a row is up to a period old).
+    let seen = rows_move(&job);
+    assert!(seen[0] < seen[1], "{seen:?}");
+    // Opening epoch 1 waits for the exchange.
     let listings: Vec<_> = (job.mounts.iter().map(|m| m.join("epoch-1")))
         .map(|e| std::thread::spawn(move || std::fs::read_dir(e).map(|d| d.count())))
         .collect();
-    let seen = rows_move(&job);
-    assert!(seen[0] < seen[1], "{seen:?}");
     for l in listings {
         let listed = l.join().unwrap();
         assert!(listed.as_ref().is_ok_and(|&n| n > 0), "{listed:?}");
