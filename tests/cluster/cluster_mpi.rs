@@ -584,7 +584,7 @@ fn a_peer_on_a_slow_link_is_given_up_and_its_samples_come_from_the_source() {
         RANKS,
         SEED,
         Q,
-        &["--slow-peer-factor", "2", "--slow-peer-grace", "0.3"],
+        &["--slow-peer-factor", "2", "--slow-peer-grace", "1"],
     );
     let daemons = daemons_on_their_hosts(&cluster, &job, 1);
     wait_all(&job, "staging", |st| {
