@@ -23,13 +23,12 @@
 //! every rank at the same collective, with its message (naming the path) under its rank
 //! ([`SplitError::Failed`], the same list on every rank); no rank is left waiting.
 
-use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::tree::{DirScan, join, scan_level, tree_manifest};
+use super::tree::{DirScan, join, open_root, scan_level, tree_manifest};
 use super::{ClassScan, finish_classes, list_classes, list_each, scan_class};
 use crate::dataset::manifest::{Manifest, ManifestError};
 use crate::dataset::names::{Skipped, is_safe_name};
@@ -184,22 +183,6 @@ fn safe(names: &[Vec<u8>]) -> Result<(), SplitError> {
         true => Ok(()),
         false => Err(SplitError::Comm("a part holds a name no folder may".into())),
     }
-}
-
-/// The root opened for listing and, under `owners`, its canonical path (the scans' checks).
-fn open_root(root: &Path, owners: bool) -> Result<(fs::File, Option<PathBuf>), ManifestError> {
-    let io_err = |source| ManifestError::Io {
-        path: root.to_path_buf(),
-        source,
-    };
-    if !fs::metadata(root).map_err(io_err)?.is_dir() {
-        return Err(ManifestError::NotADir(root.to_path_buf()));
-    }
-    let confine = match owners {
-        true => Some(fs::canonicalize(root).map_err(io_err)?),
-        false => None,
-    };
-    Ok((fs::File::open(root).map_err(io_err)?, confine))
 }
 
 /// The items of `all` dealt to this rank: every `ranks`-th from `rank`.

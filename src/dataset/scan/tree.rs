@@ -15,7 +15,7 @@ use std::fs;
 use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use nix::dir::{Dir, Type};
 use nix::fcntl::{AtFlags, OFlag};
@@ -41,9 +41,11 @@ pub fn scan_tree(root: &Path) -> Result<Manifest, ManifestError> {
     scan_tree_with(root, false)
 }
 
-/// [`scan_tree`]; with `owners` (`--allow-other`), also each folder's and sample's owner
-/// and mode (a `stat` each), and links out of the source skipped (see `dataset::owners`).
-pub fn scan_tree_with(root: &Path, owners: bool) -> Result<Manifest, ManifestError> {
+/// The root opened for listing and, under `owners`, its canonical path (the scans' checks).
+pub(super) fn open_root(
+    root: &Path,
+    owners: bool,
+) -> Result<(fs::File, Option<PathBuf>), ManifestError> {
     let io_err = |source| ManifestError::Io {
         path: root.to_path_buf(),
         source,
@@ -55,7 +57,13 @@ pub fn scan_tree_with(root: &Path, owners: bool) -> Result<Manifest, ManifestErr
         true => Some(fs::canonicalize(root).map_err(io_err)?),
         false => None,
     };
-    let root_dir = fs::File::open(root).map_err(io_err)?;
+    Ok((fs::File::open(root).map_err(io_err)?, confine))
+}
+
+/// [`scan_tree`]; with `owners` (`--allow-other`), also each folder's and sample's owner
+/// and mode (a `stat` each), and links out of the source skipped (see `dataset::owners`).
+pub fn scan_tree_with(root: &Path, owners: bool) -> Result<Manifest, ManifestError> {
+    let (root_dir, confine) = open_root(root, owners)?;
     let mut level: Vec<Vec<u8>> = vec![Vec::new()];
     let mut found = Vec::new();
     let mut skipped = Vec::new();
