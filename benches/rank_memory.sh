@@ -3,7 +3,8 @@
 # (issue 41: what each rank holds should follow its share, not the dataset). A tree of
 # FILES empty files in FOLDERS folders (`--format tree`), `mpirun -np M shufflefs mount`,
 # every rank's status answering, one advance (the exchange into epoch 1), then each daemon's
-# VmHWM and the cache's manifest.bin; the job is unmounted. Binaries are alternated per M
+# VmHWM (peak RSS), its anonymous RSS and PSS (proportional: pages shared between daemons
+# counted once over them) after the advance, and the cache's manifest.bin; the job is unmounted. Binaries are alternated per M
 # so that both see the same machine state.
 #
 #   bash benches/rank_memory.sh BINARY [BINARY...]          (ranks 1 4 8)
@@ -26,8 +27,8 @@ for i in range(n):
     open(f"{root}/d{i % f:05}/sample-{i:09}.bin", "w").close()
 PY
 echo "machine: $(nproc) cores; $files empty files in $folders folders (--format tree)"
-echo "| binary | ranks | peak RSS per daemon MiB (min-max) | sum MiB | manifest.bin MB per cache |"
-echo "|---|---:|---:|---:|---:|"
+echo "| binary | ranks | peak RSS per daemon MiB (min-max) | sum MiB | anonymous RSS after the advance MiB | sum | PSS after the advance MiB | sum | manifest.bin MB per cache |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
 for m in "${ranks[@]}"; do
   for bin in "$@"; do
     bin=$(realpath "$bin")
@@ -44,13 +45,15 @@ for m in "${ranks[@]}"; do
     done
     for k in $(seq 0 $((m - 1))); do ls "$work/mnt$k/epoch-1" >/dev/null & done
     wait $(jobs -p | grep -v "^$job$") 2>/dev/null || true
-    peaks=()
+    peaks=() anon=() pss=()
     for pid in $(pgrep -f "^$bin mount --format tree"); do
       peaks+=("$(awk '/VmHWM/ {print $2}' "/proc/$pid/status")")
+      anon+=("$(awk '/RssAnon/ {print $2}' "/proc/$pid/status")")
+      pss+=("$(awk '/^Pss:/ {print $2}' "/proc/$pid/smaps_rollup")")
     done
     manifest=$(stat -c %s "$work/cache0/manifest.bin" 2>/dev/null || echo 0)
-    printf '%s\n' "${peaks[@]}" | sort -n | awk -v b="$(basename "$bin")" -v m="$m" -v man="$manifest" \
-      '{a[NR]=$1; s+=$1} END {printf "| %s | %d | %.0f-%.0f | %.0f | %.1f |\n", b, m, a[1]/1024, a[NR]/1024, s/1024, man/1e6}'
+    range() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1; s+=$1} END {printf "%.0f-%.0f | %.0f", a[1]/1024, a[NR]/1024, s/1024}'; }
+    echo "| $(basename "$bin") | $m | $(range "${peaks[@]}") | $(range "${anon[@]}") | $(range "${pss[@]}") | $(awk -v b="$manifest" 'BEGIN {printf "%.1f", b/1e6}') |"
     for k in $(seq 0 $((m - 1))); do "$bin" unmount "$work/mnt$k" >/dev/null 2>&1 & done
     wait "$job" 2>/dev/null || true
   done

@@ -9,6 +9,7 @@ use std::path::Path;
 
 use super::StartError;
 use super::agree::{self, PhaseError, agreed, decided};
+use super::shared::{self, Encoded};
 use crate::cache::{CacheDir, CacheState, FORMAT_VERSION};
 use crate::comm::{Comm, Reduce, decide};
 use crate::config::MountConfig;
@@ -69,9 +70,10 @@ pub(crate) fn source_name(config: &MountConfig, state: Option<&CacheState>) -> S
 }
 
 /// The index (loaded from rank 0's cache when reusable, else built from the source), its
-/// encoding, and whether the source was scanned for it, on every rank. Rank 0 keeps the
-/// manifest it loaded or built and ships its encoding (after one byte: scanned or not);
-/// only the other ranks decode, so no rank holds more than one manifest and one encoding.
+/// encoding, and whether the source was scanned for it, on every rank. In a job of several
+/// ranks rank 0 ships the encoding to each host once, where its ranks map it
+/// (`shared::distribute`: one copy of the names per host); alone, it keeps the manifest it
+/// loaded or built.
 /// A folder source on several ranks is listed by all of them instead (`scan_split`): rank
 /// 0 then ships one byte, [`SPLIT`], and every rank ends with the same manifest.
 /// Rank 0's names need no check: a scan's come from the kernel (no '/', NUL, '.', '..' or
@@ -81,9 +83,10 @@ pub(crate) fn index(
     comm: &mut dyn Comm,
     dir: &CacheDir,
     reusable: Option<&CacheState>,
-) -> Result<(Manifest, Vec<u8>, bool), StartError> {
+) -> Result<(Manifest, Encoded, bool), StartError> {
     let split = splits(config, comm);
-    let mut built = None;
+    let per_host = comm.size() > 1;
+    let (mut built, mut full) = (None, None);
     let outcome = decide(comm, || -> Result<Vec<u8>, String> {
         let (mut m, scanned) = match cached(config, dir, reusable) {
             Some(m) => (m, false),
@@ -95,6 +98,12 @@ pub(crate) fn index(
         if !config.owners_per_entry() {
             m.clear_owners();
         }
+        if per_host {
+            // Sent to each host's first rank and mapped there (`shared`); the others
+            // learn only that.
+            full = Some(m.encode());
+            return Ok(vec![PER_HOST, u8::from(scanned)]);
+        }
         let mut bytes = vec![u8::from(scanned)];
         bytes.extend(m.encode());
         built = Some(m);
@@ -103,7 +112,11 @@ pub(crate) fn index(
     let mut bytes = decided(comm, outcome)?;
     if bytes == [SPLIT] {
         let (m, bytes) = scan_split(config, comm)?;
-        return Ok((m, bytes, true));
+        return Ok((m, Encoded::Owned(bytes), true));
+    }
+    if let [PER_HOST, scanned] = bytes[..] {
+        let (m, encoded) = shared::distribute(comm, full.unwrap_or_default())?;
+        return Ok((m, encoded, scanned == 1));
     }
     if bytes.is_empty() {
         return Err(StartError::Malformed("manifest"));
@@ -113,7 +126,7 @@ pub(crate) fn index(
         Some(m) => m,
         None => Manifest::decode(&bytes).map_err(|_| StartError::Malformed("manifest"))?,
     };
-    Ok((manifest, bytes, scanned))
+    Ok((manifest, Encoded::Owned(bytes), scanned))
 }
 
 /// The index saved in rank 0's cache, if it was built with the same format and framing
@@ -138,6 +151,10 @@ fn cached(config: &MountConfig, dir: &CacheDir, reusable: Option<&CacheState>) -
 /// The first byte of rank 0's answer that says the source is listed by every rank (after
 /// 0: reused from the cache, 1: scanned by rank 0).
 const SPLIT: u8 = 2;
+
+/// The first byte of rank 0's answer that says the manifest goes to every host once and is
+/// mapped there (`shared`); the second says whether it was scanned.
+const PER_HOST: u8 = 3;
 
 /// Whether the source is listed by every rank: a folder of files, in a job on more than one
 /// host. On one host the ranks share its cores and its disk, so splitting the listing gains

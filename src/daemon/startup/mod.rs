@@ -52,6 +52,7 @@ mod index;
 mod local;
 mod rescan;
 mod settings;
+mod shared;
 mod side;
 
 pub(crate) use agree::{PhaseError, agreed};

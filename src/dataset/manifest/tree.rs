@@ -255,7 +255,7 @@ mod tests {
         assert!(with(&|f| f.classes[1] = b"q/x".to_vec()).is_err());
         assert!(with(&|f| f.classes[1] = b"a//".to_vec()).is_err());
         assert!(with(&|f| f.classes[1] = Vec::new()).is_err());
-        assert!(with(&|f| f.names[0] = b'/').is_err());
+        assert!(with(&|f| f.names.to_mut()[0] = b'/').is_err());
         assert!(with(&|_| ()).is_ok());
     }
 }

@@ -1,0 +1,222 @@
+//! One copy of the manifest per host, not one per rank (issue 41).
+//!
+//! Rank 0 holds the manifest's encoding (loaded from its cache or scanned). It used to
+//! broadcast it to every rank, and every rank decoded its own copy: the whole dataset's
+//! names on each of a host's ranks (eight copies on an 8-GPU node). Now only the first rank
+//! of each host receives it (a broadcast among those ranks), writes it into an anonymous
+//! memory file (`memfd`), and tells the host's other ranks where it is
+//! (`/proc/<pid>/fd/<fd>`); every rank of the host maps that file and decodes from the
+//! mapping with the sample names left in it (`Manifest::decode_mapped`). The names, most of
+//! a folder manifest, then count once per host; what each rank still decodes for itself is
+//! ~4 bytes per sample (where each name ends) and what is per folder.
+//!
+//! The file lives as long as some rank maps it and is never a path anyone could find later,
+//! so a killed job leaves nothing behind. A rank that cannot open its host's file (another
+//! user's process, a process namespace of its own) says so with one flag, and its host's
+//! first rank sends it the bytes instead: slower, never wrong.
+
+use std::fs::File;
+use std::io::Write;
+use std::ops::Deref;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+
+use memmap2::Mmap;
+use nix::sys::memfd::{MFdFlags, memfd_create};
+
+use super::StartError;
+use crate::comm::{Comm, Reduce};
+use crate::dataset::Manifest;
+
+/// The manifest's encoding as this rank holds it.
+pub(crate) enum Encoded {
+    Owned(Vec<u8>),
+    /// The host's shared file, mapped.
+    Mapped(Arc<Mmap>),
+}
+
+impl Deref for Encoded {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Encoded::Owned(v) => v,
+            Encoded::Mapped(m) => m,
+        }
+    }
+}
+
+/// Collective: the manifest whose encoding rank 0 passes in `bytes` (empty elsewhere), on
+/// every rank, decoded from one mapping per host where the host allows it.
+pub(crate) fn distribute(
+    comm: &mut dyn Comm,
+    bytes: Vec<u8>,
+) -> Result<(Manifest, Encoded), StartError> {
+    distribute_with(comm, bytes, &map_path)
+}
+
+/// [`distribute`], with the host's file opened by `open`.
+fn distribute_with(
+    comm: &mut dyn Comm,
+    bytes: Vec<u8>,
+    open: &(dyn Fn(&[u8]) -> std::io::Result<Arc<Mmap>> + Sync),
+) -> Result<(Manifest, Encoded), StartError> {
+    let (me, hosts) = (comm.rank() as usize, comm.hosts().to_vec());
+    let leader = hosts.iter().position(|&h| h == hosts[me]) == Some(me);
+    // Both splits are collective on every rank; the first rank of a host is rank 0 of its
+    // host's communicator (splits keep the ranks' order).
+    let mut leaders = comm.split(u32::from(!leader))?;
+    let mut host = comm.split(hosts[me])?;
+    let mut file = None;
+    let mut encoded = Encoded::Owned(Vec::new());
+    if leader {
+        let bytes = leaders.broadcast(0, bytes)?;
+        match in_memory_file(&bytes) {
+            Ok((f, map)) => (file, encoded) = (Some(f), Encoded::Mapped(map)),
+            Err(e) => {
+                tracing::warn!("the manifest is kept per rank on this host: no memory file: {e}");
+                encoded = Encoded::Owned(bytes);
+            }
+        }
+    }
+    drop(leaders);
+    let path = file
+        .as_ref()
+        .map(|f| format!("/proc/{}/fd/{}", std::process::id(), f.as_raw_fd()));
+    let path = host.broadcast(0, path.unwrap_or_default().into_bytes())?;
+    if !leader {
+        encoded = match open(&path) {
+            Ok(map) => Encoded::Mapped(map),
+            Err(e) => {
+                tracing::debug!("the host's manifest file could not be mapped: {e}");
+                Encoded::Owned(Vec::new())
+            }
+        };
+    }
+    let needs = u64::from(matches!(&encoded, Encoded::Owned(v) if v.is_empty()));
+    // Also the barrier after which the leader may close its file: every rank mapped it.
+    if host.all_reduce(&[needs], Reduce::Max)? == [1] {
+        let got = host.broadcast(0, if leader { encoded.to_vec() } else { Vec::new() })?;
+        if needs == 1 {
+            encoded = Encoded::Owned(got);
+        }
+    }
+    drop(file);
+    let manifest = match &encoded {
+        Encoded::Mapped(map) => Manifest::decode_mapped(map),
+        Encoded::Owned(v) => Manifest::decode(v),
+    };
+    let manifest = manifest.map_err(|_| StartError::Malformed("manifest"))?;
+    Ok((manifest, encoded))
+}
+
+/// `bytes` in an anonymous memory file, and its mapping.
+fn in_memory_file(bytes: &[u8]) -> std::io::Result<(File, Arc<Mmap>)> {
+    let fd = memfd_create(c"shufflefs-manifest", MFdFlags::MFD_CLOEXEC)?;
+    let mut file = File::from(fd);
+    file.write_all(bytes)?;
+    // SAFETY: the file is this process's own memory file, written above and never written
+    // or truncated after; the ranks that open it map it read-only.
+    let map = unsafe { Mmap::map(&file) }?;
+    Ok((file, Arc::new(map)))
+}
+
+/// The host's memory file, named by its first rank, mapped read-only.
+fn map_path(path: &[u8]) -> std::io::Result<Arc<Mmap>> {
+    let path = std::str::from_utf8(path).map_err(std::io::Error::other)?;
+    if path.is_empty() {
+        return Err(std::io::Error::other(
+            "the host's first rank has no memory file",
+        ));
+    }
+    let file = File::open(path)?;
+    // SAFETY: the host's first rank wrote the file before naming it and never changes it
+    // (see `in_memory_file`); a memory file cannot be truncated by anyone else.
+    let map = unsafe { Mmap::map(&file) }?;
+    Ok(Arc::new(map))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::comm::LocalComm;
+    use crate::dataset::manifest::UNKNOWN_SIZE;
+
+    fn manifest() -> Manifest {
+        let class = |c: &str, n: usize| {
+            let names = (0..n).map(|i| (format!("s{i:04}.bin").into_bytes(), UNKNOWN_SIZE));
+            (c.as_bytes().to_vec(), names.collect())
+        };
+        Manifest::from_parts(vec![class("a", 30), class("b", 7)]).unwrap()
+    }
+
+    /// Two hosts of three and one rank: every rank gets the manifest rank 0 had, with the
+    /// names in a mapping (in one process every "host" can open every file).
+    #[test]
+    fn every_rank_decodes_the_same_manifest_from_its_hosts_file() {
+        let want = manifest();
+        let handles: Vec<_> = LocalComm::world_on_hosts(&[5, 5, 5, 9, 9, 9, 2])
+            .into_iter()
+            .map(|mut c| {
+                let bytes = if c.rank() == 0 {
+                    manifest().encode()
+                } else {
+                    Vec::new()
+                };
+                std::thread::spawn(move || {
+                    let (m, encoded) = distribute(&mut c, bytes).unwrap();
+                    (m, matches!(encoded, Encoded::Mapped(_)), encoded.to_vec())
+                })
+            })
+            .collect();
+        for h in handles {
+            let (m, mapped, bytes) = h.join().unwrap();
+            assert_eq!(m, want);
+            assert!(mapped && m.names_mapped());
+            assert_eq!(bytes, want.encode());
+        }
+    }
+
+    /// A rank that cannot open its host's file is sent the bytes by its host's first rank;
+    /// the others still map.
+    #[test]
+    fn a_rank_that_cannot_map_its_hosts_file_is_sent_the_bytes() {
+        let want = manifest();
+        let handles: Vec<_> = LocalComm::world_on_hosts(&[5, 5, 5])
+            .into_iter()
+            .map(|mut c| {
+                let bytes = if c.rank() == 0 {
+                    manifest().encode()
+                } else {
+                    Vec::new()
+                };
+                std::thread::spawn(move || {
+                    let refuse = c.rank() == 2;
+                    let open = move |p: &[u8]| match refuse {
+                        true => Err(std::io::Error::other("refused")),
+                        false => map_path(p),
+                    };
+                    let (m, encoded) = distribute_with(&mut c, bytes, &open).unwrap();
+                    (m, matches!(encoded, Encoded::Mapped(_)))
+                })
+            })
+            .collect();
+        let got: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        assert!(got.iter().all(|(m, _)| *m == want));
+        let mapped: Vec<bool> = got.iter().map(|g| g.1).collect();
+        assert_eq!(mapped, [true, true, false]);
+        assert!(!got[2].0.names_mapped());
+    }
+
+    #[test]
+    fn a_memory_file_is_found_by_its_proc_path_and_outlives_its_descriptor() {
+        assert!(map_path(b"").is_err());
+        assert!(map_path(b"/proc/1/fd/999999").is_err());
+        let want = manifest();
+        let (file, map) = in_memory_file(&want.encode()).unwrap();
+        let path = format!("/proc/{}/fd/{}", std::process::id(), file.as_raw_fd());
+        let again = map_path(path.as_bytes()).unwrap();
+        assert_eq!(&again[..], &map[..]);
+        drop(file);
+        assert_eq!(Manifest::decode_mapped(&again).unwrap(), want);
+    }
+}
