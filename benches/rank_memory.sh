@@ -9,6 +9,7 @@
 #
 #   bash benches/rank_memory.sh BINARY [BINARY...]          (ranks 1 4 8)
 #   FILES=1000000 RANKS="1 4 8" bash benches/rank_memory.sh old/shufflefs target/release/shufflefs
+#   FORMAT=records FILES=10000000 bash benches/rank_memory.sh ...   (16-byte lines in FOLDERS shards)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source mount-helpers/install-deps.sh >/dev/null
@@ -18,7 +19,20 @@ folders=${FOLDERS:-1000}
 read -r -a ranks <<<"${RANKS:-1 4 8}"
 work=$(mktemp -d /tmp/shufflefs-memory.XXXXXX)
 trap 'for m in "$work"/mnt*; do fusermount3 -uz "$m" 2>/dev/null || true; done; rm -rf "$work"' EXIT
-python3 - "$work/src" "$files" "$folders" <<'PY'
+if [ "${FORMAT:-tree}" = records ]; then
+  # FILES 16-byte lines in FOLDERS shard files (--format records --framing lines).
+  python3 - "$work/src" "$files" "$folders" <<'PY'
+import os, sys
+root, n, f = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+os.makedirs(root)
+for s in range(f):
+    with open(f"{root}/shard-{s:05}.txt", "w") as out:
+        out.writelines(f"{i:015}\n" for i in range(s, n, f))
+PY
+  flags=(--format records --framing lines)
+  what="$files 16-byte records in $folders shards (--format records --framing lines)"
+else
+  python3 - "$work/src" "$files" "$folders" <<'PY'
 import os, sys
 root, n, f = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 for d in range(f):
@@ -26,7 +40,10 @@ for d in range(f):
 for i in range(n):
     open(f"{root}/d{i % f:05}/sample-{i:09}.bin", "w").close()
 PY
-echo "machine: $(nproc) cores; $files empty files in $folders folders (--format tree)"
+  flags=(--format tree)
+  what="$files empty files in $folders folders (--format tree)"
+fi
+echo "machine: $(nproc) cores; $what"
 echo "| binary | ranks | peak RSS per daemon MiB (min-max) | sum MiB | anonymous RSS after the advance MiB | sum | PSS after the advance MiB | sum | manifest.bin MB per cache |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
 for m in "${ranks[@]}"; do
@@ -34,7 +51,7 @@ for m in "${ranks[@]}"; do
     bin=$(realpath "$bin")
     rm -rf "$work"/cache* "$work"/mnt*
     for k in $(seq 0 $((m - 1))); do mkdir -p "$work/mnt$k"; done
-    mpirun --oversubscribe -np "$m" "$bin" mount --format tree --seed 1 --fraction 0.3 \
+    mpirun --oversubscribe -np "$m" "$bin" mount "${flags[@]}" --seed 1 --fraction 0.3 \
       --source "$work/src" --cache "$work/cache{rank}" "$work/mnt{rank}" >/dev/null 2>"$work/job.log" &
     job=$!
     for k in $(seq 0 $((m - 1))); do
@@ -46,7 +63,7 @@ for m in "${ranks[@]}"; do
     for k in $(seq 0 $((m - 1))); do ls "$work/mnt$k/epoch-1" >/dev/null & done
     wait $(jobs -p | grep -v "^$job$") 2>/dev/null || true
     peaks=() anon=() pss=()
-    for pid in $(pgrep -f "^$bin mount --format tree"); do
+    for pid in $(pgrep -f "^$bin mount ${flags[*]}"); do
       peaks+=("$(awk '/VmHWM/ {print $2}' "/proc/$pid/status")")
       anon+=("$(awk '/RssAnon/ {print $2}' "/proc/$pid/status")")
       pss+=("$(awk '/^Pss:/ {print $2}' "/proc/$pid/smaps_rollup")")

@@ -68,7 +68,9 @@ pub use store::{Adopted, SampleStore, StoreStats};
 
 /// Bump when the layout or the plan's output changes: old caches are then refused.
 /// 3: the partial-local plan runs on positions (`plan::local`), so shares differ from 2's.
-pub const FORMAT_VERSION: u32 = 3;
+/// 4: a record index's offsets and lengths are encoded as fixed-width byte arrays
+/// (`dataset::columns`), so a record manifest saved by 3 does not decode.
+pub const FORMAT_VERSION: u32 = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
@@ -441,11 +443,20 @@ impl CacheDir {
     /// No fsync: the state file names the manifest by fingerprint and `load_manifest` uses
     /// only a file that matches it, so a save torn or lost by a crash costs the next start a
     /// rescan, nothing else. (With the fsync, saving took ~0.05 s of start-up at 1 M samples.)
+    /// The comparison reads the saved file a piece at a time, not whole beside the manifest.
     pub(crate) fn save_manifest(&self, encoded: &[u8]) -> Result<(), CacheError> {
-        if fs::read(self.root.join("manifest.bin")).is_ok_and(|saved| saved == encoded) {
+        if same_contents(&self.root.join("manifest.bin"), encoded) {
             return Ok(());
         }
         replace(&self.root, "manifest.bin", encoded, false).map_err(self.io_err())
+    }
+
+    /// Removes a saved manifest, if any (a rank whose cache never reads it: see the start-up).
+    pub(crate) fn forget_manifest(&self) -> Result<(), CacheError> {
+        match fs::remove_file(self.root.join("manifest.bin")) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(self.io_err()(e)),
+            _ => Ok(()),
+        }
     }
 
     /// Forgets the saved state (the cache is being rebuilt for other settings).
@@ -557,9 +568,51 @@ fn replace(dir: &Path, name: &str, bytes: &[u8], durable: bool) -> io::Result<()
     crate::sys::replace::replace(&dir.join(name), bytes, how)
 }
 
+/// Whether the file at `path` holds exactly `bytes` (read in pieces; false if unreadable).
+fn same_contents(path: &Path, bytes: &[u8]) -> bool {
+    use std::io::Read;
+    let Ok(mut file) = fs::File::open(path) else {
+        return false;
+    };
+    if file.metadata().map(|m| m.len()).ok() != Some(bytes.len() as u64) {
+        return false;
+    }
+    let mut piece = vec![0u8; 1 << 20];
+    let mut rest = bytes;
+    loop {
+        match file.read(&mut piece) {
+            Ok(0) => return rest.is_empty(),
+            Ok(n) if n <= rest.len() && piece[..n] == rest[..n] => rest = &rest[n..],
+            Ok(_) | Err(_) => return false,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A manifest is saved unless the same bytes are there (compared a piece at a time),
+    /// and forgotten without complaint when there is none.
+    #[test]
+    fn a_saved_manifest_is_compared_replaced_and_forgotten() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = CacheDir::open(&tmp.path().join("c")).unwrap();
+        let path = dir.root().join("manifest.bin");
+        let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        assert!(!same_contents(&path, &big));
+        dir.save_manifest(&big).unwrap();
+        assert!(same_contents(&path, &big));
+        let mut other = big.clone();
+        other[2_500_000] ^= 1;
+        assert!(!same_contents(&path, &other));
+        assert!(!same_contents(&path, &big[..big.len() - 1]));
+        dir.save_manifest(&other).unwrap();
+        assert_eq!(fs::read(&path).unwrap(), other);
+        dir.forget_manifest().unwrap();
+        assert!(!path.exists());
+        dir.forget_manifest().unwrap();
+    }
 
     /// A second daemon on a held folder is told the holder's pid and how ranks share a host.
     #[test]

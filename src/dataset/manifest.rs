@@ -28,6 +28,7 @@ use memmap2::Mmap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::dataset::columns::{self, Bytes};
 use crate::dataset::names::{Skipped, is_safe_name};
 use crate::dataset::owners::{self, Owners};
 use crate::dataset::records::RecordIndex;
@@ -35,13 +36,11 @@ use crate::dataset::records::scan::RecordError;
 use crate::plan::SampleId;
 
 mod etags;
-mod mapped;
 mod side;
 mod sizes;
 pub(crate) use etags::Etags;
 mod tree;
 
-use mapped::Names;
 use side::Side;
 pub use side::SideFile;
 use sizes::SizeColumn;
@@ -144,8 +143,8 @@ pub(crate) struct Folders {
     class_start: Vec<u32>,
     /// Decoded as bytes, not as a sequence: allocated once at its size (as a sequence it
     /// grew by doubling, 33.5 MB held for 20 MB of names at 10^6), or borrowed from a
-    /// mapped encoding (see `mapped`).
-    names: Names,
+    /// mapped encoding (see `dataset::columns`).
+    names: Bytes,
     /// End offset of each sample's name in `names`.
     name_end: Vec<u32>,
     /// Each sample's size plus one; 0 if unknown (one byte each when encoded).
@@ -161,7 +160,7 @@ impl Folders {
         Folders {
             classes: Vec::new(),
             class_start: Vec::new(),
-            names: Names::Owned(Vec::new()),
+            names: Bytes::Owned(Vec::new()),
             name_end: Vec::new(),
             size_plus_one: SizeColumn::EMPTY,
         }
@@ -414,15 +413,20 @@ impl Manifest {
     }
 
     /// Decodes a mapped encoding as [`decode`](Self::decode) does, but with the sample names
-    /// left in the mapping (see `mapped`): ranks mapping the same file share them.
+    /// and a record index's offsets left in the mapping (see `dataset::columns`): ranks
+    /// mapping the same file share them.
     pub(crate) fn decode_mapped(map: &Arc<Mmap>) -> Result<Manifest, ManifestError> {
-        mapped::decoding_from(map, Manifest::decode)
+        columns::decoding_from(map, Manifest::decode)
     }
 
-    /// Whether the sample names lie in a mapping ([`decode_mapped`](Self::decode_mapped)).
+    /// Whether the sample names (or a record index's offsets) lie in a mapping
+    /// ([`decode_mapped`](Self::decode_mapped)).
     #[cfg(test)]
     pub(crate) fn names_mapped(&self) -> bool {
-        self.folders().names.is_mapped()
+        match &self.index {
+            Index::Records(r) => r.table_mapped(),
+            _ => self.folders().names.is_mapped(),
+        }
     }
 
     /// Decodes bytes from the cache or a peer, refusing anything inconsistent or unsafe.

@@ -18,6 +18,7 @@ use std::time::SystemTime;
 
 use crate::plan::SampleId;
 
+pub(crate) mod columns;
 pub(crate) mod footer;
 pub(crate) mod imagefolder;
 pub mod manifest;

@@ -151,7 +151,14 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
     });
     let samples = manifest.len();
     let (job, backend) = cache::belongs(comm, config, &dir, state, &expected, samples)?;
-    cache::save_manifest(&dir, &manifest_bytes);
+    // Rank 0's saved manifest is the one a remount reuses; the others' only serve carrying a
+    // folder's samples over a --rescan (a record source's are never carried), so a record
+    // index (12 bytes a record at its fixed width) is saved once per job, not once per rank.
+    if comm.rank() == 0 || manifest.records().is_none() {
+        cache::save_manifest(&dir, &manifest_bytes);
+    } else if let Err(e) = dir.forget_manifest() {
+        tracing::warn!(error = %e, "could not remove an earlier saved manifest");
+    }
     drop(manifest_bytes); // saved; the manifest itself is all that is needed from here
     side::place(comm, config, &manifest, &mut dir)?;
 

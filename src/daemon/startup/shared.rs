@@ -176,6 +176,50 @@ mod tests {
         }
     }
 
+    /// A record index's offset table is mapped as the names are, and reads back the same.
+    #[test]
+    fn a_record_index_is_mapped_on_every_rank() {
+        use crate::dataset::records::{Framing, Grouping, RecordParams, build_index};
+        let dir = tempfile::tempdir().unwrap();
+        let lines: String = (0..500).map(|i| format!("line {i}\n")).collect();
+        std::fs::write(dir.path().join("a.txt"), &lines).unwrap();
+        std::fs::write(dir.path().join("b.txt"), "x\ny\n").unwrap();
+        let params = RecordParams {
+            framing: Framing::Lines,
+            record_size: 0,
+            grouping: Grouping::Pages,
+            header_line: false,
+        };
+        let (index, skipped) = build_index(dir.path(), &params).unwrap();
+        let want = Manifest::from_records(index, skipped);
+        let bytes = want.encode();
+        let handles: Vec<_> = LocalComm::world_on_hosts(&[1, 1, 2])
+            .into_iter()
+            .map(|mut c| {
+                let bytes = if c.rank() == 0 {
+                    bytes.clone()
+                } else {
+                    Vec::new()
+                };
+                std::thread::spawn(move || distribute(&mut c, bytes).unwrap().0)
+            })
+            .collect();
+        for h in handles {
+            let m = h.join().unwrap();
+            assert!(m.names_mapped());
+            let (got, expected) = (m.records().unwrap(), want.records().unwrap());
+            assert_eq!(got, expected);
+            assert_eq!(
+                got.table_bytes(),
+                0,
+                "nothing of the table is this rank's own"
+            );
+            for g in 0..got.groups() {
+                assert_eq!(got.span(g), expected.span(g));
+            }
+        }
+    }
+
     /// A rank that cannot open its host's file is sent the bytes by its host's first rank;
     /// the others still map.
     #[test]

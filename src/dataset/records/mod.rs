@@ -32,6 +32,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::dataset::columns::Words;
 use crate::plan::SampleId;
 
 mod lines;
@@ -155,10 +156,10 @@ pub enum Table {
     Fixed,
     /// The offset table of one sequential pass.
     Offsets {
-        starts: Vec<u64>,
-        lens: Vec<u32>,
+        starts: Words<u64>,
+        lens: Words<u32>,
         /// Each group's first record; `None` when every group is one record.
-        group_first: Option<Vec<u32>>,
+        group_first: Option<Words<u32>>,
     },
 }
 
@@ -218,7 +219,7 @@ impl RecordIndex {
             }
             Table::Offsets { starts, lens, .. } => {
                 let f = self.file_of(r, |f| f.first_record);
-                (f, starts[r as usize], u64::from(lens[r as usize]))
+                (f, starts.at(r as usize), u64::from(lens.at(r as usize)))
             }
         }
     }
@@ -243,8 +244,8 @@ impl RecordIndex {
                 group_first: Some(first),
                 ..
             } => {
-                let end = first.get(g as usize + 1).copied().unwrap_or(self.records);
-                first[g as usize]..end
+                let end = first.get(g as usize + 1).unwrap_or(self.records);
+                first.at(g as usize)..end
             }
             Table::Offsets { .. } => g..g + 1,
         }
@@ -258,8 +259,8 @@ impl RecordIndex {
                 let last = rs.end as usize - 1;
                 Span {
                     file: self.file_of(rs.start, |f| f.first_record),
-                    start: starts[rs.start as usize],
-                    end: starts[last] + u64::from(lens[last]),
+                    start: starts.at(rs.start as usize),
+                    end: starts.at(last) + u64::from(lens.at(last)),
                 }
             }
             Table::Fixed => {
@@ -307,7 +308,8 @@ impl RecordIndex {
         }
     }
 
-    /// Bytes of memory the table takes (what the 16-bytes-per-record budget counts).
+    /// Bytes of memory the table takes of its own (what the 16-bytes-per-record budget
+    /// counts; none when it lies in a mapping shared by the host's ranks).
     pub fn table_bytes(&self) -> usize {
         match &self.table {
             Table::Fixed => 0,
@@ -316,11 +318,17 @@ impl RecordIndex {
                 lens,
                 group_first,
             } => {
-                starts.capacity() * 8
-                    + lens.capacity() * 4
-                    + group_first.as_ref().map_or(0, |g| g.capacity() * 4)
+                starts.owned_bytes()
+                    + lens.owned_bytes()
+                    + group_first.as_ref().map_or(0, Words::owned_bytes)
             }
         }
+    }
+
+    /// Whether the offset table lies in a mapping (see `dataset::columns`).
+    #[cfg(test)]
+    pub(crate) fn table_mapped(&self) -> bool {
+        matches!(&self.table, Table::Offsets { starts, .. } if starts.is_mapped())
     }
 
     /// Checks an index decoded from the cache or a peer: every lookup stays in bounds.
@@ -334,7 +342,7 @@ impl RecordIndex {
                 starts,
                 lens,
                 group_first,
-            } => self.validate_offsets(starts, lens, group_first.as_deref()),
+            } => self.validate_offsets(starts, lens, group_first.as_ref()),
         }
     }
 
@@ -373,9 +381,9 @@ impl RecordIndex {
 
     fn validate_offsets(
         &self,
-        starts: &[u64],
-        lens: &[u32],
-        group_first: Option<&[u32]>,
+        starts: &Words<u64>,
+        lens: &Words<u32>,
+        group_first: Option<&Words<u32>>,
     ) -> Result<(), String> {
         if starts.len() != self.records as usize || lens.len() != starts.len() {
             return Err("offset table is inconsistent".into());
@@ -383,9 +391,9 @@ impl RecordIndex {
         let groups_ok = match group_first {
             Some(g) => {
                 g.len() == self.groups as usize
-                    && g.first() == Some(&0)
-                    && g.windows(2).all(|w| w[0] < w[1])
-                    && g.last().is_some_and(|&l| l < self.records)
+                    && g.first() == Some(0)
+                    && g.iter().zip(g.iter().skip(1)).all(|(a, b)| a < b)
+                    && g.last().is_some_and(|l| l < self.records)
             }
             None => self.groups == self.records,
         };
@@ -400,14 +408,14 @@ impl RecordIndex {
             }
             // A file's first group starts at its first record: no group spans files.
             let group_start = match group_first {
-                Some(g) => g[file.first_group as usize],
+                Some(g) => g.at(file.first_group as usize),
                 None => file.first_group,
             };
             if group_start != file.first_record {
                 return Err("a group spans two files".into());
             }
             for r in records {
-                let (start, len) = (starts[r as usize], u64::from(lens[r as usize]));
+                let (start, len) = (starts.at(r as usize), u64::from(lens.at(r as usize)));
                 if start.checked_add(len).is_none_or(|end| end > file.len) {
                     return Err("a record lies outside its file".into());
                 }

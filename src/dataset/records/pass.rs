@@ -11,6 +11,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::{Grouping, PAGE, RecordFile, RecordIndex, RecordParams, Table};
+use crate::dataset::columns::Words;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {
@@ -66,9 +67,9 @@ pub(super) fn lost(from: u64, to: u64, len: u64) -> String {
 /// Collects the offset table, grouping records by the page they start in.
 pub(super) struct TableBuilder {
     grouping: Grouping,
-    starts: Vec<u64>,
-    lens: Vec<u32>,
-    group_first: Vec<u32>,
+    starts: Words<u64>,
+    lens: Words<u32>,
+    group_first: Words<u32>,
     /// The last record pushed: its page and end, in the current file.
     last: Option<(u64, u64)>,
     files: Vec<RecordFile>,
@@ -79,9 +80,9 @@ impl TableBuilder {
     pub(super) fn new(grouping: Grouping) -> TableBuilder {
         TableBuilder {
             grouping,
-            starts: Vec::new(),
-            lens: Vec::new(),
-            group_first: Vec::new(),
+            starts: Words::new(),
+            lens: Words::new(),
+            group_first: Words::new(),
             last: None,
             files: Vec::new(),
             file: None,

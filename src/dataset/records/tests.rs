@@ -388,7 +388,8 @@ fn decoded_indexes_are_checked() {
         ..
     } = &mut spanning.table
     {
-        g[1] = 1; // group 1 starting inside file a
+        // Group 1 starting inside file a.
+        *g = [g.at(0), 1].into_iter().chain(g.iter().skip(2)).collect();
     }
     assert!(spanning.validate().unwrap_err().contains("spans two files"));
     let mut evil = index;
