@@ -97,28 +97,43 @@ impl Serialize for Bytes {
 }
 
 thread_local! {
-    /// The mapping `decoding_from` is decoding from, on this thread, while it does.
-    static DECODING: RefCell<Option<Arc<Mmap>>> = const { RefCell::new(None) };
+    /// The mapping `decoding_from` is decoding from, on this thread, while it does, and
+    /// whether its columns were checked elsewhere.
+    static DECODING: RefCell<Option<(Arc<Mmap>, bool)>> = const { RefCell::new(None) };
 }
 
-/// Runs `decode` over `map` with columns borrowed from it where the decoder lends slices of it.
-pub(crate) fn decoding_from<T>(map: &Arc<Mmap>, decode: impl FnOnce(&[u8]) -> T) -> T {
+/// Runs `decode` over `map` with columns borrowed from it where the decoder lends slices of
+/// it. `checked`: another decode of these very bytes (the host's first rank's, of the file
+/// it wrote) already checked every value, so the per-value checks of borrowed columns may be
+/// skipped ([`checked_elsewhere`]): they would touch every page of the mapping, which then
+/// counts in this process's resident memory though only its share's pages are ever read.
+pub(crate) fn decoding_from<T>(
+    map: &Arc<Mmap>,
+    checked: bool,
+    decode: impl FnOnce(&[u8]) -> T,
+) -> T {
     struct Reset;
     impl Drop for Reset {
         fn drop(&mut self) {
             DECODING.with(|d| d.borrow_mut().take());
         }
     }
-    DECODING.with(|d| *d.borrow_mut() = Some(map.clone()));
+    DECODING.with(|d| *d.borrow_mut() = Some((map.clone(), checked)));
     let _reset = Reset;
     decode(&map[..])
+}
+
+/// Whether a column borrowed from the mapping being decoded from may skip its per-value
+/// checks (see [`decoding_from`]); false outside such a decode.
+pub(crate) fn checked_elsewhere(column: &Bytes) -> bool {
+    column.is_mapped() && DECODING.with(|d| d.borrow().as_ref().is_some_and(|(_, c)| *c))
 }
 
 /// `bytes` as a range of the mapping being decoded from, if they lie in it.
 fn within_mapping(bytes: &[u8]) -> Option<Bytes> {
     DECODING.with(|d| {
         let d = d.borrow();
-        let map = d.as_ref()?;
+        let (map, _) = d.as_ref()?;
         let base = map.as_ptr() as usize;
         let at = bytes.as_ptr() as usize;
         let inside = at >= base && at + bytes.len() <= base + map.len();
@@ -247,6 +262,11 @@ impl<T: Word> Words<T> {
     pub(crate) fn is_mapped(&self) -> bool {
         self.bytes.is_mapped()
     }
+
+    /// See [`checked_elsewhere`].
+    pub(crate) fn checked_elsewhere(&self) -> bool {
+        checked_elsewhere(&self.bytes)
+    }
 }
 
 impl<T: Word> FromIterator<T> for Words<T> {
@@ -309,13 +329,13 @@ mod tests {
             postcard::to_allocvec(&b"a.pngb.png".to_vec()).unwrap()
         );
         let map = mapped(&bytes);
-        let got: Bytes = decoding_from(&map, |b| postcard::from_bytes(b).unwrap());
+        let got: Bytes = decoding_from(&map, false, |b| postcard::from_bytes(b).unwrap());
         assert!(got.is_mapped(), "{got:?}");
         assert_eq!(got, names);
         // Outside a mapped decode, or from another buffer: a copy.
         let plain: Bytes = postcard::from_bytes(&bytes).unwrap();
         assert!(!plain.is_mapped());
-        let other: Bytes = decoding_from(&map, |_| postcard::from_bytes(&bytes).unwrap());
+        let other: Bytes = decoding_from(&map, false, |_| postcard::from_bytes(&bytes).unwrap());
         assert!(!other.is_mapped());
         let mut grown = got.clone();
         grown.to_mut().extend_from_slice(b"c");
@@ -329,7 +349,8 @@ mod tests {
         // A leading byte puts the column at an odd offset.
         let bytes = postcard::to_allocvec(&(1u8, &values)).unwrap();
         let map = mapped(&bytes);
-        let (_, got): (u8, Words<u64>) = decoding_from(&map, |b| postcard::from_bytes(b).unwrap());
+        let (_, got): (u8, Words<u64>) =
+            decoding_from(&map, false, |b| postcard::from_bytes(b).unwrap());
         assert!(got.is_mapped());
         assert_eq!(got, values);
         assert_eq!(got.iter().collect::<Vec<_>>(), [0, 7, u64::MAX, 1 << 40]);

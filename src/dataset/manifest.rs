@@ -415,8 +415,10 @@ impl Manifest {
     /// Decodes a mapped encoding as [`decode`](Self::decode) does, but with the sample names
     /// and a record index's offsets left in the mapping (see `dataset::columns`): ranks
     /// mapping the same file share them.
-    pub(crate) fn decode_mapped(map: &Arc<Mmap>) -> Result<Manifest, ManifestError> {
-        columns::decoding_from(map, Manifest::decode)
+    /// `checked`: these bytes were decoded and checked already (by the host's first rank),
+    /// so the borrowed columns' per-value checks are skipped (see `columns::decoding_from`).
+    pub(crate) fn decode_mapped(map: &Arc<Mmap>, checked: bool) -> Result<Manifest, ManifestError> {
+        columns::decoding_from(map, checked, Manifest::decode)
     }
 
     /// Whether the sample names (or a record index's offsets) lie in a mapping
@@ -577,8 +579,12 @@ impl Folders {
         Ok(())
     }
 
-    /// Every sample name is safe to serve as a file name.
+    /// Every sample name is safe to serve as a file name (names the host's first rank
+    /// checked in the mapping it shares are not read again: `columns::checked_elsewhere`).
     fn validate_names(&self) -> Result<(), ManifestError> {
+        if columns::checked_elsewhere(&self.names) {
+            return Ok(());
+        }
         for (i, &end) in self.name_end.iter().enumerate() {
             let start = if i == 0 { 0 } else { self.name_end[i - 1] };
             let name = &self.names[start as usize..end as usize];

@@ -112,7 +112,7 @@ pub(crate) fn index(
     let mut bytes = decided(comm, outcome)?;
     if bytes == [SPLIT] {
         let (m, bytes) = scan_split(config, comm)?;
-        return Ok((m, Encoded::Owned(bytes), true));
+        return Ok((m, Encoded::owned(bytes), true));
     }
     if let [PER_HOST, scanned] = bytes[..] {
         let (m, encoded) = shared::distribute(comm, full.unwrap_or_default())?;
@@ -126,7 +126,7 @@ pub(crate) fn index(
         Some(m) => m,
         None => Manifest::decode(&bytes).map_err(|_| StartError::Malformed("manifest"))?,
     };
-    Ok((manifest, Encoded::Owned(bytes), scanned))
+    Ok((manifest, Encoded::owned(bytes), scanned))
 }
 
 /// The index saved in rank 0's cache, if it was built with the same format and framing

@@ -138,7 +138,7 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
     };
 
     let source = index::source_name(config, state.as_ref());
-    let fingerprint = crate::dataset::manifest::fingerprint_of(&manifest_bytes);
+    let fingerprint = manifest_bytes.fingerprint();
     let expected = expected_state(config, comm, (source, seed, fingerprint), scanned_at);
     let carried = rescan::carry_over(config, &dir, state, &expected, &manifest);
     let (state, counts) = agreed(comm, carried)?;

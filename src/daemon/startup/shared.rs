@@ -27,20 +27,46 @@ use nix::sys::memfd::{MFdFlags, memfd_create};
 use super::StartError;
 use crate::comm::{Comm, Reduce};
 use crate::dataset::Manifest;
+use crate::dataset::manifest::fingerprint_of;
 
-/// The manifest's encoding as this rank holds it.
-pub(crate) enum Encoded {
+/// The manifest's encoding as this rank holds it, and its fingerprint.
+pub(crate) struct Encoded {
+    data: Data,
+    fingerprint: u32,
+}
+
+enum Data {
     Owned(Vec<u8>),
     /// The host's shared file, mapped.
     Mapped(Arc<Mmap>),
 }
 
+impl Encoded {
+    /// A buffer of this rank's own.
+    pub(crate) fn owned(bytes: Vec<u8>) -> Encoded {
+        Encoded {
+            fingerprint: fingerprint_of(&bytes),
+            data: Data::Owned(bytes),
+        }
+    }
+
+    /// The manifest's fingerprint (`manifest::fingerprint_of` of these bytes).
+    pub(crate) fn fingerprint(&self) -> u32 {
+        self.fingerprint
+    }
+
+    #[cfg(test)]
+    fn is_mapped(&self) -> bool {
+        matches!(self.data, Data::Mapped(_))
+    }
+}
+
 impl Deref for Encoded {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        match self {
-            Encoded::Owned(v) => v,
-            Encoded::Mapped(m) => m,
+        match &self.data {
+            Data::Owned(v) => v,
+            Data::Mapped(m) => m,
         }
     }
 }
@@ -52,6 +78,33 @@ pub(crate) fn distribute(
     bytes: Vec<u8>,
 ) -> Result<(Manifest, Encoded), StartError> {
     distribute_with(comm, bytes, &map_path)
+}
+
+/// What the host's first rank tells its host: whether the manifest decoded there, its
+/// fingerprint, and the path of its memory file (empty without one).
+struct Note {
+    decoded: bool,
+    fingerprint: u32,
+    path: Vec<u8>,
+}
+
+impl Note {
+    fn encode(&self) -> Vec<u8> {
+        let mut out = vec![u8::from(self.decoded)];
+        out.extend_from_slice(&self.fingerprint.to_le_bytes());
+        out.extend_from_slice(&self.path);
+        out
+    }
+
+    fn decode(bytes: &[u8]) -> Option<Note> {
+        let (&decoded, rest) = bytes.split_first()?;
+        let (fingerprint, path) = rest.split_first_chunk::<4>()?;
+        Some(Note {
+            decoded: decoded == 1,
+            fingerprint: u32::from_le_bytes(*fingerprint),
+            path: path.to_vec(),
+        })
+    }
 }
 
 /// [`distribute`], with the host's file opened by `open`.
@@ -66,47 +119,74 @@ fn distribute_with(
     // host's communicator (splits keep the ranks' order).
     let mut leaders = comm.split(u32::from(!leader))?;
     let mut host = comm.split(hosts[me])?;
-    let mut file = None;
-    let mut encoded = Encoded::Owned(Vec::new());
+    // The first rank: the bytes into its memory file, decoded and checked there.
+    let (mut file, mut first) = (None, None);
     if leader {
         let bytes = leaders.broadcast(0, bytes)?;
-        match in_memory_file(&bytes) {
-            Ok((f, map)) => (file, encoded) = (Some(f), Encoded::Mapped(map)),
+        let fingerprint = fingerprint_of(&bytes);
+        let data = match in_memory_file(&bytes) {
+            Ok((f, map)) => {
+                file = Some(f);
+                Data::Mapped(map)
+            }
             Err(e) => {
                 tracing::warn!("the manifest is kept per rank on this host: no memory file: {e}");
-                encoded = Encoded::Owned(bytes);
-            }
-        }
-    }
-    drop(leaders);
-    let path = file
-        .as_ref()
-        .map(|f| format!("/proc/{}/fd/{}", std::process::id(), f.as_raw_fd()));
-    let path = host.broadcast(0, path.unwrap_or_default().into_bytes())?;
-    if !leader {
-        encoded = match open(&path) {
-            Ok(map) => Encoded::Mapped(map),
-            Err(e) => {
-                tracing::debug!("the host's manifest file could not be mapped: {e}");
-                Encoded::Owned(Vec::new())
+                Data::Owned(bytes)
             }
         };
+        let encoded = Encoded { data, fingerprint };
+        first = Some((decode(&encoded, false), encoded));
     }
-    let needs = u64::from(matches!(&encoded, Encoded::Owned(v) if v.is_empty()));
-    // Also the barrier after which the leader may close its file: every rank mapped it.
-    if host.all_reduce(&[needs], Reduce::Max)? == [1] {
-        let got = host.broadcast(0, if leader { encoded.to_vec() } else { Vec::new() })?;
-        if needs == 1 {
-            encoded = Encoded::Owned(got);
+    drop(leaders);
+    let note = first.as_ref().map(|(m, encoded)| Note {
+        decoded: m.is_ok(),
+        fingerprint: encoded.fingerprint,
+        path: (file.as_ref())
+            .map(|f| format!("/proc/{}/fd/{}", std::process::id(), f.as_raw_fd()))
+            .unwrap_or_default()
+            .into_bytes(),
+    });
+    let note = host.broadcast(0, note.map(|n| n.encode()).unwrap_or_default())?;
+    let note = Note::decode(&note).ok_or(StartError::Malformed("manifest"))?;
+    if !note.decoded {
+        return Err(StartError::Malformed("manifest"));
+    }
+    if let Some((manifest, encoded)) = first {
+        // Sends the bytes to a rank that could not map the file (see below).
+        if host.all_reduce(&[0], Reduce::Max)? == [1] {
+            host.broadcast(0, encoded.to_vec())?;
         }
+        drop(file);
+        return Ok((manifest?, encoded));
     }
-    drop(file);
-    let manifest = match &encoded {
-        Encoded::Mapped(map) => Manifest::decode_mapped(map),
-        Encoded::Owned(v) => Manifest::decode(v),
+    let mapped = open(&note.path).inspect_err(|e| {
+        tracing::debug!("the host's manifest file could not be mapped: {e}");
+    });
+    let needs = u64::from(mapped.is_err());
+    // Also the barrier after which the first rank may close its file: every rank mapped it.
+    let data = match (host.all_reduce(&[needs], Reduce::Max)? == [1], mapped) {
+        (false, Ok(map)) => Data::Mapped(map),
+        (true, mapped) => {
+            let got = host.broadcast(0, Vec::new())?;
+            mapped.map_or(Data::Owned(got), Data::Mapped)
+        }
+        (false, Err(_)) => unreachable!("a rank that needs the bytes says so"),
     };
-    let manifest = manifest.map_err(|_| StartError::Malformed("manifest"))?;
-    Ok((manifest, encoded))
+    let encoded = Encoded {
+        data,
+        fingerprint: note.fingerprint,
+    };
+    Ok((decode(&encoded, true)?, encoded))
+}
+
+/// The manifest in `encoded`; `checked`: the host's first rank decoded these very bytes
+/// from its file and checked every value, so a mapped one skips those checks.
+fn decode(encoded: &Encoded, checked: bool) -> Result<Manifest, StartError> {
+    let manifest = match &encoded.data {
+        Data::Mapped(map) => Manifest::decode_mapped(map, checked),
+        Data::Owned(v) => Manifest::decode(v),
+    };
+    manifest.map_err(|_| StartError::Malformed("manifest"))
 }
 
 /// `bytes` in an anonymous memory file, and its mapping.
@@ -164,7 +244,7 @@ mod tests {
                 };
                 std::thread::spawn(move || {
                     let (m, encoded) = distribute(&mut c, bytes).unwrap();
-                    (m, matches!(encoded, Encoded::Mapped(_)), encoded.to_vec())
+                    (m, encoded.is_mapped(), encoded.to_vec())
                 })
             })
             .collect();
@@ -220,6 +300,31 @@ mod tests {
         }
     }
 
+    /// Bytes that do not decode fail on every rank alike (no rank waits for another), and
+    /// the checks a first rank made are what the others rely on: an unsafe name is refused
+    /// where it is checked, and only skipped where it was.
+    #[test]
+    fn a_manifest_that_does_not_decode_fails_everywhere() {
+        let mut bytes = manifest().encode();
+        let at = (bytes.windows(9)).position(|w| w == b"s0001.bin").unwrap();
+        bytes[at] = b'/';
+        let handles: Vec<_> = LocalComm::world_on_hosts(&[1, 1, 2, 2])
+            .into_iter()
+            .map(|mut c| {
+                let bytes = if c.rank() == 0 {
+                    bytes.clone()
+                } else {
+                    Vec::new()
+                };
+                std::thread::spawn(move || distribute(&mut c, bytes).is_err())
+            })
+            .collect();
+        assert!(handles.into_iter().all(|h| h.join().unwrap()));
+        let (_file, map) = in_memory_file(&bytes).unwrap();
+        assert!(Manifest::decode_mapped(&map, false).is_err());
+        assert!(Manifest::decode_mapped(&map, true).is_ok());
+    }
+
     /// A rank that cannot open its host's file is sent the bytes by its host's first rank;
     /// the others still map.
     #[test]
@@ -240,7 +345,7 @@ mod tests {
                         false => map_path(p),
                     };
                     let (m, encoded) = distribute_with(&mut c, bytes, &open).unwrap();
-                    (m, matches!(encoded, Encoded::Mapped(_)))
+                    (m, encoded.is_mapped())
                 })
             })
             .collect();
@@ -261,6 +366,6 @@ mod tests {
         let again = map_path(path.as_bytes()).unwrap();
         assert_eq!(&again[..], &map[..]);
         drop(file);
-        assert_eq!(Manifest::decode_mapped(&again).unwrap(), want);
+        assert_eq!(Manifest::decode_mapped(&again, false).unwrap(), want);
     }
 }
