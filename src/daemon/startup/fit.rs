@@ -16,7 +16,7 @@ use std::path::Path;
 
 use crate::cache::SampleStore;
 use crate::cache::admission::Admission;
-use crate::comm::{Comm, CommError};
+use crate::comm::{Comm, CommError, Reduce};
 use crate::config::MountConfig;
 use crate::dataset::manifest::Manifest;
 use crate::node::status::PartialSnapshot;
@@ -328,15 +328,28 @@ impl OnDisk<'_> {
     }
 }
 
-/// The job's [`SizeModel`] (collective): one pass over the index, no list of sizes.
+/// The job's [`SizeModel`] (collective), no list of sizes: each rank passes over its
+/// block of the index (`N/M` ids in a row, so it reads `1/M` of a record index's table and
+/// of the host's shared mapping) and two all-reduces add them up.
 pub(crate) fn job_sizes_bounded(
     comm: &mut dyn Comm,
     manifest: &Manifest,
     source: &Path,
 ) -> Result<SizeModel, CommError> {
     let n = manifest.len();
-    let (mut sum, mut count, mut largest) = ((0..n).filter_map(|s| manifest.size(s)))
+    let (rank, world) = (u64::from(comm.rank()), u64::from(comm.size()));
+    let block = |r: u64| (u64::from(n) * r / world) as u32;
+    let (sum, count, largest) = ((block(rank)..block(rank + 1)).filter_map(|s| manifest.size(s)))
         .fold((0u64, 0u64, 0u64), |(s, c, m), b| (s + b, c + 1, m.max(b)));
+    let (mut sum, mut count) = match comm.all_reduce(&[sum, count], Reduce::Sum)?[..] {
+        [s, c] => (s, c),
+        _ => (sum, count),
+    };
+    let mut largest = comm
+        .all_reduce(&[largest], Reduce::Max)?
+        .first()
+        .copied()
+        .unwrap_or(largest);
     if count < u64::from(SIZE_PROBES.min(n)) {
         let probed = match comm.rank() {
             0 => probe(manifest, source),
