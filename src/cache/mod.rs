@@ -70,7 +70,8 @@ pub use store::{Adopted, SampleStore, StoreStats};
 /// 3: the partial-local plan runs on positions (`plan::local`), so shares differ from 2's.
 /// 4: a record index's offsets and lengths are encoded as fixed-width byte arrays
 /// (`dataset::columns`), so a record manifest saved by 3 does not decode.
-pub const FORMAT_VERSION: u32 = 4;
+/// 5: a folder manifest's name ends likewise.
+pub const FORMAT_VERSION: u32 = 5;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {

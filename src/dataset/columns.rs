@@ -203,9 +203,9 @@ pub struct Words<T> {
 }
 
 impl<T: Word> Words<T> {
-    pub(crate) fn new() -> Words<T> {
+    pub(crate) const fn new() -> Words<T> {
         Words {
-            bytes: Bytes::default(),
+            bytes: Bytes::Owned(Vec::new()),
             word: PhantomData,
         }
     }

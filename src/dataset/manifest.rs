@@ -28,7 +28,7 @@ use memmap2::Mmap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::dataset::columns::{self, Bytes};
+use crate::dataset::columns::{self, Bytes, Words};
 use crate::dataset::names::{Skipped, is_safe_name};
 use crate::dataset::owners::{self, Owners};
 use crate::dataset::records::RecordIndex;
@@ -145,8 +145,9 @@ pub(crate) struct Folders {
     /// grew by doubling, 33.5 MB held for 20 MB of names at 10^6), or borrowed from a
     /// mapped encoding (see `dataset::columns`).
     names: Bytes,
-    /// End offset of each sample's name in `names`.
-    name_end: Vec<u32>,
+    /// End offset of each sample's name in `names`: fixed-width, so that a mapped decode
+    /// borrows it too (as varints every rank decoded its own, 4 bytes per sample of N).
+    name_end: Words<u32>,
     /// Each sample's size plus one; 0 if unknown (one byte each when encoded).
     size_plus_one: SizeColumn,
 }
@@ -161,7 +162,7 @@ impl Folders {
             classes: Vec::new(),
             class_start: Vec::new(),
             names: Bytes::Owned(Vec::new()),
-            name_end: Vec::new(),
+            name_end: Words::new(),
             size_plus_one: SizeColumn::EMPTY,
         }
     }
@@ -269,11 +270,10 @@ impl Manifest {
 
     pub(crate) fn name(&self, id: SampleId) -> &OsStr {
         let f = self.folders();
-        let end = f.name_end[id as usize] as usize;
-        let start = if id == 0 {
-            0
-        } else {
-            f.name_end[id as usize - 1] as usize
+        let end = f.name_end.at(id as usize) as usize;
+        let start = match id {
+            0 => 0,
+            _ => f.name_end.at(id as usize - 1) as usize,
         };
         OsStr::from_bytes(&f.names[start..end])
     }
@@ -355,7 +355,7 @@ impl Manifest {
         let count = u32::try_from(f.size_plus_one.len() + sizes.len()).map_err(|_| too_many())?;
         f.classes.push(class);
         f.names.to_mut().extend_from_slice(names);
-        f.name_end.extend(ends.iter().map(|&e| base + e));
+        ends.iter().for_each(|&e| f.name_end.push(base + e));
         f.size_plus_one
             .extend(sizes.iter().map(|&s| s.wrapping_add(1)));
         f.class_start.push(count);
@@ -427,7 +427,7 @@ impl Manifest {
     pub(crate) fn names_mapped(&self) -> bool {
         match &self.index {
             Index::Records(r) => r.table_mapped(),
-            _ => self.folders().names.is_mapped(),
+            _ => self.folders().names.is_mapped() && self.folders().name_end.is_mapped(),
         }
     }
 
@@ -567,12 +567,12 @@ impl Folders {
         {
             return bad("class ranges are inconsistent");
         }
+        // Ends the host's first rank checked in the mapping it shares are not read again.
+        let each = !self.name_end.checked_elsewhere();
+        let ends = || self.name_end.iter();
         if self.name_end.len() != self.size_plus_one.len()
-            || self.name_end.windows(2).any(|w| w[0] > w[1])
-            || self
-                .name_end
-                .last()
-                .is_some_and(|&e| e as usize != self.names.len())
+            || (each && ends().zip(ends().skip(1)).any(|(a, b)| a > b))
+            || (self.name_end.last()).is_some_and(|e| e as usize != self.names.len())
         {
             return bad("name table is inconsistent");
         }
@@ -585,14 +585,15 @@ impl Folders {
         if columns::checked_elsewhere(&self.names) {
             return Ok(());
         }
-        for (i, &end) in self.name_end.iter().enumerate() {
-            let start = if i == 0 { 0 } else { self.name_end[i - 1] };
+        let mut start = 0;
+        for end in self.name_end.iter() {
             let name = &self.names[start as usize..end as usize];
             if !is_safe_name(name) {
                 return Err(ManifestError::UnsafeName(
                     OsStr::from_bytes(name).to_owned(),
                 ));
             }
+            start = end;
         }
         Ok(())
     }
@@ -614,24 +615,28 @@ mod tests {
         .unwrap()
     }
 
-    /// The tables as every earlier version encoded them: plain arrays. Names decoded as
-    /// bytes and sizes kept as a column changed the memory, not the bytes (so caches and
-    /// their fingerprints stay valid).
+    /// The tables as plain arrays, but the name ends as their little-endian bytes (cache
+    /// format 5, so a mapped decode borrows them): names decoded as bytes and sizes kept as
+    /// a column changed the memory, not the bytes.
     #[test]
-    fn the_encoding_is_the_plain_arrays() {
+    fn the_encoding_is_the_plain_arrays_with_the_name_ends_as_bytes() {
         #[derive(Serialize)]
         struct Plain {
             classes: Vec<Vec<u8>>,
             class_start: Vec<u32>,
             names: Vec<u8>,
-            name_end: Vec<u32>,
+            name_end: Vec<u8>,
             size_plus_one: Vec<u64>,
         }
+        let ends: Vec<u8> = [5u32, 10, 15]
+            .iter()
+            .flat_map(|e| e.to_le_bytes())
+            .collect();
         let plain = |size_plus_one: Vec<u64>| Plain {
             classes: vec![b"cat".to_vec(), b"dog".to_vec(), b"empty".to_vec()],
             class_start: vec![0, 1, 3, 3],
             names: b"z.pnga.pngb.png".to_vec(),
-            name_end: vec![5, 10, 15],
+            name_end: ends.clone(),
             size_plus_one,
         };
         let skipped: Vec<Skipped> = Vec::new();
@@ -720,8 +725,9 @@ mod owned {
     }
 }
 
-/// The encoding is what caches made by earlier versions hold (and its fingerprint names the
-/// data in them): these bytes must never change.
+/// The encoding is what caches hold (and its fingerprint names the data in them): these
+/// bytes change only with `cache::FORMAT_VERSION` (5: a folder manifest's name ends as
+/// little-endian bytes, `dataset::columns`).
 #[cfg(test)]
 mod format {
     use super::*;
@@ -739,7 +745,8 @@ mod format {
         .unwrap();
         let golden: &[u8] = &[
             2, 3, 99, 97, 116, 3, 100, 111, 103, 3, 0, 1, 3, 15, 122, 46, 112, 110, 103, 97, 46,
-            112, 110, 103, 98, 46, 112, 110, 103, 3, 5, 10, 15, 3, 8, 0, 4, 0,
+            112, 110, 103, 98, 46, 112, 110, 103, 12, 5, 0, 0, 0, 10, 0, 0, 0, 15, 0, 0, 0, 3, 8,
+            0, 4, 0,
         ];
         assert_eq!(m.encode(), golden);
         assert_eq!(Manifest::decode(golden).unwrap(), m);
