@@ -39,12 +39,6 @@ pub(crate) enum Bytes {
     },
 }
 
-impl Default for Bytes {
-    fn default() -> Bytes {
-        Bytes::Owned(Vec::new())
-    }
-}
-
 impl Bytes {
     /// The owned bytes, copied out of the mapping first if they were mapped (only an index
     /// being built grows a column).

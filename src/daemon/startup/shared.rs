@@ -229,27 +229,37 @@ mod tests {
         Manifest::from_parts(vec![class("a", 30), class("b", 7)]).unwrap()
     }
 
+    /// Runs `run` on every rank of a world on `hosts` (one thread each), rank 0 holding
+    /// `bytes`, and returns what each gave, in rank order.
+    fn on_hosts<T: Send + 'static>(
+        hosts: &[u32],
+        bytes: &[u8],
+        run: impl Fn(&mut LocalComm, Vec<u8>) -> T + Send + Sync + Copy + 'static,
+    ) -> Vec<T> {
+        let handles: Vec<_> = LocalComm::world_on_hosts(hosts)
+            .into_iter()
+            .map(|mut c| {
+                let mine = if c.rank() == 0 {
+                    bytes.to_vec()
+                } else {
+                    Vec::new()
+                };
+                std::thread::spawn(move || run(&mut c, mine))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    }
+
     /// Two hosts of three and one rank: every rank gets the manifest rank 0 had, with the
     /// names in a mapping (in one process every "host" can open every file).
     #[test]
     fn every_rank_decodes_the_same_manifest_from_its_hosts_file() {
         let want = manifest();
-        let handles: Vec<_> = LocalComm::world_on_hosts(&[5, 5, 5, 9, 9, 9, 2])
-            .into_iter()
-            .map(|mut c| {
-                let bytes = if c.rank() == 0 {
-                    manifest().encode()
-                } else {
-                    Vec::new()
-                };
-                std::thread::spawn(move || {
-                    let (m, encoded) = distribute(&mut c, bytes).unwrap();
-                    (m, encoded.is_mapped(), encoded.to_vec())
-                })
-            })
-            .collect();
-        for h in handles {
-            let (m, mapped, bytes) = h.join().unwrap();
+        let got = on_hosts(&[5, 5, 5, 9, 9, 9, 2], &want.encode(), |c, bytes| {
+            let (m, encoded) = distribute(c, bytes).unwrap();
+            (m, encoded.is_mapped(), encoded.to_vec())
+        });
+        for (m, mapped, bytes) in got {
             assert_eq!(m, want);
             assert!(mapped && m.names_mapped());
             assert_eq!(bytes, want.encode());
@@ -273,19 +283,10 @@ mod tests {
         let (index, skipped) = build_index(dir.path(), &params).unwrap();
         let want = Manifest::from_records(index, skipped);
         let bytes = want.encode();
-        let handles: Vec<_> = LocalComm::world_on_hosts(&[1, 1, 2])
-            .into_iter()
-            .map(|mut c| {
-                let bytes = if c.rank() == 0 {
-                    bytes.clone()
-                } else {
-                    Vec::new()
-                };
-                std::thread::spawn(move || distribute(&mut c, bytes).unwrap().0)
-            })
-            .collect();
-        for h in handles {
-            let m = h.join().unwrap();
+        let got = on_hosts(&[1, 1, 2], &bytes, |c, bytes| {
+            distribute(c, bytes).unwrap().0
+        });
+        for m in got {
             assert!(m.names_mapped());
             let (got, expected) = (m.records().unwrap(), want.records().unwrap());
             assert_eq!(got, expected);
@@ -308,18 +309,8 @@ mod tests {
         let mut bytes = manifest().encode();
         let at = (bytes.windows(9)).position(|w| w == b"s0001.bin").unwrap();
         bytes[at] = b'/';
-        let handles: Vec<_> = LocalComm::world_on_hosts(&[1, 1, 2, 2])
-            .into_iter()
-            .map(|mut c| {
-                let bytes = if c.rank() == 0 {
-                    bytes.clone()
-                } else {
-                    Vec::new()
-                };
-                std::thread::spawn(move || distribute(&mut c, bytes).is_err())
-            })
-            .collect();
-        assert!(handles.into_iter().all(|h| h.join().unwrap()));
+        let failed = on_hosts(&[1, 1, 2, 2], &bytes, |c, b| distribute(c, b).is_err());
+        assert!(failed.into_iter().all(|f| f));
         let (_file, map) = in_memory_file(&bytes).unwrap();
         assert!(Manifest::decode_mapped(&map, false).is_err());
         assert!(Manifest::decode_mapped(&map, true).is_ok());
@@ -330,26 +321,15 @@ mod tests {
     #[test]
     fn a_rank_that_cannot_map_its_hosts_file_is_sent_the_bytes() {
         let want = manifest();
-        let handles: Vec<_> = LocalComm::world_on_hosts(&[5, 5, 5])
-            .into_iter()
-            .map(|mut c| {
-                let bytes = if c.rank() == 0 {
-                    manifest().encode()
-                } else {
-                    Vec::new()
-                };
-                std::thread::spawn(move || {
-                    let refuse = c.rank() == 2;
-                    let open = move |p: &[u8]| match refuse {
-                        true => Err(std::io::Error::other("refused")),
-                        false => map_path(p),
-                    };
-                    let (m, encoded) = distribute_with(&mut c, bytes, &open).unwrap();
-                    (m, encoded.is_mapped())
-                })
-            })
-            .collect();
-        let got: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let got = on_hosts(&[5, 5, 5], &want.encode(), |c, bytes| {
+            let refuse = c.rank() == 2;
+            let open = move |p: &[u8]| match refuse {
+                true => Err(std::io::Error::other("refused")),
+                false => map_path(p),
+            };
+            let (m, encoded) = distribute_with(c, bytes, &open).unwrap();
+            (m, encoded.is_mapped())
+        });
         assert!(got.iter().all(|(m, _)| *m == want));
         let mapped: Vec<bool> = got.iter().map(|g| g.1).collect();
         assert_eq!(mapped, [true, true, false]);
