@@ -71,7 +71,7 @@ fn main() {
     let mut world = MpiComm::init().unwrap();
     let me = world.rank();
     let ranks = world.size() - 1;
-    let samples: u32 = env("SHUFFLEFS_BENCH_SAMPLES", 2000);
+    let samples: u64 = env("SHUFFLEFS_BENCH_SAMPLES", 2000);
     let size: u64 = env("SHUFFLEFS_BENCH_SAMPLE_BYTES", 100_000);
     let alpha: f64 = env("SHUFFLEFS_BENCH_ALPHA", 2.0 / f64::from(ranks));
     let link: f64 = env("SHUFFLEFS_LINK_BYTES_PER_S", 0.0);
@@ -94,7 +94,7 @@ fn main() {
     if me == 0 {
         println!(
             "{ranks} compute ranks, {samples} samples of {size} B, alpha {alpha} (cache {} samples per rank)",
-            (alpha * f64::from(samples)).floor()
+            (alpha * samples as f64).floor()
         );
         println!(
             "| scheme | epoch 0->1 time (s) | server payload (MB) | server link sent, measured (MB) | link floor (s) | packets | plain samples | encode CPU (s) | decode CPU, slowest rank (s) |"

@@ -71,7 +71,7 @@ fn main() {
         "q", "alpha", "s", "T1", "uncoded", "T2", "coded", "uber", "coded/uber", "merge+", "ms"
     );
     for &q in &qs {
-        let qn = q as u32;
+        let qn = q as u64;
         for &alpha in &alphas {
             let t = Instant::now();
             let mut placement = match RandomPlacement::new(qn, N, alpha, 1) {

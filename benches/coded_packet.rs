@@ -36,9 +36,9 @@ use shufflefs::coded::packet::{decode, encode, packet_len, xor_into};
 use shufflefs::coded::{Scheme, Transmission, next_instance, plan, plan_by_size};
 use shufflefs::plan::placement::RandomPlacement;
 
-fn sample(s: u32, len: usize) -> Vec<u8> {
+fn sample(s: u64, len: usize) -> Vec<u8> {
     (0..len)
-        .map(|i| (i as u32 ^ s.wrapping_mul(2_654_435_761)) as u8)
+        .map(|i| (i as u64 ^ s.wrapping_mul(2_654_435_761)) as u8)
         .collect()
 }
 
@@ -57,20 +57,20 @@ fn main() {
     );
     for len in [4 << 10, 100_000, 1 << 20] {
         for k in [1usize, 2, 4, 8] {
-            let samples: Vec<Vec<u8>> = (0..k as u32).map(|s| sample(s, len)).collect();
+            let samples: Vec<Vec<u8>> = (0..k as u64).map(|s| sample(s, len)).collect();
             let tx = Transmission {
-                parts: (0..k).map(|i| (i as u32, i)).collect(),
+                parts: (0..k).map(|i| (i as u64, i)).collect(),
                 group: (0..k).collect(),
             };
             let rounds = (volume / len).max(1);
-            let mut read = |s: u32| Ok(samples[s as usize].clone());
+            let mut read = |s: u64| Ok(samples[s as usize].clone());
             let t = Instant::now();
             let mut packet = Vec::new();
             for _ in 0..rounds {
                 packet = black_box(encode(&tx, &mut read).expect("encode"));
             }
             let enc = (rounds * len) as f64 / t.elapsed().as_secs_f64() / 1e6;
-            let mut cached = |s: u32| Some(samples[s as usize].clone());
+            let mut cached = |s: u64| Some(samples[s as usize].clone());
             let t = Instant::now();
             for _ in 0..rounds {
                 let got = decode(black_box(&packet), 0, &mut cached).expect("decode");
@@ -91,9 +91,9 @@ fn main() {
 
 /// A log-normal sample size of mean 100 KB and coefficient of variation `cv`, a pure
 /// function of the sample id.
-fn size(s: u32, cv: f64) -> u64 {
+fn size(s: u64, cv: f64) -> u64 {
     let h = |k: u64| {
-        let x = (u64::from(s) << 8 ^ k).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let x = (s << 8 ^ k).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64
     };
     let z = (-2.0 * h(1).ln()).sqrt() * (std::f64::consts::TAU * h(2)).cos();

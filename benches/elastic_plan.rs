@@ -24,7 +24,7 @@ use std::time::Instant;
 use shufflefs::plan::elastic::{ElasticPlan, History, remap};
 use shufflefs::plan::{Plan, PlanParams};
 
-const SAMPLES: u32 = 1_000_000;
+const SAMPLES: u64 = 1_000_000;
 const RUNS: usize = 5;
 
 fn best(mut f: impl FnMut()) -> f64 {

@@ -188,7 +188,7 @@ fn disk_floor(
 ) -> f64 {
     let _ = std::fs::remove_dir_all(dir);
     let store = store_in(dir, manifest, layout);
-    let incoming: Vec<u32> = step
+    let incoming: Vec<u64> = step
         .transfers
         .iter()
         .filter(|t| t.to == comm.rank())

@@ -198,7 +198,7 @@ fn lru(r: &Reads, sizes: &[u64], cap: u64) -> Vec<Row> {
     rows
 }
 
-fn run(samples: u32, times: u64) {
+fn run(samples: u64, times: u64) {
     let plan = Plan::new(PlanParams {
         samples,
         world: WORLD,

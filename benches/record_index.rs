@@ -127,7 +127,7 @@ fn main() {
         let t = Instant::now();
         let (ix, skipped) = build_index(dir.path(), &params).unwrap();
         index.push(t.elapsed().as_secs_f64());
-        assert!(skipped.is_empty() && u64::from(ix.records()) == records);
+        assert!(skipped.is_empty() && ix.records() == records);
         table = ix.table_bytes();
     }
     // Warm (source in the page cache): what the pass costs in CPU beyond reading.

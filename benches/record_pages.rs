@@ -75,8 +75,8 @@ fn missing_pages(map: &memmap2::Mmap, start: u64, end: u64) -> u64 {
 }
 
 /// A seeded shuffle (xorshift; the bench needs repeatability, not the plan's stream).
-fn shuffled(n: u32, seed: u64) -> Vec<u32> {
-    let mut v: Vec<u32> = (0..n).collect();
+fn shuffled(n: u64, seed: u64) -> Vec<u64> {
+    let mut v: Vec<u64> = (0..n).collect();
     let mut x = seed | 1;
     for i in (1..v.len()).rev() {
         x ^= x << 13;

@@ -152,7 +152,7 @@ fn remap_row(n: u64, m: u32, m2: u32) -> String {
 }
 
 /// The whole job's plan (what every rank computed before): epoch 0 and one step.
-fn whole_job(n: u32, m: u32) {
+fn whole_job(n: u64, m: u32) {
     let plan = Plan::new(PlanParams {
         samples: n,
         world: m,
@@ -187,7 +187,7 @@ fn main() {
         saved.push(per_rank(100_000_000 / scale, m, 10));
     }
     for m in [8, 64].into_iter().filter(|_| !only_big) {
-        whole_job(10_000_000 / scale as u32, m);
+        whole_job(10_000_000 / scale as u64, m);
     }
     if only_big || (scale == 1 && std::env::var_os("SCALE_BIG").is_some()) {
         saved.push(per_rank(5_000_000_000, 4096, 90));

@@ -115,7 +115,7 @@ pub enum PlanScheme {
 pub struct PlanArgs {
     /// Samples in the dataset (q).
     #[arg(long)]
-    pub samples: u32,
+    pub samples: u64,
     /// Compute ranks (n); the server rank of the coded schemes is extra.
     #[arg(long)]
     pub ranks: u32,

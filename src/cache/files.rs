@@ -76,13 +76,13 @@ impl FileBackend {
     /// The backend in cache folder `root` for a dataset of `samples` samples; creates its
     /// folders and empties `tmp/` (leftovers of a crash mid-write).
     #[cfg(test)]
-    pub(crate) fn open(root: &Path, samples: u32) -> io::Result<FileBackend> {
+    pub(crate) fn open(root: &Path, samples: u64) -> io::Result<FileBackend> {
         Self::open_for(root, samples, 1)
     }
 
     /// [`FileBackend::open`] for a job of `world` ranks (which shape its per-sample marks
     /// take: `super::table`).
-    pub(crate) fn open_for(root: &Path, samples: u32, world: u32) -> io::Result<FileBackend> {
+    pub(crate) fn open_for(root: &Path, samples: u64, world: u32) -> io::Result<FileBackend> {
         for sub in ["samples", "tmp"] {
             super::private::create_dir(&root.join(sub))?;
         }

@@ -71,7 +71,8 @@ pub use store::{Adopted, SampleStore, StoreStats};
 /// 4: a record index's offsets and lengths are encoded as fixed-width byte arrays
 /// (`dataset::columns`), so a record manifest saved by 3 does not decode.
 /// 5: a folder manifest's name ends likewise.
-pub const FORMAT_VERSION: u32 = 5;
+/// 6: sample ids are 64-bit: a record index's group starts are 8-byte words.
+pub const FORMAT_VERSION: u32 = 6;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
@@ -469,12 +470,12 @@ impl CacheDir {
     }
 
     /// The backend storing this folder's samples: one file per sample.
-    pub(crate) fn file_backend(&self, samples: u32) -> Result<FileBackend, CacheError> {
+    pub(crate) fn file_backend(&self, samples: u64) -> Result<FileBackend, CacheError> {
         self.file_backend_for(samples, 1)
     }
 
     /// [`CacheDir::file_backend`] for a job of `world` ranks (`table`).
-    fn file_backend_for(&self, samples: u32, world: u32) -> Result<FileBackend, CacheError> {
+    fn file_backend_for(&self, samples: u64, world: u32) -> Result<FileBackend, CacheError> {
         FileBackend::open_for(&self.root, samples, world).map_err(|source| {
             CacheError::NotWritable {
                 path: self.root.clone(),
@@ -487,7 +488,7 @@ impl CacheDir {
     pub fn backend(
         &self,
         layout: CacheLayout,
-        samples: u32,
+        samples: u64,
     ) -> Result<Box<dyn CacheBackend>, CacheError> {
         self.backend_for(layout, samples, 1)
     }
@@ -496,7 +497,7 @@ impl CacheDir {
     pub(crate) fn backend_for(
         &self,
         layout: CacheLayout,
-        samples: u32,
+        samples: u64,
         world: u32,
     ) -> Result<Box<dyn CacheBackend>, CacheError> {
         Ok(match layout {

@@ -180,8 +180,15 @@ mod tests {
 
     #[test]
     fn only_our_names_are_ours() {
-        assert!(is_sample_name("0") && is_sample_name("4294967295"));
-        for name in ["", "7a", "-1", "4294967296", "job-output.txt", "7.jpg"] {
+        assert!(is_sample_name("0") && is_sample_name("4294967296"));
+        for name in [
+            "",
+            "7a",
+            "-1",
+            "18446744073709551616",
+            "job-output.txt",
+            "7.jpg",
+        ] {
             assert!(!is_sample_name(name), "{name}");
         }
         assert!(is_segment_name("00000001.seg") && is_segment_name("12.spill"));

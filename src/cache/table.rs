@@ -34,7 +34,7 @@ enum Words {
 }
 
 impl Words {
-    fn new(samples: u32, dense: bool) -> Words {
+    fn new(samples: u64, dense: bool) -> Words {
         match dense {
             true => Words::Dense((0..samples).map(|_| AtomicU64::new(0)).collect()),
             false => Words::Sparse((0..SHARDS).map(|_| RwLock::default()).collect()),
@@ -46,7 +46,7 @@ impl Words {
         id: SampleId,
     ) -> &RwLock<HashMap<SampleId, u64>> {
         // Fibonacci hashing: neighbouring ids land in different shards.
-        &shards[((u64::from(id).wrapping_mul(0x9E37_79B9_7F4A_7C15)) >> 58) as usize % SHARDS]
+        &shards[((id.wrapping_mul(0x9E37_79B9_7F4A_7C15)) >> 58) as usize % SHARDS]
     }
 
     fn get(&self, id: SampleId) -> u64 {
@@ -110,7 +110,7 @@ pub(crate) struct SampleTable {
 
 impl SampleTable {
     /// The table of a dataset of `samples` samples in a job of `world` ranks.
-    pub(crate) fn new(samples: u32, world: u32) -> SampleTable {
+    pub(crate) fn new(samples: u64, world: u32) -> SampleTable {
         let dense = world <= DENSE_UP_TO;
         SampleTable {
             sizes: Words::new(samples, dense),
@@ -166,7 +166,7 @@ pub(crate) struct Stamps(Words);
 
 impl Stamps {
     /// The marks of a dataset of `samples` samples in a job of `world` ranks.
-    pub(crate) fn new(samples: u32, world: u32) -> Stamps {
+    pub(crate) fn new(samples: u64, world: u32) -> Stamps {
         Stamps(Words::new(samples, world <= DENSE_UP_TO))
     }
 

@@ -26,7 +26,7 @@ pub enum Storage {
 /// Everything the calculator needs; the CLI fills it from `shufflefs plan`'s flags.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CalcInput {
-    pub samples: u32,
+    pub samples: u64,
     pub ranks: usize,
     pub storage: Storage,
     pub schemes: Vec<Scheme>,
@@ -89,7 +89,7 @@ pub(crate) struct SchemeCost {
 
 /// Measures `scheme` on `epochs` consecutive epochs of a seeded placement.
 pub(crate) fn measure(
-    samples: u32,
+    samples: u64,
     ranks: usize,
     alpha: f64,
     seed: u64,
@@ -125,11 +125,11 @@ pub fn report(input: &CalcInput) -> Result<String, CalcError> {
         Storage::Fraction(frac) => partial_local(w, input, frac)?,
     };
     let s = RandomPlacement::new(q, n, alpha, input.seed)?.cache_size();
-    let missing = theorem1(f64::from(q), s as f64) / n as f64;
+    let missing = theorem1(q as f64, s as f64) / n as f64;
     let _ = writeln!(
         w,
         "server rank holds all {q} samples ({}); {n} compute ranks cache s = floor(alpha q) = {s} samples each ({}), alpha = {alpha:.4}",
-        bytes(u64::from(q) * b),
+        bytes(q * b),
         bytes(s as u64 * b)
     );
     let _ = writeln!(
@@ -184,13 +184,13 @@ fn partial_local(w: &mut String, input: &CalcInput, frac: f64) -> Result<f64, Ca
         w,
         "coded schemes at the same storage (alpha = {stored}/{q}), full reshuffle every epoch:"
     );
-    Ok(stored as f64 / f64::from(q))
+    Ok(stored as f64 / q as f64)
 }
 
 /// The table of measured costs, one line per scheme (`s`: samples each rank caches).
 fn scheme_table(w: &mut String, input: &CalcInput, alpha: f64, s: usize) -> Result<(), CalcError> {
     let (q, n, b) = (input.samples, input.ranks, input.sample_bytes);
-    let qf = f64::from(q);
+    let qf = q as f64;
     let _ = writeln!(
         w,
         "{:<18} {:>14} {:>12} {:>16} {:>20} {:>11}",

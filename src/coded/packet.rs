@@ -220,6 +220,8 @@ pub(crate) fn encode_report(
     out[16..24].copy_from_slice(&(payload as u64).to_le_bytes());
     for (i, (&(sample, receiver), body)) in tx.parts.iter().zip(&bodies).enumerate() {
         let p = &mut out[FIXED + PART * i..FIXED + PART * (i + 1)];
+        // A coded run holds under 2^32 samples (`plan::placement::RandomPlacement::new`).
+        let sample = u32::try_from(sample).expect("a coded run's sample ids fit 32 bits");
         p[0..4].copy_from_slice(&sample.to_le_bytes());
         p[4..8].copy_from_slice(&(receiver as u32).to_le_bytes());
         match body {
@@ -322,7 +324,7 @@ fn part_headers(packet: &[u8], k: usize, want: u64) -> Result<(Vec<PartHeader>, 
     let mut parts = Vec::with_capacity(k);
     for i in 0..k {
         let at = FIXED + PART * i;
-        let sample = u32_at(packet, at);
+        let sample = u64::from(u32_at(packet, at));
         let receiver = u64::from(u32_at(packet, at + 4));
         let len = u64_at(packet, at + 8);
         let readable = u32_at(packet, at + 20) & UNREADABLE == 0;

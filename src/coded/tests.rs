@@ -208,7 +208,7 @@ proptest! {
         let q = q.max(n as u32);
         let min_alpha = (q as usize).div_ceil(n) as f64 / f64::from(q);
         let alpha = min_alpha + (1.0 - min_alpha) * f64::from(alpha_milli) / 1000.0;
-        let mut p = RandomPlacement::new(q, n, alpha, seed).unwrap();
+        let mut p = RandomPlacement::new(u64::from(q), n, alpha, seed).unwrap();
         for _ in 0..2 {
             let inst = next_instance(&mut p);
             let u = plan(&inst, Scheme::Uncoded);
@@ -217,7 +217,7 @@ proptest! {
             for txs in [&u, &c, &ub] {
                 prop_assert_eq!(verify(&inst, txs), Ok(()));
                 // XOR on stand-in payloads: each receiver recovers its sample's bytes.
-                let payload = |s: SampleId| u64::from(s).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xABCD;
+                let payload = |s: SampleId| s.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xABCD;
                 for t in txs.iter() {
                     let packet = t.parts.iter().fold(0, |x, &(s, _)| x ^ payload(s));
                     for &(s, r) in &t.parts {
@@ -250,8 +250,8 @@ proptest! {
     ) {
         let q = q.max(n as u32);
         let alpha = ((q as usize).div_ceil(n) as f64 / f64::from(q) * 1.5).min(1.0);
-        let inst = next_instance(&mut RandomPlacement::new(q, n, alpha, seed).unwrap());
-        let len = |s: SampleId| (u64::from(s) ^ salt).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 48;
+        let inst = next_instance(&mut RandomPlacement::new(u64::from(q), n, alpha, seed).unwrap());
+        let len = |s: SampleId| (s ^ salt).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 48;
         for scheme in [Scheme::Uncoded, Scheme::Coded, Scheme::Ubershuffle { nu }] {
             let by_id = plan(&inst, scheme);
             let by_size = plan_by_size(&inst, scheme, &len);

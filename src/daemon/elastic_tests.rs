@@ -131,7 +131,9 @@ fn run_epochs(comm: &mut dyn Comm, p: Prepared, epochs: u64) -> RankRun {
     let mut cur = p.resumed.current;
     let start = cur.epoch;
     let held = |store: &crate::cache::SampleStore| -> BTreeSet<SampleId> {
-        (0..SAMPLES).filter(|&i| store.contains(i)).collect()
+        (0..u64::from(SAMPLES))
+            .filter(|&i| store.contains(i))
+            .collect()
     };
     for &id in cur.share(rank) {
         store.ensure(id).unwrap();
@@ -170,7 +172,7 @@ fn run_epochs(comm: &mut dyn Comm, p: Prepared, epochs: u64) -> RankRun {
 
 fn params() -> PlanParams {
     PlanParams {
-        samples: SAMPLES,
+        samples: u64::from(SAMPLES),
         world: 0,
         fraction: FRACTION,
         seed: SEED,

@@ -279,7 +279,13 @@ fn share_words(
     let (n, total) = (share.len(), manifest.len());
     match manifest.records() {
         Some(index) if index.groups() != index.records() => {
-            let records: usize = share.iter().map(|&g| index.group_records(g).len()).sum();
+            let records: usize = share
+                .iter()
+                .map(|&g| {
+                    let r = index.group_records(g);
+                    (r.end - r.start) as usize
+                })
+                .sum();
             format!(
                 "{records} records of {} in {n} page groups of {total}",
                 index.records()

@@ -67,7 +67,9 @@ pub enum ManifestError {
     NoSamples(PathBuf),
     #[error("source {0} has no sample files at any depth (--format tree)")]
     EmptyTree(PathBuf),
-    #[error("source has {0} samples; shufflefs supports at most 4294967295")]
+    #[error(
+        "source has {0} samples (or over 4 GiB of names): a folder index holds at most 4294967295 of each; pack the samples into record shards (--format records), whose index has no such limit"
+    )]
     TooMany(usize),
     #[error("manifest data is corrupt or from another version: {0}")]
     Decode(String),
@@ -198,10 +200,10 @@ impl Default for Manifest {
 }
 
 impl Manifest {
-    pub fn len(&self) -> u32 {
+    pub fn len(&self) -> u64 {
         match &self.index {
-            Index::Folders(f) => f.size_plus_one.len() as u32,
-            Index::Tree(t) => t.folders.size_plus_one.len() as u32,
+            Index::Folders(f) => f.size_plus_one.len() as u64,
+            Index::Tree(t) => t.folders.size_plus_one.len() as u64,
             Index::Records(r) => r.groups(),
         }
     }
@@ -261,11 +263,15 @@ impl Manifest {
     /// Sample ids of `class`, in listing order.
     pub(crate) fn class_range(&self, class: u32) -> std::ops::Range<SampleId> {
         let starts = &self.folders().class_start;
-        starts[class as usize]..starts[class as usize + 1]
+        u64::from(starts[class as usize])..u64::from(starts[class as usize + 1])
     }
 
     pub(crate) fn class_of(&self, id: SampleId) -> u32 {
-        (self.folders().class_start.partition_point(|&s| s <= id) - 1) as u32
+        (self
+            .folders()
+            .class_start
+            .partition_point(|&s| u64::from(s) <= id)
+            - 1) as u32
     }
 
     pub(crate) fn name(&self, id: SampleId) -> &OsStr {
@@ -727,7 +733,8 @@ mod owned {
 
 /// The encoding is what caches hold (and its fingerprint names the data in them): these
 /// bytes change only with `cache::FORMAT_VERSION` (5: a folder manifest's name ends as
-/// little-endian bytes, `dataset::columns`).
+/// little-endian bytes, `dataset::columns`; 6: a record index's group starts as 8-byte
+/// words).
 #[cfg(test)]
 mod format {
     use super::*;

@@ -183,7 +183,7 @@ impl Owners {
     }
 
     /// The owner of sample `id`.
-    pub fn sample(&self, id: u32) -> Owner {
+    pub fn sample(&self, id: u64) -> Owner {
         self.at(self.sample[id as usize])
     }
 

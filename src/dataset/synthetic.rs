@@ -11,7 +11,7 @@ use crate::plan::SampleId;
 
 /// Test bytes that are a pure function of (sample, offset).
 pub fn synthetic_byte(id: SampleId, offset: u64) -> u8 {
-    let x = (u64::from(id) << 32 ^ offset).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let x = (id << 32 ^ offset).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     (x >> 56) as u8
 }
 

@@ -105,6 +105,9 @@ pub fn run(
     partial.run(comm, step, ctx, &mut |_| {})
 }
 
+/// Bytes of one sample id in a list sent between ranks.
+pub(crate) const ID_BYTES: usize = std::mem::size_of::<SampleId>();
+
 /// Sample ids as little-endian bytes, for lists sent between ranks.
 pub(crate) fn encode_ids(ids: &[SampleId]) -> Vec<u8> {
     ids.iter().flat_map(|id| id.to_le_bytes()).collect()
@@ -113,8 +116,8 @@ pub(crate) fn encode_ids(ids: &[SampleId]) -> Vec<u8> {
 /// The inverse of [`encode_ids`] (a trailing partial id is ignored).
 pub(crate) fn decode_ids(bytes: &[u8]) -> impl Iterator<Item = SampleId> + '_ {
     bytes
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+        .chunks_exact(ID_BYTES)
+        .map(|c| SampleId::from_le_bytes(c.try_into().expect("one id's bytes")))
 }
 
 /// A sample in a stream, with its size.

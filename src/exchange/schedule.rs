@@ -304,7 +304,7 @@ mod tests {
         #[test]
         fn schedules_fit_together(
             layout in prop::collection::vec((0u32..3, any::<bool>()), 1..9),
-            moves in prop::collection::vec((0u32..500, 0u32..64, 0u32..64), 0..200),
+            moves in prop::collection::vec((0u64..500, 0u32..64, 0u32..64), 0..200),
         ) {
             // A rank that cannot share its host's disk is a disk group of its own.
             let hosts: Vec<u32> = layout.iter().map(|&(h, _)| h).collect();

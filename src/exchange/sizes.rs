@@ -41,7 +41,7 @@ pub(super) const ENTRY: usize = 24;
 pub(super) fn encode(store: &SampleStore, ids: &[SampleId], sizes: &[u64]) -> Vec<u8> {
     let mut out = Vec::with_capacity(ids.len() * ENTRY);
     for (&id, size) in ids.iter().zip(sizes) {
-        out.extend_from_slice(&u64::from(id).to_le_bytes());
+        out.extend_from_slice(&id.to_le_bytes());
         out.extend_from_slice(&size.to_le_bytes());
         out.extend_from_slice(&store.mtime_nanos(id).to_le_bytes());
     }
@@ -68,7 +68,7 @@ pub(super) fn decode(store: &SampleStore, ids: &[SampleId], list: &[u8]) -> Deco
     for (k, (&id, entry)) in ids.iter().zip(list.chunks_exact(ENTRY)).enumerate() {
         let word = |i: usize| u64::from_le_bytes(entry[i..i + 8].try_into().expect("8 bytes"));
         let sent = word(0);
-        if sent != u64::from(id) {
+        if sent != id {
             out.mismatch.get_or_insert((k, id, sent));
         } else {
             store.learn_mtime_nanos(id, word(16));

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::cache::CacheError;
-use crate::plan::{EpochShares, Plan, Rank, Step};
+use crate::plan::{EpochShares, Plan, Rank, SampleId, Step};
 
 mod cancel;
 mod worker;
@@ -112,7 +112,7 @@ pub trait Effects: Send + Sync + 'static {
     /// Starts the exchange of `step` (for the first epoch: `evict` is empty) after dropping
     /// `evict`; returns false if no exchange will report back (the state is then
     /// `Exchanged(Skipped)`).
-    fn start_exchange(&self, step: Arc<Step>, evict: Vec<u32>) -> bool;
+    fn start_exchange(&self, step: Arc<Step>, evict: Vec<SampleId>) -> bool;
     /// Makes this rank hold every sample of `step.next`'s share. Runs on its own thread.
     fn prepare(&self, step: &Step, exchange: &ExchangeOutcome) -> Result<(), EffectError>;
     /// Saves `current`'s epoch as the one to resume at (and this rank's share of it).
@@ -143,9 +143,9 @@ pub(crate) struct AdvanceWait {
     pub seconds: f64,
 }
 
-/// The last epoch there can be: the view's inode numbers have room for 30 bits of it (a
-/// billion epochs).
-pub(crate) const MAX_EPOCH: u64 = (1 << 30) - 1;
+/// The last epoch there can be: the view's inode numbers have room for 29 bits of it (half
+/// a billion epochs).
+pub(crate) const MAX_EPOCH: u64 = (1 << 29) - 1;
 
 /// How long an advance by a control-file write waits for the kernel to forget the old epoch.
 const INVALIDATION_WAIT: Duration = Duration::from_secs(5);
@@ -488,7 +488,7 @@ impl Drop for WaitEntry<'_> {
 pub struct NoExchange;
 
 impl Effects for NoExchange {
-    fn start_exchange(&self, _: Arc<Step>, _: Vec<u32>) -> bool {
+    fn start_exchange(&self, _: Arc<Step>, _: Vec<SampleId>) -> bool {
         false
     }
     fn prepare(&self, _: &Step, _: &ExchangeOutcome) -> Result<(), EffectError> {
@@ -517,7 +517,7 @@ mod tests {
     }
 
     impl Effects for Manual {
-        fn start_exchange(&self, step: Arc<Step>, _: Vec<u32>) -> bool {
+        fn start_exchange(&self, step: Arc<Step>, _: Vec<SampleId>) -> bool {
             self.started.lock().unwrap().push(step.next.epoch);
             true
         }

@@ -18,7 +18,7 @@ fn key(plan: &Plan, rank: Rank, epoch: u64) -> SlotsKey {
         epoch,
         rank,
         world: params.world,
-        samples: u64::from(params.samples),
+        samples: params.samples,
         seed: params.seed,
         fraction_bits: params.fraction.to_bits(),
         plan: plan.fingerprint(),
@@ -34,9 +34,8 @@ pub(crate) fn save(root: &Path, plan: &Plan, rank: Rank, shares: &EpochShares) {
     if !plan.is_per_rank() {
         return;
     }
-    let ids: Vec<u64> = own.iter().map(|&id| u64::from(id)).collect();
     let key = key(plan, rank, shares.epoch);
-    if let Err(e) = slots::save(root, &key, &ids) {
+    if let Err(e) = slots::save(root, &key, own) {
         tracing::warn!(epoch = shares.epoch, error = %e, "cannot save this rank's share; a resume will recompute it");
     }
 }
@@ -60,11 +59,7 @@ fn load(root: &Path, plan: &Plan, rank: Rank, epoch: u64) -> Result<EpochShares,
     if !plan.is_per_rank() {
         return Err(SlotsMiss::Missing(epoch));
     }
-    let ids = slots::load(root, &key(plan, rank, epoch))?;
-    let slots = ids
-        .into_iter()
-        .map(|id| id as crate::plan::SampleId)
-        .collect();
+    let slots = slots::load(root, &key(plan, rank, epoch))?;
     (plan.own_from_slots(rank, epoch, slots)).ok_or(SlotsMiss::Unfit(epoch))
 }
 

@@ -55,10 +55,10 @@ struct DatasetSnapshot {
     #[serde(skip_serializing_if = "Option::is_none")]
     group: Option<crate::dataset::Grouping>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    records: Option<u32>,
+    records: Option<u64>,
     /// The units of the plan: groups of records (`samples` counts the same).
     #[serde(skip_serializing_if = "Option::is_none")]
-    groups: Option<u32>,
+    groups: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     files: Option<usize>,
 }
@@ -114,7 +114,7 @@ struct Status<'a> {
     mountpoint: &'a str,
     dataset: DatasetSnapshot,
     classes: u32,
-    samples: u32,
+    samples: u64,
     share_samples: usize,
     share_bytes: u64,
     staging: StagingSnapshot,

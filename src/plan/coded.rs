@@ -22,7 +22,7 @@ use super::{EpochShares, Rank, SampleId, Step};
 /// The shares and caches of a coded run.
 #[derive(Clone, Debug)]
 pub struct CodedShares {
-    samples: u32,
+    samples: u64,
     ranks: u32,
     alpha: f64,
     seed: u64,
@@ -34,7 +34,7 @@ pub struct CodedShares {
 impl CodedShares {
     /// Checks that a cache of `alpha` of the dataset can hold a share (`alpha >= 1/ranks`).
     pub(crate) fn new(
-        samples: u32,
+        samples: u64,
         ranks: u32,
         alpha: f64,
         seed: u64,

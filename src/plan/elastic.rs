@@ -300,7 +300,7 @@ impl ElasticPlan {
 mod tests {
     use super::*;
 
-    fn params(samples: u32) -> PlanParams {
+    fn params(samples: u64) -> PlanParams {
         PlanParams {
             samples,
             world: 0,

@@ -42,7 +42,7 @@ const DOMAIN_EQUAL: u64 = 0x6571_7561_6c00_0000; // "equal"
 /// The fixed seeded key of sample `id` (splitmix64 of the seed and id): a permutation of
 /// the ids, the same in every build.
 fn key(seed: u64, id: SampleId) -> u64 {
-    let mut z = seed ^ DOMAIN_EQUAL ^ (u64::from(id)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let mut z = seed ^ DOMAIN_EQUAL ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
@@ -138,7 +138,7 @@ impl Replay {
 
 /// The samples every view of an epoch holds: `floor(N/M)`.
 pub fn view_size(plan: &Plan) -> usize {
-    (plan.params().samples / plan.params().world) as usize
+    (plan.params().samples / u64::from(plan.params().world)) as usize
 }
 
 /// One rank's equal-shares view: what it leaves out of the current epoch's share.
@@ -232,7 +232,7 @@ mod tests {
     use super::*;
     use crate::plan::PlanParams;
 
-    fn plan(samples: u32, world: u32, fraction: f64, seed: u64) -> Plan {
+    fn plan(samples: u64, world: u32, fraction: f64, seed: u64) -> Plan {
         Plan::new(PlanParams {
             samples,
             world,
@@ -265,15 +265,15 @@ mod tests {
     #[test]
     fn visible_ids_skip_without_walking() {
         let share = [1, 3, 5, 7, 9, 11];
-        let all = |left: &[u32], skip| visible_from(&share, left, skip).collect::<Vec<_>>();
+        let all = |left: &[u64], skip| visible_from(&share, left, skip).collect::<Vec<_>>();
         assert_eq!(all(&[5], 0), [1, 3, 7, 9, 11]);
         assert_eq!(all(&[5], 2), [7, 9, 11]);
         assert_eq!(all(&[1], 0), [3, 5, 7, 9, 11]);
         assert_eq!(all(&[1], 1), [5, 7, 9, 11]);
         assert_eq!(all(&[11], 4), [9]);
-        assert_eq!(all(&[11], 5), [] as [u32; 0]);
+        assert_eq!(all(&[11], 5), [] as [u64; 0]);
         assert_eq!(all(&[3, 9], 2), [7, 11]);
-        assert_eq!(all(&[], 7), [] as [u32; 0]);
+        assert_eq!(all(&[], 7), [] as [u64; 0]);
     }
 
     /// A job of 4 ranks resized to 3 at epoch 2 and to 5 at epoch 4: the replay walks the

@@ -397,7 +397,7 @@ mod tests {
     use super::*;
     use crate::plan::PlanParams;
 
-    fn plan(samples: u32, world: u32, fraction: f64) -> Plan {
+    fn plan(samples: u64, world: u32, fraction: f64) -> Plan {
         Plan::new(PlanParams {
             samples,
             world,

@@ -58,14 +58,14 @@ pub mod placement;
 pub use coded::CodedShares;
 
 /// Index of a sample in the manifest (samples sorted by class, then name).
-pub type SampleId = u32;
+pub type SampleId = u64;
 /// An MPI rank.
 pub type Rank = u32;
 
 /// Inputs that fully determine the plan.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PlanParams {
-    pub samples: u32,
+    pub samples: u64,
     pub world: u32,
     pub fraction: f64,
     pub seed: u64,
@@ -399,7 +399,7 @@ impl Plan {
 
     /// Samples each rank sends (and receives) per epoch, moves to itself included.
     pub fn exchange_count(&self) -> usize {
-        let min_share = self.params.samples / self.params.world;
+        let min_share = self.params.samples / u64::from(self.params.world);
         (self.params.fraction * min_share as f64).floor() as usize
     }
 
@@ -409,7 +409,7 @@ impl Plan {
             return c.shares(0);
         }
         let slots = (0..self.params.world)
-            .map(|r| narrow(self.local.initial_slots(r)))
+            .map(|r| self.local.initial_slots(r))
             .collect();
         EpochShares::from_slots(0, slots)
     }
@@ -443,7 +443,7 @@ impl Plan {
         if !self.is_per_rank() {
             return self.initial();
         }
-        let slots = narrow(self.local.initial_slots(rank));
+        let slots = self.local.initial_slots(rank);
         EpochShares::own(0, self.params.world, rank, slots)
     }
 
@@ -453,7 +453,7 @@ impl Plan {
         if !self.is_per_rank() {
             return self.shares_at(epoch);
         }
-        let slots = narrow(self.local.slots_at(epoch, rank, threads()));
+        let slots = self.local.slots_at(epoch, rank, threads());
         EpochShares::own(epoch, self.params.world, rank, slots)
     }
 
@@ -470,7 +470,7 @@ impl Plan {
             .map(|r| self.local.source(cur.epoch, r))
             .collect();
         let arrived = self.local.ids_at(cur.epoch, &sources, threads());
-        let next = narrow(step.next_slots(&widen(slots), &arrived));
+        let next = step.next_slots(slots, &arrived);
         let mut transfers: Vec<Transfer> = (step.sends.iter())
             .map(|s| Transfer {
                 sample: s.sample as SampleId,
@@ -500,7 +500,9 @@ impl Plan {
         slots: Vec<SampleId>,
     ) -> Option<EpochShares> {
         let chunk = self.local.params().chunk(rank);
-        let fits = rank < self.params.world && slots.len() as u64 == chunk.end - chunk.start;
+        let fits = rank < self.params.world
+            && slots.len() as u64 == chunk.end - chunk.start
+            && slots.iter().all(|&id| id < self.params.samples);
         (self.is_per_rank() && fits)
             .then(|| EpochShares::own(epoch, self.params.world, rank, slots))
     }
@@ -538,20 +540,11 @@ impl Plan {
 /// The per-rank plan's parameters of `params`.
 fn local_params(params: &PlanParams) -> local::LocalParams {
     local::LocalParams {
-        samples: u64::from(params.samples),
+        samples: params.samples,
         world: params.world,
         fraction: params.fraction,
         seed: params.seed,
     }
-}
-
-/// Ids of a dataset named by 32-bit [`SampleId`]s (the plan's samples are a `u32`).
-fn narrow(ids: Vec<local::GlobalId>) -> Vec<SampleId> {
-    ids.into_iter().map(|id| id as SampleId).collect()
-}
-
-fn widen(ids: &[SampleId]) -> Vec<local::GlobalId> {
-    ids.iter().map(|&id| u64::from(id)).collect()
 }
 
 /// Threads a rank may use to walk its share back (resume, naming arrivals).
@@ -605,7 +598,7 @@ pub(crate) fn share_in_range(share: &[SampleId], range: std::ops::Range<SampleId
 mod tests {
     use super::*;
 
-    fn plan(samples: u32, world: u32, fraction: f64, seed: u64) -> Plan {
+    fn plan(samples: u64, world: u32, fraction: f64, seed: u64) -> Plan {
         Plan::new(PlanParams {
             samples,
             world,

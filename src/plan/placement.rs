@@ -44,19 +44,23 @@ pub enum PlacementError {
     )]
     CacheTooSmall {
         alpha: f64,
-        samples: u32,
+        samples: u64,
         nodes: usize,
         cache: usize,
         share: usize,
     },
     #[error("alpha = {0} is not in (0, 1]")]
     Alpha(f64),
+    #[error(
+        "{0} samples: a coded run holds at most 4294967295 (its packets name samples in 32 bits); use --exchange partial (the default) for more"
+    )]
+    Samples(u64),
 }
 
 /// The evolving caches of `n` nodes over epochs.
 #[derive(Clone, Debug)]
 pub struct RandomPlacement {
-    samples: u32,
+    samples: u64,
     nodes: usize,
     cache_size: usize,
     seed: u64,
@@ -66,7 +70,7 @@ pub struct RandomPlacement {
 
 impl RandomPlacement {
     pub fn new(
-        samples: u32,
+        samples: u64,
         nodes: usize,
         alpha: f64,
         seed: u64,
@@ -77,7 +81,10 @@ impl RandomPlacement {
         if !(alpha > 0.0 && alpha <= 1.0) {
             return Err(PlacementError::Alpha(alpha));
         }
-        let cache_size = (alpha * f64::from(samples)).floor() as usize;
+        if samples > u64::from(u32::MAX) {
+            return Err(PlacementError::Samples(samples));
+        }
+        let cache_size = (alpha * samples as f64).floor() as usize;
         let share = (samples as usize).div_ceil(nodes);
         if cache_size < share {
             return Err(PlacementError::CacheTooSmall {

@@ -9,14 +9,14 @@
 //! /.shufflefs/metrics            ino 6   Prometheus text, regenerated at each open
 //! /epoch-N/                      kind 1: (1 << 62) | N
 //! /epoch-N/<class>/              kind 2: (2 << 62) | N << 32 | class
-//! /epoch-N/<class>/<sample>      kind 3: (3 << 62) | sample id
-//! /epoch-N/part-<P>.<ext>        kind 3: (3 << 62) | (N + 1) << 32 | P   (record sources)
+//! /epoch-N/<class>/<sample>      kind 3: (3 << 62) | sample id           (61 bits)
+//! /epoch-N/part-<P>.<ext>        kind 3: (3 << 62) | 1 << 61 | N << 32 | P   (record sources)
 //! /epoch-N/.../<side file>       kind 0: 1 << 32 | index                (--replicate)
 //! ```
 //! A side file's bytes never change, so like a sample it keeps one inode in every epoch.
-//! A part's bytes differ every epoch, so its inode names the epoch (kind 3 with a non-zero
-//! epoch field; a sample's is zero). The field holds N + 1 in 30 bits, so the last epoch
-//! that can show parts is `MAX_EPOCH - 1`.
+//! A part's bytes differ every epoch, so its inode names the epoch (kind 3 with bit 61 set;
+//! a sample's has it clear, which leaves 61 bits for 64-bit sample ids). The epoch field
+//! has 29 bits, which bounds [`MAX_EPOCH`].
 //! Every inode number *is* its node: nothing is allocated on lookup, so `forget` has nothing
 //! to free and the daemon's memory does not grow with the number of files the kernel caches.
 //! Views never change once published, so the kernel may cache entries and attributes for as
@@ -35,9 +35,12 @@ pub(crate) const CURRENT_NAME: &str = "current";
 pub(crate) const STATUS_NAME: &str = "status";
 pub(crate) const EPOCH_CTL_NAME: &str = "epoch";
 pub(crate) const METRICS_NAME: &str = "metrics";
-/// Epochs are limited to 30 bits by the inode layout (a billion epochs); the coordinator
-/// publishes none beyond.
+/// Epochs are limited to 29 bits by the inode layout (half a billion epochs); the
+/// coordinator publishes none beyond.
 pub(crate) use crate::node::coordinator::MAX_EPOCH;
+
+/// The bits of a sample's inode that hold its id (ids are far below 2^61).
+const SAMPLE_BITS: u64 = (1 << 61) - 1;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Node {
@@ -67,8 +70,8 @@ impl Node {
             Node::Metrics => 6,
             Node::EpochDir(e) => 1 << 62 | e,
             Node::ClassDir(e, c) => 2 << 62 | e << 32 | u64::from(c),
-            Node::Sample(s) => 3 << 62 | u64::from(s),
-            Node::Part(e, p) => 3 << 62 | (e + 1) << 32 | u64::from(p),
+            Node::Sample(s) => 3 << 62 | (s & SAMPLE_BITS),
+            Node::Part(e, p) => 3 << 62 | 1 << 61 | e << 32 | u64::from(p),
             Node::Side(i) => 1 << 32 | u64::from(i),
         }
     }
@@ -89,8 +92,8 @@ impl Node {
             },
             1 if low <= MAX_EPOCH => Node::EpochDir(low),
             2 => Node::ClassDir(epoch, index),
-            3 if epoch == 0 => Node::Sample(index),
-            3 => Node::Part(epoch - 1, index),
+            3 if low >> 61 == 0 => Node::Sample(low),
+            3 => Node::Part(epoch & MAX_EPOCH, index),
             _ => return None,
         })
     }
@@ -142,16 +145,22 @@ mod tests {
             Node::ClassDir(7, 0),
             Node::ClassDir(MAX_EPOCH, u32::MAX),
             Node::Sample(0),
-            Node::Sample(u32::MAX),
+            Node::Sample(u32::MAX.into()),
+            Node::Sample(5_000_000_000),
+            Node::Sample(SAMPLE_BITS),
             Node::Part(0, 0),
-            Node::Part(MAX_EPOCH - 1, u32::MAX),
+            Node::Part(MAX_EPOCH, u32::MAX),
             Node::Side(0),
             Node::Side(u32::MAX),
         ] {
             assert_eq!(Node::from_ino(node.ino()), Some(node), "{node:?}");
         }
         assert_eq!(Node::from_ino(0), None);
-        assert_eq!(Node::from_ino(3 << 62 | 1 << 32), Some(Node::Part(0, 0)));
+        assert_eq!(Node::from_ino(3 << 62 | 1 << 61), Some(Node::Part(0, 0)));
+        assert_eq!(
+            Node::from_ino(3 << 62 | 1 << 32),
+            Some(Node::Sample(1 << 32))
+        );
         assert_eq!(Node::from_ino(7), None);
     }
 

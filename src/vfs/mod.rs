@@ -193,8 +193,8 @@ impl ShuffleFs {
         let manifest = self.store.manifest();
         let index = manifest.records().ok_or(FsError::NotFound)?;
         let cur = self.epochs.current();
-        // A part's inode holds epoch + 1 in 30 bits (see `inodes`).
-        if cur.epoch != epoch || epoch >= inodes::MAX_EPOCH {
+        // A part's inode holds the epoch in 29 bits (see `inodes`).
+        if cur.epoch != epoch || epoch > inodes::MAX_EPOCH {
             return Err(FsError::NotFound);
         }
         let mut slot = self.parts.lock().unwrap_or_else(|e| e.into_inner());
@@ -382,7 +382,7 @@ impl ShuffleFs {
         })
     }
 
-    fn holds(&self, id: u32) -> bool {
+    fn holds(&self, id: SampleId) -> bool {
         let cur = self.epochs.current();
         cur.share(self.epochs.rank()).binary_search(&id).is_ok()
             && self.left_out(&cur).binary_search(&id).is_err()
@@ -424,7 +424,7 @@ impl ShuffleFs {
     /// current epoch. A listed sample that cannot be fetched is an I/O error (EIO), never
     /// ENOENT, named as the source answered: the cache's error when the cache failed, the
     /// source's (counted and kept among the problems) when only the source was asked.
-    fn fetch(&self, id: u32) -> Result<Fetched, FsError> {
+    fn fetch(&self, id: SampleId) -> Result<Fetched, FsError> {
         if let Some(partial) = self.store.partial() {
             partial.saw(id, self.store.contains(id));
         }

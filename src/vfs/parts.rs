@@ -182,7 +182,7 @@ mod tests {
 
     /// Group `g`'s bytes: a pure function of (g, offset), `len(g)` long.
     fn byte(g: SampleId, o: u64) -> u8 {
-        (u64::from(g) * 31 + o * 7) as u8 | 1
+        (g * 31 + o * 7) as u8 | 1
     }
 
     fn concat(l: &PartLayout, p: u32, lens: &[(u64, bool)]) -> Vec<u8> {
@@ -240,11 +240,11 @@ mod tests {
             tar in any::<bool>(),
             reads in proptest::collection::vec((0u64..60_000, 0usize..9000), 1..20),
         ) {
-            let n = lens.len() as u32;
-            let order: Vec<u32> = (0..n).rev().collect();
+            let n = lens.len() as u64;
+            let order: Vec<u64> = (0..n).rev().collect();
             let trailer = if tar { 1024 } else { 0 };
             let l = PartLayout::new(3, order.clone(), |g| lens[g as usize], target, header, trailer, "x".into());
-            let all: Vec<u32> = (0..l.parts()).flat_map(|p| l.groups(p).to_vec()).collect();
+            let all: Vec<u64> = (0..l.parts()).flat_map(|p| l.groups(p).to_vec()).collect();
             prop_assert_eq!(&all, &order);
             for p in 0..l.parts() {
                 let whole = concat(&l, p, &lens);

@@ -40,7 +40,7 @@ impl ShuffleFs {
             blocks: cache.blocks(),
             blocks_free: cache.blocks_free(),
             blocks_available: cache.blocks_available(),
-            files: u64::from(self.store.manifest().len()),
+            files: self.store.manifest().len(),
             files_free: 0,
             name_max: NAME_MAX,
         })

@@ -11,7 +11,7 @@ use tempfile::TempDir;
 /// The expected bytes `offset..offset+len` of the file with key `key`.
 pub fn expected_bytes(key: u32, offset: u64, len: u64) -> Vec<u8> {
     (offset..offset + len)
-        .map(|o| shufflefs::dataset::synthetic_byte(key, o))
+        .map(|o| shufflefs::dataset::synthetic_byte(u64::from(key), o))
         .collect()
 }
 

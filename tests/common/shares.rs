@@ -4,7 +4,7 @@
 use shufflefs::plan::EpochShares;
 
 /// Every sample `0..n` is owned by exactly one rank, and each share is sorted and unique.
-pub fn assert_partition(shares: &EpochShares, n: u32) {
+pub fn assert_partition(shares: &EpochShares, n: u64) {
     let mut owner = vec![None; n as usize];
     for (r, share) in shares.shares.iter().enumerate() {
         assert!(

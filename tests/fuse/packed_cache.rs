@@ -44,7 +44,7 @@ fn packed_store(dir: &Path, manifest: &Arc<Manifest>) -> SampleStore {
     SampleStore::with_backend(cache, backend, manifest.clone(), source).unwrap()
 }
 
-fn assert_right_bytes(store: &SampleStore, id: u32) {
+fn assert_right_bytes(store: &SampleStore, id: u64) {
     let bytes = store.read(id).unwrap();
     assert_eq!(Some(bytes.len() as u64), store.manifest().size(id), "{id}");
     assert!(
@@ -126,7 +126,7 @@ fn the_exchange_writes_received_records_into_segments() {
                 );
                 // The share comes back after a remount (removes included: dropping the store wrote
                 // its last batch out).
-                let share: Vec<u32> = cur.share(me).to_vec();
+                let share: Vec<u64> = cur.share(me).to_vec();
                 drop(store);
                 let store = packed_store(root, &manifest);
                 assert_eq!(

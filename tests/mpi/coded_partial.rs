@@ -78,7 +78,7 @@ impl Setup {
             caches.add(&cache, TMPFS);
         }
         let params = PlanParams {
-            samples: CLASSES * PER_CLASS,
+            samples: u64::from(CLASSES * PER_CLASS),
             world: RANKS,
             fraction: 0.0,
             seed: SEED,
@@ -196,7 +196,7 @@ impl Setup {
             .filter(|s| kept.contains(s) || arrived.contains(s))
             .count();
         let planned = hits as f64 / share.len() as f64;
-        let bytes = |s: &u32| self.sizes[*s as usize];
+        let bytes = |s: &u64| self.sizes[*s as usize];
         let from_source = (share.iter()).filter(|s| {
             !(kept.contains(s) || arrived.contains(s)) || epoch == 0 && kept.contains(s)
         });

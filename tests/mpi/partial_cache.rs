@@ -47,7 +47,7 @@ impl Setup {
         }
         let samples = CLASSES * PER_CLASS;
         let params = PlanParams {
-            samples,
+            samples: samples.into(),
             world: RANKS,
             fraction: FRACTION,
             seed: SEED,

@@ -36,7 +36,7 @@ impl Drop for AbortOnPanic {
     }
 }
 
-fn manifest(samples: u32) -> Arc<Manifest> {
+fn manifest(samples: u64) -> Arc<Manifest> {
     // Different sizes, an empty one among them: packets pad to their longest part.
     let sizes = [0u64, 1, 17, 300, 2500, 7000, 640];
     let classes = (0..3)
@@ -55,7 +55,7 @@ fn manifest(samples: u32) -> Arc<Manifest> {
     Arc::new(Manifest::from_parts(classes).unwrap())
 }
 
-fn plan(samples: u32) -> Plan {
+fn plan(samples: u64) -> Plan {
     let params = PlanParams {
         samples,
         world: RANKS,
@@ -113,7 +113,7 @@ fn routes(world: &mut LocalComm, me: Option<usize>, limit: usize, how: Multicast
 fn run(scheme: Scheme, limit: usize, how: Multicast) -> Vec<Vec<CodedReport>> {
     let manifest = manifest(120);
     let plan = plan(manifest.len());
-    let cache_size = (ALPHA * f64::from(manifest.len())).floor() as u64;
+    let cache_size = (ALPHA * manifest.len() as f64).floor() as u64;
     let (lost_share, lost_retained) = faults(&plan, scheme);
     let barrier = Arc::new(Barrier::new(RANKS as usize));
     let mut comms = LocalComm::world(RANKS + 1).into_iter();

@@ -20,7 +20,7 @@ fn case() -> impl Strategy<Value = (Plan, usize)> {
             let cache = share + (a * f64::from(samples - share)) as u32;
             let alpha = (f64::from(cache) + 0.5) / f64::from(samples);
             let params = PlanParams {
-                samples,
+                samples: samples.into(),
                 world: ranks,
                 fraction: 0.0,
                 seed,

@@ -27,7 +27,7 @@ fn job() -> impl Strategy<Value = (PlanParams, u32, Vec<(u64, u32)>)> {
     )
         .prop_map(|(samples, fraction, seed, first, changes)| {
             let params = PlanParams {
-                samples,
+                samples: samples.into(),
                 world: first,
                 fraction,
                 seed,

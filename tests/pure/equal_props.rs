@@ -17,7 +17,7 @@ fn params() -> impl Strategy<Value = PlanParams> {
         any::<u64>(),
     )
         .prop_map(|(world, extra, fraction, seed)| PlanParams {
-            samples: world + extra,
+            samples: u64::from(world + extra),
             world,
             fraction,
             seed,
@@ -34,7 +34,7 @@ proptest! {
     ) {
         let plan = Plan::new(p).unwrap();
         let keep = view_size(&plan);
-        prop_assert_eq!(keep as u32, p.samples / p.world);
+        prop_assert_eq!(keep as u64, p.samples / u64::from(p.world));
         let mut replay = Replay::new(&plan);
         for epoch in 0..epochs {
             replay.advance_to(&plan, epoch);
@@ -50,7 +50,7 @@ proptest! {
                     all_left.insert(s);
                 }
             }
-            prop_assert_eq!(all_left.len() as u32, p.samples % p.world);
+            prop_assert_eq!(all_left.len() as u64, p.samples % u64::from(p.world));
         }
     }
 

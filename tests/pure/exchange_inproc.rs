@@ -33,7 +33,7 @@ impl Drop for AbortOnPanic {
     }
 }
 
-fn manifest(samples: u32) -> Arc<Manifest> {
+fn manifest(samples: u64) -> Arc<Manifest> {
     // Sizes cycle through 0 bytes, tiny, and larger than the test frame, so samples both
     // share frames and span several.
     let sizes = [0u64, 1, 17, 300, 2500, 7000];
@@ -55,7 +55,7 @@ fn manifest(samples: u32) -> Arc<Manifest> {
 
 /// A cache over the synthetic source of `manifest` holding `share`: its folder (keep it
 /// alive) and the store.
-fn staged(manifest: Arc<Manifest>, share: &[u32]) -> (tempfile::TempDir, Arc<SampleStore>) {
+fn staged(manifest: Arc<Manifest>, share: &[u64]) -> (tempfile::TempDir, Arc<SampleStore>) {
     let dir = tempfile::tempdir().unwrap();
     let source = Arc::new(SyntheticSource {
         manifest: manifest.clone(),
@@ -67,7 +67,7 @@ fn staged(manifest: Arc<Manifest>, share: &[u32]) -> (tempfile::TempDir, Arc<Sam
     (dir, Arc::new(store))
 }
 
-fn check_sample(store: &SampleStore, id: u32) {
+fn check_sample(store: &SampleStore, id: u64) {
     let bytes = std::fs::read(FileBackend::path_in(store.dir().root(), id))
         .unwrap_or_else(|e| panic!("sample {id} missing from cache: {e}"));
     assert_eq!(
@@ -213,7 +213,7 @@ fn run_world(fraction: f64, epochs: u64, wrap: Wrap, fault: Fault) {
     let mut results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
     results.sort_by_key(|r| r.0);
     for e in 0..epochs as usize {
-        let mut all: Vec<u32> = results.iter().flat_map(|r| r.1[e].clone()).collect();
+        let mut all: Vec<u64> = results.iter().flat_map(|r| r.1[e].clone()).collect();
         all.sort_unstable();
         assert_eq!(
             all,
@@ -581,7 +581,7 @@ fn a_shutdown_interrupts_an_exchange_whose_peer_went_silent() {
 }
 
 /// The plan of `samples` samples on `world` ranks.
-fn plan(samples: u32, world: u32, fraction: f64, seed: u64) -> Plan {
+fn plan(samples: u64, world: u32, fraction: f64, seed: u64) -> Plan {
     Plan::new(PlanParams {
         samples,
         world,
@@ -594,13 +594,13 @@ fn plan(samples: u32, world: u32, fraction: f64, seed: u64) -> Plan {
 /// A source whose copies of one sample never finish (a hung filesystem).
 struct HangsOn {
     inner: SyntheticSource,
-    stuck: u32,
+    stuck: u64,
 }
 
 impl shufflefs::dataset::Dataset for HangsOn {
     fn copy_to(
         &self,
-        id: u32,
+        id: u64,
         out: &mut dyn std::io::Write,
     ) -> std::io::Result<shufflefs::dataset::Copied> {
         if id == self.stuck {
@@ -608,10 +608,10 @@ impl shufflefs::dataset::Dataset for HangsOn {
         }
         self.inner.copy_to(id, out)
     }
-    fn read_at(&self, id: u32, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+    fn read_at(&self, id: u64, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
         self.inner.read_at(id, offset, buf)
     }
-    fn describe(&self, id: u32) -> String {
+    fn describe(&self, id: u64) -> String {
         self.inner.describe(id)
     }
 }
@@ -668,7 +668,7 @@ struct Refuses {
 impl shufflefs::dataset::Dataset for Refuses {
     fn copy_to(
         &self,
-        _id: u32,
+        _id: u64,
         _out: &mut dyn std::io::Write,
     ) -> std::io::Result<shufflefs::dataset::Copied> {
         std::thread::sleep(self.delay);
@@ -677,10 +677,10 @@ impl shufflefs::dataset::Dataset for Refuses {
             "the store did not answer after 9 attempts: Connection refused",
         ))
     }
-    fn read_at(&self, _id: u32, _offset: u64, _buf: &mut [u8]) -> std::io::Result<usize> {
+    fn read_at(&self, _id: u64, _offset: u64, _buf: &mut [u8]) -> std::io::Result<usize> {
         Err(std::io::ErrorKind::ConnectionRefused.into())
     }
-    fn describe(&self, id: u32) -> String {
+    fn describe(&self, id: u64) -> String {
         format!("s3://b/{id} of {}", self.manifest.len())
     }
 }
@@ -1011,7 +1011,7 @@ fn a_peer_whose_size_lists_disagree_with_the_plan_has_nothing_stored() {
 }
 
 /// Samples of one size each, so every stream of a test spans several frames.
-fn uniform_manifest(samples: u32, size: u64) -> Arc<Manifest> {
+fn uniform_manifest(samples: u64, size: u64) -> Arc<Manifest> {
     let names = (0..samples)
         .map(|i| (format!("s{i:05}.bin").into_bytes(), size))
         .collect();
@@ -1022,7 +1022,7 @@ fn uniform_manifest(samples: u32, size: u64) -> Arc<Manifest> {
 /// `budget` bytes; checks every rank holds its next share exactly and returns each rank's
 /// most bytes held in frames at once.
 fn exchange_under_budget(world: u32, frame: usize, budget: usize, wrap: Wrap) -> Vec<u64> {
-    let manifest = uniform_manifest(world * 48, 3 * frame as u64);
+    let manifest = uniform_manifest(u64::from(world) * 48, 3 * frame as u64);
     let plan = plan(manifest.len(), world, 0.75, 77);
     let handles: Vec<_> = LocalComm::world(world)
         .into_iter()
@@ -1147,7 +1147,7 @@ fn what_a_store_learns_follows_the_share_across_epochs() {
                     for &id in step.next.share(me) {
                         store.ensure(id).unwrap();
                     }
-                    let left: Vec<u32> = (cur.share(me).iter().copied())
+                    let left: Vec<u64> = (cur.share(me).iter().copied())
                         .filter(|id| step.next.share(me).binary_search(id).is_err())
                         .collect();
                     partial.evict(&store, left);

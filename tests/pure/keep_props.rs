@@ -10,7 +10,7 @@ fn case() -> impl Strategy<Value = (Plan, Vec<u64>, u64, usize)> {
     (1u32..80, 1u32..5, 0.0f64..=1.0, any::<u64>(), 0usize..5).prop_flat_map(
         |(samples, world, fraction, seed, horizon)| {
             let plan = Plan::new(PlanParams {
-                samples,
+                samples: samples.into(),
                 world,
                 fraction,
                 seed,
@@ -134,8 +134,8 @@ proptest! {
     /// fits and whose total stay no other such set beats (checked over every subset).
     #[test]
     fn equal_sizes_keep_the_most_stay(
-        share in prop::collection::btree_set(0u32..40, 0..10),
-        later in prop::collection::vec(prop::collection::btree_set(0u32..40, 0..30), 0..4),
+        share in prop::collection::btree_set(0u64..40, 0..10),
+        later in prop::collection::vec(prop::collection::btree_set(0u64..40, 0..30), 0..4),
         fits in 0u64..12,
     ) {
         let mut window: Vec<Vec<SampleId>> = vec![share.into_iter().collect()];

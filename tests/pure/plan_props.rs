@@ -8,7 +8,7 @@ use shufflefs::plan::{EpochShares, ExchangeScope, HostLayout, Plan, PlanParams, 
 fn params() -> impl Strategy<Value = PlanParams> {
     (0u32..600, 1u32..9, 0.0f64..=1.0, any::<u64>()).prop_map(|(samples, world, fraction, seed)| {
         PlanParams {
-            samples,
+            samples: samples.into(),
             world,
             fraction,
             seed,
@@ -67,12 +67,12 @@ fn assert_step(plan: &Plan, cur: &EpochShares, step: &Step) {
 }
 
 /// Each host's samples, sorted.
-fn per_host(shares: &EpochShares, layout: &HostLayout) -> Vec<Vec<u32>> {
+fn per_host(shares: &EpochShares, layout: &HostLayout) -> Vec<Vec<u64>> {
     layout
         .groups()
         .iter()
         .map(|g| {
-            let mut s: Vec<u32> = g.iter().flat_map(|&r| shares.share(r)).copied().collect();
+            let mut s: Vec<u64> = g.iter().flat_map(|&r| shares.share(r)).copied().collect();
             s.sort_unstable();
             s
         })
@@ -117,8 +117,8 @@ proptest! {
 
     #[test]
     fn different_seeds_differ(samples in 50u32..300, world in 2u32..6) {
-        let a = Plan::new(PlanParams { samples, world, fraction: 0.5, seed: 1 }).unwrap();
-        let b = Plan::new(PlanParams { samples, world, fraction: 0.5, seed: 2 }).unwrap();
+        let a = Plan::new(PlanParams { samples: samples.into(), world, fraction: 0.5, seed: 1 }).unwrap();
+        let b = Plan::new(PlanParams { samples: samples.into(), world, fraction: 0.5, seed: 2 }).unwrap();
         prop_assert_ne!(a.initial(), b.initial());
     }
 

@@ -50,8 +50,9 @@ fn resume_completes_an_interrupted_exchange_without_the_source() {
     let advanced = |r: u32| r < 2;
     // A sample moving from a rank that advanced is durable at its receiver; any other one
     // arrived or not (pseudo-randomly).
-    let received =
-        |sample: u32, from: u32| advanced(from) || sample.wrapping_mul(2654435761) >> 31 == 1;
+    let received = |sample: u64, from: u32| {
+        advanced(from) || (sample as u32).wrapping_mul(2654435761) >> 31 == 1
+    };
     let dirs: Vec<_> = (0..WORLD).map(|_| tempfile::tempdir().unwrap()).collect();
     for r in 0..WORLD {
         let store = SampleStore::new(
@@ -103,7 +104,7 @@ fn resume_completes_an_interrupted_exchange_without_the_source() {
         // Its epoch-E share is saved, so a second crash resumes from it in O(share).
         let saved = store.dir().root().join(format!("slots/{EPOCH}.bin"));
         assert!(saved.is_file(), "rank {r} saved no share of epoch {EPOCH}");
-        let held: BTreeSet<u32> = (0..manifest.len()).filter(|&i| store.contains(i)).collect();
+        let held: BTreeSet<u64> = (0..manifest.len()).filter(|&i| store.contains(i)).collect();
         for &id in current.share(r) {
             assert!(
                 held.contains(&id),

@@ -147,7 +147,7 @@ impl Inner {
     }
 
     /// Whether the index points sample `id` at `here`.
-    fn indexed_at(&self, id: u32, here: Entry) -> bool {
+    fn indexed_at(&self, id: u64, here: Entry) -> bool {
         self.read().index.get(id as usize) == Some(&here)
     }
 

@@ -5,8 +5,8 @@
 //! offset size field
 //!      0    4 magic "SFR1" (shufflefs record, layout 1)
 //!      4    1 kind: 1 = data, 2 = tombstone
-//!      5    3 zero
-//!      8    4 sample id
+//!      5    3 sample id, bits 32..56 (zero in caches written before 64-bit ids)
+//!      8    4 sample id, bits 0..32
 //!     12    4 CRC-32C of the data
 //!     16    8 data length in bytes
 //!     24    8 sequence number (see below)
@@ -29,6 +29,9 @@ pub(crate) const HEADER: usize = 48;
 
 const MAGIC: [u8; 4] = *b"SFR1";
 
+/// The largest sample id a header holds (56 bits: far past any dataset's count).
+pub(crate) const MAX_ID: u64 = (1 << 56) - 1;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     Data,
@@ -39,7 +42,8 @@ pub enum Kind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Header {
     pub kind: Kind,
-    pub id: u32,
+    /// Below 2^56 ([`MAX_ID`]).
+    pub id: u64,
     pub crc: u32,
     pub len: u64,
     pub seq: u64,
@@ -47,7 +51,7 @@ pub(crate) struct Header {
 }
 
 impl Header {
-    pub(crate) fn tombstone(id: u32, seq: u64) -> Header {
+    pub(crate) fn tombstone(id: u64, seq: u64) -> Header {
         Header {
             kind: Kind::Tombstone,
             id,
@@ -70,7 +74,10 @@ impl Header {
             Kind::Data => 1,
             Kind::Tombstone => 2,
         };
-        b[8..12].copy_from_slice(&self.id.to_le_bytes());
+        debug_assert!(self.id <= MAX_ID, "sample id {} past 56 bits", self.id);
+        let id = self.id.to_le_bytes();
+        b[5..8].copy_from_slice(&id[4..7]);
+        b[8..12].copy_from_slice(&id[0..4]);
         b[12..16].copy_from_slice(&self.crc.to_le_bytes());
         b[16..24].copy_from_slice(&self.len.to_le_bytes());
         b[24..32].copy_from_slice(&self.seq.to_le_bytes());
@@ -98,7 +105,7 @@ impl Header {
         };
         let h = Header {
             kind,
-            id: u32_at(8),
+            id: u64::from(u32_at(8)) | u64::from(u32_at(4) >> 8) << 32,
             crc: u32_at(12),
             len: u64_at(16),
             seq: u64_at(24),
@@ -133,6 +140,11 @@ mod tests {
             assert!(Header::decode(&c).is_err(), "bit {bit}");
         }
         assert!(Header::decode(&[0u8; HEADER]).is_err());
+        let big = Header {
+            id: MAX_ID - 5,
+            ..h
+        };
+        assert_eq!(Header::decode(&big.encode()).unwrap(), big);
         let t = Header::tombstone(3, 10);
         assert_eq!(Header::decode(&t.encode()).unwrap(), t);
         assert_eq!(t.record_len(), HEADER as u64);

@@ -135,7 +135,7 @@ struct Inner {
     /// `CACHE/segments`.
     dir: PathBuf,
     /// Samples in the dataset: ids are below it.
-    samples: u32,
+    samples: u64,
     cfg: PackedConfig,
     state: RwLock<State>,
     /// Which samples the index holds, kept with it (under its write lock) so that
@@ -276,14 +276,14 @@ fn create_segment(dir: &Path, num: u32, cfg: &PackedConfig) -> io::Result<Arc<Se
 
 impl PackedBackend {
     /// The packed backend in cache folder `root` for a dataset of `samples` samples.
-    pub(crate) fn open(root: &Path, samples: u32) -> io::Result<PackedBackend> {
+    pub(crate) fn open(root: &Path, samples: u64) -> io::Result<PackedBackend> {
         PackedBackend::open_with(root, samples, PackedConfig::default())
     }
 
     /// As [`open`](Self::open), with other sizes (tests use tiny segments).
     pub(crate) fn open_with(
         root: &Path,
-        samples: u32,
+        samples: u64,
         cfg: PackedConfig,
     ) -> io::Result<PackedBackend> {
         assert!(

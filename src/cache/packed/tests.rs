@@ -22,15 +22,14 @@ fn tiny() -> PackedConfig {
 fn bytes(id: SampleId, ver: u32, len: usize) -> Vec<u8> {
     (0..len as u64)
         .map(|o| {
-            let x = (u64::from(id) << 40 | u64::from(ver) << 20 | o)
-                .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            let x = (id << 40 | u64::from(ver) << 20 | o).wrapping_mul(0x9e37_79b9_7f4a_7c15);
             (x >> 56) as u8
         })
         .collect()
 }
 
 fn when(id: SampleId) -> SystemTime {
-    SystemTime::UNIX_EPOCH + Duration::new(1_700_000_000 + u64::from(id), 7)
+    SystemTime::UNIX_EPOCH + Duration::new(1_700_000_000 + id, 7)
 }
 
 fn put(b: &PackedBackend, claims: &Claims, id: SampleId, data: &[u8]) {
@@ -463,16 +462,16 @@ fn many_writers_and_readers_at_once_with_compaction() {
     let (b, _) = open(tmp.path(), cfg);
     let claims = Claims::default();
     std::thread::scope(|s| {
-        for t in 0..4u32 {
+        for t in 0..4u64 {
             let (b, claims) = (&b, &claims);
             s.spawn(move || {
                 for round in 0..30u32 {
                     for id in (t * 16)..(t * 16 + 16) {
-                        let len = ((id * 131 + round * 17) % 2600) as usize;
+                        let len = ((id * 131 + u64::from(round) * 17) % 2600) as usize;
                         put(b, claims, id, &bytes(id, round, len));
                         let got = read_all(b, id).unwrap();
                         assert_eq!(got, bytes(id, round, len), "{id} {round}");
-                        if (id + round) % 3 == 0 {
+                        if (id + u64::from(round)) % 3 == 0 {
                             b.remove(id).unwrap();
                         }
                     }
@@ -492,19 +491,19 @@ fn many_writers_and_readers_at_once_with_compaction() {
 }
 
 /// Sample ids the histories use.
-const IDS: u32 = 16;
+const IDS: u64 = 16;
 
 /// One step of a random history.
 #[derive(Clone, Debug)]
 enum Op {
     /// Writes `len` bytes of a new version of `id`; commits them or drops the writer.
     Write {
-        id: u32,
+        id: u64,
         len: usize,
         commit: bool,
     },
     Remove {
-        id: u32,
+        id: u64,
     },
     Sync,
     Compact,
@@ -531,9 +530,9 @@ fn op() -> impl Strategy<Value = Op> {
 /// every version (or removal) since the last sync, which a crash may or may not keep.
 #[derive(Default)]
 struct Model {
-    current: HashMap<u32, Option<(u32, usize)>>,
-    durable: HashMap<u32, Option<(u32, usize)>>,
-    since_sync: HashMap<u32, Vec<Option<(u32, usize)>>>,
+    current: HashMap<u64, Option<(u32, usize)>>,
+    durable: HashMap<u64, Option<(u32, usize)>>,
+    since_sync: HashMap<u64, Vec<Option<(u32, usize)>>>,
     /// Segment file sizes when everything was last durable.
     synced: HashMap<String, u64>,
 }

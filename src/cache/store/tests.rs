@@ -11,10 +11,10 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc;
 
-const SAMPLES: u32 = 64;
+const SAMPLES: u64 = 64;
 
 /// `SAMPLES` samples of known, distinct sizes (a few hundred bytes to ~40 KiB).
-fn manifest_with(size: impl Fn(u32) -> u64) -> Arc<Manifest> {
+fn manifest_with(size: impl Fn(u64) -> u64) -> Arc<Manifest> {
     let samples = (0..SAMPLES)
         .map(|i| (format!("s{i:03}").into_bytes(), size(i)))
         .collect();
@@ -22,7 +22,7 @@ fn manifest_with(size: impl Fn(u32) -> u64) -> Arc<Manifest> {
 }
 
 fn manifest() -> Arc<Manifest> {
-    manifest_with(|i| 300 + u64::from(i) * 613)
+    manifest_with(|i| 300 + i * 613)
 }
 
 fn bytes_of(id: SampleId, len: u64) -> Vec<u8> {
@@ -31,7 +31,7 @@ fn bytes_of(id: SampleId, len: u64) -> Vec<u8> {
 
 /// The time the test source gives sample `id`.
 fn source_time(id: SampleId) -> SystemTime {
-    SystemTime::UNIX_EPOCH + Duration::new(1_700_000_000 + u64::from(id), 123_456_789)
+    SystemTime::UNIX_EPOCH + Duration::new(1_700_000_000 + id, 123_456_789)
 }
 
 /// Synthetic samples with [`source_time`]s.
@@ -562,8 +562,8 @@ fn adoptions_racing_fetches_bring_each_sample_in_once() {
     let s = &store.stats;
     let fetched = s.fetched_from_source.load(Ordering::Relaxed);
     let linked = s.adopted_linked.load(Ordering::Relaxed);
-    assert_eq!(fetched + linked, u64::from(SAMPLES));
-    assert_eq!(s.files.load(Ordering::Relaxed), u64::from(SAMPLES));
+    assert_eq!(fetched + linked, SAMPLES);
+    assert_eq!(s.files.load(Ordering::Relaxed), SAMPLES);
     assert_eq!(s.bytes.load(Ordering::Relaxed), total);
     for &id in &all {
         assert_eq!(store.read(id).unwrap(), bytes_of(id, m.size(id).unwrap()));
@@ -677,7 +677,7 @@ fn a_store_works_alike_on_either_layout() {
         }
         // A dataset that now lists another size for a sample: the stale copy is dropped.
         drop(store);
-        let other = manifest_with(|i| if i == 0 { 7 } else { 300 + u64::from(i) * 613 });
+        let other = manifest_with(|i| if i == 0 { 7 } else { 300 + i * 613 });
         let store = store_with_layout(&root, &other, layout);
         assert!(!store.contains(0) && store.contains(1), "{layout}");
     }
@@ -709,7 +709,7 @@ fn concurrent_fetches_and_receives_bring_each_sample_in_once_on_either_layout() 
         });
         assert_eq!(
             store.stats.files.load(Ordering::Relaxed),
-            u64::from(SAMPLES),
+            SAMPLES,
             "{layout}"
         );
         for id in 0..SAMPLES {
@@ -805,10 +805,7 @@ fn concurrent_batches_of_the_same_samples_each_store_them_whole() {
         for id in 0..SAMPLES {
             assert_eq!(store.read(id).unwrap(), data[id as usize], "{layout:?}");
         }
-        assert_eq!(
-            store.stats.files.load(Ordering::Relaxed),
-            u64::from(SAMPLES)
-        );
+        assert_eq!(store.stats.files.load(Ordering::Relaxed), SAMPLES);
     }
 }
 
@@ -1063,7 +1060,7 @@ fn a_cache_over_its_size_drops_unkept_samples_to_its_room() {
     // The share is 0..=3: 5 goes first, then 0 and 2 (3 stays: the cache is within its size).
     assert_eq!(crate::cache::trim::to_room(&store, &[0, 1, 2, 3]), 3);
     assert_eq!(store.held_bytes(), 3 * block);
-    let held: Vec<u32> = (0..6).filter(|&id| store.contains(id)).collect();
+    let held: Vec<u64> = (0..6).filter(|&id| store.contains(id)).collect();
     assert_eq!(held, [1, 3, 4]);
     assert_eq!(crate::cache::trim::to_room(&store, &[0, 1, 2, 3]), 0);
 }

@@ -183,7 +183,7 @@ proptest! {
     ) {
         let q = q.max(n as u32);
         let alpha = ((q as usize).div_ceil(n) as f64 / f64::from(q) * 2.0).min(1.0);
-        let inst = next_instance(&mut RandomPlacement::new(q, n, alpha, seed).unwrap());
+        let inst = next_instance(&mut RandomPlacement::new(u64::from(q), n, alpha, seed).unwrap());
         let txs = plan(&inst, Scheme::Ubershuffle { nu: 2 });
         let c = Communicators::new(n, limit).unwrap();
         let (routes, cost) = route_all(&c, txs.iter().map(|t| (group_mask(t), 1))).unwrap();

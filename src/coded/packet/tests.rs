@@ -14,7 +14,7 @@ use crate::plan::placement::RandomPlacement;
 fn bytes(salt: u64, sample: SampleId, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| {
-            let x = (salt ^ u64::from(sample) << 32 ^ i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let x = (salt ^ sample << 32 ^ i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
             (x >> 56) as u8
         })
         .collect()
@@ -260,7 +260,7 @@ fn xor_matches_bytewise_xor_at_every_length() {
 
 /// Sample sizes for one property case: `mode` picks the distribution.
 fn size_of(mode: u8, salt: u64, s: SampleId) -> usize {
-    let r = (salt ^ u64::from(s)).wrapping_mul(0xD1B5_4A32_D192_ED03) >> 33;
+    let r = (salt ^ s).wrapping_mul(0xD1B5_4A32_D192_ED03) >> 33;
     match mode {
         0 => 0,                                                   // every sample empty
         1 => 4096,                                                // all equal
@@ -329,7 +329,7 @@ proptest! {
         let q = q.max(n as u32);
         let min_alpha = (q as usize).div_ceil(n) as f64 / f64::from(q);
         let alpha = min_alpha + (1.0 - min_alpha) * f64::from(alpha_milli) / 1000.0;
-        let mut p = RandomPlacement::new(q, n, alpha, seed).unwrap();
+        let mut p = RandomPlacement::new(u64::from(q), n, alpha, seed).unwrap();
         let inst = next_instance(&mut p);
         for scheme in [Scheme::Uncoded, Scheme::Coded, Scheme::Ubershuffle { nu: 2 }] {
             check_scheme(&inst, scheme, mode, salt)?;

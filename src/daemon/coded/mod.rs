@@ -210,7 +210,7 @@ pub(crate) fn split_compute(world: &mut dyn Comm) -> Result<Box<dyn Comm>, Coded
 /// The run as compute rank 0 describes it to the server (phase 3).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub(crate) struct Offer {
-    pub samples: u32,
+    pub samples: u64,
     pub ranks: u32,
     pub seed: u64,
     pub alpha: f64,

@@ -58,7 +58,7 @@ fn open_backend(
     config: &MountConfig,
     dir: &CacheDir,
     kept: bool,
-    (samples, world): (u32, u32),
+    (samples, world): (u64, u32),
 ) -> Result<Box<dyn CacheBackend>, PhaseError> {
     let backend = dir
         .backend_for(config.layout, samples, world)
@@ -85,7 +85,7 @@ pub(crate) fn belongs(
     dir: &CacheDir,
     state: Option<CacheState>,
     expected: &CacheState,
-    samples: u32,
+    samples: u64,
 ) -> Result<(Job, Box<dyn CacheBackend>), StartError> {
     let local = kept(config, dir, state, expected).and_then(|kept| {
         let backend = open_backend(config, dir, kept.is_some(), (samples, comm.size()))?;

@@ -261,7 +261,7 @@ pub(crate) fn verdict(
 }
 
 /// Samples looked at (evenly spaced) to estimate the size of those whose size is unknown.
-const SIZE_PROBES: u32 = 256;
+const SIZE_PROBES: u64 = 256;
 
 /// Each sample's size as the index knows it; the others count as the mean of the known
 /// ones, or, when few are known, of up to [`SIZE_PROBES`] evenly spaced samples that rank 0
@@ -338,7 +338,7 @@ pub(crate) fn job_sizes_bounded(
 ) -> Result<SizeModel, CommError> {
     let n = manifest.len();
     let (rank, world) = (u64::from(comm.rank()), u64::from(comm.size()));
-    let block = |r: u64| (u64::from(n) * r / world) as u32;
+    let block = |r: u64| (u128::from(n) * u128::from(r) / u128::from(world)) as u64;
     let (sum, count, largest) = ((block(rank)..block(rank + 1)).filter_map(|s| manifest.size(s)))
         .fold((0u64, 0u64, 0u64), |(s, c, m), b| (s + b, c + 1, m.max(b)));
     let (mut sum, mut count) = match comm.all_reduce(&[sum, count], Reduce::Sum)?[..] {
@@ -350,7 +350,7 @@ pub(crate) fn job_sizes_bounded(
         .first()
         .copied()
         .unwrap_or(largest);
-    if count < u64::from(SIZE_PROBES.min(n)) {
+    if count < SIZE_PROBES.min(n) {
         let probed = match comm.rank() {
             0 => probe(manifest, source),
             _ => (0, 0, 0),

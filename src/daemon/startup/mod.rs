@@ -189,8 +189,8 @@ pub(crate) fn prepare(config: &MountConfig, comm: &mut dyn Comm) -> Result<Prepa
 /// `--equal-shares drop` shows `floor(N/M)` samples in every view: with fewer samples than
 /// ranks every view would be empty, a job that trains on nothing. Refused on every rank
 /// alike (the manifest is the same everywhere), naming the counts and the ways out.
-fn equal_shares_fit(config: &MountConfig, samples: u32, world: u32) -> Result<(), PhaseError> {
-    if !config.equal_shares || samples >= world {
+fn equal_shares_fit(config: &MountConfig, samples: u64, world: u32) -> Result<(), PhaseError> {
+    if !config.equal_shares || samples >= u64::from(world) {
         return Ok(());
     }
     Err(PhaseError::Shared(format!(
@@ -654,7 +654,7 @@ mod tests {
     #[test]
     fn rescan_on_several_ranks_plans_over_the_new_index() {
         let folders = Folders::new(2);
-        let samples = |extra: &[&str]| -> Vec<u32> {
+        let samples = |extra: &[&str]| -> Vec<u64> {
             let args = folders.args_with("global", extra);
             start_each(vec![args.clone(), args], &[0, 0])
                 .into_iter()
@@ -802,7 +802,7 @@ mod tests {
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         };
         let started = run(vec![args(Grouping::Pages), args(Grouping::Pages)]);
-        let groups: Vec<u32> = started
+        let groups: Vec<u64> = started
             .iter()
             .map(|p| {
                 let p = p.as_ref().unwrap();

@@ -18,9 +18,10 @@
 //! so are the groups (see [`Table::Fixed`]). Other framings are indexed by rank 0 in one
 //! sequential pass ([`scan`]) into three flat vectors: each record's start (8 bytes), its
 //! length (4 bytes: records are at most 2 GiB) and, where groups hold several records, each
-//! group's first record (4 bytes per group, at most one per record). That is at most 16 bytes
-//! per record and no allocation per record (19M records: at most 304 MB, about 230 MB for
-//! the kdd layout of 362-byte records, where groups hold ~11 records each). The
+//! group's first record (8 bytes per group, at most one per record: record numbers are
+//! 64-bit). That is at most 20 bytes per record and no allocation per record (19M records:
+//! at most 380 MB, about 240 MB for the kdd layout of 362-byte records, where groups hold
+//! ~11 records each). The
 //! `SampleStore` keeps about 16 more bytes per *group* (size and source time), not per record.
 //!
 //! The table is shipped to the other ranks and kept in the cache with the manifest
@@ -143,8 +144,8 @@ pub struct RecordFile {
     pub name: String,
     pub len: u64,
     /// Index of its first record and first group (files are in name order).
-    pub first_record: u32,
-    pub first_group: u32,
+    pub first_record: u64,
+    pub first_group: u64,
     /// Lines framing: the last line has no `\n` (a view adds one, so records stay apart).
     pub no_final_newline: bool,
 }
@@ -159,7 +160,7 @@ pub enum Table {
         starts: Words<u64>,
         lens: Words<u32>,
         /// Each group's first record; `None` when every group is one record.
-        group_first: Option<Words<u32>>,
+        group_first: Option<Words<u64>>,
     },
 }
 
@@ -169,8 +170,8 @@ pub struct RecordIndex {
     pub params: RecordParams,
     pub files: Vec<RecordFile>,
     pub table: Table,
-    records: u32,
-    groups: u32,
+    records: u64,
+    groups: u64,
     /// `--header-line`: the header (with its `\n`) repeated at the top of every part.
     pub header: Vec<u8>,
     /// Extension of the parts (`part-00000.<ext>`).
@@ -186,21 +187,21 @@ pub struct Span {
 }
 
 impl RecordIndex {
-    pub fn records(&self) -> u32 {
+    pub fn records(&self) -> u64 {
         self.records
     }
 
-    pub(crate) fn groups(&self) -> u32 {
+    pub(crate) fn groups(&self) -> u64 {
         self.groups
     }
 
     /// The file holding record/group `i`, given each file's first index.
-    fn file_of(&self, i: u32, first: impl Fn(&RecordFile) -> u32) -> u32 {
+    fn file_of(&self, i: u64, first: impl Fn(&RecordFile) -> u64) -> u32 {
         (self.files.partition_point(|f| first(f) <= i) - 1) as u32
     }
 
     /// Records in fixed-size file `f`.
-    fn fixed_count(&self, f: usize) -> u32 {
+    fn fixed_count(&self, f: usize) -> u64 {
         let end = self
             .files
             .get(f + 1)
@@ -209,12 +210,12 @@ impl RecordIndex {
     }
 
     /// Record `r`'s file, start and length.
-    pub(crate) fn record(&self, r: u32) -> (u32, u64, u64) {
+    pub(crate) fn record(&self, r: u64) -> (u32, u64, u64) {
         match &self.table {
             Table::Fixed => {
                 let f = self.file_of(r, |f| f.first_record);
                 let size = self.params.record_size;
-                let local = u64::from(r - self.files[f as usize].first_record);
+                let local = r - self.files[f as usize].first_record;
                 (f, local * size, size)
             }
             Table::Offsets { starts, lens, .. } => {
@@ -225,20 +226,20 @@ impl RecordIndex {
     }
 
     /// The records of group `g`.
-    pub(crate) fn group_records(&self, g: SampleId) -> Range<u32> {
+    pub(crate) fn group_records(&self, g: SampleId) -> Range<u64> {
         match &self.table {
             Table::Fixed => {
                 let f = self.file_of(g, |f| f.first_group) as usize;
                 let (size, file) = (self.params.record_size, &self.files[f]);
-                let p = u64::from(g - file.first_group);
-                let n = u64::from(self.fixed_count(f));
+                let p = g - file.first_group;
+                let n = self.fixed_count(f);
                 let local = if fixed_one_per_group(&self.params) {
                     p..p + 1
                 } else {
                     // Records starting in page p: ceil(p*PAGE/size) .. ceil((p+1)*PAGE/size).
                     (p * PAGE).div_ceil(size)..((p + 1) * PAGE).div_ceil(size).min(n)
                 };
-                file.first_record + local.start as u32..file.first_record + local.end as u32
+                file.first_record + local.start..file.first_record + local.end
             }
             Table::Offsets {
                 group_first: Some(first),
@@ -268,7 +269,7 @@ impl RecordIndex {
                 Span {
                     file,
                     start,
-                    end: start + u64::from(rs.end - rs.start) * self.params.record_size,
+                    end: start + (rs.end - rs.start) * self.params.record_size,
                 }
             }
         }
@@ -369,10 +370,10 @@ impl RecordIndex {
             return Err("fixed record size out of range".into());
         }
         for (f, file) in self.files.iter().enumerate() {
-            let n = u64::from(self.fixed_count(f));
+            let n = self.fixed_count(f);
             let groups =
                 self.files.get(f + 1).map_or(self.groups, |n| n.first_group) - file.first_group;
-            if n == 0 || n * size > file.len || u64::from(groups) != fixed_groups(&self.params, n) {
+            if n == 0 || n * size > file.len || groups != fixed_groups(&self.params, n) {
                 return Err("fixed record counts are inconsistent".into());
             }
         }
@@ -383,7 +384,7 @@ impl RecordIndex {
         &self,
         starts: &Words<u64>,
         lens: &Words<u32>,
-        group_first: Option<&Words<u32>>,
+        group_first: Option<&Words<u64>>,
     ) -> Result<(), String> {
         if starts.len() != self.records as usize || lens.len() != starts.len() {
             return Err("offset table is inconsistent".into());

@@ -27,8 +27,6 @@ pub enum RecordError {
         "source {0} holds no usable records (see the skipped list in the log); check --framing and --record-size"
     )]
     NoRecords(PathBuf),
-    #[error("source has over 4294967295 records; shufflefs supports at most that many")]
-    TooMany,
 }
 
 pub(super) fn path_of(source: &Path, name: &str) -> PathBuf {
@@ -69,7 +67,7 @@ pub(super) struct TableBuilder {
     grouping: Grouping,
     starts: Words<u64>,
     lens: Words<u32>,
-    group_first: Words<u32>,
+    group_first: Words<u64>,
     /// The last record pushed: its page and end, in the current file.
     last: Option<(u64, u64)>,
     files: Vec<RecordFile>,
@@ -95,8 +93,8 @@ impl TableBuilder {
         self.file = Some(RecordFile {
             name: name.to_string(),
             len,
-            first_record: self.starts.len() as u32,
-            first_group: self.group_first.len() as u32,
+            first_record: self.starts.len() as u64,
+            first_group: self.group_first.len() as u64,
             no_final_newline: false,
         });
     }
@@ -114,7 +112,7 @@ impl TableBuilder {
     /// A record of `len` (at most [`super::MAX_RECORD`]) bytes at `start` of the current
     /// file. A record that does not start where the last ended (a gap) starts a group.
     pub(super) fn push(&mut self, start: u64, len: u64) -> Result<(), RecordError> {
-        let r = u32::try_from(self.starts.len()).map_err(|_| RecordError::TooMany)?;
+        let r = self.starts.len() as u64;
         let page = start / PAGE;
         let joins = self.grouping == Grouping::Pages
             && self.last.is_some_and(|(p, end)| p == page && end == start);
@@ -128,7 +126,7 @@ impl TableBuilder {
     }
 
     pub(super) fn finish(mut self, params: &RecordParams, header: Vec<u8>) -> RecordIndex {
-        let (records, groups) = (self.starts.len() as u32, self.group_first.len() as u32);
+        let (records, groups) = (self.starts.len() as u64, self.group_first.len() as u64);
         self.starts.shrink_to_fit();
         self.lens.shrink_to_fit();
         let group_first = (groups != records).then(|| {
@@ -148,8 +146,8 @@ impl TableBuilder {
             header,
             ext: String::new(),
         };
-        // The budget of the module docs: 8 + 4 bytes a record, 4 a group of several.
-        debug_assert!(index.table_bytes() <= 16 * records as usize);
+        // The budget of the module docs: 8 + 4 bytes a record, 8 a group of several.
+        debug_assert!(index.table_bytes() <= 20 * records as usize);
         index
     }
 }

@@ -163,22 +163,19 @@ fn fixed_index(
         out.push(RecordFile {
             name: name.clone(),
             len: *len,
-            first_record: records as u32,
-            first_group: groups as u32,
+            first_record: records,
+            first_group: groups,
             no_final_newline: false,
         });
         records += n;
         groups += fixed_groups(params, n);
-        if records > u64::from(u32::MAX) {
-            return Err(RecordError::TooMany);
-        }
     }
     Ok(RecordIndex {
         params: params.clone(),
         files: out,
         table: Table::Fixed,
-        records: records as u32,
-        groups: groups as u32,
+        records,
+        groups,
         header: Vec::new(),
         ext: String::new(),
     })

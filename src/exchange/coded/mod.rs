@@ -191,7 +191,7 @@ fn recv_requests(world: &mut dyn Comm, abort: &AtomicBool) -> Result<Vec<Request
             sends: vec![],
             recvs: (ranks.iter().zip(&parsed))
                 .filter(|(_, (_, n))| *n != BYE && *n > 0)
-                .map(|(&r, (_, n))| (r, vec![0; *n as usize * 4]))
+                .map(|(&r, (_, n))| (r, vec![0; *n as usize * super::ID_BYTES]))
                 .collect(),
         },
         abort,

@@ -100,7 +100,7 @@ mod tests {
     /// id (as `benches/coded_packet.rs` draws them).
     fn varied(s: SampleId) -> u64 {
         let h = |k: u64| {
-            let x = (u64::from(s) << 8 ^ k).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let x = (s << 8 ^ k).wrapping_mul(0x9E37_79B9_7F4A_7C15);
             ((x >> 11) as f64 + 0.5) / (1u64 << 53) as f64
         };
         let z = (-2.0 * h(1).ln()).sqrt() * (std::f64::consts::TAU * h(2)).cos();

@@ -14,7 +14,7 @@ pub(crate) struct Malformed;
 /// A bundle entry whose sample the server could not read.
 const UNREADABLE: u64 = u64::MAX;
 
-/// Plain samples for one rank: per sample `id u32, len u64, crc32c u32, bytes`; a sample the
+/// Plain samples for one rank: per sample `id u64, len u64, crc32c u32, bytes`; a sample the
 /// server could not read has `len = u64::MAX` and no bytes.
 #[derive(Default)]
 pub(crate) struct Bundle(pub Vec<u8>);
@@ -47,11 +47,11 @@ pub(crate) struct Plain<'a> {
 pub(crate) fn unbundle(mut b: &[u8]) -> Result<Vec<Plain<'_>>, Malformed> {
     let mut out = Vec::new();
     while !b.is_empty() {
-        let head = b.get(..16).ok_or(Malformed)?;
-        let id = u32::from_le_bytes(head[0..4].try_into().expect("4"));
-        let len = u64::from_le_bytes(head[4..12].try_into().expect("8"));
-        let crc = u32::from_le_bytes(head[12..16].try_into().expect("4"));
-        b = &b[16..];
+        let head = b.get(..20).ok_or(Malformed)?;
+        let id = u64::from_le_bytes(head[0..8].try_into().expect("8"));
+        let len = u64::from_le_bytes(head[8..16].try_into().expect("8"));
+        let crc = u32::from_le_bytes(head[16..20].try_into().expect("4"));
+        b = &b[20..];
         if len == UNREADABLE {
             out.push(Plain {
                 id,

@@ -50,7 +50,7 @@ mod tests {
     fn all_to_all(me: Rank, size: u32) -> Schedule {
         let stream = |peer| Stream {
             peer,
-            samples: vec![peer],
+            samples: vec![u64::from(peer)],
         };
         let ops = (0..size).filter(|&p| p != me).flat_map(|p| {
             let (out, inc) = (stream(p), stream(p));

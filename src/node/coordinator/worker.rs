@@ -10,7 +10,7 @@ use super::{
     AdvanceError, Command, EffectError, Effects, EpochChange, EpochState, ExchangeOutcome,
     INVALIDATION_WAIT, MAX_EPOCH, Shared,
 };
-use crate::plan::Step;
+use crate::plan::{SampleId, Step};
 
 type Reply = Sender<Result<(), AdvanceError>>;
 
@@ -227,7 +227,7 @@ impl Worker {
         }
     }
 
-    pub(super) fn start_next_exchange(&mut self, evict: Vec<u32>) {
+    pub(super) fn start_next_exchange(&mut self, evict: Vec<SampleId>) {
         let target = self.next.next.epoch;
         let rank = self.shared.rank;
         let mut peers: Vec<_> = (self.next.transfers.iter())
