@@ -630,6 +630,29 @@ mod tests {
         assert_eq!(Plan::new(p).unwrap_err(), PlanError::EmptyWorld);
     }
 
+    /// Past 2^32 samples (issue 41: 5·10^9 could not be named with 32-bit ids): a rank's
+    /// share, its step and a walk back name ids above `u32::MAX`, all below N, and the
+    /// step keeps the share's length.
+    #[test]
+    fn ids_past_32_bits_are_named_and_stepped() {
+        let n = 5_000_000_000;
+        let world = 1 << 20;
+        let p = plan(n, world, 0.3, 7);
+        let rank = world - 1;
+        let e0 = p.own_initial(rank);
+        let share = e0.share(rank);
+        assert!(share.iter().all(|&id| id < n));
+        assert!(share.iter().any(|&id| id > u64::from(u32::MAX)));
+        let step = p.own_step(rank, &e0);
+        let next = step.next.share(rank);
+        assert_eq!(next.len(), share.len());
+        assert!(next.iter().all(|&id| id < n));
+        let moved = step.transfers.iter().filter(|t| t.to == rank);
+        assert!(moved.clone().any(|t| t.sample > u64::from(u32::MAX)));
+        assert!(moved.clone().all(|t| next.binary_search(&t.sample).is_ok()));
+        assert_eq!(p.own_shares_at(rank, 1).share(rank), next);
+    }
+
     #[test]
     fn known_answer_pins_the_stream() {
         // Changing this output breaks resume of existing caches: bump the cache format instead.
