@@ -54,7 +54,7 @@ use xattr::FileExt as _;
 use super::backend::{
     CacheBackend, ChecksumMismatch, Claim, Commit, Recovered, SampleWriter, Stored,
 };
-use super::bitset::Bitset;
+use super::bitset::IdSet;
 use crate::plan::SampleId;
 use crate::sys::io::read_full_at;
 
@@ -64,7 +64,7 @@ const CRC_XATTR: &str = "user.shufflefs.crc32c";
 
 pub struct FileBackend {
     root: PathBuf,
-    present: Bitset,
+    present: IdSet,
     /// Per cached sample, the [`change_stamp`] of its file when its bytes last matched
     /// their record; none (0): not checked since the mount (see the module docs). Only the
     /// samples checked since the mount and still cached have one (issue 41: no word per
@@ -90,7 +90,7 @@ impl FileBackend {
         super::own::remove_files(&root.join("tmp"), super::own::is_sample_name)?;
         Ok(FileBackend {
             root: root.to_path_buf(),
-            present: Bitset::new(samples),
+            present: IdSet::new(samples, world),
             checked: super::table::Stamps::new(samples, world),
         })
     }
@@ -344,9 +344,7 @@ impl CacheBackend for FileBackend {
     fn clear(&self) -> io::Result<()> {
         let samples = self.root.join("samples");
         super::own::remove_files(&samples, super::own::is_sample_name)?;
-        for id in 0..self.present.len() {
-            self.present.clear(id);
-        }
+        self.present.clear_all();
         self.checked.clear();
         Ok(())
     }

@@ -502,14 +502,14 @@ impl CacheDir {
     ) -> Result<Box<dyn CacheBackend>, CacheError> {
         Ok(match layout {
             CacheLayout::Files => Box::new(self.file_backend_for(samples, world)?),
-            CacheLayout::Packed => {
-                Box::new(PackedBackend::open(&self.root, samples).map_err(|source| {
+            CacheLayout::Packed => Box::new(
+                PackedBackend::open(&self.root, samples, world).map_err(|source| {
                     CacheError::NotWritable {
                         path: self.root.clone(),
                         source,
                     }
-                })?)
-            }
+                })?,
+            ),
         })
     }
 

@@ -148,7 +148,7 @@ impl Inner {
 
     /// Whether the index points sample `id` at `here`.
     fn indexed_at(&self, id: u64, here: Entry) -> bool {
-        self.read().index.get(id as usize) == Some(&here)
+        self.read().index.get(id) == here
     }
 
     /// Whether a tombstone with `seq` may still cancel a record in a segment other than

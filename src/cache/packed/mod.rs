@@ -79,13 +79,15 @@ use super::backend::{
     Borrowed, CacheBackend, ChecksumMismatch, Claim, ClaimSet, Commit, Recovered, SampleWriter,
     Stored,
 };
-use super::bitset::Bitset;
+use super::bitset::IdSet;
 pub(crate) use super::own::SEGMENTS;
 use crate::plan::SampleId;
 use crate::sys::io::read_full_at;
+use entries::Entries;
 use format::{HEADER, Header, Kind};
 
 mod compact;
+mod entries;
 mod format;
 mod recover;
 #[cfg(test)]
@@ -128,7 +130,7 @@ pub(crate) struct PackedBackend {
     /// Samples whose stored record matched its checksum since the mount: a record is
     /// checked whole at its first read (`read_at`, `verify`). Records are never written in
     /// place, so one check per mount holds until the sample is dropped.
-    checked: Bitset,
+    checked: IdSet,
 }
 
 struct Inner {
@@ -140,7 +142,7 @@ struct Inner {
     state: RwLock<State>,
     /// Which samples the index holds, kept with it (under its write lock) so that
     /// `contains`, asked for every sample sent or received, takes no lock.
-    present: Bitset,
+    present: IdSet,
     active: Mutex<Active>,
     /// Whether a nudge is already on its way to the compactor.
     nudged: AtomicBool,
@@ -224,7 +226,7 @@ struct SegInfo {
 }
 
 struct State {
-    index: Vec<Entry>,
+    index: Entries,
     segments: BTreeMap<u32, SegInfo>,
 }
 
@@ -275,15 +277,16 @@ fn create_segment(dir: &Path, num: u32, cfg: &PackedConfig) -> io::Result<Arc<Se
 }
 
 impl PackedBackend {
-    /// The packed backend in cache folder `root` for a dataset of `samples` samples.
-    pub(crate) fn open(root: &Path, samples: u64) -> io::Result<PackedBackend> {
-        PackedBackend::open_with(root, samples, PackedConfig::default())
+    /// The packed backend in cache folder `root` for a dataset of `samples` samples in a
+    /// job of `world` ranks (which shape its index takes: `entries`).
+    pub(crate) fn open(root: &Path, samples: u64, world: u32) -> io::Result<PackedBackend> {
+        PackedBackend::open_with(root, (samples, world), PackedConfig::default())
     }
 
     /// As [`open`](Self::open), with other sizes (tests use tiny segments).
     pub(crate) fn open_with(
         root: &Path,
-        samples: u64,
+        (samples, world): (u64, u32),
         cfg: PackedConfig,
     ) -> io::Result<PackedBackend> {
         assert!(
@@ -312,10 +315,10 @@ impl PackedBackend {
             samples,
             cfg,
             state: RwLock::new(State {
-                index: vec![Entry::default(); samples as usize],
+                index: Entries::new(samples, world),
                 segments,
             }),
-            present: Bitset::new(samples),
+            present: IdSet::new(samples, world),
             active: Mutex::new(Active {
                 seg,
                 len: 0,
@@ -336,7 +339,7 @@ impl PackedBackend {
         Ok(PackedBackend {
             inner,
             compactor,
-            checked: Bitset::new(samples),
+            checked: IdSet::new(samples, world),
         })
     }
 
@@ -395,8 +398,8 @@ impl Inner {
     /// The entry of stored sample `id` and its segment file.
     fn locate(&self, id: SampleId) -> io::Result<(Entry, Arc<SegFile>)> {
         let st = self.read();
-        match st.index.get(id as usize) {
-            Some(&e) if e.seg != 0 => Ok((e, st.segments[&e.seg].file.clone())),
+        match st.index.get(id) {
+            e if e.seg != 0 => Ok((e, st.segments[&e.seg].file.clone())),
             _ => Err(io::Error::new(
                 io::ErrorKind::NotFound,
                 format!("sample {id} is not in the packed cache"),
@@ -464,9 +467,9 @@ impl Inner {
                 let mut st = self.write();
                 let lost = a.pending.len();
                 for (id, off) in a.pending.drain(..) {
-                    let entry = &mut st.index[id as usize];
+                    let entry = st.index.get(id);
                     if entry.seg == num && entry.off == off {
-                        *entry = Entry::default();
+                        st.index.set(id, Entry::default());
                         self.present.clear(id);
                     }
                 }
@@ -531,7 +534,7 @@ impl Inner {
             Kind::Tombstone => Entry::default(),
         };
         let worth = index && {
-            let old = std::mem::replace(&mut st.index[h.id as usize], entry);
+            let old = st.index.set(h.id, entry);
             match h.kind {
                 Kind::Data => self.present.set(h.id),
                 Kind::Tombstone => self.present.clear(h.id),
@@ -605,7 +608,7 @@ impl Inner {
                 off,
                 len: h.len,
             };
-            let old = std::mem::replace(&mut st.index[h.id as usize], entry);
+            let old = st.index.set(h.id, entry);
             self.present.set(h.id);
             worth |= st.mark_dead(old, &self.cfg, num);
         }
@@ -721,12 +724,8 @@ impl CacheBackend for PackedBackend {
     }
 
     fn size(&self, id: SampleId) -> Option<u64> {
-        self.inner
-            .read()
-            .index
-            .get(id as usize)
-            .filter(|e| e.seg != 0)
-            .map(|e| e.len)
+        let e = self.inner.read().index.get(id);
+        (e.seg != 0).then_some(e.len)
     }
 
     /// A read of the whole record is checked against its checksum every time (cheap beside
@@ -784,8 +783,8 @@ impl CacheBackend for PackedBackend {
         let located: Vec<Option<(Entry, usize)>> = {
             let st = self.inner.read();
             ids.iter()
-                .map(|&id| match st.index.get(id as usize) {
-                    Some(&e) if e.seg != 0 => {
+                .map(|&id| match st.index.get(id) {
+                    e if e.seg != 0 => {
                         if segs.last().is_none_or(|s| s.num != e.seg) {
                             segs.push(st.segments[&e.seg].file.clone());
                         }
@@ -944,11 +943,9 @@ impl CacheBackend for PackedBackend {
             }
         }
         st.segments.clear();
-        st.index.iter_mut().for_each(|e| *e = Entry::default());
-        for id in 0..inner.present.len() {
-            inner.present.clear(id);
-            self.checked.clear(id);
-        }
+        st.index = st.index.emptied();
+        inner.present.clear_all();
+        self.checked.clear_all();
         let seg = create_segment(&inner.dir, a.next_seg, &inner.cfg)?;
         a.next_seg += 1;
         st.segments.insert(seg.num, SegInfo::new(seg.clone()));

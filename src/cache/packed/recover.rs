@@ -1,11 +1,12 @@
 //! Start-up: rebuilding the index by reading every segment once (see the module docs for
 //! what a crash can leave, and `format.rs` for the record layout).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, OpenOptions};
 use std::io::{self, BufReader, Read};
 use std::sync::Arc;
 
+use super::entries::Entries;
 use super::format::{HEADER, Header, Kind};
 use super::{Entry, Inner, SegFile, SegInfo, from_nanos, lock, seg_name};
 use crate::cache::backend::Recovered;
@@ -28,24 +29,32 @@ struct Scanned {
     min_seq: u64,
 }
 
-/// The newest record of each sample seen so far in the scan.
+/// The newest record of one sample seen so far in the scan.
+#[derive(Clone, Copy, Default)]
+struct Newest {
+    seq: u64,
+    /// Where it is (default if a tombstone).
+    entry: Entry,
+    /// Its source time.
+    mtime: u64,
+}
+
+/// The newest record of each sample seen so far in the scan: only the samples the
+/// segments hold, not an array over the dataset (what the cache holds follows the
+/// rank's share; `entries`).
 struct Latest {
-    /// Per id: the highest sequence number seen (0: none).
-    seqs: Vec<u64>,
-    /// Per id: where its newest record is (default if a tombstone).
-    index: Vec<Entry>,
-    /// Per id: its source time.
-    mtimes: Vec<u64>,
+    /// Ids below it are the dataset's; a record of another is dead.
+    samples: u64,
+    newest: HashMap<SampleId, Newest>,
     /// The highest sequence number of any record.
     max_seq: u64,
 }
 
 impl Latest {
-    fn new(samples: usize) -> Latest {
+    fn new(samples: u64) -> Latest {
         Latest {
-            seqs: vec![0; samples],
-            index: vec![Entry::default(); samples],
-            mtimes: vec![0; samples],
+            samples,
+            newest: HashMap::new(),
             max_seq: 0,
         }
     }
@@ -54,30 +63,31 @@ impl Latest {
     /// saw of its sample; false for data that fails its checksum (`crc_ok`), which is skipped.
     fn see(&mut self, num: u32, off: u64, h: &Header, crc_ok: bool) -> bool {
         self.max_seq = self.max_seq.max(h.seq);
-        let id = h.id as usize;
-        let newer = id < self.seqs.len() && h.seq > self.seqs[id];
-        match h.kind {
-            Kind::Data => {
-                if !crc_ok {
-                    return false;
-                }
-                if newer {
-                    self.seqs[id] = h.seq;
-                    self.mtimes[id] = h.mtime;
-                    self.index[id] = Entry {
-                        seg: num,
-                        off: off as u32,
-                        len: h.len,
-                    };
-                }
-            }
-            Kind::Tombstone => {
-                if newer {
-                    self.seqs[id] = h.seq;
-                    self.index[id] = Entry::default();
-                }
-            }
+        if h.kind == Kind::Data && !crc_ok {
+            return false;
         }
+        if h.id >= self.samples {
+            return true;
+        }
+        let seen = self.newest.entry(h.id).or_default();
+        if h.seq <= seen.seq {
+            return true;
+        }
+        *seen = match h.kind {
+            Kind::Data => Newest {
+                seq: h.seq,
+                entry: Entry {
+                    seg: num,
+                    off: off as u32,
+                    len: h.len,
+                },
+                mtime: h.mtime,
+            },
+            Kind::Tombstone => Newest {
+                seq: h.seq,
+                ..Newest::default()
+            },
+        };
         true
     }
 }
@@ -88,7 +98,7 @@ pub(super) fn recover(
 ) -> io::Result<Vec<Recovered>> {
     let _compacting = lock(&inner.compacting);
     let mut a = lock(&inner.active);
-    let samples = inner.read().index.len();
+    let (samples, mut index) = (inner.samples, inner.read().index.emptied());
     let mut nums: Vec<u32> = fs::read_dir(&inner.dir)?
         .filter_map(|e| e.ok())
         .filter_map(|e| segment_number(&e.file_name().to_string_lossy()))
@@ -103,14 +113,9 @@ pub(super) fn recover(
             scanned.insert(num, s);
         }
     }
-    let Latest {
-        mut index,
-        mtimes,
-        max_seq,
-        ..
-    } = latest;
-    let (live, found) = kept(&mut index, &mtimes, keep);
-    drop(mtimes);
+    let (live, found) = kept(&latest.newest, &mut index, keep);
+    let max_seq = latest.max_seq;
+    drop(latest);
 
     let worth = install(inner, scanned, &live, index);
     a.next_seq = a.next_seq.max(max_seq + 1);
@@ -172,30 +177,29 @@ fn scan_segment(inner: &Inner, num: u32, latest: &mut Latest) -> io::Result<Opti
     }))
 }
 
-/// The records `keep` keeps: the live bytes per segment and what was found; the others are
-/// dropped from `index`.
+/// The records `keep` keeps, put in `index`: the live bytes per segment and what was found
+/// (in id order).
 fn kept(
-    index: &mut [Entry],
-    mtimes: &[u64],
+    newest: &HashMap<SampleId, Newest>,
+    index: &mut Entries,
     keep: &dyn Fn(SampleId, u64) -> bool,
 ) -> (BTreeMap<u32, u64>, Vec<Recovered>) {
     let mut live = BTreeMap::<u32, u64>::new();
     let mut found = Vec::new();
-    for (id, e) in index.iter_mut().enumerate() {
-        if e.seg == 0 {
+    for (&id, n) in newest {
+        let e = n.entry;
+        if e.seg == 0 || !keep(id, e.len) {
             continue;
         }
-        if keep(id as SampleId, e.len) {
-            *live.entry(e.seg).or_default() += HEADER as u64 + e.len;
-            found.push(Recovered {
-                id: id as SampleId,
-                len: e.len,
-                mtime: from_nanos(mtimes[id]),
-            });
-        } else {
-            *e = Entry::default();
-        }
+        *live.entry(e.seg).or_default() += HEADER as u64 + e.len;
+        index.set(id, e);
+        found.push(Recovered {
+            id,
+            len: e.len,
+            mtime: from_nanos(n.mtime),
+        });
     }
+    found.sort_unstable_by_key(|r| r.id);
     (live, found)
 }
 
@@ -205,7 +209,7 @@ fn install(
     inner: &Inner,
     scanned: BTreeMap<u32, Scanned>,
     live: &BTreeMap<u32, u64>,
-    index: Vec<Entry>,
+    index: Entries,
 ) -> bool {
     let mut st = inner.write();
     let mut worth = false;
@@ -221,10 +225,8 @@ fn install(
         worth |= info.worth_compacting(&inner.cfg);
         st.segments.insert(num, info);
     }
-    for (id, e) in index.iter().enumerate() {
-        if e.seg != 0 {
-            inner.present.set(id as SampleId);
-        }
+    for (id, _) in index.stored() {
+        inner.present.set(id);
     }
     st.index = index;
     worth

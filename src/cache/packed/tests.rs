@@ -74,7 +74,12 @@ fn seg_files(root: &Path) -> Vec<(String, u64)> {
 }
 
 fn open(root: &Path, cfg: PackedConfig) -> (PackedBackend, Vec<Recovered>) {
-    let b = PackedBackend::open_with(root, 64, cfg).unwrap();
+    open_as(root, cfg, 1)
+}
+
+/// [`open`] in a job of `world` ranks: an array index up to `DENSE_UP_TO` ranks, a map past.
+fn open_as(root: &Path, cfg: PackedConfig, world: u32) -> (PackedBackend, Vec<Recovered>) {
+    let b = PackedBackend::open_with(root, (64, world), cfg).unwrap();
     let found = b.recover(&|_, _| true).unwrap();
     (b, found)
 }
@@ -212,16 +217,16 @@ fn recovery_honours_keep() {
     }
     b.sync().unwrap();
     drop(b);
-    let b = PackedBackend::open_with(tmp.path(), 64, tiny()).unwrap();
+    let b = PackedBackend::open_with(tmp.path(), (64, 1), tiny()).unwrap();
     let found = b.recover(&|id, len| id != 2 && len != 103).unwrap();
     let mut ids: Vec<_> = found.iter().map(|r| r.id).collect();
     ids.sort();
     assert_eq!(ids, [0, 1, 4, 5]);
     assert!(!b.contains(2) && !b.contains(3));
-    // A smaller dataset: ids past it are dropped too, and compaction passes their records
+    // A smaller dataset (in a job whose index is a map): ids past it are dropped too, and compaction passes their records
     // over as dead.
     drop(b);
-    let b = PackedBackend::open_with(tmp.path(), 3, tiny()).unwrap();
+    let b = PackedBackend::open_with(tmp.path(), (3, 64), tiny()).unwrap();
     assert_eq!(b.recover(&|_, _| true).unwrap().len(), 3);
     let claims = Claims::default();
     for round in 1..30 {
@@ -560,11 +565,11 @@ impl Model {
     }
 }
 
-fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
+fn run(ops: Vec<Op>, world: u32) -> Result<(), TestCaseError> {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path();
     let claims = Claims::default();
-    let (mut b, _) = open(root, tiny());
+    let (mut b, _) = open_as(root, tiny(), world);
     let mut m = Model::default();
     m.synced_now(root);
     for (ver, op) in (1..).zip(ops) {
@@ -615,7 +620,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     f.set_len(keep).unwrap();
                 }
                 let found;
-                (b, found) = open(root, tiny());
+                (b, found) = open_as(root, tiny(), world);
                 let mut after = HashMap::new();
                 for r in found {
                     let got = read_all(&b, r.id).unwrap();
@@ -659,8 +664,11 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 
     #[test]
-    fn random_histories_match_the_model(ops in prop::collection::vec(op(), 1..80)) {
-        run(ops)?;
+    fn random_histories_match_the_model(
+        ops in prop::collection::vec(op(), 1..80),
+        world in prop_oneof![Just(1u32), Just(64)],
+    ) {
+        run(ops, world)?;
     }
 }
 

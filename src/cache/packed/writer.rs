@@ -117,8 +117,8 @@ impl SampleWriter for PackedWriter<'_> {
         info.bytes = h.record_len();
         info.min_seq = h.seq;
         st.segments.insert(num, info);
-        let old = std::mem::replace(
-            &mut st.index[self.id as usize],
+        let old = st.index.set(
+            self.id,
             Entry {
                 seg: num,
                 off: 0,
