@@ -14,8 +14,8 @@ use std::sync::{Mutex, RwLock};
 use super::early::Early;
 use super::planned::Planned;
 use crate::plan::coded_keep::CodedPlacement;
-use crate::plan::keep::KeepPlanner;
-use crate::plan::{Rank, SampleId, Step};
+use crate::plan::keep_local::{Handshake, LocalKeep};
+use crate::plan::{Rank, SampleId};
 
 /// The byte budget and the kept set of the current epoch.
 pub(crate) struct Admission {
@@ -108,9 +108,9 @@ impl Admission {
         super::footprint::on_disk(bytes, self.block)
     }
 
-    /// The gate of `rank` following `planner`'s kept sets (from its current epoch).
-    pub(crate) fn planned(planner: KeepPlanner, rank: Rank, mean_size: u64) -> Admission {
-        let capacity = planner.capacity();
+    /// The gate of `planner`'s rank following its kept sets (from its current epoch).
+    pub(crate) fn planned(planner: LocalKeep, mean_size: u64) -> Admission {
+        let (capacity, rank) = (planner.capacity(), planner.rank());
         Admission::following(Planned::Partial(planner), rank, capacity, mean_size)
     }
 
@@ -126,7 +126,7 @@ impl Admission {
     }
 
     fn following(planner: Planned, rank: Rank, capacity: u64, mean_size: u64) -> Admission {
-        let (kept, early, epoch) = (planner.kept(rank), planner.early(rank), planner.epoch());
+        let (kept, early, epoch) = (planner.kept(rank), planner.early(), planner.epoch());
         let gate = Admission {
             planner: Some((Mutex::new(planner), rank)),
             early: Mutex::new(early),
@@ -213,7 +213,7 @@ impl Admission {
         let mut p = planner.lock().unwrap_or_else(|e| e.into_inner());
         p.advance_to(epoch);
         self.set_kept(p.kept(*rank));
-        *self.early.lock().unwrap_or_else(|e| e.into_inner()) = p.early(*rank);
+        *self.early.lock().unwrap_or_else(|e| e.into_inner()) = p.early();
     }
 
     /// `kept` is this rank's kept set at `epoch` (sorted), as a coded exchange's client
@@ -254,22 +254,20 @@ impl Admission {
         *self.kept.write().unwrap_or_else(|e| e.into_inner()) = kept;
     }
 
-    /// `step` with only the transfers whose receiver keeps the sample and gets it through
-    /// the exchange (`KeepPlanner::exchanged`); the receiver reads the others from the
-    /// source if it needs them. Every rank filters alike, also a step out of an epoch its
-    /// planner has gone past (planned again: advances went on while an exchange stalled).
-    /// Unchanged without a planner, or before the epoch it was planned from.
-    pub(crate) fn exchanged(&self, step: &Step) -> Step {
-        let Some((planner, _)) = &self.planner else {
-            return step.clone();
+    /// What the exchange out of `epoch` needs of this rank's kept sets to move only what
+    /// receivers keep and get through it (`exchange::kept`): `None` for a coded gate (its
+    /// steps have no transfers to filter). The planner is stepped on to `epoch` first if it
+    /// is behind; kept sets it no longer holds (an exchange that stalled for several
+    /// advances) leave an empty handshake, which moves nothing: receivers read those
+    /// samples from the source.
+    pub(crate) fn handshake(&self, epoch: u64) -> Option<Handshake> {
+        let (planner, _) = self.planner.as_ref()?;
+        let mut planner = planner.lock().unwrap_or_else(|e| e.into_inner());
+        let Planned::Partial(p) = &mut *planner else {
+            return None;
         };
-        let planner = planner.lock().unwrap_or_else(|e| e.into_inner());
-        // A coded step has no transfers to filter: no copy of the placement for it.
-        if matches!(&*planner, Planned::Coded(_)) {
-            return step.clone();
-        }
-        let planner = planner.clone();
-        planner.exchanged(step).unwrap_or_else(|| step.clone())
+        p.advance_to(epoch);
+        Some(p.handshake(epoch).unwrap_or_else(|| Handshake::empty(p)))
     }
 
     /// Whether sample `id` (of `size` bytes, if known) may be written into a cache that
@@ -512,13 +510,15 @@ mod tests {
         assert!((0..60).all(|s| gate.wanted(s) == kept.contains(&s)));
         gate.epoch(6);
         assert!((0..60).all(|s| gate.wanted(s) == (s == 8)));
-        let step = shares.step(&shares.shares(3));
-        assert_eq!(gate.exchanged(&step).next, step.next);
+        assert!(
+            gate.handshake(3).is_none(),
+            "a coded step has nothing to filter"
+        );
     }
 }
 
 /// Timings of a coded gate at scale (`cargo test --lib measure_coded_gate -- --ignored
-/// --nocapture`): building it, stepping it at a publication, filtering a step.
+/// --nocapture`): building it, stepping it at a publication.
 #[cfg(test)]
 mod measure {
     use super::*;
@@ -560,12 +560,8 @@ mod measure {
             let t = Instant::now();
             gate.epoch(2);
             let prepared = t.elapsed();
-            let step = shares.step(&shares.shares(2));
-            let t = Instant::now();
-            let _ = gate.exchanged(&step);
-            let filtered = t.elapsed();
             eprintln!(
-                "{ranks} ranks: gate built {built:.2?}, stepped at publication {stepped:.2?} (prepared: {prepared:.2?}), exchanged {filtered:.2?}"
+                "{ranks} ranks: gate built {built:.2?}, stepped at publication {stepped:.2?} (prepared: {prepared:.2?})"
             );
         }
     }

@@ -27,6 +27,7 @@ pub(crate) mod deadline;
 mod error;
 mod executor;
 mod frames;
+pub(crate) mod kept;
 mod peers;
 pub(crate) mod schedule;
 mod seam;

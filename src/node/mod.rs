@@ -184,9 +184,25 @@ pub fn serve(
             break;
         };
         exchange.evict(&node.store, evict);
-        // A partial cache moves only what the receiver keeps (see `plan::keep`).
-        let step = match node.store.partial() {
-            Some(partial) => Arc::new(partial.exchanged(&step)),
+        // A partial cache moves only what the receiver keeps (see `plan::keep`), agreed
+        // with the peers (`exchange::kept`).
+        let from = step.next.epoch.saturating_sub(1);
+        let step = match node.store.partial().and_then(|p| p.handshake(from)) {
+            Some(hs) => match crate::exchange::kept::filter(comm, &hs, &step, abort) {
+                Ok(filtered) => Arc::new(filtered),
+                Err(e) => {
+                    // Nothing moves for this rank: what it and its receivers keep comes
+                    // from the source as they read it.
+                    tracing::warn!(
+                        "agreeing with the peers what a partial cache takes through the exchange into epoch {}: {e}; this rank moves nothing",
+                        step.next.epoch
+                    );
+                    Arc::new(Step {
+                        next: step.next.clone(),
+                        transfers: Vec::new(),
+                    })
+                }
+            },
             None => step,
         };
         let target = step.next.epoch;

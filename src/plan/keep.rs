@@ -1,8 +1,10 @@
 //! Which samples stay cached when a rank's share is larger than its cache (issue 33).
 //!
-//! Pure and deterministic like the rest of [`crate::plan`]: every rank can compute every
-//! rank's kept set for any epoch from the plan, the sample sizes and the capacity, so the
-//! exchange needs no message to learn what a peer will keep.
+//! Pure and deterministic like the rest of [`crate::plan`]: a rank's kept set at any epoch
+//! follows from the plan, the sample sizes and the capacity. [`KeepPlanner`] runs the rule
+//! for every rank of the job at once (O(N x horizon): the reference the tests, the benches
+//! and `simulate` use); a daemon runs it for its own rank only
+//! ([`super::keep_local::LocalKeep`]) and asks its peers what they kept.
 //!
 //! # The rule (clairvoyant, as NoPFS prefetches)
 //! The plan knows every future epoch's shares, so each sample of this rank's share at epoch

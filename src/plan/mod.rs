@@ -51,6 +51,7 @@ pub mod coded_keep;
 pub mod elastic;
 pub mod equal;
 pub mod keep;
+pub mod keep_local;
 pub mod keyed;
 pub mod local;
 pub mod placement;

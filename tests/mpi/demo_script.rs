@@ -115,10 +115,12 @@ fn ctrl_c_in_the_first_seconds_ends_the_demo() {
     let started = tmp.path().join("python-started");
     // The venv's python as install-python.sh's last check runs it: it catches SIGINT and
     // exits normally (1), as Python does when an import swallows the KeyboardInterrupt.
+    // The trap is set before it says it started: a SIGINT between the two found the shell
+    // still waiting for `touch`, which it survived, then looped forever (a hung CI run).
     let venv = tmp.path().join("venv");
     fs::create_dir_all(venv.join("bin")).unwrap();
     let body = format!(
-        "touch '{}'\ntrap 'exit 1' INT\nwhile :; do sleep 0.1; done",
+        "trap 'exit 1' INT\ntouch '{}'\nwhile :; do sleep 0.1; done",
         started.display()
     );
     script_file(&venv.join("bin"), "python", &body);
@@ -137,7 +139,18 @@ fn ctrl_c_in_the_first_seconds_ends_the_demo() {
     }
     // SAFETY: kill has no memory-safety preconditions; the group is the demo's own.
     unsafe { libc::kill(-group, libc::SIGINT) };
+    // A demo that does not end is killed after TIMEOUT (and the test fails on its status)
+    // rather than holding CI until its own limit.
+    let (done, watched) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if watched.recv_timeout(TIMEOUT).is_err() {
+            // SAFETY: as above; the group is still the demo's (it has not been waited for).
+            unsafe { libc::kill(-group, libc::SIGKILL) };
+        }
+    });
     let out = child.wait_with_output().unwrap();
+    let _ = done.send(());
+    watchdog.join().unwrap();
     let said = text(&out);
     assert_eq!(out.status.code(), Some(130), "{said}");
     assert!(said.contains("interrupted"), "{said}");

@@ -13,6 +13,7 @@
 //! A coded run is checked by `super::fit_coded` with this room and agreement.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use crate::cache::SampleStore;
 use crate::cache::admission::Admission;
@@ -21,8 +22,9 @@ use crate::config::MountConfig;
 use crate::dataset::manifest::Manifest;
 use crate::node::status::PartialSnapshot;
 use crate::plan::elastic::ElasticPlan;
-use crate::plan::keep::{self, DEFAULT_HORIZON, KeepPlanner, Outcome};
-use crate::plan::{Plan, Rank, SampleId};
+use crate::plan::keep::{DEFAULT_HORIZON, Outcome};
+use crate::plan::keep_local::{LocalKeep, SizeOf};
+use crate::plan::{EpochShares, Plan, Rank, SampleId};
 
 use super::StartError;
 use super::agree::{PhaseError, agreed};
@@ -47,9 +49,13 @@ pub(crate) struct Fit {
     pub expected: Outcome,
     /// Samples kept at epoch 0.
     pub kept_samples: u64,
-    /// Every sample's size as the estimate counted it ([`SizeModel`]) when the share does
-    /// not fit (the partial cache's planner needs them); empty when it fits.
+    /// Every sample's size as a coded run's estimate counted it ([`SizeModel`]) when its
+    /// cache does not fit (`super::fit_coded`: its placement needs them all); empty
+    /// otherwise.
     pub sizes: std::sync::Arc<[u64]>,
+    /// Sample sizes as the estimate counts them, for the partial cache's planner of this
+    /// rank's kept sets, when the share does not fit; `None` otherwise.
+    pub planned: Option<Planned>,
     /// A coded run's kept sets' room in samples, when its cache does not fit
     /// (`super::fit_coded`); `None` otherwise.
     pub slots: Option<usize>,
@@ -63,22 +69,20 @@ impl Fit {
         self.needed <= self.capacity
     }
 
-    /// The store's gate for `rank` from `epoch` on: the planned kept sets, walked from
-    /// epoch 0, or, for a job whose number of ranks changed (`elastic`), planned afresh
-    /// from the shares at `epoch` (the earlier epochs were another plan's).
+    /// The store's gate for `rank` from `start` (its own view of an epoch) on: its own
+    /// kept sets (`plan::keep_local`), keeping on what its cache holds of that share
+    /// (`held`, as much as fits); `None` when the share fits.
     pub(crate) fn admission(
         &self,
-        (plan, elastic): (&Plan, Option<&ElasticPlan>),
+        plan: &Plan,
         rank: Rank,
-        epoch: u64,
-    ) -> Admission {
-        let (sizes, cap, h) = (self.sizes.clone(), self.capacity, DEFAULT_HORIZON);
-        let planner = match elastic {
-            Some(e) => KeepPlanner::from_shares(plan.clone(), e.shares_at(epoch), sizes, cap, h),
-            None => KeepPlanner::at(plan.clone(), sizes, cap, h, epoch),
-        };
-        let n = self.sizes.len().max(1) as u64;
-        Admission::planned(planner, rank, self.sizes.iter().sum::<u64>() / n)
+        start: EpochShares,
+        held: &[SampleId],
+    ) -> Option<Admission> {
+        let planned = self.planned.clone()?;
+        let sizes = (planned.size, self.capacity);
+        let keep = LocalKeep::new(plan.clone(), rank, start, held, sizes, DEFAULT_HORIZON);
+        Some(Admission::planned(keep, planned.mean))
     }
 
     /// The status's `partial` section, before anything is measured.
@@ -114,12 +118,19 @@ pub(crate) fn phase(
     let sizes = model.on_disk(store.manifest(), job_block(comm, store.block())?);
     let fit = agreed(comm, check(config, plans.0, &sizes, rank, (room, mine.cut)))?;
     if !fit.fits() {
-        store.set_partial(fit.admission(plans, rank, epoch));
-        // A cache filled under a larger room is brought within this one before staging.
-        // Saved at that epoch, or walked back (across the remaps of an elastic job too).
+        // This rank's share at `epoch`: saved then, or walked back (across the remaps of
+        // an elastic job too).
         let root = store.dir().root();
         let shares = crate::node::saved::own_shares_at(root, plans.0, rank, epoch);
-        crate::cache::trim::to_room(store, shares.share(rank));
+        let share = shares.share(rank).to_vec();
+        let held: Vec<SampleId> = (share.iter().copied())
+            .filter(|&id| store.contains(id))
+            .collect();
+        if let Some(gate) = fit.admission(plans.0, rank, shares, &held) {
+            store.set_partial(gate);
+        }
+        // A cache filled under a larger room is brought within this one before staging.
+        crate::cache::trim::to_room(store, &share);
     }
     Ok(Some(fit))
 }
@@ -293,7 +304,7 @@ impl SizeModel {
     }
 
     /// The model as sizes take disk space in `block`s: what the plan and the gate count.
-    pub(crate) fn on_disk<'m>(&self, manifest: &'m Manifest, block: u64) -> OnDisk<'m> {
+    pub(crate) fn on_disk<'m>(&self, manifest: &'m Arc<Manifest>, block: u64) -> OnDisk<'m> {
         OnDisk {
             model: *self,
             manifest,
@@ -305,11 +316,22 @@ impl SizeModel {
 /// [`SizeModel`] rounded up to the job's block.
 pub(crate) struct OnDisk<'m> {
     model: SizeModel,
-    manifest: &'m Manifest,
+    manifest: &'m Arc<Manifest>,
     block: u64,
 }
 
 impl OnDisk<'_> {
+    /// The same sizes, owned (the model and the manifest: no list), with their mean.
+    pub(crate) fn planned(&self) -> Planned {
+        let (model, manifest, block) = (self.model, self.manifest.clone(), self.block);
+        Planned {
+            mean: crate::cache::footprint::on_disk(model.mean, block),
+            size: Arc::new(move |id| {
+                crate::cache::footprint::on_disk(model.size(&manifest, id), block)
+            }),
+        }
+    }
+
     pub(crate) fn size(&self, id: SampleId) -> u64 {
         crate::cache::footprint::on_disk(self.model.size(self.manifest, id), self.block)
     }
@@ -417,14 +439,10 @@ pub(crate) fn estimate(plan: &Plan, sizes: &OnDisk<'_>, rank: Rank, capacity: u6
         needed = needed.max(bytes(&union));
         cur = next;
     }
-    // Every sample's size only for a cache that does not fit (its planner needs them all).
-    let all: std::sync::Arc<[u64]> = match needed <= capacity {
-        true => std::sync::Arc::new([]),
-        false => sizes.all().into(),
-    };
-    let expected = match needed <= capacity {
+    let planned = (needed > capacity).then(|| sizes.planned());
+    let expected = match &planned {
         // The whole share is kept: no need to simulate (every mount passes here).
-        true => Outcome {
+        None => Outcome {
             reads: cur.share(rank).len() as u64,
             hits: cur.share(rank).len() as u64,
             read_bytes: share_bytes,
@@ -432,7 +450,7 @@ pub(crate) fn estimate(plan: &Plan, sizes: &OnDisk<'_>, rank: Rank, capacity: u6
             kept_bytes: share_bytes,
             ..Outcome::default()
         },
-        false => simulated(plan, &all, rank, capacity),
+        Some(p) => simulated(plan, p.size.clone(), rank, capacity),
     };
     Fit {
         capacity,
@@ -440,23 +458,28 @@ pub(crate) fn estimate(plan: &Plan, sizes: &OnDisk<'_>, rank: Rank, capacity: u6
         share_bytes,
         kept_samples: expected.kept,
         expected,
-        sizes: all,
+        sizes: Arc::new([]),
+        planned,
         slots: None,
         cut: None,
     }
 }
 
-/// `rank`'s outcome per epoch under the kept sets, averaged over the simulated epochs
-/// after the first (cold) one; `kept` is the kept set of epoch 0.
-fn simulated(plan: &Plan, sizes: &[u64], rank: Rank, capacity: u64) -> Outcome {
-    let sim = keep::simulate(
-        plan.clone(),
-        sizes.to_vec(),
-        capacity,
-        DEFAULT_HORIZON,
-        ESTIMATE_EPOCHS,
-    );
-    let total = (sim[1..].iter()).fold(Outcome::default(), |acc, e| acc.add(&e[rank as usize]));
+/// `rank`'s outcome per epoch under its kept sets, averaged over the simulated epochs
+/// after the first (cold) one; `kept` is the kept set of epoch 0. Only this rank is
+/// planned (`plan::keep_local`): a sample arriving counts as kept by its sender as often as
+/// this rank keeps the samples of its own share.
+fn simulated(plan: &Plan, size: SizeOf, rank: Rank, capacity: u64) -> Outcome {
+    let start = plan.own_initial(rank);
+    let sizes = (size, capacity);
+    let mut keep = LocalKeep::new(plan.clone(), rank, start, &[], sizes, DEFAULT_HORIZON);
+    let kept = keep.kept().len() as u64;
+    let mut total = Outcome::default();
+    for _ in 1..ESTIMATE_EPOCHS {
+        let keeps = keep.kept().len() as f64 / keep.share().len().max(1) as f64;
+        keep.advance();
+        total = total.add(&keep.outcome(keeps).unwrap_or_default());
+    }
     let n = ESTIMATE_EPOCHS - 1;
     Outcome {
         reads: total.reads / n,
@@ -464,8 +487,24 @@ fn simulated(plan: &Plan, sizes: &[u64], rank: Rank, capacity: u64) -> Outcome {
         read_bytes: total.read_bytes / n,
         source_bytes: total.source_bytes / n,
         peer_bytes: total.peer_bytes / n,
-        kept: sim[0][rank as usize].kept,
+        kept,
         kept_bytes: total.kept_bytes / n,
+    }
+}
+
+/// Sample sizes for the partial cache's planner: a function of the id (the size model and
+/// the manifest), and their mean.
+#[derive(Clone)]
+pub(crate) struct Planned {
+    pub size: SizeOf,
+    pub mean: u64,
+}
+
+impl std::fmt::Debug for Planned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Planned")
+            .field("mean", &self.mean)
+            .finish_non_exhaustive()
     }
 }
 
@@ -538,7 +577,7 @@ mod tests {
         std::fs::write(tmp.path().join("c/b"), [0; 300]).unwrap();
         let names = [b"a".to_vec(), b"b".to_vec()];
         let entries = names.iter().map(|n| (n.clone(), UNKNOWN_SIZE)).collect();
-        let manifest = Manifest::from_parts(vec![(b"c".to_vec(), entries)]).unwrap();
+        let manifest = Arc::new(Manifest::from_parts(vec![(b"c".to_vec(), entries)]).unwrap());
         let handles: Vec<_> = LocalComm::world(2)
             .into_iter()
             .map(|mut comm| {

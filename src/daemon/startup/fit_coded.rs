@@ -128,6 +128,7 @@ pub(crate) fn estimate(
         kept_samples: expected.kept,
         expected,
         sizes,
+        planned: None,
         slots,
         cut: None,
     }
