@@ -4,7 +4,8 @@
 //! the whole job's step that every rank computed before `plan::local`; then a resume from
 //! the share the rank saved (`cache::slots`: writing it, reading it back) against that
 //! walk-back; and one rank's part of an elastic remap (`Rechunk`: where each position of its
-//! new chunk was before the change).
+//! new chunk was before the change); and the partial cache's planner of one rank against
+//! the whole job's it replaces.
 //!
 //! One rank's real code (`plan::local::LocalPlan`, what `Plan::own_*` run in the daemon);
 //! the other ranks are not run: the per-rank plan never needs their shares, so nothing of
@@ -170,6 +171,57 @@ fn whole_job(n: u64, m: u32) {
     );
 }
 
+/// Resident MiB now (`VmRSS`): what a structure still alive holds.
+fn rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib = (status.lines())
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .unwrap_or(0.0);
+    kib / 1024.0
+}
+
+/// The partial cache's planner of one rank (`LocalKeep`: its own shares over the horizon,
+/// built and stepped once) against the whole job's (`KeepPlanner`, every rank's, what each
+/// daemon built before), at a room of half a share: resident MiB each holds, and seconds.
+fn keep_planners(n: u64, m: u32) {
+    use shufflefs::plan::keep::{DEFAULT_HORIZON, KeepPlanner};
+    use shufflefs::plan::keep_local::{LocalKeep, SizeOf};
+    let plan = Plan::new(PlanParams {
+        samples: n,
+        world: m,
+        fraction: Q,
+        seed: 7,
+    })
+    .expect("valid");
+    let me = m / 2;
+    let size = |s: u64| 50_000 + s % 100_000;
+    let cap = n / u64::from(m) * 100_000 / 2;
+    let before = rss_mib();
+    let (built, _, mut local) = measure(|| {
+        let sized: SizeOf = std::sync::Arc::new(size);
+        let start = plan.own_initial(me);
+        LocalKeep::new(plan.clone(), me, start, &[], (sized, cap), DEFAULT_HORIZON)
+    });
+    let (stepped, _, ()) = measure(|| local.advance());
+    let held = rss_mib() - before;
+    println!(
+        "| one rank's (LocalKeep) | {n:>11} | {m:>4} | {:>9} | {built:>7.2} | {stepped:>7.2} | {held:>8.0} |",
+        local.share().len()
+    );
+    drop(local);
+    let before = rss_mib();
+    let sizes: Vec<u64> = (0..n).map(size).collect();
+    let (built, _, mut whole) =
+        measure(|| KeepPlanner::new(plan.clone(), sizes, cap, DEFAULT_HORIZON));
+    let (stepped, _, ()) = measure(|| whole.advance());
+    let held = rss_mib() - before;
+    println!(
+        "| whole job's (KeepPlanner) | {n:>11} | {m:>4} | {:>9} | {built:>7.2} | {stepped:>7.2} | {held:>8.0} |",
+        whole.shares().share(me).len()
+    );
+}
+
 fn main() {
     // `cargo bench` passes --bench; under `cargo test --all-targets` (a debug build), a smoke
     // run on a thousandth of the samples.
@@ -213,4 +265,11 @@ fn main() {
         println!("{}", remap_row(5_000_000_000, 4096, 3072));
         println!("{}", remap_row(5_000_000_000, 4096, 5120));
     }
+    if only_big {
+        return;
+    }
+    println!();
+    println!("| partial cache planner | N | M | share | build s | advance s | resident MiB |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    keep_planners(10_000_000 / scale as u64, 64);
 }
