@@ -9,7 +9,8 @@
 #
 #   bash benches/rank_memory.sh BINARY [BINARY...]          (ranks 1 4 8)
 #   FILES=1000000 RANKS="1 4 8" bash benches/rank_memory.sh old/shufflefs target/release/shufflefs
-#   FORMAT=records FILES=10000000 bash benches/rank_memory.sh ...   (16-byte lines in FOLDERS shards)
+#   FORMAT=records FILES=10000000 bash benches/rank_memory.sh ...   (16-byte lines in FOLDERS shards;
+#                                        GROUP=records: one sample a record, not a page)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source mount-helpers/install-deps.sh >/dev/null
@@ -29,8 +30,8 @@ for s in range(f):
     with open(f"{root}/shard-{s:05}.txt", "w") as out:
         out.writelines(f"{i:015}\n" for i in range(s, n, f))
 PY
-  flags=(--format records --framing lines)
-  what="$files 16-byte records in $folders shards (--format records --framing lines)"
+  flags=(--format records --framing lines ${GROUP:+--group "$GROUP"})
+  what="$files 16-byte records in $folders shards (--format records --framing lines${GROUP:+ --group $GROUP})"
 else
   python3 - "$work/src" "$files" "$folders" <<'PY'
 import os, sys

@@ -117,6 +117,9 @@ pub trait CacheBackend: Send + Sync {
     fn recover(&self, keep: &dyn Fn(SampleId, u64) -> bool) -> io::Result<Vec<Recovered>>;
     /// Whether sample `id` is stored.
     fn contains(&self, id: SampleId) -> bool;
+    /// Every stored sample, ascending: O(what is stored) for a job of many ranks (not a
+    /// pass over the dataset's ids).
+    fn held(&self) -> Vec<SampleId>;
     /// The stored length of sample `id`, if stored.
     fn size(&self, id: SampleId) -> Option<u64>;
     /// Reads up to `buf.len()` bytes of sample `id` at `offset`; short only at its end.

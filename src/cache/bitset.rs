@@ -70,6 +70,23 @@ impl IdSet {
         }
     }
 
+    /// Every id in the set, ascending.
+    pub(crate) fn held(&self) -> Vec<SampleId> {
+        match self {
+            IdSet::Dense(b) => b.held(),
+            IdSet::Sparse(s) => {
+                let mut all: Vec<SampleId> = (s.iter())
+                    .flat_map(|s| {
+                        let s = s.read().unwrap_or_else(|e| e.into_inner());
+                        s.iter().copied().collect::<Vec<_>>()
+                    })
+                    .collect();
+                all.sort_unstable();
+                all
+            }
+        }
+    }
+
     /// Empties the set.
     pub(crate) fn clear_all(&self) {
         match self {
@@ -105,6 +122,18 @@ impl Bitset {
     pub(crate) fn clear_all(&self) {
         self.0.iter().for_each(|w| w.store(0, Ordering::Release));
     }
+    /// The bits set, ascending (a pass over the words, 64 ids each).
+    pub(crate) fn held(&self) -> Vec<u64> {
+        let mut out = Vec::new();
+        for (i, w) in self.0.iter().enumerate() {
+            let mut bits = w.load(Ordering::Acquire);
+            while bits != 0 {
+                out.push(i as u64 * 64 + u64::from(bits.trailing_zeros()));
+                bits &= bits - 1;
+            }
+        }
+        out
+    }
 }
 
 #[cfg(test)]
@@ -118,8 +147,12 @@ mod tests {
             assert!(!set.get(5) && !set.set(5) && set.set(5) && set.get(5));
             assert!(!set.set(199) && set.get(199) && !set.get(198));
             assert!(set.clear(5) && !set.clear(5) && !set.get(5));
+            assert_eq!(set.held(), [199]);
+            set.set(64);
+            assert_eq!(set.held(), [64, 199]);
             set.clear_all();
             assert!(!set.get(199), "world {world}");
+            assert!(set.held().is_empty());
         }
         assert!(
             !IdSet::new(10, 1).get(1 << 40),

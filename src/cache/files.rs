@@ -269,6 +269,10 @@ impl CacheBackend for FileBackend {
         self.present.get(id)
     }
 
+    fn held(&self) -> Vec<SampleId> {
+        self.present.held()
+    }
+
     fn size(&self, id: SampleId) -> Option<u64> {
         if !self.contains(id) {
             return None;

@@ -221,6 +221,11 @@ impl SampleStore {
         self.backend.contains(id)
     }
 
+    /// Every cached sample, ascending (what the backend holds: O(that), not O(N)).
+    pub(crate) fn held(&self) -> Vec<SampleId> {
+        self.backend.held()
+    }
+
     /// The size of sample `id`, if known yet (see `sizes`).
     pub fn size(&self, id: SampleId) -> Option<u64> {
         self.manifest.size(id).or_else(|| self.learned.size(id))

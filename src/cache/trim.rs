@@ -20,8 +20,8 @@ pub(crate) fn to_room(store: &SampleStore, share: &[SampleId]) -> usize {
         return 0;
     }
     let in_share = |id: &SampleId| share.binary_search(id).is_ok();
-    let unkept: Vec<SampleId> = (0..store.manifest().len())
-        .filter(|&id| store.contains(id) && !gate.wanted(id))
+    let unkept: Vec<SampleId> = (store.held().into_iter())
+        .filter(|&id| !gate.wanted(id))
         .collect();
     let (outside, inside): (Vec<SampleId>, Vec<SampleId>) =
         unkept.into_iter().partition(|id| !in_share(id));

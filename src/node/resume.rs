@@ -73,7 +73,7 @@ pub(crate) fn trim(
             || retained.binary_search(id).is_ok()
     };
     let mut dropped = 0u64;
-    for id in (0..store.manifest().len()).filter(|&id| store.contains(id) && !keep(&id)) {
+    for id in store.held().into_iter().filter(|id| !keep(id)) {
         // Not fatal: the other ranks are already on their way to mounting.
         let removed = store.remove(id);
         store.forget(id);

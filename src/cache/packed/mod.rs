@@ -723,6 +723,12 @@ impl CacheBackend for PackedBackend {
         id < self.inner.samples && self.inner.present.get(id)
     }
 
+    fn held(&self) -> Vec<SampleId> {
+        let mut held = self.inner.present.held();
+        held.retain(|&id| id < self.inner.samples);
+        held
+    }
+
     fn size(&self, id: SampleId) -> Option<u64> {
         let e = self.inner.read().index.get(id);
         (e.seg != 0).then_some(e.len)

@@ -581,6 +581,9 @@ impl CacheBackend for NoLinks {
     fn contains(&self, id: SampleId) -> bool {
         self.0.contains(id)
     }
+    fn held(&self) -> Vec<SampleId> {
+        self.0.held()
+    }
     fn size(&self, id: SampleId) -> Option<u64> {
         self.0.size(id)
     }

@@ -501,7 +501,7 @@ fn drop_side(store: &SampleStore, ids: Vec<SampleId>) {
 /// Drops every cached sample outside `cache` and `next`.
 fn drop_outside(store: &SampleStore, cache: &BTreeSet<SampleId>, next: &BTreeSet<SampleId>) {
     let keep = |id: &SampleId| cache.contains(id) || next.contains(id);
-    for id in (0..store.manifest().len()).filter(|&id| store.contains(id) && !keep(&id)) {
+    for id in store.held().into_iter().filter(|id| !keep(id)) {
         if let Err(e) = store.remove(id) {
             tracing::warn!(sample = id, error = %e, "could not drop a sample that left the cache");
         }
