@@ -257,8 +257,13 @@ impl SampleStore {
     }
 
     /// [`learn_mtime`](Self::learn_mtime) in nanoseconds since 1970; 0 (unknown) is ignored.
+    /// Not kept for a record source: its views show parts, never a sample's own time, and
+    /// a time per sample would cost a map entry per share sample (a record group's time is
+    /// its shard file's anyway).
     pub(crate) fn learn_mtime_nanos(&self, id: SampleId, nanos: u64) {
-        self.learned.learn_mtime(id, nanos);
+        if self.manifest.records().is_none() {
+            self.learned.learn_mtime(id, nanos);
+        }
     }
 
     /// Sample `id`'s source time in nanoseconds since 1970, 0 if not known (what the

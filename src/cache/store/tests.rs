@@ -1094,3 +1094,25 @@ fn a_partial_cache_reads_listed_samples_ahead_once() {
     // Sample 1 is kept (fetched into the cache when read), not read ahead.
     assert_eq!(partial.measured().1.source_bytes, 2000);
 }
+
+/// A record source's samples keep no source time of their own (its views show parts),
+/// whatever their copies say; a folder source's do (`mtime` above).
+#[test]
+fn a_record_sources_samples_keep_no_time() {
+    use crate::dataset::records::{Framing, Grouping, RecordParams, build_index};
+    let src = tempfile::tempdir().unwrap();
+    std::fs::write(src.path().join("a.txt"), b"one\ntwo\nthree\n").unwrap();
+    let params = RecordParams {
+        framing: Framing::Lines,
+        record_size: 0,
+        grouping: Grouping::Records,
+        header_line: false,
+    };
+    let (index, _) = build_index(src.path(), &params).unwrap();
+    let manifest = Arc::new(Manifest::from_records(index, Vec::new()));
+    let tmp = tempfile::tempdir().unwrap();
+    let store = store_in(tmp.path(), &manifest);
+    store.learn_mtime_nanos(1, 1_700_000_000_000_000_000);
+    assert_eq!(store.mtime_nanos(1), 0);
+    assert_eq!(store.mtime(1), None);
+}
