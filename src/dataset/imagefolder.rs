@@ -82,7 +82,7 @@ impl ImageFolder {
             io::Error::new(io::ErrorKind::PermissionDenied, why)
         };
         let rel = self.manifest.relative_path(id);
-        let file = match openat2(&confined.dir, &rel, how) {
+        let file = match open_beneath(&confined.dir, &rel, how) {
             Ok(fd) => File::from(fd),
             Err(nix::Error::EXDEV) => match self.through_absolute_link(confined, id) {
                 Some(Ok(file)) => file,
@@ -107,12 +107,33 @@ impl ImageFolder {
         let how = OpenHow::new()
             .flags(OFlag::O_RDONLY | OFlag::O_CLOEXEC)
             .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
-        Some(match openat2(&confined.dir, inside, how) {
+        Some(match open_beneath(&confined.dir, inside, how) {
             Ok(fd) => Ok(File::from(fd)),
             // A link swapped in since the `realpath`: not followed.
             Err(nix::Error::ELOOP | nix::Error::EXDEV) => return None,
             Err(e) => Err(io::Error::from(e)),
         })
+    }
+}
+
+/// How often [`open_beneath`] tries again.
+const BENEATH_TRIES: usize = 16;
+
+/// `openat2` under `RESOLVE_BENEATH`, tried again on `EAGAIN`: the kernel answers that when
+/// a rename or a mount anywhere on the machine raced the lookup (it cannot then vouch that
+/// the path stayed beneath), and asks the caller to retry; a busy machine (CI running
+/// dozens of daemons that rename their state files) met it on a plain read.
+fn open_beneath(
+    dir: &impl std::os::fd::AsFd,
+    path: &Path,
+    how: OpenHow,
+) -> nix::Result<std::os::fd::OwnedFd> {
+    let mut tries = 1;
+    loop {
+        match openat2(dir, path, how) {
+            Err(nix::Error::EAGAIN) if tries < BENEATH_TRIES => tries += 1,
+            done => return done,
+        }
     }
 }
 
