@@ -132,6 +132,16 @@ fn ctrl_c_in_the_first_seconds_ends_the_demo() {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
+    // A shell started with SIGINT ignored cannot trap it (POSIX), and a test run launched in
+    // the background (`cmd &` from a script) inherits it ignored: the demo and its child
+    // then never see the Ctrl-C. As a terminal's Ctrl-C would find them, default.
+    // SAFETY: between fork and exec only `signal`, which is async-signal-safe, is called.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
     let child = cmd.spawn().unwrap();
     let group = child.id() as i32;
     let deadline = Instant::now() + TIMEOUT;
