@@ -9,9 +9,9 @@
 //!
 //! One rank's real code (`plan::local::LocalPlan`, what `Plan::own_*` run in the daemon);
 //! the other ranks are not run: the per-rank plan never needs their shares, so nothing of
-//! the plan is modelled. What this leaves out: the manifest (still the whole dataset's on
-//! every rank), the partial cache's keep planner (still the whole job's), and the exchange's
-//! bytes.
+//! the plan is modelled. What this leaves out: the manifest (mapped once per host, not
+//! per rank), the exchange's bytes and its two small rounds for a partial cache
+//! (`exchange::kept`), and `--equal-shares drop` (still the whole job's).
 //!
 //! `cargo bench --bench scale` (release): N = 10^8 at M = 8 and 64, resume at epoch 10;
 //! `SCALE_BIG=1` adds N = 5·10^9, M = 4,096, resume at epoch 90 (`SCALE_ONLY_BIG=1`: that row
