@@ -33,8 +33,13 @@ pub struct LocalKeep {
     size: SizeOf,
     capacity: u64,
     horizon: usize,
-    /// This rank's view from the current epoch to `horizon + 1` epochs ahead.
-    window: VecDeque<EpochShares>,
+    /// This rank's share (sorted) from the current epoch to `horizon + 1` epochs ahead.
+    window: VecDeque<Vec<SampleId>>,
+    /// The current epoch.
+    epoch: u64,
+    /// This rank's view at the far end of the window, whose slots the next step needs
+    /// (the other epochs keep only their sorted shares: half the memory).
+    last: EpochShares,
     /// `(epoch, kept set)`, oldest first; the last two are the current epoch's and the next.
     kept: VecDeque<(u64, Vec<SampleId>)>,
 }
@@ -61,11 +66,12 @@ impl LocalKeep {
         (size, capacity): (SizeOf, u64),
         horizon: usize,
     ) -> LocalKeep {
-        let mut window = VecDeque::with_capacity(horizon + 2);
-        window.push_back(start);
+        let (epoch, mut window) = (start.epoch, VecDeque::with_capacity(horizon + 2));
+        window.push_back(start.share(rank).to_vec());
+        let mut last = start;
         while window.len() < horizon + 2 {
-            let next = plan.own_step(rank, window.back().expect("not empty")).next;
-            window.push_back(next);
+            last = plan.own_step(rank, &last).next;
+            window.push_back(last.share(rank).to_vec());
         }
         let mut keep = LocalKeep {
             plan,
@@ -74,10 +80,12 @@ impl LocalKeep {
             capacity,
             horizon,
             window,
+            epoch,
+            last,
             kept: VecDeque::new(),
         };
         let mut window: Vec<&[SampleId]> = (keep.window.iter().take(horizon + 1))
-            .map(|e| e.share(rank))
+            .map(Vec::as_slice)
             .collect();
         window[0] = held;
         let prev = choose(&window, &[], &*keep.size, capacity);
@@ -91,13 +99,13 @@ impl LocalKeep {
     /// The kept set at `window[at]`, after `prev` (the kept set the epoch before).
     fn choose_at(&self, at: usize, prev: &[SampleId]) -> Vec<SampleId> {
         let window: Vec<&[SampleId]> = (self.window.iter().skip(at).take(self.horizon + 1))
-            .map(|e| e.share(self.rank))
+            .map(Vec::as_slice)
             .collect();
         choose(&window, prev, &*self.size, self.capacity)
     }
 
     pub fn epoch(&self) -> u64 {
-        self.window[0].epoch
+        self.epoch
     }
 
     pub fn rank(&self) -> Rank {
@@ -115,12 +123,12 @@ impl LocalKeep {
 
     /// This rank's share at the current epoch (sorted).
     pub fn share(&self) -> &[SampleId] {
-        self.window[0].share(self.rank)
+        &self.window[0]
     }
 
     /// This rank's share at the next epoch (sorted).
     pub fn next_share(&self) -> &[SampleId] {
-        self.window[1].share(self.rank)
+        &self.window[1]
     }
 
     /// The kept set at the current epoch (sorted).
@@ -142,9 +150,10 @@ impl LocalKeep {
 
     /// Moves to the next epoch: one step of this rank's plan at the far end of the window.
     pub fn advance(&mut self) {
-        let next = (self.plan).own_step(self.rank, self.window.back().expect("not empty"));
-        self.window.push_back(next.next);
+        self.last = (self.plan).own_step(self.rank, &self.last).next;
+        self.window.push_back(self.last.share(self.rank).to_vec());
         self.window.pop_front();
+        self.epoch += 1;
         let after = self.choose_at(1, self.kept());
         self.kept.push_back((self.epoch() + 1, after));
         while self.kept.len() > HISTORY + 2 {
