@@ -51,14 +51,30 @@ fn measure<T>(f: impl FnOnce() -> T) -> (f64, f64, T) {
     (wall.elapsed().as_secs_f64(), cpu_seconds() - cpu, v)
 }
 
-fn peak_rss_mib() -> f64 {
+/// This process's `field` of `/proc/self/status` (a kB figure), in MiB.
+fn status_mib(field: &str) -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let kib = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+    let kib = (status.lines())
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         .unwrap_or(0.0);
     kib / 1024.0
+}
+
+/// Peak resident MiB so far (`VmHWM`).
+fn peak_rss_mib() -> f64 {
+    status_mib("VmHWM:")
+}
+
+/// The whole job's plan of `n` samples on `m` ranks (what the rows measure against).
+fn plan_of(n: u64, m: u32) -> Plan {
+    Plan::new(PlanParams {
+        samples: n,
+        world: m,
+        fraction: Q,
+        seed: 7,
+    })
+    .expect("valid")
 }
 
 fn threads() -> usize {
@@ -154,13 +170,7 @@ fn remap_row(n: u64, m: u32, m2: u32) -> String {
 
 /// The whole job's plan (what every rank computed before): epoch 0 and one step.
 fn whole_job(n: u64, m: u32) {
-    let plan = Plan::new(PlanParams {
-        samples: n,
-        world: m,
-        fraction: Q,
-        seed: 7,
-    })
-    .expect("valid");
+    let plan = plan_of(n, m);
     let (deal, _, shares) = measure(|| plan.initial());
     let (step_wall, step_cpu, s) = measure(|| plan.step(&shares));
     let sent = s.transfers.iter().filter(|t| t.from == m / 2).count();
@@ -173,12 +183,7 @@ fn whole_job(n: u64, m: u32) {
 
 /// Resident MiB now (`VmRSS`): what a structure still alive holds.
 fn rss_mib() -> f64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let kib = (status.lines())
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .unwrap_or(0.0);
-    kib / 1024.0
+    status_mib("VmRSS:")
 }
 
 /// The partial cache's planner of one rank (`LocalKeep`: its own shares over the horizon,
@@ -187,13 +192,7 @@ fn rss_mib() -> f64 {
 fn keep_planners(n: u64, m: u32) {
     use shufflefs::plan::keep::{DEFAULT_HORIZON, KeepPlanner};
     use shufflefs::plan::keep_local::{LocalKeep, SizeOf};
-    let plan = Plan::new(PlanParams {
-        samples: n,
-        world: m,
-        fraction: Q,
-        seed: 7,
-    })
-    .expect("valid");
+    let plan = plan_of(n, m);
     let me = m / 2;
     let size = |s: u64| 50_000 + s % 100_000;
     let cap = n / u64::from(m) * 100_000 / 2;

@@ -13,11 +13,8 @@ use std::collections::HashSet;
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::table::{DENSE_UP_TO, SHARDS, shard_of};
 use crate::plan::SampleId;
-
-/// Shards of a sparse set (a power of two): the FUSE threads, the exchange and staging
-/// rarely meet on one lock.
-const SHARDS: usize = 64;
 
 /// A set of sample ids below a bound, safe to update from many threads.
 pub(crate) enum IdSet {
@@ -30,21 +27,16 @@ pub(crate) enum IdSet {
 impl IdSet {
     /// The set for ids below `samples` in a job of `world` ranks.
     pub(crate) fn new(samples: u64, world: u32) -> IdSet {
-        match world <= super::table::DENSE_UP_TO {
+        match world <= DENSE_UP_TO {
             true => IdSet::Dense(Bitset::new(samples)),
             false => IdSet::Sparse((0..SHARDS).map(|_| RwLock::default()).collect()),
         }
     }
 
-    fn shard(shards: &[RwLock<HashSet<SampleId>>], id: SampleId) -> &RwLock<HashSet<SampleId>> {
-        // Fibonacci hashing: neighbouring ids land in different shards.
-        &shards[(id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % SHARDS]
-    }
-
     pub(crate) fn get(&self, id: SampleId) -> bool {
         match self {
             IdSet::Dense(b) => b.get(id),
-            IdSet::Sparse(s) => (Self::shard(s, id).read())
+            IdSet::Sparse(s) => (shard_of(s, id).read())
                 .unwrap_or_else(|e| e.into_inner())
                 .contains(&id),
         }
@@ -54,7 +46,7 @@ impl IdSet {
     pub(crate) fn set(&self, id: SampleId) -> bool {
         match self {
             IdSet::Dense(b) => b.set(id),
-            IdSet::Sparse(s) => !(Self::shard(s, id).write())
+            IdSet::Sparse(s) => !(shard_of(s, id).write())
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(id),
         }
@@ -64,7 +56,7 @@ impl IdSet {
     pub(crate) fn clear(&self, id: SampleId) -> bool {
         match self {
             IdSet::Dense(b) => b.clear(id),
-            IdSet::Sparse(s) => (Self::shard(s, id).write())
+            IdSet::Sparse(s) => (shard_of(s, id).write())
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(&id),
         }

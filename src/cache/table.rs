@@ -21,7 +21,13 @@ use crate::dataset::manifest::UNKNOWN_SIZE;
 use crate::plan::SampleId;
 
 /// Shards of a map (a power of two).
-const SHARDS: usize = 64;
+pub(super) const SHARDS: usize = 64;
+
+/// `id`'s shard of `shards` (Fibonacci hashing: neighbouring ids land in different shards).
+/// Shared with `super::bitset`'s sets.
+pub(super) fn shard_of<T>(shards: &[T], id: SampleId) -> &T {
+    &shards[(id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % shards.len()]
+}
 
 /// Jobs of at most this many ranks keep arrays over every id (see the module docs).
 pub(crate) const DENSE_UP_TO: u32 = 4;
@@ -41,19 +47,11 @@ impl Words {
         }
     }
 
-    fn shard(
-        shards: &[RwLock<HashMap<SampleId, u64>>],
-        id: SampleId,
-    ) -> &RwLock<HashMap<SampleId, u64>> {
-        // Fibonacci hashing: neighbouring ids land in different shards.
-        &shards[((id.wrapping_mul(0x9E37_79B9_7F4A_7C15)) >> 58) as usize % SHARDS]
-    }
-
     fn get(&self, id: SampleId) -> u64 {
         match self {
             Words::Dense(w) => w.get(id as usize).map_or(0, |w| w.load(Ordering::Acquire)),
             Words::Sparse(s) => {
-                let shard = Self::shard(s, id).read().unwrap_or_else(|e| e.into_inner());
+                let shard = shard_of(s, id).read().unwrap_or_else(|e| e.into_inner());
                 shard.get(&id).copied().unwrap_or(0)
             }
         }
@@ -68,9 +66,7 @@ impl Words {
                 }
             }
             Words::Sparse(s) => {
-                let mut shard = Self::shard(s, id)
-                    .write()
-                    .unwrap_or_else(|e| e.into_inner());
+                let mut shard = shard_of(s, id).write().unwrap_or_else(|e| e.into_inner());
                 match f(shard.get(&id).copied().unwrap_or(0)) {
                     0 => shard.remove(&id),
                     v => shard.insert(id, v),
