@@ -111,6 +111,8 @@ pub struct Failing<C> {
     /// Fail the next post once this is set (then clear it): a one-off fault a test injects
     /// at a moment of its choosing. Only that post fails: the transport goes on after it.
     armed: Option<Arc<AtomicBool>>,
+    /// Posts whose tag this accepts never take the armed fault (see [`Failing::sparing`]).
+    spare: fn(u16) -> bool,
 }
 
 impl<C: Comm> Failing<C> {
@@ -124,7 +126,15 @@ impl<C: Comm> Failing<C> {
             bytes: 0,
             broken: false,
             armed: None,
+            spare: |_| false,
         }
+    }
+
+    /// The armed fault skips posts whose tag `spare` accepts: a test that means to fail
+    /// the exchange's streams spares the round that names their samples
+    /// (`exchange::is_names_tag`), which falls back to the plan's walk instead of failing.
+    pub fn sparing(self, spare: fn(u16) -> bool) -> Failing<C> {
+        Failing { spare, ..self }
     }
 
     /// Fails the next post each time `armed` is set (clearing it); otherwise passes
@@ -146,6 +156,7 @@ impl<C: Comm> Failing<C> {
             bytes: 0,
             broken: false,
             armed: None,
+            spare: |_| false,
         }
     }
 }
@@ -156,10 +167,8 @@ impl<C: Comm> Comm for Failing<C> {
     fn post(&mut self, op: Op) -> Result<Ticket, CommError> {
         let n = self.posts;
         self.posts += 1;
-        if self
-            .armed
-            .as_ref()
-            .is_some_and(|a| a.swap(false, Ordering::SeqCst))
+        if !(self.spare)(op.tag)
+            && (self.armed.as_ref()).is_some_and(|a| a.swap(false, Ordering::SeqCst))
         {
             return Err(CommError::Injected(format!(
                 "message {n} of rank {} failed on request",

@@ -22,6 +22,8 @@ use crate::cache::SampleStore;
 use crate::comm::Comm;
 use crate::plan::{SampleId, Step};
 
+pub(crate) mod arrivals;
+pub use arrivals::is_names_tag;
 pub mod coded;
 pub(crate) mod deadline;
 mod error;

@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::cache::CacheError;
+use crate::plan::unnamed::Unnamed;
 use crate::plan::{EpochShares, Plan, Rank, SampleId, Step};
 
 mod cancel;
@@ -90,8 +91,60 @@ pub(crate) enum AdvanceError {
 pub struct EpochChange {
     pub previous: Arc<EpochShares>,
     pub current: Arc<EpochShares>,
-    /// The plan's step out of `current`, whose exchange starts now.
-    pub next: Arc<Step>,
+}
+
+/// The plan's step out of the current epoch: named, or with its arrivals still to be
+/// named, by their senders in the exchange's first round (`exchange::arrivals`) or, where
+/// that does not happen, by walking the plan back ([`Next::walked`]).
+#[derive(Clone, Debug)]
+pub enum Next {
+    Named(Arc<Step>),
+    Unnamed(Arc<Unnamed>),
+}
+
+impl Next {
+    /// `rank`'s step out of `current`: unnamed for a per-rank plan (O(k)), else named.
+    pub fn of(plan: &Plan, rank: Rank, current: &EpochShares) -> Next {
+        match plan.own_unnamed(rank, current) {
+            Some(u) => Next::Unnamed(Arc::new(u)),
+            None => Next::Named(Arc::new(plan.step(current))),
+        }
+    }
+
+    /// The epoch this step leads into.
+    pub fn target(&self) -> u64 {
+        match self {
+            Next::Named(step) => step.next.epoch,
+            Next::Unnamed(u) => u.target(),
+        }
+    }
+
+    /// The ranks `rank` moves samples with in this step, ascending.
+    fn peers(&self, rank: Rank) -> Vec<Rank> {
+        match self {
+            Next::Named(step) => {
+                let mut peers: Vec<_> = (step.transfers.iter())
+                    .filter_map(|t| match (t.from == rank, t.to == rank) {
+                        (true, false) => Some(t.to),
+                        (false, true) => Some(t.from),
+                        _ => None,
+                    })
+                    .collect();
+                peers.sort_unstable();
+                peers.dedup();
+                peers
+            }
+            Next::Unnamed(u) => u.peers(),
+        }
+    }
+
+    /// The named step: as it is, or walked back (O(k · epoch)).
+    pub(crate) fn walked(&self, plan: &Plan) -> Arc<Step> {
+        match self {
+            Next::Named(step) => step.clone(),
+            Next::Unnamed(u) => Arc::new(plan.walked(u)),
+        }
+    }
 }
 
 /// Why a step of [`Effects`] failed (the advance fails, the current epoch stays).
@@ -109,10 +162,11 @@ pub enum EffectError {
 
 /// What the coordinator asks of the rest of the daemon.
 pub trait Effects: Send + Sync + 'static {
-    /// Starts the exchange of `step` (for the first epoch: `evict` is empty) after dropping
+    /// Starts the exchange of `next` (for the first epoch: `evict` is empty) after dropping
     /// `evict`; returns false if no exchange will report back (the state is then
-    /// `Exchanged(Skipped)`).
-    fn start_exchange(&self, step: Arc<Step>, evict: Vec<SampleId>) -> bool;
+    /// `Exchanged(Skipped)`). An exchange that names `next`'s arrivals says so through
+    /// `Coordinator::named` before it reports its end.
+    fn start_exchange(&self, next: Next, evict: Vec<SampleId>) -> bool;
     /// Makes this rank hold every sample of `step.next`'s share. Runs on its own thread.
     fn prepare(&self, step: &Step, exchange: &ExchangeOutcome) -> Result<(), EffectError>;
     /// Saves `current`'s epoch as the one to resume at (and this rank's share of it).
@@ -168,9 +222,12 @@ enum Command {
         after_invalidation: bool,
         reply: Sender<Result<(), AdvanceError>>,
     },
+    /// The exchange named the arrivals of the step into `step.next.epoch`.
+    Named(Arc<Step>),
     ExchangeStarted(u64),
     ExchangeEnded(u64, ExchangeOutcome),
-    Prepared(u64, Result<(), EffectError>),
+    /// The epoch was prepared (with the step, named if it was not).
+    Prepared(u64, Result<Arc<Step>, EffectError>),
     Invalidated(u64),
     /// The caller of advance `id` stopped waiting (see [`Cancel`]).
     Withdraw(u64),
@@ -222,9 +279,10 @@ impl Coordinator {
         next: Option<Step>,
         effects: Arc<dyn Effects>,
     ) -> Coordinator {
-        let next = next
-            .filter(|s| s.next.epoch == current.epoch + 1)
-            .unwrap_or_else(|| plan.own_step(rank, &current));
+        let next = match next.filter(|s| s.next.epoch == current.epoch + 1) {
+            Some(step) => Next::Named(Arc::new(step)),
+            None => Next::of(&plan, rank, &current),
+        };
         let epoch = current.epoch;
         let shared = Arc::new(Shared {
             plan,
@@ -246,7 +304,7 @@ impl Coordinator {
             shared,
             effects,
             tx,
-            next: Arc::new(next),
+            next,
             waiting: Vec::new(),
             after_invalidation: Vec::new(),
         };
@@ -423,6 +481,11 @@ impl Coordinator {
         })
     }
 
+    /// The exchange named the arrivals of the step into `step.next.epoch`.
+    pub(crate) fn named(&self, step: Arc<Step>) {
+        self.send(Command::Named(step));
+    }
+
     /// The exchange into `target` started.
     pub(crate) fn exchange_started(&self, target: u64) {
         self.send(Command::ExchangeStarted(target));
@@ -488,7 +551,7 @@ impl Drop for WaitEntry<'_> {
 pub struct NoExchange;
 
 impl Effects for NoExchange {
-    fn start_exchange(&self, _: Arc<Step>, _: Vec<SampleId>) -> bool {
+    fn start_exchange(&self, _: Next, _: Vec<SampleId>) -> bool {
         false
     }
     fn prepare(&self, _: &Step, _: &ExchangeOutcome) -> Result<(), EffectError> {
@@ -517,8 +580,8 @@ mod tests {
     }
 
     impl Effects for Manual {
-        fn start_exchange(&self, step: Arc<Step>, _: Vec<SampleId>) -> bool {
-            self.started.lock().unwrap().push(step.next.epoch);
+        fn start_exchange(&self, next: Next, _: Vec<SampleId>) -> bool {
+            self.started.lock().unwrap().push(next.target());
             true
         }
         fn prepare(&self, _: &Step, _: &ExchangeOutcome) -> Result<(), EffectError> {

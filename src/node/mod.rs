@@ -32,17 +32,15 @@ pub(crate) mod saved;
 pub(crate) mod staging;
 pub mod status;
 
-use coordinator::{Coordinator, EffectError, Effects, EpochChange, ExchangeOutcome};
+use coordinator::{Coordinator, EffectError, Effects, EpochChange, ExchangeOutcome, Next};
 use staging::{Staging, StagingCmd};
 use status::DaemonStatus;
 
 /// Work for the thread that owns the transport.
 pub enum ExchangeCmd {
-    /// Drop the samples that left, then run the exchange for `step`.
-    Run {
-        evict: Vec<SampleId>,
-        step: Arc<Step>,
-    },
+    /// Drop the samples that left, then run the exchange for `next` (naming its arrivals
+    /// first if they are not).
+    Run { evict: Vec<SampleId>, next: Next },
     /// The node is going away.
     Shutdown,
 }
@@ -180,10 +178,11 @@ pub fn serve(
             }
             Err(RecvTimeoutError::Disconnected) => break,
         };
-        let ExchangeCmd::Run { evict, step } = cmd else {
+        let ExchangeCmd::Run { evict, next } = cmd else {
             break;
         };
         exchange.evict(&node.store, evict);
+        let step = named(comm, node, next, abort);
         // A partial cache moves only what the receiver keeps (see `plan::keep`), agreed
         // with the peers (`exchange::kept`).
         let from = step.next.epoch.saturating_sub(1);
@@ -237,6 +236,21 @@ pub fn serve(
     Ok(())
 }
 
+/// `next`, named: by its senders (`exchange::arrivals`: one round with the peers it moves
+/// samples with, which run it for the same epoch) or, where they cannot tell, by walking
+/// the plan back. The coordinator hears the named step before the exchange's end.
+fn named(comm: &mut dyn Comm, node: &Node, next: Next, abort: &AtomicBool) -> Arc<Step> {
+    let Next::Unnamed(unnamed) = next else {
+        return next.walked(&node.effects.plan);
+    };
+    let plan = &node.effects.plan;
+    let step = Arc::new(crate::exchange::arrivals::told_or_walked(
+        comm, plan, &unnamed, abort,
+    ));
+    node.coordinator.named(step.clone());
+    step
+}
+
 /// The daemon's side of the epoch lifecycle.
 struct NodeEffects {
     store: Arc<SampleStore>,
@@ -253,7 +267,7 @@ struct NodeEffects {
 }
 
 impl Effects for NodeEffects {
-    fn start_exchange(&self, step: Arc<Step>, evict: Vec<SampleId>) -> bool {
+    fn start_exchange(&self, next: Next, evict: Vec<SampleId>) -> bool {
         if !self.exchanges {
             // No exchange: what left the share goes now.
             for id in evict {
@@ -262,9 +276,9 @@ impl Effects for NodeEffects {
             }
             return false;
         }
-        self.tracker.announce(step.next.epoch);
+        self.tracker.announce(next.target());
         self.exchange_tx
-            .send(ExchangeCmd::Run { evict, step })
+            .send(ExchangeCmd::Run { evict, next })
             .is_ok()
     }
 

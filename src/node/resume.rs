@@ -34,20 +34,21 @@ pub fn resume(
     let rank = comm.rank();
     // This rank's share at `epoch - 1` is read from what it saved then (O(share), `saved`)
     // or walked back (O(share · epoch)), then stepped into `epoch` (what may need redoing)
-    // and one step on. This rank's own part only (`Plan::own_step`): no other rank's share
-    // is computed.
+    // and one step on. This rank's own part only: its arrivals named by their senders
+    // (`exchange::arrivals`, O(k)), no other rank's share computed.
+    let abort = AtomicBool::new(false);
     let current = if epoch == 0 {
         plan.own_initial(rank)
     } else {
         let previous = saved::own_shares_at(store.dir().root(), plan, rank, epoch - 1);
-        let step = plan.own_step(rank, &previous);
+        let step = exchange::arrivals::named(comm, plan, &previous, &abort);
         redo_missing(comm, store, &step)?;
         // A rank that crashed before saving `epoch` (the job resumes at the furthest
         // epoch any rank reached) has it saved now, for a crash before the next advance.
         saved::save(store.dir().root(), plan, rank, &step.next);
         step.next
     };
-    let next = plan.own_step(rank, &current);
+    let next = exchange::arrivals::named(comm, plan, &current, &abort);
     // A coded run's cache also keeps retained samples (`plan::coded`).
     let retained = plan.retained(rank, current.epoch);
     trim(store, rank, &current, &next.next, &retained);

@@ -55,6 +55,7 @@ pub mod keep_local;
 pub mod keyed;
 pub mod local;
 pub mod placement;
+pub mod unnamed;
 
 pub use coded::CodedShares;
 
@@ -459,35 +460,13 @@ impl Plan {
     }
 
     /// `rank`'s part of the step out of `cur` (its own view): its sends, its receives
-    /// (named by walking their sources back, O(k · epoch)), its next share. The whole
-    /// job's step for a plan that is not per rank.
+    /// (named by walking their sources back, O(k · epoch): [`Plan::walked`]; a daemon asks
+    /// its senders instead, [`unnamed`]), its next share. The whole job's step for a plan
+    /// that is not per rank.
     pub fn own_step(&self, rank: Rank, cur: &EpochShares) -> Step {
-        if !self.is_per_rank() {
-            return self.step(cur);
-        }
-        let slots = &cur.slots[rank as usize];
-        let step = self.local.step(cur.epoch, rank, slots);
-        let sources: Vec<u64> = (step.receives.iter())
-            .map(|r| self.local.source(cur.epoch, r))
-            .collect();
-        let arrived = self.local.ids_at(cur.epoch, &sources, threads());
-        let next = step.next_slots(slots, &arrived);
-        let mut transfers: Vec<Transfer> = (step.sends.iter())
-            .map(|s| Transfer {
-                sample: s.sample as SampleId,
-                from: rank,
-                to: s.to,
-            })
-            .chain(step.receives.iter().zip(&arrived).map(|(r, &id)| Transfer {
-                sample: id as SampleId,
-                from: r.from,
-                to: rank,
-            }))
-            .collect();
-        transfers.sort_unstable_by_key(|t| (t.from, t.to, t.sample));
-        Step {
-            next: EpochShares::own(cur.epoch + 1, self.params.world, rank, next),
-            transfers,
+        match self.own_unnamed(rank, cur) {
+            Some(unnamed) => self.walked(&unnamed),
+            None => self.step(cur),
         }
     }
 

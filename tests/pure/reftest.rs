@@ -296,7 +296,7 @@ fn rank_main(
     started: Sender<Started>,
 ) -> Result<(), String> {
     let rank = comm.rank();
-    let mut comm = Failing::when_armed(comm, fail);
+    let mut comm = Failing::when_armed(comm, fail).sparing(shufflefs::exchange::is_names_tag);
     let mut setup = || -> Result<_, String> {
         let dir = CacheDir::open(&path).map_err(|e| e.to_string())?;
         let source = Arc::new(SyntheticSource {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::{
     AdvanceError, Command, EffectError, Effects, EpochChange, EpochState, ExchangeOutcome,
-    INVALIDATION_WAIT, MAX_EPOCH, Shared,
+    INVALIDATION_WAIT, MAX_EPOCH, Next, Shared,
 };
 use crate::plan::{SampleId, Step};
 
@@ -20,7 +20,7 @@ pub(super) struct Worker {
     /// For the prepare thread to report back.
     pub(super) tx: Sender<Command>,
     /// The plan's step out of the current epoch.
-    pub(super) next: Arc<Step>,
+    pub(super) next: Next,
     /// Advances into `next` waiting for it to be prepared: (id, reply, after_invalidation).
     pub(super) waiting: Vec<(u64, Reply, bool)>,
     /// Advances published, waiting for the kernel to forget `epoch` (or the deadline).
@@ -46,6 +46,11 @@ impl Worker {
                     reply,
                 } => self.advance(id, target, after_invalidation, reply),
                 Command::Withdraw(id) => self.waiting.retain(|(i, ..)| *i != id),
+                Command::Named(step) => {
+                    if matches!(&self.next, Next::Unnamed(u) if u.target() == step.next.epoch) {
+                        self.next = Next::Named(step);
+                    }
+                }
                 Command::ExchangeStarted(target) => {
                     self.set_if(target, EpochState::Exchanging, |s| {
                         *s == EpochState::Announced
@@ -124,7 +129,7 @@ impl Worker {
 
     /// Starts preparing the next epoch if an advance waits for it and its exchange ended.
     fn prepare_if_asked(&mut self) {
-        let target = self.next.next.epoch;
+        let target = self.next.target();
         let Some(EpochState::Exchanged(outcome)) = self.state(target) else {
             return;
         };
@@ -139,11 +144,14 @@ impl Worker {
             );
         }
         self.set(target, EpochState::Preparing(outcome.clone()));
-        let (effects, step, tx) = (self.effects.clone(), self.next.clone(), self.tx.clone());
+        let (effects, next, tx) = (self.effects.clone(), self.next.clone(), self.tx.clone());
+        let plan = self.shared.plan.clone();
         let spawned = thread::Builder::new()
             .name("prepare-epoch".into())
             .spawn(move || {
-                let result = effects.prepare(&step, &outcome);
+                // Named by the exchange, or (none ran, or it failed first) walked here.
+                let step = next.walked(&plan);
+                let result = effects.prepare(&step, &outcome).map(|()| step);
                 let _ = tx.send(Command::Prepared(target, result));
             });
         if let Err(e) = spawned {
@@ -151,40 +159,46 @@ impl Worker {
         }
     }
 
-    fn prepared(&mut self, target: u64, result: Result<(), EffectError>) {
+    fn prepared(&mut self, target: u64, result: Result<Arc<Step>, EffectError>) {
         let persisted = result
             .map_err(|e| AdvanceError::Prepare {
                 target,
                 reason: e.to_string(),
             })
-            .and_then(|()| {
+            .and_then(|step| {
+                self.next = Next::Named(step.clone());
                 self.effects
-                    .persist(&self.next.next)
+                    .persist(&step.next)
+                    .map(|()| step)
                     .map_err(|e| AdvanceError::Persist {
                         target,
                         reason: e.to_string(),
                     })
             });
-        if let Err(e) = persisted {
-            tracing::warn!(error = %e, "advance failed; the current epoch stays");
-            // A later advance prepares again (what was fetched meanwhile stays cached); a
-            // failed exchange was reported when this attempt began, so it is not again.
-            let exchange = match self.state(target) {
-                Some(EpochState::Preparing(ExchangeOutcome::Done)) => ExchangeOutcome::Done,
-                _ => ExchangeOutcome::Skipped,
-            };
-            self.set(target, EpochState::Exchanged(exchange));
-            for (_, reply, _) in self.waiting.drain(..) {
-                let _ = reply.send(Err(e.clone()));
+        let step = match persisted {
+            Ok(step) => step,
+            Err(e) => {
+                tracing::warn!(error = %e, "advance failed; the current epoch stays");
+                // A later advance prepares again (what was fetched meanwhile stays cached); a
+                // failed exchange was reported when this attempt began, so it is not again.
+                let exchange = match self.state(target) {
+                    Some(EpochState::Preparing(ExchangeOutcome::Done)) => ExchangeOutcome::Done,
+                    _ => ExchangeOutcome::Skipped,
+                };
+                self.set(target, EpochState::Exchanged(exchange));
+                for (_, reply, _) in self.waiting.drain(..) {
+                    let _ = reply.send(Err(e.clone()));
+                }
+                return;
             }
-            return;
-        }
-        self.publish();
+        };
+        self.publish(&step);
     }
 
-    fn publish(&mut self) {
+    /// Makes `step.next` the current epoch and starts the exchange out of it.
+    fn publish(&mut self, step: &Step) {
         let rank = self.shared.rank;
-        let current = Arc::new(self.next.next.clone());
+        let current = Arc::new(step.next.clone());
         let previous = std::mem::replace(
             &mut *self
                 .shared
@@ -201,7 +215,7 @@ impl Worker {
             samples = current.share(rank).len(),
             "epoch published"
         );
-        self.next = Arc::new(self.shared.plan.own_step(rank, &current));
+        self.next = Next::of(&self.shared.plan, rank, &current);
         let mine = current.share(rank);
         let evict = previous
             .share(rank)
@@ -212,7 +226,6 @@ impl Worker {
         let change = EpochChange {
             previous: previous.clone(),
             current,
-            next: self.next.clone(),
         };
         let reports_invalidation = self.effects.published(&change);
         self.start_next_exchange(evict);
@@ -228,17 +241,8 @@ impl Worker {
     }
 
     pub(super) fn start_next_exchange(&mut self, evict: Vec<SampleId>) {
-        let target = self.next.next.epoch;
-        let rank = self.shared.rank;
-        let mut peers: Vec<_> = (self.next.transfers.iter())
-            .filter_map(|t| match (t.from == rank, t.to == rank) {
-                (true, false) => Some(t.to),
-                (false, true) => Some(t.from),
-                _ => None,
-            })
-            .collect();
-        peers.sort_unstable();
-        peers.dedup();
+        let target = self.next.target();
+        let peers = self.next.peers(self.shared.rank);
         *self
             .shared
             .exchange_peers

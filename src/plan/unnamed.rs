@@ -1,0 +1,253 @@
+//! A rank's step before it knows what arrives, and the two ways to name the arrivals.
+//!
+//! A rank computes its own part of a step in O(k) ([`local::LocalPlan::step`]): which of its
+//! samples it sends where, and who sends into which of its slots. What it cannot know in
+//! O(k) is *which sample* each arrival is: that is whatever sits at the sender's position,
+//! which only the sender holds. Walking that position back to epoch 0 names it without
+//! the sender ([`Plan::walked`]) but costs O(k · epoch) (3.2 CPU s at N = 5·10⁹, M = 4,096,
+//! epoch 90); the sender can simply say so ([`Unnamed::told`]: 8 bytes an arrival, in slot
+//! order, one message per peer the step moves samples to). A receiver checks what it heard
+//! ([`Unnamed::named`]) and falls back to the walk when a peer cannot tell it, so both ways
+//! give the same step.
+
+use std::collections::BTreeMap;
+
+use super::local::{GlobalId, LocalStep};
+use super::{EpochShares, Plan, Rank, SampleId, Step, Transfer};
+
+/// `rank`'s part of the step out of an epoch, its arrivals not named yet.
+#[derive(Clone, Debug)]
+pub struct Unnamed {
+    rank: Rank,
+    world: u32,
+    samples: u64,
+    /// This rank's slots in the epoch stepped out of.
+    slots: Vec<SampleId>,
+    step: LocalStep,
+}
+
+/// Why the ids a peer told cannot be this step's arrivals: it plans another job (another
+/// build, seed or history), or its cache's saved share is not the one the plan gave it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NamingError {
+    #[error("rank {from} named {told} samples sent to this rank, the plan moves {planned}")]
+    Count {
+        from: Rank,
+        told: usize,
+        planned: usize,
+    },
+    #[error("rank {from} named sample {id}, past the dataset's {samples} samples")]
+    Range {
+        from: Rank,
+        id: SampleId,
+        samples: u64,
+    },
+    #[error("the samples named arriving would put sample {id} twice into this rank's share")]
+    Twice { id: SampleId },
+}
+
+impl Unnamed {
+    /// The epoch this step leads into.
+    pub fn target(&self) -> u64 {
+        self.step.epoch + 1
+    }
+
+    /// The ranks this step moves samples with, either way, ascending.
+    pub fn peers(&self) -> Vec<Rank> {
+        let mut peers: Vec<Rank> = (self.step.sends.iter().map(|s| s.to))
+            .chain(self.step.receives.iter().map(|r| r.from))
+            .collect();
+        peers.sort_unstable();
+        peers.dedup();
+        peers
+    }
+
+    /// What this rank tells each receiver: the ids it sends there, in slot order.
+    pub fn told(&self) -> BTreeMap<Rank, Vec<SampleId>> {
+        let mut told: BTreeMap<Rank, Vec<SampleId>> = BTreeMap::new();
+        for s in &self.step.sends {
+            told.entry(s.to).or_default().push(s.sample);
+        }
+        told
+    }
+
+    /// How many ids each sender tells this rank.
+    pub fn expected(&self) -> BTreeMap<Rank, usize> {
+        let mut expected = BTreeMap::new();
+        for r in &self.step.receives {
+            *expected.entry(r.from).or_default() += 1;
+        }
+        expected
+    }
+
+    /// The step, from what each sender told (`told[from]`: its ids sent here, in slot
+    /// order). Refused if a list does not fit the plan: a wrong count, an id past the
+    /// dataset, or a sample arriving that this rank's next share would hold twice.
+    pub fn named(&self, told: &BTreeMap<Rank, Vec<SampleId>>) -> Result<Step, NamingError> {
+        let mut at: BTreeMap<Rank, usize> = BTreeMap::new();
+        let mut arrived = Vec::with_capacity(self.step.receives.len());
+        for (from, planned) in self.expected() {
+            let got = told.get(&from).map_or(0, Vec::len);
+            if got != planned {
+                return Err(NamingError::Count {
+                    from,
+                    told: got,
+                    planned,
+                });
+            }
+        }
+        for r in &self.step.receives {
+            let i = at.entry(r.from).or_default();
+            let id = told[&r.from][*i];
+            *i += 1;
+            if id >= self.samples {
+                let (from, samples) = (r.from, self.samples);
+                return Err(NamingError::Range { from, id, samples });
+            }
+            arrived.push(id);
+        }
+        let step = self.with_arrivals(&arrived);
+        let share = step.next.share(self.rank);
+        match share.windows(2).find(|w| w[0] == w[1]) {
+            Some(w) => Err(NamingError::Twice { id: w[0] }),
+            None => Ok(step),
+        }
+    }
+
+    /// The step with `arrived[j]` the sample of the `j`-th receive (slot order).
+    fn with_arrivals(&self, arrived: &[GlobalId]) -> Step {
+        let (rank, step) = (self.rank, &self.step);
+        let next = step.next_slots(&self.slots, arrived);
+        let mut transfers: Vec<Transfer> = (step.sends.iter())
+            .map(|s| Transfer {
+                sample: s.sample,
+                from: rank,
+                to: s.to,
+            })
+            .chain(step.receives.iter().zip(arrived).map(|(r, &id)| Transfer {
+                sample: id,
+                from: r.from,
+                to: rank,
+            }))
+            .collect();
+        transfers.sort_unstable_by_key(|t| (t.from, t.to, t.sample));
+        Step {
+            next: EpochShares::own(step.epoch + 1, self.world, rank, next),
+            transfers,
+        }
+    }
+}
+
+impl Plan {
+    /// `rank`'s part of the step out of `cur` (its own view), its arrivals not named: O(k).
+    /// `None` for a plan that is not per rank (coded: [`Plan::step`] names everything).
+    pub fn own_unnamed(&self, rank: Rank, cur: &EpochShares) -> Option<Unnamed> {
+        if !self.is_per_rank() {
+            return None;
+        }
+        let slots = cur.slots[rank as usize].clone();
+        let step = self.local.step(cur.epoch, rank, &slots);
+        Some(Unnamed {
+            rank,
+            world: self.params.world,
+            samples: self.params.samples,
+            slots,
+            step,
+        })
+    }
+
+    /// `unnamed` with its arrivals named by walking their senders' positions back to
+    /// epoch 0: O(k · epoch), no peer asked.
+    pub fn walked(&self, unnamed: &Unnamed) -> Step {
+        let epoch = unnamed.step.epoch;
+        let sources: Vec<u64> = (unnamed.step.receives.iter())
+            .map(|r| self.local.source(epoch, r))
+            .collect();
+        let arrived = self.local.ids_at(epoch, &sources, super::threads());
+        unnamed.with_arrivals(&arrived)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::PlanParams;
+
+    fn plan(samples: u64, world: u32) -> Plan {
+        let (fraction, seed) = (0.5, 7);
+        Plan::new(PlanParams {
+            samples,
+            world,
+            fraction,
+            seed,
+        })
+        .unwrap()
+    }
+
+    /// Every rank's step named from what its senders told equals the walked one, epoch
+    /// after epoch; and each rank's next share is the whole job's.
+    #[test]
+    fn told_names_what_the_walk_names() {
+        let (n, m) = (1_003, 5);
+        let p = plan(n, m);
+        let mut own: Vec<EpochShares> = (0..m).map(|r| p.own_initial(r)).collect();
+        let mut whole = p.initial();
+        for _ in 0..6 {
+            let unnamed: Vec<Unnamed> = (0..m)
+                .map(|r| p.own_unnamed(r, &own[r as usize]).unwrap())
+                .collect();
+            let told: Vec<_> = unnamed.iter().map(Unnamed::told).collect();
+            whole = p.step(&whole).next;
+            for (r, u) in unnamed.iter().enumerate() {
+                let heard: BTreeMap<Rank, Vec<SampleId>> = (told.iter().enumerate())
+                    .filter_map(|(q, t)| Some((q as Rank, t.get(&(r as Rank))?.clone())))
+                    .collect();
+                let named = u.named(&heard).unwrap();
+                let walked = p.walked(u);
+                assert_eq!(named.next, walked.next);
+                assert_eq!(named.transfers, walked.transfers);
+                assert_eq!(named.next.share(r as Rank), whole.share(r as Rank));
+                own[r] = named.next;
+            }
+        }
+    }
+
+    /// A list that does not fit the plan is refused, naming the peer and what is wrong.
+    #[test]
+    fn a_wrong_list_is_refused() {
+        let p = plan(400, 4);
+        let cur = p.own_initial(1);
+        let u = p.own_unnamed(1, &cur).unwrap();
+        let walked = p.walked(&u);
+        let mut heard: BTreeMap<Rank, Vec<SampleId>> = BTreeMap::new();
+        for t in walked.transfers.iter().filter(|t| t.to == 1) {
+            heard.entry(t.from).or_default().push(t.sample);
+        }
+        // The walk's transfers are in sample order; a sender tells them in slot order.
+        for (from, ids) in heard.iter_mut() {
+            let senders = p.own_initial(*from);
+            let told = p.own_unnamed(*from, &senders).unwrap().told();
+            *ids = told[&1].clone();
+        }
+        assert_eq!(u.named(&heard).unwrap().next, walked.next);
+        let from = *heard.keys().next().unwrap();
+        let mut short = heard.clone();
+        short.get_mut(&from).unwrap().pop();
+        assert!(matches!(u.named(&short), Err(NamingError::Count { .. })));
+        let mut past = heard.clone();
+        past.get_mut(&from).unwrap()[0] = 400;
+        assert!(matches!(
+            u.named(&past),
+            Err(NamingError::Range { id: 400, .. })
+        ));
+        // A sample this rank keeps, told as arriving too.
+        let arriving: Vec<SampleId> = heard.values().flatten().copied().collect();
+        let stays = (walked.next.share(1).iter())
+            .find(|id| !arriving.contains(id))
+            .unwrap();
+        let mut twice = heard.clone();
+        twice.get_mut(&from).unwrap()[0] = *stays;
+        let e = u.named(&twice).unwrap_err();
+        assert!(matches!(e, NamingError::Twice { .. }), "{e}");
+    }
+}
