@@ -165,7 +165,7 @@ fn told_step(
     let me = m / 2;
     let mut all = vec![Vec::new(); m as usize];
     all[me as usize] = slots.to_vec();
-    let cur = EpochShares::from_slots(epoch, all);
+    let cur = std::sync::Arc::new(EpochShares::from_slots(epoch, all));
     let mut heard: BTreeMap<u32, Vec<u8>> = BTreeMap::new();
     for (r, id) in walked.0.receives.iter().zip(&walked.1) {
         heard.entry(r.from).or_default().extend(id.to_le_bytes());

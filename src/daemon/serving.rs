@@ -21,7 +21,7 @@ use crate::comm::Comm;
 use crate::config::MountConfig;
 use crate::exchange::coded::CodedClient;
 use crate::exchange::{
-    EpochExchange, ExchangeConfig, ExchangeCtx, ExchangeError, Partial, Peers, Settled,
+    EpochExchange, ExchangeConfig, ExchangeCtx, ExchangeError, Partial, Peers, Settled, arrivals,
 };
 use crate::node::jobview::{self, Gatherer, Viewed};
 use crate::node::{ExchangeCmd, Node, NodeConfig, serve};
@@ -221,7 +221,11 @@ fn stop_and_leave(
             let rank = comm.rank();
             let root = node.store.dir().root();
             let current = crate::node::saved::own_shares_at(root, plan, rank, last);
-            let step = plan.own_step(rank, &current);
+            // The peers name what arrives into `last + 1` with this rank first (it sends
+            // them their names, and hears its own: `exchange::arrivals`).
+            let takes_part = |peer| recorded.partial.takes_part(peer, last + 1);
+            let never = AtomicBool::new(false);
+            let step = arrivals::named(comm, plan, &current, &takes_part, &never);
             leave(comm, recorded.partial, node, &step).and(stopped)
         }
         _ => stopped,
@@ -286,6 +290,10 @@ struct Recorded {
 }
 
 impl EpochExchange for Recorded {
+    fn takes_part(&self, peer: u32, target: u64) -> bool {
+        self.partial.takes_part(peer, target)
+    }
+
     fn run(
         &mut self,
         comm: &mut dyn Comm,

@@ -9,7 +9,7 @@
 //! (a peer gone), leaves this rank to walk the plan instead ([`told_or_walked`]), which
 //! gives the same step: the round only saves time.
 
-use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use crate::comm::{Batch, Comm, CommError};
@@ -43,27 +43,29 @@ pub(crate) enum RoundError {
 }
 
 /// `unnamed`'s step, its arrivals named by their senders (collective over the peers it
-/// moves samples with: each of them must run it for the same epoch).
+/// moves samples with that `takes_part` accepts: each of them must run it for the same
+/// epoch, and agree on who takes part). What a peer left out sends is named by walking
+/// back.
 pub(crate) fn told(
     comm: &mut dyn Comm,
+    plan: &Plan,
     unnamed: &Unnamed,
+    takes_part: &dyn Fn(Rank) -> bool,
     abort: &AtomicBool,
 ) -> Result<Step, RoundError> {
     let target = unnamed.target();
+    let message = |ids: &[SampleId]| [target.to_le_bytes().to_vec(), encode_ids(ids)].concat();
     let batch = Batch {
         sends: (unnamed.told().into_iter())
-            .map(|(to, ids)| {
-                (
-                    to,
-                    [target.to_le_bytes().to_vec(), encode_ids(&ids)].concat(),
-                )
-            })
+            .filter(|(to, _)| takes_part(*to))
+            .map(|(to, ids)| (to, message(&ids)))
             .collect(),
         recvs: (unnamed.expected().into_iter())
+            .filter(|(from, _)| takes_part(*from))
             .map(|(from, n)| (from, vec![0; (n + 1) * ID_BYTES]))
             .collect(),
     };
-    let mut heard: BTreeMap<Rank, Vec<SampleId>> = BTreeMap::new();
+    let mut heard = plan.walked_lists(unnamed, |q| !takes_part(q));
     if !batch.sends.is_empty() || !batch.recvs.is_empty() {
         for (from, bytes) in comm.transfer(tag(target), batch, abort)?.recvs {
             let mut ids = decode_ids(&bytes);
@@ -82,9 +84,10 @@ pub(crate) fn told_or_walked(
     comm: &mut dyn Comm,
     plan: &Plan,
     unnamed: &Unnamed,
+    takes_part: &dyn Fn(Rank) -> bool,
     abort: &AtomicBool,
 ) -> Step {
-    told(comm, unnamed, abort).unwrap_or_else(|e| {
+    told(comm, plan, unnamed, takes_part, abort).unwrap_or_else(|e| {
         let target = unnamed.target();
         tracing::warn!(
             "naming the samples arriving into epoch {target}: {e}; walking the plan back instead"
@@ -93,17 +96,18 @@ pub(crate) fn told_or_walked(
     })
 }
 
-/// `rank`'s step out of `cur`: named by the round for a per-rank plan, walked back if the
-/// round fails (said in the log); the whole job's step for a plan that is not per rank.
-/// Collective, as [`told`].
+/// `rank`'s step out of `cur`: named by the round for a per-rank plan (with the peers
+/// `takes_part` accepts), walked back if the round fails (said in the log); the whole job's
+/// step for a plan that is not per rank. Collective, as [`told`].
 pub(crate) fn named(
     comm: &mut dyn Comm,
     plan: &Plan,
     cur: &EpochShares,
+    takes_part: &dyn Fn(Rank) -> bool,
     abort: &AtomicBool,
 ) -> Step {
-    match plan.own_unnamed(comm.rank(), cur) {
-        Some(unnamed) => told_or_walked(comm, plan, &unnamed, abort),
+    match plan.own_unnamed(comm.rank(), &Arc::new(cur.clone())) {
+        Some(unnamed) => told_or_walked(comm, plan, &unnamed, takes_part, abort),
         None => plan.step(cur),
     }
 }
@@ -130,15 +134,15 @@ mod tests {
                 let plan = plan.clone();
                 std::thread::spawn(move || {
                     let me = comm.rank();
-                    let mut cur = plan.own_initial(me);
+                    let mut cur = Arc::new(plan.own_initial(me));
                     let abort = AtomicBool::new(false);
                     for _ in 0..5 {
                         let unnamed = plan.own_unnamed(me, &cur).unwrap();
-                        let step = told(&mut comm, &unnamed, &abort).unwrap();
+                        let step = told(&mut comm, &plan, &unnamed, &|_| true, &abort).unwrap();
                         let walked = plan.walked(&unnamed);
                         assert_eq!(step.next, walked.next);
                         assert_eq!(step.transfers, walked.transfers);
-                        cur = step.next;
+                        cur = Arc::new(step.next);
                     }
                     cur
                 })

@@ -11,7 +11,7 @@ use std::sync::atomic::AtomicBool;
 use super::{ExchangeConfig, ExchangeError, ExchangeTracker, Peers, Schedule, Topology, executor};
 use crate::cache::SampleStore;
 use crate::comm::Comm;
-use crate::plan::{SampleId, Step};
+use crate::plan::{Rank, SampleId, Step};
 
 /// Told once per exchange, as soon as this rank holds what it needs (or with the error
 /// that ended the exchange first); the exchange itself may go on draining late messages.
@@ -53,6 +53,13 @@ pub trait EpochExchange {
 
     /// No exchange follows: says so to whoever expects one.
     fn finish(&mut self, _comm: &mut dyn Comm) {}
+
+    /// Whether `peer` takes part in the exchange into `target` (and so in the round that
+    /// names its arrivals first, `exchange::arrivals`): a peer that left, or was left out
+    /// for being far slower, does not, on both sides alike.
+    fn takes_part(&self, _peer: Rank, _target: u64) -> bool {
+        true
+    }
 }
 
 /// Partial-local shuffling between the ranks of the communicator it runs on: a schedule
@@ -64,6 +71,10 @@ pub struct Partial {
 }
 
 impl EpochExchange for Partial {
+    fn takes_part(&self, peer: Rank, target: u64) -> bool {
+        self.peers.left.takes_part(peer, target)
+    }
+
     fn run(
         &mut self,
         comm: &mut dyn Comm,

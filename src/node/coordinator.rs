@@ -104,7 +104,7 @@ pub enum Next {
 
 impl Next {
     /// `rank`'s step out of `current`: unnamed for a per-rank plan (O(k)), else named.
-    pub fn of(plan: &Plan, rank: Rank, current: &EpochShares) -> Next {
+    pub fn of(plan: &Plan, rank: Rank, current: &Arc<EpochShares>) -> Next {
         match plan.own_unnamed(rank, current) {
             Some(u) => Next::Unnamed(Arc::new(u)),
             None => Next::Named(Arc::new(plan.step(current))),
@@ -279,6 +279,7 @@ impl Coordinator {
         next: Option<Step>,
         effects: Arc<dyn Effects>,
     ) -> Coordinator {
+        let current = Arc::new(current);
         let next = match next.filter(|s| s.next.epoch == current.epoch + 1) {
             Some(step) => Next::Named(Arc::new(step)),
             None => Next::of(&plan, rank, &current),
@@ -287,7 +288,7 @@ impl Coordinator {
         let shared = Arc::new(Shared {
             plan,
             rank,
-            current: RwLock::new(Arc::new(current)),
+            current: RwLock::new(current),
             states: Mutex::new(BTreeMap::from([(epoch, EpochState::Published)])),
             waits: Mutex::default(),
             exchange_peers: Mutex::default(),

@@ -15,7 +15,9 @@ use std::time::Duration;
 
 use crate::cache::SampleStore;
 use crate::comm::Comm;
-use crate::exchange::{EpochExchange, ExchangeConfig, ExchangeCtx, ExchangeError, ExchangeTracker};
+use crate::exchange::{
+    EpochExchange, ExchangeConfig, ExchangeCtx, ExchangeError, ExchangeState, ExchangeTracker,
+};
 use crate::plan::{EpochShares, Plan, Rank, SampleId, Step};
 
 pub mod coordinator;
@@ -182,30 +184,14 @@ pub fn serve(
             break;
         };
         exchange.evict(&node.store, evict);
-        let step = named(comm, node, next, abort);
-        // A partial cache moves only what the receiver keeps (see `plan::keep`), agreed
-        // with the peers (`exchange::kept`).
-        let from = step.next.epoch.saturating_sub(1);
-        let step = match node.store.partial().and_then(|p| p.handshake(from)) {
-            Some(hs) => match crate::exchange::kept::filter(comm, &hs, &step, abort) {
-                Ok(filtered) => Arc::new(filtered),
-                Err(e) => {
-                    // Nothing moves for this rank: what it and its receivers keep comes
-                    // from the source as they read it.
-                    tracing::warn!(
-                        "agreeing with the peers what a partial cache takes through the exchange into epoch {}: {e}; this rank moves nothing",
-                        step.next.epoch
-                    );
-                    Arc::new(Step {
-                        next: step.next.clone(),
-                        transfers: Vec::new(),
-                    })
-                }
-            },
-            None => step,
-        };
-        let target = step.next.epoch;
+        let target = next.target();
+        // Running from its first round on: naming what arrives waits for the peers as the
+        // streams would (the status shows which peers it waits for).
         node.coordinator.exchange_started(target);
+        node.tracker
+            .update(target, |r| r.state = ExchangeState::Running);
+        let step = named(comm, node, next, &*exchange, abort);
+        let step = kept_only(comm, node, step, abort);
         // The coordinator hears as soon as this rank holds what it needs; the exchange
         // itself goes on until its late messages are drained.
         let mut settled = |result: Result<(), &ExchangeError>| {
@@ -236,17 +222,47 @@ pub fn serve(
     Ok(())
 }
 
+/// `step` as a partial cache takes it: only what each receiver keeps moves (see
+/// `plan::keep`), agreed with the peers (`exchange::kept`); as it is without a partial cache.
+fn kept_only(comm: &mut dyn Comm, node: &Node, step: Arc<Step>, abort: &AtomicBool) -> Arc<Step> {
+    let from = step.next.epoch.saturating_sub(1);
+    let Some(hs) = node.store.partial().and_then(|p| p.handshake(from)) else {
+        return step;
+    };
+    match crate::exchange::kept::filter(comm, &hs, &step, abort) {
+        Ok(filtered) => Arc::new(filtered),
+        Err(e) => {
+            // Nothing moves for this rank: what it and its receivers keep comes from the
+            // source as they read it.
+            tracing::warn!(
+                "agreeing with the peers what a partial cache takes through the exchange into epoch {}: {e}; this rank moves nothing",
+                step.next.epoch
+            );
+            Arc::new(Step {
+                next: step.next.clone(),
+                transfers: Vec::new(),
+            })
+        }
+    }
+}
+
 /// `next`, named: by its senders (`exchange::arrivals`: one round with the peers it moves
 /// samples with, which run it for the same epoch) or, where they cannot tell, by walking
 /// the plan back. The coordinator hears the named step before the exchange's end.
-fn named(comm: &mut dyn Comm, node: &Node, next: Next, abort: &AtomicBool) -> Arc<Step> {
+fn named(
+    comm: &mut dyn Comm,
+    node: &Node,
+    next: Next,
+    exchange: &dyn EpochExchange,
+    abort: &AtomicBool,
+) -> Arc<Step> {
     let Next::Unnamed(unnamed) = next else {
         return next.walked(&node.effects.plan);
     };
-    let plan = &node.effects.plan;
-    let step = Arc::new(crate::exchange::arrivals::told_or_walked(
-        comm, plan, &unnamed, abort,
-    ));
+    let (plan, target) = (&node.effects.plan, unnamed.target());
+    let takes_part = |peer| exchange.takes_part(peer, target);
+    let step = crate::exchange::arrivals::told_or_walked(comm, plan, &unnamed, &takes_part, abort);
+    let step = Arc::new(step);
     node.coordinator.named(step.clone());
     step
 }

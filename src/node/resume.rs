@@ -41,14 +41,14 @@ pub fn resume(
         plan.own_initial(rank)
     } else {
         let previous = saved::own_shares_at(store.dir().root(), plan, rank, epoch - 1);
-        let step = exchange::arrivals::named(comm, plan, &previous, &abort);
+        let step = exchange::arrivals::named(comm, plan, &previous, &|_| true, &abort);
         redo_missing(comm, store, &step)?;
         // A rank that crashed before saving `epoch` (the job resumes at the furthest
         // epoch any rank reached) has it saved now, for a crash before the next advance.
         saved::save(store.dir().root(), plan, rank, &step.next);
         step.next
     };
-    let next = exchange::arrivals::named(comm, plan, &current, &abort);
+    let next = exchange::arrivals::named(comm, plan, &current, &|_| true, &abort);
     // A coded run's cache also keeps retained samples (`plan::coded`).
     let retained = plan.retained(rank, current.epoch);
     trim(store, rank, &current, &next.next, &retained);

@@ -14,8 +14,9 @@
 //! rank vacated for slot `i`. Each rank receives exactly one sample per `i`; `σ_i(r) == r`
 //! keeps the sample where it is, so about `Q * (M-1)/M` of a share moves.
 //!
-//! Every permutation is evaluated per index, so a rank computes its own part in O(share)
-//! ([`Plan::own_step`]) and its share at any epoch by walking its positions back
+//! Every permutation is evaluated per index, so a rank computes its own part in O(k)
+//! ([`Plan::own_unnamed`]: what arrives is named by its senders, [`unnamed`], or by a walk
+//! back, [`Plan::own_step`]) and its share at any epoch by walking its positions back
 //! ([`Plan::own_shares_at`]), with no other rank's share: no rank holds the job's plan.
 //! An era after an elastic restart is walked back the same way, across its remap
 //! ([`Plan::after`], [`local::Rechunk`]). [`Plan::step`] and [`Plan::shares_at`] compute
@@ -256,6 +257,27 @@ impl EpochShares {
         all[rank as usize] = slots;
         EpochShares::from_slots(epoch, all)
     }
+
+    /// [`EpochShares::own`] with the share already sorted (`share`: `slots`, sorted).
+    fn own_sorted(
+        epoch: u64,
+        world: u32,
+        rank: Rank,
+        slots: Vec<SampleId>,
+        share: Vec<SampleId>,
+    ) -> EpochShares {
+        let (mut all, mut shares) = (
+            vec![Vec::new(); world as usize],
+            vec![Vec::new(); world as usize],
+        );
+        all[rank as usize] = slots;
+        shares[rank as usize] = share;
+        EpochShares {
+            epoch,
+            shares,
+            slots: all,
+        }
+    }
 }
 
 /// One sample moving between ranks when epoch `epoch` becomes `epoch + 1`.
@@ -464,7 +486,7 @@ impl Plan {
     /// its senders instead, [`unnamed`]), its next share. The whole job's step for a plan
     /// that is not per rank.
     pub fn own_step(&self, rank: Rank, cur: &EpochShares) -> Step {
-        match self.own_unnamed(rank, cur) {
+        match self.own_unnamed(rank, &Arc::new(cur.clone())) {
             Some(unnamed) => self.walked(&unnamed),
             None => self.step(cur),
         }

@@ -11,6 +11,7 @@
 //! give the same step.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use super::local::{GlobalId, LocalStep};
 use super::{EpochShares, Plan, Rank, SampleId, Step, Transfer};
@@ -21,8 +22,8 @@ pub struct Unnamed {
     rank: Rank,
     world: u32,
     samples: u64,
-    /// This rank's slots in the epoch stepped out of.
-    slots: Vec<SampleId>,
+    /// The epoch stepped out of (this rank's own view).
+    cur: Arc<EpochShares>,
     step: LocalStep,
 }
 
@@ -114,10 +115,17 @@ impl Unnamed {
         }
     }
 
-    /// The step with `arrived[j]` the sample of the `j`-th receive (slot order).
+    /// The step with `arrived[j]` the sample of the `j`-th receive (slot order). The next
+    /// share is the current one less the sends plus the arrivals, merged in order: O(share
+    /// + k log k), where sorting it would be O(share log share).
     fn with_arrivals(&self, arrived: &[GlobalId]) -> Step {
         let (rank, step) = (self.rank, &self.step);
-        let next = step.next_slots(&self.slots, arrived);
+        let next = step.next_slots(&self.cur.slots[rank as usize], arrived);
+        let mut sent: Vec<SampleId> = step.sends.iter().map(|s| s.sample).collect();
+        sent.sort_unstable();
+        let mut came = arrived.to_vec();
+        came.sort_unstable();
+        let share = merged(self.cur.share(rank), &sent, &came);
         let mut transfers: Vec<Transfer> = (step.sends.iter())
             .map(|s| Transfer {
                 sample: s.sample,
@@ -132,26 +140,45 @@ impl Unnamed {
             .collect();
         transfers.sort_unstable_by_key(|t| (t.from, t.to, t.sample));
         Step {
-            next: EpochShares::own(step.epoch + 1, self.world, rank, next),
+            next: EpochShares::own_sorted(step.epoch + 1, self.world, rank, next, share),
             transfers,
         }
     }
 }
 
+/// `share` less `sent` (a sorted subset of it) plus `came` (sorted), in order; a sample in
+/// both `share` (kept) and `came` shows twice.
+fn merged(share: &[SampleId], sent: &[SampleId], came: &[SampleId]) -> Vec<SampleId> {
+    let mut out = Vec::with_capacity(share.len() - sent.len() + came.len());
+    let (mut s, mut c) = (0, 0);
+    for &id in share {
+        if sent.get(s) == Some(&id) {
+            s += 1;
+            continue;
+        }
+        while c < came.len() && came[c] <= id {
+            out.push(came[c]);
+            c += 1;
+        }
+        out.push(id);
+    }
+    out.extend_from_slice(&came[c..]);
+    out
+}
+
 impl Plan {
     /// `rank`'s part of the step out of `cur` (its own view), its arrivals not named: O(k).
     /// `None` for a plan that is not per rank (coded: [`Plan::step`] names everything).
-    pub fn own_unnamed(&self, rank: Rank, cur: &EpochShares) -> Option<Unnamed> {
+    pub fn own_unnamed(&self, rank: Rank, cur: &Arc<EpochShares>) -> Option<Unnamed> {
         if !self.is_per_rank() {
             return None;
         }
-        let slots = cur.slots[rank as usize].clone();
-        let step = self.local.step(cur.epoch, rank, &slots);
+        let step = self.local.step(cur.epoch, rank, &cur.slots[rank as usize]);
         Some(Unnamed {
             rank,
             world: self.params.world,
             samples: self.params.samples,
-            slots,
+            cur: cur.clone(),
             step,
         })
     }
@@ -165,6 +192,27 @@ impl Plan {
             .collect();
         let arrived = self.local.ids_at(epoch, &sources, super::threads());
         unnamed.with_arrivals(&arrived)
+    }
+
+    /// What the senders `silent` accepts would tell `unnamed`'s rank (their ids sent
+    /// there, in slot order), named by walking back: for peers left out of the round.
+    /// O(their arrivals · epoch).
+    pub fn walked_lists(
+        &self,
+        unnamed: &Unnamed,
+        silent: impl Fn(Rank) -> bool,
+    ) -> BTreeMap<Rank, Vec<SampleId>> {
+        let epoch = unnamed.step.epoch;
+        let from: Vec<_> = (unnamed.step.receives.iter())
+            .filter(|r| silent(r.from))
+            .collect();
+        let sources: Vec<u64> = from.iter().map(|r| self.local.source(epoch, r)).collect();
+        let ids = self.local.ids_at(epoch, &sources, super::threads());
+        let mut lists: BTreeMap<Rank, Vec<SampleId>> = BTreeMap::new();
+        for (r, id) in from.iter().zip(ids) {
+            lists.entry(r.from).or_default().push(id);
+        }
+        lists
     }
 }
 
@@ -190,7 +238,7 @@ mod tests {
     fn told_names_what_the_walk_names() {
         let (n, m) = (1_003, 5);
         let p = plan(n, m);
-        let mut own: Vec<EpochShares> = (0..m).map(|r| p.own_initial(r)).collect();
+        let mut own: Vec<Arc<EpochShares>> = (0..m).map(|r| Arc::new(p.own_initial(r))).collect();
         let mut whole = p.initial();
         for _ in 0..6 {
             let unnamed: Vec<Unnamed> = (0..m)
@@ -207,16 +255,34 @@ mod tests {
                 assert_eq!(named.next, walked.next);
                 assert_eq!(named.transfers, walked.transfers);
                 assert_eq!(named.next.share(r as Rank), whole.share(r as Rank));
-                own[r] = named.next;
+                own[r] = Arc::new(named.next);
             }
         }
+    }
+
+    /// Lists from some senders and the walk's for the others name the same step.
+    #[test]
+    fn lists_walked_for_silent_senders_complete_the_told_ones() {
+        let p = plan(600, 4);
+        let cur = Arc::new(p.own_initial(2));
+        let u = p.own_unnamed(2, &cur).unwrap();
+        let mut heard = p.walked_lists(&u, |q| q != 0);
+        assert!(
+            !heard.contains_key(&0) && heard.len() == 2,
+            "{:?}",
+            heard.keys()
+        );
+        let told = Arc::new(p.own_initial(0));
+        let from_0 = p.own_unnamed(0, &told).unwrap().told().remove(&2).unwrap();
+        heard.insert(0, from_0);
+        assert_eq!(u.named(&heard).unwrap().next, p.walked(&u).next);
     }
 
     /// A list that does not fit the plan is refused, naming the peer and what is wrong.
     #[test]
     fn a_wrong_list_is_refused() {
         let p = plan(400, 4);
-        let cur = p.own_initial(1);
+        let cur = Arc::new(p.own_initial(1));
         let u = p.own_unnamed(1, &cur).unwrap();
         let walked = p.walked(&u);
         let mut heard: BTreeMap<Rank, Vec<SampleId>> = BTreeMap::new();
@@ -225,7 +291,7 @@ mod tests {
         }
         // The walk's transfers are in sample order; a sender tells them in slot order.
         for (from, ids) in heard.iter_mut() {
-            let senders = p.own_initial(*from);
+            let senders = Arc::new(p.own_initial(*from));
             let told = p.own_unnamed(*from, &senders).unwrap().told();
             *ids = told[&1].clone();
         }
