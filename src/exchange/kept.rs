@@ -24,17 +24,22 @@ const TAG_TAKEN: u16 = 0x5402;
 
 /// `step` (this rank's part of the step out of an epoch) with only the transfers whose
 /// receiver takes them through the exchange, agreed with every peer it has a transfer with
-/// (collective over those peers).
+/// that `takes_part` accepts (collective over those peers). The transfers with a peer left
+/// out stay as they are: the exchange leaves them out itself (and shows them given up).
 pub(crate) fn filter(
     comm: &mut dyn Comm,
     hs: &Handshake,
     step: &Step,
+    takes_part: &dyn Fn(Rank) -> bool,
     abort: &AtomicBool,
 ) -> Result<Step, CommError> {
     let me = comm.rank();
     let (mut sends, mut incoming) = (BTreeMap::new(), BTreeMap::new());
+    let mut left_out = Vec::new();
     for t in &step.transfers {
         match (t.from == me, t.to == me) {
+            (true, false) if !takes_part(t.to) => left_out.push(*t),
+            (false, true) if !takes_part(t.from) => left_out.push(*t),
             (true, false) => sends.entry(t.to).or_insert_with(Vec::new).push(*t),
             (false, true) => incoming.entry(t.from).or_insert_with(Vec::new).push(*t),
             _ => {}
@@ -72,6 +77,7 @@ pub(crate) fn filter(
                 .map(|(_, t)| *t)
         })
         .chain(taken_here)
+        .chain(left_out)
         .collect();
     transfers.sort_unstable_by_key(|t| (t.from, t.to, t.sample));
     Ok(Step {
@@ -156,7 +162,11 @@ mod tests {
                         let step = plan.own_step(me, &cur);
                         let hs = keep.handshake(epoch).unwrap();
                         let abort = AtomicBool::new(false);
-                        moved.push(filter(&mut comm, &hs, &step, &abort).unwrap().transfers);
+                        moved.push(
+                            filter(&mut comm, &hs, &step, &|_| true, &abort)
+                                .unwrap()
+                                .transfers,
+                        );
                         cur = step.next;
                         keep.advance();
                     }

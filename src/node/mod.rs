@@ -191,7 +191,13 @@ pub fn serve(
         node.tracker
             .update(target, |r| r.state = ExchangeState::Running);
         let step = named(comm, node, next, &*exchange, abort);
-        let step = kept_only(comm, node, step, abort);
+        let step = kept_only(
+            comm,
+            node,
+            step,
+            &|peer| exchange.takes_part(peer, target),
+            abort,
+        );
         // The coordinator hears as soon as this rank holds what it needs; the exchange
         // itself goes on until its late messages are drained.
         let mut settled = |result: Result<(), &ExchangeError>| {
@@ -224,12 +230,18 @@ pub fn serve(
 
 /// `step` as a partial cache takes it: only what each receiver keeps moves (see
 /// `plan::keep`), agreed with the peers (`exchange::kept`); as it is without a partial cache.
-fn kept_only(comm: &mut dyn Comm, node: &Node, step: Arc<Step>, abort: &AtomicBool) -> Arc<Step> {
+fn kept_only(
+    comm: &mut dyn Comm,
+    node: &Node,
+    step: Arc<Step>,
+    takes_part: &dyn Fn(Rank) -> bool,
+    abort: &AtomicBool,
+) -> Arc<Step> {
     let from = step.next.epoch.saturating_sub(1);
     let Some(hs) = node.store.partial().and_then(|p| p.handshake(from)) else {
         return step;
     };
-    match crate::exchange::kept::filter(comm, &hs, &step, abort) {
+    match crate::exchange::kept::filter(comm, &hs, &step, takes_part, abort) {
         Ok(filtered) => Arc::new(filtered),
         Err(e) => {
             // Nothing moves for this rank: what it and its receivers keep comes from the
