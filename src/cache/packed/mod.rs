@@ -81,6 +81,7 @@ use super::backend::{
 };
 use super::bitset::IdSet;
 pub(crate) use super::own::SEGMENTS;
+use super::table::DENSE_UP_TO;
 use crate::plan::SampleId;
 use crate::sys::io::read_full_at;
 use entries::Entries;
@@ -141,8 +142,10 @@ struct Inner {
     cfg: PackedConfig,
     state: RwLock<State>,
     /// Which samples the index holds, kept with it (under its write lock) so that
-    /// `contains`, asked for every sample sent or received, takes no lock.
-    present: IdSet,
+    /// `contains`, asked for every sample sent or received, takes no lock: a bit per id in
+    /// a job of few ranks. A larger one asks the index's map under its read lock instead,
+    /// as a set beside it cost ~19 bytes a stored sample (issue 41); `None` then.
+    present: Option<IdSet>,
     active: Mutex<Active>,
     /// Whether a nudge is already on its way to the compactor.
     nudged: AtomicBool,
@@ -318,7 +321,7 @@ impl PackedBackend {
                 index: Entries::new(samples, world),
                 segments,
             }),
-            present: IdSet::new(samples, world),
+            present: (world <= DENSE_UP_TO).then(|| IdSet::new(samples, world)),
             active: Mutex::new(Active {
                 seg,
                 len: 0,
@@ -387,6 +390,16 @@ impl SegInfo {
 }
 
 impl Inner {
+    /// Keeps `present` (where there is one) with the index: `id` stored or not. Called
+    /// under the index's write lock.
+    fn mark(&self, id: SampleId, stored: bool) {
+        match (&self.present, stored) {
+            (Some(present), true) => drop(present.set(id)),
+            (Some(present), false) => drop(present.clear(id)),
+            (None, _) => {}
+        }
+    }
+
     fn read(&self) -> RwLockReadGuard<'_, State> {
         self.state.read().unwrap_or_else(|e| e.into_inner())
     }
@@ -470,7 +483,7 @@ impl Inner {
                     let entry = st.index.get(id);
                     if entry.seg == num && entry.off == off {
                         st.index.set(id, Entry::default());
-                        self.present.clear(id);
+                        self.mark(id, false);
                     }
                 }
                 if let Some(info) = st.segments.get_mut(&num) {
@@ -535,10 +548,7 @@ impl Inner {
         };
         let worth = index && {
             let old = st.index.set(h.id, entry);
-            match h.kind {
-                Kind::Data => self.present.set(h.id),
-                Kind::Tombstone => self.present.clear(h.id),
-            };
+            self.mark(h.id, h.kind == Kind::Data);
             st.mark_dead(old, &self.cfg, num)
         };
         drop(st);
@@ -609,7 +619,7 @@ impl Inner {
                 len: h.len,
             };
             let old = st.index.set(h.id, entry);
-            self.present.set(h.id);
+            self.mark(h.id, true);
             worth |= st.mark_dead(old, &self.cfg, num);
         }
         drop(st);
@@ -720,11 +730,23 @@ impl CacheBackend for PackedBackend {
     }
 
     fn contains(&self, id: SampleId) -> bool {
-        id < self.inner.samples && self.inner.present.get(id)
+        id < self.inner.samples
+            && match &self.inner.present {
+                Some(present) => present.get(id),
+                None => self.inner.read().index.get(id).seg != 0,
+            }
     }
 
     fn held(&self) -> Vec<SampleId> {
-        let mut held = self.inner.present.held();
+        let mut held = match &self.inner.present {
+            Some(present) => present.held(),
+            None => {
+                let mut ids: Vec<SampleId> =
+                    self.inner.read().index.stored().map(|e| e.0).collect();
+                ids.sort_unstable();
+                ids
+            }
+        };
         held.retain(|&id| id < self.inner.samples);
         held
     }
@@ -950,7 +972,9 @@ impl CacheBackend for PackedBackend {
         }
         st.segments.clear();
         st.index = st.index.emptied();
-        inner.present.clear_all();
+        if let Some(present) = &inner.present {
+            present.clear_all();
+        }
         self.checked.clear_all();
         let seg = create_segment(&inner.dir, a.next_seg, &inner.cfg)?;
         a.next_seg += 1;

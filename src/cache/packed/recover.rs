@@ -226,7 +226,7 @@ fn install(
         st.segments.insert(num, info);
     }
     for (id, _) in index.stored() {
-        inner.present.set(id);
+        inner.mark(id, true);
     }
     st.index = index;
     worth

@@ -125,7 +125,7 @@ impl SampleWriter for PackedWriter<'_> {
                 len,
             },
         );
-        inner.present.set(self.id);
+        inner.mark(self.id, true);
         let worth = st.mark_dead(old, &inner.cfg, a.seg.num);
         drop(st);
         if worth {
