@@ -26,7 +26,12 @@ pub(super) const SHARDS: usize = 64;
 /// `id`'s shard of `shards` (Fibonacci hashing: neighbouring ids land in different shards).
 /// Shared with `super::bitset`'s sets.
 pub(super) fn shard_of<T>(shards: &[T], id: SampleId) -> &T {
-    &shards[(id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % shards.len()]
+    &shards[shard_index(id, shards.len())]
+}
+
+/// The index of `id`'s shard among `len` (see [`shard_of`]).
+pub(super) fn shard_index(id: SampleId, len: usize) -> usize {
+    (id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % len
 }
 
 /// Jobs of at most this many ranks keep arrays over every id (see the module docs).

@@ -138,14 +138,14 @@ fn run(
         );
         // With each sample, whether its size is in `bytes_total` already: one a reader
         // fetches meanwhile must still be added when staging gets to it.
-        let missing: Vec<(SampleId, bool)> = mine
+        let missing: Vec<Missing> = mine
             .iter()
             .filter(|&&i| !store.contains(i))
             // A partial cache stages only what it keeps this epoch (so its reads hit once
             // staging got to them: the plan's hit rate is a floor); the rest is read from
             // the source.
             .filter(|&&i| store.partial().is_none_or(|p| p.wanted(i)))
-            .map(|&i| (i, store.size(i).is_some()))
+            .map(|&i| Missing::new(i, store.size(i).is_some()))
             .collect();
         let present = (mine.len() - missing.len()) as u64;
         progress.files_done.store(present, Ordering::Relaxed);
@@ -158,12 +158,12 @@ fn run(
         progress.busy.store(!missing.is_empty(), Ordering::Relaxed);
         progress.started.store(true, Ordering::Relaxed);
         let started = std::time::Instant::now();
-        store.will_stage(&missing.iter().map(|m| m.0).collect::<Vec<_>>());
+        store.will_stage(&missing.iter().map(|m| m.id()).collect::<Vec<_>>());
         let round;
         (pending, round) = stage_probing(store, &missing, threads, rx, progress, probing);
         progress.busy.store(false, Ordering::Relaxed);
         if pending.is_none() && round.unreachable > 0 {
-            let left = missing.iter().filter(|m| !store.contains(m.0)).count();
+            let left = missing.iter().filter(|m| !store.contains(m.id())).count();
             let logged = probing && round.refused.is_some();
             probing = round.refused.is_some();
             pending = retry_after(rx, &mut backoff, (&round, left, logged), current);
@@ -189,6 +189,30 @@ fn run(
         if pending.is_none() {
             pending = rx.recv().ok();
         }
+    }
+}
+
+/// A sample to stage, and whether its size is in `bytes_total` already (a reader may fetch
+/// it meanwhile: its size must still be added when staging gets to it). In one word, the
+/// flag in the top bit (ids stay below 2^61, the views' inode room), as the list holds
+/// every sample of a first fill: 8 bytes a share sample rather than 16 (issue 41).
+#[derive(Clone, Copy, Debug)]
+struct Missing(u64);
+
+impl Missing {
+    const COUNTED: u64 = 1 << 63;
+
+    fn new(id: SampleId, counted: bool) -> Missing {
+        debug_assert!(id < Missing::COUNTED, "sample id {id} past 2^63");
+        Missing(id | if counted { Missing::COUNTED } else { 0 })
+    }
+
+    fn id(self) -> SampleId {
+        self.0 & !Missing::COUNTED
+    }
+
+    fn counted(self) -> bool {
+        self.0 & Missing::COUNTED != 0
     }
 }
 
@@ -302,7 +326,7 @@ struct Round {
 /// and the rest only if the source answered it.
 fn stage_probing(
     store: &SampleStore,
-    missing: &[(SampleId, bool)],
+    missing: &[Missing],
     threads: usize,
     rx: &Receiver<StagingCmd>,
     progress: &StagingProgress,
@@ -322,7 +346,7 @@ fn stage_probing(
 /// stops asking for samples after a store-wide answer. Also returns how the round ended.
 fn stage(
     store: &SampleStore,
-    missing: &[(SampleId, bool)],
+    missing: &[Missing],
     threads: usize,
     rx: &Receiver<StagingCmd>,
     progress: &StagingProgress,
@@ -364,7 +388,7 @@ fn staging_failed(
 
 fn stage_counting(
     store: &SampleStore,
-    missing: &[(SampleId, bool)],
+    missing: &[Missing],
     threads: usize,
     rx: &Receiver<StagingCmd>,
     progress: &StagingProgress,
@@ -379,7 +403,7 @@ fn stage_counting(
             scope.spawn(move || {
                 while !stop.load(Ordering::Relaxed) && shared.1.get().is_none() {
                     let i = next_index.fetch_add(1, Ordering::Relaxed) as usize;
-                    let Some(&(id, counted)) = missing.get(i) else {
+                    let Some((id, counted)) = missing.get(i).map(|m| (m.id(), m.counted())) else {
                         break;
                     };
                     match store.ensure(id) {
@@ -438,7 +462,7 @@ mod tests {
         let dir = CacheDir::open(&tmp.path().join("cache")).unwrap();
         let store = SampleStore::new(dir, manifest, source).unwrap();
         // What `run` saw: both missing, neither size known (so `bytes_total` is 0).
-        let missing = [(0, false), (1, false)];
+        let missing = [Missing::new(0, false), Missing::new(1, false)];
         store.ensure(1).unwrap(); // a reader was quicker
         let progress = StagingProgress::default();
         let (_tx, rx) = channel();
@@ -524,7 +548,7 @@ mod tests {
         });
         let dir = CacheDir::open(&tmp.path().join("cache")).unwrap();
         let store = SampleStore::new(dir, manifest, source.clone()).unwrap();
-        let missing: Vec<(SampleId, bool)> = (0..200).map(|i| (i, true)).collect();
+        let missing: Vec<Missing> = (0..200).map(|i| Missing::new(i, true)).collect();
         let progress = StagingProgress::default();
         let (_tx, rx) = channel();
         let (next, round) = stage(&store, &missing, 4, &rx, &progress);

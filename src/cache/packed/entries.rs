@@ -6,18 +6,24 @@
 //! `(1 + Q) N / M`. So, as `super::super::table` does for sizes and times, a job of more
 //! than [`DENSE_UP_TO`] ranks keeps a map of the stored entries only (about 40 bytes an
 //! entry), and a smaller one keeps the array. The index sits under the backend's state lock,
-//! so the map needs no shards of its own.
+//! so the map needs no locks of its own; it is still cut in [`SHARDS`] maps, each growing on
+//! its own: one map doubling its table holds the old and the new one at once (the heap's
+//! peak of a daemon fell on such a rehash: 1.5x the index), one shard of 64 a 64th of that.
 
 use std::collections::HashMap;
 
 use super::Entry;
-use crate::cache::table::DENSE_UP_TO;
+use crate::cache::table::{DENSE_UP_TO, SHARDS, shard_index};
 use crate::plan::SampleId;
 
 /// Where each stored sample's record is; [`Entry::default`] for a sample not stored.
 pub(super) enum Entries {
     Dense(Vec<Entry>),
-    Sparse(HashMap<SampleId, Entry>),
+    Sparse(Box<[HashMap<SampleId, Entry>]>),
+}
+
+fn shards() -> Box<[HashMap<SampleId, Entry>]> {
+    (0..SHARDS).map(|_| HashMap::new()).collect()
 }
 
 impl Entries {
@@ -25,7 +31,7 @@ impl Entries {
     pub(super) fn new(samples: u64, world: u32) -> Entries {
         match world <= DENSE_UP_TO {
             true => Entries::Dense(vec![Entry::default(); samples as usize]),
-            false => Entries::Sparse(HashMap::new()),
+            false => Entries::Sparse(shards()),
         }
     }
 
@@ -33,7 +39,7 @@ impl Entries {
     pub(super) fn emptied(&self) -> Entries {
         match self {
             Entries::Dense(v) => Entries::Dense(vec![Entry::default(); v.len()]),
-            Entries::Sparse(_) => Entries::Sparse(HashMap::new()),
+            Entries::Sparse(_) => Entries::Sparse(shards()),
         }
     }
 
@@ -41,7 +47,9 @@ impl Entries {
     pub(super) fn get(&self, id: SampleId) -> Entry {
         match self {
             Entries::Dense(v) => v.get(id as usize).copied().unwrap_or_default(),
-            Entries::Sparse(m) => m.get(&id).copied().unwrap_or_default(),
+            Entries::Sparse(m) => (m[shard_index(id, m.len())].get(&id))
+                .copied()
+                .unwrap_or_default(),
         }
     }
 
@@ -49,8 +57,14 @@ impl Entries {
     pub(super) fn set(&mut self, id: SampleId, e: Entry) -> Entry {
         match self {
             Entries::Dense(v) => std::mem::replace(&mut v[id as usize], e),
-            Entries::Sparse(m) if e == Entry::default() => m.remove(&id).unwrap_or_default(),
-            Entries::Sparse(m) => m.insert(id, e).unwrap_or_default(),
+            Entries::Sparse(m) => {
+                let shard = &mut m[shard_index(id, m.len())];
+                match e == Entry::default() {
+                    true => shard.remove(&id),
+                    false => shard.insert(id, e),
+                }
+                .unwrap_or_default()
+            }
         }
     }
 
@@ -62,7 +76,7 @@ impl Entries {
                     .filter(|(_, e)| e.seg != 0)
                     .map(|(id, &e)| (id as SampleId, e)),
             ),
-            Entries::Sparse(m) => Box::new(m.iter().map(|(&id, &e)| (id, e))),
+            Entries::Sparse(m) => Box::new(m.iter().flatten().map(|(&id, &e)| (id, e))),
         }
     }
 }
