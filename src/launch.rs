@@ -41,6 +41,7 @@ pub fn mount(args: MountArgs) -> ExitCode {
     };
     let under_mpi = launched_by_mpi();
     if under_mpi || args.foreground {
+        crate::sys::memory::fewer_malloc_arenas();
         init_logging();
         let mut comm: Box<dyn Comm> = if under_mpi {
             match MpiComm::init() {
@@ -71,6 +72,7 @@ pub fn serve(args: ServeArgs) -> ExitCode {
         );
         return ExitCode::FAILURE;
     }
+    crate::sys::memory::fewer_malloc_arenas();
     init_logging();
     let mut world = match MpiComm::init() {
         Ok(c) => c,
