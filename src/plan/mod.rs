@@ -600,7 +600,8 @@ pub(crate) fn share_in_range(share: &[SampleId], range: std::ops::Range<SampleId
 mod tests {
     use super::*;
 
-    fn plan(samples: u64, world: u32, fraction: f64, seed: u64) -> Plan {
+    /// The plan of `samples` on `world` ranks (also for the sibling modules' tests).
+    pub(super) fn plan(samples: u64, world: u32, fraction: f64, seed: u64) -> Plan {
         Plan::new(PlanParams {
             samples,
             world,

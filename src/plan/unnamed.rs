@@ -219,17 +219,9 @@ impl Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::PlanParams;
 
     fn plan(samples: u64, world: u32) -> Plan {
-        let (fraction, seed) = (0.5, 7);
-        Plan::new(PlanParams {
-            samples,
-            world,
-            fraction,
-            seed,
-        })
-        .unwrap()
+        crate::plan::tests::plan(samples, world, 0.5, 7)
     }
 
     /// Every rank's step named from what its senders told equals the walked one, epoch
