@@ -222,10 +222,17 @@ fn stop_and_leave(
             let root = node.store.dir().root();
             let current = crate::node::saved::own_shares_at(root, plan, rank, last);
             // The peers name what arrives into `last + 1` with this rank first (it sends
-            // them their names, and hears its own: `exchange::arrivals`).
-            let takes_part = |peer| recorded.partial.takes_part(peer, last + 1);
-            let never = AtomicBool::new(false);
-            let step = arrivals::named(comm, plan, &current, &takes_part, &never);
+            // them their names, and hears its own: `exchange::arrivals`) — unless that is
+            // the first exchange since start-up, whose step every rank took named from its
+            // resume, with no round (this rank ran no exchange yet).
+            let step = match recorded.last {
+                Some(_) => {
+                    let takes_part = |peer| recorded.partial.takes_part(peer, last + 1);
+                    let never = AtomicBool::new(false);
+                    arrivals::named(comm, plan, &current, &takes_part, &never)
+                }
+                None => plan.own_step(rank, &current),
+            };
             leave(comm, recorded.partial, node, &step).and(stopped)
         }
         _ => stopped,
