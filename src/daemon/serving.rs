@@ -220,7 +220,7 @@ fn stop_and_leave(
             let last = (recorded.last).unwrap_or_else(|| node.coordinator.current().epoch);
             let rank = comm.rank();
             let root = node.store.dir().root();
-            let current = crate::node::saved::own_shares_at(root, plan, rank, last);
+            let current = Arc::new(crate::node::saved::own_shares_at(root, plan, rank, last));
             // The peers name what arrives into `last + 1` with this rank first (it sends
             // them their names, and hears its own: `exchange::arrivals`) — unless that is
             // the first exchange since start-up, whose step every rank took named from its

@@ -102,11 +102,11 @@ pub(crate) fn told_or_walked(
 pub(crate) fn named(
     comm: &mut dyn Comm,
     plan: &Plan,
-    cur: &EpochShares,
+    cur: &Arc<EpochShares>,
     takes_part: &dyn Fn(Rank) -> bool,
     abort: &AtomicBool,
 ) -> Step {
-    match plan.own_unnamed(comm.rank(), &Arc::new(cur.clone())) {
+    match plan.own_unnamed(comm.rank(), cur) {
         Some(unnamed) => told_or_walked(comm, plan, &unnamed, takes_part, abort),
         None => plan.step(cur),
     }

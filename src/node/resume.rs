@@ -14,6 +14,7 @@
 //! the share whatever moment the crash hit.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use super::resumed::Resumed;
@@ -40,7 +41,12 @@ pub fn resume(
     let current = if epoch == 0 {
         plan.own_initial(rank)
     } else {
-        let previous = saved::own_shares_at(store.dir().root(), plan, rank, epoch - 1);
+        let previous = Arc::new(saved::own_shares_at(
+            store.dir().root(),
+            plan,
+            rank,
+            epoch - 1,
+        ));
         let step = exchange::arrivals::named(comm, plan, &previous, &|_| true, &abort);
         redo_missing(comm, store, &step)?;
         // A rank that crashed before saving `epoch` (the job resumes at the furthest
@@ -48,7 +54,10 @@ pub fn resume(
         saved::save(store.dir().root(), plan, rank, &step.next);
         step.next
     };
+    let current = Arc::new(current);
     let next = exchange::arrivals::named(comm, plan, &current, &|_| true, &abort);
+    // The step let go of it: the share itself, not a copy.
+    let current = Arc::try_unwrap(current).unwrap_or_else(|c| EpochShares::clone(&c));
     // A coded run's cache also keeps retained samples (`plan::coded`).
     let retained = plan.retained(rank, current.epoch);
     trim(store, rank, &current, &next.next, &retained);

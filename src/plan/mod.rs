@@ -486,9 +486,9 @@ impl Plan {
     /// its senders instead, [`unnamed`]), its next share. The whole job's step for a plan
     /// that is not per rank.
     pub fn own_step(&self, rank: Rank, cur: &EpochShares) -> Step {
-        match self.own_unnamed(rank, &Arc::new(cur.clone())) {
-            Some(unnamed) => self.walked(&unnamed),
-            None => self.step(cur),
+        match self.is_per_rank() {
+            true => self.own_walked(rank, cur),
+            false => self.step(cur),
         }
     }
 

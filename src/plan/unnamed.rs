@@ -115,34 +115,43 @@ impl Unnamed {
         }
     }
 
-    /// The step with `arrived[j]` the sample of the `j`-th receive (slot order). The next
-    /// share is the current one less the sends plus the arrivals, merged in order: O(share
-    /// + k log k), where sorting it would be O(share log share).
     fn with_arrivals(&self, arrived: &[GlobalId]) -> Step {
-        let (rank, step) = (self.rank, &self.step);
-        let next = step.next_slots(&self.cur.slots[rank as usize], arrived);
-        let mut sent: Vec<SampleId> = step.sends.iter().map(|s| s.sample).collect();
-        sent.sort_unstable();
-        let mut came = arrived.to_vec();
-        came.sort_unstable();
-        let share = merged(self.cur.share(rank), &sent, &came);
-        let mut transfers: Vec<Transfer> = (step.sends.iter())
-            .map(|s| Transfer {
-                sample: s.sample,
-                from: rank,
-                to: s.to,
-            })
-            .chain(step.receives.iter().zip(arrived).map(|(r, &id)| Transfer {
-                sample: id,
-                from: r.from,
-                to: rank,
-            }))
-            .collect();
-        transfers.sort_unstable_by_key(|t| (t.from, t.to, t.sample));
-        Step {
-            next: EpochShares::own_sorted(step.epoch + 1, self.world, rank, next, share),
-            transfers,
-        }
+        arrivals_step((self.rank, self.world), &self.cur, &self.step, arrived)
+    }
+}
+
+/// `rank`'s `step` out of `cur` (in a world of `world` ranks) with `arrived[j]` the sample
+/// of the `j`-th receive (slot order). The next share is the current one less the sends
+/// plus the arrivals, merged in order: O(share + k log k), where sorting it would be
+/// O(share log share).
+fn arrivals_step(
+    (rank, world): (Rank, u32),
+    cur: &EpochShares,
+    step: &LocalStep,
+    arrived: &[GlobalId],
+) -> Step {
+    let next = step.next_slots(&cur.slots[rank as usize], arrived);
+    let mut sent: Vec<SampleId> = step.sends.iter().map(|s| s.sample).collect();
+    sent.sort_unstable();
+    let mut came = arrived.to_vec();
+    came.sort_unstable();
+    let share = merged(cur.share(rank), &sent, &came);
+    let mut transfers: Vec<Transfer> = (step.sends.iter())
+        .map(|s| Transfer {
+            sample: s.sample,
+            from: rank,
+            to: s.to,
+        })
+        .chain(step.receives.iter().zip(arrived).map(|(r, &id)| Transfer {
+            sample: id,
+            from: r.from,
+            to: rank,
+        }))
+        .collect();
+    transfers.sort_unstable_by_key(|t| (t.from, t.to, t.sample));
+    Step {
+        next: EpochShares::own_sorted(step.epoch + 1, world, rank, next, share),
+        transfers,
     }
 }
 
@@ -186,12 +195,20 @@ impl Plan {
     /// `unnamed` with its arrivals named by walking their senders' positions back to
     /// epoch 0: O(k · epoch), no peer asked.
     pub fn walked(&self, unnamed: &Unnamed) -> Step {
-        let epoch = unnamed.step.epoch;
-        let sources: Vec<u64> = (unnamed.step.receives.iter())
-            .map(|r| self.local.source(epoch, r))
+        let arrived: Vec<GlobalId> = (self.walk_back(&unnamed.step, |_| true).into_iter())
+            .map(|(_, id)| id)
             .collect();
-        let arrived = self.local.ids_at(epoch, &sources, super::threads());
         unnamed.with_arrivals(&arrived)
+    }
+
+    /// [`Plan::walked`] for `rank`'s step out of `cur`, without holding `cur` (no copy of
+    /// it): what [`Plan::own_step`] runs.
+    pub(super) fn own_walked(&self, rank: Rank, cur: &EpochShares) -> Step {
+        let step = self.local.step(cur.epoch, rank, &cur.slots[rank as usize]);
+        let arrived: Vec<GlobalId> = (self.walk_back(&step, |_| true).into_iter())
+            .map(|(_, id)| id)
+            .collect();
+        arrivals_step((rank, self.params.world), cur, &step, &arrived)
     }
 
     /// What the senders `silent` accepts would tell `unnamed`'s rank (their ids sent
@@ -202,17 +219,21 @@ impl Plan {
         unnamed: &Unnamed,
         silent: impl Fn(Rank) -> bool,
     ) -> BTreeMap<Rank, Vec<SampleId>> {
-        let epoch = unnamed.step.epoch;
-        let from: Vec<_> = (unnamed.step.receives.iter())
-            .filter(|r| silent(r.from))
-            .collect();
-        let sources: Vec<u64> = from.iter().map(|r| self.local.source(epoch, r)).collect();
-        let ids = self.local.ids_at(epoch, &sources, super::threads());
         let mut lists: BTreeMap<Rank, Vec<SampleId>> = BTreeMap::new();
-        for (r, id) in from.iter().zip(ids) {
-            lists.entry(r.from).or_default().push(id);
+        for (from, id) in self.walk_back(&unnamed.step, silent) {
+            lists.entry(from).or_default().push(id);
         }
         lists
+    }
+
+    /// The senders and ids of `step`'s receives from the ranks `from` accepts, in slot
+    /// order, each named by walking its sender's position back to epoch 0.
+    fn walk_back(&self, step: &LocalStep, from: impl Fn(Rank) -> bool) -> Vec<(Rank, GlobalId)> {
+        let epoch = step.epoch;
+        let picked: Vec<_> = step.receives.iter().filter(|r| from(r.from)).collect();
+        let sources: Vec<u64> = picked.iter().map(|r| self.local.source(epoch, r)).collect();
+        let ids = self.local.ids_at(epoch, &sources, super::threads());
+        picked.iter().map(|r| r.from).zip(ids).collect()
     }
 }
 
