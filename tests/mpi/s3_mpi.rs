@@ -628,8 +628,9 @@ fn rescan_fetches_only_the_objects_whose_etag_changed() {
     job.unmount();
 }
 
-/// A prefix of more than one listing page (1,000 keys): the continuation tokens are
-/// followed, every key is a sample, and rank 0 lists in as many requests as pages.
+/// A prefix of more than one listing page (1,000 keys): after the first page the prefix's
+/// folders are listed (`delimiter=/`) and each is a range of its own, listed at once,
+/// following its continuation tokens: every key is a sample once.
 #[test]
 fn a_listing_of_several_pages_is_followed_to_its_end() {
     if !require_fuse() || !require_mpi() {
@@ -640,8 +641,9 @@ fn a_listing_of_several_pages_is_followed_to_its_end() {
     let server = S3Server::start(&python, &tmp.path().join("moto.log"));
     std::fs::create_dir(tmp.path().join("none")).unwrap();
     server.upload(BUCKET, "", &tmp.path().join("none"));
-    let keys: Vec<String> = (0..1100)
-        .map(|i| format!("many/d{}/{i:05} x+y.bin", i % 7))
+    let keys: Vec<String> = (0..2300)
+        .map(|i| format!("many/d{}/{i:05} x+y.bin", i % 2))
+        .chain(["many/zz 1.bin".to_string(), "many/zz2.bin".to_string()])
         .collect();
     let objects: Vec<(&str, &[u8])> = keys.iter().map(|k| (k.as_str(), &b"s"[..])).collect();
     server.put(BUCKET, &objects);
@@ -652,14 +654,15 @@ fn a_listing_of_several_pages_is_followed_to_its_end() {
     let extra = ["--format", "tree", "--staging-threads", "1"];
     let job = MpiJob::start_from(launcher, source.as_ref(), tmp.path(), 1, SEED, 0.5, &extra);
     let status = job.status(0);
-    assert_eq!(status["samples"], 1100, "{}", status["skipped"]);
-    // The bucket check, then 2 pages (1,000 + 100 keys).
-    assert_eq!(server.list_requests() - before, 3, "listing requests");
-    let name = "d3/00003 x+y.bin";
-    assert_eq!(
-        std::fs::read(job.mounts[0].join("epoch-0").join(name)).unwrap(),
-        b"s"
-    );
+    assert_eq!(status["samples"], 2302, "{}", status["skipped"]);
+    // The bucket check; the first page (1,000 keys of d0); the level after it (d0/, d1/
+    // and the two zz objects); d0's last 150 keys (one page, stopped at d1's first key);
+    // d1's 1,150 keys in 2 pages.
+    assert_eq!(server.list_requests() - before, 6, "listing requests");
+    for name in ["zz 1.bin", "d1/02299 x+y.bin", "d0/01000 x+y.bin"] {
+        let read = std::fs::read(job.mounts[0].join("epoch-0").join(name));
+        assert_eq!(read.unwrap(), b"s", "{name}");
+    }
     job.unmount();
 }
 
@@ -675,9 +678,9 @@ fn bodies_cut_midway_are_fetched_again_and_every_byte_arrives() {
     let tmp = tempfile::tempdir().unwrap();
     let server = S3Server::start(&python, &tmp.path().join("moto.log"));
     dataset(tmp.path(), &server);
-    // The listing's query (not the bucket check's: it has max-keys between).
+    // The listing's first page (the bucket check asks for max-keys=1).
     let faults = [
-        ("list-type=2&prefix=", "cut"),
+        ("list-type=2&max-keys=1000&prefix=", "cut"),
         ("class1/img_005.jpg", "cut"),
         ("class2/img_007.jpg", "cut"),
     ];

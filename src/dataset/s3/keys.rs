@@ -50,25 +50,33 @@ pub(crate) fn shown(key: &str) -> String {
 /// The unusable keys of one listing: the first [`NAMED`], and how many in all.
 #[derive(Default)]
 pub(crate) struct Unusable {
-    named: Vec<Skipped>,
+    /// The smallest keys seen, sorted, with their entries.
+    named: Vec<(String, Skipped)>,
     count: usize,
 }
 
 impl Unusable {
+    /// Counts `key`; the [`NAMED`] smallest keys are named (the first of a listing in
+    /// key order, whatever order the keys come in).
     pub(crate) fn add(&mut self, key: &str, reason: &str) {
         self.count += 1;
-        if self.named.len() < NAMED {
-            self.named.push(Skipped {
+        let at = self.named.partition_point(|(k, _)| k.as_str() < key);
+        if at < NAMED {
+            let why = format!("not usable as a file path: {reason}");
+            let skipped = Skipped {
                 path: shown(key),
-                reason: format!("not usable as a file path: {reason}"),
-            });
+                reason: why,
+            };
+            self.named.insert(at, (key.to_string(), skipped));
+            self.named.truncate(NAMED);
         }
     }
 
     /// The entries for the status's `skipped` list (one more for those not named), after
     /// one log line for them all.
     pub(crate) fn into_skipped(self, source: &str) -> Vec<Skipped> {
-        let Unusable { mut named, count } = self;
+        let Unusable { named, count } = self;
+        let mut named: Vec<Skipped> = named.into_iter().map(|(_, s)| s).collect();
         if count == 0 {
             return named;
         }
@@ -128,5 +136,14 @@ mod tests {
         assert_eq!(skipped[0].path, "p/a//0");
         assert_eq!(skipped[NAMED].path, "(5 more keys)");
         assert!(Unusable::default().into_skipped("s3://b/p").is_empty());
+        // Listed in ranges, keys come in any order: the smallest are named all the same.
+        let mut shuffled = Unusable::default();
+        for i in (0..25).rev() {
+            shuffled.add(&format!("p/a//{i:02}"), "an empty path component");
+        }
+        let skipped = shuffled.into_skipped("s3://b/p");
+        let paths: Vec<&str> = skipped.iter().map(|s| s.path.as_str()).collect();
+        assert_eq!(paths[..3], ["p/a//00", "p/a//01", "p/a//02"]);
+        assert_eq!(paths[NAMED - 1], "p/a//19");
     }
 }

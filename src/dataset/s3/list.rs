@@ -1,6 +1,7 @@
 //! Rank 0's one listing of the prefix into a [`Manifest`]: `ListObjectsV2` pages of 1,000
-//! keys ([`listing`](super::listing)), each key split into its folders and name as a file
-//! path under the prefix would be. Sizes come with the listing, so every sample's size is
+//! keys ([`listing`](super::listing)), past the first page in ranges of folders listed at
+//! once ([`ranges`](super::ranges)), each key split into its folders and name as a file
+//! path under the prefix would be; the keys may come in any order (the manifest sorts). Sizes come with the listing, so every sample's size is
 //! known from the start (a folder scan leaves them unknown until first read).
 //!
 //! ImageFolder: `PREFIX/CLASS/NAME` is a sample; keys directly under the prefix or deeper
@@ -11,10 +12,12 @@
 //! Memory: per object its name, size and ETag (in an arena), plus each folder once.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
 
 use super::client::Client;
 use super::keys::{Unusable, is_marker, unusable};
-use super::listing::{Object, list};
+use super::listing::Object;
+use super::ranges::list_all;
 use crate::dataset::Format;
 use crate::dataset::manifest::{ClassListing, Etags, Manifest, ManifestError};
 use crate::dataset::names::Skipped;
@@ -29,9 +32,20 @@ const NO_ETAG: u32 = u32::MAX;
 /// keys are sorted into folders as they arrive: no second copy of the whole listing.
 pub(crate) fn build_index(client: &Client, format: Format) -> Result<Manifest, ManifestError> {
     let url = &client.url;
-    let mut split = Split::new(&url.prefix, format);
-    list(client, None, &mut |o| split.add(o))
+    let split = Mutex::new(Split::new(&url.prefix, format));
+    let sink = |batch: Vec<Object>| {
+        let mut split = split.lock().unwrap_or_else(|p| p.into_inner());
+        batch.into_iter().for_each(|o| split.add(o));
+    };
+    let started = std::time::Instant::now();
+    let requests = list_all(client, &sink)
         .map_err(|e| ManifestError::Store(format!("--source {url}: listing failed: {e}")))?;
+    tracing::info!(
+        requests,
+        seconds = started.elapsed().as_secs_f64(),
+        "prefix listed"
+    );
+    let split = split.into_inner().unwrap_or_else(|p| p.into_inner());
     let (folders, mut skipped, etags) = split.finish(&url.to_string());
     if folders.values().all(|s| s.is_empty()) {
         return Err(ManifestError::Store(format!(
@@ -327,11 +341,12 @@ mod tests {
         ];
         let (kept, skipped) = listed("p", &keys, Format::Tree);
         assert_eq!(kept, ["cls|ok.jpg"]);
+        // Named smallest key first, whatever order they were listed in.
         let want = [
-            "p/a//x",
             "p/../y",
-            "p/cls/t\\u{9}ab",
             "p/./z",
+            "p/a//x",
+            "p/cls/t\\u{9}ab",
             "p/cls/\u{FFFD}",
         ];
         assert_eq!(skipped, want);

@@ -8,6 +8,8 @@
 //! Which keys can be files is the caller's business ([`keys`](super::keys)): this module
 //! refuses no key.
 
+use std::ops::ControlFlow;
+
 use serde::Deserialize;
 
 use super::client::Client;
@@ -34,6 +36,35 @@ struct Page {
     is_truncated: bool,
     next_continuation_token: Option<String>,
     encoding_type: Option<String>,
+    /// The folders (`PREFIX/NAME/`) a listing with a delimiter rolls keys up into.
+    #[serde(default)]
+    common_prefixes: Vec<CommonPrefix>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct CommonPrefix {
+    prefix: String,
+}
+
+/// What one listing asks for beyond the client's prefix.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Ask<'a> {
+    /// Only the first page, of at most this many keys.
+    pub max_keys: Option<usize>,
+    /// Keys after this one only (S3 lists in UTF-8 byte order).
+    pub start_after: Option<&'a str>,
+    /// Roll keys deeper than the prefix's own level up into their folders
+    /// ([`Listed::Folder`]), as `delimiter=/` does.
+    pub folders: bool,
+}
+
+/// One item of a listing: an object, or (asked for with [`Ask::folders`]) a folder's key
+/// prefix, ending in '/'.
+#[derive(Debug)]
+pub(crate) enum Listed {
+    Object(Object),
+    Folder(String),
 }
 
 #[derive(Debug, Deserialize)]
@@ -53,11 +84,40 @@ pub(crate) fn list(
     max_keys: Option<usize>,
     each: &mut dyn FnMut(Object),
 ) -> Result<usize, StoreError> {
+    let ask = Ask {
+        max_keys,
+        ..Ask::default()
+    };
+    let done = list_with(client, ask, &mut |item| {
+        if let Listed::Object(o) = item {
+            each(o);
+        }
+        ControlFlow::Continue(())
+    })?;
+    Ok(done.pages)
+}
+
+/// How a listing ended: its pages, and whether the store had more after the last one
+/// (a listing of one page, [`Ask::max_keys`], that was cut short).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Pages {
+    pub pages: usize,
+    pub more: bool,
+}
+
+/// Lists under `client`'s prefix as `ask` says, calling `each` for each item in the
+/// store's order (a page's objects, then its folders) until it says stop; the next page
+/// is asked for only while `each` goes on.
+pub(crate) fn list_with(
+    client: &Client,
+    ask: Ask,
+    each: &mut dyn FnMut(Listed) -> ControlFlow<()>,
+) -> Result<Pages, StoreError> {
     let prefix = match client.url.prefix.is_empty() {
         true => String::new(),
         false => format!("{}/", client.url.prefix),
     };
-    let max = max_keys.map(|m| m.to_string());
+    let max = ask.max_keys.map(|m| m.to_string());
     let mut token: Option<String> = None;
     let mut seen = std::collections::HashSet::new();
     let mut pages = 0;
@@ -66,31 +126,46 @@ pub(crate) fn list(
         if let Some(token) = &token {
             query.insert(0, ("continuation-token", token.as_str()));
         }
+        if ask.folders {
+            query.insert(query.len() - 2, ("delimiter", "/"));
+        }
         if let Some(max) = &max {
             query.push(("max-keys", max.as_str()));
         }
         if !prefix.is_empty() {
             query.push(("prefix", prefix.as_str()));
         }
+        if let Some(after) = ask.start_after.filter(|_| token.is_none()) {
+            query.push(("start-after", after));
+        }
         let url = client.signed.bucket_url(&query);
         let (_, body) = client.run(client.signed.get_bytes(&url, &[], None, |_| Ok(())))?;
         let page = parse(&body)?;
         pages += 1;
         let encoded = page.encoding_type.as_deref() == Some("url");
-        for c in page.contents {
-            let (key, utf8) = match encoded {
-                true => decode(&c.key),
-                false => (c.key, true),
-            };
-            each(Object {
+        let key = |k: String| match encoded {
+            true => decode(&k),
+            false => (k, true),
+        };
+        let objects = page.contents.into_iter().map(|c| {
+            let (key, utf8) = key(c.key);
+            Listed::Object(Object {
                 key,
                 size: c.size,
                 etag: c.e_tag,
                 utf8,
-            });
+            })
+        });
+        let folders = (page.common_prefixes.into_iter()).map(|p| Listed::Folder(key(p.prefix).0));
+        for item in objects.chain(folders) {
+            if each(item).is_break() {
+                let more = true;
+                return Ok(Pages { pages, more });
+            }
         }
-        if !page.is_truncated || max_keys.is_some() {
-            return Ok(pages);
+        if !page.is_truncated || ask.max_keys.is_some() {
+            let more = page.is_truncated;
+            return Ok(Pages { pages, more });
         }
         let next = next_token(page.next_continuation_token, &mut seen, &client.url.bucket)?;
         token = Some(next);

@@ -33,6 +33,7 @@ mod keys;
 mod list;
 mod listing;
 mod profile;
+mod ranges;
 mod records;
 mod signed;
 
