@@ -5,7 +5,8 @@ No S3 server at hand lists a million objects quickly (moto takes tens of minutes
 filled; s3s-fs walks its whole folder for every page: 119 s a page at 1M), so this starts a
 synthetic one: a standard-library HTTP server on 127.0.0.1 answering ListObjectsV2 pages of
 1,000 keys (`PREFIX/cNNNN/NNNNNNN.jpg`, CLASSES folders) from arithmetic, and GETs of any
-key with an empty body. Its own time per page is printed, so the client's share is known.
+key with a body of one byte (every object is listed with size 1: a zero-byte key takes
+the listing's slower path for folder markers, which real datasets rarely have). Its own time per page is printed, so the client's share is known.
 Then one `shufflefs mount --source s3://big/train` (one rank, no MPI) is timed until the
 command returns (the bucket check, the listing, the index and the mount), and the daemon's
 peak resident memory (VmHWM) is read right after; the mount is then taken down.
@@ -96,7 +97,7 @@ def page(start, max_keys):
         parts.append(f"<NextContinuationToken>{end}</NextContinuationToken>")
     for p in range(start, end):
         parts.append(f"<Contents><Key>{key(at(p))}</Key><LastModified>2026-11-25T00:00:00.000Z"
-                     f"</LastModified><ETag>{ETAG}</ETag><Size>0</Size>"
+                     f"</LastModified><ETag>{ETAG}</ETag><Size>1</Size>"
                      "<StorageClass>STANDARD</StorageClass></Contents>")
     parts.append("</ListBucketResult>")
     return "".join(parts).encode()
@@ -160,7 +161,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             time.sleep(LATENCY)
             return self.reply(body)
         served["gets"] += 1
-        self.reply(b"")
+        self.reply(b"x")
 
 
 def peak_rss_kb(pid):

@@ -226,6 +226,11 @@ impl<T: Word> Words<T> {
         v.write(self.bytes.to_mut());
     }
 
+    /// Room for `n` more words.
+    pub(crate) fn reserve_exact(&mut self, n: usize) {
+        self.bytes.to_mut().reserve_exact(n * T::WIDTH);
+    }
+
     pub(crate) fn first(&self) -> Option<T> {
         self.get(0)
     }

@@ -106,6 +106,11 @@ pub enum ManifestError {
 /// not known yet.
 pub(crate) type ClassListing = (Vec<u8>, Vec<(Vec<u8>, u64)>);
 
+/// The bytes `value` encodes to, and a trailer's 16 more.
+fn encoded_size<T: Serialize + ?Sized>(value: &T) -> usize {
+    postcard::experimental::serialized_size(value).unwrap_or(0) + 16
+}
+
 /// The size of a sample nobody has read yet.
 pub(crate) const UNKNOWN_SIZE: u64 = u64::MAX;
 
@@ -368,6 +373,15 @@ impl Manifest {
         Ok(())
     }
 
+    /// Room for `samples` more samples of `names` bytes of names in all (a manifest of
+    /// folders), so pushing them grows nothing by doubling.
+    pub(crate) fn reserve(&mut self, names: usize, samples: usize) {
+        if let Index::Folders(f) = &mut self.index {
+            f.names.to_mut().reserve_exact(names);
+            f.name_end.reserve_exact(samples);
+        }
+    }
+
     pub(crate) fn class_count_usize(&self) -> usize {
         self.folders().classes.len()
     }
@@ -403,7 +417,13 @@ impl Manifest {
             folders,
             skipped: &self.skipped,
         };
-        let bytes = postcard::to_allocvec(&wire).expect("manifest serialization cannot fail");
+        // The room for the whole encoding at once (the trailers reserve what they miss).
+        let mut room = encoded_size(&wire) + encoded_size(&self.etags) + 4096;
+        if let Index::Records(r) = &self.index {
+            room += encoded_size(r.as_ref());
+        }
+        let bytes = Vec::with_capacity(room);
+        let bytes = postcard::to_extend(&wire, bytes).expect("manifest serialization cannot fail");
         let extras = || Extras {
             tree: self.is_tree(),
             replicate: self.side.globs.clone(),

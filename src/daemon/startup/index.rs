@@ -104,29 +104,28 @@ pub(crate) fn index(
             full = Some(m.encode());
             return Ok(vec![PER_HOST, u8::from(scanned)]);
         }
-        let mut bytes = vec![u8::from(scanned)];
-        bytes.extend(m.encode());
+        // Alone: the encoding stays here (a copy of it behind a flag byte would hold the
+        // whole index twice more at once).
+        full = Some(m.encode());
         built = Some(m);
-        Ok(bytes)
+        Ok(vec![ALONE, u8::from(scanned)])
     });
-    let mut bytes = decided(comm, outcome)?;
+    let bytes = decided(comm, outcome)?;
     if bytes == [SPLIT] {
         let (m, bytes) = scan_split(config, comm)?;
         return Ok((m, Encoded::owned(bytes), true));
+    }
+    if let [ALONE, scanned] = bytes[..]
+        && let (Some(m), Some(encoded)) = (built.take(), full.take())
+    {
+        return Ok((m, Encoded::owned(encoded), scanned == 1));
     }
     if let [PER_HOST, scanned] = bytes[..] {
         let (m, encoded) = shared::distribute(comm, full.unwrap_or_default())?;
         return Ok((m, encoded, scanned == 1));
     }
-    if bytes.is_empty() {
-        return Err(StartError::Malformed("manifest"));
-    }
-    let scanned = bytes.remove(0) == 1;
-    let manifest = match built {
-        Some(m) => m,
-        None => Manifest::decode(&bytes).map_err(|_| StartError::Malformed("manifest"))?,
-    };
-    Ok((manifest, Encoded::owned(bytes), scanned))
+    // Rank 0 said something no rank sends.
+    Err(StartError::Malformed("manifest"))
 }
 
 /// The index saved in rank 0's cache, if it was built with the same format and framing
@@ -155,6 +154,10 @@ const SPLIT: u8 = 2;
 /// The first byte of rank 0's answer that says the manifest goes to every host once and is
 /// mapped there (`shared`); the second says whether it was scanned.
 const PER_HOST: u8 = 3;
+
+/// The first byte of a rank's answer to itself when it is the whole job: the manifest and
+/// its encoding are here already; the second says whether it was scanned.
+const ALONE: u8 = 4;
 
 /// Whether the source is listed by every rank: a folder of files, in a job on more than one
 /// host. On one host the ranks share its cores and its disk, so splitting the listing gains

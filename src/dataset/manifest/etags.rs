@@ -24,6 +24,14 @@ pub struct Etags {
 }
 
 impl Etags {
+    /// Room for `count` ETags of `text` bytes in all.
+    pub fn with_capacity(text: usize, count: usize) -> Etags {
+        Etags {
+            text: String::with_capacity(text),
+            end: Vec::with_capacity(count),
+        }
+    }
+
     pub fn push(&mut self, etag: &str) {
         self.text.push_str(etag);
         self.end.push(self.text.len() as u64);

@@ -11,22 +11,17 @@
 //! be a file path (see [`keys`](super::keys)) is skipped and named, never failing the mount.
 //! Memory: per object its name, size and ETag (in an arena), plus each folder once.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Mutex;
 
 use super::client::Client;
+use super::folders::{Folder, Listing, into_manifest};
 use super::keys::{Unusable, is_marker, unusable};
 use super::listing::Object;
 use super::ranges::list_all;
 use crate::dataset::Format;
-use crate::dataset::manifest::{ClassListing, Etags, Manifest, ManifestError};
+use crate::dataset::manifest::{Manifest, ManifestError};
 use crate::dataset::names::Skipped;
-
-/// Folders (by path under the prefix) and their `(name, size, ETag)` samples, the ETag
-/// by its place in [`Split::etags`] ([`NO_ETAG`] when the store gave none).
-type Listing = BTreeMap<Vec<u8>, Vec<(Vec<u8>, u64, u32)>>;
-
-const NO_ETAG: u32 = u32::MAX;
 
 /// Lists every object under the prefix and builds `format`'s index of them. Each page's
 /// keys are sorted into folders as they arrive: no second copy of the whole listing.
@@ -47,7 +42,7 @@ pub(crate) fn build_index(client: &Client, format: Format) -> Result<Manifest, M
     );
     let split = split.into_inner().unwrap_or_else(|p| p.into_inner());
     let (folders, mut skipped, etags) = split.finish(&url.to_string());
-    if folders.values().all(|s| s.is_empty()) {
+    if folders.values().all(Folder::is_empty) {
         return Err(ManifestError::Store(format!(
             "--source {url} holds no objects that {} can serve{}",
             format_name(format),
@@ -58,47 +53,13 @@ pub(crate) fn build_index(client: &Client, format: Format) -> Result<Manifest, M
         )));
     }
     skipped.sort_by(|a, b| a.path.cmp(&b.path));
-    let (parts, etags) = without_etags(folders, &etags);
-    let mut manifest = match format {
-        Format::Tree => Manifest::tree_from_parts(parts)?,
-        _ => Manifest::from_parts(parts)?,
-    };
+    let (mut manifest, etags) = into_manifest(folders, format == Format::Tree, etags)?;
     manifest.skipped = skipped;
     if let Some(etags) = etags.filter(|e| e.len() == manifest.len() as usize) {
         manifest.set_etags(etags);
     }
     manifest.shrink_to_fit();
     Ok(manifest)
-}
-
-/// The folders as a manifest's parts, and the ETags in sample order (folders, then names
-/// in byte order, as the manifest numbers samples); `None` if an object had no ETag.
-fn without_etags(folders: Listing, listed: &Etags) -> (Vec<ClassListing>, Option<Etags>) {
-    let mut etags = Some(Etags::default());
-    let parts = folders
-        .into_iter()
-        .map(|(folder, mut samples)| {
-            samples.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-            let samples = samples
-                .into_iter()
-                .map(|(name, size, etag)| {
-                    match (etags.as_mut(), listed.get(etag as usize)) {
-                        (Some(all), Some(etag)) => all.push(etag),
-                        _ => etags = None,
-                    }
-                    (name, size)
-                })
-                .collect();
-            (folder, samples)
-        })
-        .collect();
-    (
-        parts,
-        etags.map(|mut e| {
-            e.shrink_to_fit();
-            e
-        }),
-    )
 }
 
 fn format_name(format: Format) -> &'static str {
@@ -119,9 +80,9 @@ struct Split<'a> {
     dirs: BTreeSet<Vec<u8>>,
     /// Zero-byte keys (relative) and their ETags: samples unless also a folder, which is
     /// known only once every key is listed.
-    empty: Vec<(String, u32)>,
-    /// The listed ETags, in listing order.
-    etags: Etags,
+    empty: Vec<(String, String)>,
+    /// Every object listed came with an ETag.
+    etags: bool,
 }
 
 impl<'a> Split<'a> {
@@ -134,7 +95,7 @@ impl<'a> Split<'a> {
             unusable: Unusable::default(),
             dirs: BTreeSet::new(),
             empty: Vec::new(),
-            etags: Etags::default(),
+            etags: true,
         }
     }
 
@@ -167,13 +128,8 @@ impl<'a> Split<'a> {
             self.unusable.add(&key, why);
             return;
         }
-        let etag = match etag {
-            Some(e) => {
-                self.etags.push(&e);
-                (self.etags.len() - 1) as u32
-            }
-            None => NO_ETAG,
-        };
+        self.etags &= etag.is_some();
+        let etag = etag.unwrap_or_default();
         let mut up = relative;
         while let Some((dir, _)) = up.rsplit_once('/') {
             if self.dirs.contains(dir.as_bytes()) {
@@ -184,12 +140,12 @@ impl<'a> Split<'a> {
         }
         match size {
             0 => self.empty.push((relative.to_string(), etag)),
-            _ => self.place(relative, size, etag),
+            _ => self.place(relative, size, &etag),
         }
     }
 
     /// Puts usable `relative` into its folder, or skips it if `format` does not serve it.
-    fn place(&mut self, relative: &str, size: u64, etag: u32) {
+    fn place(&mut self, relative: &str, size: u64, etag: &str) {
         let parts: Vec<&str> = relative.split('/').collect();
         let (name, dirs) = parts.split_last().expect("split gives one part at least");
         let reason = if self.format == Format::Tree {
@@ -209,7 +165,7 @@ impl<'a> Split<'a> {
             return;
         }
         let folder = dirs.join("/").into_bytes();
-        (self.folders.entry(folder).or_default()).push((name.as_bytes().to_vec(), size, etag));
+        (self.folders.entry(folder).or_default()).push(name.as_bytes(), size, etag);
     }
 
     fn key(&self, relative: &str) -> String {
@@ -222,10 +178,10 @@ impl<'a> Split<'a> {
     /// The folders, the skipped keys and the ETags once every key is listed: zero-byte
     /// keys that name a folder are markers, other keys that name a folder are skipped (a
     /// path cannot be a file and a folder).
-    fn finish(mut self, source: &str) -> (Listing, Vec<Skipped>, Etags) {
+    fn finish(mut self, source: &str) -> (Listing, Vec<Skipped>, bool) {
         for (relative, etag) in std::mem::take(&mut self.empty) {
             if !self.dirs.contains(relative.as_bytes()) {
-                self.place(&relative, 0, etag);
+                self.place(&relative, 0, &etag);
             }
         }
         let Split {
@@ -240,7 +196,7 @@ impl<'a> Split<'a> {
         } = self;
         let tree = format == Format::Tree;
         for (folder, samples) in folders.iter_mut().filter(|_| tree) {
-            samples.retain(|(name, _, _)| {
+            samples.retain(|name| {
                 let mut path = folder.clone();
                 if !path.is_empty() {
                     path.push(b'/');
@@ -267,7 +223,10 @@ impl<'a> Split<'a> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
+    use crate::dataset::manifest::{ClassListing, Etags};
 
     fn object(key: &str, size: u64) -> Object {
         Object {
@@ -293,11 +252,11 @@ mod tests {
         let kept = folders
             .iter()
             .flat_map(|(f, s)| {
-                s.iter().map(move |(n, _, _)| {
+                (0..s.len()).map(move |i| {
                     format!(
                         "{}|{}",
                         String::from_utf8_lossy(f),
-                        String::from_utf8_lossy(n)
+                        String::from_utf8_lossy(s.name(i))
                     )
                 })
             })
@@ -383,6 +342,60 @@ mod tests {
         assert_eq!(kept, ["|c", "a|b"]);
         assert_eq!(skipped, ["p/a"]);
     }
+
+    /// Keys listed in any order (ranges finish when they do) give the manifest that the
+    /// sorted folders give, ETags in sample order, for both formats.
+    #[test]
+    fn any_listing_order_gives_the_manifest_of_the_sorted_folders() {
+        let keys: Vec<(String, u64)> = (0..600u64)
+            .map(|i| {
+                let deep = ["", "/s1", "/s1/t"][(i % 3) as usize];
+                (format!("p/d{}{deep}/n{:03}", i % 7, (i * 37) % 600), i + 1)
+            })
+            .collect();
+        for format in [Format::Tree, Format::Imagefolder] {
+            let mut expected: BTreeMap<Vec<u8>, Vec<(Vec<u8>, u64)>> = BTreeMap::new();
+            for (key, size) in &keys {
+                let rel = key.strip_prefix("p/").unwrap();
+                let (folder, name) = rel.rsplit_once('/').unwrap();
+                if format == Format::Tree || !folder.contains('/') {
+                    let entry = expected.entry(folder.as_bytes().to_vec()).or_default();
+                    entry.push((name.as_bytes().to_vec(), *size));
+                }
+            }
+            let mut etags = Etags::default();
+            for (folder, samples) in expected.iter_mut() {
+                samples.sort();
+                for (name, _) in samples.iter() {
+                    let name = String::from_utf8_lossy(name);
+                    etags.push(&format!("\"{}/{name}\"", String::from_utf8_lossy(folder)));
+                }
+            }
+            let parts: Vec<ClassListing> = expected.into_iter().collect();
+            let mut want = match format {
+                Format::Tree => Manifest::tree_from_parts(parts).unwrap(),
+                _ => Manifest::from_parts(parts).unwrap(),
+            };
+            want.set_etags(etags);
+            for order in [1usize, 7, 599] {
+                let mut split = Split::new("p", format);
+                for i in 0..keys.len() {
+                    let (key, size) = &keys[(i * order) % keys.len()];
+                    let rel = key.strip_prefix("p/").unwrap();
+                    split.add(Object {
+                        key: key.clone(),
+                        size: *size,
+                        etag: Some(format!("\"{rel}\"")),
+                        utf8: true,
+                    });
+                }
+                let (folders, _, all) = split.finish("s3://b/p");
+                let (mut got, etags) = into_manifest(folders, format == Format::Tree, all).unwrap();
+                got.set_etags(etags.unwrap());
+                assert!(got.encode() == want.encode(), "{format:?}, order {order}");
+            }
+        }
+    }
 }
 
 /// Rank 0's work on a listing of 1M keys after the requests (the sort into folders and the
@@ -407,8 +420,7 @@ fn a_million_keys_sort_into_a_manifest() {
         });
     }
     let (folders, _, etags) = split.finish("s3://b/p");
-    let (parts, etags) = without_etags(folders, &etags);
-    let mut manifest = Manifest::from_parts(parts).unwrap();
+    let (mut manifest, etags) = into_manifest(folders, false, etags).unwrap();
     manifest.set_etags(etags.unwrap());
     assert_eq!(manifest.len(), 1_000_000);
     eprintln!(

@@ -29,6 +29,7 @@ use crate::plan::SampleId;
 
 mod client;
 mod error;
+mod folders;
 mod keys;
 mod list;
 mod listing;
