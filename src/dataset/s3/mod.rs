@@ -5,7 +5,8 @@
 //! `--format tree`; keys no file can be named are skipped ([`keys`]).
 //!
 //! Only rank 0 talks to the bucket before the mount: it checks that the bucket answers
-//! ([`check_source`]) and lists the prefix once ([`build_index`]); the index then travels
+//! ([`check_source`]) and lists the prefix once ([`build_index`]: past the first page in
+//! ranges of folders listed by several threads at once, [`ranges`]); the index then travels
 //! to the other ranks over MPI as a folder scan's does, so they make no listing calls.
 //! After that every rank GETs the objects it stages or fetches on demand (a ranged GET for
 //! a read at an offset), at most [`CONCURRENCY`] at once; records (`--format records`) as
