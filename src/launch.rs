@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tracing_subscriber::EnvFilter;
 
 use crate::cli::{MountArgs, ServeArgs, UnmountArgs};
-use crate::comm::{self, Comm, MpiComm, launched_by_mpi};
+use crate::comm::{self, Comm, launched_by_mpi};
 use crate::config::{MountConfig, ServeConfig};
 use crate::daemon;
 
@@ -44,8 +44,8 @@ pub fn mount(args: MountArgs) -> ExitCode {
         crate::sys::memory::fewer_malloc_arenas();
         init_logging();
         let mut comm: Box<dyn Comm> = if under_mpi {
-            match MpiComm::init() {
-                Ok(c) => Box::new(c),
+            match mpi_world() {
+                Ok(c) => c,
                 Err(e) => {
                     eprintln!("shufflefs: {e}");
                     return ExitCode::FAILURE;
@@ -74,14 +74,36 @@ pub fn serve(args: ServeArgs) -> ExitCode {
     }
     crate::sys::memory::fewer_malloc_arenas();
     init_logging();
-    let mut world = match MpiComm::init() {
+    let mut world = match mpi_world() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("shufflefs serve: {e}");
             return ExitCode::FAILURE;
         }
     };
-    report(daemon::coded::serve(&ServeConfig::from(args), &mut world))
+    report(daemon::coded::serve(
+        &ServeConfig::from(args),
+        world.as_mut(),
+    ))
+}
+
+/// This rank's MPI world (collective over the job's ranks).
+#[cfg(feature = "mpi")]
+fn mpi_world() -> Result<Box<dyn Comm>, String> {
+    comm::MpiComm::init()
+        .map(|c| Box::new(c) as Box<dyn Comm>)
+        .map_err(|e| e.to_string())
+}
+
+/// A build without MPI started by an MPI launcher: refused, naming the fix.
+#[cfg(not(feature = "mpi"))]
+fn mpi_world() -> Result<Box<dyn Comm>, String> {
+    Err(
+        "this shufflefs was built without MPI (the `mpi` feature), but mpirun/srun started it: \
+         run a build with MPI under an MPI launcher (`cargo install --path .`, whose default \
+         features include it)"
+            .into(),
+    )
 }
 
 /// The exit code of a rank's daemon: 0 after a clean stop, [`ABANDONED`] when it gave up an

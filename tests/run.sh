@@ -43,6 +43,8 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --all-targets -- -D warnings
+echo "== a build without MPI (--no-default-features)"
+cargo check --bins --no-default-features
 echo "== import circles"
 python3 .ci/import-cycles.py
 echo "== functions over 80 lines (outside tests)"

@@ -28,13 +28,24 @@
 #[cfg(any(test, feature = "testing"))]
 pub mod doubles;
 mod local;
+#[cfg(feature = "mpi")]
 mod mpi;
 
 #[cfg(feature = "testing")]
 pub use local::LocalComm;
 #[cfg(not(feature = "testing"))]
 pub use local::LocalComm;
-pub use mpi::{MpiComm, launched_by_mpi};
+#[cfg(feature = "mpi")]
+pub use mpi::MpiComm;
+
+/// Whether this process was started by an MPI launcher (Open MPI, MPICH/Hydra, PMIx, Slurm):
+/// read from the environment, so a build without the `mpi` feature can say it cannot run
+/// there.
+pub fn launched_by_mpi() -> bool {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some())
+}
 
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;

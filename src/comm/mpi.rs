@@ -35,13 +35,6 @@ use crate::plan::Rank;
 
 const CHUNK: usize = 1 << 30;
 
-/// Whether this process was started by an MPI launcher (Open MPI, MPICH/Hydra, PMIx, Slurm).
-pub fn launched_by_mpi() -> bool {
-    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK"]
-        .iter()
-        .any(|v| std::env::var_os(v).is_some())
-}
-
 pub struct MpiComm {
     comm: SimpleCommunicator,
     hosts: Vec<u32>,
