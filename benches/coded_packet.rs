@@ -27,7 +27,7 @@
 //! 1-10 Gbit/s link (125-1250 MB/s) except k = 8 with 1 MB samples against 10 Gbit/s. A
 //! second run with the machine's load at 14 (other builds) gave about half of every rate
 //! (100 KB: encode 1.8 / 0.8 / 0.4 GB/s, decode 2.1 / 0.9 / 0.5 GB/s).
-//! Padding table (deterministic): see `src/coded/packet.rs`'s docs and the README.
+//! Padding table (deterministic): see `crates/shufflefs-plan/src/coded/packet.rs`'s docs and the README.
 
 use std::hint::black_box;
 use std::time::Instant;

@@ -25,7 +25,6 @@
 
 pub mod cache;
 pub mod cli;
-pub mod coded;
 pub mod comm;
 pub mod config;
 pub(crate) mod daemon;
@@ -35,6 +34,9 @@ pub mod fuse;
 pub mod jobtable;
 pub mod launch;
 pub mod node;
-pub mod plan;
+/// The plan and the coded exchange's planning live in their own crate (`shufflefs-plan`:
+/// pure, no I/O, no MPI); re-exported so that `crate::plan` and `crate::coded` read as
+/// before.
+pub use shufflefs_plan::{coded, plan};
 pub mod sys;
 pub mod vfs;

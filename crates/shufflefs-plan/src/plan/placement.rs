@@ -30,7 +30,7 @@ use std::collections::BTreeSet;
 use super::{SampleId, partial_shuffle, shuffle, stream};
 
 /// At most this many compute nodes: a set of nodes is a `u64` bit mask (`coded::index`).
-pub(crate) const MAX_NODES: usize = 64;
+pub const MAX_NODES: usize = 64;
 
 const DOMAIN_SHARES: u64 = 0xC0DE_0001;
 const DOMAIN_EXTRA: u64 = 0xC0DE_0002;
@@ -142,7 +142,7 @@ impl RandomPlacement {
 
     /// Applies the update rule until the caches are those of `epoch` (no-op if already
     /// there or past it): what a restart at `epoch` re-derives.
-    pub(crate) fn advance_to(&mut self, epoch: u64) {
+    pub fn advance_to(&mut self, epoch: u64) {
         while self.epoch < epoch {
             self.advance();
         }

@@ -102,7 +102,7 @@ impl History {
     }
 
     /// Whether the world size ever changed.
-    pub(crate) fn is_resized(&self) -> bool {
+    pub fn is_resized(&self) -> bool {
         self.eras.len() > 1
     }
 
@@ -131,7 +131,7 @@ impl History {
     }
 
     /// Whether `other` is this history, possibly continued by more eras.
-    pub(crate) fn is_prefix_of(&self, other: &History) -> bool {
+    pub fn is_prefix_of(&self, other: &History) -> bool {
         other.eras.starts_with(&self.eras)
     }
 
@@ -233,7 +233,7 @@ impl ElasticPlan {
     }
 
     /// The plan of the last era: what the job follows from now on.
-    pub(crate) fn current(&self) -> &Plan {
+    pub fn current(&self) -> &Plan {
         &self.eras.last().expect("never empty").1
     }
 

@@ -139,8 +139,8 @@ pub struct Communicators {
 
 impl Communicators {
     /// The set [`Communicators::new`] picks for `n` nodes and `limit` communicators.
-    #[cfg(test)]
-    pub(crate) fn new(nodes: usize, limit: usize) -> Result<Communicators, GroupsError> {
+    #[cfg(any(test, feature = "testing"))]
+    pub fn new(nodes: usize, limit: usize) -> Result<Communicators, GroupsError> {
         Communicators::choose(nodes, limit, &TRAFFIC_OVERLAPS)
     }
 
@@ -235,12 +235,12 @@ impl Communicators {
         self.len() == 0
     }
 
-    pub(crate) fn nodes(&self) -> usize {
+    pub fn nodes(&self) -> usize {
         self.nodes
     }
 
     /// Groups up to this size travel on a communicator of exactly their members.
-    pub(crate) fn exact_upto(&self) -> usize {
+    pub fn exact_upto(&self) -> usize {
         self.exact_upto
     }
 
@@ -250,12 +250,12 @@ impl Communicators {
     }
 
     /// Communicator `i`'s compute nodes (the server is in every one).
-    pub(crate) fn members(&self, i: usize) -> NodeSet {
+    pub fn members(&self, i: usize) -> NodeSet {
         self.comms[i]
     }
 
     /// Member masks in creation order (ascending mask), the same on every rank.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = NodeSet> + '_ {
+    pub fn iter(&self) -> impl Iterator<Item = NodeSet> + '_ {
         self.comms.iter().copied()
     }
 
@@ -277,7 +277,7 @@ impl Communicators {
     }
 
     /// The route of a group (a mask of compute nodes): its smallest superset in the set.
-    pub(crate) fn route(&self, group: NodeSet) -> Result<Route, GroupsError> {
+    pub fn route(&self, group: NodeSet) -> Result<Route, GroupsError> {
         let all = if self.nodes == 64 {
             u64::MAX
         } else {
@@ -301,7 +301,7 @@ impl Communicators {
     }
 
     /// Compute nodes that receive a packet sent on `route`.
-    pub(crate) fn reached(&self, route: Route) -> NodeSet {
+    pub fn reached(&self, route: Route) -> NodeSet {
         match route {
             Route::Unicast(n) => 1 << n,
             Route::Comm(i) => self.comms[i],
@@ -337,7 +337,7 @@ fn subsets_upto(n: usize, k: usize, out: &mut Vec<NodeSet>) {
 }
 
 /// Cache overlaps [`Communicators::new`] weighs equally when the cache fraction is unknown.
-#[cfg(test)]
+#[cfg(any(test, feature = "testing"))]
 pub(crate) const TRAFFIC_OVERLAPS: [f64; 10] =
     [0.05, 0.15, 0.25, 0.35, 0.45, 0.55, 0.65, 0.75, 0.85, 0.95];
 

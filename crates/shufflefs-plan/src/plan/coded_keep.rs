@@ -140,7 +140,7 @@ impl CodedPlacement {
         CodedPlacement { placement, kept }
     }
 
-    pub(crate) fn epoch(&self) -> u64 {
+    pub fn epoch(&self) -> u64 {
         self.placement.epoch()
     }
 
@@ -169,7 +169,7 @@ impl CodedPlacement {
 
     /// Rank `r`'s kept set at the next epoch, without stepping; `None` when the caches are
     /// whole (the next share is then what arrives).
-    pub(crate) fn next_kept(&self, r: usize) -> Option<BTreeSet<SampleId>> {
+    pub fn next_kept(&self, r: usize) -> Option<BTreeSet<SampleId>> {
         let k = self.kept.as_ref()?;
         let prev = &k.sets[r];
         let room = k.slots.saturating_sub(prev.len());
@@ -178,7 +178,7 @@ impl CodedPlacement {
 
     /// Moves to the next epoch: returns what each rank holds as side information and what it
     /// must be sent (its new share, or the kept part of it not held), then steps on.
-    pub(crate) fn advance(&mut self) -> (Vec<BTreeSet<SampleId>>, Vec<BTreeSet<SampleId>>) {
+    pub fn advance(&mut self) -> (Vec<BTreeSet<SampleId>>, Vec<BTreeSet<SampleId>>) {
         let (left, shares) = self.placement.advance();
         let Some(kept) = &mut self.kept else {
             return (left, shares);
@@ -192,7 +192,7 @@ impl CodedPlacement {
     }
 
     /// Steps until the epoch is `epoch` (no-op if there or past it).
-    pub(crate) fn advance_to(&mut self, epoch: u64) {
+    pub fn advance_to(&mut self, epoch: u64) {
         while self.epoch() < epoch {
             self.advance();
         }

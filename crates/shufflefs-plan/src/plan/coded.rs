@@ -33,12 +33,7 @@ pub struct CodedShares {
 
 impl CodedShares {
     /// Checks that a cache of `alpha` of the dataset can hold a share (`alpha >= 1/ranks`).
-    pub(crate) fn new(
-        samples: u64,
-        ranks: u32,
-        alpha: f64,
-        seed: u64,
-    ) -> Result<Self, PlacementError> {
+    pub fn new(samples: u64, ranks: u32, alpha: f64, seed: u64) -> Result<Self, PlacementError> {
         RandomPlacement::new(samples, ranks as usize, alpha, seed)?;
         Ok(CodedShares {
             samples,
@@ -50,16 +45,16 @@ impl CodedShares {
     }
 
     /// The same run with kept sets of `slots` samples (`plan::coded_keep`), or whole caches.
-    pub(crate) fn with_slots(self, slots: Option<usize>) -> Self {
+    pub fn with_slots(self, slots: Option<usize>) -> Self {
         CodedShares { slots, ..self }
     }
 
     /// The kept sets' room in samples, if the cache does not fit.
-    pub(crate) fn slots(&self) -> Option<usize> {
+    pub fn slots(&self) -> Option<usize> {
         self.slots
     }
 
-    pub(crate) fn alpha(&self) -> f64 {
+    pub fn alpha(&self) -> f64 {
         self.alpha
     }
 
@@ -72,7 +67,7 @@ impl CodedShares {
 
     /// [`CodedShares::placement_at`] whose kept sets are rank `rank`'s alone (what a
     /// store's gate needs; the shares and caches are every rank's).
-    pub(crate) fn placement_of(&self, epoch: u64, rank: usize) -> CodedPlacement {
+    pub fn placement_of(&self, epoch: u64, rank: usize) -> CodedPlacement {
         let mut p = CodedPlacement::tracking(self.random(), self.slots, Some(rank));
         p.advance_to(epoch);
         p

@@ -39,14 +39,14 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::plan::SampleId;
 use crate::plan::coded_keep::CodedPlacement;
-pub(crate) use crate::plan::placement::MAX_NODES;
+pub use crate::plan::placement::MAX_NODES;
 use crate::plan::placement::RandomPlacement;
 
 /// A compute node, `0..n`.
 pub type Node = usize;
 
 /// UberShuffle's default search depth: the paper's simulations (Fig. 5) use `nu = 2`.
-pub(crate) const DEFAULT_NU: usize = 2;
+pub const DEFAULT_NU: usize = 2;
 
 /// Which packets the server sends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -122,7 +122,7 @@ impl Instance {
         Ok(Instance { caches, demands })
     }
 
-    pub(crate) fn nodes(&self) -> usize {
+    pub fn nodes(&self) -> usize {
         self.caches.len()
     }
 
@@ -135,7 +135,7 @@ impl Instance {
     }
 
     /// `U_i = D_i \ C_i`: what node `i` needs from the server, ascending.
-    pub(crate) fn missing(&self, node: Node) -> impl Iterator<Item = SampleId> + '_ {
+    pub fn missing(&self, node: Node) -> impl Iterator<Item = SampleId> + '_ {
         self.demands[node].difference(&self.caches[node]).copied()
     }
 

@@ -204,7 +204,7 @@ impl EqualShares {
 
 /// `share` without the sorted ids `left`: position `skip` of the visible ids on, as an
 /// iterator that costs nothing per skipped id.
-pub(crate) fn visible_from<'a>(
+pub fn visible_from<'a>(
     share: &'a [SampleId],
     left: &'a [SampleId],
     skip: usize,

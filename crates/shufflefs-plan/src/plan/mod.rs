@@ -76,17 +76,9 @@ pub struct PlanParams {
 
 /// Which ranks a sample may move between (`--exchange-scope`).
 #[derive(
-    Clone,
-    Copy,
-    Debug,
-    Default,
-    PartialEq,
-    Eq,
-    Hash,
-    clap::ValueEnum,
-    serde::Serialize,
-    serde::Deserialize,
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
 )]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum ExchangeScope {
     /// Any rank to any rank (the paper's partial-local shuffling): the best shuffle.
@@ -106,7 +98,7 @@ impl ExchangeScope {
         }
     }
 
-    pub(crate) fn is_global(&self) -> bool {
+    pub fn is_global(&self) -> bool {
         *self == ExchangeScope::Global
     }
 }
@@ -173,7 +165,7 @@ impl HostLayout {
     }
 
     /// For messages: `"2 hosts (ranks 0-1 | 2-3)"`.
-    pub(crate) fn describe(&self) -> String {
+    pub fn describe(&self) -> String {
         let groups: Vec<String> = self.groups.iter().map(|g| ranges(g)).collect();
         let n = groups.len();
         format!(
@@ -364,7 +356,7 @@ impl Plan {
 
     /// Samples `rank` keeps cached at `epoch` beyond its share: the retained samples of a
     /// coded run, none otherwise. Ascending.
-    pub(crate) fn retained(&self, rank: Rank, epoch: u64) -> Vec<SampleId> {
+    pub fn retained(&self, rank: Rank, epoch: u64) -> Vec<SampleId> {
         self.coded_shares()
             .map_or_else(Vec::new, |c| c.cache(rank, epoch))
     }
@@ -495,7 +487,7 @@ impl Plan {
     /// `rank`'s view of `epoch` from its slots there (chunk order) as saved earlier
     /// (`cache::slots`), O(share); `None` for a plan that is not per rank or slots of
     /// another length than `rank`'s chunk.
-    pub(crate) fn own_from_slots(
+    pub fn own_from_slots(
         &self,
         rank: Rank,
         epoch: u64,
@@ -512,7 +504,7 @@ impl Plan {
     /// A digest of what shapes the plan's history beyond its [`PlanParams`]: the kind, the
     /// host layout, the world sizes of its eras. Saved with a rank's slots, so slots saved
     /// under another layout are not taken for this plan's.
-    pub(crate) fn fingerprint(&self) -> u64 {
+    pub fn fingerprint(&self) -> u64 {
         let eras = self.local.eras();
         let mut words: Vec<u64> = (eras.iter())
             .flat_map(|&(e, w)| [e, u64::from(w)])
@@ -555,7 +547,7 @@ fn threads() -> usize {
 }
 
 /// A ChaCha8 stream keyed by `(seed, domain, a, b)`: independent for every distinct tuple.
-pub(crate) fn stream(seed: u64, domain: u64, a: u64, b: u64) -> ChaCha8Rng {
+pub fn stream(seed: u64, domain: u64, a: u64, b: u64) -> ChaCha8Rng {
     let mut key = [0u8; 32];
     for (chunk, word) in key.chunks_exact_mut(8).zip([seed, domain, a, b]) {
         chunk.copy_from_slice(&word.to_le_bytes());
@@ -575,7 +567,7 @@ fn below(rng: &mut ChaCha8Rng, n: u64) -> u64 {
 }
 
 /// Fisher–Yates shuffle of the whole slice.
-pub(crate) fn shuffle<T>(items: &mut [T], rng: &mut ChaCha8Rng) {
+pub fn shuffle<T>(items: &mut [T], rng: &mut ChaCha8Rng) {
     let len = items.len();
     partial_shuffle(items, len, rng);
 }
@@ -590,7 +582,7 @@ pub(crate) fn partial_shuffle<T>(items: &mut [T], k: usize, rng: &mut ChaCha8Rng
 }
 
 /// Samples of `share` whose ids fall in `range`, using that both are sorted.
-pub(crate) fn share_in_range(share: &[SampleId], range: std::ops::Range<SampleId>) -> &[SampleId] {
+pub fn share_in_range(share: &[SampleId], range: std::ops::Range<SampleId>) -> &[SampleId] {
     let lo = share.partition_point(|&s| s < range.start);
     let hi = share.partition_point(|&s| s < range.end);
     &share[lo..hi]
