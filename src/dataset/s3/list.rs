@@ -42,6 +42,7 @@ pub(crate) fn build_index(client: &Client, format: Format) -> Result<Manifest, M
     );
     let split = split.into_inner().unwrap_or_else(|p| p.into_inner());
     let (folders, mut skipped, etags) = split.finish(&url.to_string());
+    skipped.sort_by(|a, b| a.path.cmp(&b.path));
     if folders.values().all(Folder::is_empty) {
         return Err(ManifestError::Store(format!(
             "--source {url} holds no objects that {} can serve{}",
@@ -52,7 +53,6 @@ pub(crate) fn build_index(client: &Client, format: Format) -> Result<Manifest, M
             }
         )));
     }
-    skipped.sort_by(|a, b| a.path.cmp(&b.path));
     let (mut manifest, etags) = into_manifest(folders, format == Format::Tree, etags)?;
     manifest.skipped = skipped;
     if let Some(etags) = etags.filter(|e| e.len() == manifest.len() as usize) {

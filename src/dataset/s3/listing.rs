@@ -60,11 +60,11 @@ pub(crate) struct Ask<'a> {
 }
 
 /// One item of a listing: an object, or (asked for with [`Ask::folders`]) a folder's key
-/// prefix, ending in '/'.
+/// prefix, ending in '/', and whether it was UTF-8 (as [`Object::utf8`]).
 #[derive(Debug)]
 pub(crate) enum Listed {
     Object(Object),
-    Folder(String),
+    Folder(String, bool),
 }
 
 #[derive(Debug, Deserialize)]
@@ -156,7 +156,10 @@ pub(crate) fn list_with(
                 utf8,
             })
         });
-        let folders = (page.common_prefixes.into_iter()).map(|p| Listed::Folder(key(p.prefix).0));
+        let folders = (page.common_prefixes.into_iter()).map(|p| {
+            let (prefix, utf8) = key(p.prefix);
+            Listed::Folder(prefix, utf8)
+        });
         for item in objects.chain(folders) {
             if each(item).is_break() {
                 let more = true;

@@ -31,8 +31,8 @@ use super::listing::{Ask, Listed, Object, Pages};
 /// find more work when folders differ in size.
 pub(crate) const RANGES: usize = 64;
 
-/// Listings in flight at once (each one request at a time, under the client's bound on
-/// requests in flight).
+/// Listings in flight at once, each one request at a time (listing requests do not count
+/// against the client's bound on GETs in flight).
 pub(crate) const THREADS: usize = 16;
 
 /// Objects handed to the sink at a time (a page's worth).
@@ -94,11 +94,18 @@ pub(crate) fn list_all(
         }
         ControlFlow::Continue(())
     })?;
-    let last = batch.last().map(|o| o.key.clone());
-    sink(batch);
     if !head.more {
+        sink(batch);
         return Ok(head.pages);
     }
+    // A key that is not UTF-8 (only a store that is not S3 sends one) arrives changed
+    // (U+FFFD), so it cannot say where to go on: list page after page instead.
+    if batch.last().is_some_and(|o| !o.utf8) {
+        drop(batch);
+        return Ok(head.pages + one_after_another(store, sink)?);
+    }
+    let last = batch.last().map(|o| o.key.clone());
+    sink(batch);
     let (mut folders, pages) = level(store, last.as_deref(), sink)?;
     // The folder the first page ended in: a store may leave it out of the level after
     // that key (moto does; its prefix sorts before the key), though it may hold more.
@@ -106,31 +113,20 @@ pub(crate) fn list_all(
     let ended_in = (last.as_deref())
         .and_then(|key| Some((key, key.get(prefix.len()..)?.find('/')?)))
         .map(|(key, slash)| key[..=prefix.len() + slash].to_string());
-    if let Some(folder) = ended_in.filter(|f| folders.first() != Some(f)) {
-        folders.insert(0, folder);
-    }
-    let ranges = cut(folders, last);
+    folders.extend(ended_in.map(|f| (f, true)));
+    let ranges = cut(folders, &prefix, last);
     Ok(head.pages + pages + list_ranges(store, &ranges, sink)?)
 }
 
-/// The prefix's own level after `after`: its objects to `sink`, and its folders (their
-/// key prefixes, in order) with the requests made.
-fn level(
+/// Every object under the prefix, page after page (as before ranges existed).
+fn one_after_another(
     store: &dyn Lists,
-    after: Option<&str>,
     sink: &(dyn Fn(Vec<Object>) + Sync),
-) -> Result<(Vec<String>, usize), StoreError> {
-    let mut folders = Vec::new();
+) -> Result<usize, StoreError> {
     let mut batch = Vec::new();
-    let ask = Ask {
-        start_after: after,
-        folders: true,
-        ..Ask::default()
-    };
-    let done = store.list_with(ask, &mut |item| {
-        match item {
-            Listed::Object(o) => batch.push(o),
-            Listed::Folder(f) => folders.push(f),
+    let done = store.list_with(Ask::default(), &mut |item| {
+        if let Listed::Object(o) = item {
+            batch.push(o);
         }
         if batch.len() >= BATCH {
             sink(std::mem::take(&mut batch));
@@ -138,19 +134,77 @@ fn level(
         ControlFlow::Continue(())
     })?;
     sink(batch);
+    Ok(done.pages)
+}
+
+/// The prefix's own level after `after`: its objects to `sink`, and its folders (their
+/// key prefixes, whether UTF-8) with the requests made. Objects inside a folder (a store
+/// that ignores the delimiter sends them) are left to the ranges.
+fn level(
+    store: &dyn Lists,
+    after: Option<&str>,
+    sink: &(dyn Fn(Vec<Object>) + Sync),
+) -> Result<(Vec<(String, bool)>, usize), StoreError> {
+    let prefix = store.prefix();
+    let (mut folders, mut batch, mut nested) = (Vec::new(), Vec::new(), false);
+    let ask = Ask {
+        start_after: after,
+        folders: true,
+        ..Ask::default()
+    };
+    let done = store.list_with(ask, &mut |item| {
+        match item {
+            // Keys up to `after` too: a store that ignores `start-after` starts over.
+            Listed::Object(o) if after.is_some_and(|a| o.key.as_str() <= a) => {}
+            Listed::Object(o) if !in_folder(&o.key, &prefix) => batch.push(o),
+            Listed::Object(_) => nested = true,
+            Listed::Folder(f, utf8) => folders.push((f, utf8)),
+        }
+        if batch.len() >= BATCH {
+            sink(std::mem::take(&mut batch));
+        }
+        ControlFlow::Continue(())
+    })?;
+    sink(batch);
+    if nested {
+        // The store ignored the delimiter: no folder it named can bound a run (`cut`).
+        folders.push((String::new(), false));
+    }
     Ok((folders, done.pages))
 }
 
+/// Whether `key` lies in a folder under `prefix` (not directly in it).
+fn in_folder(key: &str, prefix: &str) -> bool {
+    key.get(prefix.len()..).is_some_and(|r| r.contains('/'))
+}
+
 /// `folders` as at most [`RANGES`] runs of consecutive folders, none starting before
-/// `after` (the first page's last key: what came before it is listed).
-fn cut(folders: Vec<String>, after: Option<String>) -> Vec<Range> {
+/// `after` (the first page's last key: what came before it is listed). Folders a store
+/// named oddly (not UTF-8, not `PREFIX/NAME/`) cannot bound a run: then one run lists
+/// every folder after `after`, page after page.
+fn cut(mut folders: Vec<(String, bool)>, prefix: &str, after: Option<String>) -> Vec<Range> {
+    let plain = |(f, utf8): &(String, bool)| {
+        let name = f.strip_prefix(prefix).and_then(|n| n.strip_suffix('/'));
+        *utf8 && name.is_some_and(|n| !n.is_empty() && !n.contains('/'))
+    };
+    if !folders.iter().all(plain) {
+        let first = prefix.to_string();
+        return vec![Range {
+            start_after: after,
+            first,
+            end: None,
+        }];
+    }
+    let mut folders: Vec<String> = folders.drain(..).map(|(f, _)| f).collect();
+    folders.sort_unstable();
+    folders.dedup();
     let n = folders.len().min(RANGES);
     let bounds: Vec<usize> = (0..=n).map(|i| i * folders.len() / n.max(1)).collect();
     (bounds.windows(2))
         .map(|w| {
             let first = folders[w[0]].clone();
-            // Just before the folder's first key: its prefix without the '/'.
-            let before = first[..first.len() - 1].to_string();
+            // Just before the folder's first key: its prefix without the '/' (`plain`).
+            let before = first.strip_suffix('/').unwrap_or(&first).to_string();
             let start_after = match &after {
                 Some(a) if *a > before => a.clone(),
                 _ => before,
@@ -222,8 +276,9 @@ fn list_range(
         if range.end.as_ref().is_some_and(|end| o.key >= *end) || stop.load(Ordering::Relaxed) {
             return ControlFlow::Break(());
         }
-        let in_folder = o.key.get(prefix.len()..).is_some_and(|r| r.contains('/'));
-        if o.key >= range.first && in_folder {
+        // Keys up to `start_after` too: a store that ignores it starts at the beginning.
+        let after = range.start_after.as_ref().is_none_or(|a| o.key > *a);
+        if after && o.key >= range.first && in_folder(&o.key, prefix) {
             batch.push(o);
         }
         if batch.len() >= BATCH {

@@ -10,6 +10,8 @@ use super::*;
 /// Keys in a sorted set, pages of `page` items, requests counted; listing fails once
 /// `fail_after` requests were made. `moto`: a level listed after a key leaves out the
 /// folder that key is in (its prefix sorts before the key), as moto's server does.
+/// `careless`: a store that ignores `start-after` and `delimiter`. A key holding U+FFFD
+/// stands for one that was not UTF-8.
 struct Store {
     prefix: String,
     keys: Vec<String>,
@@ -17,6 +19,7 @@ struct Store {
     requests: AtomicUsize,
     fail_after: usize,
     moto: bool,
+    careless: bool,
 }
 
 impl Store {
@@ -29,6 +32,7 @@ impl Store {
             requests: AtomicUsize::new(0),
             fail_after: usize::MAX,
             moto: false,
+            careless: false,
         }
     }
 }
@@ -44,10 +48,11 @@ impl Lists for Store {
         each: &mut dyn FnMut(Listed) -> ControlFlow<()>,
     ) -> Result<Pages, StoreError> {
         let page = ask.max_keys.map_or(self.page, |m| m.min(self.page));
-        let mut at = match ask.start_after {
+        let mut at = match ask.start_after.filter(|_| !self.careless) {
             Some(after) => self.keys.partition_point(|k| k.as_str() <= after),
             None => 0,
         };
+        let folders = ask.folders && !self.careless;
         let mut pages = 0;
         loop {
             if self.requests.fetch_add(1, Ordering::Relaxed) >= self.fail_after {
@@ -61,7 +66,7 @@ impl Lists for Store {
                 let Some(rel) = key.strip_prefix(&self.prefix) else {
                     continue;
                 };
-                match rel.find('/').filter(|_| ask.folders) {
+                match rel.find('/').filter(|_| folders) {
                     Some(slash) => {
                         let folder = format!("{}{}", self.prefix, &rel[..=slash]);
                         while self.keys.get(at).is_some_and(|k| k.starts_with(&folder)) {
@@ -69,7 +74,8 @@ impl Lists for Store {
                         }
                         let before = ask.start_after.is_some_and(|a| folder.as_str() <= a);
                         if !(self.moto && before) {
-                            items.push(Listed::Folder(folder));
+                            let utf8 = !folder.contains('\u{FFFD}');
+                            items.push(Listed::Folder(folder, utf8));
                         }
                     }
                     None => items.push(Listed::Object(object(key))),
@@ -94,7 +100,7 @@ fn object(key: &str) -> Object {
         key: key.to_string(),
         size: 1,
         etag: None,
-        utf8: true,
+        utf8: !key.contains('\u{FFFD}'),
     }
 }
 
@@ -166,6 +172,31 @@ fn many_folders_are_cut_into_runs_and_still_listed_once() {
         let most = 3040 / page + 1 + (300 + 40) / page + 1 + RANGES * 2;
         assert!(requests <= most, "{requests} requests, pages of {page}");
     }
+}
+
+#[test]
+fn a_store_ignoring_start_after_and_the_delimiter_gives_every_key_once() {
+    let keys = tricky("p/");
+    for page in [2, 7, 1000] {
+        let mut store = Store::new("p/", &keys, page);
+        store.careless = true;
+        assert_eq!(listed(&store).0, under("p/", &keys), "pages of {page}");
+    }
+}
+
+#[test]
+fn keys_that_were_not_utf8_are_listed_page_after_page_once() {
+    let mut keys = tricky("p/");
+    // A folder named with a replaced byte, and (pages of 3) a first page ending in one.
+    keys.extend(["p/b\u{FFFD}/1".to_string(), "p/b\u{FFFD}/2".to_string()]);
+    for page in [1, 3, 7] {
+        let store = Store::new("p/", &keys, page);
+        assert_eq!(listed(&store).0, under("p/", &keys), "pages of {page}");
+    }
+    let first = ["p/0", "p/F", "p/F\u{FFFD}"].map(String::from);
+    let keys: Vec<String> = first.into_iter().chain(tricky("p/")).collect();
+    let store = Store::new("p/", &keys, 3);
+    assert_eq!(listed(&store).0, under("p/", &keys));
 }
 
 #[test]
