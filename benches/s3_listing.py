@@ -12,7 +12,7 @@ command returns (the bucket check, the listing, the index and the mount), and th
 peak resident memory (VmHWM) is read right after; the mount is then taken down.
 
 The listing past the first page is cut into ranges of class folders listed at once
-(`src/dataset/s3/ranges.rs`), so the server also answers `delimiter=/` (the class folders)
+(`crates/shufflefs-store/src/dataset/s3/ranges.rs`), so the server also answers `delimiter=/` (the class folders)
 and `start-after`; LATENCY_MS makes each page wait as S3's do (tens of ms), which is what
 the ranges win back. Binaries given as arguments are run in turn, ROUNDS times (an old and
 a new build alternated in one run).

@@ -23,12 +23,10 @@
 //!   settings and the command line (clap only; nothing below `daemon` imports it).
 #![deny(clippy::undocumented_unsafe_blocks)]
 
-pub mod cache;
 pub mod cli;
 pub mod comm;
 pub mod config;
 pub(crate) mod daemon;
-pub mod dataset;
 pub mod exchange;
 pub mod fuse;
 pub mod jobtable;
@@ -38,5 +36,6 @@ pub mod node;
 /// pure, no I/O, no MPI); re-exported so that `crate::plan` and `crate::coded` read as
 /// before.
 pub use shufflefs_plan::{coded, plan};
-pub mod sys;
+/// The dataset, the cache and the system calls live in `shufflefs-store` (no MPI, no FUSE).
+pub use shufflefs_store::{cache, dataset, sys};
 pub mod vfs;
