@@ -24,14 +24,14 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 pub mod cli;
-pub mod comm;
 pub mod config;
 pub(crate) mod daemon;
-pub mod exchange;
 pub mod fuse;
 pub mod jobtable;
 pub mod launch;
 pub mod node;
+/// The transport and the exchanges live in `shufflefs-net` (MPI behind its `mpi` feature).
+pub use shufflefs_net::{comm, exchange};
 /// The plan and the coded exchange's planning live in their own crate (`shufflefs-plan`:
 /// pure, no I/O, no MPI); re-exported so that `crate::plan` and `crate::coded` read as
 /// before.

@@ -53,6 +53,7 @@ while read -r crate banned; do
 done <<'WALLS'
 shufflefs-plan mpi|mpi-sys|clang-sys|tokio|fuser|clap
 shufflefs-store mpi|mpi-sys|clang-sys|fuser|clap
+shufflefs-net fuser|clap
 WALLS
 echo "== a build without MPI (--no-default-features)"
 cargo check --bins --no-default-features
@@ -60,8 +61,9 @@ echo "== import circles"
 python3 .ci/import-cycles.py
 python3 .ci/import-cycles.py crates/shufflefs-plan/src
 python3 .ci/import-cycles.py crates/shufflefs-store/src
+python3 .ci/import-cycles.py crates/shufflefs-net/src
 echo "== functions over 80 lines (outside tests)"
-for src in src crates/shufflefs-plan/src crates/shufflefs-store/src; do
+for src in src crates/shufflefs-plan/src crates/shufflefs-store/src crates/shufflefs-net/src; do
   python3 .ci/long-functions.py --over 80 "$src" >/dev/null ||
     { python3 .ci/long-functions.py --over 80 "$src"; exit 1; }
 done

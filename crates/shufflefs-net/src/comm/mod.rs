@@ -159,7 +159,7 @@ impl Reduce {
 }
 
 /// Names a posted message; unique within one transport.
-pub(crate) type Ticket = u64;
+pub type Ticket = u64;
 
 /// A posted message that completed: a send's buffer back (possibly emptied, for reuse) or a
 /// receive's buffer filled.
@@ -372,7 +372,7 @@ pub(crate) fn host_indices<T: PartialEq>(names: &[T]) -> Vec<u32> {
 }
 
 /// The world of one, for a daemon started without a launcher.
-pub(crate) fn single() -> LocalComm {
+pub fn single() -> LocalComm {
     LocalComm::world(1).pop().expect("one rank")
 }
 
@@ -381,7 +381,7 @@ pub(crate) fn single() -> LocalComm {
 ///
 /// The outcome travels as a trailing byte (0: the value, 1: an error message), so the value,
 /// up to a whole manifest, is moved through the broadcast and never copied.
-pub(crate) fn decide<T, E>(
+pub fn decide<T, E>(
     comm: &mut dyn Comm,
     at_root: impl FnOnce() -> Result<T, E>,
 ) -> Result<Result<Vec<u8>, String>, CommError>
@@ -411,10 +411,7 @@ where
 /// `mine`), else `None`. One all-reduce of a flag when nobody does (the common case of a
 /// start-up agreement: O(log M) steps, O(1) bytes at each rank); the all-gather, whose
 /// every rank receives M payloads, only when someone does (a refusal).
-pub(crate) fn gather_if_any(
-    comm: &mut dyn Comm,
-    mine: &[u8],
-) -> Result<Option<Vec<Vec<u8>>>, CommError> {
+pub fn gather_if_any(comm: &mut dyn Comm, mine: &[u8]) -> Result<Option<Vec<Vec<u8>>>, CommError> {
     let any = comm.all_reduce(&[u64::from(!mine.is_empty())], Reduce::Max)?;
     if any.first().is_none_or(|&a| a == 0) {
         return Ok(None);
@@ -424,7 +421,7 @@ pub(crate) fn gather_if_any(
 
 /// Every rank reports `Ok` or its own error; all ranks learn whether everybody is fine.
 /// Returns the list of `(rank, message)` failures, the same on every rank.
-pub(crate) fn agree(
+pub fn agree(
     comm: &mut dyn Comm,
     mine: Result<(), String>,
 ) -> Result<Vec<(Rank, String)>, CommError> {

@@ -70,7 +70,7 @@ impl ExchangeError {
     }
 
     /// Whether transfers were left in flight: the process must end without finalizing MPI.
-    pub(crate) fn is_abandoned(&self) -> bool {
+    pub fn is_abandoned(&self) -> bool {
         matches!(self.comm(), Some(CommError::Abandoned))
     }
 }

@@ -20,7 +20,7 @@ pub(crate) const WATCH_EVERY: Duration = Duration::from_millis(50);
 
 /// The server's process, as the server describes itself.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct ServerId {
+pub struct ServerId {
     pub(crate) pid: u32,
     /// Start time in clock ticks after boot (`/proc/PID/stat` field 22): a pid reused by
     /// another process after the server died has another. 0 if unknown (not compared).
@@ -31,7 +31,7 @@ pub(crate) struct ServerId {
 
 impl ServerId {
     /// This process.
-    pub(crate) fn mine() -> ServerId {
+    pub fn mine() -> ServerId {
         let pid = std::process::id();
         ServerId {
             pid,

@@ -22,14 +22,14 @@ use crate::cache::SampleStore;
 use crate::comm::Comm;
 use crate::plan::{SampleId, Step};
 
-pub(crate) mod arrivals;
+pub mod arrivals;
 pub use arrivals::is_names_tag;
 pub mod coded;
 pub(crate) mod deadline;
 mod error;
 mod executor;
 mod frames;
-pub(crate) mod kept;
+pub mod kept;
 mod peers;
 pub(crate) mod schedule;
 mod seam;
@@ -112,12 +112,12 @@ pub fn run(
 pub(crate) const ID_BYTES: usize = std::mem::size_of::<SampleId>();
 
 /// Sample ids as little-endian bytes, for lists sent between ranks.
-pub(crate) fn encode_ids(ids: &[SampleId]) -> Vec<u8> {
+pub fn encode_ids(ids: &[SampleId]) -> Vec<u8> {
     ids.iter().flat_map(|id| id.to_le_bytes()).collect()
 }
 
 /// The inverse of [`encode_ids`] (a trailing partial id is ignored).
-pub(crate) fn decode_ids(bytes: &[u8]) -> impl Iterator<Item = SampleId> + '_ {
+pub fn decode_ids(bytes: &[u8]) -> impl Iterator<Item = SampleId> + '_ {
     bytes
         .chunks_exact(ID_BYTES)
         .map(|c| SampleId::from_le_bytes(c.try_into().expect("one id's bytes")))

@@ -80,7 +80,7 @@ pub(crate) fn told(
 }
 
 /// [`told`], or where the round fails (said in the log) the walk back: the same step.
-pub(crate) fn told_or_walked(
+pub fn told_or_walked(
     comm: &mut dyn Comm,
     plan: &Plan,
     unnamed: &Unnamed,
@@ -99,7 +99,7 @@ pub(crate) fn told_or_walked(
 /// `rank`'s step out of `cur`: named by the round for a per-rank plan (with the peers
 /// `takes_part` accepts), walked back if the round fails (said in the log); the whole job's
 /// step for a plan that is not per rank. Collective, as [`told`].
-pub(crate) fn named(
+pub fn named(
     comm: &mut dyn Comm,
     plan: &Plan,
     cur: &Arc<EpochShares>,

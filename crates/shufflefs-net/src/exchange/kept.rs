@@ -26,7 +26,7 @@ const TAG_TAKEN: u16 = 0x5402;
 /// receiver takes them through the exchange, agreed with every peer it has a transfer with
 /// that `takes_part` accepts (collective over those peers). The transfers with a peer left
 /// out stay as they are: the exchange leaves them out itself (and shows them given up).
-pub(crate) fn filter(
+pub fn filter(
     comm: &mut dyn Comm,
     hs: &Handshake,
     step: &Step,

@@ -100,7 +100,7 @@ pub struct PeerReport {
 
 impl ExchangeReport {
     /// The entry of peer `rank`, added if missing.
-    pub(crate) fn peer(&mut self, rank: u32) -> &mut PeerReport {
+    pub fn peer(&mut self, rank: u32) -> &mut PeerReport {
         let i = match self.peers.iter().position(|p| p.rank == rank) {
             Some(i) => i,
             None => {
@@ -119,7 +119,7 @@ impl ExchangeReport {
     /// taken, so each of a disk peer's is expected at `mean` bytes (what it handed over
     /// already counts as it is). Never less than what arrived (a table showed `50.0 kB/0 B`
     /// during hand-offs), and exactly that once the exchange is done.
-    pub(crate) fn expected_bytes_to_receive(&self, mean: u64) -> u64 {
+    pub fn expected_bytes_to_receive(&self, mean: u64) -> u64 {
         if self.state == ExchangeState::Done {
             return self.bytes_received;
         }
@@ -140,7 +140,7 @@ pub struct ExchangeTracker {
 }
 
 impl ExchangeTracker {
-    pub(crate) fn update(&self, target: u64, f: impl FnOnce(&mut ExchangeReport)) {
+    pub fn update(&self, target: u64, f: impl FnOnce(&mut ExchangeReport)) {
         let mut reports = self.reports.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(r) = reports.iter_mut().find(|r| r.target_epoch == target) {
             f(r);
@@ -165,7 +165,7 @@ impl ExchangeTracker {
     }
 
     /// Records an exchange that will run, shown as pending until it starts.
-    pub(crate) fn announce(&self, target: u64) {
+    pub fn announce(&self, target: u64) {
         self.update(target, |_| {});
     }
 }

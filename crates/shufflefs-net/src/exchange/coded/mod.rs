@@ -60,10 +60,10 @@ pub mod routes;
 pub mod server;
 pub(crate) mod side;
 pub(crate) mod sizes;
-pub(crate) mod wire;
+pub mod wire;
 
 pub use client::CodedClient;
-pub(crate) use liveness::ServerId;
+pub use liveness::ServerId;
 pub use routes::Routes;
 pub use server::{ServeSettings, Server, ServerSamples};
 

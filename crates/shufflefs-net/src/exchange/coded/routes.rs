@@ -70,7 +70,8 @@ const TAG_SCATTER: u16 = 0x5309;
 const TAG_RING: u16 = 0x5308;
 
 /// How a burst reaches a group of several ranks (module docs).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Multicast {
     /// Scatter from the server, then a ring among the members (the paper's Theorem 4).
     #[default]
@@ -80,7 +81,7 @@ pub enum Multicast {
 }
 
 impl Multicast {
-    pub(crate) fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Multicast::Ring => "ring",
             Multicast::Broadcast => "broadcast",
@@ -159,7 +160,7 @@ impl Routes {
 
     /// The same routes to the server `id` (a compute rank on its host watches it while it
     /// waits, see `liveness`).
-    pub(crate) fn with_server(mut self, id: ServerId) -> Routes {
+    pub fn with_server(mut self, id: ServerId) -> Routes {
         self.server = Some(id);
         self
     }
@@ -176,11 +177,11 @@ impl Routes {
             .count()
     }
 
-    pub(crate) fn multicast(&self) -> Multicast {
+    pub fn multicast(&self) -> Multicast {
         self.multicast
     }
 
-    pub(crate) fn communicators(&self) -> &Communicators {
+    pub fn communicators(&self) -> &Communicators {
         &self.comms
     }
 
