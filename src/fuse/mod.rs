@@ -59,7 +59,7 @@ use fuser::{
     SessionUnmounter,
 };
 
-use crate::config::ReadPath;
+use crate::sys::kernel::ReadPath;
 use crate::vfs::error::FsError;
 use crate::vfs::handles::Attached;
 use crate::vfs::inodes::Node;

@@ -14,7 +14,7 @@ use fuser::{
 };
 
 use super::{FuseAdapter, fail};
-use crate::config::ReadPath;
+use crate::sys::kernel::ReadPath;
 use crate::sys::kernel::may_pass_through;
 use crate::vfs::error::FsError;
 use crate::vfs::{Kind, Wait};
