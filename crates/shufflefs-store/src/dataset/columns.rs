@@ -227,6 +227,7 @@ impl<T: Word> Words<T> {
     }
 
     /// Room for `n` more words.
+    #[cfg_attr(not(feature = "s3"), allow(dead_code))] // used by the S3 listing
     pub(crate) fn reserve_exact(&mut self, n: usize) {
         self.bytes.to_mut().reserve_exact(n * T::WIDTH);
     }

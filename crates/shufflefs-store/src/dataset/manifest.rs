@@ -375,6 +375,7 @@ impl Manifest {
 
     /// Room for `samples` more samples of `names` bytes of names in all (a manifest of
     /// folders), so pushing them grows nothing by doubling.
+    #[cfg_attr(not(feature = "s3"), allow(dead_code))] // used by the S3 listing
     pub(crate) fn reserve(&mut self, names: usize, samples: usize) {
         if let Index::Folders(f) = &mut self.index {
             f.names.to_mut().reserve_exact(names);
@@ -507,12 +508,14 @@ impl Manifest {
     }
 
     /// Keeps a bucket's ETags as listed: one per sample, or per shard of a record source.
+    #[cfg_attr(not(feature = "s3"), allow(dead_code))] // used by the S3 listing
     pub(crate) fn set_etags(&mut self, etags: Etags) {
         assert_eq!(etags.len(), self.etag_count(), "one ETag per object");
         self.etags = etags;
     }
 
     /// The listed ETag of sample `i` (or of shard `i` of a record source), if any.
+    #[cfg_attr(not(feature = "s3"), allow(dead_code))] // used by the S3 listing
     pub(crate) fn etag(&self, i: usize) -> Option<&str> {
         self.etags.get(i)
     }

@@ -26,6 +26,10 @@ pub mod names;
 pub mod owners;
 pub mod records;
 pub mod rescan;
+#[cfg(feature = "s3")]
+pub mod s3;
+#[cfg(not(feature = "s3"))]
+#[path = "s3_off.rs"]
 pub mod s3;
 pub mod scan;
 pub mod side;
