@@ -49,6 +49,12 @@ impl Etags {
         self.text.get(start..end)
     }
 
+    /// Bytes of ETag text in all (room to ask for when copying them).
+    #[cfg_attr(not(feature = "s3"), allow(dead_code))] // used by the S3 listing
+    pub fn text_len(&self) -> usize {
+        self.text.len()
+    }
+
     pub fn len(&self) -> usize {
         self.end.len()
     }

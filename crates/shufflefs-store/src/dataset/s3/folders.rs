@@ -17,9 +17,8 @@ pub(super) struct Folder {
     /// Where each name ends in `names`.
     name_ends: Vec<u64>,
     sizes: Vec<u64>,
-    etags: Vec<u8>,
-    /// Where each ETag ends in `etags` (an empty one where the store gave none).
-    etag_ends: Vec<u64>,
+    /// In listing order (an empty one where the store gave none).
+    etags: Etags,
 }
 
 impl Folder {
@@ -27,8 +26,7 @@ impl Folder {
         self.names.extend_from_slice(name);
         self.name_ends.push(self.names.len() as u64);
         self.sizes.push(size);
-        self.etags.extend_from_slice(etag.as_bytes());
-        self.etag_ends.push(self.etags.len() as u64);
+        self.etags.push(etag);
     }
 
     pub(super) fn len(&self) -> usize {
@@ -43,8 +41,8 @@ impl Folder {
         &self.names[span(&self.name_ends, i)]
     }
 
-    fn etag(&self, i: usize) -> &[u8] {
-        &self.etags[span(&self.etag_ends, i)]
+    fn etag(&self, i: usize) -> &str {
+        self.etags.get(i).unwrap_or_default()
     }
 
     /// Keeps the samples whose name `keep` says yes to.
@@ -52,8 +50,7 @@ impl Folder {
         let mut kept = Folder::default();
         for i in 0..self.len() {
             if keep(self.name(i)) {
-                let etag = std::str::from_utf8(self.etag(i)).unwrap_or_default();
-                kept.push(self.name(i), self.sizes[i], etag);
+                kept.push(self.name(i), self.sizes[i], self.etag(i));
             }
         }
         *self = kept;
@@ -94,7 +91,7 @@ pub(super) fn into_manifest(
     for f in folders.values() {
         (names, tags, samples) = (
             names + f.names.len(),
-            tags + f.etags.len(),
+            tags + f.etags.text_len(),
             samples + f.len(),
         );
     }
@@ -110,7 +107,7 @@ pub(super) fn into_manifest(
                 u32::try_from(names.len()).map_err(|_| ManifestError::TooMany(m.len() as usize))?;
             ends.push(end);
             if let Some(all) = in_order.as_mut() {
-                all.push(std::str::from_utf8(folder.etag(i)).unwrap_or_default());
+                all.push(folder.etag(i));
             }
         }
         let sizes: Vec<u64> = order.iter().map(|&i| folder.sizes[i]).collect();

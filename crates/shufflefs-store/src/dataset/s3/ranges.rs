@@ -118,22 +118,44 @@ pub(crate) fn list_all(
     Ok(head.pages + pages + list_ranges(store, &ranges, sink)?)
 }
 
+/// Objects on their way to the sink, handed over [`BATCH`] at a time.
+struct Batches<'a> {
+    objects: Vec<Object>,
+    sink: &'a (dyn Fn(Vec<Object>) + Sync),
+}
+
+impl<'a> Batches<'a> {
+    fn new(sink: &'a (dyn Fn(Vec<Object>) + Sync)) -> Batches<'a> {
+        let objects = Vec::new();
+        Batches { objects, sink }
+    }
+
+    fn push(&mut self, o: Object) {
+        self.objects.push(o);
+        if self.objects.len() >= BATCH {
+            (self.sink)(std::mem::take(&mut self.objects));
+        }
+    }
+
+    /// The last, partial batch to the sink.
+    fn finish(self) {
+        (self.sink)(self.objects);
+    }
+}
+
 /// Every object under the prefix, page after page (as before ranges existed).
 fn one_after_another(
     store: &dyn Lists,
     sink: &(dyn Fn(Vec<Object>) + Sync),
 ) -> Result<usize, StoreError> {
-    let mut batch = Vec::new();
+    let mut batch = Batches::new(sink);
     let done = store.list_with(Ask::default(), &mut |item| {
         if let Listed::Object(o) = item {
             batch.push(o);
         }
-        if batch.len() >= BATCH {
-            sink(std::mem::take(&mut batch));
-        }
         ControlFlow::Continue(())
     })?;
-    sink(batch);
+    batch.finish();
     Ok(done.pages)
 }
 
@@ -146,7 +168,7 @@ fn level(
     sink: &(dyn Fn(Vec<Object>) + Sync),
 ) -> Result<(Vec<(String, bool)>, usize), StoreError> {
     let prefix = store.prefix();
-    let (mut folders, mut batch, mut nested) = (Vec::new(), Vec::new(), false);
+    let (mut folders, mut batch, mut nested) = (Vec::new(), Batches::new(sink), false);
     let ask = Ask {
         start_after: after,
         folders: true,
@@ -160,12 +182,9 @@ fn level(
             Listed::Object(_) => nested = true,
             Listed::Folder(f, utf8) => folders.push((f, utf8)),
         }
-        if batch.len() >= BATCH {
-            sink(std::mem::take(&mut batch));
-        }
         ControlFlow::Continue(())
     })?;
-    sink(batch);
+    batch.finish();
     if nested {
         // The store ignored the delimiter: no folder it named can bound a run (`cut`).
         folders.push((String::new(), false));
@@ -264,7 +283,7 @@ fn list_range(
     sink: &(dyn Fn(Vec<Object>) + Sync),
     stop: &AtomicBool,
 ) -> Result<usize, StoreError> {
-    let mut batch = Vec::new();
+    let mut batch = Batches::new(sink);
     let ask = Ask {
         start_after: range.start_after.as_deref(),
         ..Ask::default()
@@ -281,12 +300,9 @@ fn list_range(
         if after && o.key >= range.first && in_folder(&o.key, prefix) {
             batch.push(o);
         }
-        if batch.len() >= BATCH {
-            sink(std::mem::take(&mut batch));
-        }
         ControlFlow::Continue(())
     })?;
-    sink(batch);
+    batch.finish();
     Ok(done.pages)
 }
 
