@@ -282,6 +282,9 @@ fn main() {
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let only_big = scale == 1 && std::env::var_os("SCALE_ONLY_BIG").is_some();
+    if std::env::var_os("SCALE_ONLY_KEEP").is_some() {
+        return keep_table(scale, &[1, 8, 64]);
+    }
     let mut saved = Vec::new();
     for m in [8, 64].into_iter().filter(|_| !only_big) {
         saved.push(per_rank(100_000_000 / scale, m, 10));
@@ -317,7 +320,15 @@ fn main() {
         return;
     }
     println!();
+    keep_table(scale, &[64]);
+}
+
+/// The partial cache planners' table at 10^7 samples (`SCALE_ONLY_KEEP=1` alone, for 1, 8
+/// and 64 ranks).
+fn keep_table(scale: u64, ranks: &[u32]) {
     println!("| partial cache planner | N | M | share | build s | advance s | resident MiB |");
     println!("|---|---:|---:|---:|---:|---:|---:|");
-    keep_planners(10_000_000 / scale as u64, 64);
+    for &m in ranks {
+        keep_planners(10_000_000 / scale, m);
+    }
 }

@@ -141,7 +141,8 @@ proptest! {
         let mut window: Vec<Vec<SampleId>> = vec![share.into_iter().collect()];
         window.extend(later.into_iter().map(|s| s.into_iter().collect::<Vec<_>>()));
         let refs: Vec<&[SampleId]> = window.iter().map(Vec::as_slice).collect();
-        let kept = choose(&refs, &[], &|_| 1, fits);
+        let none: &[SampleId] = &[];
+        let kept = choose(refs[0], &refs[1..], none, &|_| 1, fits);
         let stay = |s: &SampleId| 1 + window[1..].iter().take_while(|w| w.contains(s)).count();
         let total = |set: &[SampleId]| set.iter().map(stay).sum::<usize>();
         let n = window[0].len();

@@ -473,7 +473,7 @@ fn simulated(plan: &Plan, size: SizeOf, rank: Rank, capacity: u64) -> Outcome {
     let start = plan.own_initial(rank);
     let sizes = (size, capacity);
     let mut keep = LocalKeep::new(plan.clone(), rank, start, &[], sizes, DEFAULT_HORIZON);
-    let kept = keep.kept().len() as u64;
+    let kept = keep.kept().len();
     let mut total = Outcome::default();
     for _ in 1..ESTIMATE_EPOCHS {
         let keeps = keep.kept().len() as f64 / keep.share().len().max(1) as f64;

@@ -39,26 +39,35 @@ use std::collections::VecDeque;
 
 use std::collections::HashMap;
 
+use super::ids::Ids;
 use super::{EpochShares, Plan, Rank, SampleId, Step, Transfer};
 
 /// How many epochs ahead a sample's stay is looked at by default.
 pub const DEFAULT_HORIZON: usize = 8;
 
-/// The rule for one rank and one epoch. `window[0]` is the rank's share at the epoch,
-/// `window[1..]` its shares in the epochs after (each sorted); `prev` the kept set of the
-/// epoch before (sorted; empty at epoch 0). Returns the kept set, sorted.
-pub fn choose(
-    window: &[&[SampleId]],
-    prev: &[SampleId],
+/// The rule for one rank and one epoch. `share` is the rank's share at the epoch, `later`
+/// its shares in the epochs after (up to the horizon); `prev` the kept set of the epoch
+/// before (empty at epoch 0). Returns the kept set, sorted.
+pub fn choose<S, W, P>(
+    share: &S,
+    later: &[&W],
+    prev: &P,
     size: &dyn Fn(SampleId) -> u64,
     capacity: u64,
-) -> Vec<SampleId> {
-    let share = window.first().copied().unwrap_or(&[]);
-    let (mut kept, candidates): (Vec<SampleId>, Vec<SampleId>) =
-        share.iter().partition(|s| prev.binary_search(s).is_ok());
+) -> Vec<SampleId>
+where
+    S: Ids + ?Sized,
+    W: Ids + ?Sized,
+    P: Ids + ?Sized,
+{
+    let (mut kept, mut order) = (Vec::new(), Vec::new());
+    for s in share.ids() {
+        match prev.has(s) {
+            true => kept.push(s),
+            false => order.push((stay(later, s), s)),
+        }
+    }
     let mut used: u64 = kept.iter().map(|&s| size(s)).sum();
-    let mut order: Vec<(usize, SampleId)> =
-        candidates.iter().map(|&s| (stay(window, s), s)).collect();
     order.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
     for (_, s) in order {
         let n = size(s);
@@ -71,12 +80,10 @@ pub fn choose(
     kept
 }
 
-/// Epochs `s` stays in this rank's share from `window[0]` on (1 if it leaves next epoch).
-fn stay(window: &[&[SampleId]], s: SampleId) -> usize {
-    1 + window[1..]
-        .iter()
-        .take_while(|w| w.binary_search(&s).is_ok())
-        .count()
+/// Epochs `s` stays in this rank's share from the epoch before `later` on (1 if it leaves
+/// next epoch).
+fn stay<W: Ids + ?Sized>(later: &[&W], s: SampleId) -> u32 {
+    1 + later.iter().take_while(|w| w.has(s)).count() as u32
 }
 
 /// What one rank's epoch costs under the kept sets.
@@ -265,8 +272,8 @@ impl KeepPlanner {
                 };
                 let size = |s: SampleId| self.size(s);
                 received(
-                    &self.kept[r],
-                    &next.kept[r],
+                    &self.kept[r][..],
+                    &next.kept[r][..],
                     &peer_kept,
                     &size,
                     self.capacity,
@@ -293,10 +300,11 @@ impl KeepPlanner {
     }
 
     fn choose(&self, rank: Rank) -> Vec<SampleId> {
-        let window: Vec<&[SampleId]> = self.window.iter().map(|e| e.share(rank)).collect();
+        let later: Vec<&[SampleId]> = self.window.iter().skip(1).map(|e| e.share(rank)).collect();
         choose(
-            &window,
-            &self.kept[rank as usize],
+            self.window[0].share(rank),
+            &later,
+            &self.kept[rank as usize][..],
             &|s| self.size(s),
             self.capacity,
         )
@@ -330,7 +338,13 @@ impl KeepPlanner {
                 .get(p)
                 .is_some_and(|k| k.binary_search(&s).is_ok())
         };
-        let got = received(prev, kept, &peer_kept, &|s| self.size(s), self.capacity);
+        let got = received(
+            &prev[..],
+            &kept[..],
+            &peer_kept,
+            &|s| self.size(s),
+            self.capacity,
+        );
         o.hits = (carried.len() + got.len()) as u64;
         o.peer_bytes = bytes(&mut got.iter());
         o.source_bytes -= bytes(&mut carried.iter()) + o.peer_bytes;
@@ -343,17 +357,17 @@ impl KeepPlanner {
 /// before (`peer_kept`), in id order while they fit beside `prev`, which is all still on
 /// disk while the exchange runs. The rest of `kept`'s new samples are written when first
 /// read from the source.
-pub fn received(
-    prev: &[SampleId],
-    kept: &[SampleId],
+pub fn received<P: Ids + ?Sized, K: Ids + ?Sized>(
+    prev: &P,
+    kept: &K,
     peer_kept: &dyn Fn(SampleId) -> bool,
     size: &dyn Fn(SampleId) -> u64,
     capacity: u64,
 ) -> Vec<SampleId> {
-    let mut used: u64 = prev.iter().map(|&s| size(s)).sum();
+    let mut used: u64 = prev.ids().map(size).sum();
     let mut got = Vec::new();
-    for &s in kept {
-        if prev.binary_search(&s).is_ok() || !peer_kept(s) {
+    for s in kept.ids() {
+        if prev.has(s) || !peer_kept(s) {
             continue;
         }
         if used + size(s) <= capacity {
@@ -416,11 +430,14 @@ mod tests {
         let s2: &[SampleId] = &[3, 4, 9];
         let one = |_| 1;
         // 3 and 4 stay three epochs, 2 two, 1 one.
-        assert_eq!(choose(&[s0, s1, s2], &[], &one, 3), [2, 3, 4]);
+        let none: &[SampleId] = &[];
+        assert_eq!(choose(s0, &[s1, s2], none, &one, 3), [2, 3, 4]);
         // 9 arrives and outstays 2, but 2 was kept and is still here.
-        assert_eq!(choose(&[s1, s2], &[2, 3, 4], &one, 3), [2, 3, 4]);
+        let kept: &[SampleId] = &[2, 3, 4];
+        assert_eq!(choose(s1, &[s2], kept, &one, 3), [2, 3, 4]);
         // 1 left: its room goes to the longest stay, 9 before 2.
-        assert_eq!(choose(&[s1, s2], &[3, 4], &one, 3), [3, 4, 9]);
+        let kept: &[SampleId] = &[3, 4];
+        assert_eq!(choose(s1, &[s2], kept, &one, 3), [3, 4, 9]);
     }
 
     #[test]
@@ -428,8 +445,10 @@ mod tests {
         let one = |_| 1;
         let all = |_| true;
         // 1 and 2 (leaving) are still on disk during the exchange: room for one of 5, 6.
-        assert_eq!(received(&[1, 2], &[5, 6], &all, &one, 3), [5]);
-        assert_eq!(received(&[1], &[1, 5, 6], &|s| s == 6, &one, 3), [6]);
+        let (prev, kept): (&[SampleId], &[SampleId]) = (&[1, 2], &[5, 6]);
+        assert_eq!(received(prev, kept, &all, &one, 3), [5]);
+        let (prev, kept): (&[SampleId], &[SampleId]) = (&[1], &[1, 5, 6]);
+        assert_eq!(received(prev, kept, &|s| s == 6, &one, 3), [6]);
     }
 
     #[test]

@@ -15,6 +15,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use super::ids::{Ids, SampleSet};
 use super::keep::{Outcome, choose, received};
 use super::{EpochShares, Plan, Rank, SampleId, Transfer};
 
@@ -33,15 +34,16 @@ pub struct LocalKeep {
     size: SizeOf,
     capacity: u64,
     horizon: usize,
-    /// This rank's share (sorted) from the current epoch to `horizon + 1` epochs ahead.
-    window: VecDeque<Vec<SampleId>>,
+    /// This rank's share from the current epoch to `horizon + 1` epochs ahead (compact:
+    /// [`super::ids`]).
+    window: VecDeque<SampleSet>,
     /// The current epoch.
     epoch: u64,
     /// This rank's view at the far end of the window, whose slots the next step needs
     /// (the other epochs keep only their sorted shares: half the memory).
     last: EpochShares,
     /// `(epoch, kept set)`, oldest first; the last two are the current epoch's and the next.
-    kept: VecDeque<(u64, Vec<SampleId>)>,
+    kept: VecDeque<(u64, SampleSet)>,
 }
 
 impl std::fmt::Debug for LocalKeep {
@@ -67,11 +69,11 @@ impl LocalKeep {
         horizon: usize,
     ) -> LocalKeep {
         let (epoch, mut window) = (start.epoch, VecDeque::with_capacity(horizon + 2));
-        window.push_back(start.share(rank).to_vec());
+        window.push_back(SampleSet::from_sorted(start.share(rank)));
         let mut last = start;
         while window.len() < horizon + 2 {
             last = plan.own_step(rank, &last).next;
-            window.push_back(last.share(rank).to_vec());
+            window.push_back(SampleSet::from_sorted(last.share(rank)));
         }
         let mut keep = LocalKeep {
             plan,
@@ -84,12 +86,10 @@ impl LocalKeep {
             last,
             kept: VecDeque::new(),
         };
-        let mut window: Vec<&[SampleId]> = (keep.window.iter().take(horizon + 1))
-            .map(Vec::as_slice)
-            .collect();
-        window[0] = held;
-        let prev = choose(&window, &[], &*keep.size, capacity);
-        let first = keep.choose_at(0, &prev);
+        let later: Vec<&SampleSet> = keep.window.iter().skip(1).take(horizon).collect();
+        let none: &[SampleId] = &[];
+        let prev = choose(held, &later, none, &*keep.size, capacity);
+        let first = keep.choose_at(0, &prev[..]);
         let second = keep.choose_at(1, &first);
         let epoch = keep.epoch();
         keep.kept.extend([(epoch, first), (epoch + 1, second)]);
@@ -97,11 +97,10 @@ impl LocalKeep {
     }
 
     /// The kept set at `window[at]`, after `prev` (the kept set the epoch before).
-    fn choose_at(&self, at: usize, prev: &[SampleId]) -> Vec<SampleId> {
-        let window: Vec<&[SampleId]> = (self.window.iter().skip(at).take(self.horizon + 1))
-            .map(Vec::as_slice)
-            .collect();
-        choose(&window, prev, &*self.size, self.capacity)
+    fn choose_at<P: Ids + ?Sized>(&self, at: usize, prev: &P) -> SampleSet {
+        let later: Vec<&SampleSet> = (self.window.iter().skip(at + 1).take(self.horizon)).collect();
+        let kept = choose(&self.window[at], &later, prev, &*self.size, self.capacity);
+        SampleSet::from_sorted(&kept)
     }
 
     pub fn epoch(&self) -> u64 {
@@ -121,37 +120,37 @@ impl LocalKeep {
         (self.size)(s)
     }
 
-    /// This rank's share at the current epoch (sorted).
-    pub fn share(&self) -> &[SampleId] {
+    /// This rank's share at the current epoch.
+    pub fn share(&self) -> &SampleSet {
         &self.window[0]
     }
 
-    /// This rank's share at the next epoch (sorted).
-    pub fn next_share(&self) -> &[SampleId] {
+    /// This rank's share at the next epoch.
+    pub fn next_share(&self) -> &SampleSet {
         &self.window[1]
     }
 
-    /// The kept set at the current epoch (sorted).
-    pub fn kept(&self) -> &[SampleId] {
+    /// The kept set at the current epoch.
+    pub fn kept(&self) -> &SampleSet {
         self.kept_at(self.epoch())
             .expect("the current epoch's is held")
     }
 
-    /// The kept set at the next epoch (sorted).
-    pub fn next_kept(&self) -> &[SampleId] {
+    /// The kept set at the next epoch.
+    pub fn next_kept(&self) -> &SampleSet {
         self.kept_at(self.epoch() + 1)
             .expect("the next epoch's is held")
     }
 
     /// The kept set at `epoch`, if still held (the next epoch's and a few before).
-    pub fn kept_at(&self, epoch: u64) -> Option<&[SampleId]> {
-        (self.kept.iter().find(|(e, _)| *e == epoch)).map(|(_, k)| k.as_slice())
+    pub fn kept_at(&self, epoch: u64) -> Option<&SampleSet> {
+        (self.kept.iter().find(|(e, _)| *e == epoch)).map(|(_, k)| k)
     }
 
     /// Moves to the next epoch: one step of this rank's plan at the far end of the window.
     pub fn advance(&mut self) {
         self.last = (self.plan).own_step(self.rank, &self.last).next;
-        self.window.push_back(self.last.share(self.rank).to_vec());
+        (self.window).push_back(SampleSet::from_sorted(self.last.share(self.rank)));
         self.window.pop_front();
         self.epoch += 1;
         let after = self.choose_at(1, self.kept());
@@ -168,21 +167,19 @@ impl LocalKeep {
     pub fn outcome(&self, peer_keeps: f64) -> Option<Outcome> {
         let prev = self.kept_at(self.epoch().checked_sub(1)?)?;
         let (share, kept) = (self.share(), self.kept());
-        let bytes = |set: &mut dyn Iterator<Item = &SampleId>| set.map(|&s| self.size(s)).sum();
+        let bytes = |set: &mut dyn Iterator<Item = SampleId>| set.map(|s| self.size(s)).sum();
         let read_bytes: u64 = bytes(&mut share.iter());
-        let carried: Vec<SampleId> = (kept.iter().copied())
-            .filter(|s| prev.binary_search(s).is_ok())
-            .collect();
+        let carried: Vec<SampleId> = kept.iter().filter(|&s| prev.contains(s)).collect();
         let by_peer = |s: SampleId| drawn(s) < peer_keeps;
         let got = received(prev, kept, &by_peer, &*self.size, self.capacity);
-        let peer_bytes = bytes(&mut got.iter());
+        let peer_bytes = bytes(&mut got.iter().copied());
         Some(Outcome {
-            reads: share.len() as u64,
+            reads: share.len(),
             hits: (carried.len() + got.len()) as u64,
             read_bytes,
-            source_bytes: read_bytes - bytes(&mut carried.iter()) - peer_bytes,
+            source_bytes: read_bytes - bytes(&mut carried.iter().copied()) - peer_bytes,
             peer_bytes,
-            kept: kept.len() as u64,
+            kept: kept.len(),
             kept_bytes: bytes(&mut kept.iter()),
         })
     }
@@ -199,8 +196,8 @@ impl LocalKeep {
     /// caller advances first).
     pub fn handshake(&self, epoch: u64) -> Option<Handshake> {
         Some(Handshake {
-            kept: self.kept_at(epoch)?.to_vec(),
-            next: self.kept_at(epoch + 1)?.to_vec(),
+            kept: self.kept_at(epoch)?.clone(),
+            next: self.kept_at(epoch + 1)?.clone(),
             size: self.size.clone(),
             capacity: self.capacity,
         })
@@ -211,8 +208,8 @@ impl LocalKeep {
 /// of that epoch and the next, to tell its receivers what it keeps and its senders what it
 /// takes.
 pub struct Handshake {
-    kept: Vec<SampleId>,
-    next: Vec<SampleId>,
+    kept: SampleSet,
+    next: SampleSet,
     size: SizeOf,
     capacity: u64,
 }
@@ -222,8 +219,8 @@ impl Handshake {
     /// exchange then moves nothing for this rank.
     pub fn empty(keep: &LocalKeep) -> Handshake {
         Handshake {
-            kept: Vec::new(),
-            next: Vec::new(),
+            kept: SampleSet::default(),
+            next: SampleSet::default(),
             size: keep.size.clone(),
             capacity: keep.capacity,
         }
@@ -232,11 +229,7 @@ impl Handshake {
     /// For each of `sends` (this rank's transfers to one peer, in order): whether this
     /// rank kept its sample, one bit each ([`bits`]).
     pub fn kept_flags(&self, sends: &[Transfer]) -> Vec<u8> {
-        bits(
-            sends
-                .iter()
-                .map(|t| self.kept.binary_search(&t.sample).is_ok()),
-        )
+        bits(sends.iter().map(|t| self.kept.contains(t.sample)))
     }
 
     /// Of `incoming` (every transfer into this rank, sorted by sample), the ones it takes
@@ -328,11 +321,11 @@ mod tests {
             for (r, local) in ranks.iter().enumerate() {
                 assert_eq!(local.epoch(), epoch);
                 assert_eq!(
-                    local.kept(),
+                    local.kept().to_vec(),
                     whole.kept(r as Rank),
                     "rank {r} epoch {epoch}"
                 );
-                assert_eq!(local.share(), whole.shares().share(r as Rank));
+                assert_eq!(local.share().to_vec(), whole.shares().share(r as Rank));
             }
             let step = p.step(whole.shares());
             let want = whole.exchanged(&step);

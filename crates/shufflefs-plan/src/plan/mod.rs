@@ -51,6 +51,7 @@ pub(crate) mod coded;
 pub mod coded_keep;
 pub mod elastic;
 pub mod equal;
+pub mod ids;
 pub mod keep;
 pub mod keep_local;
 pub mod keyed;

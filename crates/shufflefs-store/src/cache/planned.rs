@@ -55,11 +55,9 @@ impl Planned {
 fn early_of(planner: &LocalKeep) -> Early {
     let (kept, share) = (planner.kept(), planner.share());
     let next_share = planner.next_share();
-    let leavers = (kept.iter().copied())
-        .filter(|s| next_share.binary_search(s).is_err())
-        .collect();
-    let next_new = (planner.next_kept().iter().copied())
-        .filter(|s| kept.binary_search(s).is_err() && share.binary_search(s).is_ok())
+    let leavers = kept.iter().filter(|&s| !next_share.contains(s)).collect();
+    let next_new = (planner.next_kept().iter())
+        .filter(|&s| !kept.contains(s) && share.contains(s))
         .collect();
     Early::new(planner.epoch(), leavers, next_new)
 }
