@@ -26,10 +26,11 @@
 pub mod cli;
 pub mod config;
 pub(crate) mod daemon;
-pub mod fuse;
 pub mod jobtable;
 pub mod launch;
-pub mod node;
+/// One rank's moving parts, the views and the fuser binding live in `shufflefs-fs` (no MPI,
+/// no command line).
+pub use shufflefs_fs::{fuse, node, vfs};
 /// The transport and the exchanges live in `shufflefs-net` (MPI behind its `mpi` feature).
 pub use shufflefs_net::{comm, exchange};
 /// The plan and the coded exchange's planning live in their own crate (`shufflefs-plan`:
@@ -38,4 +39,3 @@ pub use shufflefs_net::{comm, exchange};
 pub use shufflefs_plan::{coded, plan};
 /// The dataset, the cache and the system calls live in `shufflefs-store` (no MPI, no FUSE).
 pub use shufflefs_store::{cache, dataset, sys};
-pub mod vfs;

@@ -54,6 +54,7 @@ done <<'WALLS'
 shufflefs-plan mpi|mpi-sys|clang-sys|tokio|fuser|clap
 shufflefs-store mpi|mpi-sys|clang-sys|fuser|clap
 shufflefs-net fuser|clap
+shufflefs-fs mpi|mpi-sys|clang-sys|clap
 WALLS
 echo "== a build without MPI or S3 (--no-default-features)"
 cargo clippy --bins --no-default-features -- -D warnings
@@ -62,8 +63,9 @@ python3 .ci/import-cycles.py
 python3 .ci/import-cycles.py crates/shufflefs-plan/src
 python3 .ci/import-cycles.py crates/shufflefs-store/src
 python3 .ci/import-cycles.py crates/shufflefs-net/src
+python3 .ci/import-cycles.py crates/shufflefs-fs/src
 echo "== functions over 80 lines (outside tests)"
-for src in src crates/shufflefs-plan/src crates/shufflefs-store/src crates/shufflefs-net/src; do
+for src in src crates/shufflefs-*/src; do
   python3 .ci/long-functions.py --over 80 "$src" >/dev/null ||
     { python3 .ci/long-functions.py --over 80 "$src"; exit 1; }
 done

@@ -117,7 +117,7 @@ class Measures(unittest.TestCase):
 
 
 def row(rank, done, total, stale_s=None, into=1, moved=(0, 0)):
-    """A row of the job-wide view as the job-view draft makes it (src/node/jobview/row.rs,
+    """A row of the job-wide view as the job-view draft makes it (crates/shufflefs-fs/src/node/jobview/row.rs,
     board.rs: `RankRow` serialized, `stale_s` added when old)."""
     r = {"rank": rank, "host": f"node{rank // 2}", "epoch": 0,
          "staging": {"done": done, "total": total, "done_bytes": done * 10,

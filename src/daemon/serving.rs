@@ -135,7 +135,7 @@ fn observers(
 ) -> (Option<Gatherer>, Option<MetricsFile>) {
     let status = node.status.clone();
     let observe = move || status.observe_exchanges();
-    let view = jobview::start(comm, node.status.job.clone(), view_parts(node), observe);
+    let view = jobview::start(comm, node.status.job().clone(), view_parts(node), observe);
     let metrics = (config.metrics_file.as_ref()).map(|template| {
         let path = metrics_file::path_for(template, comm.rank(), &jobview::hostname());
         MetricsFile::start(path, node.status.clone())

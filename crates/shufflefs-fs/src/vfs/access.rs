@@ -31,7 +31,7 @@ use crate::dataset::owners::{Folder, Owner, search_classes};
 
 /// Owners and modes of the view's nodes (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Access {
+pub struct Access {
     /// The source root's owner and group: owners of the view's root and `epoch-N/`, and of
     /// every view node but `.shufflefs` where entries show no owners of their own.
     pub uid: u32,
@@ -69,7 +69,7 @@ impl Access {
 
     /// The view's access for source `root` (one `stat`); if that fails, only the mounting
     /// user's (files 0400, folders 0500): a view never grants what it cannot check.
-    pub(crate) fn of_source(root: &Path) -> Access {
+    pub fn of_source(root: &Path) -> Access {
         let me = Access::mounter();
         // A bucket has no owner or mode to derive from: the mounting user's alone, quietly.
         let examined = match crate::dataset::s3::is_s3(root) {
@@ -123,7 +123,7 @@ impl Access {
 
     /// `self`, showing each folder's and sample's own owner and mode where the manifest has
     /// them (`--allow-other`; see the module docs).
-    pub(crate) fn per_entry(self, on: bool) -> Access {
+    pub fn per_entry(self, on: bool) -> Access {
         Access {
             per_entry: on,
             ..self

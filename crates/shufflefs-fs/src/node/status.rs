@@ -274,6 +274,11 @@ impl StatusReport for DaemonStatus {
 }
 
 impl DaemonStatus {
+    /// The job view this rank holds (empty until the daemon starts it).
+    pub fn job(&self) -> &Arc<JobBoard> {
+        &self.job
+    }
+
     /// The metrics' input, read now.
     fn metrics_text(&self) -> String {
         let rank = self.epochs.rank();
@@ -317,7 +322,7 @@ impl DaemonStatus {
     }
 
     /// Brings the exchange totals up to date (the job view does, every second).
-    pub(crate) fn observe_exchanges(&self) {
+    pub fn observe_exchanges(&self) {
         self.totals.observe(&self.exchange.snapshot());
     }
 }

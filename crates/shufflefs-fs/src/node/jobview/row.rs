@@ -98,7 +98,7 @@ fn truncate(s: &mut String, max: usize) {
 
 /// The parts of a node a row is read from.
 #[derive(Clone)]
-pub(crate) struct Parts {
+pub struct Parts {
     pub store: Arc<SampleStore>,
     pub epochs: Coordinator,
     pub staging: Arc<StagingProgress>,
@@ -108,7 +108,7 @@ pub(crate) struct Parts {
 /// Makes this rank's rows, remembering what a rate and a running total need: the bytes of
 /// the exchange at the previous row, and what each recent exchange fetched from the source
 /// (the tracker keeps the last few exchanges only).
-pub(crate) struct Sampler {
+pub struct Sampler {
     parts: Parts,
     host: String,
     /// The exchange the rows follow and its bytes done at each recent row (the last
@@ -222,7 +222,7 @@ impl Sampler {
 }
 
 /// This machine's name, as `hostname` prints it.
-pub(crate) fn hostname() -> String {
+pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_default()

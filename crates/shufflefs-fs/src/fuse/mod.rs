@@ -71,7 +71,7 @@ mod ops;
 use interrupt::Waiters;
 
 /// Re-exported for the daemon's wiring (it sizes the request threads by it).
-pub(crate) use crate::sys::kernel::may_pass_through;
+pub use crate::sys::kernel::may_pass_through;
 
 /// The adapter's state, shared with the threads that answer requests which may wait.
 pub struct Adapter {

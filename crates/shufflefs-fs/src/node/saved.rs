@@ -42,7 +42,7 @@ pub(crate) fn save(root: &Path, plan: &Plan, rank: Rank, shares: &EpochShares) {
 
 /// `rank`'s view of `epoch`: read from its slots saved under `root` when they match
 /// (O(share)), else walked back (`Plan::own_shares_at`, O(share · epoch)).
-pub(crate) fn own_shares_at(root: &Path, plan: &Plan, rank: Rank, epoch: u64) -> EpochShares {
+pub fn own_shares_at(root: &Path, plan: &Plan, rank: Rank, epoch: u64) -> EpochShares {
     match load(root, plan, rank, epoch) {
         Ok(shares) => shares,
         Err(why) => {

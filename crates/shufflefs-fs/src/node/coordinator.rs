@@ -319,7 +319,7 @@ impl Coordinator {
         handle
     }
 
-    pub(crate) fn plan(&self) -> &Plan {
+    pub fn plan(&self) -> &Plan {
         &self.shared.plan
     }
 
@@ -498,7 +498,7 @@ impl Coordinator {
     }
 
     /// The kernel forgot epoch `old`'s names.
-    pub(crate) fn invalidated(&self, old: u64) {
+    pub fn invalidated(&self, old: u64) {
         self.send(Command::Invalidated(old));
     }
 
@@ -506,7 +506,7 @@ impl Coordinator {
     /// worker goes on (the exchange in flight still ends and is reported): the mount was
     /// detached on a signal and its readers must not wait for an epoch this rank will not
     /// publish.
-    pub(crate) fn give_up_waits(&self) {
+    pub fn give_up_waits(&self) {
         self.shared.stopping.store(true, Ordering::Relaxed);
     }
 

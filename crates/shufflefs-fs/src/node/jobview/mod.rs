@@ -24,11 +24,11 @@ pub mod sim;
 mod tree;
 mod wire;
 
-pub(crate) use board::JobBoard;
-pub(crate) use gather::Gatherer;
+pub use board::JobBoard;
+pub use gather::Gatherer;
 #[cfg(test)]
 use row::RankRow;
-pub(crate) use row::{Parts, Sampler, hostname};
+pub use row::{Parts, Sampler, hostname};
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -41,7 +41,7 @@ use crate::plan::Rank;
 /// trade host names): every rank calls it at the same point of start-up. `observe` runs
 /// before each of this rank's rows (the metrics' totals keep up with it). `None` if the
 /// split failed (the job runs without view).
-pub(crate) fn start(
+pub fn start(
     comm: &mut dyn Comm,
     board: Arc<JobBoard>,
     parts: Parts,
@@ -72,7 +72,7 @@ pub(crate) fn start(
 }
 
 /// A transport that ticks the job view as it is used: see the module docs.
-pub(crate) struct Viewed<'a> {
+pub struct Viewed<'a> {
     pub inner: &'a mut dyn Comm,
     pub view: &'a mut Gatherer,
 }

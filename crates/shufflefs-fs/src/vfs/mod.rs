@@ -35,7 +35,7 @@ use crate::vfs::inodes::{
     CTL_DIR_NAME, CURRENT_NAME, EPOCH_CTL_NAME, METRICS_NAME, Node, STATUS_NAME,
 };
 
-pub(crate) mod access;
+pub mod access;
 pub(crate) mod attr;
 pub mod error;
 pub(crate) mod handles;
@@ -58,7 +58,7 @@ pub use wait::{Cancel, Cancelled, Wait};
 pub(crate) const UNCACHED_MAX: u64 = 16 << 20;
 
 /// Default `--part-size`.
-pub(crate) const DEFAULT_PART_SIZE: u64 = 128 << 20;
+pub const DEFAULT_PART_SIZE: u64 = 128 << 20;
 
 /// The domain of the view order's seeded stream (see `plan::stream`).
 const VIEW_ORDER_DOMAIN: u64 = 0x7061_7274; // "part"
@@ -156,7 +156,7 @@ impl ShuffleFs {
     }
 
     /// Shows the view with `access`'s owners and modes (the source's: `Access::of_source`).
-    pub(crate) fn with_access(mut self, access: Access) -> ShuffleFs {
+    pub fn with_access(mut self, access: Access) -> ShuffleFs {
         self.access = access;
         self
     }
@@ -183,7 +183,7 @@ impl ShuffleFs {
     }
 
     /// Sets the target size of a record source's part files (`--part-size`).
-    pub(crate) fn with_part_size(mut self, bytes: u64) -> ShuffleFs {
+    pub fn with_part_size(mut self, bytes: u64) -> ShuffleFs {
         self.part_size = bytes.max(1);
         self
     }
@@ -254,7 +254,7 @@ impl ShuffleFs {
     }
 
     /// Shows `.shufflefs/status` as a link to `status_file` instead of a file.
-    pub(crate) fn with_status_link(mut self) -> ShuffleFs {
+    pub fn with_status_link(mut self) -> ShuffleFs {
         self.status_link = true;
         self
     }

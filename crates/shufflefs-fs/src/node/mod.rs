@@ -22,15 +22,15 @@ use crate::plan::{EpochShares, Plan, Rank, SampleId, Step};
 
 pub mod coordinator;
 mod epoch_log;
-pub(crate) mod jobview;
+pub mod jobview;
 /// The job view of many ranks in one thread, for the benches.
 #[cfg(feature = "testing")]
 pub use jobview::sim as jobview_sim;
 pub(crate) mod metrics;
-pub(crate) mod regrow;
+pub mod regrow;
 pub mod resume;
-pub(crate) mod resumed;
-pub(crate) mod saved;
+pub mod resumed;
+pub mod saved;
 pub(crate) mod staging;
 pub mod status;
 
@@ -139,7 +139,7 @@ impl Node {
     /// From now on, the old epochs whose kernel entries must be dropped, for whoever talks
     /// to the kernel; it reports each one done through `Coordinator::invalidated`. Until
     /// this is called (and in tests without a kernel) advances wait for no invalidation.
-    pub(crate) fn invalidations(&self) -> Receiver<u64> {
+    pub fn invalidations(&self) -> Receiver<u64> {
         let (tx, rx) = channel();
         *self
             .effects

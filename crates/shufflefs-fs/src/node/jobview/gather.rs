@@ -66,7 +66,7 @@ enum Posted {
     Sent(Rank),
 }
 
-pub(crate) struct Gatherer {
+pub struct Gatherer {
     comm: Box<dyn Comm>,
     board: Arc<JobBoard>,
     /// This rank's row, made once a period.
@@ -347,7 +347,7 @@ impl Gatherer {
     /// Ends the view: this rank's last row, marked `left`, goes to rank 0 (rank 0's to every
     /// rank), then receives are cancelled and sends left to complete as the communicator is
     /// dropped (they are eager, see `wire`).
-    pub(crate) fn finish(mut self) {
+    pub fn finish(mut self) {
         self.leave();
     }
 

@@ -14,7 +14,7 @@ use super::row::RankRow;
 pub(crate) const STALE: Duration = Duration::from_secs(3);
 
 #[derive(Default)]
-pub(crate) struct JobBoard {
+pub struct JobBoard {
     table: Mutex<Option<Table>>,
     /// Every rank's host name, learned as the view starts.
     hosts: std::sync::OnceLock<Vec<String>>,

@@ -31,7 +31,7 @@ use crate::plan::SampleId;
 
 pub const ROOT: u64 = 1;
 pub(crate) const CTL_DIR_NAME: &str = ".shufflefs";
-pub(crate) const CURRENT_NAME: &str = "current";
+pub const CURRENT_NAME: &str = "current";
 pub(crate) const STATUS_NAME: &str = "status";
 pub(crate) const EPOCH_CTL_NAME: &str = "epoch";
 pub(crate) const METRICS_NAME: &str = "metrics";
@@ -106,7 +106,7 @@ impl Node {
     }
 }
 
-pub(crate) fn epoch_dir_name(epoch: u64) -> String {
+pub fn epoch_dir_name(epoch: u64) -> String {
     format!("epoch-{epoch}")
 }
 

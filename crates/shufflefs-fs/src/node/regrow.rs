@@ -40,7 +40,7 @@ use crate::plan::elastic::ElasticPlan;
 use crate::plan::{Rank, SampleId, Step, Transfer};
 
 /// Settings of a regrow.
-pub(crate) struct RegrowConfig {
+pub struct RegrowConfig {
     pub exchange: ExchangeConfig,
     /// Whether same-host ranks may take samples from each other's caches (`--share-disk`).
     pub share_disk: bool,
@@ -49,7 +49,7 @@ pub(crate) struct RegrowConfig {
 /// Collective: fills this rank's share at `epoch` (see the module docs) from `orphans` (the
 /// gone ranks' caches this rank locked), the other ranks and the source; then removes the
 /// orphans. Every rank must call it.
-pub(crate) fn regrow(
+pub fn regrow(
     comm: &mut dyn Comm,
     store: &SampleStore,
     plan: &ElasticPlan,
