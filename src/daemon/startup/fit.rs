@@ -427,7 +427,8 @@ fn part_of(free: u64, total: u64, held: u64, sharing: u64) -> u64 {
 /// The fit of `rank`'s share in `capacity` bytes, simulated on `plan` (pure).
 pub(crate) fn estimate(plan: &Plan, sizes: &OnDisk<'_>, rank: Rank, capacity: u64) -> Fit {
     let bytes = |share: &[SampleId]| share.iter().map(|&s| sizes.size(s)).sum::<u64>();
-    let mut cur = plan.own_initial(rank);
+    // From the start of this world's era (see `simulated`).
+    let mut cur = plan.own_shares_at(rank, plan.era_start());
     let share_bytes = bytes(cur.share(rank));
     let mut needed = share_bytes;
     for _ in 1..ESTIMATE_EPOCHS {
@@ -470,7 +471,9 @@ pub(crate) fn estimate(plan: &Plan, sizes: &OnDisk<'_>, rank: Rank, capacity: u6
 /// planned (`plan::keep_local`): a sample arriving counts as kept by its sender as often as
 /// this rank keeps the samples of its own share.
 fn simulated(plan: &Plan, size: SizeOf, rank: Rank, capacity: u64) -> Outcome {
-    let start = plan.own_initial(rank);
+    // From the start of this world's era: before it (an elastic restart's earlier epochs)
+    // another number of ranks held the shares, which this plan does not step from.
+    let start = plan.own_shares_at(rank, plan.era_start());
     let sizes = (size, capacity);
     let mut keep = LocalKeep::new(plan.clone(), rank, start, &[], sizes, DEFAULT_HORIZON);
     let kept = keep.kept().len();

@@ -382,4 +382,39 @@ mod tests {
         assert!(h.resized(1, 5).is_err());
         assert!(History::new(4).is_prefix_of(&h) && !h.is_prefix_of(&History::new(4)));
     }
+
+    /// A resized job's plan steps on from its own era's start (where the daemon's fit
+    /// estimate and partial-cache planner begin): every epoch a partition, every share
+    /// strictly sorted (a view of epoch 0, from another era, stepped on gave repeats).
+    #[test]
+    fn a_resized_plan_steps_from_its_era_as_a_partition() {
+        use crate::plan::Rank;
+        let history = History::new(2).resized(1, 3).unwrap();
+        let params = PlanParams {
+            samples: 80,
+            world: 0,
+            fraction: 0.5,
+            seed: 7,
+        };
+        let elastic = ElasticPlan::new(params, history).unwrap();
+        let plan = elastic.plan_at(1);
+        assert_eq!((plan.era_start(), plan.params().world), (1, 3));
+        let mut views: Vec<EpochShares> = (0..3).map(|r| plan.own_shares_at(r, 1)).collect();
+        for epoch in 1..8 {
+            let mut all: Vec<SampleId> = Vec::new();
+            for (r, v) in views.iter().enumerate() {
+                let share = v.share(r as Rank);
+                assert!(
+                    share.windows(2).all(|w| w[0] < w[1]),
+                    "epoch {epoch} rank {r}"
+                );
+                all.extend_from_slice(share);
+            }
+            all.sort_unstable();
+            assert_eq!(all, (0..80).collect::<Vec<_>>(), "epoch {epoch}");
+            for (r, v) in views.iter_mut().enumerate() {
+                *v = plan.own_step(r as Rank, v).next;
+            }
+        }
+    }
 }

@@ -41,10 +41,13 @@ impl Ids for [SampleId] {
 pub struct SampleSet(RoaringTreemap);
 
 impl SampleSet {
-    /// The set of `sorted` (ascending, no repeats: a share or a kept set).
-    pub fn from_sorted(sorted: &[SampleId]) -> SampleSet {
-        let set = RoaringTreemap::from_sorted_iter(sorted.iter().copied());
-        SampleSet(set.expect("a share or kept set is sorted and has no repeats"))
+    /// The set of `ids`, in any order (a share is sorted, which is the fast way in; a share
+    /// an elastic restart hands over may not be).
+    pub fn from_ids(ids: &[SampleId]) -> SampleSet {
+        match RoaringTreemap::from_sorted_iter(ids.iter().copied()) {
+            Ok(set) => SampleSet(set),
+            Err(_) => SampleSet(ids.iter().copied().collect()),
+        }
     }
 
     pub fn contains(&self, s: SampleId) -> bool {
@@ -104,7 +107,10 @@ mod tests {
             probes in proptest::collection::vec(0..u64::MAX, 0..50),
         ) {
             let sorted: Vec<SampleId> = ids.into_iter().collect();
-            let set = SampleSet::from_sorted(&sorted);
+            let set = SampleSet::from_ids(&sorted);
+            let mut shuffled = sorted.clone();
+            shuffled.reverse();
+            prop_assert!(SampleSet::from_ids(&shuffled) == set);
             prop_assert_eq!(set.to_vec(), sorted.clone());
             prop_assert_eq!(set.len(), sorted.len() as u64);
             prop_assert_eq!(set.ids().collect::<Vec<_>>(), sorted.ids().collect::<Vec<_>>());

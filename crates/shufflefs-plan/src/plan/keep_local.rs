@@ -69,11 +69,11 @@ impl LocalKeep {
         horizon: usize,
     ) -> LocalKeep {
         let (epoch, mut window) = (start.epoch, VecDeque::with_capacity(horizon + 2));
-        window.push_back(SampleSet::from_sorted(start.share(rank)));
+        window.push_back(SampleSet::from_ids(start.share(rank)));
         let mut last = start;
         while window.len() < horizon + 2 {
             last = plan.own_step(rank, &last).next;
-            window.push_back(SampleSet::from_sorted(last.share(rank)));
+            window.push_back(SampleSet::from_ids(last.share(rank)));
         }
         let mut keep = LocalKeep {
             plan,
@@ -100,7 +100,7 @@ impl LocalKeep {
     fn choose_at<P: Ids + ?Sized>(&self, at: usize, prev: &P) -> SampleSet {
         let later: Vec<&SampleSet> = (self.window.iter().skip(at + 1).take(self.horizon)).collect();
         let kept = choose(&self.window[at], &later, prev, &*self.size, self.capacity);
-        SampleSet::from_sorted(&kept)
+        SampleSet::from_ids(&kept)
     }
 
     pub fn epoch(&self) -> u64 {
@@ -150,7 +150,7 @@ impl LocalKeep {
     /// Moves to the next epoch: one step of this rank's plan at the far end of the window.
     pub fn advance(&mut self) {
         self.last = (self.plan).own_step(self.rank, &self.last).next;
-        (self.window).push_back(SampleSet::from_sorted(self.last.share(self.rank)));
+        (self.window).push_back(SampleSet::from_ids(self.last.share(self.rank)));
         self.window.pop_front();
         self.epoch += 1;
         let after = self.choose_at(1, self.kept());

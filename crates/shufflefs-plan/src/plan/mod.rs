@@ -455,7 +455,15 @@ impl Plan {
         !matches!(self.kind, PlanKind::Coded(_))
     }
 
-    /// `rank`'s view of epoch 0 (the whole job's, for a plan that is not per rank).
+    /// The first epoch of this world's era: 0, or the epoch an elastic restart (M -> M')
+    /// resumed at. Epochs before it were planned for another number of ranks.
+    pub fn era_start(&self) -> u64 {
+        self.local.origin()
+    }
+
+    /// `rank`'s view of epoch 0 (the whole job's, for a plan that is not per rank). Of a
+    /// plan resized by an elastic restart, only a view of its own era is one this plan
+    /// steps on ([`Plan::era_start`]).
     pub fn own_initial(&self, rank: Rank) -> EpochShares {
         if !self.is_per_rank() {
             return self.initial();
