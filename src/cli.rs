@@ -326,6 +326,12 @@ pub struct MountArgs {
     #[arg(long, help_heading = "Mount")]
     pub foreground: bool,
 
+    /// Without an MPI launcher, meet the job's other ranks over TCP at HOST:PORT (rank 0's
+    /// host; rank 0 listens there). RANK and WORLD_SIZE come from the environment. Default
+    /// under torchrun or a Kubernetes job: MASTER_ADDR, port SHUFFLEFS_PORT or MASTER_PORT + 1.
+    #[arg(long, value_name = "HOST:PORT", help_heading = "Mount")]
+    pub rendezvous: Option<String>,
+
     /// Let other users see the view (needs `user_allow_other` in /etc/fuse.conf for non-root).
     #[arg(long, help_heading = "Mount")]
     pub allow_other: bool,

@@ -104,6 +104,9 @@ pub(crate) struct MountConfig {
     pub exchange: ExchangeMode,
     pub seed: Option<u64>,
     pub foreground: bool,
+    /// `--rendezvous`: where a job without an MPI launcher meets over TCP (see
+    /// `comm::Contract`).
+    pub rendezvous: Option<String>,
     pub allow_other: bool,
     /// `--ready-file`: rank 0 writes the job's ready record here (`daemon::ready`).
     pub ready_file: Option<PathBuf>,
@@ -163,6 +166,7 @@ impl TryFrom<MountArgs> for MountConfig {
             exchange,
             seed: args.seed,
             foreground: args.foreground,
+            rendezvous: args.rendezvous,
             allow_other: args.allow_other,
             ready_file: args.ready_file,
             metrics_file: args.metrics_file,

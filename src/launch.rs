@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tracing_subscriber::EnvFilter;
 
 use crate::cli::{MountArgs, ServeArgs, UnmountArgs};
-use crate::comm::{self, Comm, launched_by_mpi};
+use crate::comm::{self, Comm, Contract, TcpComm, launched_by_mpi};
 use crate::config::{MountConfig, ServeConfig};
 use crate::daemon;
 
@@ -40,19 +40,22 @@ pub fn mount(args: MountArgs) -> ExitCode {
         }
     };
     let under_mpi = launched_by_mpi();
+    let contract = match contract(under_mpi, &args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("shufflefs: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     if under_mpi || args.foreground {
         crate::sys::memory::fewer_malloc_arenas();
         init_logging();
-        let mut comm: Box<dyn Comm> = if under_mpi {
-            match mpi_world() {
-                Ok(c) => c,
-                Err(e) => {
-                    eprintln!("shufflefs: {e}");
-                    return ExitCode::FAILURE;
-                }
+        let mut comm = match world(under_mpi, contract.as_ref()) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("shufflefs: {e}");
+                return ExitCode::FAILURE;
             }
-        } else {
-            Box::new(comm::single())
         };
         let result = daemon::run(&args, comm.as_mut(), &mut |msg| {
             println!("{msg}");
@@ -60,7 +63,33 @@ pub fn mount(args: MountArgs) -> ExitCode {
         });
         return exit_code(result);
     }
-    detached(&args)
+    detached(&args, contract.as_ref())
+}
+
+/// Where a job without an MPI launcher meets over TCP (`--rendezvous`, or torchrun's and a
+/// Kubernetes job's environment; `None`: a job of one). Under mpirun/srun the ranks meet
+/// through MPI, and a `--rendezvous` there is a mistake worth naming (mixed transports).
+fn contract(under_mpi: bool, args: &MountConfig) -> Result<Option<Contract>, String> {
+    match (under_mpi, &args.rendezvous) {
+        (true, Some(_)) => Err(
+            "mpirun/srun started this rank, so it meets the others through MPI: --rendezvous is for jobs started without an MPI launcher (torchrun, a Kubernetes job); drop it, or start every rank without mpirun"
+                .into(),
+        ),
+        (true, None) => Ok(None),
+        (false, r) => Contract::from_env(r.as_deref()),
+    }
+}
+
+/// This rank's world: MPI under an MPI launcher, TCP with a contract, else a job of one.
+fn world(under_mpi: bool, contract: Option<&Contract>) -> Result<Box<dyn Comm>, String> {
+    match (under_mpi, contract) {
+        (true, _) => mpi_world(),
+        (false, Some(c)) => match TcpComm::connect(c) {
+            Ok(c) => Ok(Box::new(c)),
+            Err(e) => Err(e.to_string()),
+        },
+        (false, None) => Ok(Box::new(comm::single())),
+    }
 }
 
 /// `shufflefs serve`: the server rank of a coded job (see `daemon::coded`). Only under an MPI
@@ -134,7 +163,8 @@ fn report<E: std::fmt::Display>(result: Result<(), E>) -> ExitCode {
     }
 }
 
-fn detached(args: &MountConfig) -> ExitCode {
+fn detached(args: &MountConfig, contract: Option<&Contract>) -> ExitCode {
+    let rank = contract.map_or(0, |c| c.rank);
     let (read_end, write_end) = match nix::unistd::pipe() {
         Ok(p) => p,
         Err(e) => {
@@ -143,19 +173,20 @@ fn detached(args: &MountConfig) -> ExitCode {
         }
     };
     // Nothing is created before the overlap check (the log goes into the cache folder).
-    if let Err(e) = crate::config::check_overlaps(args, 0) {
+    if let Err(e) = crate::config::check_overlaps(args, rank) {
         eprintln!("shufflefs: {e}");
         return ExitCode::FAILURE;
     }
     // The log goes into the cache folder: not into a folder that is not ours to take.
-    if let Err(e) = crate::cache::CacheDir::check_takeable(&crate::config::for_rank(&args.cache, 0))
+    if let Err(e) =
+        crate::cache::CacheDir::check_takeable(&crate::config::for_rank(&args.cache, rank))
     {
         eprintln!("shufflefs: {e}");
         return ExitCode::FAILURE;
     }
-    let log = daemon::log_path(args);
+    let log = daemon::log_path(args, rank);
     // The folders this mount makes for its log (and cache): a refused start removes them.
-    let made = first_missing(&crate::config::for_rank(&args.cache, 0));
+    let made = first_missing(&crate::config::for_rank(&args.cache, rank));
     // SAFETY: no other thread exists yet (nothing has been spawned and MPI is not initialised),
     // so the child may keep running arbitrary code after fork.
     match unsafe { nix::unistd::fork() } {
@@ -177,8 +208,16 @@ fn detached(args: &MountConfig) -> ExitCode {
             redirect_stdio(&log);
             init_logging();
             let mut pipe = File::from(write_end);
-            let mut comm = comm::single();
-            let result = daemon::run(args, &mut comm, &mut |msg| {
+            // The rendezvous runs here, after the fork: its threads belong to the daemon.
+            let mut comm = match world(false, contract) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::error!("{e}");
+                    let _ = pipe.write_all(format!("err {e}").as_bytes());
+                    return ExitCode::FAILURE;
+                }
+            };
+            let result = daemon::run(args, comm.as_mut(), &mut |msg| {
                 tracing::info!("{msg}");
                 // The parent returns as soon as it reads this line.
                 let _ = pipe.write_all(format!("ok {msg}").as_bytes());

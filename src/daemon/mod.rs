@@ -261,8 +261,8 @@ fn ready_line(
 }
 
 /// The log file of a detached daemon: in its cache folder.
-pub(crate) fn log_path(args: &MountConfig) -> PathBuf {
-    for_rank(&args.cache, 0).join("shufflefs.log")
+pub(crate) fn log_path(args: &MountConfig, rank: u32) -> PathBuf {
+    for_rank(&args.cache, rank).join("shufflefs.log")
 }
 
 pub(crate) fn ensure_parent(path: &Path) {

@@ -106,7 +106,10 @@ impl MpiJob {
                 let log = std::fs::read_to_string(dir.join("job.log")).unwrap_or_default();
                 panic!("the job exited before mounting: {status}\n{log}");
             }
-            assert!(Instant::now() < deadline, "ranks did not mount in time");
+            if Instant::now() > deadline {
+                let log = std::fs::read_to_string(dir.join("job.log")).unwrap_or_default();
+                panic!("ranks did not mount in time\n{log}");
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
         job
@@ -290,4 +293,19 @@ pub fn checked_listing(dir: &Path, mnt: &Path, epoch: u64) -> BTreeSet<String> {
         }
     }
     out
+}
+
+/// `torchrun --standalone --nproc_per_node N --no-python`, from the loaders' venv: a launcher
+/// that starts N ranks with torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR,
+/// MASTER_PORT) and no MPI, so the daemons meet over TCP. `None` (a skip, a failure under
+/// SHUFFLEFS_REQUIRE_LOADERS=1) without a venv that has torch.
+pub fn torchrun(ranks: u32) -> Option<Command> {
+    let python = super::venv_python("import torch.distributed.run", "torch (torchrun)")?;
+    let mut cmd = Command::new(python.with_file_name("torchrun"));
+    cmd.args(["--standalone", "--nproc_per_node", &ranks.to_string()])
+        .arg("--no-python")
+        // torchrun's own logs would go to the job's log; its workers' environment is ours.
+        .env("LOGLEVEL", "WARNING")
+        .env_remove("OMPI_COMM_WORLD_SIZE");
+    Some(cmd)
 }

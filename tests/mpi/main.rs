@@ -33,3 +33,4 @@ mod resume_mpi;
 mod s3_mpi;
 mod signal_mpi;
 mod stress_mpi;
+mod tcp_torchrun;

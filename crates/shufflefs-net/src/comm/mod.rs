@@ -26,10 +26,13 @@
 //!   the job: the other ranks unmount on its SIGTERM).
 
 #[cfg(any(test, feature = "testing"))]
+pub mod conformance;
+#[cfg(any(test, feature = "testing"))]
 pub mod doubles;
 mod local;
 #[cfg(feature = "mpi")]
 mod mpi;
+mod tcp;
 
 #[cfg(feature = "testing")]
 pub use local::LocalComm;
@@ -37,6 +40,7 @@ pub use local::LocalComm;
 pub use local::LocalComm;
 #[cfg(feature = "mpi")]
 pub use mpi::MpiComm;
+pub use tcp::{Contract, PORT_OFFSET, TcpComm};
 
 /// Whether this process was started by an MPI launcher (Open MPI, MPICH/Hydra, PMIx, Slurm):
 /// read from the environment, so a build without the `mpi` feature can say it cannot run
@@ -56,6 +60,9 @@ use crate::plan::Rank;
 pub enum CommError {
     #[error("MPI: {0}")]
     Mpi(String),
+    /// The TCP transport: a full sentence naming the rank or address and the fix.
+    #[error("{0}")]
+    Tcp(String),
     #[error("peer rank {0} went away")]
     PeerGone(Rank),
     #[error("expected {expected} bytes from rank {from}, got {got}")]

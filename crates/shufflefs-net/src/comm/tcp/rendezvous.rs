@@ -1,0 +1,349 @@
+//! How the ranks of a TCP job find each other with one known address: rank 0 listens at the
+//! rendezvous, every rank (rank 0 too) says who it is and where its data listener answers,
+//! and once all `world` have, each gets the whole table. What a rank needs to know comes
+//! from the environment torchrun and a Kubernetes job set ([`Contract::from_env`]).
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::io::ErrorKind;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use super::wire::{Hello, Table};
+
+/// How long ranks wait for each other at the rendezvous by default.
+const DEFAULT_WAIT: Duration = Duration::from_secs(300);
+/// The rendezvous port's offset from `MASTER_PORT` (torch's own store listens on that).
+pub const PORT_OFFSET: u16 = 1;
+
+/// Where a TCP job meets and who this rank is in it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Contract {
+    /// `HOST:PORT` of the rendezvous (rank 0's host).
+    pub rendezvous: String,
+    pub rank: u32,
+    pub world: u32,
+    /// How long to wait for every rank to arrive.
+    pub wait: Duration,
+    /// The port this rank's data listener takes (0: any free one).
+    pub data_port: u16,
+}
+
+impl Contract {
+    /// This rank's contract from `vars` (the environment): `RANK` and `WORLD_SIZE`, and the
+    /// rendezvous `rendezvous` (`--rendezvous HOST:PORT`) or else `MASTER_ADDR` with
+    /// `SHUFFLEFS_PORT`, else `MASTER_PORT` + [`PORT_OFFSET`]. `None` without a rendezvous
+    /// (neither the flag nor `MASTER_ADDR`): a job of one. `SHUFFLEFS_RENDEZVOUS_WAIT`
+    /// (seconds) and `SHUFFLEFS_DATA_PORT` change the defaults.
+    pub fn from_vars(
+        rendezvous: Option<&str>,
+        vars: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Option<Contract>, String> {
+        let rendezvous = match (rendezvous, vars("MASTER_ADDR")) {
+            (Some(r), _) => r.to_string(),
+            (None, Some(host)) => format!("{}:{}", bracketed(&host), port_of(vars)?),
+            (None, None) => return Ok(None),
+        };
+        let number = |name: &str| -> Result<u32, String> {
+            let v = vars(name).ok_or_else(|| {
+                format!("the TCP transport needs {name} (torchrun and a Kubernetes job set it; set it by hand otherwise), as it meets the other ranks at {rendezvous}")
+            })?;
+            v.trim()
+                .parse()
+                .map_err(|_| format!("{name}={v:?} is not a number"))
+        };
+        let (rank, world) = (number("RANK")?, number("WORLD_SIZE")?);
+        if world == 0 || rank >= world {
+            return Err(format!("RANK={rank} must be below WORLD_SIZE={world}"));
+        }
+        let wait = match vars("SHUFFLEFS_RENDEZVOUS_WAIT") {
+            Some(s) => Duration::from_secs(s.trim().parse().map_err(|_| {
+                format!("SHUFFLEFS_RENDEZVOUS_WAIT={s:?} is not a number of seconds")
+            })?),
+            None => DEFAULT_WAIT,
+        };
+        let data_port = match vars("SHUFFLEFS_DATA_PORT") {
+            Some(s) => (s.trim().parse())
+                .map_err(|_| format!("SHUFFLEFS_DATA_PORT={s:?} is not a port"))?,
+            None => 0,
+        };
+        Ok(Some(Contract {
+            rendezvous,
+            rank,
+            world,
+            wait,
+            data_port,
+        }))
+    }
+
+    /// [`Contract::from_vars`] on this process's environment.
+    pub fn from_env(rendezvous: Option<&str>) -> Result<Option<Contract>, String> {
+        Contract::from_vars(rendezvous, &|k| std::env::var(k).ok())
+    }
+}
+
+/// `host` as it goes before `:PORT` (an IPv6 literal in brackets).
+fn bracketed(host: &str) -> String {
+    match host.contains(':') && !host.starts_with('[') {
+        true => format!("[{host}]"),
+        false => host.to_string(),
+    }
+}
+
+fn port_of(vars: &dyn Fn(&str) -> Option<String>) -> Result<u16, String> {
+    if let Some(p) = vars("SHUFFLEFS_PORT") {
+        return (p.trim().parse()).map_err(|_| format!("SHUFFLEFS_PORT={p:?} is not a port"));
+    }
+    let p = vars("MASTER_PORT")
+        .ok_or("MASTER_ADDR is set without MASTER_PORT: set both, or SHUFFLEFS_PORT")?;
+    let port: u16 = (p.trim().parse()).map_err(|_| format!("MASTER_PORT={p:?} is not a port"))?;
+    (port.checked_add(PORT_OFFSET))
+        .ok_or_else(|| format!("MASTER_PORT={port} leaves no port above it: set SHUFFLEFS_PORT"))
+}
+
+/// What a rank takes away from the rendezvous.
+pub(super) struct Joined {
+    pub listener: TcpListener,
+    pub token: u64,
+    pub peers: Vec<(SocketAddr, String)>,
+}
+
+/// Meets the other ranks of `c` (rank 0 also hosts the rendezvous).
+pub(super) fn join(c: &Contract) -> Result<Joined, String> {
+    let until = Instant::now() + c.wait;
+    let target = resolve(&c.rendezvous)?;
+    let server = match c.rank {
+        0 => Some(host_rendezvous(c, target, until)?),
+        _ => None,
+    };
+    let mut stream = reach(c, target, until)?;
+    let local = stream.local_addr().map_err(|e| e.to_string())?;
+    let listener = TcpListener::bind(SocketAddr::new(unspecified(local.ip()), c.data_port))
+        .map_err(|e| in_use(e, c.data_port, "SHUFFLEFS_DATA_PORT"))?;
+    let port = listener.local_addr().map_err(|e| e.to_string())?.port();
+    let hello = Hello {
+        rank: c.rank,
+        world: c.world,
+        data: SocketAddr::new(local.ip(), port),
+        host: hostname(),
+    };
+    hello
+        .write(&mut stream)
+        .map_err(|e| format!("the rendezvous at {} closed: {e}", c.rendezvous))?;
+    let margin = Duration::from_secs(10);
+    let _ = stream.set_read_timeout(Some(
+        until.saturating_duration_since(Instant::now()) + margin,
+    ));
+    let table = Table::read(&mut stream).map_err(|e| match e.kind() {
+        ErrorKind::WouldBlock | ErrorKind::TimedOut => {
+            format!("the rendezvous at {} never answered", c.rendezvous)
+        }
+        _ => format!("the rendezvous at {} failed: {e}", c.rendezvous),
+    })?;
+    if let Some(s) = server {
+        s.join()
+            .map_err(|_| "the rendezvous thread panicked".to_string())??;
+    }
+    match table {
+        Table::Refused(why) => Err(why),
+        Table::Ranks { token, peers } => Ok(Joined {
+            listener,
+            token,
+            peers,
+        }),
+    }
+}
+
+fn resolve(addr: &str) -> Result<SocketAddr, String> {
+    let mut all = addr.to_socket_addrs().map_err(|e| {
+        format!("the rendezvous address {addr:?} cannot be resolved ({e}): give HOST:PORT of rank 0's host (MASTER_ADDR, or --rendezvous)")
+    })?;
+    all.next()
+        .ok_or_else(|| format!("the rendezvous address {addr:?} resolves to nothing"))
+}
+
+fn unspecified(like: IpAddr) -> IpAddr {
+    match like {
+        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    }
+}
+
+fn in_use(e: std::io::Error, port: u16, var: &str) -> String {
+    match e.kind() {
+        ErrorKind::AddrInUse => format!(
+            "port {port} on this host is in use (another job, or torch's own store?): set {var} to a free port, the same on every rank"
+        ),
+        _ => format!("cannot listen on port {port}: {e}"),
+    }
+}
+
+/// A connection to the rendezvous, tried until `until` (rank 0 may start after the others).
+fn reach(c: &Contract, target: SocketAddr, until: Instant) -> Result<TcpStream, String> {
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        match TcpStream::connect_timeout(
+            &target,
+            left.clamp(Duration::from_millis(100), Duration::from_secs(5)),
+        ) {
+            Ok(s) => return Ok(s),
+            Err(_) if Instant::now() + Duration::from_millis(200) < until => {
+                std::thread::sleep(Duration::from_millis(200))
+            }
+            Err(e) => {
+                return Err(format!(
+                    "rank {} cannot reach the rendezvous at {} ({target}) after {} s: {e}. Rank 0 listens there: is MASTER_ADDR (or --rendezvous) rank 0's host, is rank 0 started, is the port open between the hosts?",
+                    c.rank,
+                    c.rendezvous,
+                    c.wait.as_secs()
+                ));
+            }
+        }
+    }
+}
+
+type Server = std::thread::JoinHandle<Result<(), String>>;
+
+/// Rank 0: listens at the rendezvous's port and answers every rank once all have come.
+fn host_rendezvous(c: &Contract, target: SocketAddr, until: Instant) -> Result<Server, String> {
+    let listener = TcpListener::bind(SocketAddr::new(unspecified(target.ip()), target.port()))
+        .map_err(|e| in_use(e, target.port(), "SHUFFLEFS_PORT"))?;
+    let (world, at) = (c.world, c.rendezvous.clone());
+    Ok(std::thread::spawn(move || {
+        serve(listener, world, &at, until)
+    }))
+}
+
+fn serve(listener: TcpListener, world: u32, at: &str, until: Instant) -> Result<(), String> {
+    listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let mut came: Vec<Option<(TcpStream, Hello)>> = (0..world).map(|_| None).collect();
+    let mut refusal = None;
+    while refusal.is_none() && came.iter().any(Option::is_none) {
+        if Instant::now() >= until {
+            let missing: Vec<u32> = (0..world).filter(|&r| came[r as usize].is_none()).collect();
+            refusal = Some(format!(
+                "ranks {missing:?} of {world} never reached the rendezvous at {at}: were they started, with the same MASTER_ADDR/--rendezvous? (Every rank must use the same transport: ranks under mpirun do not come here.)"
+            ));
+            break;
+        }
+        let (mut s, _) = match listener.accept() {
+            Ok(c) => c,
+            Err(_) => {
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
+        };
+        let _ = s.set_nonblocking(false);
+        let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+        let Ok(h) = Hello::read(&mut s) else { continue };
+        refusal = admit(&mut came, s, h, world);
+    }
+    let table = match &refusal {
+        Some(why) => Table::Refused(why.clone()),
+        None => Table::Ranks {
+            token: RandomState::new().build_hasher().finish(),
+            peers: (came.iter().flatten())
+                .map(|(_, h)| (h.data, h.host.clone()))
+                .collect(),
+        },
+    };
+    for (mut s, _) in came.into_iter().flatten() {
+        let _ = table.write(&mut s);
+    }
+    refusal.map_or(Ok(()), Err)
+}
+
+/// Takes `h` into `came`, or says why the job cannot start.
+fn admit(
+    came: &mut [Option<(TcpStream, Hello)>],
+    s: TcpStream,
+    h: Hello,
+    world: u32,
+) -> Option<String> {
+    if h.world != world {
+        return Some(format!(
+            "rank {} says the job has {} ranks, rank 0 says {world}: every rank must be started with the same WORLD_SIZE",
+            h.rank, h.world
+        ));
+    }
+    match came.get_mut(h.rank as usize) {
+        None => Some(format!("a rank {} came to a job of {world}", h.rank)),
+        Some(Some((_, first))) => Some(format!(
+            "two ranks say they are rank {} (from {} and {}): every rank needs its own RANK",
+            h.rank, first.data, h.data
+        )),
+        Some(slot) => {
+            *slot = Some((s, h));
+            None
+        }
+    }
+}
+
+/// This host's name (ranks with the same name share a host).
+pub(super) fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: `buf` is writable for its whole length, which is what we pass.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    match rc {
+        0 => String::from_utf8_lossy(&buf[..end]).into_owned(),
+        _ => "localhost".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn contract(vars: &[(&str, &str)], flag: Option<&str>) -> Result<Option<Contract>, String> {
+        let m: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Contract::from_vars(flag, &|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn torchrun_s_environment_makes_a_contract() {
+        let env = [
+            ("MASTER_ADDR", "node-0"),
+            ("MASTER_PORT", "29500"),
+            ("RANK", "3"),
+            ("WORLD_SIZE", "8"),
+        ];
+        let c = contract(&env, None).unwrap().unwrap();
+        assert_eq!(
+            (c.rendezvous.as_str(), c.rank, c.world),
+            ("node-0:29501", 3, 8)
+        );
+        let mut env = env.to_vec();
+        env.push(("SHUFFLEFS_PORT", "40000"));
+        assert_eq!(
+            contract(&env, None).unwrap().unwrap().rendezvous,
+            "node-0:40000"
+        );
+        let flagged = contract(&env, Some("10.0.0.1:7000")).unwrap().unwrap();
+        assert_eq!(flagged.rendezvous, "10.0.0.1:7000");
+        let v6 = [
+            ("MASTER_ADDR", "::1"),
+            ("MASTER_PORT", "5"),
+            ("RANK", "0"),
+            ("WORLD_SIZE", "1"),
+        ];
+        assert_eq!(contract(&v6, None).unwrap().unwrap().rendezvous, "[::1]:6");
+    }
+
+    #[test]
+    fn no_rendezvous_is_a_job_of_one_and_half_a_contract_is_named() {
+        assert_eq!(contract(&[("RANK", "0")], None).unwrap(), None);
+        let e = contract(&[("MASTER_ADDR", "h"), ("MASTER_PORT", "1")], None).unwrap_err();
+        assert!(e.contains("RANK"), "{e}");
+        let e = contract(&[("MASTER_ADDR", "h")], None).unwrap_err();
+        assert!(e.contains("MASTER_PORT"), "{e}");
+        let e = contract(&[("RANK", "4"), ("WORLD_SIZE", "4")], Some("h:1")).unwrap_err();
+        assert!(e.contains("below WORLD_SIZE"), "{e}");
+        let e = contract(&[("MASTER_ADDR", "h"), ("MASTER_PORT", "65535")], None).unwrap_err();
+        assert!(e.contains("SHUFFLEFS_PORT"), "{e}");
+    }
+}
