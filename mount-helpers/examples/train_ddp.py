@@ -1,6 +1,8 @@
 """A standard PyTorch DDP training loop reading a shufflefs mount (one process per rank).
 
     mpirun -np 4 python train_ddp.py --mount /mnt/sfs-{rank} --epochs 3
+    torchrun --nproc_per_node 4 train_ddp.py --source /pfs/train --cache /ssd/sfs-{rank} \
+        --mount /mnt/sfs-{rank} --epochs 3     # mounts from the script (shufflefs.torch.mount)
 
 The change from the usual DDP script is the dataset path: each epoch reads
 `shufflefs.epoch_dir(mount, epoch)` (that is, MOUNT/epoch-N). There is also no
@@ -75,6 +77,11 @@ def main():
     ap.add_argument("--record", metavar="DIR",
                     help="after each epoch, write DIR/epoch-E.rank-R.json: the samples this rank "
                     "read (path, bytes, sha256) and its mount's status, to check a run")
+    ap.add_argument("--source", help="mount from inside this script (shufflefs.torch.mount: "
+                    "torchrun alone launches the job; the daemons meet over TCP); else --mount "
+                    "must be mounted already")
+    ap.add_argument("--cache", help="with --source: this rank's cache folder ({rank} is replaced)")
+    ap.add_argument("--fraction", type=float, default=0.3, help="with --source: the exchanged fraction")
     ap.add_argument("--no-join", action="store_true",
                     help="train without model.join(): every rank's epoch must hold as many samples "
                     "(mount with --equal-shares drop)")
@@ -87,7 +94,11 @@ def main():
     torch.manual_seed(0)
     torch.set_num_threads(1)
 
-    mount = a.mount.replace("{rank}", str(rank))
+    if a.source:
+        # Started by torchrun alone: this rank's daemon, unmounted when the script exits.
+        mount = shufflefs.torch.mount(a.source, a.cache, a.mount, fraction=a.fraction)
+    else:
+        mount = a.mount.replace("{rank}", str(rank))
     shufflefs.wait_ready(mount)
     start = shufflefs.current_epoch(mount)  # 0 on a new mount; where it left off on a remount
     classes = shufflefs.torch.epoch_dataset(mount, start).classes

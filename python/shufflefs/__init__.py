@@ -9,6 +9,7 @@
 N, waiting until this rank holds its whole share. Loaders that keep one path can use
 `MOUNT/current` and call `advance(mount, N)` between epochs. `shufflefs.torch` and
 `shufflefs.tf` build the usual datasets on these paths; nothing here imports either framework.
+`shufflefs.mount(...)` starts this rank's daemon from the script itself (torchrun, Kubernetes).
 """
 import errno
 import json
@@ -153,3 +154,19 @@ def check_version(mount=None, binary=None):
             stacklevel=2,
         )
     return found
+
+
+def mount(source, cache, mountpoint, **kwargs):
+    """Starts this rank's daemon from inside the training script and returns its mount point
+    (see `shufflefs.launch.mount`: the job's ranks from torchrun's environment, unmounted at
+    exit)."""
+    from .launch import mount as _mount
+
+    return _mount(source, cache, mountpoint, **kwargs)
+
+
+def unmount(path):
+    """Unmounts a mount `shufflefs.mount` made."""
+    from .launch import unmount as _unmount
+
+    _unmount(path)

@@ -16,10 +16,33 @@ Shares differ by one sample when the ranks do not divide the dataset: train unde
 import os
 import random
 
+import torch.distributed
 import torch.utils.data
 from torchvision import datasets
 
 from . import epoch_dir
+from . import launch
+
+
+def mount(source, cache, mountpoint, fraction=None, seed=None, options=(), timeout=600.0, **kwargs):
+    """`shufflefs.mount` for a torch.distributed job: this rank's daemon started with the rank
+    and world size of the initialised process group (else torchrun's environment), the ranks'
+    daemons meeting over TCP at MASTER_ADDR; returns once every rank's mount answers (a
+    barrier when the group is initialised). Unmounted at exit.
+
+        dist.init_process_group("gloo")
+        mount = shufflefs.torch.mount("/pfs/train", "/ssd/sfs-{rank}", "/mnt/sfs-{rank}", fraction=0.3)
+    """
+    dist = torch.distributed
+    ready = dist.is_available() and dist.is_initialized()
+    if ready:
+        kwargs.setdefault("rank", dist.get_rank())
+        kwargs.setdefault("world_size", dist.get_world_size())
+    path = launch.mount(source, cache, mountpoint, fraction=fraction, seed=seed, options=options,
+                        timeout=timeout, **kwargs)
+    if ready:
+        dist.barrier()
+    return path
 
 
 def epoch_dataset(mount, epoch, transform=None, target_transform=None, **kwargs):

@@ -16,3 +16,4 @@ mod real_loaders;
 mod records_mount;
 mod records_mpi;
 mod s3_train;
+mod torchrun_ddp;

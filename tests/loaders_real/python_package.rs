@@ -126,11 +126,16 @@ fn unittest(python: &Path, modules: &[&str]) -> Output {
     )
 }
 
-/// The tests that need only the standard library (the helpers, progress lines and ETA,
-/// walk_epochs' accounting) run with the system's python3, loaders or not.
+/// The tests that need only the standard library (the helpers, the in-script mount, progress
+/// lines and ETA, walk_epochs' accounting) run with the system's python3, loaders or not.
 #[test]
 fn the_stdlib_python_unit_tests_pass() {
-    let modules = ["test_helpers", "test_progress", "test_walk_epochs"];
+    let modules = [
+        "test_helpers",
+        "test_launch",
+        "test_progress",
+        "test_walk_epochs",
+    ];
     let out = unittest(Path::new("python3"), &modules);
     check(&format!("python3 -m unittest {modules:?}"), &out);
     let report = String::from_utf8_lossy(&out.stderr);

@@ -1,0 +1,54 @@
+import os
+import stat
+import tempfile
+import unittest
+from unittest import mock
+
+from shufflefs import launch
+
+
+class Launch(unittest.TestCase):
+    def test_the_command_line_carries_the_settings_and_rank_templates(self):
+        cmd = launch.mount_command("/src", "/c/{rank}", "/m/{rank}", fraction=0.3, seed=4,
+                                   options=["--equal-shares", "drop"], exe="/bin/sfs")
+        self.assertEqual(cmd, ["/bin/sfs", "mount", "--source", "/src", "--cache", "/c/{rank}",
+                               "--fraction", "0.3", "--seed", "4", "--equal-shares", "drop",
+                               "/m/{rank}"])
+
+    def test_the_binary_is_the_explicit_then_shufflefs_then_path_one(self):
+        with mock.patch.dict(os.environ, {"SHUFFLEFS": "/opt/sfs"}):
+            self.assertEqual(launch.binary("/x"), "/x")
+            self.assertEqual(launch.binary(), "/opt/sfs")
+        with tempfile.TemporaryDirectory() as d:
+            exe = os.path.join(d, "shufflefs")
+            with open(exe, "w") as f:
+                f.write("#!/bin/sh\n")
+            os.chmod(exe, stat.S_IRWXU)
+            env = {k: v for k, v in os.environ.items() if k != "SHUFFLEFS"}
+            env["PATH"] = d
+            with mock.patch.dict(os.environ, env, clear=True):
+                self.assertEqual(launch.binary(), exe)
+            env["PATH"] = os.path.join(d, "none")
+            with mock.patch.dict(os.environ, env, clear=True):
+                with self.assertRaisesRegex(FileNotFoundError, "pip install shufflefs"):
+                    launch.binary()
+
+    def test_a_host_without_fusermount3_is_named_with_the_fix(self):
+        with mock.patch.dict(os.environ, {"PATH": "/nonexistent"}):
+            with self.assertRaisesRegex(FileNotFoundError, "install the host's fuse3"):
+                launch.require_fusermount()
+
+    def test_a_refused_mount_raises_the_daemons_message(self):
+        with tempfile.TemporaryDirectory() as d:
+            exe = os.path.join(d, "shufflefs")
+            with open(exe, "w") as f:
+                f.write("#!/bin/sh\necho 'shufflefs: the source /src does not exist' >&2\nexit 1\n")
+            os.chmod(exe, stat.S_IRWXU)
+            with mock.patch.object(launch, "require_fusermount"):
+                with self.assertRaisesRegex(RuntimeError, "rank 3.*the source /src does not exist"):
+                    launch.mount("/src", os.path.join(d, "c"), os.path.join(d, "m{rank}"), rank=3,
+                                 binary_path=exe)
+
+
+if __name__ == "__main__":
+    unittest.main()
