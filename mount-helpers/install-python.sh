@@ -33,6 +33,14 @@ if [ "${SHUFFLEFS_PACKAGE_ONLY:-0}" != 1 ] && [ "${SHUFFLEFS_NO_LOADERS:-0}" != 
   "$venv/bin/pip" install -q 'moto[server]' \
     || { echo "install-python.sh: moto[server] did not install" >&2; return 1 2>/dev/null || exit 1; }
 fi
+# maturin, which builds the wheel that brings the binary (python/wheel; the wheel test,
+# tests/loaders_real/torchrun_ddp.rs), into the same venv.
+if [ "${SHUFFLEFS_PACKAGE_ONLY:-0}" != 1 ] && [ "${SHUFFLEFS_NO_LOADERS:-0}" != 1 ] && [ -x "$venv/bin/python" ] \
+  && [ ! -x "$venv/bin/maturin" ]; then
+  echo "== installing maturin (the wheel's build backend) into $venv"
+  "$venv/bin/pip" install -q 'maturin>=1.5,<2' \
+    || { echo "install-python.sh: maturin did not install" >&2; return 1 2>/dev/null || exit 1; }
+fi
 # The demo's plot (mount-helpers/demo.sh): matplotlib, into the same venv.
 if [ "${SHUFFLEFS_PACKAGE_ONLY:-0}" != 1 ] && [ "${SHUFFLEFS_NO_LOADERS:-0}" != 1 ] && [ -x "$venv/bin/python" ] \
   && ! "$venv/bin/python" -c "import matplotlib" >/dev/null 2>&1; then

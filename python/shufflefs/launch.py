@@ -22,14 +22,15 @@ _HANDLED = {}
 
 
 def binary(explicit=None):
-    """The shufflefs binary to run: `explicit`, else `SHUFFLEFS`, else the one this package
-    ships (a wheel's `shufflefs/bin/shufflefs`), else `shufflefs` on PATH."""
+    """The shufflefs binary to run: `explicit`, else `SHUFFLEFS`, else the one the wheel
+    installed beside this package (its environment's `bin/shufflefs`, activated or not), else
+    `shufflefs` on PATH."""
     if explicit:
         return explicit
     if os.environ.get("SHUFFLEFS"):
         return os.environ["SHUFFLEFS"]
-    shipped = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bin", "shufflefs")
-    if os.access(shipped, os.X_OK):
+    shipped = _installed_beside()
+    if shipped and os.access(shipped, os.X_OK):
         return shipped
     found = shutil.which("shufflefs")
     if found is None:
@@ -37,6 +38,16 @@ def binary(explicit=None):
             "no shufflefs binary: install the wheel (pip install shufflefs), put `shufflefs` on "
             "PATH, or set SHUFFLEFS to it")
     return found
+
+
+def _installed_beside():
+    """`PREFIX/bin/shufflefs` when this package is installed in `PREFIX/lib/pythonX.Y/
+    site-packages` (where the wheel puts its binary), else None."""
+    site = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if os.path.basename(site) not in ("site-packages", "dist-packages"):
+        return None
+    prefix = os.path.dirname(os.path.dirname(os.path.dirname(site)))
+    return os.path.join(prefix, "bin", "shufflefs")
 
 
 def require_fusermount():
