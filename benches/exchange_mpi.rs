@@ -45,7 +45,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use shufflefs::cache::{CacheDir, CacheLayout, SampleStore};
-use shufflefs::comm::{Comm, MpiComm, Op, launched_by_mpi};
+use shufflefs::comm::{Comm, Contract, MpiComm, Op, TcpComm, launched_by_mpi};
 use shufflefs::dataset::SyntheticSource;
 use shufflefs::dataset::manifest::Manifest;
 use shufflefs::dataset::records::PAGE;
@@ -384,15 +384,31 @@ fn scenario(
     rates
 }
 
-fn main() {
-    if !launched_by_mpi() {
-        println!("exchange_mpi: run it under MPI with `bash benches/exchange.sh` (4 ranks).");
-        return;
+/// The transport this run measures: MPI under mpirun, TCP under torchrun
+/// (`TRANSPORT=tcp bash benches/exchange.sh`), with its name.
+fn transport() -> Option<(Box<dyn Comm>, &'static str)> {
+    if launched_by_mpi() {
+        return Some((Box::new(MpiComm::init().unwrap()), "MPI"));
     }
-    let mut comm = MpiComm::init().unwrap();
+    let contract = Contract::from_env(None).unwrap()?;
+    Some((Box::new(TcpComm::connect(&contract).unwrap()), "TCP"))
+}
+
+fn main() {
+    let Some((mut comm, name)) = transport() else {
+        println!(
+            "exchange_mpi: run it under mpirun or torchrun with `bash benches/exchange.sh` (4 ranks)."
+        );
+        return;
+    };
+    let comm = comm.as_mut();
     let tmp = std::env::var_os("SHUFFLEFS_BENCH_DIR").map_or_else(std::env::temp_dir, Into::into);
     if comm.rank() == 0 {
-        println!("ranks: {}, cache under {}", comm.size(), tmp.display());
+        println!(
+            "ranks: {}, transport {name} (its own p2p baseline in the MPI column), cache under {}",
+            comm.size(),
+            tmp.display()
+        );
         println!(
             "| scenario | layout | dataset | samples moved | MPI p2p baseline | disk floor | exchange | exchange / MPI | exchange / disk | exchange / link | exchange samples/s | exchange CPU (all ranks) | MPI baseline CPU, exchange CPU per byte / baseline's | bytes/s vs 100KB same layout (wall / per CPU-s) | vs 100KB files (wall / per CPU-s) |"
         );
@@ -438,7 +454,7 @@ fn main() {
                 label: &label,
                 layout,
             };
-            let rate = scenario(&mut comm, &sc, 1.0, &tmp, &per_100kb);
+            let rate = scenario(comm, &sc, 1.0, &tmp, &per_100kb);
             if name == "100KB" {
                 per_100kb.push((layout, rate));
             }
