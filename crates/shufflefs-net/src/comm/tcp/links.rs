@@ -151,9 +151,12 @@ fn read(stream: TcpStream, addr: SocketAddr, token: u64, events: Sender<Event>) 
             Ok(v) => v,
             Err(e) => break format!("sent a bad message header: {e}"),
         };
-        let mut data = vec![0u8; len as usize];
-        if let Err(e) = r.read_exact(&mut data) {
-            break format!("its connection ended inside a message: {e}");
+        // Read into spare capacity: no zeroing of a buffer the socket fills anyway.
+        let mut data = Vec::with_capacity(len as usize);
+        match (&mut r).take(len).read_to_end(&mut data) {
+            Ok(n) if n as u64 == len => {}
+            Ok(n) => break format!("its connection ended inside a message ({n} of {len} bytes)"),
+            Err(e) => break format!("its connection ended inside a message: {e}"),
         }
         let arrived = Event::Arrived {
             from,
