@@ -102,6 +102,20 @@ impl Cluster {
         c
     }
 
+    /// `shufflefs-cluster torchrun NAME --per-host K --`: one torchrun agent per host, no MPI
+    /// (the program that follows runs `per_host` times on every host).
+    pub fn torchrun(&self, per_host: u32) -> Command {
+        let mut c = harness();
+        c.args([
+            "torchrun",
+            self.name,
+            "--per-host",
+            &per_host.to_string(),
+            "--",
+        ]);
+        c
+    }
+
     /// Every process inside the cluster's hosts.
     pub fn pids(&self) -> Vec<i32> {
         harness_ok(&["pids", self.name])

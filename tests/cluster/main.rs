@@ -16,3 +16,4 @@ mod private_hosts;
 mod slow_steady;
 mod slurm;
 mod slurm_private;
+mod torchrun_hosts;
