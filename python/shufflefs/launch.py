@@ -12,6 +12,7 @@ import atexit
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 
@@ -48,6 +49,13 @@ def _installed_beside():
         return None
     prefix = os.path.dirname(os.path.dirname(os.path.dirname(site)))
     return os.path.join(prefix, "bin", "shufflefs")
+
+
+def free_port():
+    """A TCP port free on this host now (the kernel's choice)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
 
 
 def require_fusermount():

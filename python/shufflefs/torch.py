@@ -38,6 +38,7 @@ def mount(source, cache, mountpoint, fraction=None, seed=None, options=(), timeo
     if ready:
         kwargs.setdefault("rank", dist.get_rank())
         kwargs.setdefault("world_size", dist.get_world_size())
+        options = list(options) + _rendezvous(dist, options)
     path = launch.mount(source, cache, mountpoint, fraction=fraction, seed=seed, options=options,
                         timeout=timeout, **kwargs)
     if ready:
@@ -96,3 +97,17 @@ class EpochIterable(torch.utils.data.IterableDataset):
 def _read(path):
     with open(path, "rb") as f:
         return f.read()
+
+
+def _rendezvous(dist, options):
+    """`--rendezvous MASTER_ADDR:PORT` with a port rank 0 found free and told every rank
+    through the process group, unless one was given (`--rendezvous`, SHUFFLEFS_PORT): the
+    default MASTER_PORT + 1 can be taken on rank 0's host (an ephemeral port of another
+    connection), which nothing but rank 0 could notice."""
+    if "--rendezvous" in options or os.environ.get("SHUFFLEFS_PORT") or "MASTER_ADDR" not in os.environ:
+        return []
+    port = [None]
+    if dist.get_rank() == 0:
+        port[0] = launch.free_port()
+    dist.broadcast_object_list(port, src=0)
+    return ["--rendezvous", f"{os.environ['MASTER_ADDR']}:{port[0]}"]

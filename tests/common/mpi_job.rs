@@ -307,5 +307,12 @@ pub fn torchrun(ranks: u32) -> Option<Command> {
         // torchrun's own logs would go to the job's log; its workers' environment is ours.
         .env("LOGLEVEL", "WARNING")
         .env_remove("OMPI_COMM_WORLD_SIZE");
+    // The daemons' rendezvous on a port free now: MASTER_PORT + 1, the default, can be an
+    // ephemeral port of another connection on a busy machine.
+    let free = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr());
+    cmd.env(
+        "SHUFFLEFS_PORT",
+        free.expect("a free port").port().to_string(),
+    );
     Some(cmd)
 }

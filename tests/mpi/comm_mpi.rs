@@ -50,3 +50,53 @@ fn ranks() {
     conformance::four_ranks(&mut comm);
     println!("rank {me} ok");
 }
+
+const PANIC_CHILD: &str = "SHUFFLEFS_COMM_MPI_PANIC_CHILD";
+
+/// A rank that panics while the others wait on it in a collective ends, and mpirun with it,
+/// instead of hanging in MPI_Finalize while unwinding (a daemon that panicked at start-up
+/// once held its job until the test's timeout).
+#[test]
+fn a_rank_that_panics_ends_the_job_instead_of_hanging() {
+    if !require_mpi() {
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let started = std::time::Instant::now();
+    let mut child = mpirun(2)
+        .env(PANIC_CHILD, "1")
+        .arg("-x")
+        .arg(PANIC_CHILD)
+        .arg(exe)
+        .arg(test_name(module_path!(), "panicking_ranks"))
+        .args(["--exact", "--nocapture", "--test-threads=1"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if started.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("mpirun still runs a minute after a rank panicked");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(!status.success(), "a panicked rank fails the job");
+}
+
+/// One rank's part of the test above: rank 1 panics, rank 0 waits on it.
+#[test]
+fn panicking_ranks() {
+    if std::env::var_os(PANIC_CHILD).is_none() {
+        return;
+    }
+    let mut comm = MpiComm::init().unwrap();
+    if comm.rank() == 1 {
+        panic!("rank 1 panics on purpose");
+    }
+    let _ = comm.all_gather(&[1]);
+}

@@ -108,6 +108,37 @@ fn a_torchrun_job_partitions_every_epoch_stops_with_exit_0_and_resumes() {
     stop_cleanly(again, dir);
 }
 
+/// A torchrun job restarted with fewer ranks (an elastic restart: 3 -> 2) goes on at the
+/// epoch it had reached, every epoch still a partition with exact bytes.
+#[test]
+fn a_torchrun_job_restarted_on_fewer_ranks_goes_on_at_its_epoch() {
+    if !require_fuse() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write_source(dir, 3, 30, 3_000);
+    let Some(job) = torchrun_job(dir, 3) else {
+        return;
+    };
+    for epoch in 0..3 {
+        partition(dir, &job, epoch);
+    }
+    stop_cleanly(job, dir);
+    let Some(fewer) = torchrun_job(dir, 2) else {
+        return;
+    };
+    for r in 0..2 {
+        let st = fewer.status(r);
+        assert_eq!(st["epoch"], 2, "rank {r} went on elsewhere: {st}");
+        assert_eq!(st["world_size"], 2);
+    }
+    for epoch in 2..4 {
+        partition(dir, &fewer, epoch);
+    }
+    stop_cleanly(fewer, dir);
+}
+
 #[test]
 fn a_rank_that_unmounts_early_leaves_the_others_going_and_the_job_ends_with_exit_0() {
     if !require_fuse() {

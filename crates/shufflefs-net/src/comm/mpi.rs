@@ -408,5 +408,11 @@ impl Drop for MpiComm {
         if !self.pending.is_empty() {
             self.abandon();
         }
+        // Unwinding a panic: MPI_Finalize fences with the other ranks (Open MPI does), which
+        // may be waiting on this one in a collective, so the rank would hang instead of
+        // exiting and letting the launcher end the job. End without it.
+        if std::thread::panicking() && !self.abandoned.replace(true) {
+            std::mem::forget(self.universe.clone());
+        }
     }
 }

@@ -12,11 +12,26 @@ use std::net::{SocketAddr, TcpListener};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::time::{Duration, Instant};
 
-use super::links::{Event, Incoming, Outgoing, Route, Writer};
+use super::links::{Ended, Event, Incoming, Local, Outgoing, Route, Writer};
 use crate::comm::{CommError, Done, Ticket};
 
 /// (communicator, world rank of the peer, tag).
 type Key = (u64, u32, u16);
+
+/// Tag reserved for collectives (point-to-point tags are below it).
+pub(super) const COLLECTIVE: u16 = u16::MAX;
+/// The context of acknowledgements (no communicator has it: see `child_context`).
+const ACK_CTX: u64 = u64::MAX;
+/// Point-to-point messages up to this length complete once written (MPI's eager protocol);
+/// longer ones once their receiver has taken them off the wire, which it acknowledges
+/// (MPI's rendezvous: a sender's posted sends then bound what waits at its receiver, as the
+/// exchange's frame budget expects).
+const EAGER: usize = 64 << 10;
+
+/// Whether a message of `len` bytes on `tag` completes at its sender only when acknowledged.
+fn acknowledged(len: usize, tag: u16) -> bool {
+    len > EAGER && tag != COLLECTIVE
+}
 
 /// How long a closing transport waits for its writers to drain.
 const DRAIN_FOR: Duration = Duration::from_secs(30);
@@ -37,17 +52,25 @@ pub(super) struct Core {
     incoming: Incoming,
     writers: HashMap<u32, Writer>,
     /// Messages that came before their receive.
-    arrived: HashMap<Key, VecDeque<Vec<u8>>>,
+    /// Messages that came before their receive, with their number on their connection.
+    arrived: HashMap<Key, VecDeque<(u64, Vec<u8>)>>,
     posted: HashMap<Key, VecDeque<Posted>>,
     /// Sends written or queued, by ticket: their communicator and peer.
-    sending: HashMap<Ticket, (u64, u32)>,
+    sending: HashMap<Ticket, (u64, u32, bool)>,
+    /// Written sends waiting for their receiver's acknowledgement, by (peer, number on the
+    /// connection to it): their ticket and buffer.
+    awaiting: HashMap<(u32, u64), (Ticket, Vec<u8>)>,
+    /// Acknowledgements that came before their send's `Sent` event.
+    early_acks: HashSet<(u32, u64)>,
     /// Completions not handed out yet, per communicator.
     ready: HashMap<u64, Vec<Done>>,
     /// Errors for a communicator's next `progress` (a message of the wrong length).
     failed: HashMap<u64, CommError>,
     detached: HashSet<Ticket>,
-    /// Peers whose connection ended, how, and whether they could not be reached at all.
-    gone: HashMap<u32, (String, bool)>,
+    /// Peers whose connection ended, why and how.
+    gone: HashMap<u32, (String, Ended)>,
+    /// Peers whose incoming connection is still open.
+    reading: HashSet<u32>,
     next_ticket: Ticket,
 }
 
@@ -60,7 +83,8 @@ impl Core {
         peers: Vec<(SocketAddr, String)>,
     ) -> Core {
         let (sender, events) = channel();
-        let incoming = Incoming::start(listener, token, sender.clone());
+        let world = peers.len() as u32;
+        let incoming = Incoming::start(listener, Local { token, me, world }, sender.clone());
         Core {
             me,
             peers,
@@ -72,10 +96,13 @@ impl Core {
             arrived: HashMap::new(),
             posted: HashMap::new(),
             sending: HashMap::new(),
+            awaiting: HashMap::new(),
+            early_acks: HashSet::new(),
             ready: HashMap::new(),
             failed: HashMap::new(),
             detached: HashSet::new(),
             gone: HashMap::new(),
+            reading: HashSet::new(),
             next_ticket: 0,
         }
     }
@@ -92,6 +119,7 @@ impl Core {
             let (from, sender) = (self.me, &self.sender);
             let _ = sender.send(Event::Arrived {
                 from,
+                seq: 0,
                 ctx,
                 tag,
                 data: buf,
@@ -106,6 +134,7 @@ impl Core {
         if self.gone.contains_key(&to) {
             return Err(self.gone_error(to));
         }
+        let acked = acknowledged(buf.len(), tag);
         let writer = self.writer(to);
         let out = Outgoing {
             ctx,
@@ -116,7 +145,7 @@ impl Core {
         if !writer.push(out) {
             return Err(CommError::PeerGone(to));
         }
-        self.sending.insert(ticket, (ctx, to));
+        self.sending.insert(ticket, (ctx, to, acked));
         Ok(ticket)
     }
 
@@ -147,18 +176,46 @@ impl Core {
         let ticket = self.ticket();
         self.watch(from);
         let key = (ctx, from, tag);
-        match self.arrived.get_mut(&key).and_then(VecDeque::pop_front) {
-            Some(data) => self.complete(ctx, from, Posted { ticket, len }, data),
-            None => self
-                .posted
-                .entry(key)
-                .or_default()
-                .push_back(Posted { ticket, len }),
+        match self.pop_arrived(key) {
+            Some((seq, data)) => self.complete(key, seq, Posted { ticket, len }, data),
+            None => (self.posted.entry(key).or_default()).push_back(Posted { ticket, len }),
         }
         ticket
     }
 
-    fn complete(&mut self, ctx: u64, from: u32, posted: Posted, data: Vec<u8>) {
+    /// The oldest message of `key` that came before its receive (dropping the key's entry
+    /// once empty, so keys of past epochs do not pile up), with its number.
+    fn pop_arrived(&mut self, key: Key) -> Option<(u64, Vec<u8>)> {
+        let queue = self.arrived.get_mut(&key)?;
+        let data = queue.pop_front();
+        if queue.is_empty() {
+            self.arrived.remove(&key);
+        }
+        data
+    }
+
+    /// The oldest receive posted for `key`, as [`Core::pop_arrived`] does.
+    fn pop_posted(&mut self, key: Key) -> Option<Posted> {
+        let queue = self.posted.get_mut(&key)?;
+        let posted = queue.pop_front();
+        if queue.is_empty() {
+            self.posted.remove(&key);
+        }
+        posted
+    }
+
+    /// Message `seq` of `key` taken by the receive `posted` (detached or not: either way it
+    /// is off the wire, which a long message's sender is told).
+    fn complete(&mut self, (ctx, from, tag): Key, seq: u64, posted: Posted, data: Vec<u8>) {
+        if from != self.me && acknowledged(data.len(), tag) {
+            let ack = Outgoing {
+                ctx: ACK_CTX,
+                tag: 0,
+                ticket: 0,
+                buf: seq.to_le_bytes().to_vec(),
+            };
+            self.writer(from).push(ack);
+        }
         if self.detached.remove(&posted.ticket) {
             return;
         }
@@ -178,13 +235,40 @@ impl Core {
         self.ready.entry(ctx).or_default().push(done);
     }
 
+    /// `from` acknowledged our message `seq` to it: that send completes.
+    fn acknowledged_by(&mut self, from: u32, data: &[u8]) {
+        let Ok(seq) = <[u8; 8]>::try_from(data).map(u64::from_le_bytes) else {
+            return;
+        };
+        match self.awaiting.remove(&(from, seq)) {
+            Some((ticket, buf)) => self.finish_send(ticket, buf),
+            // The writer's `Sent` is still on its way (another thread's event).
+            None => {
+                self.early_acks.insert((from, seq));
+            }
+        }
+    }
+
+    /// A send is done: its completion, unless detached.
+    fn finish_send(&mut self, ticket: Ticket, buf: Vec<u8>) {
+        let Some((ctx, _, _)) = self.sending.remove(&ticket) else {
+            return;
+        };
+        if !self.detached.remove(&ticket) {
+            self.ready
+                .entry(ctx)
+                .or_default()
+                .push(Done { ticket, buf });
+        }
+    }
+
     /// Takes the next message of `(ctx, from, tag)` whatever its length, waiting for it
     /// (what collectives use: no receive is posted on their tag).
     pub fn take(&mut self, ctx: u64, from: u32, tag: u16) -> Result<Vec<u8>, CommError> {
         self.watch(from);
         let key = (ctx, from, tag);
         loop {
-            if let Some(data) = self.arrived.get_mut(&key).and_then(VecDeque::pop_front) {
+            if let Some((_, data)) = self.pop_arrived(key) {
                 return Ok(data);
             }
             if self.gone.contains_key(&from) {
@@ -208,37 +292,33 @@ impl Core {
 
     fn handle(&mut self, event: Event) {
         match event {
+            Event::Joined { from } => {
+                self.reading.insert(from);
+            }
             Event::Arrived {
                 from,
+                seq,
                 ctx,
                 tag,
                 data,
             } => {
+                if ctx == ACK_CTX {
+                    return self.acknowledged_by(from, &data);
+                }
                 let key = (ctx, from, tag);
-                match self.posted.get_mut(&key).and_then(VecDeque::pop_front) {
-                    Some(p) => self.complete(ctx, from, p, data),
-                    None => self.arrived.entry(key).or_default().push_back(data),
+                match self.pop_posted(key) {
+                    Some(p) => self.complete(key, seq, p, data),
+                    None => self.arrived.entry(key).or_default().push_back((seq, data)),
                 }
             }
-            Event::Sent { ticket, buf } => {
-                let Some((ctx, _)) = self.sending.remove(&ticket) else {
-                    return;
-                };
-                if !self.detached.remove(&ticket) {
-                    self.ready
-                        .entry(ctx)
-                        .or_default()
-                        .push(Done { ticket, buf });
+            Event::Sent { ticket, seq, buf } => match self.sending.get(&ticket) {
+                Some(&(_, peer, true)) if !self.early_acks.remove(&(peer, seq)) => {
+                    self.awaiting.insert((peer, seq), (ticket, buf));
                 }
-            }
-            Event::Gone {
-                peer,
-                why,
-                unreachable,
-            } => {
-                tracing::debug!("rank {peer}: {why}");
-                self.gone.entry(peer).or_insert((why, unreachable));
-            }
+                Some(_) => self.finish_send(ticket, buf),
+                None => {}
+            },
+            Event::Gone { peer, why, how } => self.ended(peer, why, how),
             Event::Stranger(what) => tracing::warn!("refused a connection from {what}"),
         }
     }
@@ -262,7 +342,7 @@ impl Core {
                 *c == ctx && *p == peer && q.iter().any(|r| !self.detached.contains(&r.ticket))
             });
             let send = (self.sending.iter())
-                .any(|(t, (c, p))| *c == ctx && *p == peer && !self.detached.contains(t));
+                .any(|(t, (c, p, _))| *c == ctx && *p == peer && !self.detached.contains(t));
             recv || send
         };
         self.gone.keys().copied().find(|&p| waits_on(p))
@@ -272,8 +352,24 @@ impl Core {
     /// or, if it could never be reached, [`CommError::Tcp`] naming its address and the fix.
     pub fn gone_error(&self, peer: u32) -> CommError {
         match self.gone.get(&peer) {
-            Some((why, true)) => CommError::Tcp(format!("rank {peer}: {why}")),
+            Some((why, Ended::Unreachable)) => CommError::Tcp(format!("rank {peer}: {why}")),
             _ => CommError::PeerGone(peer),
+        }
+    }
+
+    /// A connection with `peer` ended. An idle outgoing one closed by the peer counts only
+    /// once its incoming one has ended too: what it sent before closing may still be read.
+    fn ended(&mut self, peer: u32, why: String, how: Ended) {
+        match how {
+            Ended::Reader => {
+                self.reading.remove(&peer);
+            }
+            Ended::Closed if self.reading.contains(&peer) => return,
+            _ => {}
+        }
+        if let std::collections::hash_map::Entry::Vacant(e) = self.gone.entry(peer) {
+            tracing::info!("rank {peer}: {why}");
+            e.insert((why, how));
         }
     }
 
@@ -295,20 +391,20 @@ impl Core {
         for q in self.posted.values_mut() {
             q.retain(|p| !tickets.contains(&p.ticket));
         }
+        self.posted.retain(|_, q| !q.is_empty());
         self.detach(ctx, tickets);
     }
 
-    /// Detaches everything `ctx` has in flight (a communicator that gave up on its abort
-    /// flag): receives still take their messages off the wire, sends still go.
+    /// Gives up what `ctx` has in flight (a communicator that gave up on its abort flag):
+    /// its posted receives are withdrawn (as `Comm::cancel` does: a message that comes later
+    /// waits for a later receive), its queued sends still go, detached.
     pub fn abandon(&mut self, ctx: u64) {
-        let recvs = (self.posted.iter())
-            .filter(|((c, _, _), _)| *c == ctx)
-            .flat_map(|(_, q)| q.iter().map(|p| p.ticket));
-        let sends = (self.sending.iter())
-            .filter(|(_, (c, _))| *c == ctx)
-            .map(|(t, _)| *t);
-        let all: Vec<Ticket> = recvs.chain(sends).collect();
-        self.detached.extend(all);
+        self.posted.retain(|(c, _, _), _| *c != ctx);
+        let sends: Vec<Ticket> = (self.sending.iter())
+            .filter(|(_, (c, _, _))| *c == ctx)
+            .map(|(t, _)| *t)
+            .collect();
+        self.detached.extend(sends);
         self.ready.remove(&ctx);
     }
 }

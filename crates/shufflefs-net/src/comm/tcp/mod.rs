@@ -26,12 +26,9 @@ use std::time::{Duration, Instant};
 
 pub use rendezvous::{Contract, PORT_OFFSET};
 
-use self::core::Core;
+use self::core::{COLLECTIVE, Core};
 use super::{Comm, CommError, Dir, Done, Op, Reduce, Ticket, host_indices, words};
 use crate::plan::Rank;
-
-/// Tag reserved for collectives (point-to-point tags are below it).
-const COLLECTIVE: u16 = u16::MAX;
 
 /// One communicator over the TCP transport: the world, or a part `split` made.
 pub struct TcpComm {
@@ -50,6 +47,7 @@ impl TcpComm {
     /// Meets the other ranks of `contract` and returns the world. Blocks until every rank
     /// has come to the rendezvous, or says why the job cannot start.
     pub fn connect(contract: &Contract) -> Result<TcpComm, CommError> {
+        more_files();
         let joined = rendezvous::join(contract).map_err(CommError::Tcp)?;
         let names: Vec<&str> = joined.peers.iter().map(|(_, h)| h.as_str()).collect();
         let hosts = host_indices(&names);
@@ -143,6 +141,23 @@ impl TcpComm {
     }
 }
 
+/// Raises this process's open-file limit to its hard limit: a rank holds up to three
+/// sockets per peer it talks to (a connection each way and the one its reader keeps to close
+/// on shutdown), past the common soft limit of 1,024 from a few hundred peers on.
+fn more_files() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid rlimit for both calls.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
 /// `(rank, bytes)` parts back to back: count, then rank, length and bytes of each.
 fn encode_parts(parts: &[(u32, Vec<u8>)]) -> Vec<u8> {
     let len: usize = parts.iter().map(|(_, p)| 12 + p.len()).sum();
@@ -180,7 +195,8 @@ fn child_context(ctx: u64, split: u64, color: u32) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    (z ^ (z >> 31)) | 1
+    // Odd (never the world's 0) and below u64::MAX (the acknowledgements').
+    ((z ^ (z >> 31)) | 1) & (u64::MAX >> 1)
 }
 
 impl Comm for TcpComm {

@@ -63,8 +63,7 @@ impl Contract {
             None => DEFAULT_WAIT,
         };
         let data_port = match vars("SHUFFLEFS_DATA_PORT") {
-            Some(s) => (s.trim().parse())
-                .map_err(|_| format!("SHUFFLEFS_DATA_PORT={s:?} is not a port"))?,
+            Some(s) => data_port(&s, vars("LOCAL_RANK").as_deref())?,
             None => 0,
         };
         Ok(Some(Contract {
@@ -80,6 +79,19 @@ impl Contract {
     pub fn from_env(rendezvous: Option<&str>) -> Result<Option<Contract>, String> {
         Contract::from_vars(rendezvous, &|k| std::env::var(k).ok())
     }
+}
+
+/// The data port of `SHUFFLEFS_DATA_PORT=base`: `base` plus `LOCAL_RANK` (torchrun sets it),
+/// so the ranks of one host each take their own.
+fn data_port(base: &str, local_rank: Option<&str>) -> Result<u16, String> {
+    let b: u16 =
+        (base.trim().parse()).map_err(|_| format!("SHUFFLEFS_DATA_PORT={base:?} is not a port"))?;
+    let l: u16 = match local_rank {
+        Some(l) => (l.trim().parse()).map_err(|_| format!("LOCAL_RANK={l:?} is not a number"))?,
+        None => 0,
+    };
+    (b.checked_add(l))
+        .ok_or_else(|| format!("SHUFFLEFS_DATA_PORT={b} plus LOCAL_RANK={l} is past the last port"))
 }
 
 /// `host` as it goes before `:PORT` (an IPv6 literal in brackets).
@@ -119,7 +131,13 @@ pub(super) fn join(c: &Contract) -> Result<Joined, String> {
     let mut stream = reach(c, target, until)?;
     let local = stream.local_addr().map_err(|e| e.to_string())?;
     let listener = TcpListener::bind(SocketAddr::new(unspecified(local.ip()), c.data_port))
-        .map_err(|e| in_use(e, c.data_port, "SHUFFLEFS_DATA_PORT"))?;
+        .map_err(|e| {
+            in_use(
+                e,
+                c.data_port,
+                "SHUFFLEFS_DATA_PORT (each rank takes it plus its LOCAL_RANK)",
+            )
+        })?;
     let port = listener.local_addr().map_err(|e| e.to_string())?.port();
     let hello = Hello {
         rank: c.rank,
@@ -217,7 +235,7 @@ fn host_rendezvous(c: &Contract, target: SocketAddr, until: Instant) -> Result<S
 fn serve(listener: TcpListener, world: u32, at: &str, until: Instant) -> Result<(), String> {
     listener.set_nonblocking(true).map_err(|e| e.to_string())?;
     let mut came: Vec<Option<(TcpStream, Hello)>> = (0..world).map(|_| None).collect();
-    let mut refusal = None;
+    let (mut refusal, mut seen_as) = (None, None);
     while refusal.is_none() && came.iter().any(Option::is_none) {
         if Instant::now() >= until {
             let missing: Vec<u32> = (0..world).filter(|&r| came[r as usize].is_none()).collect();
@@ -235,8 +253,22 @@ fn serve(listener: TcpListener, world: u32, at: &str, until: Instant) -> Result<
         };
         let _ = s.set_nonblocking(false);
         let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+        let _ = s.set_write_timeout(Some(Duration::from_secs(10)));
+        if let Ok(here) = s.local_addr().map(|a| a.ip()) {
+            seen_as = seen_as.or((!here.is_loopback()).then_some(here));
+        }
         let Ok(h) = Hello::read(&mut s) else { continue };
         refusal = admit(&mut came, s, h, world);
+    }
+    // A rank that reached the rendezvous over loopback (MASTER_ADDR naming this host as
+    // 127.0.1.1, as Debian's /etc/hosts does) is on this host: others reach it at the
+    // address they reached the rendezvous at.
+    if let Some(here) = seen_as {
+        for (_, h) in came.iter_mut().flatten() {
+            if h.data.ip().is_loopback() {
+                h.data.set_ip(here);
+            }
+        }
     }
     let table = match &refusal {
         Some(why) => Table::Refused(why.clone()),
@@ -325,6 +357,9 @@ mod tests {
         );
         let flagged = contract(&env, Some("10.0.0.1:7000")).unwrap().unwrap();
         assert_eq!(flagged.rendezvous, "10.0.0.1:7000");
+        let mut two = env.to_vec();
+        two.extend([("SHUFFLEFS_DATA_PORT", "29600"), ("LOCAL_RANK", "1")]);
+        assert_eq!(contract(&two, None).unwrap().unwrap().data_port, 29601);
         let v6 = [
             ("MASTER_ADDR", "::1"),
             ("MASTER_PORT", "5"),

@@ -3,7 +3,7 @@
 
 use std::net::TcpListener;
 use std::sync::atomic::AtomicBool;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::*;
 use crate::comm::conformance;
@@ -180,4 +180,52 @@ fn ranks_missing_at_the_rendezvous_are_listed() {
         e.contains("ranks [1, 2] of 3 never reached the rendezvous"),
         "{e}"
     );
+}
+
+/// A long message's send completes only once its receiver took it (MPI's rendezvous): a
+/// receiver that posts nothing holds its sender's completions, so the exchange's posted sends
+/// bound what waits at the receiver; a short one completes once written (eager).
+#[test]
+fn long_sends_complete_when_taken_and_short_ones_when_written() {
+    const N: usize = 4;
+    const LONG: usize = 1 << 20;
+    ranks(2, |mut c| {
+        let abort = AtomicBool::new(false);
+        if c.rank() == 0 {
+            let short = c.post(Op::send(1, 4, vec![7; 100])).unwrap();
+            let long: Vec<Ticket> = (0..N)
+                .map(|i| c.post(Op::send(1, 3, vec![i as u8; LONG])).unwrap())
+                .collect();
+            let mut done = Vec::new();
+            let until = Instant::now() + Duration::from_secs(1);
+            while Instant::now() < until {
+                done.extend(c.progress(Duration::from_millis(50), &abort).unwrap());
+            }
+            let done: Vec<Ticket> = done.iter().map(|d| d.ticket).collect();
+            assert_eq!(done, [short], "only the short send completed");
+            c.all_reduce(&[0], Reduce::Sum).unwrap();
+            let mut left: Vec<Ticket> = long.clone();
+            while !left.is_empty() {
+                let got = c.progress(Duration::from_millis(100), &abort).unwrap();
+                left.retain(|t| !got.iter().any(|d| d.ticket == *t));
+            }
+        } else {
+            c.all_reduce(&[0], Reduce::Sum).unwrap();
+            let mut short = [0u8; 100];
+            c.sendrecv(4, None, Some((0, &mut short)), &abort).unwrap();
+            let tickets: Vec<Ticket> = (0..N)
+                .map(|_| c.post(Op::recv(0, 3, vec![0; LONG])).unwrap())
+                .collect();
+            let mut got = std::collections::HashMap::new();
+            while got.len() < N {
+                for d in c.progress(Duration::from_millis(100), &abort).unwrap() {
+                    got.insert(d.ticket, d.buf);
+                }
+            }
+            for (i, t) in tickets.iter().enumerate() {
+                assert!(got[t].iter().all(|&b| b == i as u8), "message {i} in order");
+            }
+        }
+        c.all_reduce(&[0], Reduce::Sum).unwrap();
+    });
 }

@@ -14,8 +14,8 @@ pub(super) const DATA_MAGIC: &[u8; 4] = b"SFSD";
 pub(super) const VERSION: u16 = 1;
 /// A message's header: context, tag, length.
 pub(super) const HEADER: usize = 8 + 2 + 8;
-/// The longest message a peer may announce (a manifest broadcast is the largest: far less).
-pub(super) const MAX_MESSAGE: u64 = 1 << 40;
+/// The longest message a peer may announce (64 GiB: a manifest broadcast is the largest).
+pub(super) const MAX_MESSAGE: u64 = 1 << 36;
 /// The longest name or address in a hello.
 const MAX_TEXT: usize = 4096;
 
