@@ -60,16 +60,17 @@ where
     W: Ids + ?Sized,
     P: Ids + ?Sized,
 {
-    let (mut kept, mut order) = (Vec::new(), Vec::new());
-    for s in share.ids() {
-        match prev.has(s) {
-            true => kept.push(s),
-            false => order.push((stay(later, s), s)),
+    let mut kept = Vec::new();
+    let candidates = share.ids().filter(|&s| match prev.has(s) {
+        true => {
+            kept.push(s);
+            false
         }
-    }
+        false => true,
+    });
+    let order = by_stay(candidates, later);
     let mut used: u64 = kept.iter().map(|&s| size(s)).sum();
-    order.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-    for (_, s) in order {
+    for s in order {
         let n = size(s);
         if used + n <= capacity {
             used += n;
@@ -78,6 +79,36 @@ where
     }
     kept.sort_unstable();
     kept
+}
+
+/// `candidates` in the order the rule fills the room in: longest stay first, then smallest
+/// id. Sorted as one `u64` each (the stay inverted in the top byte, the id below) where ids
+/// and the horizon allow, half the memory of `(stay, id)` pairs (80 MB for a share of 10^7
+/// candidates); as pairs otherwise.
+fn by_stay<W: Ids + ?Sized>(
+    candidates: impl Iterator<Item = SampleId>,
+    later: &[&W],
+) -> Vec<SampleId> {
+    const ID_BITS: u32 = 56;
+    let (mut packed, mut wide) = (Vec::new(), Vec::new());
+    for s in candidates {
+        let stay = stay(later, s);
+        match wide.is_empty() && stay <= 0xFF && s >> ID_BITS == 0 {
+            true => packed.push((u64::from(0xFF - stay) << ID_BITS) | s),
+            false => wide.push((stay, s)),
+        }
+    }
+    if wide.is_empty() {
+        packed.sort_unstable();
+        packed.iter_mut().for_each(|k| *k &= (1 << ID_BITS) - 1);
+        return packed;
+    }
+    let unpacked = packed
+        .iter()
+        .map(|&k| (0xFF - (k >> ID_BITS) as u32, k & ((1 << ID_BITS) - 1)));
+    wide.extend(unpacked);
+    wide.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    wide.into_iter().map(|(_, s)| s).collect()
 }
 
 /// Epochs `s` stays in this rank's share from the epoch before `later` on (1 if it leaves
@@ -438,6 +469,20 @@ mod tests {
         // 1 left: its room goes to the longest stay, 9 before 2.
         let kept: &[SampleId] = &[3, 4];
         assert_eq!(choose(s1, &[s2], kept, &one, 3), [3, 4, 9]);
+    }
+
+    /// Packed or not (an id of 2^56 or more), candidates come longest stay first, then by id.
+    #[test]
+    fn candidates_are_ordered_by_stay_then_id_packed_or_not() {
+        let big: SampleId = 1 << 60;
+        let s1: &[SampleId] = &[3, 5, 9, big];
+        let s2: &[SampleId] = &[5, big];
+        let later = [s1, s2];
+        assert_eq!(by_stay([9, 7, 5, 3].into_iter(), &later), [5, 3, 9, 7]);
+        assert_eq!(
+            by_stay([9, big, 7, 5, 3].into_iter(), &later),
+            [5, big, 3, 9, 7]
+        );
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 use super::early::Early;
 use crate::plan::coded_keep::CodedPlacement;
+use crate::plan::ids::SampleSet;
 use crate::plan::keep_local::LocalKeep;
 use crate::plan::{Rank, SampleId};
 
@@ -34,10 +35,13 @@ impl Planned {
 
     /// `rank`'s kept set at the current epoch, sorted (a partial plan holds its own rank's
     /// only).
-    pub(crate) fn kept(&self, rank: Rank) -> Vec<SampleId> {
+    pub(crate) fn kept(&self, rank: Rank) -> SampleSet {
         match self {
-            Planned::Partial(p) => p.kept().to_vec(),
-            Planned::Coded(p) => p.caches()[rank as usize].iter().copied().collect(),
+            Planned::Partial(p) => p.kept().clone(),
+            Planned::Coded(p) => {
+                let ids: Vec<SampleId> = p.caches()[rank as usize].iter().copied().collect();
+                SampleSet::from_ids(&ids)
+            }
         }
     }
 
