@@ -427,8 +427,11 @@ fn part_of(free: u64, total: u64, held: u64, sharing: u64) -> u64 {
 /// The fit of `rank`'s share in `capacity` bytes, simulated on `plan` (pure).
 pub(crate) fn estimate(plan: &Plan, sizes: &OnDisk<'_>, rank: Rank, capacity: u64) -> Fit {
     let bytes = |share: &[SampleId]| share.iter().map(|&s| sizes.size(s)).sum::<u64>();
-    // From the start of this world's era (see `simulated`).
-    let mut cur = plan.own_shares_at(rank, plan.era_start());
+    // From the start of this world's era: before it (an elastic restart's earlier epochs)
+    // another number of ranks held the shares, which this plan does not step from. Walked
+    // back once, for this and `simulated`.
+    let start = plan.own_shares_at(rank, plan.era_start());
+    let mut cur = start.clone();
     let share_bytes = bytes(cur.share(rank));
     let mut needed = share_bytes;
     for _ in 1..ESTIMATE_EPOCHS {
@@ -451,7 +454,7 @@ pub(crate) fn estimate(plan: &Plan, sizes: &OnDisk<'_>, rank: Rank, capacity: u6
             kept_bytes: share_bytes,
             ..Outcome::default()
         },
-        Some(p) => simulated(plan, p.size.clone(), rank, capacity),
+        Some(p) => simulated(plan, start, p.size.clone(), rank, capacity),
     };
     Fit {
         capacity,
@@ -469,11 +472,9 @@ pub(crate) fn estimate(plan: &Plan, sizes: &OnDisk<'_>, rank: Rank, capacity: u6
 /// `rank`'s outcome per epoch under its kept sets, averaged over the simulated epochs
 /// after the first (cold) one; `kept` is the kept set of epoch 0. Only this rank is
 /// planned (`plan::keep_local`): a sample arriving counts as kept by its sender as often as
-/// this rank keeps the samples of its own share.
-fn simulated(plan: &Plan, size: SizeOf, rank: Rank, capacity: u64) -> Outcome {
-    // From the start of this world's era: before it (an elastic restart's earlier epochs)
-    // another number of ranks held the shares, which this plan does not step from.
-    let start = plan.own_shares_at(rank, plan.era_start());
+/// this rank keeps the samples of its own share. `start`: this rank's view at its era's
+/// start.
+fn simulated(plan: &Plan, start: EpochShares, size: SizeOf, rank: Rank, capacity: u64) -> Outcome {
     let sizes = (size, capacity);
     let mut keep = LocalKeep::new(plan.clone(), rank, start, &[], sizes, DEFAULT_HORIZON);
     let kept = keep.kept().len();
