@@ -142,6 +142,32 @@ impl MpiJob {
         self.mounts.clear();
     }
 
+    /// Every rank's daemon pid, from its status.
+    pub fn pids(&self) -> Vec<i32> {
+        (0..self.mounts.len())
+            .map(|r| self.status(r)["pid"].as_i64().unwrap() as i32)
+            .collect()
+    }
+
+    /// Unmounts every rank and checks the stop was clean: the launcher exits 0 (every rank
+    /// did), no mount and no daemon is left. `dir` holds the job's log.
+    pub fn stop_cleanly(mut self, dir: &Path) {
+        let pids = self.pids();
+        let status = self.unmount_within(Duration::from_secs(90));
+        let log = std::fs::read_to_string(dir.join("job.log")).unwrap_or_default();
+        let status = status.unwrap_or_else(|| panic!("the job did not end after unmount\n{log}"));
+        assert!(status.success(), "the job ended with {status}\n{log}");
+        for m in &self.mounts {
+            assert!(!is_mounted(m), "{} is still mounted", m.display());
+        }
+        for pid in pids {
+            assert!(
+                super::wait_pid_gone(pid, Duration::from_secs(10)),
+                "daemon {pid} still runs"
+            );
+        }
+    }
+
     pub fn unmount(mut self) {
         for m in std::mem::take(&mut self.mounts) {
             let _ = shufflefs().arg("unmount").arg(&m).output();

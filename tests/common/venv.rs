@@ -82,3 +82,12 @@ pub fn check(what: &str, out: &Output) -> String {
     );
     stdout
 }
+
+/// The number a script printed as `NAME=VALUE` in `stdout` (the first one); panics naming
+/// it when there is none.
+pub fn printed_value(stdout: &str, name: &str) -> f64 {
+    let at =
+        (stdout.find(&format!("{name}="))).unwrap_or_else(|| panic!("no {name} in:\n{stdout}"));
+    let value = stdout[at + name.len() + 1..].split_whitespace().next();
+    value.unwrap().parse().unwrap()
+}

@@ -215,17 +215,7 @@ fn ddp_training_loss_goes_down() {
         &["--epochs", &EPOCHS.to_string()],
         &[("MASTER_PORT", port.to_string())],
     );
-    let field = |name: &str| -> f64 {
-        let at = stdout
-            .find(&format!("{name}="))
-            .unwrap_or_else(|| panic!("no {name} in:\n{stdout}"));
-        stdout[at + name.len() + 1..]
-            .split_whitespace()
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
+    let field = |name: &str| printed_value(&stdout, name);
     let (first, last) = (field("first_loss"), field("last_loss"));
     assert!(
         last < first,

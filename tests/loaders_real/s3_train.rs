@@ -105,12 +105,7 @@ fn ddp_example_trains_on_a_bucket_mount_unchanged() {
         "train_ddp.py on the bucket mount",
         &run_with_timeout(&mut cmd, Duration::from_secs(600)),
     );
-    let field = |name: &str| -> f64 {
-        let at =
-            (stdout.find(&format!("{name}="))).unwrap_or_else(|| panic!("no {name} in:\n{stdout}"));
-        let value = stdout[at + name.len() + 1..].split_whitespace().next();
-        value.unwrap().parse().unwrap()
-    };
+    let field = |name: &str| printed_value(&stdout, name);
     let (first, last) = (field("first_loss"), field("last_loss"));
     assert!(
         last < first,

@@ -158,17 +158,7 @@ fn ddp_under_torchrun(python: &Path, mut cmd: Command) {
         "torchrun train_ddp.py",
         &run_with_timeout(&mut cmd, Duration::from_secs(600)),
     );
-    let field = |name: &str| -> f64 {
-        let at = stdout
-            .find(&format!("{name}="))
-            .unwrap_or_else(|| panic!("no {name}:\n{stdout}"));
-        stdout[at + name.len() + 1..]
-            .split_whitespace()
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
+    let field = |name: &str| printed_value(&stdout, name);
     assert!(
         field("last_loss") < field("first_loss"),
         "loss did not go down:\n{stdout}"

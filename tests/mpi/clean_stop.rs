@@ -14,39 +14,13 @@ const SEED: u64 = 7;
 const FRACTION: f64 = 0.5;
 const RANKS: u32 = 2;
 
-/// Every rank's daemon pid, from its status.
-fn pids(job: &MpiJob) -> Vec<i32> {
-    (0..job.mounts.len())
-        .map(|r| job.status(r)["pid"].as_i64().unwrap() as i32)
-        .collect()
-}
-
-/// Unmounts every rank and checks the stop was clean: the launcher exits 0 (every rank
-/// did), no mount and no daemon is left.
-fn stop_cleanly(mut job: MpiJob, dir: &Path) {
-    let pids = pids(&job);
-    let status = job.unmount_within(Duration::from_secs(90));
-    let log = std::fs::read_to_string(dir.join("job.log")).unwrap_or_default();
-    let status = status.unwrap_or_else(|| panic!("the job did not end after unmount\n{log}"));
-    assert!(status.success(), "the job ended with {status}\n{log}");
-    for m in &job.mounts {
-        assert!(!is_mounted(m), "{} is still mounted", m.display());
-    }
-    for pid in pids {
-        assert!(
-            wait_pid_gone(pid, Duration::from_secs(10)),
-            "daemon {pid} still runs"
-        );
-    }
-}
-
 /// The same command mounts again without `--reset-cache`, at the epoch it had reached.
 fn remount_resumes(dir: &Path, epoch: u64, fraction: f64, extra: &[&str]) {
     let job = MpiJob::start(dir, RANKS, SEED, fraction, extra);
     for r in 0..RANKS as usize {
         assert_eq!(job.status(r)["epoch"], epoch, "rank {r} resumed elsewhere");
     }
-    stop_cleanly(job, dir);
+    job.stop_cleanly(dir);
 }
 
 #[test]
@@ -65,7 +39,7 @@ fn unmount_during_a_partial_exchange_exits_zero_everywhere() {
         exchange(st, 1).is_some_and(|x| x["state"] == "running")
     });
     std::thread::sleep(Duration::from_millis(500));
-    stop_cleanly(job, dir);
+    job.stop_cleanly(dir);
     remount_resumes(dir, 0, FRACTION, &[]);
 }
 
@@ -81,7 +55,7 @@ fn unmount_during_staging_exits_zero_everywhere() {
     let args = ["--staging-threads", "1"];
     let job = MpiJob::start(dir, RANKS, SEED, 0.0, &args);
     let staging = job.status(0)["staging"].clone();
-    stop_cleanly(job, dir);
+    job.stop_cleanly(dir);
     assert_ne!(staging["state"], "done", "staging ended before the stop");
     remount_resumes(dir, 0, 0.0, &args);
 }
@@ -110,12 +84,12 @@ fn unmount_during_a_coded_burst_exits_zero_everywhere() {
     wait_all(&job, "the coded exchange into epoch 1 to run", |st| {
         exchange(st, 1).is_some_and(|x| x["state"] == "running")
     });
-    stop_cleanly(job, dir);
+    job.stop_cleanly(dir);
     let job = coded_job(dir);
     for r in 0..RANKS as usize {
         assert_eq!(job.status(r)["epoch"], 0, "rank {r} resumed elsewhere");
     }
-    stop_cleanly(job, dir);
+    job.stop_cleanly(dir);
 }
 
 /// SIGTERM to every rank (as a scheduler ending a job would) during the partial exchange:
@@ -134,7 +108,7 @@ fn sigterm_during_a_partial_exchange_exits_zero_everywhere() {
         exchange(st, 1).is_some_and(|x| x["state"] == "running")
     });
     std::thread::sleep(Duration::from_millis(500));
-    let pids = pids(&job);
+    let pids = job.pids();
     for &pid in &pids {
         let _ = Command::new("kill")
             .args(["-TERM", &pid.to_string()])
@@ -204,7 +178,7 @@ fn sigterm_during_a_resize_exits_zero_everywhere() {
     write_source(dir, 2, 40, 20_000);
     let job = MpiJob::start(dir, RANKS, SEED, FRACTION, &[]);
     wait_all(&job, "staging", |st| st["staging"]["state"] == "done");
-    stop_cleanly(job, dir);
+    job.stop_cleanly(dir);
 
     // Three ranks on the two caches: the new rank's share comes over MPI, slowly.
     for r in 0..3 {
@@ -267,7 +241,7 @@ fn sigterm_during_a_resize_exits_zero_everywhere() {
     for r in 0..3 {
         assert_eq!(job.status(r)["epoch"], 0, "rank {r} resumed elsewhere");
     }
-    stop_cleanly(job, dir);
+    job.stop_cleanly(dir);
 }
 
 /// SIGTERM to every process of a coded job, the server included (as a scheduler ending
@@ -285,7 +259,7 @@ fn sigterm_to_a_whole_coded_job_exits_zero_everywhere() {
     wait_all(&job, "the coded exchange into epoch 1 to run", |st| {
         exchange(st, 1).is_some_and(|x| x["state"] == "running")
     });
-    let mut pids = pids(&job);
+    let mut pids = job.pids();
     pids.extend(job_pids("serve", &dir.join("src")));
     assert_eq!(pids.len(), RANKS as usize + 1, "{pids:?}");
     for &pid in &pids {

@@ -7,7 +7,6 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::time::Duration;
 
 use crate::common::mpi_job::{MpiJob, checked_listing, torchrun, write_source};
 use crate::common::*;
@@ -44,25 +43,6 @@ fn partition(dir: &Path, job: &MpiJob, epoch: u64) -> Vec<BTreeSet<String>> {
     lists
 }
 
-fn stop_cleanly(mut job: MpiJob, dir: &Path) {
-    let pids: Vec<i32> = (0..job.mounts.len())
-        .map(|r| job.status(r)["pid"].as_i64().unwrap() as i32)
-        .collect();
-    let status = job.unmount_within(Duration::from_secs(90));
-    let log = std::fs::read_to_string(dir.join("job.log")).unwrap_or_default();
-    let status = status.unwrap_or_else(|| panic!("torchrun did not end after unmount\n{log}"));
-    assert!(status.success(), "torchrun ended with {status}\n{log}");
-    for m in &job.mounts {
-        assert!(!is_mounted(m), "{} is still mounted", m.display());
-    }
-    for pid in pids {
-        assert!(
-            wait_pid_gone(pid, Duration::from_secs(10)),
-            "daemon {pid} still runs"
-        );
-    }
-}
-
 #[test]
 fn a_torchrun_job_partitions_every_epoch_stops_with_exit_0_and_resumes() {
     if !require_fuse() {
@@ -93,7 +73,7 @@ fn a_torchrun_job_partitions_every_epoch_stops_with_exit_0_and_resumes() {
         );
         before = now;
     }
-    stop_cleanly(job, dir);
+    job.stop_cleanly(dir);
     let Some(again) = torchrun_job(dir, 3) else {
         return;
     };
@@ -105,7 +85,7 @@ fn a_torchrun_job_partitions_every_epoch_stops_with_exit_0_and_resumes() {
         before,
         "the resumed epoch is the same"
     );
-    stop_cleanly(again, dir);
+    again.stop_cleanly(dir);
 }
 
 /// A torchrun job restarted with fewer ranks (an elastic restart: 3 -> 2) goes on at the
@@ -124,7 +104,7 @@ fn a_torchrun_job_restarted_on_fewer_ranks_goes_on_at_its_epoch() {
     for epoch in 0..3 {
         partition(dir, &job, epoch);
     }
-    stop_cleanly(job, dir);
+    job.stop_cleanly(dir);
     let Some(fewer) = torchrun_job(dir, 2) else {
         return;
     };
@@ -136,7 +116,7 @@ fn a_torchrun_job_restarted_on_fewer_ranks_goes_on_at_its_epoch() {
     for epoch in 2..4 {
         partition(dir, &fewer, epoch);
     }
-    stop_cleanly(fewer, dir);
+    fewer.stop_cleanly(dir);
 }
 
 #[test]
@@ -166,7 +146,7 @@ fn a_rank_that_unmounts_early_leaves_the_others_going_and_the_job_ends_with_exit
     let alone = checked_listing(dir, &job.mounts[0], 1);
     assert!(!alone.is_empty());
     job.mounts.remove(1);
-    stop_cleanly(job, dir);
+    job.stop_cleanly(dir);
 }
 
 #[test]
@@ -177,11 +157,7 @@ fn a_rendezvous_nobody_answers_is_refused_naming_it_and_leaves_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     write_source(dir, 1, 3, 100);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = crate::common::s3::free_port();
     let (cache, mnt) = (dir.join("cache"), dir.join("mnt"));
     std::fs::create_dir(&mnt).unwrap();
     let out = shufflefs()
