@@ -437,7 +437,7 @@ pub struct MountArgs {
     pub fuse_threads: Option<u16>,
 
     /// How reads of samples reach the cache files (see README, "Read path").
-    #[arg(long, value_enum, default_value_t = ReadPath::Passthrough, help_heading = "Tuning")]
+    #[arg(long, value_enum, default_value_t = ReadPath::Auto, help_heading = "Tuning")]
     pub read_path: ReadPath,
 
     /// Where the view appears. `{rank}` is replaced by the rank. Must be an empty folder, or

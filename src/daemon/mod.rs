@@ -13,11 +13,13 @@
 //! ends the process: an error comes back to `launch`, which picks the exit code.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::comm::{Comm, Reduce};
-use crate::config::{ExchangeMode, MountConfig, for_rank};
+use crate::config::{ExchangeMode, MountConfig, ReadPath, for_rank};
 use crate::exchange::coded::{CodedClient, Routes};
 use crate::exchange::{ExchangeConfig, ExchangeError, Peers, SlowPeers};
+use crate::node::requests::Requests;
 use crate::sys::made_dirs::{MadeDirs, MountDirs};
 
 pub(crate) mod coded;
@@ -192,7 +194,7 @@ fn coded_offer(
 /// start-up, so none mounts (see `mounted`, "A stop before the mount").
 fn mount_everywhere<'w>(
     config: &MountConfig,
-    fs: crate::vfs::ShuffleFs,
+    (fs, read_path, requests): (crate::vfs::ShuffleFs, ReadPath, Arc<Requests>),
     (mountpoint, dirs): (&Path, MountDirs),
     comm: &mut dyn Comm,
     world: Option<&mut (dyn Comm + 'w)>,
@@ -211,7 +213,10 @@ fn mount_everywhere<'w>(
     let session = dirs
         .create()
         .map_err(|e| format!("creating the mount point {}: {e}", mountpoint.display()))
-        .and_then(|made| Ok((mounted::mount(fs, config, mountpoint)?, made)))
+        .and_then(|made| {
+            let session = mounted::mount(fs, config, (read_path, requests), mountpoint)?;
+            Ok((session, made))
+        })
         .map_err(PhaseError::Mine);
     let session = agreed(comm, session);
     if let Some(world) = world {

@@ -60,8 +60,9 @@ use fuser::{Config, MountOption, SessionACL};
 
 use super::DaemonError;
 use super::ready::ReadyFile;
-use crate::config::MountConfig;
+use crate::config::{MountConfig, ReadPath};
 use crate::fuse::FuseAdapter;
+use crate::node::requests::Requests;
 use crate::sys::made_dirs::MadeDirs;
 use crate::sys::{mounts, readahead};
 use crate::vfs::{ShuffleFs, inodes};
@@ -117,16 +118,17 @@ pub(crate) type Session = fuser::Session<FuseAdapter>;
 pub(crate) fn mount(
     fs: ShuffleFs,
     config: &MountConfig,
+    (read_path, requests): (ReadPath, Arc<Requests>),
     mountpoint: &Path,
 ) -> Result<Session, String> {
     // Without opens (page-cache mode) the status is read through a link; see `fuse`.
-    let fs = Arc::new(match config.read_path {
-        crate::config::ReadPath::PageCache => fs.with_status_link(),
+    let fs = Arc::new(match read_path {
+        ReadPath::PageCache => fs.with_status_link(),
         _ => fs,
     });
-    let adapter = FuseAdapter::new(fs, config.read_path)
+    let adapter = FuseAdapter::new(fs, read_path, requests)
         .map_err(|e| format!("starting the threads that answer the kernel: {e}"))?;
-    crate::fuse::mount(adapter, mountpoint, &fuse_config(config))
+    crate::fuse::mount(adapter, mountpoint, &fuse_config(config, read_path))
         .map_err(|e| format!("mounting {} failed: {e}", mountpoint.display()))
 }
 
@@ -416,7 +418,7 @@ fn watch_signals(
 }
 
 /// The FUSE mount's settings.
-fn fuse_config(config: &MountConfig) -> Config {
+fn fuse_config(config: &MountConfig, read_path: ReadPath) -> Config {
     let mut c = Config::default();
     c.mount_options = vec![
         MountOption::FSName("shufflefs".into()),
@@ -433,7 +435,7 @@ fn fuse_config(config: &MountConfig) -> Config {
     } else {
         SessionACL::Owner
     };
-    let passes_through = crate::fuse::may_pass_through(config.read_path);
+    let passes_through = crate::fuse::may_pass_through(read_path);
     c.n_threads = Some(config.fuse_threads(passes_through));
     c.clone_fd = true;
     c

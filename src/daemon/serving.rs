@@ -18,16 +18,17 @@ use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::Receiver;
 
 use crate::comm::Comm;
-use crate::config::MountConfig;
+use crate::config::{MountConfig, ReadPath};
 use crate::exchange::coded::CodedClient;
 use crate::exchange::{
     EpochExchange, ExchangeConfig, ExchangeCtx, ExchangeError, Partial, Peers, Settled, arrivals,
 };
 use crate::node::jobview::{self, Gatherer, Viewed};
+use crate::node::status::ReadPathSnapshot;
 use crate::node::{ExchangeCmd, Node, NodeConfig, serve};
 use crate::plan::elastic::ElasticPlan;
 use crate::plan::equal::EqualShares;
-use crate::plan::{Plan, Step};
+use crate::plan::{Plan, Rank, Step};
 use crate::vfs::ShuffleFs;
 
 use super::DaemonError;
@@ -77,9 +78,10 @@ pub(crate) fn run_node(
         let _ = node.status.partial.set(fit.snapshot());
     }
     let fs = view(config, &node, rank, elastic);
+    let read_path = read_path(config, &node, rank, comm.hosts());
     let session = super::mount_everywhere(
         config,
-        fs,
+        (fs, read_path, node.status.requests.clone()),
         (&mountpoint, mount_dirs),
         comm,
         world.as_deref_mut(),
@@ -332,4 +334,33 @@ fn view(config: &MountConfig, node: &Node, rank: u32, elastic: Option<ElasticPla
             crate::vfs::access::Access::of_source(&config.source)
                 .per_entry(config.owners_per_entry()),
         )
+}
+
+/// The read path this rank mounts with (`fuse::read_path::choose` over its first share and
+/// the machine), logged and kept for the status.
+fn read_path(config: &MountConfig, node: &Node, rank: Rank, hosts: &[u32]) -> ReadPath {
+    use crate::fuse::read_path::{Machine, PROBES, Share, choose};
+    let store = &node.store;
+    let current = node.coordinator.current();
+    let ids = current.share(rank);
+    let samples = ids.len() as u64;
+    let share = Share {
+        samples,
+        bytes: store.mean_size(ids, PROBES).unwrap_or(0) * samples,
+        file_per_sample: store.layout() == crate::cache::CacheLayout::Files
+            && store.manifest().records().is_none(),
+    };
+    let here = hosts.get(rank as usize);
+    let ranks_here = hosts.iter().filter(|&h| Some(h) == here).count().max(1);
+    let machine = Machine {
+        memory: crate::sys::memory::memory_limit(),
+        ranks_here: u32::try_from(ranks_here).unwrap_or(u32::MAX),
+    };
+    let choice = choose(config.read_path, share, machine);
+    tracing::info!(read_path = choice.path.name(), why = %choice.why, "read path chosen");
+    let _ = node.status.read_path.set(ReadPathSnapshot {
+        path: choice.path.name(),
+        why: choice.why,
+    });
+    choice.path
 }

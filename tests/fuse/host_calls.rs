@@ -153,7 +153,7 @@ fn a_session_dropped_before_it_runs_leaves_no_mount() {
     let initial = plan.initial();
     let epochs = Coordinator::start(plan, 0, initial, None, Arc::new(NoExchange));
     let fs = Arc::new(ShuffleFs::new(store, epochs, Arc::new(NoStatus)));
-    let adapter = FuseAdapter::new(fs, ReadPath::Daemon).unwrap();
+    let adapter = FuseAdapter::new(fs, ReadPath::Daemon, Default::default()).unwrap();
     let mut config = fuser::Config::default();
     config.mount_options = vec![fuser::MountOption::FSName("shufflefs-test".into())];
     let session = shufflefs::fuse::mount(adapter, &mnt, &config).unwrap();

@@ -237,3 +237,74 @@ fn the_readahead_window_is_raised_for_streaming() {
     check_bytes(&data, &d.mnt, 0);
     d.unmount().assert_clean();
 }
+
+/// The default `--read-path auto`: a share of small files that fits in memory is read
+/// through the page cache (a file read before costs no request), samples averaging over
+/// 256 KiB pass through; the status says which and why, and counts the requests.
+#[test]
+fn auto_reads_small_files_through_the_page_cache_and_large_ones_through_passthrough() {
+    if !require_fuse() {
+        return;
+    }
+    let small = DatasetBuilder::new()
+        .numbered_class("a", 20, |i| 1000 + i as u64)
+        .build();
+    let d = Daemon::mount(&small.root, &small.path("cache"), &small.dir("mnt"), &[]);
+    let s = wait_staging_done(&d.mnt);
+    assert_eq!(s["read_path"]["path"], "page-cache", "{s:#}");
+    let why = s["read_path"]["why"].as_str().unwrap();
+    assert!(
+        why.starts_with("auto: small samples (average 1009 B)"),
+        "{why}"
+    );
+    let read_all = || {
+        for sample in &small.samples {
+            let p = d.mnt.join("epoch-0").join(sample.rel());
+            assert!(fs::read(&p).unwrap() == sample.bytes(), "{}", p.display());
+        }
+    };
+    read_all();
+    let requests = |s: &serde_json::Value, op: &str| s["fuse_requests"][op].as_u64().unwrap();
+    let before = read_status(&d.mnt);
+    assert!(
+        requests(&before, "read") >= small.samples.len() as u64,
+        "{before:#}"
+    );
+    read_all();
+    read_all();
+    let after = read_status(&d.mnt);
+    // Each file's first `fstat` after its READ asks once (its atime went stale); then nothing
+    // (lookups: reading the status looks it up again, as a control file is never cached).
+    for op in ["read", "open", "release"] {
+        assert_eq!(
+            requests(&after, op),
+            requests(&before, op),
+            "{op}: {after:#}"
+        );
+    }
+    assert!(requests(&after, "getattr") <= requests(&before, "getattr") + 20);
+    let metrics = fs::read_to_string(d.mnt.join(".shufflefs/metrics")).unwrap();
+    assert!(metrics.contains("shufflefs_fuse_requests_total{rank=\"0\",op=\"read\"}"));
+    d.unmount().assert_clean();
+
+    let large = DatasetBuilder::new()
+        .class("a", &[("big.bin", 600_000), ("small.bin", 10)])
+        .build();
+    let d = Daemon::mount(&large.root, &large.path("cache"), &large.dir("mnt"), &[]);
+    let s = wait_staging_done(&d.mnt);
+    assert_eq!(s["read_path"]["path"], "passthrough", "{s:#}");
+    assert!(
+        s["read_path"]["why"]
+            .as_str()
+            .unwrap()
+            .contains("over 256 KiB"),
+        "{s:#}"
+    );
+    for sample in &large.samples {
+        let p = d.mnt.join("epoch-0").join(sample.rel());
+        assert!(fs::read(&p).unwrap() == sample.bytes(), "{}", p.display());
+    }
+    let s = read_status(&d.mnt);
+    assert!(requests(&s, "open") >= 2, "{s:#}");
+    d.unmount().assert_clean();
+}

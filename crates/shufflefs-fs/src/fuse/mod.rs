@@ -59,6 +59,7 @@ use fuser::{
     SessionUnmounter,
 };
 
+use crate::node::requests::Requests;
 use crate::sys::kernel::ReadPath;
 use crate::vfs::error::FsError;
 use crate::vfs::handles::Attached;
@@ -67,6 +68,7 @@ use crate::vfs::{Cancel, Cancelled, Entry, Kind, OpenFiles, ShuffleFs, Wait};
 
 mod interrupt;
 mod ops;
+pub mod read_path;
 
 use interrupt::Waiters;
 
@@ -81,6 +83,8 @@ pub struct Adapter {
     passthrough: AtomicBool,
     read_path: ReadPath,
     time: SystemTime,
+    /// Requests answered, by kind (the status's `fuse_requests`).
+    requests: Arc<Requests>,
 }
 
 /// Most threads wait on the source or on an exchange for long stretches: a few more than
@@ -155,13 +159,19 @@ fn explain_denied(e: std::io::Error) -> std::io::Error {
 }
 
 impl FuseAdapter {
-    pub fn new(fs: Arc<ShuffleFs>, read_path: ReadPath) -> std::io::Result<FuseAdapter> {
+    /// The adapter for `fs`, reading as `read_path` (resolved: `read_path::choose`; an
+    /// unresolved `Auto` reads as passthrough), counting requests into `requests`.
+    pub fn new(
+        fs: Arc<ShuffleFs>,
+        read_path: ReadPath,
+        requests: Arc<Requests>,
+    ) -> std::io::Result<FuseAdapter> {
         let waiting = tokio::runtime::Builder::new_current_thread()
             .max_blocking_threads(WAITING_THREADS)
             .thread_name("shufflefs-wait")
             .build()?;
         Ok(FuseAdapter {
-            inner: Arc::new(Adapter::new(fs, read_path)),
+            inner: Arc::new(Adapter::new(fs, read_path, requests)),
             waiting: Some(waiting),
             unmounter: Arc::default(),
             waiters: Waiters::start()?,
@@ -221,8 +231,13 @@ impl FuseAdapter {
 }
 
 impl Adapter {
-    fn new(fs: Arc<ShuffleFs>, read_path: ReadPath) -> Adapter {
+    fn new(fs: Arc<ShuffleFs>, read_path: ReadPath, requests: Arc<Requests>) -> Adapter {
+        let read_path = match read_path {
+            ReadPath::Auto => ReadPath::Passthrough,
+            path => path,
+        };
         Adapter {
+            requests,
             files: OpenFiles::new(fs, read_path != ReadPath::PageCache),
             backing_by_ino: Mutex::default(),
             passthrough: AtomicBool::new(false),

@@ -14,6 +14,7 @@ use fuser::{
 };
 
 use super::{FuseAdapter, fail};
+use crate::node::requests::Op;
 use crate::sys::kernel::ReadPath;
 use crate::sys::kernel::may_pass_through;
 use crate::vfs::error::FsError;
@@ -47,6 +48,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.requests.count(Op::Lookup);
         match self.fs().child(parent.0, name) {
             Err(err) => reply.error(fail("lookup", parent.0, &err)),
             // Looking up the next epoch advances: only the mounting user and root may.
@@ -62,6 +64,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.requests.count(Op::Getattr);
         self.answer(req, self.fs().wait_ino(ino.0), move |a, _| {
             a.answer_getattr(ino, reply)
         });
@@ -85,6 +88,7 @@ impl Filesystem for FuseAdapter {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        self.requests.count(Op::Other);
         let size_only = size.is_some()
             && mode.is_none()
             && uid.is_none()
@@ -98,6 +102,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        self.requests.count(Op::Other);
         match self.fs().readlink(ino.0) {
             Ok(target) => reply.data(&target),
             Err(err) => reply.error(fail("readlink", ino.0, &err)),
@@ -114,6 +119,7 @@ impl Filesystem for FuseAdapter {
         _rdev: u32,
         reply: ReplyEntry,
     ) {
+        self.requests.count(Op::Other);
         reply.error(fail("mknod", parent.0, &FsError::ReadOnly));
     }
 
@@ -126,14 +132,17 @@ impl Filesystem for FuseAdapter {
         _umask: u32,
         reply: ReplyEntry,
     ) {
+        self.requests.count(Op::Other);
         reply.error(fail("mkdir", parent.0, &FsError::ReadOnly));
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        self.requests.count(Op::Other);
         reply.error(fail("unlink", parent.0, &FsError::ReadOnly));
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        self.requests.count(Op::Other);
         reply.error(fail("rmdir", parent.0, &FsError::ReadOnly));
     }
 
@@ -145,6 +154,7 @@ impl Filesystem for FuseAdapter {
         _target: &Path,
         reply: ReplyEntry,
     ) {
+        self.requests.count(Op::Other);
         reply.error(fail("symlink", parent.0, &FsError::ReadOnly));
     }
 
@@ -158,10 +168,12 @@ impl Filesystem for FuseAdapter {
         _f: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        self.requests.count(Op::Other);
         reply.error(fail("rename", parent.0, &FsError::ReadOnly));
     }
 
     fn link(&self, _req: &Request, ino: INodeNo, _np: INodeNo, _nn: &OsStr, reply: ReplyEntry) {
+        self.requests.count(Op::Other);
         reply.error(fail("link", ino.0, &FsError::ReadOnly));
     }
 
@@ -175,10 +187,12 @@ impl Filesystem for FuseAdapter {
         _flags: i32,
         reply: ReplyCreate,
     ) {
+        self.requests.count(Op::Other);
         reply.error(fail("create", parent.0, &FsError::ReadOnly));
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        self.requests.count(Op::Open);
         self.answer(req, self.fs().wait_ino(ino.0), move |a, _| {
             a.answer_open(ino, flags, reply)
         });
@@ -195,6 +209,7 @@ impl Filesystem for FuseAdapter {
         _lock: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        self.requests.count(Op::Read);
         if self.files.opens() {
             // A record source's part may wait on the source; a cache file never does.
             return match self.files.read_wait(fh.0) {
@@ -222,6 +237,7 @@ impl Filesystem for FuseAdapter {
         _lock: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        self.requests.count(Op::Write);
         // Only the epoch control file takes writes, and a write there advances: it waits,
         // and only the mounting user and root may.
         if !self.fs().may_control(req.uid()) {
@@ -243,6 +259,7 @@ impl Filesystem for FuseAdapter {
         _lock: LockOwner,
         reply: ReplyEmpty,
     ) {
+        self.requests.count(Op::Other);
         reply.error(Errno::ENOSYS);
     }
 
@@ -256,11 +273,25 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        self.requests.count(Op::Release);
         self.inner.release(fh);
         reply.ok();
     }
 
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.requests.count(Op::Releasedir);
+        reply.ok();
+    }
+
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        self.requests.count(Op::Opendir);
         match self.fs().getattr(ino.0) {
             Ok(e) if e.kind == Kind::Dir => reply.opened(
                 FileHandle(0),
@@ -284,6 +315,7 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        self.requests.count(Op::Readdir);
         // Positions 0 and 1 are `.` and `..`; the logic's entries follow.
         let dots = [(ino.0, "."), (ino.0, "..")];
         for (i, (dino, name)) in dots.iter().enumerate().skip(offset as usize) {
@@ -311,6 +343,7 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        self.requests.count(Op::Readdir);
         // `.` and `..` carry no attributes the kernel uses; list them with the dir's own.
         let me = match self.fs().getattr(ino.0) {
             Ok(e) => e,
@@ -353,6 +386,7 @@ impl Filesystem for FuseAdapter {
 
     /// What `df` shows: the cache folder's space (see `vfs::statfs`).
     fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        self.requests.count(Op::Other);
         match self.fs().statfs() {
             Ok(s) => reply.statfs(
                 s.blocks,
@@ -381,10 +415,12 @@ impl Filesystem for FuseAdapter {
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
+        self.requests.count(Op::Other);
         reply.error(fail("ioctl", ino.0, &FsError::NoIoctl));
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        self.requests.count(Op::Other);
         match self.fs().access(ino.0, mask.contains(AccessFlags::W_OK)) {
             Ok(()) => reply.ok(),
             Err(err) => reply.error(fail("access", ino.0, &err)),

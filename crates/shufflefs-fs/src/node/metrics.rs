@@ -46,6 +46,7 @@ pub(crate) mod names {
     pub const CACHE_BYTES: &str = "shufflefs_cache_bytes";
     pub const CACHE_SAMPLES: &str = "shufflefs_cache_samples";
     pub const OPENS: &str = "shufflefs_opens";
+    pub const FUSE_REQUESTS: &str = "shufflefs_fuse_requests";
     pub const LAST_UPDATE: &str = "shufflefs_last_update_timestamp_seconds";
     pub const PARTIAL_CACHE_SIZE: &str = "shufflefs_partial_cache_size_bytes";
     pub const PARTIAL_HIT: &str = "shufflefs_partial_hit_ratio";
@@ -146,6 +147,8 @@ pub(crate) struct Input<'a> {
     pub cache_samples: u64,
     /// Samples, parts and side files opened through the mount.
     pub reads: u64,
+    /// Kernel requests answered, by kind (`node::requests`).
+    pub requests: Vec<(&'static str, u64)>,
     /// A share larger than its cache (`None` when it fits): from the status's `partial`.
     pub partial: Option<Partial>,
 }
@@ -225,6 +228,15 @@ pub(crate) fn render(i: &Input) -> String {
     );
     let help = "Samples, parts and side files opened through the mount, passthrough opens included (page-cache mode reads the cache directly and opens nothing here)";
     counter(&mut r, OPENS, help, i.reads);
+    let requests = Family::<Labels, Counter>::default();
+    for &(op, n) in &i.requests {
+        requests
+            .get_or_create(&vec![("op", op.to_string())])
+            .inc_by(n);
+    }
+    let help =
+        "Kernel requests this mount answered, by kind (lookup, getattr, open, read, release, ...)";
+    r.register(FUSE_REQUESTS, help, requests);
     let help = "When this text was made (Unix time): a writer that stopped shows as an old value";
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
     let g: Gauge<f64, AtomicU64> = Gauge::default();
@@ -373,6 +385,7 @@ mod tests {
             cache_bytes: 1234,
             cache_samples: 12,
             reads: 9,
+            requests: vec![("lookup", 4), ("open", 3)],
             partial: None,
         }
     }
@@ -459,6 +472,9 @@ mod tests {
             "shufflefs_exchange_done_bytes{rank=\"2\"} 50",
             "shufflefs_exchange_given_up_peers{rank=\"2\"} 1",
             "shufflefs_opens_total{rank=\"2\"} 9",
+            "# TYPE shufflefs_fuse_requests_total counter",
+            "shufflefs_fuse_requests_total{rank=\"2\",op=\"lookup\"} 4",
+            "shufflefs_fuse_requests_total{rank=\"2\",op=\"open\"} 3",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
         }

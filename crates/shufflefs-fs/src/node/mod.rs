@@ -28,6 +28,7 @@ pub mod jobview;
 pub use jobview::sim as jobview_sim;
 pub(crate) mod metrics;
 pub mod regrow;
+pub mod requests;
 pub mod resume;
 pub mod resumed;
 pub mod saved;
@@ -119,6 +120,8 @@ impl Node {
             job: Arc::default(),
             totals: Default::default(),
             partial: std::sync::OnceLock::new(),
+            read_path: std::sync::OnceLock::new(),
+            requests: Arc::default(),
         });
         let node = Node {
             store,

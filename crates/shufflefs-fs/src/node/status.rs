@@ -13,6 +13,7 @@ use crate::exchange::{ExchangeReport, ExchangeTracker};
 use crate::node::coordinator::{AdvanceWait, Coordinator};
 use crate::node::jobview::JobBoard;
 use crate::node::metrics::{self, ExchangeTotals};
+use crate::node::requests::Requests;
 use crate::node::resumed::RegrowReport;
 use crate::node::staging::{StagingProgress, StagingSnapshot};
 use crate::plan::equal::EqualShares;
@@ -133,6 +134,11 @@ struct Status<'a> {
     /// Only with `--equal-shares`: what the view leaves out.
     #[serde(skip_serializing_if = "Option::is_none")]
     equal_shares: Option<EqualSnapshot>,
+    /// How the kernel reads samples (set before mounting; absent in tests without a mount).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    read_path: Option<&'a ReadPathSnapshot>,
+    /// Kernel requests this mount answered, by kind (`node::requests`).
+    fuse_requests: std::collections::BTreeMap<&'static str, u64>,
     /// Only with `--replicate`: the side files, where this rank reads them, what it copied.
     #[serde(skip_serializing_if = "Option::is_none")]
     replicated: Option<&'a crate::cache::side::Replicated>,
@@ -177,6 +183,18 @@ pub struct DaemonStatus {
     pub(crate) totals: ExchangeTotals,
     /// When the share does not fit the cache (set once at start).
     pub partial: std::sync::OnceLock<PartialSnapshot>,
+    /// The read path the mount uses and why (set once, before mounting).
+    pub read_path: std::sync::OnceLock<ReadPathSnapshot>,
+    /// Kernel requests answered, by kind (the FUSE adapter counts them).
+    pub requests: Arc<Requests>,
+}
+
+/// The status's `read_path`: the one the mount uses (`passthrough`, `page-cache`,
+/// `daemon`) and why (`--read-path`, or the `auto` rule that chose it).
+#[derive(Clone, Debug, Serialize)]
+pub struct ReadPathSnapshot {
+    pub path: &'static str,
+    pub why: String,
 }
 
 impl PartialSnapshot {
@@ -262,6 +280,8 @@ impl StatusReport for DaemonStatus {
             }),
             job: self.job.json(),
             partial: self.partial.get().map(|p| p.measured(&self.store)),
+            read_path: self.read_path.get(),
+            fuse_requests: self.requests.snapshot().into_iter().collect(),
         };
         let mut out = serde_json::to_vec_pretty(&status).expect("status serializes");
         out.push(b'\n');
@@ -308,6 +328,7 @@ impl DaemonStatus {
             cache_bytes: load(&stats.bytes),
             cache_samples: load(&stats.files),
             reads: load(&stats.reads),
+            requests: self.requests.snapshot(),
             partial: (self.partial.get()).map(|p| {
                 let p = p.measured(&self.store);
                 metrics::Partial {

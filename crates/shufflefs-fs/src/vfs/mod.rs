@@ -260,11 +260,18 @@ impl ShuffleFs {
     }
 
     fn status_file_path(&self) -> PathBuf {
-        self.store.dir().root().join(STATUS_FILE)
+        self.published_path(STATUS_FILE)
     }
 
     fn metrics_file_path(&self) -> PathBuf {
-        self.store.dir().root().join(METRICS_FILE)
+        self.published_path(METRICS_FILE)
+    }
+
+    /// `CACHE/name` as a link target: absolute, since a relative one would be read from
+    /// `.shufflefs/` inside the mount (a `--cache` given relative to the daemon's folder).
+    fn published_path(&self, name: &str) -> PathBuf {
+        let path = self.store.dir().root().join(name);
+        std::path::absolute(&path).unwrap_or(path)
     }
 
     /// Writes the status document to `CACHE/status.json` (a new file renamed over the old,
@@ -278,7 +285,7 @@ impl ShuffleFs {
     /// Writes `bytes` to `CACHE/name` as `status_file` does, and returns its path (the
     /// metrics, under page-cache mode, are published the same way).
     fn publish(&self, name: &str, bytes: &[u8]) -> Result<PathBuf, FsError> {
-        let path = self.store.dir().root().join(name);
+        let path = self.published_path(name);
         // Read-only and private, as everything in the cache (see `cache::private`).
         let how = crate::sys::replace::Replace {
             mode: 0o400,

@@ -231,6 +231,18 @@ impl SampleStore {
         self.manifest.size(id).or_else(|| self.learned.size(id))
     }
 
+    /// The mean size of the samples `ids`, from up to `probes` of them spread evenly: sizes
+    /// known (the index, the cache) or, for a source listed without them (a folder), asked
+    /// of the source's metadata. `None` if no probe's size could be learned.
+    pub fn mean_size(&self, ids: &[SampleId], probes: usize) -> Option<u64> {
+        let step = ids.len().div_ceil(probes.max(1)).max(1);
+        let sizes: Vec<u64> = (ids.iter().step_by(step))
+            .filter_map(|&id| (self.size(id)).or_else(|| self.source.stat_len(id).ok().flatten()))
+            .collect();
+        let n = u64::try_from(sizes.len()).ok().filter(|&n| n > 0)?;
+        Some(sizes.iter().sum::<u64>() / n)
+    }
+
     /// Sample `id`'s modification time in the source, if known yet.
     pub fn mtime(&self, id: SampleId) -> Option<SystemTime> {
         match self.learned.mtime(id) {

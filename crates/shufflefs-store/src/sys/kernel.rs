@@ -8,6 +8,9 @@
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum ReadPath {
+    /// Chosen at mount from this rank's share and the machine: `page-cache` for a share of
+    /// small files that fits in memory, `passthrough` otherwise (docs/read-paths.md).
+    Auto,
     /// Each open asks the daemon, which hands the kernel the cache file (FUSE passthrough,
     /// Linux 6.9+): reads never enter the daemon and no page is cached twice. Falls back to
     /// `daemon` where the kernel lacks passthrough.
@@ -19,6 +22,18 @@ pub enum ReadPath {
     /// Each open asks the daemon, and reads are served by the daemon from the cache file,
     /// kept in the page cache across opens.
     Daemon,
+}
+
+impl ReadPath {
+    /// The name `--read-path` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReadPath::Auto => "auto",
+            ReadPath::Passthrough => "passthrough",
+            ReadPath::PageCache => "page-cache",
+            ReadPath::Daemon => "daemon",
+        }
+    }
 }
 
 /// Whether reads can pass through with `read_path`: the kernel has FUSE passthrough from

@@ -26,3 +26,53 @@ pub fn fewer_malloc_arenas() {
         }
     }
 }
+
+/// The memory this process may fill, page cache included: the machine's (`MemTotal`), or
+/// its cgroup's limit where that is lower (a container's `memory.max`, which counts the
+/// page cache of the files it reads). `None` if neither can be read.
+pub fn memory_limit() -> Option<u64> {
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| mem_total(&text));
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|text| cgroup_v2_path(&text).map(str::to_string))
+        .and_then(|path| {
+            let file = format!("/sys/fs/cgroup{path}/memory.max");
+            std::fs::read_to_string(file).ok()
+        })
+        .and_then(|text| text.trim().parse::<u64>().ok());
+    match (total, cgroup) {
+        (Some(t), Some(c)) => Some(t.min(c)),
+        (t, c) => t.or(c),
+    }
+}
+
+/// `MemTotal` of `/proc/meminfo`, in bytes.
+fn mem_total(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// The cgroup v2 path of `/proc/self/cgroup` (its `0::PATH` line).
+fn cgroup_v2_path(cgroup: &str) -> Option<&str> {
+    cgroup.lines().find_map(|l| l.strip_prefix("0::"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{cgroup_v2_path, mem_total};
+
+    #[test]
+    fn meminfo_and_cgroup_lines_are_read() {
+        let meminfo = "MemTotal:       24551516 kB\nMemFree:         1234 kB\n";
+        assert_eq!(mem_total(meminfo), Some(24_551_516 * 1024));
+        assert_eq!(mem_total("MemFree: 1 kB\n"), None);
+        assert_eq!(
+            cgroup_v2_path("0::/user.slice/x.scope\n"),
+            Some("/user.slice/x.scope")
+        );
+        assert_eq!(cgroup_v2_path("12:memory:/docker/abc\n"), None);
+    }
+}
