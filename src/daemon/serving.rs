@@ -24,6 +24,7 @@ use crate::exchange::{
     EpochExchange, ExchangeConfig, ExchangeCtx, ExchangeError, Partial, Peers, Settled, arrivals,
 };
 use crate::node::jobview::{self, Gatherer, Viewed};
+use crate::node::requests::Requests;
 use crate::node::status::ReadPathSnapshot;
 use crate::node::{ExchangeCmd, Node, NodeConfig, serve};
 use crate::plan::elastic::ElasticPlan;
@@ -78,10 +79,9 @@ pub(crate) fn run_node(
         let _ = node.status.partial.set(fit.snapshot());
     }
     let fs = view(config, &node, rank, elastic);
-    let read_path = read_path(config, &node, rank, comm.hosts());
     let session = super::mount_everywhere(
         config,
-        (fs, read_path, node.status.requests.clone()),
+        fs,
         (&mountpoint, mount_dirs),
         comm,
         world.as_deref_mut(),
@@ -318,7 +318,14 @@ impl EpochExchange for Recorded {
 /// The filesystem over `node` as `config` shows it: part size, the source's owners and
 /// modes (each entry's own under `--allow-other`), and under `--equal-shares` the samples
 /// left out (also shown in the status).
-fn view(config: &MountConfig, node: &Node, rank: u32, elastic: Option<ElasticPlan>) -> ShuffleFs {
+/// This rank's view, the read path it is mounted with, and where its requests are counted.
+fn view(
+    config: &MountConfig,
+    node: &Node,
+    rank: u32,
+    elastic: Option<ElasticPlan>,
+) -> (ShuffleFs, ReadPath, Arc<Requests>) {
+    let read_path = read_path(config, node, rank);
     let mut fs = ShuffleFs::of(node);
     if config.equal_shares {
         // A resized job's counts are replayed through its history (see `plan::equal`).
@@ -329,16 +336,18 @@ fn view(config: &MountConfig, node: &Node, rank: u32, elastic: Option<ElasticPla
         let _ = node.status.equal_shares.set(equal.clone());
         fs = fs.with_equal_shares(equal);
     }
-    fs.with_part_size(config.source_config.part_size())
+    let fs = fs
+        .with_part_size(config.source_config.part_size())
         .with_access(
             crate::vfs::access::Access::of_source(&config.source)
                 .per_entry(config.owners_per_entry()),
-        )
+        );
+    (fs, read_path, node.status.requests.clone())
 }
 
 /// The read path this rank mounts with (`fuse::read_path::choose` over its first share and
 /// the machine), logged and kept for the status.
-fn read_path(config: &MountConfig, node: &Node, rank: Rank, hosts: &[u32]) -> ReadPath {
+fn read_path(config: &MountConfig, node: &Node, rank: Rank) -> ReadPath {
     use crate::fuse::read_path::{Machine, PROBES, Share, choose};
     let store = &node.store;
     let current = node.coordinator.current();
@@ -350,6 +359,7 @@ fn read_path(config: &MountConfig, node: &Node, rank: Rank, hosts: &[u32]) -> Re
         file_per_sample: store.layout() == crate::cache::CacheLayout::Files
             && store.manifest().records().is_none(),
     };
+    let hosts = &node.status.hosts;
     let here = hosts.get(rank as usize);
     let ranks_here = hosts.iter().filter(|&h| Some(h) == here).count().max(1);
     let machine = Machine {

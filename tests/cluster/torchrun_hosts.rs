@@ -4,7 +4,8 @@
 //! no MPI anywhere, the daemons meet at MASTER_ADDR and exchange over TCP between hosts.
 //! Every epoch each rank holds its planned share with the source's bytes (so the shares
 //! partition the dataset), the exchange crossed hosts, and `shufflefs unmount` on every rank
-//! ends every torchrun with exit 0 and leaves no FUSE mount in any host.
+//! ends every torchrun with exit 0 and leaves no FUSE mount in any host. The same job again
+//! with the dataset in an S3 bucket (moto on the bridge): each object fetched once.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -54,7 +55,7 @@ fn torchrun_on_four_private_hosts_exchanges_over_tcp_and_stops_cleanly() {
     let launcher = cluster.torchrun(PER_HOST);
     let plan = (SEED, Q);
     let extra = ["--foreground"];
-    let mut job = HostJob::start(&cluster, launcher, PER_HOST, &store, plan, &extra, &log);
+    let job = HostJob::start(&cluster, launcher, PER_HOST, &store, plan, &extra, &log);
     let ranks = HOSTS * PER_HOST;
     let hosts: Vec<u64> = (0..ranks).map(|r| u64::from(r / PER_HOST)).collect();
     for r in 0..ranks {
@@ -66,16 +67,24 @@ fn torchrun_on_four_private_hosts_exchanges_over_tcp_and_stops_cleanly() {
             "rank {r}: the hosts by name"
         );
     }
+    walk_and_stop(&cluster, job, &ds);
+}
+
+/// 3 epochs, each rank holding its planned share with the source's bytes (so every epoch is
+/// a partition), the exchange into epoch 1 crossing hosts; then `shufflefs unmount` on every
+/// rank ends every torchrun with exit 0, no host mounts anything and no daemon is left.
+fn walk_and_stop(cluster: &Cluster, mut job: HostJob, ds: &Dataset) {
+    let ranks = HOSTS * PER_HOST;
     let pids = job.daemons_on_their_hosts();
     for epoch in 0..3 {
         let mut all = BTreeSet::new();
         for r in 0..ranks {
-            let got = job.listing(&ds, r, epoch);
+            let got = job.listing(ds, r, epoch);
             let want = planned(&ds.root, (ranks, SEED, Q), epoch, r);
             assert_eq!(got, want, "rank {r} epoch {epoch}\n{}", job.log());
             all.extend(got);
         }
-        assert_eq!(all.len(), 96, "epoch {epoch}: every sample");
+        assert_eq!(all.len(), ds.samples.len(), "epoch {epoch}: every sample");
     }
     let across: u64 = (0..ranks)
         .filter_map(|r| exchange(&job.status(r), 1)?["bytes_across_hosts"].as_u64())
@@ -89,7 +98,7 @@ fn torchrun_on_four_private_hosts_exchanges_over_tcp_and_stops_cleanly() {
         job.log()
     );
     for h in 0..HOSTS {
-        let fuse = host_fuse_mounts(&cluster, h);
+        let fuse = host_fuse_mounts(cluster, h);
         assert!(
             !fuse.iter().any(|(m, _)| m.contains("/mnt")),
             "host {h} still mounts {fuse:?}"
@@ -101,4 +110,53 @@ fn torchrun_on_four_private_hosts_exchanges_over_tcp_and_stops_cleanly() {
         .filter(|p| pids.contains(p))
         .collect();
     assert!(left.is_empty(), "daemons still run: {left:?}");
+}
+
+/// The same job reading a bucket: moto serves it on the bridge address (SUBNET.254, which
+/// every host reaches over its shaped link), the AWS variables reach the ranks through
+/// torchrun's environment, and each sample is fetched from the bucket once (staged by its
+/// epoch-0 owner; after that it moves between ranks over TCP).
+#[test]
+fn torchrun_on_four_private_hosts_mounts_a_bucket() {
+    if !require() {
+        return;
+    }
+    let Some(python) = crate::common::s3::moto_python() else {
+        return;
+    };
+    let mut b = DatasetBuilder::new();
+    for c in ["c0", "c1", "c2", "c3"] {
+        b = b.numbered_class(c, 12, |i| 4_000 + 331 * i as u64);
+    }
+    let ds = b.build();
+    let cluster = Cluster::private("tcs", "10.214.112.0/24", HOSTS, &["--disk", "64M"]);
+    let server =
+        crate::common::s3::S3Server::start_on(&python, &ds.base.join("moto.log"), "10.214.112.254");
+    server.upload("shufflefs-torchrun", "ds", &ds.root);
+    let mut launcher = cluster.torchrun(PER_HOST);
+    launcher.envs(crate::common::s3::S3Server::env(&server.endpoint()));
+    let source = "s3://shufflefs-torchrun/ds";
+    let log = ds.base.join("job.log");
+    let extra = ["--foreground"];
+    let job = HostJob::start(
+        &cluster,
+        launcher,
+        PER_HOST,
+        source,
+        (SEED, Q),
+        &extra,
+        &log,
+    );
+    let staged = |st: &serde_json::Value| {
+        let s = &st["staging"];
+        s["state"] == "done" && s["files_done"] == s["files_total"]
+    };
+    job.wait_all("staging", staged);
+    assert_eq!(job.status(0)["source"], source);
+    let gets = std::fs::read_to_string(&server.log).unwrap_or_default();
+    let gets = (gets.lines())
+        .filter(|l| l.contains("GET /shufflefs-torchrun/ds/"))
+        .count();
+    assert_eq!(gets, ds.samples.len(), "object GETs: each sample once");
+    walk_and_stop(&cluster, job, &ds);
 }
