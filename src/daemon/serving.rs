@@ -17,19 +17,21 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::Receiver;
 
+use crate::cache::SampleStore;
 use crate::comm::Comm;
 use crate::config::{MountConfig, ReadPath};
 use crate::exchange::coded::CodedClient;
 use crate::exchange::{
     EpochExchange, ExchangeConfig, ExchangeCtx, ExchangeError, Partial, Peers, Settled, arrivals,
 };
+use crate::fuse::read_path::Choice;
 use crate::node::jobview::{self, Gatherer, Viewed};
 use crate::node::requests::Requests;
 use crate::node::status::ReadPathSnapshot;
 use crate::node::{ExchangeCmd, Node, NodeConfig, serve};
 use crate::plan::elastic::ElasticPlan;
 use crate::plan::equal::EqualShares;
-use crate::plan::{Plan, Rank, Step};
+use crate::plan::{EpochShares, Plan, Step};
 use crate::vfs::ShuffleFs;
 
 use super::DaemonError;
@@ -74,11 +76,12 @@ pub(crate) fn run_node(
         exchanges: true,
         hosts: comm.hosts().to_vec(),
     };
+    let read_path = read_path(config, &store, &resumed.current, comm);
     let (node, queue) = Node::start(store.clone(), plan, rank, resumed, node_cfg);
     if let Some(fit) = fit.filter(|f| !f.fits()) {
         let _ = node.status.partial.set(fit.snapshot());
     }
-    let fs = view(config, &node, rank, elastic);
+    let fs = view(config, &node, (rank, read_path), elastic);
     let session = super::mount_everywhere(
         config,
         fs,
@@ -94,8 +97,7 @@ pub(crate) fn run_node(
     };
     // Every rank mounted: the job view starts here on all of them (collective).
     let (mut view, _metrics) = observers(config, comm, &node);
-    let hooks = hooks(&node);
-    let mounted = Mounted::serve(session, &mountpoint, hooks, made)?;
+    let mounted = Mounted::serve(session, &mountpoint, hooks(&node), made)?;
     let current = node.coordinator.current();
     // Every rank's mount answers: rank 0 says so in the ready file (removed as it stops).
     mounted.hold_ready(super::ready::agree(
@@ -317,15 +319,19 @@ impl EpochExchange for Recorded {
 
 /// The filesystem over `node` as `config` shows it: part size, the source's owners and
 /// modes (each entry's own under `--allow-other`), and under `--equal-shares` the samples
-/// left out (also shown in the status).
-/// This rank's view, the read path it is mounted with, and where its requests are counted.
+/// left out (also shown in the status); with the read path it is mounted with (kept for
+/// the status) and where its requests are counted.
 fn view(
     config: &MountConfig,
     node: &Node,
-    rank: u32,
+    (rank, read_path): (u32, Choice),
     elastic: Option<ElasticPlan>,
 ) -> (ShuffleFs, ReadPath, Arc<Requests>) {
-    let read_path = read_path(config, node, rank);
+    let path = read_path.path;
+    let _ = node.status.read_path.set(ReadPathSnapshot {
+        path: path.name(),
+        why: read_path.why,
+    });
     let mut fs = ShuffleFs::of(node);
     if config.equal_shares {
         // A resized job's counts are replayed through its history (see `plan::equal`).
@@ -342,16 +348,21 @@ fn view(
             crate::vfs::access::Access::of_source(&config.source)
                 .per_entry(config.owners_per_entry()),
         );
-    (fs, read_path, node.status.requests.clone())
+    (fs, path, node.status.requests.clone())
 }
 
 /// The read path this rank mounts with (`fuse::read_path::choose` over its first share and
-/// the machine), logged and kept for the status.
-fn read_path(config: &MountConfig, node: &Node, rank: Rank) -> ReadPath {
-    use crate::fuse::read_path::{Machine, PROBES, Share, choose};
-    let store = &node.store;
-    let current = node.coordinator.current();
+/// the machine), logged. Decided before staging starts, so that the size probes of a remote
+/// source do not queue behind its copies.
+fn read_path(
+    config: &MountConfig,
+    store: &SampleStore,
+    current: &EpochShares,
+    comm: &dyn Comm,
+) -> Choice {
+    let (rank, hosts) = (comm.rank(), comm.hosts());
     let ids = current.share(rank);
+    use crate::fuse::read_path::{Machine, PROBES, Share, choose};
     let samples = ids.len() as u64;
     let share = Share {
         samples,
@@ -359,7 +370,6 @@ fn read_path(config: &MountConfig, node: &Node, rank: Rank) -> ReadPath {
         file_per_sample: store.layout() == crate::cache::CacheLayout::Files
             && store.manifest().records().is_none(),
     };
-    let hosts = &node.status.hosts;
     let here = hosts.get(rank as usize);
     let ranks_here = hosts.iter().filter(|&h| Some(h) == here).count().max(1);
     let machine = Machine {
@@ -368,9 +378,5 @@ fn read_path(config: &MountConfig, node: &Node, rank: Rank) -> ReadPath {
     };
     let choice = choose(config.read_path, share, machine);
     tracing::info!(read_path = choice.path.name(), why = %choice.why, "read path chosen");
-    let _ = node.status.read_path.set(ReadPathSnapshot {
-        path: choice.path.name(),
-        why: choice.why,
-    });
-    choice.path
+    choice
 }

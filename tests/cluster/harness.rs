@@ -105,14 +105,16 @@ impl Cluster {
     /// `shufflefs-cluster torchrun NAME --per-host K --`: one torchrun agent per host, no MPI
     /// (the program that follows runs `per_host` times on every host).
     pub fn torchrun(&self, per_host: u32) -> Command {
+        self.torchrun_rdzv(per_host, "static")
+    }
+
+    /// [`Cluster::torchrun`] with torchrun's rendezvous `rdzv` (`static` or `c10d`: then
+    /// node ranks go to hosts in the order their agents join).
+    pub fn torchrun_rdzv(&self, per_host: u32, rdzv: &str) -> Command {
         let mut c = harness();
-        c.args([
-            "torchrun",
-            self.name,
-            "--per-host",
-            &per_host.to_string(),
-            "--",
-        ]);
+        let per_host = per_host.to_string();
+        c.args(["torchrun", self.name, "--per-host", &per_host])
+            .args(["--rdzv", rdzv, "--"]);
         c
     }
 

@@ -19,13 +19,15 @@ use crate::common::*;
 use crate::harness::Cluster;
 use crate::private_hosts::host_view;
 
-/// A running job: `launcher BIN mount ... LOCAL/mnt{rank}`, ranks `K*h..K*h+K-1` on host h.
+/// A running job: `launcher BIN mount ... LOCAL/mnt{rank}`, `K` ranks per host (ranks
+/// `K*h..K*h+K-1` on host h under mpirun or a static torchrun rendezvous).
 pub(crate) struct HostJob<'a> {
     pub cluster: &'a Cluster,
     pub child: Child,
     /// Every rank's mount point, a path inside its host.
     pub mounts: Vec<String>,
-    pub per_host: u32,
+    /// Every rank's host, where its mount answered at start.
+    hosts: Vec<u32>,
     log: PathBuf,
 }
 
@@ -65,12 +67,25 @@ impl<'a> HostJob<'a> {
             cluster,
             child,
             mounts,
-            per_host,
+            hosts: Vec::new(),
             log: log.to_path_buf(),
         };
         let deadline = Instant::now() + Duration::from_secs(120);
         for r in 0..ranks {
-            while job.try_status(r).is_none() {
+            // Rank r runs where its mount answers (a c10d rendezvous places node ranks in
+            // the order the agents joined), most likely on host r / per_host.
+            let likely = r / per_host;
+            let order = std::iter::once(likely).chain((0..cluster.hosts).filter(|&h| h != likely));
+            loop {
+                let mount = &job.mounts[r as usize];
+                let order = order.clone();
+                if let Some(h) = order
+                    .into_iter()
+                    .find(|&h| status_on(cluster, h, mount).is_some())
+                {
+                    job.hosts.push(h);
+                    break;
+                }
                 if let Ok(Some(status)) = job.child.try_wait() {
                     panic!("the job exited before mounting: {status}\n{}", job.log());
                 }
@@ -85,9 +100,9 @@ impl<'a> HostJob<'a> {
         self.mounts.len() as u32
     }
 
-    /// The host rank `r` runs on.
+    /// The host rank `r` runs on (found at start).
     pub fn host(&self, r: u32) -> u32 {
-        r / self.per_host
+        self.hosts[r as usize]
     }
 
     /// The launcher's stderr (every rank's log).
@@ -97,9 +112,7 @@ impl<'a> HostJob<'a> {
 
     /// Rank `r`'s status, read inside its host.
     pub fn try_status(&self, r: u32) -> Option<Value> {
-        let status = format!("{}/.shufflefs/status", self.mounts[r as usize]);
-        let out = (self.cluster).exec(&self.host(r).to_string(), &["cat", &status]);
-        serde_json::from_slice(&out.stdout).ok()
+        status_on(self.cluster, self.host(r), &self.mounts[r as usize])
     }
 
     #[track_caller]
@@ -206,6 +219,13 @@ impl Drop for HostJob<'_> {
 
 /// The FUSE mounts host `host` sees, as (mount point, filesystem type), from its own
 /// `/proc/self/mountinfo` (escapes left as they are: the tests' paths have none).
+/// The status of the mount at `mount` inside host `host`, if one answers there.
+fn status_on(cluster: &Cluster, host: u32, mount: &str) -> Option<Value> {
+    let status = format!("{mount}/.shufflefs/status");
+    let out = cluster.exec(&host.to_string(), &["cat", &status]);
+    serde_json::from_slice(&out.stdout).ok()
+}
+
 pub(crate) fn host_fuse_mounts(cluster: &Cluster, host: u32) -> Vec<(String, String)> {
     let info = cluster.exec_ok(&host.to_string(), &["cat", "/proc/self/mountinfo"]);
     (info.lines())

@@ -112,6 +112,50 @@ fn walk_and_stop(cluster: &Cluster, mut job: HostJob, ds: &Dataset) {
     assert!(left.is_empty(), "daemons still run: {left:?}");
 }
 
+/// The same job launched as multi-node torchrun jobs usually are: a c10d rendezvous at h0
+/// (`--rdzv-backend c10d`), node ranks given out in the order the agents join, MASTER_ADDR
+/// node rank 0's address; each rank's host is found where its mount answers.
+#[test]
+fn torchrun_with_a_c10d_rendezvous_on_four_private_hosts() {
+    if !require() {
+        return;
+    }
+    let mut b = DatasetBuilder::new();
+    for c in ["c0", "c1", "c2", "c3"] {
+        b = b.numbered_class(c, 10, |i| 2_000 + 409 * i as u64);
+    }
+    let ds = b.build();
+    let root = ds.root.to_str().unwrap();
+    let cluster = Cluster::private(
+        "tcd",
+        "10.214.113.0/24",
+        HOSTS,
+        &["--store", root, "--disk", "64M"],
+    );
+    let log = ds.base.join("job.log");
+    let store = cluster.config("STORE");
+    let launcher = cluster.torchrun_rdzv(PER_HOST, "c10d");
+    let extra = ["--foreground"];
+    let job = HostJob::start(
+        &cluster,
+        launcher,
+        PER_HOST,
+        &store,
+        (SEED, Q),
+        &extra,
+        &log,
+    );
+    for r in 0..HOSTS * PER_HOST {
+        let st = job.status(r);
+        assert_eq!(st["world_size"], HOSTS * PER_HOST, "rank {r}: {st}");
+        let same = (0..HOSTS * PER_HOST)
+            .filter(|&o| job.host(o) == job.host(r))
+            .count();
+        assert_eq!(same as u32, PER_HOST, "rank {r}: {PER_HOST} ranks per host");
+    }
+    walk_and_stop(&cluster, job, &ds);
+}
+
 /// The same job reading a bucket: moto serves it on the bridge address (SUBNET.254, which
 /// every host reaches over its shaped link), the AWS variables reach the ranks through
 /// torchrun's environment, and each sample is fetched from the bucket once (staged by its

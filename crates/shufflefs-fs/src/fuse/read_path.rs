@@ -29,8 +29,9 @@ use crate::sys::kernel::ReadPath;
 pub const LARGE_SAMPLE: u64 = 256 << 10;
 
 /// Samples of the share whose sizes the estimate looks at (a folder is listed without
-/// sizes: each probe not cached yet is a `stat` of the source).
-pub const PROBES: usize = 64;
+/// sizes: each probe not cached yet is a `stat` of the source, all at once, before staging
+/// starts to use the source's link).
+pub const PROBES: usize = 32;
 
 /// What the choice looks at: this rank's share, as the mount serves it first (its bytes
 /// estimated from [`PROBES`] samples).
