@@ -38,6 +38,7 @@ use super::DaemonError;
 use super::metrics_file::{self, MetricsFile};
 use super::mounted::{Hooks, Mounted};
 use super::startup::Prepared;
+use super::startup::fit::Fit;
 
 /// How this rank's exchanges run: partial-local over `comm` with these settings, or coded
 /// from the server over `world`.
@@ -76,7 +77,7 @@ pub(crate) fn run_node(
         exchanges: true,
         hosts: comm.hosts().to_vec(),
     };
-    let read_path = read_path(config, &store, &resumed.current, comm);
+    let read_path = read_path(config, &store, (&resumed.current, fit.as_ref()), comm);
     let (node, queue) = Node::start(store.clone(), plan, rank, resumed, node_cfg);
     if let Some(fit) = fit.filter(|f| !f.fits()) {
         let _ = node.status.partial.set(fit.snapshot());
@@ -357,7 +358,7 @@ fn view(
 fn read_path(
     config: &MountConfig,
     store: &SampleStore,
-    current: &EpochShares,
+    (current, fit): (&EpochShares, Option<&Fit>),
     comm: &dyn Comm,
 ) -> Choice {
     let (rank, hosts) = (comm.rank(), comm.hosts());
@@ -369,6 +370,7 @@ fn read_path(
         bytes: store.mean_size(ids, PROBES).unwrap_or(0) * samples,
         file_per_sample: store.layout() == crate::cache::CacheLayout::Files
             && store.manifest().records().is_none(),
+        partial: fit.is_some_and(|f| !f.fits()),
     };
     let here = hosts.get(rank as usize);
     let ranks_here = hosts.iter().filter(|&h| Some(h) == here).count().max(1);

@@ -111,10 +111,15 @@ impl Cluster {
     /// [`Cluster::torchrun`] with torchrun's rendezvous `rdzv` (`static` or `c10d`: then
     /// node ranks go to hosts in the order their agents join).
     pub fn torchrun_rdzv(&self, per_host: u32, rdzv: &str) -> Command {
+        self.torchrun_on(self.hosts, per_host, rdzv)
+    }
+
+    /// [`Cluster::torchrun_rdzv`] on the first `hosts` hosts only.
+    pub fn torchrun_on(&self, hosts: u32, per_host: u32, rdzv: &str) -> Command {
         let mut c = harness();
-        let per_host = per_host.to_string();
+        let (hosts, per_host) = (hosts.to_string(), per_host.to_string());
         c.args(["torchrun", self.name, "--per-host", &per_host])
-            .args(["--rdzv", rdzv, "--"]);
+            .args(["--hosts", &hosts, "--rdzv", rdzv, "--"]);
         c
     }
 

@@ -551,7 +551,7 @@ fn down_after_a_killed_run_stops_every_slurm_daemon() {
 }
 
 /// SIGKILL to every process in host `h`'s network namespace: slurmd, slurmstepd, daemons.
-fn kill_host(cluster: &Cluster, h: u32) {
+pub(crate) fn kill_host(cluster: &Cluster, h: u32) {
     let ns = format!("sfs-{}-h{h}", cluster.name);
     let out = run_with_timeout(
         Command::new("ip").args(["netns", "pids", &ns]),

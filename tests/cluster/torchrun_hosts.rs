@@ -14,7 +14,7 @@ use std::time::Duration;
 use crate::common::mpi_job::{exchange, planned};
 use crate::common::*;
 use crate::harness::Cluster;
-use crate::host_job::{HostJob, host_fuse_mounts};
+use crate::host_job::{HostJob, Shape, host_fuse_mounts};
 
 const HOSTS: u32 = 4;
 const PER_HOST: u32 = 2;
@@ -203,4 +203,104 @@ fn torchrun_on_four_private_hosts_mounts_a_bucket() {
         .count();
     assert_eq!(gets, ds.samples.len(), "object GETs: each sample once");
     walk_and_stop(&cluster, job, &ds);
+}
+
+/// A host dies mid-exchange (every process in it killed: its torchrun agent, its daemons, its
+/// store mount) while the job is at epoch 1 and moving samples into epoch 2. The other hosts'
+/// ranks are stopped, and the job is started again with torchrun on the 3 hosts left (6
+/// ranks, each finding its cache on its host's disk): it goes on at epoch 1, an elastic
+/// restart from 8 ranks, the dead host's share fetched again from the store; epochs 1 and 2
+/// are each a partition of the dataset with exact bytes, and the job stops cleanly.
+#[test]
+fn a_host_killed_mid_exchange_then_torchrun_on_three_hosts_goes_on_at_the_epoch() {
+    if !require() {
+        return;
+    }
+    let mut b = DatasetBuilder::new();
+    for c in ["c0", "c1", "c2", "c3"] {
+        b = b.numbered_class(c, 12, |i| 20_000 + 97 * i as u64);
+    }
+    let ds = b.build();
+    let root = ds.root.to_str().unwrap();
+    let cluster = Cluster::private(
+        "tck",
+        "10.214.114.0/24",
+        HOSTS,
+        &["--store", root, "--disk", "64M"],
+    );
+    let store = cluster.config("STORE");
+    // Exchanges slowed (10 kB/s per rank: ~6 s each) so that the one into epoch 2 runs when
+    // h3 dies.
+    let slow = [
+        "--foreground",
+        "--exchange-rate",
+        "10000",
+        "--share-disk",
+        "never",
+    ];
+    let launcher = cluster.torchrun(PER_HOST);
+    let log = ds.base.join("job.log");
+    let job = HostJob::start(&cluster, launcher, PER_HOST, &store, (SEED, Q), &slow, &log);
+    let ranks = HOSTS * PER_HOST;
+    for r in 0..ranks {
+        job.listing(&ds, r, 1);
+    }
+    job.wait_all("the exchange into epoch 2 to run", |st| {
+        exchange(st, 2).is_some_and(|x| x["state"] == "running")
+    });
+    crate::slurm::kill_host(&cluster, HOSTS - 1);
+    let left = ranks - PER_HOST;
+    for r in 0..left {
+        let host = job.host(r).to_string();
+        let secs = "60";
+        (cluster).exec_ok(
+            &host,
+            &[BIN, "unmount", "--timeout", secs, &job.mounts[r as usize]],
+        );
+    }
+    drop(job);
+
+    let shape = Shape {
+        hosts: Some(HOSTS - 1),
+        per_host: PER_HOST,
+    };
+    let launcher = cluster.torchrun_on(HOSTS - 1, PER_HOST, "static");
+    let log = ds.base.join("again.log");
+    let extra = ["--foreground"];
+    let mut job = HostJob::start(&cluster, launcher, shape, &store, (SEED, Q), &extra, &log);
+    for r in 0..left {
+        let st = job.status(r);
+        assert_eq!(st["world_size"], left, "rank {r}: {st}");
+        assert_eq!(
+            st["epoch"], 1,
+            "rank {r} goes on at the epoch reached: {st}"
+        );
+        assert!(
+            st["resize"].is_object(),
+            "rank {r}: an elastic restart: {st}"
+        );
+    }
+    for epoch in 1..3 {
+        let mut all = BTreeSet::new();
+        for r in 0..left {
+            for name in job.listing(&ds, r, epoch) {
+                assert!(all.insert(name.clone()), "epoch {epoch}: {name} twice");
+            }
+        }
+        assert_eq!(all.len(), ds.samples.len(), "epoch {epoch}: every sample");
+    }
+    let status = job.unmount_within(Duration::from_secs(90));
+    let status = status.unwrap_or_else(|| panic!("torchrun did not end\n{}", job.log()));
+    assert!(
+        status.success(),
+        "torchrun ended with {status}\n{}",
+        job.log()
+    );
+    for h in 0..HOSTS - 1 {
+        let fuse = host_fuse_mounts(&cluster, h);
+        assert!(
+            !fuse.iter().any(|(m, _)| m.contains("/mnt")),
+            "host {h} still mounts {fuse:?}"
+        );
+    }
 }

@@ -15,7 +15,9 @@
 //! does not fit in memory is read cold every epoch. Hence the rule:
 //!
 //! - a cache without a file per sample (`--cache-layout packed`) or a record source keeps
-//!   `passthrough` (served by the daemon where there is no file to pass; what it always did);
+//!   `passthrough` (served by the daemon where there is no file to pass; what it always did),
+//!   and so does a partial cache (its read-through samples are fetched per open, not per
+//!   READ);
 //! - samples averaging over [`LARGE_SAMPLE`] bytes: `passthrough` (the per-open requests
 //!   are small next to the bytes, which then never cross the daemon);
 //! - a share larger than its part of the memory ([`memory_budget`]): `passthrough`;
@@ -42,6 +44,10 @@ pub struct Share {
     /// Whether each sample is a cache file of its own (`--cache-layout files` with a
     /// file-per-sample format); else the daemon serves reads whatever the read path.
     pub file_per_sample: bool,
+    /// Whether the share does not fit the cache (a partial cache, docs/partial-cache.md):
+    /// samples it does not keep are read through from the source, and without opens every
+    /// READ of such a sample (and a LOOKUP that learns its size) would fetch it again.
+    pub partial: bool,
 }
 
 /// What the choice looks at: the machine.
@@ -76,6 +82,10 @@ pub fn choose(requested: ReadPath, share: Share, machine: Machine) -> Choice {
     }
     if !share.file_per_sample {
         let why = "auto: no cache file per sample (packed cache or record source)";
+        return chosen(ReadPath::Passthrough, why.into());
+    }
+    if share.partial {
+        let why = "auto: a partial cache (the share does not fit --cache-size or the disk)";
         return chosen(ReadPath::Passthrough, why.into());
     }
     let mean = share.bytes.checked_div(share.samples).unwrap_or(0);
@@ -135,6 +145,7 @@ mod tests {
             samples,
             bytes,
             file_per_sample: true,
+            partial: false,
         }
     }
 
@@ -192,7 +203,7 @@ mod tests {
     }
 
     #[test]
-    fn packed_caches_and_record_sources_keep_passthrough() {
+    fn packed_caches_record_sources_and_partial_caches_keep_passthrough() {
         let packed = Share {
             file_per_sample: false,
             ..share(10, 10)
@@ -201,6 +212,13 @@ mod tests {
             choose(ReadPath::Auto, packed, machine(GIB, 1)).path,
             ReadPath::Passthrough
         );
+        let partial = Share {
+            partial: true,
+            ..share(10, 10)
+        };
+        let c = choose(ReadPath::Auto, partial, machine(GIB, 1));
+        assert_eq!(c.path, ReadPath::Passthrough);
+        assert!(c.why.contains("partial cache"), "{}", c.why);
     }
 
     #[test]
