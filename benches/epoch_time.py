@@ -1,5 +1,5 @@
 """Epoch time against global shuffling from the store, local shuffling, mosaicml-streaming and
-litdata (issue 28), on the emulated cluster. One command (benches/epoch_time.sh runs it with
+litdata, on the emulated cluster. One command (benches/epoch_time.sh runs it with
 the venv's Python, as root):
 
     python3 benches/epoch_time.py OUT_DIR [--hosts 4] [--samples 16000] [--mode private] ...
@@ -111,7 +111,7 @@ class Shufflefs:
         t = hosts.local_template()
         self.mnt_t = os.path.join(t, sub, "mnt")
         src = bucket.url("imagefolder") if bucket else os.path.join(hosts.store, "imagefolder")
-        for i in hosts.compute:  # the mount point must exist (issue 27 lets the daemon make it)
+        for i in hosts.compute:  # the mount point must exist (the daemon can make it, this predates that)
             hosts.run(i, ["mkdir", "-p", self.mount(i)], check=True)
         n = len(hosts.compute)
         compute = ["-np", str(n), "-H", ",".join(hosts.addr(i) for i in hosts.compute)]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The headline benchmark (issue 28): epoch time of shufflefs against global shuffling from the
+# The headline benchmark: epoch time of shufflefs against global shuffling from the
 # shared store, local shuffling, mosaicml-streaming and litdata, on the emulated cluster
 # (mount-helpers/shufflefs-cluster), every system with the same local disk budget per host.
 # Writes OUT/table.md, OUT/epoch_time.png, OUT/results.json and OUT/logs/. Needs root.

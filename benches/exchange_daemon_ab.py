@@ -6,7 +6,7 @@ into it ended (the exchange into epoch 1, which runs beside staging, is not coun
 status are what is compared). Prints per run the median exchange seconds over ranks and
 epochs, then per binary the median of its runs and the ratio to the first binary.
 
-Made to measure what the job view costs inside exchanges (issue 32: it is ticked whenever
+Made to measure what the job view costs inside exchanges (it is ticked whenever
 the exchange polls its transport since 6183d25): build the commit before and after, e.g.
 
     git worktree add /tmp/old a597b20 && (cd /tmp/old && cargo build --release)

@@ -15,7 +15,7 @@
 //! Every scenario runs once per cache layout (`LAYOUTS=files,packed`, the default), and each
 //! row's byte rate is also given as a share of the 100 KB scenario's with the same layout and
 //! with `files` (run 100KB first: `SCENARIOS` keeps the order 100KB, 4KB, 362B, 362B-pages), which is how
-//! issue 17's target reads: small records should cost no more per byte than 100 KB samples
+//! The target: small records should cost no more per byte than 100 KB samples
 //! (at least 0.8x their byte rate) with the packed layout.
 //!
 //! Last results (6eba297, 2-core VM shared with other builds; README "Performance" has both

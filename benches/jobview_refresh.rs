@@ -1,4 +1,4 @@
-//! How long the job view takes to show a change of every rank's row (issue 41): the real
+//! How long the job view takes to show a change of every rank's row: the real
 //! gather code of every rank (`node::jobview`) in one thread over in-process mailboxes,
 //! with the real one-second period. Prints, per job size, the time until rank 0's table
 //! holds every rank's new row, until the host leaders just under rank 0 hold them all (the

@@ -1,4 +1,4 @@
-//! A share larger than the cache (issue 33): hit rate and bytes from the source per epoch
+//! A share larger than the cache: hit rate and bytes from the source per epoch
 //! for the planned kept sets (`plan::keep`), the clairvoyant bound for the same cache size,
 //! and an LRU cache of the same size, on the same plan and the same reads.
 //!

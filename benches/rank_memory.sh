@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Peak resident memory of every daemon of a job on this host, against the number of ranks
-# (issue 41: what each rank holds should follow its share, not the dataset). A tree of
+# (what each rank holds should follow its share, not the dataset). A tree of
 # FILES empty files in FOLDERS folders (`--format tree`), `mpirun -np M shufflefs mount`,
 # every rank's status answering, one advance (the exchange into epoch 1), then each daemon's
 # VmHWM (peak RSS), its anonymous RSS and PSS (proportional: pages shared between daemons

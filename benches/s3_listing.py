@@ -1,5 +1,5 @@
-"""Rank 0's listing of a bucket of many objects: time and memory (issue 31: "1M objects in
-reasonable time and memory: measure").
+"""Rank 0's listing of a bucket of many objects: time and memory (the target: 1M objects in
+reasonable time and memory).
 
 No S3 server at hand lists a million objects quickly (moto takes tens of minutes to be
 filled; s3s-fs walks its whole folder for every page: 119 s a page at 1M), so this starts a

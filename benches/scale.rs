@@ -1,4 +1,4 @@
-//! What one rank's own part of the plan costs at scale (issue 41): its epoch-0 share, one
+//! What one rank's own part of the plan costs at scale: its epoch-0 share, one
 //! epoch's plan step (its sends, who sends to it, and naming what arrives: told by the
 //! senders, or walked back), and a resume (its share at epoch E from nothing but the plan), against
 //! the whole job's step that every rank computed before `plan::local`; then a resume from

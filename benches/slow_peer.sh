@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Slow-peer benchmark (issue 29): 4 private hosts, one rank each, links at 1gbit, the dataset
+# Slow-peer benchmark: 4 private hosts, one rank each, links at 1gbit, the dataset
 # on the storage host; host 3's link reshaped to SLOW (none: every host fast). Every rank
 # advances EPOCHS times in a row as soon as the previous advance returned (training that reads
 # nothing: the worst case, the exchange has no time to run behind the reads), timing each

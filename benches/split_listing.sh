@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Mount-ready time of a tree of empty files (`--format tree`) on M ranks of this host against
-# one `find SRC -type f` over the same tree (issue 41: the listing split across ranks). For
+# one `find SRC -type f` over the same tree (the listing split across ranks). For
 # each round and each binary (alternated, which goes first swapped every round): fresh caches,
 # `find` timed, then `mpirun -np M BIN mount` timed until every rank's `.shufflefs/status`
 # answers (the manifest is built before the mount appears, so this is listing + combining +

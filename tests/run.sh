@@ -33,7 +33,7 @@ cd "$(dirname "$0")/.."
 
 source mount-helpers/install-deps.sh
 source mount-helpers/install-python.sh
-# DLIO (issue 30) beside the loaders, when missing: tests/loaders_real/dlio.rs runs it for real.
+# DLIO beside the loaders, when missing: tests/loaders_real/dlio.rs runs it for real.
 if [ "${SHUFFLEFS_NO_LOADERS:-0}" != 1 ] && [ -x "$venv/bin/python" ] &&
    ! "$venv/bin/python" -c 'import dlio_benchmark.main' >/dev/null 2>&1; then
   bash mount-helpers/install-dlio.sh

@@ -40,7 +40,7 @@ class Hosts:
     # ---- life cycle ----
     def up(self):
         if self.mode == "shared":
-            # since issue 27 private hosts are the default and `--shared` asks for these
+            # private hosts are the default and `--shared` asks for these
             shared = ["--shared"] if "--shared" in open(CLUSTER).read() else []
             self._cluster("up", self.name, "--hosts", str(self.n + 1), "--rate", self.rate,
                           "--subnet", self.subnet, *shared)

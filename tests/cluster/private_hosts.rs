@@ -524,7 +524,7 @@ fn exchange_secs(job: &Job, target: u64) -> f64 {
 }
 
 /// `shufflefs status MOUNT --json` run inside the last host shows every rank of the job,
-/// each from its own host, heard from lately, at the epoch the walk reached (issue 32: the
+/// each from its own host, heard from lately, at the epoch the walk reached (the
 /// whole job from any host's mount).
 fn job_view_from_the_last_host(cluster: &Cluster, job: &Job) {
     let mnt = &job.mounts[3];

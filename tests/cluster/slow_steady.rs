@@ -1,4 +1,4 @@
-//! A host far slower than the others, epoch after epoch (issue 29): 4 private hosts, one
+//! A host far slower than the others, epoch after epoch: 4 private hosts, one
 //! rank each, the dataset on the storage host, host 3's link at 2mbit against 1gbit.
 //!
 //! - Into epoch 1 every fast rank gives the slow rank up, and what it did not deliver comes

@@ -126,7 +126,7 @@ fn fraction_outside_zero_to_one() {
     }
 }
 
-/// A missing mount point is no longer refused (issue 27: on a cluster only the daemon can
+/// A missing mount point is no longer refused (on a cluster only the daemon can
 /// create it on its host): the daemon makes it and removes it again when it stops (see
 /// `mount_point_made` for the rest).
 #[test]
@@ -790,7 +790,7 @@ fn a_cache_size_without_its_unit_is_refused() {
 
 /// A share larger than `--cache-size` under `--require-fit` is refused, foreground and
 /// detached, naming what the share needs, what the cache holds, the hit rate a partial cache
-/// would give and the way out; nothing is mounted (issue 33).
+/// would give and the way out; nothing is mounted.
 #[test]
 fn a_share_that_does_not_fit_is_refused_under_require_fit() {
     if !require_fuse() {

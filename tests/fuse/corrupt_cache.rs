@@ -1,4 +1,4 @@
-//! Corrupt bytes in a cache folder never reach a reader (issue 26, item 4): a byte flipped
+//! Corrupt bytes in a cache folder never reach a reader (item 4): a byte flipped
 //! in every cached sample, while mounted and again while unmounted, on both cache layouts,
 //! through a real mount; every sample read through the view has its source's bytes and the
 //! status counts each bad copy.

@@ -1,4 +1,4 @@
-//! Issue 40: under `--allow-other` a view never lets a user read or list what the source
+//! under `--allow-other` a view never lets a user read or list what the source
 //! would not let them. Each class folder (each folder of a tree), sample and side file
 //! shows its own owner and mode, which the kernel checks; links out of the source are not
 //! served (skipped, and listed in the status's `skipped`).
@@ -275,7 +275,7 @@ fn tree_folders_at_any_depth_keep_their_own_modes() {
     );
     assert_missing(&cat("a/leak.npz"), "a file link out of the source");
     // The status names the link in the private folder's neighbour: the mounting user's
-    // alone (issue 40 review, 2; it was 0444 before).
+    // alone (it was 0444 before).
     let status = mnt.join(".shufflefs/status");
     assert_eq!(fs::metadata(&status).unwrap().mode() & 0o777, 0o400);
     assert_refused(
@@ -324,7 +324,7 @@ fn a_cache_from_a_mount_without_allow_other_is_rescanned() {
 }
 
 /// A sample's source file changed between mounts while its name and size stayed: the
-/// remount must not show the cached bytes of the old file (issue 40, review 1). Root's
+/// remount must not show the cached bytes of the old file (review 1). Root's
 /// 0600 file swapped by another user for theirs (0644, same size, its time set to the
 /// old one to the nanosecond): on the code before, the remount kept the cached copy and
 /// the other user read root's bytes through their own file's mode. A file root rewrites
@@ -384,7 +384,7 @@ fn a_file_changed_between_mounts_is_not_served_from_the_cache() {
 /// A partial cache (`--cache-size` below the share) reads samples it does not keep from
 /// the source; one refused there (swapped for a link out of the source since the scan) is
 /// an I/O error whose reason is logged and shown in the status's problems, and it is
-/// counted in `source_errors` (issue 40 review, 4: on the code before the log said only
+/// counted in `source_errors` (on the code before the log said only
 /// that the sample was not in the partial cache, and nothing was counted).
 #[test]
 fn a_read_refused_beneath_the_source_is_a_counted_source_error() {

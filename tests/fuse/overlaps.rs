@@ -1,4 +1,4 @@
-//! Source, cache folder and mount point must be three separate places (issue 26.2): every
+//! Source, cache folder and mount point must be three separate places: every
 //! overlap (one inside another, equal, through a symlink) is refused before anything is
 //! created, so the refusal leaves no folder, log or lock behind and the next correct mount
 //! works.

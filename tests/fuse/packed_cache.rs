@@ -15,7 +15,7 @@ use shufflefs::dataset::{SyntheticSource, synthetic_byte};
 use shufflefs::exchange::{self, ExchangeConfig, ExchangeTracker};
 use shufflefs::plan::{Plan, PlanParams};
 
-/// 2,400 records of 362 B and 4 KB (the record sizes issue 17 names), a few larger.
+/// 2,400 records of 362 B and 4 KB (the record sizes the packed layout was made for), a few larger.
 fn records() -> Arc<Manifest> {
     let classes = (0..3)
         .map(|c| {

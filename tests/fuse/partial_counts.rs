@@ -1,4 +1,4 @@
-//! A partial cache's reads through from the source (issue 33) are source reads like any
+//! A partial cache's reads through from the source are source reads like any
 //! other: `cache.fetched_bytes_from_source`, `shufflefs_source_bytes_total` and the
 //! `epoch advanced` line's `source_bytes` count them, and agree with the partial cache's
 //! own `partial.source_bytes_per_epoch`; and the mount's "mounted" line says the cache is

@@ -1,4 +1,4 @@
-//! A partial cache's reads through from the source (issue 40): a sample the cache does not
+//! A partial cache's reads through from the source: a sample the cache does not
 //! keep is read from the source whatever its size (a large one streamed in ranged reads,
 //! never whole in memory), and a read through that fails is reported as the full cache's
 //! fetches are (`cache.problems`, `cache.source_errors`, the log naming the source's
@@ -12,7 +12,7 @@ use crate::common::*;
 /// Larger than the 16 MiB a reader used to get through memory at most.
 const HUGE: u64 = (16 << 20) + 4099;
 
-/// Fails before issue 40: the open answered EIO ("too large to serve without the cache")
+/// Failed before the fix: the open answered EIO ("too large to serve without the cache")
 /// every epoch, though the mount says the rest is read from the source.
 #[test]
 fn a_large_sample_the_cache_does_not_keep_is_read_from_the_source() {
@@ -55,7 +55,7 @@ fn a_large_sample_the_cache_does_not_keep_is_read_from_the_source() {
     }
 }
 
-/// Fails before issue 40: the read answered EIO with "not in this rank's partial cache"
+/// Failed before the fix: the read answered EIO with "not in this rank's partial cache"
 /// in the log, `cache.problems` empty and `source_errors` 0.
 #[test]
 fn a_failed_read_through_names_the_source_like_a_failed_fetch() {

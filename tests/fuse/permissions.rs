@@ -1,4 +1,4 @@
-//! Access control (issue 26.5): the cache is private to the mounting user (folders 0700,
+//! Access control: the cache is private to the mounting user (folders 0700,
 //! files 0600, whatever the umask and the source's modes); under `--allow-other` the view
 //! shows the source's owners and modes (the root's on the view's root, each folder's and
 //! file's own below it: `entry_modes`), which the kernel checks; only the mounting user

@@ -1,4 +1,4 @@
-//! A source changed between mounts (issue 26.8): a plain remount reuses the cache's index
+//! A source changed between mounts: a plain remount reuses the cache's index
 //! and says in the status that the view may be stale; `--rescan` scans again, drops what
 //! the source lost, shows what it gained, and keeps (does not refetch) what is unchanged.
 

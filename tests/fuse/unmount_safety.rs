@@ -1,4 +1,4 @@
-//! `shufflefs unmount` touches only shufflefs mounts (issue 26, item 7): a tmpfs, or a
+//! `shufflefs unmount` touches only shufflefs mounts (item 7): a tmpfs, or a
 //! folder that is no mount point, is refused with what it is and left alone. And a plain
 //! unmount is not blocked by a process holding the control file: the mount is detached
 //! (as on SIGTERM), while an open sample file still refuses it (`bad_input`).

@@ -259,7 +259,7 @@ fn ddp_trains_without_join_under_equal_shares() {
     assert_eq!(stdout.matches(&per_epoch).count(), 5, "{stdout}");
 }
 
-/// COCO-shaped data (issue 30): real JPEGs in `train2017/`, the annotation file and
+/// COCO-shaped data: real JPEGs in `train2017/`, the annotation file and
 /// `classes.txt` replicated to every rank; the detection-style loop (torchvision decode, v2 box
 /// transforms, a DataLoader, a CocoDetection-like dataset) trains 2 epochs on each rank's
 /// share, and the ranks' images add up to the dataset in every epoch.

@@ -176,7 +176,7 @@ fn served(dir: &Path) -> Vec<Vec<u8>> {
     seen
 }
 
-/// Issue 26 item 9, through a mount: a length of 2^62 whose CRC holds loses only its own
+/// Through a mount: a length of 2^62 whose CRC holds loses only its own
 /// bytes (the 50 records after it are served, the one gap named by file and range), and a
 /// shard cut in a record costs the next shard nothing (its first record is served, the cut
 /// is named).

@@ -1,4 +1,4 @@
-//! The CI test of packed-record sources (issue 17): 4 ranks under real mpirun serve a record
+//! The CI test of packed-record sources: 4 ranks under real mpirun serve a record
 //! source of each framing; one loader process per rank (`tests/loaders/check_records.py`,
 //! under mpirun too) reads 3 epochs of its views with the real readers, and every record is
 //! read exactly once per epoch across the ranks while the exchange moves groups between them.

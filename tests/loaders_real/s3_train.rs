@@ -1,4 +1,4 @@
-//! The DDP example trained, unchanged, on a mount of a bucket (issue 31's "done when"): a
+//! The DDP example trained, unchanged, on a mount of a bucket: a
 //! moto server on 127.0.0.1 holds the dataset, four ranks are started with
 //! `shufflefs-launch -- --source s3://BUCKET/PREFIX` and only the AWS variables a user would
 //! set, and `mount-helpers/examples/train_ddp.py` runs on them under `mpirun` as it does on a

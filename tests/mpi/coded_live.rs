@@ -56,7 +56,7 @@ fn missing_bytes(src: &Path, rank: usize, epoch: u64) -> u64 {
         .sum()
 }
 
-/// Issue 29: on samples of varied sizes (CV 0.5) the live server pairs them into packets by
+/// on samples of varied sizes (CV 0.5) the live server pairs them into packets by
 /// size and sends at most 0.45 of what the uncoded scheme would (the status says both, the
 /// same on every rank); each rank's `bytes_to_receive` is the real size of what it lacked,
 /// though it never read those samples (a scanned source: the manifest has no sizes).

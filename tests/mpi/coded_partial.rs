@@ -1,4 +1,4 @@
-//! A coded job whose caches do not fit their disks (issue 33): `mpirun -np 1 shufflefs serve
+//! A coded job whose caches do not fit their disks: `mpirun -np 1 shufflefs serve
 //! : -np 3 shufflefs mount --exchange coded --cache-size C`, each cache on a tmpfs only a
 //! little larger than `C` (a transient peak past it would meet a full disk), `C` 22 samples
 //! of a coded cache of 30 and a share of 20: room enough that the plan's steps carry coded

@@ -242,7 +242,7 @@ fn a_cache_smaller_than_the_share_still_serves_every_byte() {
                 "{read_path}: {p:?} differs from the source"
             );
         }
-        // The share does not fit the tmpfs: a partial cache (issue 33) that never fills
+        // The share does not fit the tmpfs: a partial cache that never fills
         // the disk, and says so in the status.
         let st = read_status(&d.mnt);
         let problems = st["cache"]["problems"].to_string();

@@ -1,4 +1,4 @@
-//! The job view and the metrics under a real `mpirun -np 3` (issue 32): every rank's status
+//! The job view and the metrics under a real `mpirun -np 3`: every rank's status
 //! shows every rank in `job`, `shufflefs status MOUNT` prints the table and `--json`, and
 //! the metrics (`MOUNT/.shufflefs/metrics` and `--metrics-file`) parse with Python's
 //! `prometheus_client` and move as the job advances epochs; a rank that goes quiet turns

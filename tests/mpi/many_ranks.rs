@@ -1,4 +1,4 @@
-//! Real `mpirun -np 32 --oversubscribe` on one host (issue 41: nothing had run beyond 8
+//! Real `mpirun -np 32 --oversubscribe` on one host (nothing had run beyond 8
 //! ranks): 32 daemons, 32 FUSE mounts, a tiny dataset, 3 epochs, each an exact partition.
 //!
 //! What is checked comes from what the views show, not from the library's plan (whose

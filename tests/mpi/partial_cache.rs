@@ -1,4 +1,4 @@
-//! A share larger than the cache (issue 33), real mpirun, 2 ranks, each cache on a tmpfs
+//! A share larger than the cache, real mpirun, 2 ranks, each cache on a tmpfs
 //! only a little larger than `--cache-size`, shares 2x and 5x the cache: every epoch is a
 //! partition of the dataset with every byte right, nothing hits a full disk (the cache's
 //! bytes stay within its size), and each rank's measured hit rate and source bytes per epoch

@@ -1,4 +1,4 @@
-//! A partial cache's room is what its disk really gives (issue 33, found by a hostile user
+//! A partial cache's room is what its disk really gives (found by a hostile user
 //! test): two ranks whose caches share one small tmpfs, with no `--cache-size`, each take
 //! their part of it counted in the disk's blocks (`cache::footprint`), so no rank ever
 //! meets a full disk: no "No space left on device" in the log or the status, no source

@@ -1,4 +1,4 @@
-//! One rank leaves while the others go on (issue 26, item 6), under real `mpirun -np 4`.
+//! One rank leaves while the others go on (item 6), under real `mpirun -np 4`.
 //!
 //! Every rank is advanced to epoch 1, which starts the background exchange into epoch 2;
 //! while it runs (slowed by `--exchange-rate`), `shufflefs unmount` on rank 0 alone. That

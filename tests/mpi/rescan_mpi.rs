@@ -1,4 +1,4 @@
-//! `--rescan` under real `mpirun -np 2` (issue 26.8): after the source lost a file and gained
+//! `--rescan` under real `mpirun -np 2`: after the source lost a file and gained
 //! a class, rank 0 scans again, every rank carries what is still valid over to the new
 //! index, and the current and next epochs are exactly the plan over the new source (every
 //! byte checked), with the deleted file gone and the new class there.

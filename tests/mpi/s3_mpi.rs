@@ -741,7 +741,7 @@ fn record_bodies_cut_midway_are_fetched_again() {
 /// after a key rotation) is an outage, not a bad sample each: staging names the code and
 /// the fix in the status, waits, and stages every sample once the store takes the key again.
 /// It asks for no more samples once the refusal came, probing with one request per round,
-/// and logs it once (before issue 40 each round asked for all 42 samples and logged each).
+/// and logs it once (before the fix each round asked for all 42 samples and logged each).
 #[test]
 fn a_store_refusing_every_request_is_waited_out_not_failed_per_sample() {
     if !require_fuse() || !require_mpi() {
@@ -787,7 +787,7 @@ fn a_store_refusing_every_request_is_waited_out_not_failed_per_sample() {
 /// Ranks of one host hand samples over through the disk: a hand-off of a bucket's sample
 /// waits for the sender's staging of it, so the exchange into epoch 1 fails none and no
 /// object is fetched twice ("staging once, then nothing"), and with the store gone after
-/// staging, epoch 1 reads whole on every rank. Fails before issue 40: the first exchange
+/// staging, epoch 1 reads whole on every rank. Failed before the fix: the first exchange
 /// ran before staging (a bucket's sizes are listed, so nothing waited for a fetch), found
 /// no file in the peer's cache (`failed_samples` 20 to 23 a rank with 400 objects), and
 /// fetched those samples from the bucket again at the advance (EIO with the store away).
@@ -834,7 +834,7 @@ fn same_host_hand_offs_of_a_bucket_wait_for_staging_and_fetch_nothing_twice() {
 /// A partial cache over a bucket: an object over 16 MiB it does not keep is read in ranged
 /// GETs (206), every byte right; an object overwritten since the listing (412 to
 /// `If-Match`) fails its read named as the full cache's fetch names it, counted in
-/// `source_errors`. Fails before issue 40: EIO for the large one, and the overwritten one
+/// `source_errors`. Failed before the fix: EIO for the large one, and the overwritten one
 /// blamed on the partial cache with nothing counted.
 #[test]
 fn a_partial_cache_streams_large_objects_and_names_changed_ones() {

@@ -1,4 +1,4 @@
-//! Properties of a coded run's kept sets (`plan::coded_keep`, issue 33): every rank's kept
+//! Properties of a coded run's kept sets (`plan::coded_keep`): every rank's kept
 //! set is part of its coded cache, what it holds during a step and what it receives fit its
 //! slots together, only samples of the new share travel, the kept sets are what a plain
 //! reference computation of the rule gives, the same on every walk, and the coded packets

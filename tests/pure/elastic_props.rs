@@ -122,7 +122,7 @@ proptest! {
 
     /// Each rank alone, walking its positions back across every remap, finds its share of
     /// the whole job's walk at every epoch of a random history, and its own step into the
-    /// next epoch of an era is the whole job's (issue 41: no rank computes another's share;
+    /// next epoch of an era is the whole job's (no rank computes another's share;
     /// before the remap on positions an era after a resize could not be walked back).
     #[test]
     fn each_rank_walks_back_across_the_remaps_to_the_whole_jobs_shares(

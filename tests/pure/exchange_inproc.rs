@@ -1059,7 +1059,7 @@ fn exchange_under_budget(world: u32, frame: usize, budget: usize, wrap: Wrap) ->
     handles.into_iter().map(|h| h.join().unwrap()).collect()
 }
 
-/// Issue 41: the frames a rank holds stay within the budget however many ranks there are.
+/// the frames a rank holds stay within the budget however many ranks there are.
 /// Before, frames shrank to fit the budget only down to 1 MiB and every stream ran at once,
 /// so the frames held grew with the number of ranks: here 15 streams out and 15 in against a
 /// budget for 4 (the old code held 1.4-3.3x the budget on every rank).
@@ -1085,7 +1085,7 @@ fn an_exchange_with_many_ranks_and_a_tiny_budget_completes() {
 }
 
 /// What a store learns of samples (sizes an index lacks, source times) follows the rank's
-/// share, not the dataset (issue 41): each rank plans only its own share (`own_step`),
+/// share, not the dataset: each rank plans only its own share (`own_step`),
 /// exchanges, and drops what left through the exchange's eviction; after every epoch the
 /// store keeps something only of samples of its share. (The old store held two 8-byte
 /// slots for every sample of the dataset on every rank; a job of a few ranks still does,

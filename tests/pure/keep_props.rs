@@ -1,4 +1,4 @@
-//! Properties of the planned partial cache (`plan::keep`, issue 33): the kept set fits the
+//! Properties of the planned partial cache (`plan::keep`): the kept set fits the
 //! cache, is part of the share, never drops a kept sample that stays, is what a
 //! plain reference computation of the rule gives, and is the same every time.
 

@@ -94,7 +94,7 @@ pub(crate) struct Role {
 }
 
 /// The coded exchange's protocol between `serve` and the compute ranks: 2 since the offer
-/// carries the kept sets' slots (issue 33), which an older server would ignore and then
+/// carries the kept sets' slots, which an older server would ignore and then
 /// code over whole caches no rank holds. Builds of one version number can differ in it (a
 /// development build), so phase 1 compares it as well.
 pub(crate) const CODED_PROTOCOL: u32 = 2;

@@ -1,4 +1,4 @@
-//! Does this rank's share fit its cache? (issue 33, after the store opens, before `fill`)
+//! Does this rank's share fit its cache? (after the store opens, before `fill`)
 //!
 //! A rank caches its share plus what the next exchange brings in: at most the bytes of two
 //! consecutive epochs' shares together, about `(1 + Q) x share`. The room is `--cache-size`,

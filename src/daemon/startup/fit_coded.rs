@@ -1,4 +1,4 @@
-//! Does a coded rank's cache fit its disk? (issue 33; the partial exchange's check is
+//! Does a coded rank's cache fit its disk? (the partial exchange's check is
 //! `super::fit`, whose room, agreement and refusal this shares.)
 //!
 //! A coded rank holds its cache `C^t` and receives the part of its next share it does not

@@ -464,7 +464,7 @@ mod tests {
 
     /// What start-up's agreements hand each rank (counted as MPI moves it) grows by less
     /// than 32 bytes per added rank: the agreements are all-reduces and broadcasts, not
-    /// all-gathers of every rank's data (issue 41). Before, the settings went from every
+    /// all-gathers of every rank's data. Before, the settings went from every
     /// rank to every rank and each agreement gathered every rank's word: 618 bytes per
     /// added rank (now 26: `fit::sharing`'s device word, see docs/performance.md, and the
     /// split listing's all-gather of parts: a length and an empty part per rank).
@@ -499,7 +499,7 @@ mod tests {
         }
     }
 
-    /// A folder source on several ranks is listed by every rank, each its part (issue 41):
+    /// A folder source on several ranks is listed by every rank, each its part:
     /// every rank ends with the manifest one scan gives, byte for byte, and ranks 1 and 2
     /// send theirs (before, rank 0 listed everything alone and broadcast it: they sent
     /// nothing but their agreements).

@@ -87,7 +87,7 @@ pub(crate) fn carry_over(
 
 /// The same index as the cache's (same names and sizes): each cached sample is still
 /// checked against the source file, as a changed index's are, since a file may have been
-/// rewritten, or swapped for another user's, with the same name and size (issue 40: the
+/// rewritten, or swapped for another user's, with the same name and size (the
 /// old bytes must not be shown under the new file's owner and mode). A packed cache
 /// cannot drop one sample here: it is rebuilt.
 fn recheck(

@@ -1,4 +1,4 @@
-//! One copy of the manifest per host, not one per rank (issue 41).
+//! One copy of the manifest per host, not one per rank.
 //!
 //! Rank 0 holds the manifest's encoding (loaded from its cache or scanned). It used to
 //! broadcast it to every rank, and every rank decoded its own copy: the whole dataset's

@@ -382,7 +382,7 @@ impl Effects for NodeEffects {
 /// status's problems) and the fetches left go on in the background, so a reader of one of
 /// those samples waits for the source, never the whole view. A failed fetch is no answer:
 /// a store that refuses connections fails each fetch after its retries, and counting those
-/// as progress held the epoch for all of them (102 s to 590 s, issue 40). Returns, per peer
+/// as progress held the epoch for all of them (102 s to 590 s). Returns, per peer
 /// that should have delivered some of them, how many were fetched in its stead.
 pub fn fetch_missing(
     store: &Arc<SampleStore>,

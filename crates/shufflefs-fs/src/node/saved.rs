@@ -1,4 +1,4 @@
-//! This rank's share saved each epoch and read back at a resume (issue 41: resume in
+//! This rank's share saved each epoch and read back at a resume (resume in
 //! O(share), not by walking the plan back to epoch 0). The file format lives in
 //! `cache::slots`; here is what the plan makes of it.
 //!

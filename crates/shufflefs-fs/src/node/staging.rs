@@ -16,7 +16,7 @@
 //! would answer every sample the same: once a round meets that answer it asks for no more
 //! samples, logs one warning with the answer and the count of samples left, and the next
 //! rounds probe the store with one request each (logged at debug) until it answers again.
-//! Before issue 40 every round asked for every remaining sample and logged each failure (a
+//! Before the fix every round asked for every remaining sample and logged each failure (a
 //! 1M share: ~1M failing requests and log lines a round).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -195,7 +195,7 @@ fn run(
 /// A sample to stage, and whether its size is in `bytes_total` already (a reader may fetch
 /// it meanwhile: its size must still be added when staging gets to it). In one word, the
 /// flag in the top bit (ids stay below 2^61, the views' inode room), as the list holds
-/// every sample of a first fill: 8 bytes a share sample rather than 16 (issue 41).
+/// every sample of a first fill: 8 bytes a share sample rather than 16.
 #[derive(Clone, Copy, Debug)]
 struct Missing(u64);
 
@@ -531,7 +531,7 @@ mod tests {
 
     /// A round that meets a store-wide answer asks for no more samples (at most one per
     /// thread was in flight), and a probing round asks once; once the store answers, the
-    /// probe's round stages everything. Fails before issue 40: a round asked for all 200.
+    /// probe's round stages everything. Failed before the fix: a round asked for all 200.
     #[test]
     fn a_store_refusing_everything_is_asked_once_per_thread_then_probed() {
         let tmp = tempfile::tempdir().unwrap();

@@ -151,7 +151,7 @@ struct Status<'a> {
     partial: Option<PartialSnapshot>,
 }
 
-/// A share larger than its cache (issue 33, docs/partial-cache.md): what the planned kept
+/// A share larger than its cache (docs/partial-cache.md): what the planned kept
 /// sets are expected to give (simulated on the plan at mount) and what was measured
 /// (`null` where this build does not measure it yet).
 #[derive(Clone, Debug, Serialize)]

@@ -5,7 +5,7 @@
 //! Each read request is served from the handle's window, the [`WINDOW`] bytes read last;
 //! a request outside it reads the window at the request's offset (one ranged read of the
 //! source), so a sequential reader costs one source read per window, and an open file holds
-//! at most one window of memory whatever the sample's size. Before issue 40 such a sample
+//! at most one window of memory whatever the sample's size. Before the fix such a sample
 //! could never be read (EIO at every open, every epoch).
 
 use std::io;

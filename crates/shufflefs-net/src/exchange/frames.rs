@@ -284,7 +284,7 @@ fn received(
 /// A stream's sample counts, kept here and added to the tracker's report every
 /// [`Progress::SAMPLES`] samples or [`Progress::BYTES`] bytes, and when dropped: a tracker
 /// update per sample (a lock shared with every other stream and the MPI thread) was a large
-/// share of the exchange's CPU at 362 B records (issue 17's bench). The status's counts lag
+/// share of the exchange's CPU at 362 B records. The status's counts lag
 /// by at most that much; they are complete once the stream's thread returned.
 struct Progress<'a> {
     tracker: &'a ExchangeTracker,

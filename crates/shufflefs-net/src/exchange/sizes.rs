@@ -16,12 +16,12 @@
 //! otherwise store one sample's bytes under another's id, since the checksums that follow
 //! cover bytes, not names. A list that disagrees is given up whole: its bytes are drained and
 //! dropped, and its samples fetched from the source (see [`Decoded::mismatch`]). The ids
-//! are also what a plan that receivers cannot compute alone needs (issue 41).
+//! are also what a plan that receivers cannot compute alone needs.
 //!
 //! A stream to a peer on this host moves no bytes: the receiver takes each sample's file from
 //! the sender's cache folder (a disk hand-off). So the sender fetches into its cache every
 //! sample of such a stream that it has not staged yet before it lists it ([`resolve_held`]),
-//! whether its size is known or not. Before issue 40 a bucket's sizes (listed) needed no
+//! whether its size is known or not. Before the fix a bucket's sizes (listed) needed no
 //! fetch, the first exchange ran before staging, and the receivers found no file: those
 //! samples were fetched from the bucket again at the advance, or failed with it away.
 

@@ -1,6 +1,6 @@
 //! Coded shuffling (UberShuffle, Chung et al.): the pure planning layer.
 //!
-//! Setting (issue 16): one server holds the whole dataset, `n` compute nodes each cache a set
+//! Setting: one server holds the whole dataset, `n` compute nodes each cache a set
 //! `C_i` of samples, and every epoch node `i` is assigned a fresh share `D_i`. The server must
 //! send every node the samples of its share it does not cache. This module decides *what* the
 //! server sends, as plain functions of `(C, D)`: no I/O, no clocks, no MPI, so the same inputs

@@ -1,4 +1,4 @@
-//! The plan under `--exchange coded` (issue 16): every epoch a fresh, uniformly random,
+//! The plan under `--exchange coded`: every epoch a fresh, uniformly random,
 //! balanced share for every compute rank (a global full reshuffle), and per rank a cache of
 //! the share plus retained samples up to `alpha` of the dataset.
 //!

@@ -1,4 +1,4 @@
-//! A coded run whose cache does not fit the disk (issue 33): every rank keeps a planned part
+//! A coded run whose cache does not fit the disk: every rank keeps a planned part
 //! `K_r(t)` of its coded cache `C_r(t)`, and the coded exchange is planned over the kept sets.
 //!
 //! # Why kept sets, not a smaller alpha

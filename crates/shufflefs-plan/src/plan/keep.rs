@@ -1,4 +1,4 @@
-//! Which samples stay cached when a rank's share is larger than its cache (issue 33).
+//! Which samples stay cached when a rank's share is larger than its cache.
 //!
 //! Pure and deterministic like the rest of [`crate::plan`]: a rank's kept set at any epoch
 //! follows from the plan, the sample sizes and the capacity. [`KeepPlanner`] runs the rule

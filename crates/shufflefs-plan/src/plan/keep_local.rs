@@ -1,5 +1,5 @@
 //! One rank's kept sets ([`LocalKeep`]): the rule of [`super::keep`] run on this rank's own
-//! shares only (issue 41), so a partial cache costs O(share x horizon) per rank, not the
+//! shares only, so a partial cache costs O(share x horizon) per rank, not the
 //! whole job's shares over the horizon (O(N x horizon) on every rank: 7 GB at 10^8 samples
 //! with the default horizon) and a walk from epoch 0 at every start.
 //!

@@ -6,7 +6,7 @@
 //! epoch for the whole job's plan. With a permutation that is evaluated per index, rank `r`
 //! can compute the part it needs alone: the ids of its epoch-0 chunk (`apply` over its
 //! positions), where its `i`-th outgoing sample goes (`apply(r)` of slot `i`'s permutation of
-//! the ranks) and who sends to it (`invert(r)`), in O(share) for the whole epoch (issue 41).
+//! the ranks) and who sends to it (`invert(r)`), in O(share) for the whole epoch.
 //! Grain and tf.data shuffle the same way (a Feistel network with cycle-walking).
 //!
 //! # Construction

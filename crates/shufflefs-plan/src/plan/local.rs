@@ -1,5 +1,5 @@
 //! Algorithm 1 on positions: the plan any rank computes for itself, in O(share) per epoch,
-//! without anyone else's share (issue 41).
+//! without anyone else's share.
 //!
 //! # Positions
 //! The dataset's `N` samples sit at positions `0..N`; rank `r` owns the contiguous chunk of

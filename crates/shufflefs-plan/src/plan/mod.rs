@@ -634,7 +634,7 @@ mod tests {
         assert_eq!(Plan::new(p).unwrap_err(), PlanError::EmptyWorld);
     }
 
-    /// Past 2^32 samples (issue 41: 5·10^9 could not be named with 32-bit ids): a rank's
+    /// Past 2^32 samples (5·10^9 could not be named with 32-bit ids): a rank's
     /// share, its step and a walk back name ids above `u32::MAX`, all below N, and the
     /// step keeps the share's length.
     #[test]

@@ -1,7 +1,7 @@
 //! Seeded random caches and shares of coded shuffling: the plan variant `plan::coded`, the
 //! calculator and the property tests.
 //!
-//! Model (the paper's Section 2, and the cache rule issue 16 asks us to state):
+//! Model (the paper's Section 2, and the cache rule we state):
 //! - `q` samples, `n` nodes, each node caches `s = floor(alpha * q)` samples, `s` at least
 //!   the largest share `ceil(q / n)`.
 //! - Every epoch each node gets a fresh uniformly random balanced share: a seeded

@@ -1,4 +1,4 @@
-//! A partial cache's gate (issue 33): when a rank's share does not fit its cache, only the
+//! A partial cache's gate: when a rank's share does not fit its cache, only the
 //! samples the plan keeps (`plan::keep`, stepped here at each publication) are written, and
 //! only while the cache's bytes stay within its size, so a fetch never fills the disk: a
 //! fetch is promised its room before it writes ([`Room`]), and cannot write past it. A

@@ -1,4 +1,4 @@
-//! Early refill of a partial cache (issue 33): the room of a kept sample that leaves this
+//! Early refill of a partial cache: the room of a kept sample that leaves this
 //! rank after the current epoch is reused within the epoch, as the clairvoyant bound does.
 //!
 //! The planned kept sets (`plan::keep`) change only between epochs, so the room a leaving

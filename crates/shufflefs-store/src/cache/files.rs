@@ -67,7 +67,7 @@ pub struct FileBackend {
     present: IdSet,
     /// Per cached sample, the [`change_stamp`] of its file when its bytes last matched
     /// their record; none (0): not checked since the mount (see the module docs). Only the
-    /// samples checked since the mount and still cached have one (issue 41: no word per
+    /// samples checked since the mount and still cached have one (no word per
     /// sample of the dataset).
     checked: super::table::Stamps,
 }

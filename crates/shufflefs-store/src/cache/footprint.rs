@@ -1,4 +1,4 @@
-//! What a sample takes on the cache's disk (issue 33): a partial cache's size is a bound on
+//! What a sample takes on the cache's disk: a partial cache's size is a bound on
 //! the disk, not on file bytes. In the one-file-per-sample layout every file takes whole
 //! blocks of its filesystem, so a 50,000-byte sample takes 53,248 bytes of 4 KiB blocks;
 //! counting file bytes let two ranks sharing a small disk fill it (each thought it held

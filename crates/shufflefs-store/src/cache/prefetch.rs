@@ -1,4 +1,4 @@
-//! Prefetch of a partial cache's streamed samples (issue 33). When a folder of the current
+//! Prefetch of a partial cache's streamed samples. When a folder of the current
 //! epoch is listed, the loader is about to read the samples listed; those the cache does not
 //! keep would each be read from the source as they are opened, one at a time. A background
 //! thread reads them ahead, in listing order, into memory, within [`BUDGET`] bytes; an open

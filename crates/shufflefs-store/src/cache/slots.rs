@@ -1,5 +1,5 @@
 //! This rank's saved slots: its share at an epoch, in chunk order, so a resume reads it in
-//! O(share) instead of walking every position back to epoch 0 (O(share · epoch), issue 41).
+//! O(share) instead of walking every position back to epoch 0 (O(share · epoch)).
 //!
 //! `CACHE/slots/<epoch>.bin`, written just before the state file each epoch (through a
 //! temporary renamed into place, so a reader never sees a mix), the last two epochs kept: a

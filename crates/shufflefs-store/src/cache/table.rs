@@ -7,7 +7,7 @@
 //! rank only ever learns about the samples it stages, receives, sends or reads (its share
 //! and the next one's arrivals, about `(1 + Q) N / M`). A hash map per sample costs about
 //! three times an array slot (key, padding, empty buckets), so it pays from about four
-//! ranks on: a job of [`DENSE_UP_TO`] ranks or fewer keeps arrays (as before issue 41),
+//! ranks on: a job of [`DENSE_UP_TO`] ranks or fewer keeps arrays (as before the fix),
 //! more keeps sharded maps whose entries go when their sample leaves the share
 //! ([`SampleTable::forget`]: the exchange's eviction and a resume's trim call it), so they
 //! follow the share. The maps are sharded so the FUSE threads, the exchange and staging

@@ -1,4 +1,4 @@
-//! A partial cache within its size from the mount on (issue 33): a cache filled under a
+//! A partial cache within its size from the mount on: a cache filled under a
 //! larger room (a full cache remounted with a smaller `--cache-size`, a disk that shrank)
 //! would otherwise stay over its size for good, since the gate only refuses new writes
 //! (a rank stayed at 3 MB under `--cache-size 1M`, its status claiming a hit rate of 0.34

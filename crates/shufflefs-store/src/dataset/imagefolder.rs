@@ -207,7 +207,7 @@ mod tests {
 
     /// Under `--allow-other` a sample swapped after the scan for a link out of the source,
     /// or for a more private file, is not read; a link inside the source still is. Without
-    /// owners, reads go by path as before (issue 40).
+    /// owners, reads go by path as before.
     #[test]
     fn reads_under_owners_stay_beneath_the_source_and_as_private_as_shown() {
         let tmp = tempfile::tempdir().unwrap();
@@ -251,7 +251,7 @@ mod tests {
 
     /// An absolute link to a file inside the source is read (`RESOLVE_BENEATH` alone
     /// refused it: the view answered EIO even to root); one that leads out, even through
-    /// the source's own path (`<src>/../secret`), is not (issue 40 review, 3).
+    /// the source's own path (`<src>/../secret`), is not.
     #[test]
     fn absolute_links_inside_the_source_are_read_and_out_of_it_are_not() {
         let tmp = tempfile::tempdir().unwrap();

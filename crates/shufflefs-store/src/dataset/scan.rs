@@ -528,7 +528,7 @@ mod tests {
 
     /// Under `--allow-other` the scan keeps each class folder's and sample's owner and
     /// mode, follows links only inside the source, and shows a link's target less what
-    /// the folders on the way to it deny (issue 40).
+    /// the folders on the way to it deny.
     #[test]
     fn scan_with_owners_keeps_modes_and_confines_links() {
         use std::os::unix::fs::symlink;

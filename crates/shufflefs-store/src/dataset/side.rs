@@ -300,7 +300,7 @@ mod tests {
     }
 
     /// Under `--allow-other` side files keep their owners and modes, and a side file that
-    /// links out of the source is skipped and listed (issue 40).
+    /// links out of the source is skipped and listed.
     #[test]
     fn side_files_keep_owners_and_links_out_are_skipped() {
         use std::os::unix::fs::{PermissionsExt as _, symlink};

@@ -1,4 +1,4 @@
-//! A job view of many ranks in one thread, for `benches/jobview_refresh.rs` (issue 41): the
+//! A job view of many ranks in one thread, for `benches/jobview_refresh.rs`: the
 //! real [`Gatherer`] of every rank over [`Mailboxes`], an in-process transport whose set-up
 //! is one inbox per rank (the in-process `LocalComm` makes a channel per pair of ranks,
 //! M^2 of them: 16.8 million at 4,096 ranks).

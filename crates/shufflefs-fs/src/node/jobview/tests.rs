@@ -312,7 +312,7 @@ impl Comm for Watched {
     }
 }
 
-/// Issue 41: 128 ranks on 16 hosts, driven from one thread. Rank 0's table fills with every
+/// 128 ranks on 16 hosts, driven from one thread. Rank 0's table fills with every
 /// rank's row and every host's first rank gets the whole table back, while rank 0 only
 /// ever talks to its children in the view's tree (its host's ranks and `FAN_IN` leaders),
 /// not to every rank as before (it posted a receive from each of the 127 others).

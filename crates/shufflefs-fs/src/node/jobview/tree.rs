@@ -1,4 +1,4 @@
-//! The tree the job view's rows go up and its table comes down (issue 41): each host's
+//! The tree the job view's rows go up and its table comes down: each host's
 //! first rank (its *leader*) is the parent of the host's other ranks, and the leaders form
 //! a [`FAN_IN`]-ary tree in order of their hosts' first ranks, rank 0 at its root. So a rank
 //! exchanges with its parent and at most `FAN_IN` leaders plus its own host's ranks, never

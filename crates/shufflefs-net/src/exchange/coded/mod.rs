@@ -1,4 +1,4 @@
-//! The coded exchange (issue 16, UberShuffle): a server rank that holds the dataset sends
+//! The coded exchange (UberShuffle): a server rank that holds the dataset sends
 //! every compute rank the samples of its next share it does not cache, as XOR-coded
 //! multicast packets several ranks decode at once with what they cache.
 //!

@@ -144,7 +144,7 @@ struct Inner {
     /// Which samples the index holds, kept with it (under its write lock) so that
     /// `contains`, asked for every sample sent or received, takes no lock: a bit per id in
     /// a job of few ranks. A larger one asks the index's map under its read lock instead,
-    /// as a set beside it cost ~19 bytes a stored sample (issue 41); `None` then.
+    /// as a set beside it cost ~19 bytes a stored sample; `None` then.
     present: Option<IdSet>,
     active: Mutex<Active>,
     /// Whether a nudge is already on its way to the compactor.

@@ -1,13 +1,13 @@
 //! Reads that go to the source without the cache: a sample too large for memory streamed in
 //! ranged reads, and the one way a failed read through is named and counted.
 //!
-//! A partial cache serves the samples it does not keep from the source (issue 33). Up to
+//! A partial cache serves the samples it does not keep from the source. Up to
 //! `vfs::UNCACHED_MAX` a reader gets the whole sample through memory; a larger one (an
 //! unet3d `.npz` of 140 MB, audio, video) is read as the reader asks, window by window
 //! (`vfs::stream`), so no sample is ever refused for its size and memory stays bounded.
 //! A failure of either is the source's, and is reported as a failed fetch into the cache
 //! is: named by the sample's place (`SourceError`), counted in `source_errors`, and kept in
-//! the status's `problems` (issue 40: they were an EIO blamed on the partial cache).
+//! the status's `problems` (they were an EIO blamed on the partial cache).
 
 use std::io;
 use std::sync::atomic::Ordering;

@@ -267,7 +267,7 @@ mod tests {
     }
 
     /// Under `--allow-other` every folder at any depth keeps its own owner and mode, and a
-    /// file link out of the source is skipped (issue 40).
+    /// file link out of the source is skipped.
     #[test]
     fn with_owners_every_folder_keeps_its_mode_and_links_stay_inside() {
         let tmp = tempfile::tempdir().unwrap();
