@@ -25,9 +25,11 @@
 
 use crate::sys::kernel::ReadPath;
 
-/// Mean sample size above which a share is read with passthrough: a cold read through the
-/// page-cache path copies the bytes through the daemon twice (about 40 us per 100 KiB on
-/// the 2-core VM), while a passthrough open-and-close costs about 30 us, whatever the size.
+/// Mean sample size above which a share is read with passthrough: a first read through the
+/// page-cache path copies the bytes through the daemon (~110 us of daemon CPU per cold
+/// 100-120 KiB file on the 2-core VM, growing with the size), while passthrough's open and
+/// release cost ~34 us whatever the size; a file read again costs page-cache nothing and
+/// passthrough the same ~34 us (and a GETATTR).
 pub const LARGE_SAMPLE: u64 = 256 << 10;
 
 /// Samples of the share whose sizes the estimate looks at (a folder is listed without

@@ -406,7 +406,7 @@ impl Gatherer {
     }
 
     /// Frames received from children so far (the simulation).
-    #[cfg(any(test, feature = "testing"))]
+    #[cfg(feature = "testing")]
     pub(super) fn frames_received(&self) -> u64 {
         self.frames_up
     }
