@@ -52,7 +52,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -64,6 +64,7 @@ use crate::config::{MountConfig, ReadPath};
 use crate::fuse::FuseAdapter;
 use crate::node::requests::Requests;
 use crate::sys::made_dirs::MadeDirs;
+use crate::sys::sync::Locked;
 use crate::sys::{mounts, readahead};
 use crate::vfs::{ShuffleFs, inodes};
 
@@ -220,7 +221,7 @@ impl Mounted {
     pub(crate) fn hold_ready(&self, file: ReadyFile) {
         let ended = self.session.as_ref().is_none_or(JoinHandle::is_finished);
         if !ended && !stop_requested() {
-            lock(&self.leftovers).ready = Some(file);
+            self.leftovers.locked().ready = Some(file);
         }
     }
 
@@ -392,7 +393,7 @@ fn watch_signals(
                 return;
             };
             tracing::info!(signal = sig, "signal received; unmounting");
-            drop(lock(&on.leftovers).ready.take());
+            drop(on.leftovers.locked().ready.take());
             let gone = match unmounter.unmount() {
                 Ok(()) => true,
                 Err(e) => {
@@ -453,13 +454,9 @@ struct Leftovers {
 
 type SharedLeftovers = Arc<Mutex<Leftovers>>;
 
-fn lock(leftovers: &SharedLeftovers) -> std::sync::MutexGuard<'_, Leftovers> {
-    leftovers.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// Removes the ready file, then the folders.
 fn clean_up(leftovers: &SharedLeftovers) {
-    let mut left = lock(leftovers);
+    let mut left = leftovers.locked();
     drop(left.ready.take());
     drop(left.made.take());
 }

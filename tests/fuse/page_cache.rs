@@ -7,7 +7,7 @@
 
 use std::fs::{self, File};
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 
@@ -143,20 +143,19 @@ fn writes_into_the_view_fail_and_change_nothing() {
             .map(drop),
         "create in a class",
     );
-    // The status is a link to a rendering in the cache folder (read-only to its owner);
-    // clobbering it as root changes nothing, as every read renders it anew.
+    // The status is a link to a rendering in a private folder in memory, off the cache's
+    // disk (read-only to its owner); clobbering it as root changes nothing, as every read
+    // renders it anew.
     let status_link = fs::read_link(mnt.join(".shufflefs/status")).unwrap();
-    assert!(
-        status_link.starts_with(data.path("cache")),
-        "{status_link:?}"
-    );
+    let folder = status_link.parent().unwrap().to_path_buf();
+    let in_memory = folder.to_string_lossy().starts_with("/dev/shm/shufflefs-");
+    assert!(in_memory, "{status_link:?}");
+    let mode = fs::metadata(&folder).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "{folder:?}");
     let _ = fs::write(mnt.join(".shufflefs/status"), "{}");
     // So are the metrics.
     let metrics_link = fs::read_link(mnt.join(".shufflefs/metrics")).unwrap();
-    assert!(
-        metrics_link.starts_with(data.path("cache")),
-        "{metrics_link:?}"
-    );
+    assert!(metrics_link.starts_with(&folder), "{metrics_link:?}");
     let metrics = fs::read_to_string(mnt.join(".shufflefs/metrics")).unwrap();
     assert!(
         metrics.contains("shufflefs_epoch{rank=\"0\"} 0\n"),
@@ -168,6 +167,7 @@ fn writes_into_the_view_fail_and_change_nothing() {
     assert_eq!(read_status(&mnt)["epoch"], 0);
     assert_eq!(read_epoch(&mnt), 0);
     d.unmount().assert_clean();
+    assert!(!folder.exists(), "{folder:?} left after the unmount");
 }
 
 #[test]

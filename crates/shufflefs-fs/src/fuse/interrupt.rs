@@ -26,6 +26,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Duration;
 
+use crate::sys::sync::Locked;
 use crate::vfs::{Cancel, Cancelled};
 
 /// How often waiting callers and the mount are looked at, while any request waits.
@@ -81,7 +82,7 @@ impl Waiters {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     /// Remembers the mount's device, to notice when it leaves the mount table.

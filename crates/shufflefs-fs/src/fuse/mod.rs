@@ -61,6 +61,7 @@ use fuser::{
 
 use crate::node::requests::Requests;
 use crate::sys::kernel::ReadPath;
+use crate::sys::sync::Locked;
 use crate::vfs::error::FsError;
 use crate::vfs::handles::Attached;
 use crate::vfs::inodes::Node;
@@ -136,7 +137,7 @@ pub fn mount(
 ) -> std::io::Result<Session<FuseAdapter>> {
     let (slot, waiters) = (adapter.unmounter.clone(), adapter.waiters.clone());
     let mut session = Session::new(adapter, mountpoint, config).map_err(explain_denied)?;
-    *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(session.unmount_callable());
+    *slot.locked() = Some(session.unmount_callable());
     waiters.mounted(crate::sys::mounts::fuse_device(mountpoint));
     Ok(session)
 }
@@ -212,11 +213,7 @@ impl FuseAdapter {
     /// is gone already (module docs).
     fn unmount_at_end(&mut self) {
         self.waiters.close(Cancelled::ShuttingDown);
-        let unmounter = self
-            .unmounter
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let unmounter = self.unmounter.locked().take();
         let Some(mut unmounter) = unmounter else {
             return;
         };
@@ -279,10 +276,7 @@ impl Adapter {
 
     /// Shares one `BackingId` among all opens of an inode.
     fn backing(&self, ino: u64, file: &File, reply: &ReplyOpen) -> std::io::Result<Arc<BackingId>> {
-        let mut map = self
-            .backing_by_ino
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut map = self.backing_by_ino.locked();
         if let Some(id) = map.get(&ino).and_then(Weak::upgrade) {
             return Ok(id);
         }

@@ -33,6 +33,8 @@ use serde::Serialize;
 use crate::cache::CacheError;
 use crate::plan::unnamed::Unnamed;
 use crate::plan::{EpochShares, Plan, Rank, SampleId, Step};
+use crate::sys::sync::Locked;
+use crate::sys::sync::RwLocked;
 
 mod cancel;
 mod worker;
@@ -252,7 +254,7 @@ struct Shared {
 
 impl Shared {
     fn states(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, EpochState>> {
-        self.states.lock().unwrap_or_else(|e| e.into_inner())
+        self.states.locked()
     }
 
     fn state(&self, epoch: u64) -> Option<EpochState> {
@@ -329,11 +331,7 @@ impl Coordinator {
 
     /// The published epoch's shares.
     pub fn current(&self) -> Arc<EpochShares> {
-        self.shared
-            .current
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.shared.current.read_locked().clone()
     }
 
     pub fn epoch(&self) -> u64 {
@@ -453,7 +451,7 @@ impl Coordinator {
     /// What advances wait for, if any does: the status's `advance_waiting`.
     pub(crate) fn waiting(&self) -> Option<AdvanceWait> {
         let (target, since, requests) = {
-            let waits = self.shared.waits.lock().unwrap_or_else(|e| e.into_inner());
+            let waits = self.shared.waits.locked();
             let &(target, since) = waits.values().min_by_key(|(_, since)| *since)?;
             (target, since, waits.len())
         };
@@ -528,22 +526,14 @@ struct WaitEntry<'a> {
 
 impl<'a> WaitEntry<'a> {
     fn new(shared: &'a Shared, id: u64, target: u64) -> WaitEntry<'a> {
-        shared
-            .waits
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, (target, Instant::now()));
+        shared.waits.locked().insert(id, (target, Instant::now()));
         WaitEntry { shared, id }
     }
 }
 
 impl Drop for WaitEntry<'_> {
     fn drop(&mut self) {
-        self.shared
-            .waits
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.id);
+        self.shared.waits.locked().remove(&self.id);
     }
 }
 

@@ -19,6 +19,7 @@ use std::time::Instant;
 
 use crate::cache::StoreStats;
 use crate::exchange::{ExchangeReport, ExchangeState};
+use crate::sys::sync::Locked;
 
 /// What came into a share, by way (from one exchange report).
 #[derive(Debug, Default, PartialEq)]
@@ -82,7 +83,7 @@ impl EpochLog {
     ) {
         let now = Mark::now(stats);
         let (source_samples, source_bytes) = (now.source_samples, now.source_bytes);
-        let mut mark = self.mark.lock().unwrap_or_else(|e| e.into_inner());
+        let mut mark = self.mark.locked();
         let before = std::mem::replace(
             &mut *mark,
             Mark {

@@ -24,6 +24,7 @@ use prometheus_client::registry::Registry;
 
 use crate::exchange::ExchangeReport;
 use crate::plan::Rank;
+use crate::sys::sync::Locked;
 
 /// The metric names, in one place (counters without their `_total`, which encoding adds).
 pub(crate) mod names {
@@ -87,7 +88,7 @@ struct Totals {
 impl ExchangeTotals {
     /// Takes `reports` (the tracker's) in; the totals so far.
     pub(crate) fn observe(&self, reports: &[ExchangeReport]) -> BTreeMap<Key, u64> {
-        let mut t = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut t = self.inner.locked();
         let oldest = reports.first().map_or(u64::MAX, |r| r.target_epoch);
         let gone: Vec<u64> = t.seen.range(..oldest).map(|(e, _)| *e).collect();
         for e in gone {

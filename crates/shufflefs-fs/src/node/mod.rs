@@ -19,6 +19,7 @@ use crate::exchange::{
     EpochExchange, ExchangeConfig, ExchangeCtx, ExchangeError, ExchangeState, ExchangeTracker,
 };
 use crate::plan::{EpochShares, Plan, Rank, SampleId, Step};
+use crate::sys::sync::Locked;
 
 pub mod coordinator;
 mod epoch_log;
@@ -144,11 +145,7 @@ impl Node {
     /// this is called (and in tests without a kernel) advances wait for no invalidation.
     pub fn invalidations(&self) -> Receiver<u64> {
         let (tx, rx) = channel();
-        *self
-            .effects
-            .invalidate_tx
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(tx);
+        *self.effects.invalidate_tx.locked() = Some(tx);
         rx
     }
 }
@@ -367,7 +364,7 @@ impl Effects for NodeEffects {
         self.staging.send(StagingCmd::Epoch {
             current: change.current.clone(),
         });
-        let tx = self.invalidate_tx.lock().unwrap_or_else(|e| e.into_inner());
+        let tx = self.invalidate_tx.locked();
         // Nobody listening (no kernel): nothing to wait for.
         tx.as_ref()
             .is_some_and(|tx| tx.send(change.previous.epoch).is_ok())
@@ -466,7 +463,7 @@ fn spawn_fetchers(store: &Arc<SampleStore>, missing: Vec<SampleId>) -> Receiver<
             .name("fallback".into())
             .spawn(move || {
                 loop {
-                    let next = queue.lock().unwrap_or_else(|e| e.into_inner()).pop();
+                    let next = queue.locked().pop();
                     let Some(id) = next else { break };
                     if done_tx.send((id, store.ensure(id).is_ok())).is_err() {
                         break;

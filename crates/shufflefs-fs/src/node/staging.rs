@@ -29,6 +29,7 @@ use serde::Serialize;
 
 use crate::cache::SampleStore;
 use crate::plan::{EpochShares, Rank, SampleId};
+use crate::sys::sync::Locked;
 
 #[derive(Default)]
 pub struct StagingProgress {
@@ -76,11 +77,7 @@ impl StagingProgress {
             bytes_done: self.bytes_done.load(Ordering::Relaxed),
             bytes_total: self.bytes_total.load(Ordering::Relaxed),
             errors: self.errors.load(Ordering::Relaxed),
-            last_error: self
-                .last_error
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone(),
+            last_error: self.last_error.locked().clone(),
         }
     }
 }
@@ -380,10 +377,7 @@ fn staging_failed(
         tracing::warn!(sample = id, error = %e, "staging failed for a sample");
     }
     progress.errors.fetch_add(1, Ordering::Relaxed);
-    *progress
-        .last_error
-        .lock()
-        .unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+    *progress.last_error.locked() = Some(e.to_string());
 }
 
 fn stage_counting(

@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use crate::sys::io::read_full_at;
+use crate::sys::sync::Locked;
 use crate::vfs::error::FsError;
 use crate::vfs::inodes::Node;
 use crate::vfs::{Cancel, Entry, Opened, ShuffleFs};
@@ -96,7 +97,7 @@ impl OpenFiles {
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Handle>> {
-        self.table.lock().unwrap_or_else(|e| e.into_inner())
+        self.table.locked()
     }
 
     /// Opens `ino` (for writing if `write`). `None` on a mount without opens: nothing to

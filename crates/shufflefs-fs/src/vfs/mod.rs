@@ -29,6 +29,7 @@ use crate::node::coordinator::Coordinator;
 use crate::node::status::StatusReport;
 use crate::plan::equal::{EqualShares, visible_from};
 use crate::plan::{EpochShares, SampleId, share_in_range};
+use crate::sys::sync::Locked;
 use crate::vfs::access::Access;
 use crate::vfs::error::FsError;
 use crate::vfs::inodes::{
@@ -81,8 +82,9 @@ pub struct ShuffleFs {
     store: Arc<SampleStore>,
     epochs: Coordinator,
     status: Arc<dyn StatusReport>,
-    /// Page-cache mode: `.shufflefs/status` is a link to `status_file` (see there).
-    status_link: bool,
+    /// Page-cache mode: `.shufflefs/status` is a link to `status_file` (see there), in
+    /// this folder.
+    status_link: Option<PublishDir>,
     /// Record sources: the current epoch's part layout, made on first use.
     parts: Mutex<Option<Arc<PartLayout>>>,
     part_size: u64,
@@ -90,6 +92,35 @@ pub struct ShuffleFs {
     access: Access,
     /// `--equal-shares drop`: what the view leaves out of this rank's share.
     equal: Option<Arc<EqualShares>>,
+}
+
+/// Where page-cache mode writes the status and metrics documents its links point to: a
+/// private folder in memory (`/dev/shm/shufflefs-XXXXXX`, 0700, removed with the view), so
+/// that a full cache disk, when the status matters most, never makes them unreadable (each
+/// rendering is a new file renamed over the old); the cache folder where no such folder can
+/// be made.
+struct PublishDir {
+    path: PathBuf,
+    _memory: Option<tempfile::TempDir>,
+}
+
+impl PublishDir {
+    fn new(cache: &std::path::Path) -> PublishDir {
+        use std::os::unix::fs::PermissionsExt;
+        let private = std::fs::Permissions::from_mode(0o700);
+        let memory = (tempfile::Builder::new().prefix("shufflefs-"))
+            .permissions(private)
+            .tempdir_in("/dev/shm")
+            .ok();
+        let path = match &memory {
+            Some(dir) => dir.path().to_path_buf(),
+            None => cache.to_path_buf(),
+        };
+        PublishDir {
+            path,
+            _memory: memory,
+        }
+    }
 }
 
 /// The entry `name` of tree folder `c` in epoch `e`: a sub-folder, or a sample in it (which
@@ -138,7 +169,7 @@ impl ShuffleFs {
             store,
             epochs,
             status,
-            status_link: false,
+            status_link: None,
             parts: Mutex::new(None),
             part_size: DEFAULT_PART_SIZE,
             access: Access::mounter(),
@@ -197,7 +228,7 @@ impl ShuffleFs {
         if cur.epoch != epoch || epoch > inodes::MAX_EPOCH {
             return Err(FsError::NotFound);
         }
-        let mut slot = self.parts.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = self.parts.locked();
         if let Some(l) = slot.as_ref().filter(|l| l.epoch == epoch) {
             return Ok(l.clone());
         }
@@ -255,7 +286,7 @@ impl ShuffleFs {
 
     /// Shows `.shufflefs/status` as a link to `status_file` instead of a file.
     pub fn with_status_link(mut self) -> ShuffleFs {
-        self.status_link = true;
+        self.status_link = Some(PublishDir::new(self.store.dir().root()));
         self
     }
 
@@ -267,10 +298,14 @@ impl ShuffleFs {
         self.published_path(METRICS_FILE)
     }
 
-    /// `CACHE/name` as a link target: absolute, since a relative one would be read from
-    /// `.shufflefs/` inside the mount (a `--cache` given relative to the daemon's folder).
+    /// Where the document `name` is published as a link target: absolute, since a relative
+    /// one would be read from `.shufflefs/` inside the mount (a `--cache` given relative to
+    /// the daemon's folder).
     fn published_path(&self, name: &str) -> PathBuf {
-        let path = self.store.dir().root().join(name);
+        let path = match &self.status_link {
+            Some(dir) => dir.path.join(name),
+            None => self.store.dir().root().join(name),
+        };
         std::path::absolute(&path).unwrap_or(path)
     }
 
@@ -332,7 +367,7 @@ impl ShuffleFs {
             },
             Node::CtlDir => control(Kind::Dir, 0, 0o555),
             // A link to the copy in the cache (see `with_status_link`), else a file the daemon answers.
-            Node::Status | Node::Metrics if self.status_link => {
+            Node::Status | Node::Metrics if self.status_link.is_some() => {
                 let target = match node {
                     Node::Status => self.status_file_path(),
                     _ => self.metrics_file_path(),
@@ -660,10 +695,10 @@ impl ShuffleFs {
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>, FsError> {
         match Node::from_ino(ino) {
             Some(Node::Current) => Ok(inodes::epoch_dir_name(self.epochs.epoch()).into_bytes()),
-            Some(Node::Status) if self.status_link => {
+            Some(Node::Status) if self.status_link.is_some() => {
                 Ok(self.status_file()?.into_os_string().into_encoded_bytes())
             }
-            Some(Node::Metrics) if self.status_link => {
+            Some(Node::Metrics) if self.status_link.is_some() => {
                 let path = self.publish(METRICS_FILE, &self.status.metrics())?;
                 Ok(path.into_os_string().into_encoded_bytes())
             }

@@ -13,6 +13,7 @@ use std::sync::Mutex;
 
 use crate::cache::SampleStore;
 use crate::plan::SampleId;
+use crate::sys::sync::Locked;
 
 /// Bytes read from the source at once, and held per open file at most.
 pub(crate) const WINDOW: usize = 4 << 20;
@@ -41,7 +42,7 @@ impl SourceStream {
         if offset >= end {
             return Ok(Vec::new());
         }
-        let mut window = self.window.lock().unwrap_or_else(|e| e.into_inner());
+        let mut window = self.window.locked();
         let (start, bytes) = &mut *window;
         let inside = offset >= *start && end <= *start + bytes.len() as u64;
         if !inside {

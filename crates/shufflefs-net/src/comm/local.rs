@@ -14,11 +14,12 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError, channel};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::{Comm, CommError, Dir, Done, Op, Reduce, Ticket, host_indices, words};
 use crate::plan::Rank;
+use crate::sys::sync::Locked;
 
 /// Tag reserved for collectives.
 const COLLECTIVE: u16 = u16::MAX;
@@ -148,10 +149,6 @@ impl LocalComm {
     }
 }
 
-fn lock(registry: &Registry) -> MutexGuard<'_, Pending> {
-    registry.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl Comm for LocalComm {
     fn rank(&self) -> Rank {
         self.rank
@@ -218,7 +215,9 @@ impl Comm for LocalComm {
         if self.rank == leader {
             let hosts: Vec<u32> = members.iter().map(|&r| self.hosts[r as usize]).collect();
             let endpoints = LocalComm::world_on_hosts(&hosts);
-            lock(&self.registry).insert(key, endpoints.into_iter().map(Some).collect());
+            self.registry
+                .locked()
+                .insert(key, endpoints.into_iter().map(Some).collect());
             for &peer in &members[1..] {
                 self.raw_send(peer, COLLECTIVE, Vec::new())?;
             }
@@ -229,7 +228,7 @@ impl Comm for LocalComm {
             .iter()
             .position(|&r| r == self.rank)
             .expect("member");
-        let mut registry = lock(&self.registry);
+        let mut registry = self.registry.locked();
         let slots = registry
             .get_mut(&key)
             .expect("the leader registered the split");

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use super::{DEPTH, ExchangeError, ExchangeTracker, Sized};
 use crate::cache::SampleStore;
 use crate::plan::SampleId;
+use crate::sys::sync::Locked;
 
 /// Fills frames with the bytes of `ids` in order, each followed by its checksum. A sample
 /// that cannot be read is sent as zeros (the length is fixed) with the complement of their
@@ -408,8 +409,7 @@ impl Pool {
         self.held.take();
         let mut buf = self
             .free
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .locked()
             .pop()
             // Zeroed by the allocator (fresh pages), not by a pass over the frame.
             .unwrap_or_else(|| vec![0; self.frame]);
@@ -422,7 +422,7 @@ impl Pool {
     /// for it), keeping the buffer for reuse if it can hold a frame.
     pub(super) fn put(&self, buf: Vec<u8>) {
         self.held.give(1);
-        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let mut free = self.free.locked();
         if buf.capacity() >= self.frame && free.len() < self.keep {
             free.push(buf);
         }

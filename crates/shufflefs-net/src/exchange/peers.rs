@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use crate::comm::{Comm, CommError};
+use crate::sys::sync::Locked;
 
 /// The cache folders of all ranks, and which ranks share a disk.
 #[derive(Clone, Debug, Default)]
@@ -39,25 +40,25 @@ pub(crate) struct Left(Arc<Mutex<BTreeMap<u32, (u64, bool)>>>);
 impl Left {
     /// `rank` takes part in no exchange after the one into `last`.
     pub(crate) fn mark(&self, rank: u32, last: u64) {
-        let mut left = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut left = self.0.locked();
         left.entry(rank).or_insert((last, false));
     }
 
     /// As [`Left::mark`], because `rank` (or this rank) is far slower than the others.
     pub(crate) fn mark_slow(&self, rank: u32, last: u64) {
-        let mut left = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut left = self.0.locked();
         left.entry(rank).or_insert((last, true));
     }
 
     /// Whether `rank` takes part in the exchange into `target`.
     pub(crate) fn takes_part(&self, rank: u32, target: u64) -> bool {
-        let left = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let left = self.0.locked();
         left.get(&rank).is_none_or(|&(last, _)| target <= last)
     }
 
     /// Whether `rank` left the exchanges for being far slower (see [`Left::mark_slow`]).
     pub(crate) fn slow(&self, rank: u32) -> bool {
-        let left = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let left = self.0.locked();
         left.get(&rank).is_some_and(|&(_, slow)| slow)
     }
 }

@@ -7,6 +7,7 @@
 
 use std::sync::Mutex;
 
+use crate::sys::sync::Locked;
 use serde::Serialize;
 
 /// How far a run of the exchange got. The status shows it as the lowercase name (`"pending"`, ...).
@@ -141,7 +142,7 @@ pub struct ExchangeTracker {
 
 impl ExchangeTracker {
     pub fn update(&self, target: u64, f: impl FnOnce(&mut ExchangeReport)) {
-        let mut reports = self.reports.lock().unwrap_or_else(|e| e.into_inner());
+        let mut reports = self.reports.locked();
         if let Some(r) = reports.iter_mut().find(|r| r.target_epoch == target) {
             f(r);
         } else {
@@ -158,10 +159,7 @@ impl ExchangeTracker {
     }
 
     pub fn snapshot(&self) -> Vec<ExchangeReport> {
-        self.reports
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.reports.locked().clone()
     }
 
     /// Records an exchange that will run, shown as pending until it starts.

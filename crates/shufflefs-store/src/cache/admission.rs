@@ -17,6 +17,8 @@ use crate::plan::coded_keep::CodedPlacement;
 use crate::plan::ids::SampleSet;
 use crate::plan::keep_local::{Handshake, LocalKeep};
 use crate::plan::{Rank, SampleId};
+use crate::sys::sync::Locked;
+use crate::sys::sync::RwLocked;
 
 /// The byte budget and the kept set of the current epoch.
 pub struct Admission {
@@ -144,7 +146,7 @@ impl Admission {
     /// A sample of the current epoch is being read (`cached`: found in the cache); only
     /// its first read this epoch counts.
     pub fn saw(&self, id: SampleId, cached: bool) {
-        let mut m = self.measured.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.measured.locked();
         if m.seen.insert(id) && cached {
             m.hits += 1;
         }
@@ -152,19 +154,19 @@ impl Admission {
 
     /// Whether a reader opened `id` this epoch already.
     pub(crate) fn seen(&self, id: SampleId) -> bool {
-        let m = self.measured.lock().unwrap_or_else(|e| e.into_inner());
+        let m = self.measured.locked();
         m.seen.contains(&id)
     }
 
     /// Bytes read from the source (into the cache or through memory).
     pub(crate) fn read_from_source(&self, bytes: u64) {
-        let mut m = self.measured.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.measured.locked();
         m.source_bytes += bytes;
     }
 
     /// Keeps `bytes`, just read through memory, for one [`Admission::recall`].
     pub(crate) fn remember(&self, id: SampleId, bytes: &[u8]) {
-        let mut m = self.memo.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.memo.locked();
         if m.len() == MEMO {
             m.pop_front();
         }
@@ -173,14 +175,14 @@ impl Admission {
 
     /// The bytes of `id` if [`Admission::remember`] kept them (handed out once).
     pub(crate) fn recall(&self, id: SampleId) -> Option<Vec<u8>> {
-        let mut m = self.memo.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.memo.locked();
         let i = m.iter().position(|(s, _)| *s == id)?;
         m.remove(i).map(|(_, b)| b)
     }
 
     /// The last whole epoch's reads (None before one ended), and the current one's so far.
     pub fn measured(&self) -> (Option<EpochReads>, EpochReads) {
-        let m = self.measured.lock().unwrap_or_else(|e| e.into_inner());
+        let m = self.measured.locked();
         let now = EpochReads {
             reads: m.seen.len() as u64,
             hits: m.hits,
@@ -193,7 +195,7 @@ impl Admission {
     /// the one before become `measured`'s last epoch.
     pub fn epoch(&self, epoch: u64) {
         {
-            let mut m = self.measured.lock().unwrap_or_else(|e| e.into_inner());
+            let mut m = self.measured.locked();
             let last = EpochReads {
                 reads: m.seen.len() as u64,
                 hits: m.hits,
@@ -213,21 +215,21 @@ impl Admission {
             self.set_kept(kept);
             return;
         }
-        let mut p = planner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut p = planner.locked();
         p.advance_to(epoch);
-        *self.kept.write().unwrap_or_else(|e| e.into_inner()) = p.kept(*rank);
-        *self.early.lock().unwrap_or_else(|e| e.into_inner()) = p.early();
+        *self.kept.write_locked() = p.kept(*rank);
+        *self.early.locked() = p.early();
     }
 
     /// `kept` is this rank's kept set at `epoch` (sorted), as a coded exchange's client
     /// planned it: taken by [`Admission::epoch`] at that epoch's publication.
     pub fn prepare(&self, epoch: u64, kept: Vec<SampleId>) {
-        *self.prepared.lock().unwrap_or_else(|e| e.into_inner()) = Some((epoch, kept));
+        *self.prepared.locked() = Some((epoch, kept));
     }
 
     /// The kept set prepared for `epoch`, if any; one prepared for a later epoch stays.
     fn take_prepared(&self, epoch: u64) -> Option<Vec<SampleId>> {
-        let mut prepared = self.prepared.lock().unwrap_or_else(|e| e.into_inner());
+        let mut prepared = self.prepared.locked();
         match prepared.take() {
             Some((e, kept)) if e == epoch => Some(kept),
             Some(later) if later.0 > epoch => {
@@ -240,21 +242,18 @@ impl Admission {
 
     /// Sample `id` was opened: the leaver to evict now, if any (see `super::early`).
     pub fn after_read(&self, id: SampleId) -> Option<SampleId> {
-        self.early
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .read(id)
+        self.early.locked().read(id)
     }
 
     /// The exchange into `target` is done: the leavers to evict now.
     pub fn exchange_done(&self, target: u64) -> Vec<SampleId> {
-        let mut early = self.early.lock().unwrap_or_else(|e| e.into_inner());
+        let mut early = self.early.locked();
         early.exchange_done(target)
     }
 
     /// The kept set of a new epoch (sorted).
     pub(crate) fn set_kept(&self, kept: Vec<SampleId>) {
-        *self.kept.write().unwrap_or_else(|e| e.into_inner()) = SampleSet::from_ids(&kept);
+        *self.kept.write_locked() = SampleSet::from_ids(&kept);
     }
 
     /// What the exchange out of `epoch` needs of this rank's kept sets to move only what
@@ -265,7 +264,7 @@ impl Admission {
     /// samples from the source.
     pub fn handshake(&self, epoch: u64) -> Option<Handshake> {
         let (planner, _) = self.planner.as_ref()?;
-        let mut planner = planner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut planner = planner.locked();
         let Planned::Partial(p) = &mut *planner else {
             return None;
         };
@@ -276,7 +275,7 @@ impl Admission {
     /// Whether sample `id` (of `size` bytes, if known) may be written into a cache that
     /// holds `held` bytes (and the bytes promised to fetches under way).
     pub(crate) fn admits(&self, id: SampleId, size: Option<u64>, held: u64) -> bool {
-        let reserved = *self.reserved.lock().unwrap_or_else(|e| e.into_inner());
+        let reserved = *self.reserved.locked();
         let size = self.on_disk(size.unwrap_or(self.mean_size));
         self.wanted(id) && held + reserved + size <= self.capacity
     }
@@ -314,7 +313,7 @@ impl Admission {
 
     /// Promises `more` bytes if they fit beside `held` and what is promised already.
     fn grow(&self, more: u64, held: u64) -> bool {
-        let mut reserved = self.reserved.lock().unwrap_or_else(|e| e.into_inner());
+        let mut reserved = self.reserved.locked();
         let fits = held + *reserved + more <= self.capacity;
         if fits {
             *reserved += more;
@@ -324,8 +323,8 @@ impl Admission {
 
     /// Whether the plan keeps `id` now (or the early refill takes it).
     pub fn wanted(&self, id: SampleId) -> bool {
-        let early = self.early.lock().unwrap_or_else(|e| e.into_inner());
-        let kept = self.kept.read().unwrap_or_else(|e| e.into_inner());
+        let early = self.early.locked();
+        let kept = self.kept.read_locked();
         (kept.contains(id) && !early.gone(id)) || early.admits(id)
     }
 }
@@ -360,7 +359,7 @@ impl Room<'_> {
 impl Drop for Room<'_> {
     fn drop(&mut self) {
         let bytes = *self.bytes.get_mut();
-        let mut reserved = (self.admission.reserved.lock()).unwrap_or_else(|e| e.into_inner());
+        let mut reserved = self.admission.reserved.locked();
         *reserved = reserved.saturating_sub(bytes);
     }
 }

@@ -32,6 +32,7 @@ use std::time::SystemTime;
 
 use super::CacheLayout;
 use crate::plan::SampleId;
+use crate::sys::sync::Locked;
 
 /// A complete sample a backend found at start-up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -223,7 +224,7 @@ struct Held {
 impl Claims {
     /// Claims sample `id` for writing, waiting while another writer holds it.
     pub(crate) fn claim(&self, id: SampleId) -> Claim<'_> {
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let mut held = self.held.locked();
         while held.ids.contains(&id) {
             held.waiting += 1;
             held = self.released.wait(held).unwrap_or_else(|e| e.into_inner());
@@ -237,7 +238,7 @@ impl Claims {
     /// any of them: one lock for the lot. All or none are taken, so two claimers of
     /// overlapping sets cannot each hold a part the other waits for.
     pub(crate) fn claim_all(&self, ids: &[SampleId]) -> ClaimSet<'_> {
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let mut held = self.held.locked();
         while ids.iter().any(|id| held.ids.contains(id)) {
             held.waiting += 1;
             held = self.released.wait(held).unwrap_or_else(|e| e.into_inner());
@@ -280,7 +281,7 @@ impl ClaimSet<'_> {
 
 impl Drop for ClaimSet<'_> {
     fn drop(&mut self) {
-        let mut held = self.claims.held.lock().unwrap_or_else(|e| e.into_inner());
+        let mut held = self.claims.held.locked();
         for id in &self.ids {
             held.ids.remove(id);
         }
@@ -304,7 +305,7 @@ impl Claim<'_> {
 
 impl Drop for Claim<'_> {
     fn drop(&mut self) {
-        let mut held = self.claims.held.lock().unwrap_or_else(|e| e.into_inner());
+        let mut held = self.claims.held.locked();
         held.ids.remove(&self.id);
         if held.waiting > 0 {
             self.claims.released.notify_all();

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::table::{DENSE_UP_TO, SHARDS, shard_of};
 use crate::plan::SampleId;
+use crate::sys::sync::RwLocked;
 
 /// A set of sample ids below a bound, safe to update from many threads.
 pub(crate) enum IdSet {
@@ -36,9 +37,7 @@ impl IdSet {
     pub(crate) fn get(&self, id: SampleId) -> bool {
         match self {
             IdSet::Dense(b) => b.get(id),
-            IdSet::Sparse(s) => (shard_of(s, id).read())
-                .unwrap_or_else(|e| e.into_inner())
-                .contains(&id),
+            IdSet::Sparse(s) => shard_of(s, id).read_locked().contains(&id),
         }
     }
 
@@ -46,9 +45,7 @@ impl IdSet {
     pub(crate) fn set(&self, id: SampleId) -> bool {
         match self {
             IdSet::Dense(b) => b.set(id),
-            IdSet::Sparse(s) => !(shard_of(s, id).write())
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(id),
+            IdSet::Sparse(s) => !shard_of(s, id).write_locked().insert(id),
         }
     }
 
@@ -56,9 +53,7 @@ impl IdSet {
     pub(crate) fn clear(&self, id: SampleId) -> bool {
         match self {
             IdSet::Dense(b) => b.clear(id),
-            IdSet::Sparse(s) => (shard_of(s, id).write())
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&id),
+            IdSet::Sparse(s) => shard_of(s, id).write_locked().remove(&id),
         }
     }
 
@@ -69,7 +64,7 @@ impl IdSet {
             IdSet::Sparse(s) => {
                 let mut all: Vec<SampleId> = (s.iter())
                     .flat_map(|s| {
-                        let s = s.read().unwrap_or_else(|e| e.into_inner());
+                        let s = s.read_locked();
                         s.iter().copied().collect::<Vec<_>>()
                     })
                     .collect();
@@ -83,9 +78,7 @@ impl IdSet {
     pub(crate) fn clear_all(&self) {
         match self {
             IdSet::Dense(b) => b.clear_all(),
-            IdSet::Sparse(s) => {
-                (s.iter()).for_each(|s| s.write().unwrap_or_else(|e| e.into_inner()).clear())
-            }
+            IdSet::Sparse(s) => (s.iter()).for_each(|s| s.write_locked().clear()),
         }
     }
 }

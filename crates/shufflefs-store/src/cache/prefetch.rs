@@ -12,6 +12,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use crate::plan::SampleId;
+use crate::sys::sync::Locked;
 
 /// Bytes held in memory ahead of the readers at most.
 pub(crate) const BUDGET: u64 = 64 << 20;
@@ -52,7 +53,7 @@ impl Prefetch {
     ///
     /// [`SampleStore::read_ahead_listed`]: super::SampleStore::read_ahead_listed
     pub(crate) fn listed(&self, epoch: u64, ids: Vec<SampleId>) -> bool {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = self.state.locked();
         if st.epoch != epoch {
             return false;
         }
@@ -65,14 +66,14 @@ impl Prefetch {
 
     /// The thread could not start: the next listing tries again.
     pub(crate) fn not_started(&self) {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).running = false;
+        self.state.locked().running = false;
     }
 
     /// The bytes of `id` read ahead, if any (handed out once); waits while it is being
     /// read ahead.
     /// The wait is bounded ([`READ_WAIT`]): past it the reader reads the source itself.
     pub(crate) fn take(&self, id: SampleId) -> Option<Vec<u8>> {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = self.state.locked();
         let deadline = std::time::Instant::now() + READ_WAIT;
         while st.reading == Some(id) {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
@@ -91,7 +92,7 @@ impl Prefetch {
 
     /// The current epoch is now `epoch`: what was read ahead or queued is dropped.
     pub(crate) fn epoch(&self, epoch: u64) {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = self.state.locked();
         st.epoch = epoch;
         st.queue.clear();
         st.queued.clear();
@@ -106,7 +107,7 @@ impl Prefetch {
     /// it (a size not known yet counts as [`LARGEST`], so at most [`BUDGET`] is held); `Next::Wait` after waiting a while for room (the caller lets the store go
     /// meanwhile), `Next::Done` when the queue is empty (the thread ends).
     pub(crate) fn next(&self, size_of: &dyn Fn(SampleId) -> u64) -> Next {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = self.state.locked();
         let Some(&id) = st.queue.front() else {
             st.running = false;
             return Next::Done;
@@ -127,7 +128,7 @@ impl Prefetch {
 
     /// `id`, read for `epoch`, is done: its bytes if read (dropped if the epoch moved on).
     pub(crate) fn ready(&self, epoch: u64, id: SampleId, bytes: Option<Vec<u8>>) {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = self.state.locked();
         st.reading = None;
         if let (true, Some(bytes)) = (st.epoch == epoch, bytes) {
             st.bytes += bytes.len() as u64;

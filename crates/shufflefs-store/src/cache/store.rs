@@ -22,6 +22,7 @@ use super::{CacheDir, CacheError};
 use crate::dataset::Dataset;
 use crate::dataset::manifest::Manifest;
 use crate::plan::SampleId;
+use crate::sys::sync::Locked;
 
 /// A source's error named by the sample's place (`PATH: error`), keeping the OS error that
 /// [`source_errno`] finds again: staging tells a source that went away (EIO from sshfs, say)
@@ -79,7 +80,7 @@ impl StoreStats {
     const KEEP_PROBLEMS: usize = 16;
 
     pub fn report_problem(&self, what: String) {
-        let mut p = self.problems.lock().unwrap_or_else(|e| e.into_inner());
+        let mut p = self.problems.locked();
         if p.len() == Self::KEEP_PROBLEMS {
             p.pop_front();
         }
@@ -87,7 +88,7 @@ impl StoreStats {
     }
 
     pub fn problems(&self) -> Vec<String> {
-        let p = self.problems.lock().unwrap_or_else(|e| e.into_inner());
+        let p = self.problems.locked();
         p.iter().cloned().collect()
     }
 }

@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::dataset::manifest::UNKNOWN_SIZE;
 use crate::plan::SampleId;
+use crate::sys::sync::RwLocked;
 
 /// Shards of a map (a power of two).
 pub(super) const SHARDS: usize = 64;
@@ -56,7 +57,7 @@ impl Words {
         match self {
             Words::Dense(w) => w.get(id as usize).map_or(0, |w| w.load(Ordering::Acquire)),
             Words::Sparse(s) => {
-                let shard = shard_of(s, id).read().unwrap_or_else(|e| e.into_inner());
+                let shard = shard_of(s, id).read_locked();
                 shard.get(&id).copied().unwrap_or(0)
             }
         }
@@ -71,7 +72,7 @@ impl Words {
                 }
             }
             Words::Sparse(s) => {
-                let mut shard = shard_of(s, id).write().unwrap_or_else(|e| e.into_inner());
+                let mut shard = shard_of(s, id).write_locked();
                 match f(shard.get(&id).copied().unwrap_or(0)) {
                     0 => shard.remove(&id),
                     v => shard.insert(id, v),
@@ -83,9 +84,7 @@ impl Words {
     fn clear(&self) {
         match self {
             Words::Dense(w) => w.iter().for_each(|w| w.store(0, Ordering::Release)),
-            Words::Sparse(s) => {
-                (s.iter()).for_each(|s| s.write().unwrap_or_else(|e| e.into_inner()).clear())
-            }
+            Words::Sparse(s) => (s.iter()).for_each(|s| s.write_locked().clear()),
         }
     }
 
@@ -93,10 +92,7 @@ impl Words {
     fn len(&self) -> usize {
         match self {
             Words::Dense(w) => w.iter().filter(|w| w.load(Ordering::Acquire) != 0).count(),
-            Words::Sparse(s) => s
-                .iter()
-                .map(|s| s.read().unwrap_or_else(|e| e.into_inner()).len())
-                .sum(),
+            Words::Sparse(s) => s.iter().map(|s| s.read_locked().len()).sum(),
         }
     }
 }

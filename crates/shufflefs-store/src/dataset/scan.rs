@@ -40,6 +40,7 @@ use nix::sys::stat::{FileStat, Mode, SFlag, fstatat};
 use crate::dataset::manifest::{Manifest, ManifestError, UNKNOWN_SIZE};
 use crate::dataset::names::Skipped;
 use crate::dataset::owners::{self, Owner, OwnersBuilder};
+use crate::sys::sync::Locked;
 
 mod split;
 mod tree;
@@ -97,7 +98,7 @@ pub fn scan_with(root: &Path, owners: bool) -> Result<Manifest, ManifestError> {
                     if listed.is_err() {
                         failed.store(true, Ordering::Relaxed);
                     }
-                    let mut done = done.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut done = done.locked();
                     done.add(c, listed, &classes);
                 }
             });
@@ -152,7 +153,7 @@ fn list_each<T: Send>(
                     if listed.is_err() {
                         failed.store(true, Ordering::Relaxed);
                     }
-                    results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(listed);
+                    results.locked()[i] = Some(listed);
                 }
             });
         }

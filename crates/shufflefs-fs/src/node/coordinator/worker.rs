@@ -11,6 +11,8 @@ use super::{
     INVALIDATION_WAIT, MAX_EPOCH, Next, Shared,
 };
 use crate::plan::{SampleId, Step};
+use crate::sys::sync::Locked;
+use crate::sys::sync::RwLocked;
 
 type Reply = Sender<Result<(), AdvanceError>>;
 
@@ -85,11 +87,7 @@ impl Worker {
     }
 
     fn current(&self) -> u64 {
-        self.shared
-            .current
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .epoch
+        self.shared.current.read_locked().epoch
     }
 
     fn state(&self, epoch: u64) -> Option<EpochState> {
@@ -199,14 +197,7 @@ impl Worker {
     fn publish(&mut self, step: &Step) {
         let rank = self.shared.rank;
         let current = Arc::new(step.next.clone());
-        let previous = std::mem::replace(
-            &mut *self
-                .shared
-                .current
-                .write()
-                .unwrap_or_else(|e| e.into_inner()),
-            current.clone(),
-        );
+        let previous = std::mem::replace(&mut *self.shared.current.write_locked(), current.clone());
         let target = current.epoch;
         self.set(target, EpochState::Published);
         self.set(previous.epoch, EpochState::Invalidated);
@@ -243,11 +234,7 @@ impl Worker {
     pub(super) fn start_next_exchange(&mut self, evict: Vec<SampleId>) {
         let target = self.next.target();
         let peers = self.next.peers(self.shared.rank);
-        *self
-            .shared
-            .exchange_peers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = peers;
+        *self.shared.exchange_peers.locked() = peers;
         self.set(target, EpochState::Announced);
         if !self.effects.start_exchange(self.next.clone(), evict) {
             self.set(target, EpochState::Exchanged(ExchangeOutcome::Skipped));

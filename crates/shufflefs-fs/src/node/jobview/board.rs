@@ -8,6 +8,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde_json::{Value, json};
 
 use super::row::RankRow;
+use crate::sys::sync::Locked;
 
 /// A row older than this is marked `stale_s` (rows come about once a second; on ranks
 /// other than 0, the table's interval is added, see `fanout`).
@@ -36,7 +37,7 @@ struct Table {
 impl JobBoard {
     /// From now on this rank holds the view of a job of `world` ranks.
     pub(crate) fn start(&self, world: u32) {
-        *self.lock() = Some(Table {
+        *self.table.locked() = Some(Table {
             world,
             started: Instant::now(),
             updated: None,
@@ -60,10 +61,6 @@ impl JobBoard {
         self.hosts.get()?.get(rank as usize).cloned()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Table>> {
-        self.table.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// `row` as its rank made it at `made`, received from another rank (rank 0: a row from
     /// a rank; the others: the table from rank 0): the view is `updated` now. An older row
     /// than the one held is ignored.
@@ -78,7 +75,7 @@ impl JobBoard {
     }
 
     fn insert(&self, row: RankRow, made: Instant, received: bool) {
-        let mut table = self.lock();
+        let mut table = self.table.locked();
         let Some(t) = table.as_mut() else { return };
         if (t.rows.get(&row.rank)).is_some_and(|(_, held)| *held > made) {
             return;
@@ -91,14 +88,14 @@ impl JobBoard {
 
     /// Rank 0 left: the view shows the job as it last was, and says so (`ended`).
     pub(crate) fn end(&self) {
-        if let Some(t) = self.lock().as_mut() {
+        if let Some(t) = self.table.locked().as_mut() {
             t.ended = true;
         }
     }
 
     /// Every row held with its age now, in rank order.
     pub(crate) fn rows(&self) -> Vec<(Duration, RankRow)> {
-        let table = self.lock();
+        let table = self.table.locked();
         let Some(t) = table.as_ref() else {
             return Vec::new();
         };
@@ -111,7 +108,7 @@ impl JobBoard {
     /// is when a row last came from another rank (see `put`). A rank not heard
     /// from yet has only `rank` and `stale_s` (seconds since the view started).
     pub(crate) fn json(&self) -> Option<Value> {
-        let table = self.lock();
+        let table = self.table.locked();
         let t = table.as_ref()?;
         // Nothing received yet: as of the view's start.
         let updated = (t.updated).unwrap_or_else(|| SystemTime::now() - t.started.elapsed());

@@ -12,6 +12,7 @@ use super::row::RankRow;
 use super::{Gatherer, JobBoard};
 use crate::comm::{Comm, CommError, Dir, Done, Op, Ticket};
 use crate::plan::Rank;
+use crate::sys::sync::Locked;
 
 type Mail = (Rank, u16, Vec<u8>);
 
@@ -78,8 +79,7 @@ impl Comm for Mailboxes {
         match op.dir {
             Dir::Send => {
                 let inbox = &self.inboxes[op.peer as usize];
-                (inbox.lock().unwrap_or_else(|e| e.into_inner()))
-                    .push_back((self.me, op.tag, op.buf));
+                (inbox.locked()).push_back((self.me, op.tag, op.buf));
                 self.ready.push(Done {
                     ticket,
                     buf: Vec::new(),
@@ -100,9 +100,7 @@ impl Comm for Mailboxes {
     fn progress(&mut self, _: Duration, _: &AtomicBool) -> Result<Vec<Done>, CommError> {
         let mail: Vec<Mail> = {
             let inbox = &self.inboxes[self.me as usize];
-            (inbox.lock().unwrap_or_else(|e| e.into_inner()))
-                .drain(..)
-                .collect()
+            (inbox.locked()).drain(..).collect()
         };
         mail.into_iter().for_each(|m| self.deliver(m));
         Ok(std::mem::take(&mut self.ready))

@@ -19,6 +19,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::wire::{self, HEADER};
+use crate::sys::sync::Locked;
 
 /// What the threads tell the owner.
 pub(super) enum Event {
@@ -112,12 +113,7 @@ impl Incoming {
     /// Stops accepting and closes every incoming connection (their readers end).
     pub fn close(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        for s in self
-            .streams
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-        {
+        for s in self.streams.locked().values() {
             let _ = s.shutdown(Shutdown::Both);
         }
         if let Some(a) = self.acceptor.take() {
@@ -143,10 +139,7 @@ fn accept(
                 next_id += 1;
                 let (id, events, held) = (next_id, events.clone(), streams.clone());
                 if let Ok(kept) = stream.try_clone() {
-                    streams
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(id, kept);
+                    streams.locked().insert(id, kept);
                 }
                 let reader = Reader {
                     addr,
@@ -158,13 +151,10 @@ fn accept(
                         .name("tcp-read".into())
                         .spawn(move || {
                             reader.run(stream);
-                            held.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                            held.locked().remove(&id);
                         });
                 if spawned.is_err() {
-                    streams
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remove(&id);
+                    streams.locked().remove(&id);
                 }
             }
             Err(_) => std::thread::sleep(ACCEPT_POLL),

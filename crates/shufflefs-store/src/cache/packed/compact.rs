@@ -11,7 +11,8 @@ use std::thread::JoinHandle;
 
 use super::format::{HEADER, Header, Kind};
 use super::recover::At;
-use super::{Entry, Inner, lock, seg_name};
+use super::{Entry, Inner, seg_name};
+use crate::sys::sync::Locked;
 
 pub(super) enum Cmd {
     /// Some segment may be worth compacting.
@@ -63,8 +64,8 @@ impl Compactor {
 impl Inner {
     /// Compacts every sealed segment over the threshold; returns how many.
     pub(super) fn compact_candidates(&self) -> io::Result<usize> {
-        let _compacting = lock(&self.compacting);
-        let active = lock(&self.active).seg.num;
+        let _compacting = self.compacting.locked();
+        let active = self.active.locked().seg.num;
         let candidates: Vec<u32> = self
             .read()
             .segments
@@ -87,7 +88,7 @@ impl Inner {
         let Some(file) = self.read().segments.get(&num).map(|s| s.file.clone()) else {
             return Ok(false);
         };
-        if lock(&self.active).seg.num == num {
+        if self.active.locked().seg.num == num {
             return Ok(false);
         }
         // Sealed: every byte was written before the next segment was started.
@@ -126,7 +127,7 @@ impl Inner {
         }
         // The copies must be durable before the originals go.
         self.sync()?;
-        let mut a = lock(&self.active);
+        let mut a = self.active.locked();
         self.write().segments.remove(&num);
         std::fs::remove_file(self.dir.join(seg_name(num)))?;
         a.dir_dirty = true;
@@ -136,7 +137,7 @@ impl Inner {
     /// Copies record `h` into the active segment, sequence number and all: a data record
     /// only if the index still points at `here` (it was not replaced or removed meanwhile).
     fn carry(&self, here: Option<Entry>, h: &Header, data: &[u8]) -> io::Result<()> {
-        let mut a = lock(&self.active);
+        let mut a = self.active.locked();
         if let Some(here) = here
             && !self.indexed_at(h.id, here)
         {

@@ -72,7 +72,7 @@ use std::io::{self, Read, Write as _};
 use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, SystemTime};
 
 use super::backend::{
@@ -84,6 +84,8 @@ pub(crate) use super::own::SEGMENTS;
 use super::table::DENSE_UP_TO;
 use crate::plan::SampleId;
 use crate::sys::io::read_full_at;
+use crate::sys::sync::Locked;
+use crate::sys::sync::RwLocked;
 use entries::Entries;
 use format::{HEADER, Header, Kind};
 
@@ -251,10 +253,6 @@ struct Active {
     dir_dirty: bool,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 fn seg_name(num: u32) -> String {
     format!("{num:08}.seg")
 }
@@ -369,9 +367,9 @@ impl Drop for PackedBackend {
     /// leaves what a file per sample would: every commit and remove in the files, durable
     /// or not as the last `sync` left them.
     fn drop(&mut self) {
-        lock(&self.inner.nudge).take();
+        self.inner.nudge.locked().take();
         self.compactor.stop();
-        let mut a = lock(&self.inner.active);
+        let mut a = self.inner.active.locked();
         if let Err(e) = self.inner.flush(&mut a) {
             tracing::warn!(error = %e, "writing the packed cache's last batch failed");
         }
@@ -401,11 +399,11 @@ impl Inner {
     }
 
     fn read(&self) -> RwLockReadGuard<'_, State> {
-        self.state.read().unwrap_or_else(|e| e.into_inner())
+        self.state.read_locked()
     }
 
     fn write(&self) -> RwLockWriteGuard<'_, State> {
-        self.state.write().unwrap_or_else(|e| e.into_inner())
+        self.state.write_locked()
     }
 
     /// The entry of stored sample `id` and its segment file.
@@ -446,7 +444,7 @@ impl Inner {
         if seg.written.load(Ordering::Acquire) >= end {
             return Ok(());
         }
-        let mut a = lock(&self.active);
+        let mut a = self.active.locked();
         if a.seg.num == seg.num {
             self.flush(&mut a)?;
         }
@@ -671,16 +669,16 @@ impl Inner {
     fn nudge_if_worthwhile(&self) {
         if self.cfg.auto_compact
             && !self.nudged.swap(true, Ordering::AcqRel)
-            && let Some(tx) = lock(&self.nudge).as_ref()
+            && let Some(tx) = self.nudge.locked().as_ref()
         {
             let _ = tx.send(compact::Cmd::Nudge);
         }
     }
 
     fn sync(&self) -> io::Result<()> {
-        let _syncing = lock(&self.syncing);
+        let _syncing = self.syncing.locked();
         let (dirty, dir_dirty) = {
-            let mut a = lock(&self.active);
+            let mut a = self.active.locked();
             self.flush(&mut a)?;
             (
                 std::mem::take(&mut a.dirty),
@@ -695,7 +693,7 @@ impl Inner {
                 false => Ok(()),
             });
         if result.is_err() {
-            let mut a = lock(&self.active);
+            let mut a = self.active.locked();
             a.dirty.extend(dirty);
             a.dir_dirty |= dir_dirty;
         }
@@ -899,7 +897,7 @@ impl CacheBackend for PackedBackend {
         // Checked first; what passes is appended in runs between samples that spill.
         let mut results: Vec<Option<io::Result<()>>> = Vec::with_capacity(batch.len());
         let mut run: Vec<(usize, Header, &[u8])> = Vec::new();
-        let mut a = lock(&inner.active);
+        let mut a = inner.active.locked();
         for (i, &(id, bytes, commit)) in batch.iter().enumerate() {
             let refused = if !claims.contains(id) {
                 Some(format!("sample {id} is not claimed"))
@@ -924,7 +922,7 @@ impl CacheBackend for PackedBackend {
                     w.write_all(bytes)?;
                     w.commit(commit)
                 })));
-                a = lock(&inner.active);
+                a = inner.active.locked();
             } else {
                 let h = Header {
                     kind: Kind::Data,
@@ -948,7 +946,7 @@ impl CacheBackend for PackedBackend {
 
     fn remove(&self, id: SampleId) -> io::Result<bool> {
         let inner = &self.inner;
-        let mut a = lock(&inner.active);
+        let mut a = inner.active.locked();
         if !self.contains(id) {
             return Ok(false);
         }
@@ -961,8 +959,8 @@ impl CacheBackend for PackedBackend {
 
     fn clear(&self) -> io::Result<()> {
         let inner = &self.inner;
-        let _compacting = lock(&inner.compacting);
-        let mut a = lock(&inner.active);
+        let _compacting = inner.compacting.locked();
+        let mut a = inner.active.locked();
         let mut st = inner.write();
         for &num in st.segments.keys() {
             match fs::remove_file(inner.dir.join(seg_name(num))) {

@@ -8,9 +8,10 @@ use std::sync::Arc;
 
 use super::entries::Entries;
 use super::format::{HEADER, Header, Kind};
-use super::{Entry, Inner, SegFile, SegInfo, from_nanos, lock, seg_name};
+use super::{Entry, Inner, SegFile, SegInfo, from_nanos, seg_name};
 use crate::cache::backend::Recovered;
 use crate::plan::SampleId;
+use crate::sys::sync::Locked;
 
 /// The number of a segment file name (`00000012.seg`), if it is one.
 pub(super) fn segment_number(name: &str) -> Option<u32> {
@@ -96,8 +97,8 @@ pub(super) fn recover(
     inner: &Inner,
     keep: &dyn Fn(SampleId, u64) -> bool,
 ) -> io::Result<Vec<Recovered>> {
-    let _compacting = lock(&inner.compacting);
-    let mut a = lock(&inner.active);
+    let _compacting = inner.compacting.locked();
+    let mut a = inner.active.locked();
     let (samples, mut index) = (inner.samples, inner.read().index.emptied());
     let mut nums: Vec<u32> = fs::read_dir(&inner.dir)?
         .filter_map(|e| e.ok())

@@ -9,9 +9,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::format::{HEADER, Header, Kind};
-use super::{Entry, Inner, SegFile, SegInfo, lock, seg_name, to_nanos};
+use super::{Entry, Inner, SegFile, SegInfo, seg_name, to_nanos};
 use crate::cache::backend::{Commit, SampleWriter};
 use crate::plan::SampleId;
+use crate::sys::sync::Locked;
 
 /// A sample being written: in memory, or past `spill_bytes` in its own spill file.
 pub(super) struct PackedWriter<'a> {
@@ -84,7 +85,7 @@ impl SampleWriter for PackedWriter<'_> {
                 ),
             ));
         }
-        let mut a = lock(&inner.active);
+        let mut a = inner.active.locked();
         let h = Header {
             kind: Kind::Data,
             id: self.id,

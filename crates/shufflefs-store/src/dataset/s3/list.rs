@@ -22,6 +22,7 @@ use super::ranges::list_all;
 use crate::dataset::Format;
 use crate::dataset::manifest::{Manifest, ManifestError};
 use crate::dataset::names::Skipped;
+use crate::sys::sync::Locked;
 
 /// Lists every object under the prefix and builds `format`'s index of them. Each page's
 /// keys are sorted into folders as they arrive: no second copy of the whole listing.
@@ -29,7 +30,7 @@ pub(crate) fn build_index(client: &Client, format: Format) -> Result<Manifest, M
     let url = &client.url;
     let split = Mutex::new(Split::new(&url.prefix, format));
     let sink = |batch: Vec<Object>| {
-        let mut split = split.lock().unwrap_or_else(|p| p.into_inner());
+        let mut split = split.locked();
         batch.into_iter().for_each(|o| split.add(o));
     };
     let started = std::time::Instant::now();

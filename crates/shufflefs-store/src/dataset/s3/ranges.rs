@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use super::client::Client;
 use super::error::StoreError;
 use super::listing::{Ask, Listed, Object, Pages};
+use crate::sys::sync::Locked;
 
 /// Runs of folders a listing is cut into at most: enough that threads finishing early
 /// find more work when folders differ in size.
@@ -259,7 +260,7 @@ fn list_ranges(
                         Ok(n) => _ = pages.fetch_add(n, Ordering::Relaxed),
                         Err(e) => {
                             stop.store(true, Ordering::Relaxed);
-                            let mut first = failed.lock().unwrap_or_else(|p| p.into_inner());
+                            let mut first = failed.locked();
                             first.get_or_insert(e);
                             return;
                         }

@@ -25,6 +25,7 @@ use crate::dataset::records::source::{coalesce, index_of, span_of};
 use crate::dataset::records::{RecordIndex, RecordParams, Span, scan};
 use crate::dataset::{Copied, Dataset};
 use crate::plan::SampleId;
+use crate::sys::sync::Locked;
 
 /// Rank 0's listing of the shards and one pass over them into the record index.
 pub(crate) fn build_index(
@@ -205,7 +206,7 @@ impl S3Records {
     fn take_from_run(&self, runs: &[Arc<Run>], i: usize, span: Span) -> Option<bytes::Bytes> {
         let run = &runs[i];
         loop {
-            let mut state = lock(&run.state);
+            let mut state = run.state.locked();
             if state.bytes.is_some() {
                 return cut(&mut state, run.span, span);
             }
@@ -218,7 +219,7 @@ impl S3Records {
             drop(state);
             let ahead = &runs[(i + 1).min(runs.len())..(i + 1 + AHEAD).min(runs.len())];
             if !ahead.iter().any(|r| self.claim_and_load(r)) {
-                let state = lock(&run.state);
+                let state = run.state.locked();
                 if state.bytes.is_none() {
                     drop(run.loaded.wait(state));
                 }
@@ -229,7 +230,7 @@ impl S3Records {
     /// Fetches `run` if no one is fetching or has fetched it; whether it did.
     fn claim_and_load(&self, run: &Run) -> bool {
         {
-            let mut state = lock(&run.state);
+            let mut state = run.state.locked();
             if state.loading || state.bytes.is_some() {
                 return false;
             }
@@ -244,7 +245,7 @@ impl S3Records {
         let got = self.get(run.span).map_err(|e| {
             tracing::warn!(error = %e, "a coalesced read failed; its groups are read one by one");
         });
-        lock(&run.state).bytes = Some(got);
+        run.state.locked().bytes = Some(got);
         run.loaded.notify_all();
     }
 }
@@ -252,10 +253,6 @@ impl S3Records {
 /// Runs fetched ahead of the one a thread waits on: with runs of up to 8 MiB, at most
 /// this many more are held in memory a rank (each is dropped once its groups are copied).
 const AHEAD: usize = 16;
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Group `span`'s bytes out of its run's fetched bytes; the run's bytes are dropped when
 /// its last group is taken.
@@ -276,7 +273,7 @@ impl Dataset for S3Records {
     fn copy_to(&self, id: SampleId, out: &mut dyn Write) -> io::Result<Copied> {
         let span = self.span(id)?;
         let planned = {
-            let mut plan = lock(&self.plan);
+            let mut plan = self.plan.locked();
             plan.of.remove(&id).map(|i| (plan.runs.clone(), i))
         };
         let bytes = match planned.and_then(|(runs, i)| self.take_from_run(&runs, i, span)) {
@@ -323,7 +320,7 @@ impl Dataset for S3Records {
             }
             runs.push(run);
         }
-        *lock(&self.plan) = Plan {
+        *self.plan.locked() = Plan {
             runs: Arc::new(runs),
             of,
         };
