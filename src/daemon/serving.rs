@@ -365,13 +365,22 @@ fn read_path(
     let ids = current.share(rank);
     use crate::fuse::read_path::{Machine, PROBES, Share, choose};
     let samples = ids.len() as u64;
-    let share = Share {
+    let mut share = Share {
         samples,
-        bytes: store.mean_size(ids, PROBES).unwrap_or(0) * samples,
+        bytes: None,
         file_per_sample: store.layout() == crate::cache::CacheLayout::Files
             && store.manifest().records().is_none(),
         partial: fit.is_some_and(|f| !f.fits()),
+        allow_other: config.allow_other,
     };
+    // Sizes are probed (a folder's cost a `stat` each) only where they decide.
+    let sized = share.file_per_sample && !share.partial && !share.allow_other;
+    if config.read_path == ReadPath::Auto && sized {
+        share.bytes = match samples {
+            0 => Some(0),
+            _ => store.mean_size(ids, PROBES).map(|mean| mean * samples),
+        };
+    }
     let here = hosts.get(rank as usize);
     let ranks_here = hosts.iter().filter(|&h| Some(h) == here).count().max(1);
     let machine = Machine {

@@ -17,7 +17,8 @@
 //! - a cache without a file per sample (`--cache-layout packed`) or a record source keeps
 //!   `passthrough` (served by the daemon where there is no file to pass; what it always did),
 //!   and so does a partial cache (its read-through samples are fetched per open, not per
-//!   READ);
+//!   READ), a view shown to other users (`--allow-other`: page-cache's status links lead
+//!   into the mounting user's private folder) and samples whose sizes cannot be learned;
 //! - samples averaging over [`LARGE_SAMPLE`] bytes: `passthrough` (the per-open requests
 //!   are small next to the bytes, which then never cross the daemon);
 //! - a share larger than its part of the memory ([`memory_budget`]): `passthrough`;
@@ -42,7 +43,8 @@ pub const PROBES: usize = 32;
 #[derive(Clone, Copy, Debug)]
 pub struct Share {
     pub samples: u64,
-    pub bytes: u64,
+    /// `None` where no probe's size could be learned.
+    pub bytes: Option<u64>,
     /// Whether each sample is a cache file of its own (`--cache-layout files` with a
     /// file-per-sample format); else the daemon serves reads whatever the read path.
     pub file_per_sample: bool,
@@ -50,6 +52,10 @@ pub struct Share {
     /// samples it does not keep are read through from the source, and without opens every
     /// READ of such a sample (and a LOOKUP that learns its size) would fetch it again.
     pub partial: bool,
+    /// Whether other users read the view (`--allow-other`): page-cache mode's status and
+    /// metrics are links into the mounting user's private folder, which they cannot follow,
+    /// where passthrough serves them as files with the modes the view shows.
+    pub allow_other: bool,
 }
 
 /// What the choice looks at: the machine.
@@ -90,7 +96,20 @@ pub fn choose(requested: ReadPath, share: Share, machine: Machine) -> Choice {
         let why = "auto: a partial cache (the share does not fit --cache-size or the disk)";
         return chosen(ReadPath::Passthrough, why.into());
     }
-    let mean = share.bytes.checked_div(share.samples).unwrap_or(0);
+    if share.allow_other {
+        let why = "auto: --allow-other (other users read the status, which page-cache mode links into the mounting user's private folder)";
+        return chosen(ReadPath::Passthrough, why.into());
+    }
+    let Some(bytes) = share.bytes else {
+        let why =
+            "auto: the samples' sizes are unknown (none of the probed samples could be sized)";
+        return chosen(ReadPath::Passthrough, why.into());
+    };
+    let share = Share {
+        bytes: Some(bytes),
+        ..share
+    };
+    let mean = bytes.checked_div(share.samples).unwrap_or(0);
     if mean > LARGE_SAMPLE {
         let why = format!(
             "auto: samples average {}, over {}",
@@ -100,10 +119,10 @@ pub fn choose(requested: ReadPath, share: Share, machine: Machine) -> Choice {
         return chosen(ReadPath::Passthrough, why);
     }
     match memory_budget(machine) {
-        Some(budget) if share.bytes > budget => {
+        Some(budget) if bytes > budget => {
             let why = format!(
                 "auto: the share ({}) does not fit its part of memory ({}: half of {} over {} ranks on this host)",
-                size(share.bytes),
+                size(bytes),
                 size(budget),
                 size(machine.memory.unwrap_or(0)),
                 machine.ranks_here.max(1)
@@ -118,7 +137,7 @@ pub fn choose(requested: ReadPath, share: Share, machine: Machine) -> Choice {
             let why = format!(
                 "auto: small samples (average {}) and the share ({}) fits its part of memory ({})",
                 size(mean),
-                size(share.bytes),
+                size(bytes),
                 size(budget)
             );
             chosen(ReadPath::PageCache, why)
@@ -145,9 +164,10 @@ mod tests {
     fn share(samples: u64, bytes: u64) -> Share {
         Share {
             samples,
-            bytes,
+            bytes: Some(bytes),
             file_per_sample: true,
             partial: false,
+            allow_other: false,
         }
     }
 
@@ -221,6 +241,24 @@ mod tests {
         let c = choose(ReadPath::Auto, partial, machine(GIB, 1));
         assert_eq!(c.path, ReadPath::Passthrough);
         assert!(c.why.contains("partial cache"), "{}", c.why);
+    }
+
+    #[test]
+    fn unknown_sizes_and_other_users_keep_passthrough() {
+        let unknown = Share {
+            bytes: None,
+            ..share(10, 0)
+        };
+        let c = choose(ReadPath::Auto, unknown, machine(GIB, 1));
+        assert_eq!(c.path, ReadPath::Passthrough);
+        assert!(c.why.contains("unknown"), "{}", c.why);
+        let others = Share {
+            allow_other: true,
+            ..share(10, 10)
+        };
+        let c = choose(ReadPath::Auto, others, machine(GIB, 1));
+        assert_eq!(c.path, ReadPath::Passthrough);
+        assert!(c.why.contains("--allow-other"), "{}", c.why);
     }
 
     #[test]
