@@ -44,7 +44,10 @@ pub mod inodes;
 #[cfg(test)]
 mod listing_tests;
 pub(crate) mod parts;
+mod publish;
 pub(crate) mod statfs;
+
+use publish::PublishDir;
 pub(crate) mod stream;
 pub(crate) mod wait;
 
@@ -92,35 +95,6 @@ pub struct ShuffleFs {
     access: Access,
     /// `--equal-shares drop`: what the view leaves out of this rank's share.
     equal: Option<Arc<EqualShares>>,
-}
-
-/// Where page-cache mode writes the status and metrics documents its links point to: a
-/// private folder in memory (`/dev/shm/shufflefs-XXXXXX`, 0700, removed with the view), so
-/// that a full cache disk, when the status matters most, never makes them unreadable (each
-/// rendering is a new file renamed over the old); the cache folder where no such folder can
-/// be made.
-struct PublishDir {
-    path: PathBuf,
-    _memory: Option<tempfile::TempDir>,
-}
-
-impl PublishDir {
-    fn new(cache: &std::path::Path) -> PublishDir {
-        use std::os::unix::fs::PermissionsExt;
-        let private = std::fs::Permissions::from_mode(0o700);
-        let memory = (tempfile::Builder::new().prefix("shufflefs-"))
-            .permissions(private)
-            .tempdir_in("/dev/shm")
-            .ok();
-        let path = match &memory {
-            Some(dir) => dir.path().to_path_buf(),
-            None => cache.to_path_buf(),
-        };
-        PublishDir {
-            path,
-            _memory: memory,
-        }
-    }
 }
 
 /// The entry `name` of tree folder `c` in epoch `e`: a sub-folder, or a sample in it (which
