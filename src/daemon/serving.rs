@@ -353,34 +353,25 @@ fn view(
 }
 
 /// The read path this rank mounts with (`fuse::read_path::choose` over its first share and
-/// the machine), logged. Decided before staging starts, so that the size probes of a remote
-/// source do not queue behind its copies.
+/// the machine), logged.
 fn read_path(
     config: &MountConfig,
     store: &SampleStore,
     (current, fit): (&EpochShares, Option<&Fit>),
     comm: &dyn Comm,
 ) -> Choice {
+    use crate::fuse::read_path::{Machine, Share, choose};
     let (rank, hosts) = (comm.rank(), comm.hosts());
-    let ids = current.share(rank);
-    use crate::fuse::read_path::{Machine, PROBES, Share, choose};
-    let samples = ids.len() as u64;
-    let mut share = Share {
-        samples,
-        bytes: None,
+    // The share's bytes as the cache-fit estimate counted them (sizes the index knows, else
+    // rank 0's probe of the source, in the cache's blocks: what pages take too).
+    let share = Share {
+        samples: current.share(rank).len() as u64,
+        bytes: fit.map(|f| f.share_bytes),
         file_per_sample: store.layout() == crate::cache::CacheLayout::Files
             && store.manifest().records().is_none(),
         partial: fit.is_some_and(|f| !f.fits()),
         allow_other: config.allow_other,
     };
-    // Sizes are probed (a folder's cost a `stat` each) only where they decide.
-    let sized = share.file_per_sample && !share.partial && !share.allow_other;
-    if config.read_path == ReadPath::Auto && sized {
-        share.bytes = match samples {
-            0 => Some(0),
-            _ => store.mean_size(ids, PROBES).map(|mean| mean * samples),
-        };
-    }
     let here = hosts.get(rank as usize);
     let ranks_here = hosts.iter().filter(|&h| Some(h) == here).count().max(1);
     let machine = Machine {

@@ -254,7 +254,7 @@ fn auto_reads_small_files_through_the_page_cache_and_large_ones_through_passthro
     assert_eq!(s["read_path"]["path"], "page-cache", "{s:#}");
     let why = s["read_path"]["why"].as_str().unwrap();
     assert!(
-        why.starts_with("auto: small samples (average 1009 B)"),
+        why.starts_with("auto: small samples (average 4 KiB) and the share (80 KiB)"),
         "{why}"
     );
     let read_all = || {

@@ -33,17 +33,12 @@ use crate::sys::kernel::ReadPath;
 /// passthrough the same ~34 us (and a GETATTR).
 pub const LARGE_SAMPLE: u64 = 256 << 10;
 
-/// Samples of the share whose sizes the estimate looks at (a folder is listed without
-/// sizes: each probe not cached yet is a `stat` of the source, all at once, before staging
-/// starts to use the source's link).
-pub const PROBES: usize = 32;
-
-/// What the choice looks at: this rank's share, as the mount serves it first (its bytes
-/// estimated from [`PROBES`] samples).
+/// What the choice looks at: this rank's share, as the mount serves it first.
 #[derive(Clone, Copy, Debug)]
 pub struct Share {
     pub samples: u64,
-    /// `None` where no probe's size could be learned.
+    /// Its bytes as the cache-fit estimate counts them (in the cache's blocks); `None` where
+    /// there is no estimate.
     pub bytes: Option<u64>,
     /// Whether each sample is a cache file of its own (`--cache-layout files` with a
     /// file-per-sample format); else the daemon serves reads whatever the read path.

@@ -232,30 +232,6 @@ impl SampleStore {
         self.manifest.size(id).or_else(|| self.learned.size(id))
     }
 
-    /// The mean size of the samples `ids`, from up to `probes` of them spread evenly: sizes
-    /// known (the index, the cache) or, for a source listed without them (a folder), asked
-    /// of the source's metadata, all at once (a remote store answers in one round trip's
-    /// time). `None` if no probe's size could be learned.
-    pub fn mean_size(&self, ids: &[SampleId], probes: usize) -> Option<u64> {
-        let step = ids.len().div_ceil(probes.max(1)).max(1);
-        let sizes: Vec<u64> = std::thread::scope(|s| {
-            let asked: Vec<_> = (ids.iter().step_by(step))
-                .map(|&id| match self.size(id) {
-                    Some(size) => Ok(size),
-                    None => Err(s.spawn(move || self.source.stat_len(id).ok().flatten())),
-                })
-                .collect();
-            (asked.into_iter())
-                .filter_map(|a| match a {
-                    Ok(size) => Some(size),
-                    Err(probe) => probe.join().ok().flatten(),
-                })
-                .collect()
-        });
-        let n = u64::try_from(sizes.len()).ok().filter(|&n| n > 0)?;
-        Some(sizes.iter().sum::<u64>() / n)
-    }
-
     /// Sample `id`'s modification time in the source, if known yet.
     pub fn mtime(&self, id: SampleId) -> Option<SystemTime> {
         match self.learned.mtime(id) {
