@@ -301,7 +301,7 @@ impl Drop for Job<'_> {
 const Q: f64 = 0.3;
 
 /// Classes c0..c3 of `per_class` numbered samples each, of `size(i)` bytes.
-fn four_classes(per_class: usize, size: fn(usize) -> u64) -> Dataset {
+pub(crate) fn four_classes(per_class: usize, size: fn(usize) -> u64) -> Dataset {
     let mut b = DatasetBuilder::new();
     for c in ["c0", "c1", "c2", "c3"] {
         b = b.numbered_class(c, per_class, size);
@@ -309,7 +309,7 @@ fn four_classes(per_class: usize, size: fn(usize) -> u64) -> Dataset {
     b.build()
 }
 
-fn staged(st: &Value) -> bool {
+pub(crate) fn staged(st: &Value) -> bool {
     st["staging"]["state"] == "done" && st["staging"]["files_done"] == st["staging"]["files_total"]
 }
 

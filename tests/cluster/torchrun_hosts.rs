@@ -15,6 +15,7 @@ use crate::common::mpi_job::{exchange, planned};
 use crate::common::*;
 use crate::harness::Cluster;
 use crate::host_job::{HostJob, Shape, host_fuse_mounts};
+use crate::private_hosts::{four_classes, staged};
 
 const HOSTS: u32 = 4;
 const PER_HOST: u32 = 2;
@@ -33,23 +34,19 @@ fn require() -> bool {
     store && venv_python("import torch.distributed.run", "torch (torchrun)").is_some()
 }
 
+/// `HOSTS` private hosts named `name` on `subnet`, `ds` on the storage host over sshfs.
+fn store_cluster(name: &'static str, subnet: &'static str, ds: &Dataset) -> Cluster {
+    let root = ds.root.to_str().unwrap();
+    Cluster::private(name, subnet, HOSTS, &["--store", root, "--disk", "64M"])
+}
+
 #[test]
 fn torchrun_on_four_private_hosts_exchanges_over_tcp_and_stops_cleanly() {
     if !require() {
         return;
     }
-    let mut b = DatasetBuilder::new();
-    for c in ["c0", "c1", "c2", "c3"] {
-        b = b.numbered_class(c, 24, |i| 3_000 + 517 * i as u64);
-    }
-    let ds = b.build();
-    let root = ds.root.to_str().unwrap();
-    let cluster = Cluster::private(
-        "tch",
-        "10.214.111.0/24",
-        HOSTS,
-        &["--store", root, "--disk", "64M"],
-    );
+    let ds = four_classes(24, |i| 3_000 + 517 * i as u64);
+    let cluster = store_cluster("tch", "10.214.111.0/24", &ds);
     let log = ds.base.join("job.log");
     let store = cluster.config("STORE");
     let launcher = cluster.torchrun(PER_HOST);
@@ -120,18 +117,8 @@ fn torchrun_with_a_c10d_rendezvous_on_four_private_hosts() {
     if !require() {
         return;
     }
-    let mut b = DatasetBuilder::new();
-    for c in ["c0", "c1", "c2", "c3"] {
-        b = b.numbered_class(c, 10, |i| 2_000 + 409 * i as u64);
-    }
-    let ds = b.build();
-    let root = ds.root.to_str().unwrap();
-    let cluster = Cluster::private(
-        "tcd",
-        "10.214.113.0/24",
-        HOSTS,
-        &["--store", root, "--disk", "64M"],
-    );
+    let ds = four_classes(10, |i| 2_000 + 409 * i as u64);
+    let cluster = store_cluster("tcd", "10.214.113.0/24", &ds);
     let log = ds.base.join("job.log");
     let store = cluster.config("STORE");
     let launcher = cluster.torchrun_rdzv(PER_HOST, "c10d");
@@ -168,11 +155,7 @@ fn torchrun_on_four_private_hosts_mounts_a_bucket() {
     let Some(python) = crate::common::s3::moto_python() else {
         return;
     };
-    let mut b = DatasetBuilder::new();
-    for c in ["c0", "c1", "c2", "c3"] {
-        b = b.numbered_class(c, 12, |i| 4_000 + 331 * i as u64);
-    }
-    let ds = b.build();
+    let ds = four_classes(12, |i| 4_000 + 331 * i as u64);
     let cluster = Cluster::private("tcs", "10.214.112.0/24", HOSTS, &["--disk", "64M"]);
     let server =
         crate::common::s3::S3Server::start_on(&python, &ds.base.join("moto.log"), "10.214.112.254");
@@ -191,10 +174,6 @@ fn torchrun_on_four_private_hosts_mounts_a_bucket() {
         &extra,
         &log,
     );
-    let staged = |st: &serde_json::Value| {
-        let s = &st["staging"];
-        s["state"] == "done" && s["files_done"] == s["files_total"]
-    };
     job.wait_all("staging", staged);
     assert_eq!(job.status(0)["source"], source);
     let gets = std::fs::read_to_string(&server.log).unwrap_or_default();
@@ -216,18 +195,8 @@ fn a_host_killed_mid_exchange_then_torchrun_on_three_hosts_goes_on_at_the_epoch(
     if !require() {
         return;
     }
-    let mut b = DatasetBuilder::new();
-    for c in ["c0", "c1", "c2", "c3"] {
-        b = b.numbered_class(c, 12, |i| 20_000 + 97 * i as u64);
-    }
-    let ds = b.build();
-    let root = ds.root.to_str().unwrap();
-    let cluster = Cluster::private(
-        "tck",
-        "10.214.114.0/24",
-        HOSTS,
-        &["--store", root, "--disk", "64M"],
-    );
+    let ds = four_classes(12, |i| 20_000 + 97 * i as u64);
+    let cluster = store_cluster("tck", "10.214.114.0/24", &ds);
     let store = cluster.config("STORE");
     // Exchanges slowed (10 kB/s per rank: ~6 s each) so that the one into epoch 2 runs when
     // h3 dies.
