@@ -109,38 +109,70 @@ fn walk_and_stop(cluster: &Cluster, mut job: HostJob, ds: &Dataset) {
     assert!(left.is_empty(), "daemons still run: {left:?}");
 }
 
-/// The same job launched as multi-node torchrun jobs usually are: a c10d rendezvous at h0
-/// (`--rdzv-backend c10d`), node ranks given out in the order the agents join, MASTER_ADDR
-/// node rank 0's address; each rank's host is found where its mount answers.
+/// `torchrun` alone launches the DDP example across the hosts as multi-node jobs usually
+/// are: a c10d rendezvous at h0 (`--rdzv-backend c10d`, node ranks given out in the order the
+/// agents join, MASTER_ADDR node rank 0's address), each rank's script mounting its share
+/// with `shufflefs.torch.mount` (the daemons meet over TCP), 3 epochs of DDP over gloo on the
+/// hosts' own network. Every epoch the ranks' samples partition the dataset with the store's
+/// bytes, the loss goes down, every torchrun exits 0, and afterwards no host mounts anything
+/// and no daemon runs.
 #[test]
-fn torchrun_with_a_c10d_rendezvous_on_four_private_hosts() {
+fn torchrun_with_a_c10d_rendezvous_runs_the_ddp_example_on_four_private_hosts() {
     if !require() {
         return;
     }
-    let ds = four_classes(10, |i| 2_000 + 409 * i as u64);
-    let cluster = store_cluster("tcd", "10.214.113.0/24", &ds);
-    let log = ds.base.join("job.log");
-    let store = cluster.config("STORE");
-    let launcher = cluster.torchrun_rdzv(PER_HOST, "c10d");
-    let extra = ["--foreground"];
-    let job = HostJob::start(
-        &cluster,
-        launcher,
-        PER_HOST,
-        &store,
-        (SEED, Q),
-        &extra,
-        &log,
+    let Some(python) = venv_python("import torch, torchvision, PIL", "torchvision and pillow")
+    else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, rec) = (tmp.path().join("src"), tmp.path().join("rec"));
+    ddp::make_images(&python, &src, 32);
+    let args = ["--store", src.to_str().unwrap(), "--disk", "64M"];
+    let cluster = Cluster::private("tcd", "10.214.113.0/24", HOSTS, &args);
+    let (store, local) = (cluster.config("STORE"), cluster.config("LOCAL"));
+    let mut launcher = cluster.torchrun_rdzv(PER_HOST, "c10d");
+    // Gloo binds where the host's name resolves; the emulated hosts' names resolve nowhere.
+    with_package(&mut launcher)
+        .env("SHUFFLEFS", BIN)
+        .env("GLOO_SOCKET_IFNAME", "eth0")
+        .env("LOGLEVEL", "WARNING")
+        .arg(&python);
+    let spots = (
+        format!("{local}/cache{{rank}}"),
+        format!("{local}/mnt{{rank}}"),
     );
-    for r in 0..HOSTS * PER_HOST {
-        let st = job.status(r);
-        assert_eq!(st["world_size"], HOSTS * PER_HOST, "rank {r}: {st}");
-        let same = (0..HOSTS * PER_HOST)
-            .filter(|&o| job.host(o) == job.host(r))
-            .count();
-        assert_eq!(same as u32, PER_HOST, "rank {r}: {PER_HOST} ranks per host");
+    ddp::train_ddp(&mut launcher, Path::new(&store), (&spots.0, &spots.1), &rec);
+    let out = run_with_timeout(&mut launcher, Duration::from_secs(600));
+    let stdout = check("shufflefs-cluster torchrun ... train_ddp.py", &out);
+    let ranks = HOSTS * PER_HOST;
+    let statuses = ddp::check_run(&stdout, &src, &rec, ranks);
+    for st in &statuses {
+        let hosts = st["hosts"].as_array().unwrap();
+        for h in 0..HOSTS {
+            let here = hosts.iter().filter(|&x| x == h).count();
+            assert_eq!(here as u32, PER_HOST, "{PER_HOST} ranks on host {h}: {st}");
+        }
     }
-    walk_and_stop(&cluster, job, &ds);
+    let last = ddp::EPOCHS - 1;
+    let across: u64 = (statuses.iter().skip((last * u64::from(ranks)) as usize))
+        .filter_map(|st| exchange(st, last)?["bytes_across_hosts"].as_u64())
+        .sum();
+    assert!(across > 0, "the exchange into epoch {last} crossed hosts");
+    for h in 0..HOSTS {
+        let fuse = host_fuse_mounts(&cluster, h);
+        assert!(
+            !fuse.iter().any(|(m, _)| m.contains("/mnt")),
+            "host {h} still mounts {fuse:?}"
+        );
+    }
+    for st in &statuses {
+        let pid = st["pid"].as_i64().unwrap() as i32;
+        assert!(
+            wait_pid_gone(pid, Duration::from_secs(20)),
+            "daemon {pid} still runs"
+        );
+    }
 }
 
 /// The same job reading a bucket: moto serves it on the bridge address (SUBNET.254, which

@@ -19,6 +19,7 @@
 
 pub mod daemon;
 pub mod dataset;
+pub mod ddp;
 pub mod mounts;
 pub mod mpi_job;
 pub mod process;
