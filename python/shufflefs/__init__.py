@@ -165,8 +165,9 @@ def mount(source, cache, mountpoint, **kwargs):
     return _mount(source, cache, mountpoint, **kwargs)
 
 
-def unmount(path):
-    """Unmounts a mount `shufflefs.mount` made."""
+def unmount(path, lazy=False):
+    """Unmounts a mount `shufflefs.mount` made (RuntimeError with the reason when refused:
+    files still open there; `lazy=True` detaches the view at once)."""
     from .launch import unmount as _unmount
 
-    _unmount(path)
+    _unmount(path, lazy=lazy)

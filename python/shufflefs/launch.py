@@ -10,6 +10,7 @@ agreed on the job by then), and unmounts at exit (atexit, SIGTERM, SIGINT).
 """
 import atexit
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -20,6 +21,8 @@ from . import rank_from_env, rank_mount, wait_ready
 
 _MOUNTED = []
 _HANDLED = {}
+# The process that mounted (only it unmounts), and whether it is unmounting on its way out.
+_STATE = {"owner": None, "exiting": False}
 
 
 def binary(explicit=None):
@@ -69,13 +72,16 @@ def require_fusermount():
 
 def mount_command(source, cache, mountpoint, fraction=None, seed=None, options=(), exe=None):
     """The `shufflefs mount` command line for these settings (`{rank}` in `cache` and
-    `mountpoint` is replaced by the daemon)."""
+    `mountpoint` is replaced by the daemon): `options`, then the flags in SHUFFLEFS_OPTIONS
+    (split as a shell would), so a job's operator can tune the daemons of a script that
+    mounts for itself without editing it (`SHUFFLEFS_OPTIONS="--exchange-rate 200000000"`)."""
     cmd = [binary(exe), "mount", "--source", str(source), "--cache", str(cache)]
     if fraction is not None:
         cmd += ["--fraction", str(fraction)]
     if seed is not None:
         cmd += ["--seed", str(seed)]
-    return cmd + [str(o) for o in options] + [str(mountpoint)]
+    cmd += [str(o) for o in options] + shlex.split(os.environ.get("SHUFFLEFS_OPTIONS", ""))
+    return cmd + [str(mountpoint)]
 
 
 def mount(source, cache, mountpoint, fraction=None, seed=None, options=(), rank=None,
@@ -109,24 +115,44 @@ def mount(source, cache, mountpoint, fraction=None, seed=None, options=(), rank=
     return path
 
 
-def unmount(path, binary_path=None):
-    """Unmounts `path` (a mount `mount` made); its daemon exits once every rank has."""
+def unmount(path, binary_path=None, lazy=False):
+    """Unmounts `path` (a mount `mount` made); its daemon exits once every rank has. Raises
+    RuntimeError with the daemon's message when it refuses (files still open there: close
+    them, or pass `lazy=True` to detach the view at once and let the daemon exit when the last
+    open file is closed)."""
     entry = next((m for m in _MOUNTED if m[0] == path), None)
     if entry is not None:
         _MOUNTED.remove(entry)
     exe = binary_path or (entry[1] if entry else binary())
-    subprocess.run([exe, "unmount", path], capture_output=True, timeout=120)
+    cmd = [exe, "unmount"] + (["--lazy"] if lazy else []) + [path]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        why = out.stderr.strip() or out.stdout.strip() or f"exit code {out.returncode}"
+        raise RuntimeError(f"shufflefs unmount of {path} failed: {why}")
 
 
 def _unmount_all():
+    """Unmounts what this process mounted, once, and only in that process: a forked child
+    (a DataLoader worker, a user's fork) inherits the list, the atexit hook and the signal
+    handlers, and must not unmount the mounts its parent still reads."""
+    if os.getpid() != _STATE["owner"]:
+        return
+    _STATE["exiting"] = True
     for path, exe in list(_MOUNTED):
+        # Lazily: on the way out a DataLoader's workers (stopped after atexit hooks like this
+        # one) may still hold sample files open, and a refused unmount would leave the mount.
         try:
-            unmount(path, exe)
-        except (OSError, subprocess.SubprocessError):
-            pass
+            unmount(path, exe, lazy=True)
+        except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+            print(f"shufflefs: {e}", file=sys.stderr)
 
 
 def _on_signal(signum, frame):
+    if _STATE["exiting"]:
+        # Already unmounting on the way out (atexit, or a first signal): a second SIGTERM
+        # (torchrun's to a worker that is ending) must not kill the `shufflefs unmount` under
+        # way and leave the mount behind. A SIGKILL still ends the process.
+        return
     _unmount_all()
     previous = _HANDLED.get(signum)
     if callable(previous):
@@ -138,7 +164,11 @@ def _on_signal(signum, frame):
 
 
 def _remember(path, exe):
-    if not _MOUNTED and not _HANDLED:
+    if _STATE["owner"] != os.getpid():
+        # The first mount of this process (a forked child's copy names its parent's mounts).
+        _MOUNTED.clear()
+        _HANDLED.clear()
+        _STATE.update(owner=os.getpid(), exiting=False)
         atexit.register(_unmount_all)
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:

@@ -15,6 +15,13 @@ class Launch(unittest.TestCase):
                                "--fraction", "0.3", "--seed", "4", "--equal-shares", "drop",
                                "/m/{rank}"])
 
+    def test_shufflefs_options_add_flags_after_the_scripts_own(self):
+        extra = {"SHUFFLEFS_OPTIONS": "--exchange-rate 2000 --log 'a b'"}
+        with mock.patch.dict(os.environ, extra):
+            cmd = launch.mount_command("/src", "/c", "/m", options=["--seed", "1"], exe="/b")
+        self.assertEqual(cmd, ["/b", "mount", "--source", "/src", "--cache", "/c", "--seed", "1",
+                               "--exchange-rate", "2000", "--log", "a b", "/m"])
+
     def test_the_binary_is_the_explicit_then_shufflefs_then_path_one(self):
         with mock.patch.dict(os.environ, {"SHUFFLEFS": "/opt/sfs"}):
             self.assertEqual(launch.binary("/x"), "/x")
@@ -49,6 +56,22 @@ class Launch(unittest.TestCase):
                     launch.mount("/src", os.path.join(d, "c"), os.path.join(d, "m{rank}"), rank=3,
                                  binary_path=exe)
 
+
+    def test_only_the_process_that_mounted_unmounts_and_only_once(self):
+        with mock.patch.object(launch, "unmount") as unmount, \
+                mock.patch.object(launch, "_MOUNTED", [("/m", "/b")]), \
+                mock.patch.dict(launch._STATE, {"owner": os.getpid() + 1, "exiting": False}):
+            launch._unmount_all()  # a forked child (a DataLoader worker): its parent's mount
+            unmount.assert_not_called()
+            launch._STATE["owner"] = os.getpid()
+            launch._unmount_all()
+            unmount.assert_called_once_with("/m", "/b", lazy=True)
+
+    def test_a_signal_while_unmounting_on_the_way_out_does_not_interrupt_it(self):
+        with mock.patch.object(launch, "_unmount_all") as again, \
+                mock.patch.dict(launch._STATE, {"owner": os.getpid(), "exiting": True}):
+            launch._on_signal(15, None)  # returns: no SystemExit raised into the unmount
+            again.assert_not_called()
 
 if __name__ == "__main__":
     unittest.main()

@@ -202,16 +202,7 @@ impl<'a> HostJob<'a> {
 
     /// The launcher's exit status once it exits, within `timeout`.
     pub fn wait_within(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return Some(status);
-            }
-            if Instant::now() > deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_child(&mut self.child, timeout)
     }
 
     /// `shufflefs unmount` of every rank inside its host, then as [`HostJob::wait_within`].
@@ -234,15 +225,15 @@ impl Drop for HostJob<'_> {
     }
 }
 
-/// The FUSE mounts host `host` sees, as (mount point, filesystem type), from its own
-/// `/proc/self/mountinfo` (escapes left as they are: the tests' paths have none).
 /// The status of the mount at `mount` inside host `host`, if one answers there.
-fn status_on(cluster: &Cluster, host: u32, mount: &str) -> Option<Value> {
+pub(crate) fn status_on(cluster: &Cluster, host: u32, mount: &str) -> Option<Value> {
     let status = format!("{mount}/.shufflefs/status");
     let out = cluster.exec(&host.to_string(), &["cat", &status]);
     serde_json::from_slice(&out.stdout).ok()
 }
 
+/// The FUSE mounts host `host` sees, as (mount point, filesystem type), from its own
+/// `/proc/self/mountinfo` (escapes left as they are: the tests' paths have none).
 pub(crate) fn host_fuse_mounts(cluster: &Cluster, host: u32) -> Vec<(String, String)> {
     let info = cluster.exec_ok(&host.to_string(), &["cat", "/proc/self/mountinfo"]);
     (info.lines())

@@ -9,12 +9,13 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::time::Duration;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use crate::common::mpi_job::{exchange, planned};
 use crate::common::*;
 use crate::harness::Cluster;
-use crate::host_job::{HostJob, Shape, host_fuse_mounts};
+use crate::host_job::{HostJob, Shape, host_fuse_mounts, status_on};
 use crate::private_hosts::{four_classes, staged};
 
 const HOSTS: u32 = 4;
@@ -130,23 +131,12 @@ fn torchrun_with_a_c10d_rendezvous_runs_the_ddp_example_on_four_private_hosts() 
     ddp::make_images(&python, &src, 32);
     let args = ["--store", src.to_str().unwrap(), "--disk", "64M"];
     let cluster = Cluster::private("tcd", "10.214.113.0/24", HOSTS, &args);
-    let (store, local) = (cluster.config("STORE"), cluster.config("LOCAL"));
-    let mut launcher = cluster.torchrun_rdzv(PER_HOST, "c10d");
-    // Gloo binds where the host's name resolves; the emulated hosts' names resolve nowhere.
-    with_package(&mut launcher)
-        .env("SHUFFLEFS", BIN)
-        .env("GLOO_SOCKET_IFNAME", "eth0")
-        .env("LOGLEVEL", "WARNING")
-        .arg(&python);
-    let spots = (
-        format!("{local}/cache{{rank}}"),
-        format!("{local}/mnt{{rank}}"),
-    );
-    ddp::train_ddp(&mut launcher, Path::new(&store), (&spots.0, &spots.1), &rec);
+    let launcher = cluster.torchrun_rdzv(PER_HOST, "c10d");
+    let mut launcher = ddp_on_hosts(&cluster, launcher, &python, &rec);
     let out = run_with_timeout(&mut launcher, Duration::from_secs(600));
     let stdout = check("shufflefs-cluster torchrun ... train_ddp.py", &out);
     let ranks = HOSTS * PER_HOST;
-    let statuses = ddp::check_run(&stdout, &src, &rec, ranks);
+    let statuses = ddp::check_run(&stdout, &src, &rec, ranks, 0..ddp::EPOCHS);
     for st in &statuses {
         let hosts = st["hosts"].as_array().unwrap();
         for h in 0..HOSTS {
@@ -173,6 +163,24 @@ fn torchrun_with_a_c10d_rendezvous_runs_the_ddp_example_on_four_private_hosts() 
             "daemon {pid} still runs"
         );
     }
+}
+
+/// `launcher` (torchrun on the hosts) made to run `python train_ddp.py`, which mounts the
+/// store on each rank (`LOCAL/cache{rank}`, `LOCAL/mnt{rank}`) and records into `rec`.
+fn ddp_on_hosts(cluster: &Cluster, mut launcher: Command, python: &Path, rec: &Path) -> Command {
+    let (store, local) = (cluster.config("STORE"), cluster.config("LOCAL"));
+    // Gloo binds where the host's name resolves; the emulated hosts' names resolve nowhere.
+    with_package(&mut launcher)
+        .env("SHUFFLEFS", BIN)
+        .env("GLOO_SOCKET_IFNAME", "eth0")
+        .env("LOGLEVEL", "WARNING")
+        .arg(python);
+    let spots = (
+        format!("{local}/cache{{rank}}"),
+        format!("{local}/mnt{{rank}}"),
+    );
+    ddp::train_ddp(&mut launcher, Path::new(&store), (&spots.0, &spots.1), rec);
+    launcher
 }
 
 /// The same job reading a bucket: moto serves it on the bridge address (SUBNET.254, which
@@ -297,6 +305,105 @@ fn a_host_killed_mid_exchange_then_torchrun_on_three_hosts_goes_on_at_the_epoch(
         "torchrun ended with {status}\n{}",
         job.log()
     );
+    for h in 0..HOSTS - 1 {
+        let fuse = host_fuse_mounts(&cluster, h);
+        assert!(
+            !fuse.iter().any(|(m, _)| m.contains("/mnt")),
+            "host {h} still mounts {fuse:?}"
+        );
+    }
+}
+
+/// The DDP example (torchrun alone, each script mounting its rank) when a host dies
+/// mid-exchange: every process in h3 is killed while the daemons move samples into epoch 2
+/// (slowed through `SHUFFLEFS_OPTIONS`, the script unchanged). The scripts on the other hosts
+/// fail and unmount on their way out, every torchrun ends, and nothing stays mounted. The same
+/// command on the 3 hosts left goes on at the epoch the job had reached (1, or 2 where the
+/// exchange gave h3's ranks up first; an elastic restart from 8 to 6 ranks, each finding its
+/// cache on its host's disk): the 3 epochs it trains are partitions with the store's bytes,
+/// the loss goes down, and every torchrun exits 0.
+#[test]
+fn the_ddp_example_after_a_host_dies_mid_exchange_goes_on_at_the_epoch_on_three_hosts() {
+    if !require() {
+        return;
+    }
+    let Some(python) = venv_python("import torch, torchvision, PIL", "torchvision and pillow")
+    else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    ddp::make_images(&python, &src, 32);
+    let args = ["--store", src.to_str().unwrap(), "--disk", "64M"];
+    let cluster = Cluster::private("tkd", "10.214.115.0/24", HOSTS, &args);
+    let local = cluster.config("LOCAL");
+    let rec = tmp.path().join("rec");
+    let launcher = cluster.torchrun(PER_HOST);
+    let mut launcher = ddp_on_hosts(&cluster, launcher, &python, &rec);
+    let log = tmp.path().join("job.log");
+    let mut child = launcher
+        .env(
+            "SHUFFLEFS_OPTIONS",
+            "--exchange-rate 2000 --share-disk never",
+        )
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let ranks = HOSTS * PER_HOST;
+    let running = |r: u32| {
+        let st = status_on(&cluster, r / PER_HOST, &format!("{local}/mnt{r}"));
+        st.is_some_and(|st| exchange(&st, 2).is_some_and(|x| x["state"] == "running"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while !(0..ranks).all(running) {
+        let log = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(Instant::now() < deadline, "no exchange into epoch 2\n{log}");
+        assert!(child.try_wait().unwrap().is_none(), "the job ended\n{log}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    crate::slurm::kill_host(&cluster, HOSTS - 1);
+    let left = ranks - PER_HOST;
+    // The epoch the live ranks reach before their scripts fail and unmount (1, or 2 where
+    // the exchange gave h3's ranks up and a script went on to epoch 2 first).
+    let mut reached = 1;
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while child.try_wait().unwrap().is_none() {
+        let log = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(
+            Instant::now() < deadline,
+            "the job did not end without h3\n{log}"
+        );
+        for r in 0..left {
+            let st = status_on(&cluster, r / PER_HOST, &format!("{local}/mnt{r}"));
+            reached = reached.max(st.and_then(|st| st["epoch"].as_u64()).unwrap_or(0));
+        }
+    }
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    for h in 0..HOSTS - 1 {
+        let fuse = host_fuse_mounts(&cluster, h);
+        assert!(
+            !fuse.iter().any(|(m, _)| m.contains("/mnt")),
+            "host {h} still mounts {fuse:?} after its scripts failed\n{log}"
+        );
+    }
+
+    let rec = tmp.path().join("again");
+    let launcher = cluster.torchrun_on(HOSTS - 1, PER_HOST, "static");
+    let mut launcher = ddp_on_hosts(&cluster, launcher, &python, &rec);
+    let out = run_with_timeout(&mut launcher, Duration::from_secs(600));
+    let stdout = check("the same torchrun command on 3 hosts", &out);
+    let start = (0..3)
+        .find(|e| rec.join(format!("epoch-{e}.rank-0.json")).exists())
+        .unwrap_or_else(|| panic!("no epoch recorded\n{stdout}"));
+    assert!(
+        (reached..=2).contains(&start),
+        "went on at epoch {start}; the job had reached {reached}\n{stdout}"
+    );
+    let statuses = ddp::check_run(&stdout, &src, &rec, left, start..start + ddp::EPOCHS);
+    for st in &statuses[..left as usize] {
+        assert!(st["resize"].is_object(), "an elastic restart: {st}");
+    }
     for h in 0..HOSTS - 1 {
         let fuse = host_fuse_mounts(&cluster, h);
         assert!(

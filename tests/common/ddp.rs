@@ -5,6 +5,7 @@
 //! torchrun test and the emulated-hosts one, so both check the same things.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::path::Path;
 use std::process::Command;
 
@@ -42,10 +43,16 @@ pub fn train_ddp(cmd: &mut Command, source: &Path, (cache, mount): (&str, &str),
 }
 
 /// Checks a finished run of `ranks` ranks whose rank 0 printed `stdout` and recorded into
-/// `rec`: the loss went down, and every epoch the ranks' samples are `src`'s files, each on
-/// one rank with its bytes, every rank's status saying `ranks` ranks. Returns the recorded
-/// statuses (epoch-major).
-pub fn check_run(stdout: &str, src: &Path, rec: &Path, ranks: u32) -> Vec<Value> {
+/// `rec` the epochs `epochs` (`0..EPOCHS` for a new job): the loss went down, and every
+/// epoch the ranks' samples are `src`'s files, each on one rank with its bytes, every rank's
+/// status saying `ranks` ranks. Returns the recorded statuses (epoch-major).
+pub fn check_run(
+    stdout: &str,
+    src: &Path,
+    rec: &Path,
+    ranks: u32,
+    epochs: Range<u64>,
+) -> Vec<Value> {
     let field = |name: &str| printed_value(stdout, name);
     assert!(
         field("last_loss") < field("first_loss"),
@@ -53,11 +60,13 @@ pub fn check_run(stdout: &str, src: &Path, rec: &Path, ranks: u32) -> Vec<Value>
     );
     let files = walk_files(src);
     let mut statuses = Vec::new();
-    for epoch in 0..EPOCHS {
+    for epoch in epochs {
         let mut seen: BTreeMap<String, String> = BTreeMap::new();
         for rank in 0..ranks {
             let at = rec.join(format!("epoch-{epoch}.rank-{rank}.json"));
-            let v: Value = serde_json::from_slice(&std::fs::read(&at).unwrap()).unwrap();
+            let read = std::fs::read(&at);
+            let read = read.unwrap_or_else(|e| panic!("{}: {e}\nstdout:\n{stdout}", at.display()));
+            let v: Value = serde_json::from_slice(&read).unwrap();
             assert_eq!(v["status"]["world_size"], ranks, "rank {rank}");
             for s in v["samples"].as_array().unwrap() {
                 let (path, hash) = (s[0].as_str().unwrap(), s[2].as_str().unwrap());

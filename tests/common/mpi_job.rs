@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use shufflefs::sys::mounts::is_mounted;
 
-use super::{BIN, force_unmount, read_status, shufflefs};
+use super::{BIN, force_unmount, read_status, shufflefs, wait_child};
 
 /// `mpirun -np N --oversubscribe`, allowed to run as root (CI does): 4 ranks on 2 cores.
 pub fn mpirun(ranks: u32) -> Command {
@@ -199,16 +199,7 @@ impl MpiJob {
 
     /// The launcher's exit status once it exits, within `timeout`.
     pub fn wait_within(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return Some(status);
-            }
-            if Instant::now() > deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_child(&mut self.child, timeout)
     }
 }
 

@@ -5,7 +5,7 @@ use std::ffi::OsString;
 use std::fs;
 use std::io::Read;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -99,6 +99,20 @@ pub fn wait_pid_gone(pid: i32, timeout: Duration) -> bool {
         thread::sleep(Duration::from_millis(20));
     }
     true
+}
+
+/// `child`'s exit status once it exits, within `timeout` (`None`: still running).
+pub fn wait_child(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// Runs `cmd` to completion with piped output, killing it (and panicking) after `timeout`.

@@ -128,7 +128,7 @@ fn ddp_under_torchrun(python: &Path, mut cmd: Command) {
         "torchrun train_ddp.py",
         &run_with_timeout(&mut cmd, Duration::from_secs(600)),
     );
-    let statuses = ddp::check_run(&stdout, &src, &d.join("rec"), RANKS);
+    let statuses = ddp::check_run(&stdout, &src, &d.join("rec"), RANKS, 0..ddp::EPOCHS);
     for rank in 0..RANKS {
         let m = d.join(format!("mnt-{rank}"));
         assert!(
