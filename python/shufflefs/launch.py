@@ -16,6 +16,8 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 
 from . import rank_from_env, rank_mount, wait_ready
 
@@ -119,16 +121,51 @@ def unmount(path, binary_path=None, lazy=False):
     """Unmounts `path` (a mount `mount` made); its daemon exits once every rank has. Raises
     RuntimeError with the daemon's message when it refuses (files still open there: close
     them, or pass `lazy=True` to detach the view at once and let the daemon exit when the last
-    open file is closed)."""
+    open file is closed): an `UnmountError`."""
     entry = next((m for m in _MOUNTED if m[0] == path), None)
     if entry is not None:
         _MOUNTED.remove(entry)
     exe = binary_path or (entry[1] if entry else binary())
     cmd = [exe, "unmount"] + (["--lazy"] if lazy else []) + [path]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    if out.returncode != 0:
-        why = out.stderr.strip() or out.stdout.strip() or f"exit code {out.returncode}"
-        raise RuntimeError(f"shufflefs unmount of {path} failed: {why}")
+    code, said = _run_to_the_end(cmd, timeout=120)
+    if code != 0:
+        raise UnmountError(f"shufflefs unmount of {path} failed: {said or f'exit code {code}'}")
+
+
+class UnmountError(RuntimeError):
+    """`shufflefs unmount` refused or failed; the message is the daemon's."""
+
+
+def _run_to_the_end(cmd, timeout):
+    """Runs `cmd` to its end and returns (exit code, what it printed). An unmount stopped
+    half-way leaves the mount, and a worker on its way out is interrupted often: torchrun
+    signals a failed worker's siblings by process group (so the child runs in a session of
+    its own), and a DataLoader's SIGCHLD handler raises RuntimeError in the main thread when
+    its workers die (`subprocess.run` would kill the child on any exception while waiting:
+    here the wait is taken up again). A child still running after `timeout` is killed."""
+    # SIGTERM and SIGINT ignored (kept across exec): a worker's group is not the only thing
+    # signalled when a job ends (seen: an unmount ended by SIGTERM in its own session).
+    immune = ["/bin/sh", "-c", 'trap "" TERM INT; exec "$0" "$@"'] + list(cmd)
+    with tempfile.TemporaryFile() as said:
+        child = subprocess.Popen(immune, stdout=said, stderr=said, stdin=subprocess.DEVNULL,
+                                 start_new_session=True)
+        deadline = time.monotonic() + timeout
+        interrupted = None
+        while True:
+            try:
+                code = child.wait(timeout=max(0.0, deadline - time.monotonic()))
+                break
+            except subprocess.TimeoutExpired:
+                child.kill()
+                code = child.wait()
+                break
+            except Exception as e:  # raised by a signal handler: wait again
+                interrupted = e
+        said.seek(0)
+        text = said.read().decode(errors="replace").strip()
+    if interrupted is not None:
+        raise interrupted
+    return code, text
 
 
 def _unmount_all():
@@ -143,8 +180,10 @@ def _unmount_all():
         # one) may still hold sample files open, and a refused unmount would leave the mount.
         try:
             unmount(path, exe, lazy=True)
-        except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        except (OSError, UnmountError) as e:
             print(f"shufflefs: {e}", file=sys.stderr)
+        except Exception:  # another handler's, raised while this one waited: exiting anyway
+            pass
 
 
 def _on_signal(signum, frame):

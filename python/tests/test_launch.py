@@ -1,4 +1,5 @@
 import os
+import signal
 import stat
 import tempfile
 import unittest
@@ -72,6 +73,35 @@ class Launch(unittest.TestCase):
                 mock.patch.dict(launch._STATE, {"owner": os.getpid(), "exiting": True}):
             launch._on_signal(15, None)  # returns: no SystemExit raised into the unmount
             again.assert_not_called()
+
+    def test_an_unmount_interrupted_by_a_signal_handler_still_runs_to_its_end(self):
+        with tempfile.TemporaryDirectory() as d:
+            done, exe = os.path.join(d, "done"), os.path.join(d, "fake")
+            with open(exe, "w") as f:
+                f.write(f"#!/bin/sh\nsleep 1\ntouch {done}\n")
+            os.chmod(exe, stat.S_IRWXU)
+
+            def raise_once(signum, frame):  # as a DataLoader's SIGCHLD handler does
+                signal.signal(signal.SIGALRM, signal.SIG_DFL)
+                raise RuntimeError("DataLoader worker (pid 1) is killed by signal")
+
+            previous = signal.signal(signal.SIGALRM, raise_once)
+            try:
+                signal.setitimer(signal.ITIMER_REAL, 0.2)
+                with self.assertRaisesRegex(RuntimeError, "DataLoader worker"):
+                    launch.unmount("/m", exe)
+            finally:
+                signal.signal(signal.SIGALRM, previous)
+            self.assertTrue(os.path.exists(done), "the unmount was stopped half-way")
+
+    def test_a_refused_unmount_raises_with_the_daemons_reason(self):
+        with tempfile.TemporaryDirectory() as d:
+            exe = os.path.join(d, "fake")
+            with open(exe, "w") as f:
+                f.write("#!/bin/sh\necho 'files are open' >&2\nexit 1\n")
+            os.chmod(exe, stat.S_IRWXU)
+            with self.assertRaisesRegex(launch.UnmountError, "/m failed: files are open"):
+                launch.unmount("/m", exe)
 
 if __name__ == "__main__":
     unittest.main()

@@ -114,6 +114,19 @@ impl Cluster {
         self.torchrun_on(self.hosts, per_host, rdzv)
     }
 
+    /// An elastic torchrun job of `min` to all hosts (`--nnodes MIN:N`, c10d, one restart).
+    pub fn torchrun_elastic(&self, per_host: u32, min: u32) -> Command {
+        let mut c = harness();
+        let (hosts, per_host, min) = (
+            self.hosts.to_string(),
+            per_host.to_string(),
+            min.to_string(),
+        );
+        c.args(["torchrun", self.name, "--per-host", &per_host])
+            .args(["--hosts", &hosts, "--rdzv", "c10d", "--elastic", &min, "--"]);
+        c
+    }
+
     /// [`Cluster::torchrun_rdzv`] on the first `hosts` hosts only.
     pub fn torchrun_on(&self, hosts: u32, per_host: u32, rdzv: &str) -> Command {
         let mut c = harness();

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::common::mpi_job::{exchange, planned};
@@ -315,7 +315,7 @@ fn a_host_killed_mid_exchange_then_torchrun_on_three_hosts_goes_on_at_the_epoch(
 }
 
 /// The DDP example (torchrun alone, each script mounting its rank) when a host dies
-/// mid-exchange: every process in h3 is killed while the daemons move samples into epoch 2
+/// mid-exchange: every process in h3 is killed while its daemons move samples into epoch 2
 /// (slowed through `SHUFFLEFS_OPTIONS`, the script unchanged). The scripts on the other hosts
 /// fail and unmount on their way out, every torchrun ends, and nothing stays mounted. The same
 /// command on the 3 hosts left goes on at the epoch the job had reached (1, or 2 where the
@@ -338,30 +338,10 @@ fn the_ddp_example_after_a_host_dies_mid_exchange_goes_on_at_the_epoch_on_three_
     let cluster = Cluster::private("tkd", "10.214.115.0/24", HOSTS, &args);
     let local = cluster.config("LOCAL");
     let rec = tmp.path().join("rec");
-    let launcher = cluster.torchrun(PER_HOST);
-    let mut launcher = ddp_on_hosts(&cluster, launcher, &python, &rec);
     let log = tmp.path().join("job.log");
-    let mut child = launcher
-        .env(
-            "SHUFFLEFS_OPTIONS",
-            "--exchange-rate 2000 --share-disk never",
-        )
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+    let launcher = cluster.torchrun(PER_HOST);
+    let mut child = ddp_until_the_exchange_into_2(&cluster, launcher, &python, &rec, &log);
     let ranks = HOSTS * PER_HOST;
-    let running = |r: u32| {
-        let st = status_on(&cluster, r / PER_HOST, &format!("{local}/mnt{r}"));
-        st.is_some_and(|st| exchange(&st, 2).is_some_and(|x| x["state"] == "running"))
-    };
-    let deadline = Instant::now() + Duration::from_secs(180);
-    while !(0..ranks).all(running) {
-        let log = std::fs::read_to_string(&log).unwrap_or_default();
-        assert!(Instant::now() < deadline, "no exchange into epoch 2\n{log}");
-        assert!(child.try_wait().unwrap().is_none(), "the job ended\n{log}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
     crate::slurm::kill_host(&cluster, HOSTS - 1);
     let left = ranks - PER_HOST;
     // The epoch the live ranks reach before their scripts fail and unmount (1, or 2 where
@@ -401,6 +381,122 @@ fn the_ddp_example_after_a_host_dies_mid_exchange_goes_on_at_the_epoch_on_three_
         "went on at epoch {start}; the job had reached {reached}\n{stdout}"
     );
     let statuses = ddp::check_run(&stdout, &src, &rec, left, start..start + ddp::EPOCHS);
+    for st in &statuses[..left as usize] {
+        assert!(st["resize"].is_object(), "an elastic restart: {st}");
+    }
+    for h in 0..HOSTS - 1 {
+        let fuse = host_fuse_mounts(&cluster, h);
+        assert!(
+            !fuse.iter().any(|(m, _)| m.contains("/mnt")),
+            "host {h} still mounts {fuse:?}"
+        );
+    }
+}
+
+/// Starts `launcher` running the DDP example with its exchanges slowed (2 kB/s a rank,
+/// through `SHUFFLEFS_OPTIONS`: the script unchanged), stderr to `log` and stdout beside it
+/// (`.out`), and returns once the exchange into epoch 2 runs on a rank of the last host (the
+/// one the tests kill). One host's ranks are watched, not all: on 2 loaded cores a round of
+/// status reads over every host can outlast the exchange.
+fn ddp_until_the_exchange_into_2(
+    cluster: &Cluster,
+    launcher: Command,
+    python: &Path,
+    rec: &Path,
+    log: &Path,
+) -> std::process::Child {
+    let mut launcher = ddp_on_hosts(cluster, launcher, python, rec);
+    let mut child = launcher
+        .env(
+            "SHUFFLEFS_OPTIONS",
+            "--exchange-rate 2000 --share-disk never",
+        )
+        .stdout(std::fs::File::create(log.with_extension("out")).unwrap())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap();
+    let local = cluster.config("LOCAL");
+    let deadline = Instant::now() + Duration::from_secs(180);
+    // The last host's ranks: where their mounts answer (under c10d, node ranks follow the
+    // order the agents joined in).
+    let mut there: Vec<u32> = Vec::new();
+    loop {
+        if there.len() < PER_HOST as usize {
+            there = (0..HOSTS * PER_HOST)
+                .filter(|r| status_on(cluster, HOSTS - 1, &format!("{local}/mnt{r}")).is_some())
+                .collect();
+        }
+        let running = there.iter().any(|r| {
+            let st = status_on(cluster, HOSTS - 1, &format!("{local}/mnt{r}"));
+            st.is_some_and(|st| exchange(&st, 2).is_some_and(|x| x["state"] == "running"))
+        });
+        if running {
+            return child;
+        }
+        let log = std::fs::read_to_string(log).unwrap_or_default();
+        assert!(Instant::now() < deadline, "no exchange into epoch 2\n{log}");
+        assert!(child.try_wait().unwrap().is_none(), "the job ended\n{log}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The first epoch `rec` holds a record of from a world of `ranks` (a restart's first).
+fn first_epoch_of_world(rec: &Path, ranks: u32) -> Option<u64> {
+    (0..10).find(|e| {
+        let at = rec.join(format!("epoch-{e}.rank-0.json"));
+        let v: Option<serde_json::Value> =
+            (std::fs::read(at).ok()).and_then(|b| serde_json::from_slice(&b).ok());
+        v.is_some_and(|v| v["status"]["world_size"] == ranks)
+    })
+}
+
+/// torchrun's own elastic restart under the DDP example: agents of an elastic job of 3 to 4
+/// nodes (`--nnodes 3:4`, c10d, one restart allowed). h3 dies while the daemons move samples
+/// into epoch 2; the scripts left fail in gloo and unmount on their way out, the agents left
+/// meet again as 3 nodes and start the same script with WORLD_SIZE 6, whose mounts go on at
+/// the epoch reached (1 or 2, as above) as an elastic restart: no one runs anything by hand.
+/// The epochs the new world trains are partitions with the store's bytes, the loss goes
+/// down, every surviving torchrun exits 0 and nothing stays mounted.
+///
+/// Ignored: with torch 2.15 the restarted world never trains. Its ranks fail in
+/// `init_process_group` (gloo `connectFullMesh`: connection refused) connecting to the gloo
+/// addresses of the old world's ranks (the ports the old world's errors named), so the
+/// agents' store still holds the old world's keys; the agents then run out of restarts. The
+/// shufflefs side up to there works (the old world's scripts unmount on their way out).
+/// Run it with `cargo test --test cluster torchrun_elastic -- --ignored` after a torch
+/// upgrade, or with a script that keys its process group by attempt.
+#[test]
+#[ignore = "torch 2.15's elastic restart hands the new world the old world's gloo addresses"]
+fn torchrun_elastic_restarts_the_ddp_example_on_three_hosts_at_the_epoch() {
+    if !require() {
+        return;
+    }
+    let Some(python) = venv_python("import torch, torchvision, PIL", "torchvision and pillow")
+    else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    ddp::make_images(&python, &src, 32);
+    let args = ["--store", src.to_str().unwrap(), "--disk", "64M"];
+    let cluster = Cluster::private("tke", "10.214.116.0/24", HOSTS, &args);
+    let rec = tmp.path().join("rec");
+    let log = tmp.path().join("job.log");
+    let launcher = cluster.torchrun_elastic(PER_HOST, HOSTS - 1);
+    let mut child = ddp_until_the_exchange_into_2(&cluster, launcher, &python, &rec, &log);
+    crate::slurm::kill_host(&cluster, HOSTS - 1);
+    let ended = wait_child(&mut child, Duration::from_secs(400));
+    let out = std::fs::read_to_string(log.with_extension("out")).unwrap_or_default();
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(ended.is_some(), "the elastic job did not end\n{log}");
+    // The launcher's status is h3's killed agent's; no agent left gave up (torchrun raises
+    // ChildFailedError when its restarts run out).
+    assert!(!log.contains("ChildFailedError"), "{log}");
+    let left = (HOSTS - 1) * PER_HOST;
+    let start = first_epoch_of_world(&rec, left);
+    let start = start.unwrap_or_else(|| panic!("no epoch of the 6-rank world\n{log}"));
+    assert!((1..=2).contains(&start), "went on at epoch {start}\n{log}");
+    let statuses = ddp::check_run(&out, &src, &rec, left, start..start + ddp::EPOCHS);
     for st in &statuses[..left as usize] {
         assert!(st["resize"].is_object(), "an elastic restart: {st}");
     }
