@@ -516,7 +516,7 @@ impl Manifest {
 
     /// The listed ETag of sample `i` (or of shard `i` of a record source), if any.
     #[cfg_attr(not(feature = "s3"), allow(dead_code))] // used by the S3 listing
-    pub(crate) fn etag(&self, i: usize) -> Option<&str> {
+    pub(crate) fn etag(&self, i: usize) -> Option<std::borrow::Cow<'_, str>> {
         self.etags.get(i)
     }
 

@@ -41,7 +41,7 @@ impl Folder {
         &self.names[span(&self.name_ends, i)]
     }
 
-    fn etag(&self, i: usize) -> &str {
+    fn etag(&self, i: usize) -> std::borrow::Cow<'_, str> {
         self.etags.get(i).unwrap_or_default()
     }
 
@@ -50,7 +50,7 @@ impl Folder {
         let mut kept = Folder::default();
         for i in 0..self.len() {
             if keep(self.name(i)) {
-                kept.push(self.name(i), self.sizes[i], self.etag(i));
+                kept.push(self.name(i), self.sizes[i], &self.etag(i));
             }
         }
         *self = kept;
@@ -107,7 +107,7 @@ pub(super) fn into_manifest(
                 u32::try_from(names.len()).map_err(|_| ManifestError::TooMany(m.len() as usize))?;
             ends.push(end);
             if let Some(all) = in_order.as_mut() {
-                all.push(folder.etag(i));
+                all.push(&folder.etag(i));
             }
         }
         let sizes: Vec<u64> = order.iter().map(|&i| folder.sizes[i]).collect();

@@ -219,7 +219,9 @@ impl S3Source {
 impl Dataset for S3Source {
     fn copy_to(&self, id: SampleId, out: &mut dyn Write) -> io::Result<Copied> {
         let etag = self.manifest.etag(id as usize);
-        let (len, mtime) = self.client()?.get_to(&self.relative(id), etag, out)?;
+        let (len, mtime) = self
+            .client()?
+            .get_to(&self.relative(id), etag.as_deref(), out)?;
         Ok(Copied { len, mtime })
     }
 
@@ -231,7 +233,9 @@ impl Dataset for S3Source {
         };
         let ranged = range.is_some();
         let etag = self.manifest.etag(id as usize);
-        let (bytes, _) = self.client()?.get(&self.relative(id), range, etag)?;
+        let (bytes, _) = self
+            .client()?
+            .get(&self.relative(id), range, etag.as_deref())?;
         let bytes = match ranged {
             true => &bytes[..],
             false => bytes.get(offset as usize..).unwrap_or(&[]),

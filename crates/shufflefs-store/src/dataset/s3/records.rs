@@ -183,7 +183,9 @@ impl S3Records {
     fn get(&self, span: Span) -> io::Result<bytes::Bytes> {
         let name = &self.index()?.files[span.file as usize].name;
         let etag = self.manifest.etag(span.file as usize);
-        let (bytes, _) = self.client()?.get(name, Some(span.start..span.end), etag)?;
+        let (bytes, _) = self
+            .client()?
+            .get(name, Some(span.start..span.end), etag.as_deref())?;
         if bytes.len() as u64 != span.end - span.start {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
