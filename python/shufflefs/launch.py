@@ -87,18 +87,19 @@ def mount_command(source, cache, mountpoint, fraction=None, seed=None, options=(
 
 
 def mount(source, cache, mountpoint, fraction=None, seed=None, options=(), rank=None,
-          world_size=None, binary_path=None, timeout=600.0):
+          world_size=None, binary_path=None, timeout=600.0, env=None):
     """Starts this rank's daemon and returns its mount point once it answers.
 
     `rank` and `world_size` default to the environment's (torchrun, a Kubernetes job:
     RANK, WORLD_SIZE); the rendezvous is MASTER_ADDR (port MASTER_PORT + 1, or
     SHUFFLEFS_PORT), or `--rendezvous HOST:PORT` in `options`. `options` are more
-    `shufflefs mount` flags. Raises RuntimeError with the daemon's message when it refuses.
+    `shufflefs mount` flags; `env` more environment for the daemon (SHUFFLEFS_JOB: a secret
+    every rank of the job shares). Raises RuntimeError with the daemon's message when it refuses.
     The mount is unmounted when this process exits (atexit, SIGTERM, SIGINT), or by
     `unmount(path)`."""
     require_fusermount()
     rank = rank_from_env() if rank is None else rank
-    env = dict(os.environ)
+    env = {**os.environ, **(env or {})}
     env["RANK"] = str(rank)
     if world_size is not None:
         env["WORLD_SIZE"] = str(world_size)

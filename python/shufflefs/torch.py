@@ -15,6 +15,7 @@ Shares differ by one sample when the ranks do not divide the dataset: train unde
 """
 import os
 import random
+import secrets
 
 import torch.distributed
 import torch.utils.data
@@ -38,7 +39,9 @@ def mount(source, cache, mountpoint, fraction=None, seed=None, options=(), timeo
     if ready:
         kwargs.setdefault("rank", dist.get_rank())
         kwargs.setdefault("world_size", dist.get_world_size())
-        options = list(options) + _rendezvous(dist, options)
+        meet, env = _rendezvous(dist, options)
+        options = list(options) + meet
+        kwargs["env"] = {**env, **kwargs.get("env", {})}
     path = launch.mount(source, cache, mountpoint, fraction=fraction, seed=seed, options=options,
                         timeout=timeout, **kwargs)
     if ready:
@@ -100,14 +103,20 @@ def _read(path):
 
 
 def _rendezvous(dist, options):
-    """`--rendezvous MASTER_ADDR:PORT` with a port rank 0 found free and told every rank
-    through the process group, unless one was given (`--rendezvous`, SHUFFLEFS_PORT): the
-    default MASTER_PORT + 1 can be taken on rank 0's host (an ephemeral port of another
-    connection), which nothing but rank 0 could notice."""
-    if "--rendezvous" in options or os.environ.get("SHUFFLEFS_PORT") or "MASTER_ADDR" not in os.environ:
-        return []
-    port = [None]
+    """Where and as which job the daemons meet, drawn by rank 0 and told every rank through
+    the process group: `--rendezvous MASTER_ADDR:PORT` with a port free on rank 0's host
+    (the default MASTER_PORT + 1 can be taken by an ephemeral port of another connection,
+    which nothing but rank 0 could notice), unless one was given (`--rendezvous`,
+    SHUFFLEFS_PORT); and a random job secret (SHUFFLEFS_JOB, unless set), so that a rank of
+    another job reaching the same rendezvous is turned away instead of spoiling this one.
+    Returns (options, environment)."""
+    drawn = [None, None]
     if dist.get_rank() == 0:
-        port[0] = launch.free_port()
-    dist.broadcast_object_list(port, src=0)
-    return ["--rendezvous", f"{os.environ['MASTER_ADDR']}:{port[0]}"]
+        drawn = [launch.free_port(), secrets.token_hex(16)]
+    dist.broadcast_object_list(drawn, src=0)
+    port, secret = drawn
+    env = {} if os.environ.get("SHUFFLEFS_JOB") else {"SHUFFLEFS_JOB": secret}
+    given = "--rendezvous" in options or os.environ.get("SHUFFLEFS_PORT")
+    if given or "MASTER_ADDR" not in os.environ:
+        return [], env
+    return ["--rendezvous", f"{os.environ['MASTER_ADDR']}:{port}"], env

@@ -3,7 +3,8 @@
 //! The same promises as the MPI jobs: every epoch a partition of the dataset with exact bytes,
 //! a rank that leaves does not take the others down, `shufflefs unmount` on every rank ends
 //! the job with exit 0 and nothing left, and the same command resumes at the epoch reached.
-//! Bad input: a rendezvous nobody answers, and `--rendezvous` under mpirun.
+//! Bad input: a rendezvous nobody answers, a rank of another job at this job's rendezvous,
+//! and `--rendezvous` under mpirun.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -216,4 +217,101 @@ fn a_rendezvous_under_mpirun_is_refused_on_every_rank() {
         2,
         "{err}"
     );
+}
+
+/// Two jobs given one rendezvous port (the same SHUFFLEFS_PORT, other torchrun runs): job b's
+/// rank 1 reaches job a's rank 0 while a gathers. It is refused, naming the rendezvous and
+/// the fix, and leaves no mount or cache; job a goes on, forms when its own rank 1 comes,
+/// and both its ranks mount and stop cleanly.
+#[test]
+fn a_rank_of_another_job_at_the_rendezvous_is_turned_away_and_the_job_goes_on() {
+    if !require_fuse() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    write_source(dir, 1, 3, 100);
+    let (port, master) = (
+        crate::common::s3::free_port(),
+        crate::common::s3::free_port(),
+    );
+    let spot = |run: &str, r: u32| {
+        (
+            dir.join(format!("cache-{run}{r}")),
+            dir.join(format!("mnt-{run}{r}")),
+        )
+    };
+    let rank = |run: &str, r: u32| {
+        let (cache, mnt) = spot(run, r);
+        std::fs::create_dir_all(&mnt).unwrap();
+        let mut cmd = shufflefs();
+        cmd.args(["mount", "--source"])
+            .arg(dir.join("src"))
+            .arg("--cache")
+            .arg(cache)
+            .arg(mnt)
+            .envs([("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1")])
+            .env("RANK", r.to_string())
+            .env("MASTER_PORT", master.to_string())
+            .env("SHUFFLEFS_PORT", port.to_string())
+            .env("TORCHELASTIC_RUN_ID", run);
+        cmd
+    };
+    let mounts = [spot("a", 0).1, spot("a", 1).1];
+    let _cleanup = Unmounted(mounts.to_vec());
+    let mut zero = rank("a", 0)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let listening = || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !listening() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "rank 0 never listened"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let other = rank("b", 1).output().unwrap();
+    let err = String::from_utf8_lossy(&other.stderr);
+    assert!(!other.status.success(), "{err}");
+    assert!(
+        err.contains(&format!(
+            "rank 1 of another job came to the rendezvous at 127.0.0.1:{port}"
+        )),
+        "{err}"
+    );
+    assert!(err.contains("SHUFFLEFS_PORT"), "{err}");
+    let (cache, mnt) = spot("b", 1);
+    assert!(
+        !is_mounted(&mnt) && !cache.exists(),
+        "the refused rank left nothing"
+    );
+    let one = rank("a", 1).output().unwrap();
+    check("job a's rank 1", &one);
+    let status = wait_child(&mut zero, std::time::Duration::from_secs(60));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "job a's rank 0: {status:?}"
+    );
+    for m in &mounts {
+        assert_eq!(read_status(m)["world_size"], 2, "{}", m.display());
+    }
+    for m in &mounts {
+        let out = shufflefs().arg("unmount").arg(m).output().unwrap();
+        check("shufflefs unmount", &out);
+    }
+}
+
+/// Force-unmounts what is still mounted when a test ends, passed or not.
+struct Unmounted(Vec<std::path::PathBuf>);
+
+impl Drop for Unmounted {
+    fn drop(&mut self) {
+        for m in &self.0 {
+            if is_mounted(m) {
+                force_unmount(m);
+            }
+        }
+    }
 }

@@ -27,6 +27,30 @@ pub struct Contract {
     pub wait: Duration,
     /// The port this rank's data listener takes (0: any free one).
     pub data_port: u16,
+    /// Which job this rank belongs to ([`job_key`]): the rendezvous turns away a rank of
+    /// another job that meets at the same address, and goes on waiting for its own.
+    pub job: u64,
+}
+
+/// The job a rank of `vars` belongs to, the same on every rank of one job: `SHUFFLEFS_JOB`
+/// (a secret the launcher gives every rank; `shufflefs.torch.mount` draws one at rank 0 and
+/// hands it round), else what torchrun sets alike on every rank of a run (its run id,
+/// MASTER_ADDR, MASTER_PORT) with WORLD_SIZE. Hashed (FNV-1a): the hello carries no secret.
+pub fn job_key(vars: &dyn Fn(&str) -> Option<String>) -> u64 {
+    let text = match vars("SHUFFLEFS_JOB") {
+        Some(secret) => format!("job\0{secret}"),
+        None => [
+            "TORCHELASTIC_RUN_ID",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "WORLD_SIZE",
+        ]
+        .map(|k| vars(k).unwrap_or_default())
+        .join("\0"),
+    };
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 impl Contract {
@@ -72,6 +96,7 @@ impl Contract {
             world,
             wait,
             data_port,
+            job: job_key(vars),
         }))
     }
 
@@ -142,6 +167,7 @@ pub(super) fn join(c: &Contract) -> Result<Joined, String> {
     let hello = Hello {
         rank: c.rank,
         world: c.world,
+        job: c.job,
         data: SocketAddr::new(local.ip(), port),
         host: hostname(),
     };
@@ -226,21 +252,32 @@ type Server = std::thread::JoinHandle<Result<(), String>>;
 fn host_rendezvous(c: &Contract, target: SocketAddr, until: Instant) -> Result<Server, String> {
     let listener = TcpListener::bind(SocketAddr::new(unspecified(target.ip()), target.port()))
         .map_err(|e| in_use(e, target.port(), "SHUFFLEFS_PORT"))?;
-    let (world, at) = (c.world, c.rendezvous.clone());
+    let (world, job, at) = (c.world, c.job, c.rendezvous.clone());
     Ok(std::thread::spawn(move || {
-        serve(listener, world, &at, until)
+        serve(listener, (world, job), &at, until)
     }))
 }
 
-fn serve(listener: TcpListener, world: u32, at: &str, until: Instant) -> Result<(), String> {
+fn serve(
+    listener: TcpListener,
+    (world, job): (u32, u64),
+    at: &str,
+    until: Instant,
+) -> Result<(), String> {
     listener.set_nonblocking(true).map_err(|e| e.to_string())?;
     let mut came: Vec<Option<(TcpStream, Hello)>> = (0..world).map(|_| None).collect();
     let (mut refusal, mut seen_as) = (None, None);
+    // Who was turned away (another job, another version), for the message if ranks are missing.
+    let mut turned_away: Vec<String> = Vec::new();
     while refusal.is_none() && came.iter().any(Option::is_none) {
         if Instant::now() >= until {
             let missing: Vec<u32> = (0..world).filter(|&r| came[r as usize].is_none()).collect();
+            let away = match turned_away.is_empty() {
+                true => String::new(),
+                false => format!(" Turned away meanwhile: {}.", turned_away.join("; ")),
+            };
             refusal = Some(format!(
-                "ranks {missing:?} of {world} never reached the rendezvous at {at}: were they started, with the same MASTER_ADDR/--rendezvous? (Every rank must use the same transport: ranks under mpirun do not come here.)"
+                "ranks {missing:?} of {world} never reached the rendezvous at {at}: were they started, with the same MASTER_ADDR/--rendezvous? (Every rank must use the same transport: ranks under mpirun do not come here.){away}"
             ));
             break;
         }
@@ -257,8 +294,26 @@ fn serve(listener: TcpListener, world: u32, at: &str, until: Instant) -> Result<
         if let Ok(here) = s.local_addr().map(|a| a.ip()) {
             seen_as = seen_as.or((!here.is_loopback()).then_some(here));
         }
-        let Ok(h) = Hello::read(&mut s) else { continue };
-        refusal = admit(&mut came, s, h, world);
+        let from = s.peer_addr().map_or("?".into(), |a| a.to_string());
+        match Hello::read(&mut s) {
+            Ok(h) if h.job == job => refusal = admit(&mut came, s, h, world),
+            Ok(h) => {
+                let why = format!(
+                    "rank {} of another job came to the rendezvous at {at}, where a job of {world} ranks meets: give each job a rendezvous port of its own (SHUFFLEFS_PORT, or --rendezvous), or start every rank of one job with the same SHUFFLEFS_JOB / torchrun run",
+                    h.rank
+                );
+                let _ = Table::Refused(why).write(&mut s);
+                turned_away.push(format!("rank {} of another job from {from}", h.rank));
+            }
+            // Another version of shufflefs: told why, as it would otherwise see the
+            // connection close. A stranger that is not shufflefs gets the same line.
+            Err(e) if e.kind() == ErrorKind::InvalidData => {
+                let _ =
+                    Table::Refused(format!("the rendezvous at {at} refused: {e}")).write(&mut s);
+                turned_away.push(format!("{from}: {e}"));
+            }
+            Err(_) => {}
+        }
     }
     // A rank that reached the rendezvous over loopback (MASTER_ADDR naming this host as
     // 127.0.1.1, as Debian's /etc/hosts does) is on this host: others reach it at the

@@ -23,6 +23,7 @@ fn contract(port: u16, rank: u32, world: u32) -> Contract {
         world,
         wait: Duration::from_secs(20),
         data_port: 0,
+        job: 1,
     }
 }
 
@@ -169,6 +170,67 @@ fn ranks_that_disagree_on_the_world_or_share_a_rank_are_refused() {
     let e = zero.join().unwrap().unwrap().to_string();
     assert!(e.contains("two ranks say they are rank 1"), "{e}");
     assert!(a.join().unwrap().is_some() && b.is_some());
+}
+
+/// Two jobs given one rendezvous (the same SHUFFLEFS_PORT): a rank of the other job is
+/// turned away with what to do, and the job meeting there goes on and forms; a rank of
+/// another shufflefs version is told so instead of seeing the connection close.
+#[test]
+fn a_rank_of_another_job_or_version_is_turned_away_and_the_job_goes_on() {
+    let port = free_port();
+    let zero = std::thread::spawn(move || TcpComm::connect(&contract(port, 0, 2)).map(|_| ()));
+    std::thread::sleep(Duration::from_millis(200));
+    let mut stranger = contract(port, 1, 2);
+    stranger.job = 2;
+    let e = TcpComm::connect(&stranger).err().unwrap().to_string();
+    assert!(
+        e.contains("rank 1 of another job came to the rendezvous"),
+        "{e}"
+    );
+    assert!(e.contains("SHUFFLEFS_PORT"), "{e}");
+    let mut old = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut hello = Vec::new();
+    wire::Out::default()
+        .raw(wire::RENDEZVOUS_MAGIC)
+        .u16(wire::VERSION - 1)
+        .send(&mut hello)
+        .unwrap();
+    std::io::Write::write_all(&mut old, &hello).unwrap();
+    let answer = wire::Table::read(&mut old).unwrap();
+    assert!(
+        matches!(&answer, wire::Table::Refused(why) if why.contains("protocol version")),
+        "{answer:?}"
+    );
+    TcpComm::connect(&contract(port, 1, 2)).unwrap();
+    zero.join().unwrap().unwrap();
+}
+
+/// The job key is what every rank of one job shares: the launcher's secret first, else
+/// torchrun's run with the world size.
+#[test]
+fn the_job_key_is_the_secret_or_the_torchrun_run() {
+    let key = |vars: &[(&str, &str)]| {
+        let m: std::collections::HashMap<_, _> = vars.iter().copied().collect();
+        rendezvous::job_key(&|k| m.get(k).map(|v| v.to_string()))
+    };
+    let run = [
+        ("TORCHELASTIC_RUN_ID", "r1"),
+        ("MASTER_ADDR", "h"),
+        ("MASTER_PORT", "5"),
+    ];
+    let mut other = run;
+    other[0].1 = "r2";
+    assert_ne!(key(&run), key(&other));
+    let mut secret = run.to_vec();
+    secret.push(("SHUFFLEFS_JOB", "s"));
+    let mut secret2 = other.to_vec();
+    secret2.push(("SHUFFLEFS_JOB", "s"));
+    assert_eq!(
+        key(&secret),
+        key(&secret2),
+        "the secret alone names the job"
+    );
+    assert_ne!(key(&secret), key(&run));
 }
 
 #[test]

@@ -11,7 +11,8 @@ pub(super) const RENDEZVOUS_MAGIC: &[u8; 4] = b"SFSR";
 /// The first bytes of a data connection's hello.
 pub(super) const DATA_MAGIC: &[u8; 4] = b"SFSD";
 /// Bumped when any layout below changes: ranks of two versions refuse each other.
-pub(super) const VERSION: u16 = 1;
+/// 2: a rendezvous hello names its job.
+pub(super) const VERSION: u16 = 2;
 /// A message's header: context, tag, length.
 pub(super) const HEADER: usize = 8 + 2 + 8;
 /// The longest message a peer may announce (64 GiB: a manifest broadcast is the largest).
@@ -24,6 +25,8 @@ const MAX_TEXT: usize = 4096;
 pub(super) struct Hello {
     pub rank: u32,
     pub world: u32,
+    /// Its job's key (`rendezvous::job_key`).
+    pub job: u64,
     /// Where its data listener answers: its address on the interface that reached the
     /// rendezvous, and the listener's port.
     pub data: SocketAddr,
@@ -143,6 +146,7 @@ impl Hello {
         (Out::default().raw(RENDEZVOUS_MAGIC).u16(VERSION))
             .u32(self.rank)
             .u32(self.world)
+            .u64(self.job)
             .addr(self.data)
             .text(&self.host)
             .send(w)
@@ -154,6 +158,7 @@ impl Hello {
         Ok(Hello {
             rank: r.u32()?,
             world: r.u32()?,
+            job: r.u64()?,
             data: r.addr()?,
             host: r.text()?,
         })
@@ -238,6 +243,7 @@ mod tests {
         let hello = Hello {
             rank: 3,
             world: 8,
+            job: 17,
             data: "10.0.0.4:41234".parse().unwrap(),
             host: "node-4".into(),
         };
