@@ -454,7 +454,8 @@ pub struct UnmountArgs {
     #[arg(long, default_value_t = 60)]
     pub timeout: u64,
     /// Unmount even while files are open: the view disappears at once, open files keep
-    /// reading, and the daemon exits when the last of them is closed.
+    /// reading, and the daemon exits when the last of them is closed (a daemon still
+    /// running after --timeout is then not a failure).
     #[arg(long)]
     pub lazy: bool,
 }

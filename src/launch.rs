@@ -375,6 +375,15 @@ pub fn unmount(args: &UnmountArgs) -> ExitCode {
             );
             return ExitCode::SUCCESS;
         }
+        if Instant::now() > deadline && args.lazy {
+            // Detached as asked: the daemon ends when the files still open there are closed,
+            // which may be after this command (a trainer's loader workers on their way out).
+            println!(
+                "shufflefs: detached {}; daemon pid {pid} exits once the files still open there are closed",
+                mnt.display()
+            );
+            return ExitCode::SUCCESS;
+        }
         if Instant::now() > deadline {
             eprintln!(
                 "shufflefs: unmounted, but daemon pid {pid} is still running after {}s",

@@ -23,8 +23,8 @@ from . import rank_from_env, rank_mount, wait_ready
 
 _MOUNTED = []
 _HANDLED = {}
-# The process that mounted (only it unmounts), and whether it is unmounting on its way out.
-_STATE = {"owner": None, "exiting": False}
+# The process that mounted (only it unmounts), and whether it is unmounting now.
+_STATE = {"owner": None, "unmounting": False}
 
 
 def binary(explicit=None):
@@ -118,17 +118,18 @@ def mount(source, cache, mountpoint, fraction=None, seed=None, options=(), rank=
     return path
 
 
-def unmount(path, binary_path=None, lazy=False):
+def unmount(path, binary_path=None, lazy=False, timeout=60):
     """Unmounts `path` (a mount `mount` made); its daemon exits once every rank has. Raises
     RuntimeError with the daemon's message when it refuses (files still open there: close
     them, or pass `lazy=True` to detach the view at once and let the daemon exit when the last
-    open file is closed): an `UnmountError`."""
+    open file is closed): an `UnmountError`. `timeout`: seconds to wait for the daemon to
+    end (with `lazy`, one still serving open files after that is not a failure)."""
     entry = next((m for m in _MOUNTED if m[0] == path), None)
     if entry is not None:
         _MOUNTED.remove(entry)
     exe = binary_path or (entry[1] if entry else binary())
-    cmd = [exe, "unmount"] + (["--lazy"] if lazy else []) + [path]
-    code, said = _run_to_the_end(cmd, timeout=120)
+    cmd = [exe, "unmount", "--timeout", str(timeout)] + (["--lazy"] if lazy else []) + [path]
+    code, said = _run_to_the_end(cmd, timeout=timeout + 60)
     if code != 0:
         raise UnmountError(f"shufflefs unmount of {path} failed: {said or f'exit code {code}'}")
 
@@ -170,37 +171,54 @@ def _run_to_the_end(cmd, timeout):
 
 
 def _unmount_all():
-    """Unmounts what this process mounted, once, and only in that process: a forked child
-    (a DataLoader worker, a user's fork) inherits the list, the atexit hook and the signal
-    handlers, and must not unmount the mounts its parent still reads."""
+    """Unmounts what this process mounted, and only in that process: a forked child (a
+    DataLoader worker, a user's fork) inherits the list, the atexit hook and the signal
+    handlers, and must not unmount the mounts its parent still reads. Lazily, and without
+    waiting for the daemons to end: on the way out a DataLoader's workers (stopped after
+    atexit hooks like this one) may still hold sample files open."""
     if os.getpid() != _STATE["owner"]:
         return
-    _STATE["exiting"] = True
-    for path, exe in list(_MOUNTED):
-        # Lazily: on the way out a DataLoader's workers (stopped after atexit hooks like this
-        # one) may still hold sample files open, and a refused unmount would leave the mount.
-        try:
-            unmount(path, exe, lazy=True)
-        except (OSError, UnmountError) as e:
-            print(f"shufflefs: {e}", file=sys.stderr)
-        except Exception:  # another handler's, raised while this one waited: exiting anyway
-            pass
+    _STATE["unmounting"] = True
+    try:
+        for path, exe in list(_MOUNTED):
+            try:
+                unmount(path, exe, lazy=True, timeout=1)
+            except (OSError, UnmountError) as e:
+                print(f"shufflefs: {e}", file=sys.stderr)
+            except Exception:  # another handler's, raised while this one waited: exiting anyway
+                pass
+    finally:
+        _STATE["unmounting"] = False
 
 
 def _on_signal(signum, frame):
-    if _STATE["exiting"]:
-        # Already unmounting on the way out (atexit, or a first signal): a second SIGTERM
-        # (torchrun's to a worker that is ending) must not kill the `shufflefs unmount` under
-        # way and leave the mount behind. A SIGKILL still ends the process.
-        return
-    _unmount_all()
     previous = _HANDLED.get(signum)
+    if os.getpid() != _STATE["owner"]:
+        return _as_before(signum, frame, previous)  # a forked worker: as if we were not here
+    if _STATE["unmounting"]:
+        # Unmounting already (atexit, or a first signal): a second SIGTERM (torchrun's to a
+        # worker that is ending) must not cut it short. A SIGKILL still ends the process.
+        return None
     if callable(previous):
-        previous(signum, frame)
-    elif previous == signal.SIG_IGN:
-        return
-    else:
-        sys.exit(128 + signum)
+        # The script's own handler (SIGINT's raises KeyboardInterrupt) decides: if it
+        # returns, training goes on, mounted; if it raises, the process ends through atexit,
+        # which unmounts.
+        return previous(signum, frame)
+    # The default: the signal would end the process at once, with no atexit: unmount first.
+    _unmount_all()
+    return _as_before(signum, frame, previous)
+
+
+def _as_before(signum, frame, previous):
+    """What `signum` did before this package handled it: the old handler, nothing when
+    ignored, else the default (the process ends by the signal, as it would have)."""
+    if callable(previous):
+        return previous(signum, frame)
+    if previous == signal.SIG_IGN:
+        return None
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    return None
 
 
 def _remember(path, exe):
@@ -208,9 +226,11 @@ def _remember(path, exe):
         # The first mount of this process (a forked child's copy names its parent's mounts).
         _MOUNTED.clear()
         _HANDLED.clear()
-        _STATE.update(owner=os.getpid(), exiting=False)
+        _STATE.update(owner=os.getpid(), unmounting=False)
         atexit.register(_unmount_all)
         for sig in (signal.SIGTERM, signal.SIGINT):
+            if signal.getsignal(sig) == signal.SIG_IGN:
+                continue  # ignored (a job started in the background): it must stay so
             try:
                 _HANDLED[sig] = signal.signal(sig, _on_signal)
             except ValueError:  # not the main thread: atexit still unmounts

@@ -41,7 +41,7 @@ def mount(source, cache, mountpoint, fraction=None, seed=None, options=(), timeo
         kwargs.setdefault("world_size", dist.get_world_size())
         meet, env = _rendezvous(dist, options)
         options = list(options) + meet
-        kwargs["env"] = {**env, **kwargs.get("env", {})}
+        kwargs["env"] = {**env, **(kwargs.get("env") or {})}
     path = launch.mount(source, cache, mountpoint, fraction=fraction, seed=seed, options=options,
                         timeout=timeout, **kwargs)
     if ready:
@@ -107,15 +107,16 @@ def _rendezvous(dist, options):
     the process group: `--rendezvous MASTER_ADDR:PORT` with a port free on rank 0's host
     (the default MASTER_PORT + 1 can be taken by an ephemeral port of another connection,
     which nothing but rank 0 could notice), unless one was given (`--rendezvous`,
-    SHUFFLEFS_PORT); and a random job secret (SHUFFLEFS_JOB, unless set), so that a rank of
-    another job reaching the same rendezvous is turned away instead of spoiling this one.
+    SHUFFLEFS_PORT); and a job secret (rank 0's SHUFFLEFS_JOB, else a random one), so that a
+    rank of another job reaching the same rendezvous is turned away instead of joining this one.
     Returns (options, environment)."""
     drawn = [None, None]
     if dist.get_rank() == 0:
-        drawn = [launch.free_port(), secrets.token_hex(16)]
+        # Rank 0's SHUFFLEFS_JOB when set, so that every rank uses the same one.
+        drawn = [launch.free_port(), os.environ.get("SHUFFLEFS_JOB") or secrets.token_hex(16)]
     dist.broadcast_object_list(drawn, src=0)
     port, secret = drawn
-    env = {} if os.environ.get("SHUFFLEFS_JOB") else {"SHUFFLEFS_JOB": secret}
+    env = {"SHUFFLEFS_JOB": secret}
     given = "--rendezvous" in options or os.environ.get("SHUFFLEFS_PORT")
     if given or "MASTER_ADDR" not in os.environ:
         return [], env

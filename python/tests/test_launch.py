@@ -61,18 +61,37 @@ class Launch(unittest.TestCase):
     def test_only_the_process_that_mounted_unmounts_and_only_once(self):
         with mock.patch.object(launch, "unmount") as unmount, \
                 mock.patch.object(launch, "_MOUNTED", [("/m", "/b")]), \
-                mock.patch.dict(launch._STATE, {"owner": os.getpid() + 1, "exiting": False}):
+                mock.patch.dict(launch._STATE, {"owner": os.getpid() + 1, "unmounting": False}):
             launch._unmount_all()  # a forked child (a DataLoader worker): its parent's mount
             unmount.assert_not_called()
             launch._STATE["owner"] = os.getpid()
             launch._unmount_all()
-            unmount.assert_called_once_with("/m", "/b", lazy=True)
+            unmount.assert_called_once_with("/m", "/b", lazy=True, timeout=1)
 
     def test_a_signal_while_unmounting_on_the_way_out_does_not_interrupt_it(self):
         with mock.patch.object(launch, "_unmount_all") as again, \
-                mock.patch.dict(launch._STATE, {"owner": os.getpid(), "exiting": True}):
+                mock.patch.dict(launch._STATE, {"owner": os.getpid(), "unmounting": True}):
             launch._on_signal(15, None)  # returns: no SystemExit raised into the unmount
             again.assert_not_called()
+
+    def test_signals_keep_their_meaning(self):
+        term = signal.SIGTERM
+        own = mock.Mock()
+        with mock.patch.object(launch, "_unmount_all") as unmount_all, \
+                mock.patch.object(launch.os, "kill") as kill, \
+                mock.patch.object(launch.signal, "signal"), \
+                mock.patch.dict(launch._HANDLED, {term: own}), \
+                mock.patch.dict(launch._STATE, {"owner": os.getpid(), "unmounting": False}):
+            launch._on_signal(term, None)  # the script's handler decides; it returned
+            own.assert_called_once_with(term, None)
+            unmount_all.assert_not_called()
+            launch._HANDLED[term] = signal.SIG_DFL
+            launch._on_signal(term, None)  # the default ends the process: unmount first
+            unmount_all.assert_called_once()
+            kill.assert_called_once_with(os.getpid(), term)
+            launch._STATE["owner"] = os.getpid() + 1  # a forked worker: only the default
+            launch._on_signal(term, None)
+            self.assertEqual((unmount_all.call_count, kill.call_count), (1, 2))
 
     def test_an_unmount_interrupted_by_a_signal_handler_still_runs_to_its_end(self):
         with tempfile.TemporaryDirectory() as d:

@@ -34,19 +34,16 @@ pub struct Contract {
 
 /// The job a rank of `vars` belongs to, the same on every rank of one job: `SHUFFLEFS_JOB`
 /// (a secret the launcher gives every rank; `shufflefs.torch.mount` draws one at rank 0 and
-/// hands it round), else what torchrun sets alike on every rank of a run (its run id,
-/// MASTER_ADDR, MASTER_PORT) with WORLD_SIZE. Hashed (FNV-1a): the hello carries no secret.
+/// hands it round), else what every rank of a run is given alike (torchrun's run id,
+/// MASTER_PORT, WORLD_SIZE; not MASTER_ADDR, which a Kubeflow PyTorchJob sets to `localhost`
+/// on the master pod alone). Hashed (FNV-1a): the hello does not carry the secret itself.
+/// It tells jobs apart; it is no authentication (a hello can be replayed).
 pub fn job_key(vars: &dyn Fn(&str) -> Option<String>) -> u64 {
     let text = match vars("SHUFFLEFS_JOB") {
         Some(secret) => format!("job\0{secret}"),
-        None => [
-            "TORCHELASTIC_RUN_ID",
-            "MASTER_ADDR",
-            "MASTER_PORT",
-            "WORLD_SIZE",
-        ]
-        .map(|k| vars(k).unwrap_or_default())
-        .join("\0"),
+        None => ["TORCHELASTIC_RUN_ID", "MASTER_PORT", "WORLD_SIZE"]
+            .map(|k| vars(k).unwrap_or_default())
+            .join("\0"),
     };
     text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
@@ -276,8 +273,9 @@ fn serve(
                 true => String::new(),
                 false => format!(" Turned away meanwhile: {}.", turned_away.join("; ")),
             };
+            let missing = shortened(&missing);
             refusal = Some(format!(
-                "ranks {missing:?} of {world} never reached the rendezvous at {at}: were they started, with the same MASTER_ADDR/--rendezvous? (Every rank must use the same transport: ranks under mpirun do not come here.){away}"
+                "ranks {missing} of {world} never reached the rendezvous at {at}: were they started, with the same MASTER_ADDR/--rendezvous? (Every rank must use the same transport: ranks under mpirun do not come here.){away}"
             ));
             break;
         }
@@ -303,14 +301,17 @@ fn serve(
                     h.rank
                 );
                 let _ = Table::Refused(why).write(&mut s);
-                turned_away.push(format!("rank {} of another job from {from}", h.rank));
+                note(
+                    &mut turned_away,
+                    format!("rank {} of another job from {from}", h.rank),
+                );
             }
             // Another version of shufflefs: told why, as it would otherwise see the
             // connection close. A stranger that is not shufflefs gets the same line.
             Err(e) if e.kind() == ErrorKind::InvalidData => {
                 let _ =
                     Table::Refused(format!("the rendezvous at {at} refused: {e}")).write(&mut s);
-                turned_away.push(format!("{from}: {e}"));
+                note(&mut turned_away, format!("{from}: {e}"));
             }
             Err(_) => {}
         }
@@ -338,6 +339,26 @@ fn serve(
         let _ = table.write(&mut s);
     }
     refusal.map_or(Ok(()), Err)
+}
+
+/// How many of those turned away the refusal names (a port scanner must not make it long).
+const NAMED: usize = 4;
+
+/// Remembers the first few turned away, then that there were more.
+fn note(turned_away: &mut Vec<String>, who: String) {
+    match turned_away.len() {
+        n if n < NAMED => turned_away.push(who),
+        NAMED => turned_away.push("and more".into()),
+        _ => {}
+    }
+}
+
+/// `ranks` as a short list: the first few and how many more.
+fn shortened(ranks: &[u32]) -> String {
+    match ranks.len() {
+        n if n <= 16 => format!("{ranks:?}"),
+        n => format!("{:?} and {} more", &ranks[..16], n - 16),
+    }
 }
 
 /// Takes `h` into `came`, or says why the job cannot start.

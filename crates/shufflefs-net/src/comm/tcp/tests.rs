@@ -218,6 +218,13 @@ fn the_job_key_is_the_secret_or_the_torchrun_run() {
         ("MASTER_ADDR", "h"),
         ("MASTER_PORT", "5"),
     ];
+    let mut on_master = run;
+    on_master[1].1 = "localhost"; // a PyTorchJob's master pod
+    assert_eq!(
+        key(&run),
+        key(&on_master),
+        "MASTER_ADDR may differ between ranks"
+    );
     let mut other = run;
     other[0].1 = "r2";
     assert_ne!(key(&run), key(&other));

@@ -137,6 +137,15 @@ impl<R: Read> In<R> {
     }
 }
 
+/// `text` cut to what a reader takes ([`MAX_TEXT`]), at a character boundary.
+fn clipped(text: &str) -> &str {
+    let mut end = text.len().min(MAX_TEXT);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 pub(super) fn invalid(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg)
 }
@@ -169,7 +178,7 @@ impl Table {
     pub fn write(&self, w: &mut impl Write) -> io::Result<()> {
         let out = Out::default().raw(RENDEZVOUS_MAGIC).u16(VERSION);
         match self {
-            Table::Refused(why) => out.u8(1).text(why).send(w),
+            Table::Refused(why) => out.u8(1).text(clipped(why)).send(w),
             Table::Ranks { token, peers } => {
                 let mut out = out.u8(0).u64(*token).u32(peers.len() as u32);
                 for (addr, host) in peers {
@@ -261,6 +270,10 @@ mod tests {
         let mut b = Vec::new();
         refused.write(&mut b).unwrap();
         assert_eq!(Table::read(&b[..]).unwrap(), refused);
+        let long = Table::Refused("é".repeat(MAX_TEXT));
+        let mut b = Vec::new();
+        long.write(&mut b).unwrap();
+        assert!(matches!(Table::read(&b[..]).unwrap(), Table::Refused(w) if w.len() == MAX_TEXT));
         assert_eq!(read_data_hello(&data_hello(7, 2)[..], 7).unwrap(), 2);
         assert!(read_data_hello(&data_hello(7, 2)[..], 8).is_err());
         assert_eq!(parse_header(&header(5, 6, 7)).unwrap(), (5, 6, 7));

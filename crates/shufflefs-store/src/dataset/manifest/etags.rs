@@ -11,8 +11,10 @@
 //! upload's `"…-N"`, another store's form) is kept as text beside them. As text, 10^7 ETags
 //! were 42 B an object (34 B of text and an 8-byte end), the largest per-sample part of a
 //! bucket's manifest on every rank. A footer written as text ([`MAGIC_TEXT`], caches made
-//! before) still decodes, into this form, so those caches stay usable; its fingerprint is
-//! of the bytes as saved, so nothing is re-fetched.
+//! before) still decodes, into this form, and is encoded as text again: the manifest's
+//! bytes, and so the fingerprint its cache's state names, stay what they were, and the
+//! cache remounts as it did (it takes the smaller footer once it is listed anew:
+//! `--rescan`, `--reset-cache`).
 
 use std::borrow::Cow;
 
@@ -33,6 +35,10 @@ pub struct Etags {
     digests: Vec<[u8; 16]>,
     /// The objects whose ETag has another shape, by index (increasing), as given.
     others: Others,
+    /// Decoded from a text footer (a cache made before the digests): encoded as text again,
+    /// so the manifest's bytes, and the fingerprint the cache's state names, stay the same.
+    #[serde(skip)]
+    as_text: bool,
 }
 
 /// ETags of other shapes in one arena (a `String` each would cost 24 bytes and an
@@ -88,6 +94,7 @@ impl Etags {
                 text: String::with_capacity(other_text),
                 ..Others::default()
             },
+            as_text: false,
         }
     }
 
@@ -172,7 +179,7 @@ const MAGIC: &[u8; 8] = b"\xffSFETAG2";
 const MAGIC_TEXT: &[u8; 8] = b"\xffSFETAG1";
 
 /// The footer as it was written before: every ETag as text.
-#[derive(Deserialize)]
+#[derive(Serialize, Deserialize)]
 struct TextEtags {
     text: String,
     end: Vec<u64>,
@@ -187,15 +194,27 @@ impl TextEtags {
             out.push(self.text.get(start..end)?);
             start = end;
         }
+        out.as_text = true;
         Some(out)
+    }
+
+    fn of(etags: &Etags) -> TextEtags {
+        let (mut text, mut end) = (String::new(), Vec::with_capacity(etags.len()));
+        for i in 0..etags.len() {
+            text.push_str(&etags.get(i).unwrap_or_default());
+            end.push(text.len() as u64);
+        }
+        TextEtags { text, end }
     }
 }
 
-/// `bytes` with the footer of `etags` appended (nothing when there are none).
+/// `bytes` with the footer of `etags` appended (nothing when there are none): as text where
+/// they were decoded from text (see `Etags::as_text`).
 pub(super) fn encode(bytes: Vec<u8>, etags: &Etags) -> Vec<u8> {
-    match etags.is_empty() {
-        true => bytes,
-        false => footer::append(bytes, etags, MAGIC),
+    match (etags.is_empty(), etags.as_text) {
+        (true, _) => bytes,
+        (false, true) => footer::append(bytes, &TextEtags::of(etags), MAGIC_TEXT),
+        (false, false) => footer::append(bytes, etags, MAGIC),
     }
 }
 
@@ -304,6 +323,11 @@ mod tests {
         assert_eq!(etags.text_len(), 7, "the digest left the text");
         let got: Vec<_> = (0..3).map(|i| etags.get(i).unwrap().into_owned()).collect();
         assert_eq!(got, ["\"a\"", MD5, "\"bc\""]);
+        assert_eq!(
+            encode(Vec::new(), &etags),
+            bytes,
+            "encoded again as it was saved"
+        );
         let mut wrong = postcard::to_allocvec(&Old {
             text: "\"a\"".into(),
             end: vec![9],
@@ -327,6 +351,7 @@ mod tests {
                 end: vec![filler.len() as u64],
                 text: filler,
             },
+            as_text: false,
         };
         etags.push("\"past\"");
         assert_eq!(etags.get(1).as_deref(), Some("\"past\""));
