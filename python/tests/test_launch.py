@@ -8,6 +8,15 @@ from unittest import mock
 from shufflefs import launch
 
 
+def fake(folder, name, script):
+    """An executable `folder/name` running the shell `script`."""
+    exe = os.path.join(folder, name)
+    with open(exe, "w") as f:
+        f.write("#!/bin/sh\n" + script)
+    os.chmod(exe, stat.S_IRWXU)
+    return exe
+
+
 class Launch(unittest.TestCase):
     def test_the_command_line_carries_the_settings_and_rank_templates(self):
         cmd = launch.mount_command("/src", "/c/{rank}", "/m/{rank}", fraction=0.3, seed=4,
@@ -95,10 +104,8 @@ class Launch(unittest.TestCase):
 
     def test_an_unmount_interrupted_by_a_signal_handler_still_runs_to_its_end(self):
         with tempfile.TemporaryDirectory() as d:
-            done, exe = os.path.join(d, "done"), os.path.join(d, "fake")
-            with open(exe, "w") as f:
-                f.write(f"#!/bin/sh\nsleep 1\ntouch {done}\n")
-            os.chmod(exe, stat.S_IRWXU)
+            done = os.path.join(d, "done")
+            exe = fake(d, "fake", f"sleep 1\ntouch {done}\n")
 
             def raise_once(signum, frame):  # as a DataLoader's SIGCHLD handler does
                 signal.signal(signal.SIGALRM, signal.SIG_DFL)
@@ -115,10 +122,7 @@ class Launch(unittest.TestCase):
 
     def test_a_refused_unmount_raises_with_the_daemons_reason(self):
         with tempfile.TemporaryDirectory() as d:
-            exe = os.path.join(d, "fake")
-            with open(exe, "w") as f:
-                f.write("#!/bin/sh\necho 'files are open' >&2\nexit 1\n")
-            os.chmod(exe, stat.S_IRWXU)
+            exe = fake(d, "fake", "echo 'files are open' >&2\nexit 1\n")
             with self.assertRaisesRegex(launch.UnmountError, "/m failed: files are open"):
                 launch.unmount("/m", exe)
 

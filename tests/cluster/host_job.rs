@@ -19,22 +19,6 @@ use crate::common::*;
 use crate::harness::Cluster;
 use crate::private_hosts::host_view;
 
-/// Where a job runs: its first `hosts` hosts (all when `None`), `per_host` ranks each. A
-/// plain number is `per_host` on every host.
-pub(crate) struct Shape {
-    pub hosts: Option<u32>,
-    pub per_host: u32,
-}
-
-impl From<u32> for Shape {
-    fn from(per_host: u32) -> Shape {
-        Shape {
-            hosts: None,
-            per_host,
-        }
-    }
-}
-
 /// A running job: `launcher BIN mount ... LOCAL/mnt{rank}`, `K` ranks per host (ranks
 /// `K*h..K*h+K-1` on host h under mpirun or a static torchrun rendezvous).
 pub(crate) struct HostJob<'a> {
@@ -55,15 +39,14 @@ impl<'a> HostJob<'a> {
     pub fn start(
         cluster: &'a Cluster,
         mut launcher: Command,
-        shape: impl Into<Shape>,
+        per_host: u32,
         source: &str,
         (seed, fraction): (u64, f64),
         extra: &[&str],
         log: &Path,
     ) -> HostJob<'a> {
         let local = cluster.config("LOCAL");
-        let Shape { hosts, per_host } = shape.into();
-        let ranks = hosts.unwrap_or(cluster.hosts) * per_host;
+        let ranks = cluster.hosts * per_host;
         let mounts = (0..ranks).map(|r| format!("{local}/mnt{r}")).collect();
         let child = launcher
             .args([BIN, "mount", "--seed", &seed.to_string(), "--fraction"])

@@ -1,11 +1,16 @@
 //! The TCP transport across hosts: 4 emulated private hosts (their own network at 1 Gbit,
 //! disk and mount table), the dataset on the storage host over sshfs, and `shufflefs-cluster
-//! torchrun` starting one torchrun agent per host (2 ranks each, a static rendezvous at h0):
-//! no MPI anywhere, the daemons meet at MASTER_ADDR and exchange over TCP between hosts.
-//! Every epoch each rank holds its planned share with the source's bytes (so the shares
-//! partition the dataset), the exchange crossed hosts, and `shufflefs unmount` on every rank
-//! ends every torchrun with exit 0 and leaves no FUSE mount in any host. The same job again
-//! with the dataset in an S3 bucket (moto on the bridge): each object fetched once.
+//! torchrun` starting one torchrun agent per host (2 ranks each): no MPI anywhere, the
+//! daemons meet at MASTER_ADDR and exchange over TCP between hosts.
+//!
+//! - `torchrun --no-python shufflefs mount` under a static rendezvous: every epoch each rank
+//!   holds its planned share with the source's bytes (so the shares partition the dataset),
+//!   the exchange crossed hosts, and `shufflefs unmount` on every rank ends every torchrun
+//!   with exit 0 and leaves no FUSE mount in any host; again with the dataset in an S3
+//!   bucket (moto on the bridge), each object fetched once.
+//! - The DDP example mounting from its script (`shufflefs.torch.mount`) under a c10d
+//!   rendezvous; with a host killed mid-exchange and the same torchrun command run on the 3
+//!   hosts left; and under torchrun's own elastic restart (`--nnodes 3:4`).
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -15,7 +20,7 @@ use std::time::{Duration, Instant};
 use crate::common::mpi_job::{exchange, planned};
 use crate::common::*;
 use crate::harness::Cluster;
-use crate::host_job::{HostJob, Shape, host_fuse_mounts, status_on};
+use crate::host_job::{HostJob, host_fuse_mounts, status_on};
 use crate::private_hosts::{four_classes, staged};
 
 const HOSTS: u32 = 4;
@@ -119,18 +124,10 @@ fn walk_and_stop(cluster: &Cluster, mut job: HostJob, ds: &Dataset) {
 /// and no daemon runs.
 #[test]
 fn torchrun_with_a_c10d_rendezvous_runs_the_ddp_example_on_four_private_hosts() {
-    if !require() {
-        return;
-    }
-    let Some(python) = venv_python("import torch, torchvision, PIL", "torchvision and pillow")
-    else {
+    let Some((tmp, src, python, cluster)) = ddp_cluster("tcd", "10.214.113.0/24") else {
         return;
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let (src, rec) = (tmp.path().join("src"), tmp.path().join("rec"));
-    ddp::make_images(&python, &src, 32);
-    let args = ["--store", src.to_str().unwrap(), "--disk", "64M"];
-    let cluster = Cluster::private("tcd", "10.214.113.0/24", HOSTS, &args);
+    let rec = tmp.path().join("rec");
     let launcher = cluster.torchrun_rdzv(PER_HOST, "c10d");
     let mut launcher = ddp_on_hosts(&cluster, launcher, &python, &rec);
     let out = run_with_timeout(&mut launcher, Duration::from_secs(600));
@@ -163,6 +160,30 @@ fn torchrun_with_a_c10d_rendezvous_runs_the_ddp_example_on_four_private_hosts() 
             "daemon {pid} still runs"
         );
     }
+}
+
+/// For the DDP example's tests: a folder, the images in it (`src`), the venv's python with
+/// torchvision, and `HOSTS` private hosts named `name` with `src` on their store; `None` to
+/// skip.
+fn ddp_cluster(
+    name: &'static str,
+    subnet: &str,
+) -> Option<(
+    tempfile::TempDir,
+    std::path::PathBuf,
+    std::path::PathBuf,
+    Cluster,
+)> {
+    if !require() {
+        return None;
+    }
+    let python = venv_python("import torch, torchvision, PIL", "torchvision and pillow")?;
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    ddp::make_images(&python, &src, 32);
+    let args = ["--store", src.to_str().unwrap(), "--disk", "64M"];
+    let cluster = Cluster::private(name, subnet, HOSTS, &args);
+    Some((tmp, src, python, cluster))
 }
 
 /// `launcher` (torchrun on the hosts) made to run `python train_ddp.py`, which mounts the
@@ -224,96 +245,6 @@ fn torchrun_on_four_private_hosts_mounts_a_bucket() {
     walk_and_stop(&cluster, job, &ds);
 }
 
-/// A host dies mid-exchange (every process in it killed: its torchrun agent, its daemons, its
-/// store mount) while the job is at epoch 1 and moving samples into epoch 2. The other hosts'
-/// ranks are stopped, and the job is started again with torchrun on the 3 hosts left (6
-/// ranks, each finding its cache on its host's disk): it goes on at epoch 1, an elastic
-/// restart from 8 ranks, the dead host's share fetched again from the store; epochs 1 and 2
-/// are each a partition of the dataset with exact bytes, and the job stops cleanly.
-#[test]
-fn a_host_killed_mid_exchange_then_torchrun_on_three_hosts_goes_on_at_the_epoch() {
-    if !require() {
-        return;
-    }
-    let ds = four_classes(12, |i| 20_000 + 97 * i as u64);
-    let cluster = store_cluster("tck", "10.214.114.0/24", &ds);
-    let store = cluster.config("STORE");
-    // Exchanges slowed (10 kB/s per rank: ~6 s each) so that the one into epoch 2 runs when
-    // h3 dies.
-    let slow = [
-        "--foreground",
-        "--exchange-rate",
-        "10000",
-        "--share-disk",
-        "never",
-    ];
-    let launcher = cluster.torchrun(PER_HOST);
-    let log = ds.base.join("job.log");
-    let job = HostJob::start(&cluster, launcher, PER_HOST, &store, (SEED, Q), &slow, &log);
-    let ranks = HOSTS * PER_HOST;
-    for r in 0..ranks {
-        job.listing(&ds, r, 1);
-    }
-    job.wait_all("the exchange into epoch 2 to run", |st| {
-        exchange(st, 2).is_some_and(|x| x["state"] == "running")
-    });
-    crate::slurm::kill_host(&cluster, HOSTS - 1);
-    let left = ranks - PER_HOST;
-    for r in 0..left {
-        let host = job.host(r).to_string();
-        let secs = "60";
-        (cluster).exec_ok(
-            &host,
-            &[BIN, "unmount", "--timeout", secs, &job.mounts[r as usize]],
-        );
-    }
-    drop(job);
-
-    let shape = Shape {
-        hosts: Some(HOSTS - 1),
-        per_host: PER_HOST,
-    };
-    let launcher = cluster.torchrun_on(HOSTS - 1, PER_HOST, "static");
-    let log = ds.base.join("again.log");
-    let extra = ["--foreground"];
-    let mut job = HostJob::start(&cluster, launcher, shape, &store, (SEED, Q), &extra, &log);
-    for r in 0..left {
-        let st = job.status(r);
-        assert_eq!(st["world_size"], left, "rank {r}: {st}");
-        assert_eq!(
-            st["epoch"], 1,
-            "rank {r} goes on at the epoch reached: {st}"
-        );
-        assert!(
-            st["resize"].is_object(),
-            "rank {r}: an elastic restart: {st}"
-        );
-    }
-    for epoch in 1..3 {
-        let mut all = BTreeSet::new();
-        for r in 0..left {
-            for name in job.listing(&ds, r, epoch) {
-                assert!(all.insert(name.clone()), "epoch {epoch}: {name} twice");
-            }
-        }
-        assert_eq!(all.len(), ds.samples.len(), "epoch {epoch}: every sample");
-    }
-    let status = job.unmount_within(Duration::from_secs(90));
-    let status = status.unwrap_or_else(|| panic!("torchrun did not end\n{}", job.log()));
-    assert!(
-        status.success(),
-        "torchrun ended with {status}\n{}",
-        job.log()
-    );
-    for h in 0..HOSTS - 1 {
-        let fuse = host_fuse_mounts(&cluster, h);
-        assert!(
-            !fuse.iter().any(|(m, _)| m.contains("/mnt")),
-            "host {h} still mounts {fuse:?}"
-        );
-    }
-}
-
 /// The DDP example (torchrun alone, each script mounting its rank) when a host dies
 /// mid-exchange: every process in h3 is killed while its daemons move samples into epoch 2
 /// (slowed through `SHUFFLEFS_OPTIONS`, the script unchanged). The scripts on the other hosts
@@ -324,18 +255,9 @@ fn a_host_killed_mid_exchange_then_torchrun_on_three_hosts_goes_on_at_the_epoch(
 /// the loss goes down, and every torchrun exits 0.
 #[test]
 fn the_ddp_example_after_a_host_dies_mid_exchange_goes_on_at_the_epoch_on_three_hosts() {
-    if !require() {
-        return;
-    }
-    let Some(python) = venv_python("import torch, torchvision, PIL", "torchvision and pillow")
-    else {
+    let Some((tmp, src, python, cluster)) = ddp_cluster("tkd", "10.214.115.0/24") else {
         return;
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("src");
-    ddp::make_images(&python, &src, 32);
-    let args = ["--store", src.to_str().unwrap(), "--disk", "64M"];
-    let cluster = Cluster::private("tkd", "10.214.115.0/24", HOSTS, &args);
     let local = cluster.config("LOCAL");
     let rec = tmp.path().join("rec");
     let log = tmp.path().join("job.log");
@@ -458,31 +380,19 @@ fn first_epoch_of_world(rec: &Path, ranks: u32) -> Option<u64> {
 /// The epochs the new world trains are partitions with the store's bytes, the loss goes
 /// down, every surviving torchrun exits 0 and nothing stays mounted.
 ///
-/// Ignored: with torch 2.15 the restarted world never trains. Its ranks fail in
-/// `init_process_group` (gloo `connectFullMesh`: connection refused) connecting to the gloo
-/// addresses of the old world's ranks (the ports the old world's errors named), so the
-/// agents' store still holds the old world's keys; the agents then run out of restarts. The
-/// shufflefs side up to there works (the old world's scripts unmount on their way out).
-/// Run it with `cargo test --test cluster torchrun_elastic -- --ignored` after a torch
-/// upgrade, or with a script that keys its process group by attempt.
+/// With `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`: by default the workers share the agents'
+/// rendezvous store, which outlives a round, and torch 2.15's restarted world then read the
+/// old world's gloo addresses from it (`connectFullMesh`: connection refused) and never
+/// trained.
 #[test]
-#[ignore = "torch 2.15's elastic restart hands the new world the old world's gloo addresses"]
 fn torchrun_elastic_restarts_the_ddp_example_on_three_hosts_at_the_epoch() {
-    if !require() {
-        return;
-    }
-    let Some(python) = venv_python("import torch, torchvision, PIL", "torchvision and pillow")
-    else {
+    let Some((tmp, src, python, cluster)) = ddp_cluster("tke", "10.214.116.0/24") else {
         return;
     };
-    let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("src");
-    ddp::make_images(&python, &src, 32);
-    let args = ["--store", src.to_str().unwrap(), "--disk", "64M"];
-    let cluster = Cluster::private("tke", "10.214.116.0/24", HOSTS, &args);
     let rec = tmp.path().join("rec");
     let log = tmp.path().join("job.log");
-    let launcher = cluster.torchrun_elastic(PER_HOST, HOSTS - 1);
+    let mut launcher = cluster.torchrun_elastic(PER_HOST, HOSTS - 1);
+    launcher.env("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1");
     let mut child = ddp_until_the_exchange_into_2(&cluster, launcher, &python, &rec, &log);
     crate::slurm::kill_host(&cluster, HOSTS - 1);
     let ended = wait_child(&mut child, Duration::from_secs(400));

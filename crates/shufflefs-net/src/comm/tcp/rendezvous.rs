@@ -268,15 +268,7 @@ fn serve(
     let mut turned_away: Vec<String> = Vec::new();
     while refusal.is_none() && came.iter().any(Option::is_none) {
         if Instant::now() >= until {
-            let missing: Vec<u32> = (0..world).filter(|&r| came[r as usize].is_none()).collect();
-            let away = match turned_away.is_empty() {
-                true => String::new(),
-                false => format!(" Turned away meanwhile: {}.", turned_away.join("; ")),
-            };
-            let missing = shortened(&missing);
-            refusal = Some(format!(
-                "ranks {missing} of {world} never reached the rendezvous at {at}: were they started, with the same MASTER_ADDR/--rendezvous? (Every rank must use the same transport: ranks under mpirun do not come here.){away}"
-            ));
+            refusal = Some(missing_ranks(&came, at, &turned_away));
             break;
         }
         let (mut s, _) = match listener.accept() {
@@ -292,28 +284,8 @@ fn serve(
         if let Ok(here) = s.local_addr().map(|a| a.ip()) {
             seen_as = seen_as.or((!here.is_loopback()).then_some(here));
         }
-        let from = s.peer_addr().map_or("?".into(), |a| a.to_string());
-        match Hello::read(&mut s) {
-            Ok(h) if h.job == job => refusal = admit(&mut came, s, h, world),
-            Ok(h) => {
-                let why = format!(
-                    "rank {} of another job came to the rendezvous at {at}, where a job of {world} ranks meets: give each job a rendezvous port of its own (SHUFFLEFS_PORT, or --rendezvous), or start every rank of one job with the same SHUFFLEFS_JOB / torchrun run",
-                    h.rank
-                );
-                let _ = Table::Refused(why).write(&mut s);
-                note(
-                    &mut turned_away,
-                    format!("rank {} of another job from {from}", h.rank),
-                );
-            }
-            // Another version of shufflefs: told why, as it would otherwise see the
-            // connection close. A stranger that is not shufflefs gets the same line.
-            Err(e) if e.kind() == ErrorKind::InvalidData => {
-                let _ =
-                    Table::Refused(format!("the rendezvous at {at} refused: {e}")).write(&mut s);
-                note(&mut turned_away, format!("{from}: {e}"));
-            }
-            Err(_) => {}
+        if let Some(h) = hello_of_this_job(&mut s, (world, job), at, &mut turned_away) {
+            refusal = admit(&mut came, s, h, world);
         }
     }
     // A rank that reached the rendezvous over loopback (MASTER_ADDR naming this host as
@@ -339,6 +311,54 @@ fn serve(
         let _ = table.write(&mut s);
     }
     refusal.map_or(Ok(()), Err)
+}
+
+/// The hello on `s` if it is from a rank of this job (`job`); a rank of another job, or of
+/// another shufflefs version, is told why it is turned away (it would otherwise see the
+/// connection close), and noted in `turned_away`.
+fn hello_of_this_job(
+    s: &mut TcpStream,
+    (world, job): (u32, u64),
+    at: &str,
+    turned_away: &mut Vec<String>,
+) -> Option<Hello> {
+    let from = s.peer_addr().map_or("?".into(), |a| a.to_string());
+    match Hello::read(&mut *s) {
+        Ok(h) if h.job == job => return Some(h),
+        Ok(h) => {
+            let why = format!(
+                "rank {} of another job came to the rendezvous at {at}, where a job of {world} ranks meets: give each job a rendezvous port of its own (SHUFFLEFS_PORT, or --rendezvous), or start every rank of one job with the same SHUFFLEFS_JOB / torchrun run",
+                h.rank
+            );
+            let _ = Table::Refused(why).write(s);
+            note(
+                turned_away,
+                format!("rank {} of another job from {from}", h.rank),
+            );
+        }
+        Err(e) if e.kind() == ErrorKind::InvalidData => {
+            let _ = Table::Refused(format!("the rendezvous at {at} refused: {e}")).write(s);
+            note(turned_away, format!("{from}: {e}"));
+        }
+        Err(_) => {}
+    }
+    None
+}
+
+/// Why the job cannot start when ranks are missing at the deadline.
+fn missing_ranks(came: &[Option<(TcpStream, Hello)>], at: &str, turned_away: &[String]) -> String {
+    let missing: Vec<u32> = (0..came.len() as u32)
+        .filter(|&r| came[r as usize].is_none())
+        .collect();
+    let away = match turned_away.is_empty() {
+        true => String::new(),
+        false => format!(" Turned away meanwhile: {}.", turned_away.join("; ")),
+    };
+    format!(
+        "ranks {} of {} never reached the rendezvous at {at}: were they started, with the same MASTER_ADDR/--rendezvous? (Every rank must use the same transport: ranks under mpirun do not come here.){away}",
+        shortened(&missing),
+        came.len()
+    )
 }
 
 /// How many of those turned away the refusal names (a port scanner must not make it long).
