@@ -431,6 +431,16 @@ fn view_is_read_only() {
     assert_eq!(read_epoch(&mnt), 0);
     // Reading is allowed.
     access_read_ok(&f);
+    // The refusals are counted by operation and errno, in the status and the metrics.
+    let errors = &d.status()["fuse_errors"];
+    for op in ["open", "mkdir", "unlink", "rename", "setattr"] {
+        assert!(errors[op]["EROFS"].as_u64() >= Some(1), "{op}: {errors}");
+    }
+    let metrics = fs::read_to_string(mnt.join(".shufflefs/metrics")).unwrap();
+    assert!(
+        metrics.contains("shufflefs_fuse_errors_total{") && metrics.contains("errno=\"EROFS\""),
+        "{metrics}"
+    );
     d.unmount().assert_clean();
 }
 

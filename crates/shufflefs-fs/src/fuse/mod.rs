@@ -312,14 +312,14 @@ impl Adapter {
     fn answer_lookup(&self, parent: INodeNo, node: Node, cancel: &Cancel, reply: ReplyEntry) {
         match self.files.lookup_node_until(node, cancel) {
             Ok(e) => reply.entry_with_ttls(&e.ttl(), &e.ttl(), &self.attr(&e), Generation(0)),
-            Err(err) => reply.error(fail("lookup", parent.0, &err)),
+            Err(err) => reply.error(self.fail("lookup", parent.0, &err)),
         }
     }
 
     fn answer_getattr(&self, ino: INodeNo, reply: ReplyAttr) {
         match self.files.getattr(ino.0) {
             Ok(e) => reply.attr(&e.ttl(), &self.attr(&e)),
-            Err(err) => reply.error(fail("getattr", ino.0, &err)),
+            Err(err) => reply.error(self.fail("getattr", ino.0, &err)),
         }
     }
 
@@ -336,7 +336,7 @@ impl Adapter {
             Ok(Some(open)) => open,
             // No opens on this mount: ENOSYS switches them off (see the module docs).
             Ok(None) => return reply.error(Errno::ENOSYS),
-            Err(err) => return reply.error(fail("open", ino.0, &err)),
+            Err(err) => return reply.error(self.fail("open", ino.0, &err)),
         };
         let fh = FileHandle(open.fh);
         match backing {
@@ -349,7 +349,7 @@ impl Adapter {
     fn answer_data(&self, ino: INodeNo, data: Result<Vec<u8>, FsError>, reply: ReplyData) {
         match data {
             Ok(data) => reply.data(&data),
-            Err(err) => reply.error(fail("read", ino.0, &err)),
+            Err(err) => reply.error(self.fail("read", ino.0, &err)),
         }
     }
 
@@ -369,7 +369,7 @@ impl Adapter {
         // The write returns once the kernel forgot the old epoch's names (`vfs::write_epoch`).
         match written {
             Ok(n) => reply.written(n as u32),
-            Err(err) => reply.error(fail("write", ino.0, &err)),
+            Err(err) => reply.error(self.fail("write", ino.0, &err)),
         }
     }
 
@@ -378,14 +378,18 @@ impl Adapter {
     }
 }
 
-/// The one place errors become errnos.
-fn fail(op: &str, ino: u64, err: &FsError) -> Errno {
-    if err.is_routine() {
-        tracing::debug!(op, ino, error = %err);
-    } else {
-        tracing::warn!(op, ino, error = %err);
+impl Adapter {
+    /// The one place errors become errnos: logged, and counted by operation and errno (the
+    /// status's `fuse_errors`).
+    fn fail(&self, op: &'static str, ino: u64, err: &FsError) -> Errno {
+        if err.is_routine() {
+            tracing::debug!(op, ino, error = %err);
+        } else {
+            tracing::warn!(op, ino, error = %err);
+        }
+        self.requests.failed(op, err.errno());
+        Errno::from_i32(err.errno())
     }
-    Errno::from_i32(err.errno())
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use fuser::{
     ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 
-use super::{FuseAdapter, fail};
+use super::FuseAdapter;
 use crate::node::requests::Op;
 use crate::sys::kernel::ReadPath;
 use crate::sys::kernel::may_pass_through;
@@ -50,12 +50,12 @@ impl Filesystem for FuseAdapter {
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         self.requests.count(Op::Lookup);
         match self.fs().child(parent.0, name) {
-            Err(err) => reply.error(fail("lookup", parent.0, &err)),
+            Err(err) => reply.error(self.fail("lookup", parent.0, &err)),
             // Looking up the next epoch advances: only the mounting user and root may.
             Ok(node)
                 if self.fs().wait(node) == Wait::Advance && !self.fs().may_control(req.uid()) =>
             {
-                reply.error(fail("lookup", parent.0, &FsError::NotPermitted))
+                reply.error(self.fail("lookup", parent.0, &FsError::NotPermitted))
             }
             Ok(node) => self.answer(req, self.fs().wait(node), move |a, cancel| {
                 a.answer_lookup(parent, node, cancel, reply)
@@ -97,7 +97,7 @@ impl Filesystem for FuseAdapter {
             && mtime.is_none();
         match self.fs().setattr(ino.0, size_only) {
             Ok(e) => reply.attr(&e.ttl(), &self.attr(&e)),
-            Err(err) => reply.error(fail("setattr", ino.0, &err)),
+            Err(err) => reply.error(self.fail("setattr", ino.0, &err)),
         }
     }
 
@@ -105,7 +105,7 @@ impl Filesystem for FuseAdapter {
         self.requests.count(Op::Other);
         match self.fs().readlink(ino.0) {
             Ok(target) => reply.data(&target),
-            Err(err) => reply.error(fail("readlink", ino.0, &err)),
+            Err(err) => reply.error(self.fail("readlink", ino.0, &err)),
         }
     }
 
@@ -120,7 +120,7 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEntry,
     ) {
         self.requests.count(Op::Other);
-        reply.error(fail("mknod", parent.0, &FsError::ReadOnly));
+        reply.error(self.fail("mknod", parent.0, &FsError::ReadOnly));
     }
 
     fn mkdir(
@@ -133,17 +133,17 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEntry,
     ) {
         self.requests.count(Op::Other);
-        reply.error(fail("mkdir", parent.0, &FsError::ReadOnly));
+        reply.error(self.fail("mkdir", parent.0, &FsError::ReadOnly));
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
         self.requests.count(Op::Other);
-        reply.error(fail("unlink", parent.0, &FsError::ReadOnly));
+        reply.error(self.fail("unlink", parent.0, &FsError::ReadOnly));
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
         self.requests.count(Op::Other);
-        reply.error(fail("rmdir", parent.0, &FsError::ReadOnly));
+        reply.error(self.fail("rmdir", parent.0, &FsError::ReadOnly));
     }
 
     fn symlink(
@@ -155,7 +155,7 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEntry,
     ) {
         self.requests.count(Op::Other);
-        reply.error(fail("symlink", parent.0, &FsError::ReadOnly));
+        reply.error(self.fail("symlink", parent.0, &FsError::ReadOnly));
     }
 
     fn rename(
@@ -169,12 +169,12 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         self.requests.count(Op::Other);
-        reply.error(fail("rename", parent.0, &FsError::ReadOnly));
+        reply.error(self.fail("rename", parent.0, &FsError::ReadOnly));
     }
 
     fn link(&self, _req: &Request, ino: INodeNo, _np: INodeNo, _nn: &OsStr, reply: ReplyEntry) {
         self.requests.count(Op::Other);
-        reply.error(fail("link", ino.0, &FsError::ReadOnly));
+        reply.error(self.fail("link", ino.0, &FsError::ReadOnly));
     }
 
     fn create(
@@ -188,7 +188,7 @@ impl Filesystem for FuseAdapter {
         reply: ReplyCreate,
     ) {
         self.requests.count(Op::Other);
-        reply.error(fail("create", parent.0, &FsError::ReadOnly));
+        reply.error(self.fail("create", parent.0, &FsError::ReadOnly));
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -241,7 +241,7 @@ impl Filesystem for FuseAdapter {
         // Only the epoch control file takes writes, and a write there advances: it waits,
         // and only the mounting user and root may.
         if !self.fs().may_control(req.uid()) {
-            return reply.error(fail("write", ino.0, &FsError::NotPermitted));
+            return reply.error(self.fail("write", ino.0, &FsError::NotPermitted));
         }
         let data = data.to_vec();
         self.answer(req, Wait::Advance, move |a, cancel| {
@@ -302,8 +302,8 @@ impl Filesystem for FuseAdapter {
                     FopenFlags::empty()
                 },
             ),
-            Ok(_) => reply.error(fail("opendir", ino.0, &FsError::NotDir)),
-            Err(err) => reply.error(fail("opendir", ino.0, &err)),
+            Ok(_) => reply.error(self.fail("opendir", ino.0, &FsError::NotDir)),
+            Err(err) => reply.error(self.fail("opendir", ino.0, &err)),
         }
     }
 
@@ -331,7 +331,7 @@ impl Filesystem for FuseAdapter {
             });
         match result {
             Ok(()) => reply.ok(),
-            Err(err) => reply.error(fail("readdir", ino.0, &err)),
+            Err(err) => reply.error(self.fail("readdir", ino.0, &err)),
         }
     }
 
@@ -347,7 +347,7 @@ impl Filesystem for FuseAdapter {
         // `.` and `..` carry no attributes the kernel uses; list them with the dir's own.
         let me = match self.fs().getattr(ino.0) {
             Ok(e) => e,
-            Err(err) => return reply.error(fail("readdirplus", ino.0, &err)),
+            Err(err) => return reply.error(self.fail("readdirplus", ino.0, &err)),
         };
         for (i, name) in [".", ".."].iter().enumerate().skip(offset as usize) {
             if reply.add(
@@ -375,7 +375,7 @@ impl Filesystem for FuseAdapter {
             });
         match result {
             Ok(()) => reply.ok(),
-            Err(err) => reply.error(fail("readdirplus", ino.0, &err)),
+            Err(err) => reply.error(self.fail("readdirplus", ino.0, &err)),
         }
     }
 
@@ -398,7 +398,7 @@ impl Filesystem for FuseAdapter {
                 s.name_max,
                 s.fragment_size,
             ),
-            Err(err) => reply.error(fail("statfs", ino.0, &err)),
+            Err(err) => reply.error(self.fail("statfs", ino.0, &err)),
         }
     }
 
@@ -416,14 +416,14 @@ impl Filesystem for FuseAdapter {
         reply: ReplyIoctl,
     ) {
         self.requests.count(Op::Other);
-        reply.error(fail("ioctl", ino.0, &FsError::NoIoctl));
+        reply.error(self.fail("ioctl", ino.0, &FsError::NoIoctl));
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
         self.requests.count(Op::Other);
         match self.fs().access(ino.0, mask.contains(AccessFlags::W_OK)) {
             Ok(()) => reply.ok(),
-            Err(err) => reply.error(fail("access", ino.0, &err)),
+            Err(err) => reply.error(self.fail("access", ino.0, &err)),
         }
     }
 }

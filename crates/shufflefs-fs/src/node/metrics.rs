@@ -48,6 +48,7 @@ pub(crate) mod names {
     pub const CACHE_SAMPLES: &str = "shufflefs_cache_samples";
     pub const OPENS: &str = "shufflefs_opens";
     pub const FUSE_REQUESTS: &str = "shufflefs_fuse_requests";
+    pub const FUSE_ERRORS: &str = "shufflefs_fuse_errors";
     pub const LAST_UPDATE: &str = "shufflefs_last_update_timestamp_seconds";
     pub const PARTIAL_CACHE_SIZE: &str = "shufflefs_partial_cache_size_bytes";
     pub const PARTIAL_HIT: &str = "shufflefs_partial_hit_ratio";
@@ -150,6 +151,8 @@ pub(crate) struct Input<'a> {
     pub reads: u64,
     /// Kernel requests answered, by kind (`node::requests`).
     pub requests: Vec<(&'static str, u64)>,
+    /// Errors answered, by operation and errno name.
+    pub errors: Vec<(&'static str, String, u64)>,
     /// A share larger than its cache (`None` when it fits): from the status's `partial`.
     pub partial: Option<Partial>,
 }
@@ -238,6 +241,7 @@ pub(crate) fn render(i: &Input) -> String {
     let help =
         "Kernel requests this mount answered, by kind (lookup, getattr, open, read, release, ...)";
     r.register(FUSE_REQUESTS, help, requests);
+    fuse_errors(&mut r, &i.errors);
     let help = "When this text was made (Unix time): a writer that stopped shows as an old value";
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
     let g: Gauge<f64, AtomicU64> = Gauge::default();
@@ -253,6 +257,17 @@ pub(crate) fn render(i: &Input) -> String {
 
 /// A partial cache (docs/partial-cache.md): its size, the hit ratio and source bytes of the
 /// last whole epoch (absent before one ended) against what the plan expected.
+/// `shufflefs_fuse_errors_total{op,errno}`.
+fn fuse_errors(r: &mut Registry, errors: &[(&'static str, String, u64)]) {
+    let family = Family::<Labels, Counter>::default();
+    for (op, errno, n) in errors {
+        let labels = vec![("op", op.to_string()), ("errno", errno.clone())];
+        family.get_or_create(&labels).inc_by(*n);
+    }
+    let help = "Errors this mount answered the kernel, by operation and errno (ENOENT lookups are routine)";
+    r.register(names::FUSE_ERRORS, help, family);
+}
+
 fn partial(r: &mut Registry, p: &Partial) {
     use names::*;
     let help = "The cache's room when the share does not fit it (--cache-size)";
@@ -387,6 +402,7 @@ mod tests {
             cache_samples: 12,
             reads: 9,
             requests: vec![("lookup", 4), ("open", 3)],
+            errors: vec![("write", "EROFS".into(), 2)],
             partial: None,
         }
     }
@@ -476,6 +492,7 @@ mod tests {
             "# TYPE shufflefs_fuse_requests_total counter",
             "shufflefs_fuse_requests_total{rank=\"2\",op=\"lookup\"} 4",
             "shufflefs_fuse_requests_total{rank=\"2\",op=\"open\"} 3",
+            "shufflefs_fuse_errors_total{rank=\"2\",op=\"write\",errno=\"EROFS\"} 2",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
         }

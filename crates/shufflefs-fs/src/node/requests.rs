@@ -1,9 +1,15 @@
 //! Kernel requests this mount answered, by kind: what a read of a file costs in round trips
 //! to the daemon (docs/read-paths.md), shown by the status (`fuse_requests`) and the
 //! metrics (`shufflefs_fuse_requests_total{op}`). The FUSE adapter counts each request as
-//! it arrives; a counter is one relaxed atomic add.
+//! it arrives; a counter is one relaxed atomic add. The errors it answered, by operation and
+//! errno (`fuse_errors`, `shufflefs_fuse_errors_total{op,errno}`), are counted where errors
+//! become errnos (`fuse::fail`): a lock per error, which costs less than the round trip.
 
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::sys::sync::Locked;
 
 /// The kinds counted apart; the rest are `Other`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,15 +57,29 @@ impl Op {
     }
 }
 
-/// Running counts per [`Op`] (see the module docs).
+/// Running counts per [`Op`], and of errors per operation and errno (see the module docs).
 #[derive(Debug, Default)]
 pub struct Requests {
     counts: [AtomicU64; Op::ALL.len()],
+    errors: Mutex<BTreeMap<(&'static str, i32), u64>>,
 }
 
 impl Requests {
     pub fn count(&self, op: Op) {
         self.counts[op as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts an error answered to operation `op` (as the log names it) with `errno`.
+    pub fn failed(&self, op: &'static str, errno: i32) {
+        *self.errors.locked().entry((op, errno)).or_default() += 1;
+    }
+
+    /// Each (operation, errno name) answered with an error, with its count.
+    pub fn errors(&self) -> Vec<(&'static str, String, u64)> {
+        let errors = self.errors.locked();
+        (errors.iter())
+            .map(|(&(op, errno), &n)| (op, errno_name(errno), n))
+            .collect()
     }
 
     /// Each kind with its count, in [`Op::ALL`]'s order.
@@ -71,9 +91,29 @@ impl Requests {
     }
 }
 
+/// `ENOENT` for 2: the name a user looks up in errno(3).
+fn errno_name(errno: i32) -> String {
+    format!("{:?}", nix::errno::Errno::from_raw(errno))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn errors_count_by_operation_and_errno() {
+        let r = Requests::default();
+        r.failed("lookup", libc::ENOENT);
+        r.failed("lookup", libc::ENOENT);
+        r.failed("write", libc::EROFS);
+        assert_eq!(
+            r.errors(),
+            [
+                ("lookup", "ENOENT".to_string(), 2),
+                ("write", "EROFS".to_string(), 1)
+            ]
+        );
+    }
 
     #[test]
     fn each_kind_counts_apart() {

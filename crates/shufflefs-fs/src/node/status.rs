@@ -1,5 +1,6 @@
 //! `.shufflefs/status`: one JSON document describing this rank's daemon.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -139,6 +140,8 @@ struct Status<'a> {
     read_path: Option<&'a ReadPathSnapshot>,
     /// Kernel requests this mount answered, by kind (`node::requests`).
     fuse_requests: std::collections::BTreeMap<&'static str, u64>,
+    /// Errors it answered: operation -> errno name -> count.
+    fuse_errors: BTreeMap<&'static str, BTreeMap<String, u64>>,
     /// Only with `--replicate`: the side files, where this rank reads them, what it copied.
     #[serde(skip_serializing_if = "Option::is_none")]
     replicated: Option<&'a crate::cache::side::Replicated>,
@@ -282,6 +285,7 @@ impl StatusReport for DaemonStatus {
             partial: self.partial.get().map(|p| p.measured(&self.store)),
             read_path: self.read_path.get(),
             fuse_requests: self.requests.snapshot().into_iter().collect(),
+            fuse_errors: self.fuse_errors(),
         };
         let mut out = serde_json::to_vec_pretty(&status).expect("status serializes");
         out.push(b'\n');
@@ -297,6 +301,15 @@ impl DaemonStatus {
     /// The job view this rank holds (empty until the daemon starts it).
     pub fn job(&self) -> &Arc<JobBoard> {
         &self.job
+    }
+
+    /// The errors the mount answered, by operation and errno (the status's `fuse_errors`).
+    fn fuse_errors(&self) -> BTreeMap<&'static str, BTreeMap<String, u64>> {
+        let mut out: BTreeMap<&'static str, BTreeMap<String, u64>> = BTreeMap::new();
+        for (op, errno, n) in self.requests.errors() {
+            out.entry(op).or_default().insert(errno, n);
+        }
+        out
     }
 
     /// The metrics' input, read now.
@@ -329,6 +342,7 @@ impl DaemonStatus {
             cache_samples: load(&stats.files),
             reads: load(&stats.reads),
             requests: self.requests.snapshot(),
+            errors: self.requests.errors(),
             partial: (self.partial.get()).map(|p| {
                 let p = p.measured(&self.store);
                 metrics::Partial {
