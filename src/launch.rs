@@ -383,8 +383,7 @@ pub fn unmount(args: &UnmountArgs) -> ExitCode {
                 mnt.display()
             );
             return ExitCode::SUCCESS;
-        }
-        if Instant::now() > deadline {
+        } else if Instant::now() > deadline {
             eprintln!(
                 "shufflefs: unmounted, but daemon pid {pid} is still running after {}s",
                 args.timeout

@@ -210,12 +210,11 @@ def _on_signal(signum, frame):
 
 
 def _as_before(signum, frame, previous):
-    """What `signum` did before this package handled it: the old handler, nothing when
-    ignored, else the default (the process ends by the signal, as it would have)."""
+    """What `signum` did before this package handled it: the old handler, else the default
+    (the process ends by the signal, as it would have). Ignored signals are never handled
+    here (`_remember` leaves them alone)."""
     if callable(previous):
         return previous(signum, frame)
-    if previous == signal.SIG_IGN:
-        return None
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
     return None

@@ -88,30 +88,20 @@ pub fn check_run(
     statuses
 }
 
-/// Every file under `root` (class folders of files), as its path relative to `root` and the
-/// sha256 of its bytes.
+/// Every file under `root`, as its path relative to `root` and the sha256 of its bytes (one
+/// `sha256sum` for them all).
 fn walk_files(root: &Path) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    for class in std::fs::read_dir(root).unwrap() {
-        let class = class.unwrap();
-        for f in std::fs::read_dir(class.path()).unwrap() {
-            let f = f.unwrap();
-            let name = format!(
-                "{}/{}",
-                class.file_name().to_string_lossy(),
-                f.file_name().to_string_lossy()
-            );
-            out.insert(name, sha256(&f.path()));
-        }
-    }
-    out
-}
-
-fn sha256(path: &Path) -> String {
-    let out = Command::new("sha256sum").arg(path).output().unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .to_string()
+    let files: Vec<String> = super::trees::walk(root).files.into_keys().collect();
+    let out = Command::new("sha256sum")
+        .args(&files)
+        .current_dir(root)
+        .output()
+        .unwrap();
+    let listed = check("sha256sum", &out);
+    let sums: BTreeMap<String, String> = (listed.lines())
+        .filter_map(|l| l.split_once("  "))
+        .map(|(hash, path)| (path.to_string(), hash.to_string()))
+        .collect();
+    assert_eq!(sums.len(), files.len(), "a sum per file:\n{listed}");
+    sums
 }

@@ -258,7 +258,12 @@ fn a_rank_of_another_job_at_the_rendezvous_is_turned_away_and_the_job_goes_on() 
         cmd
     };
     let mounts = [spot("a", 0).1, spot("a", 1).1];
-    let _cleanup = Unmounted(mounts.to_vec());
+    let _cleanup: Vec<DetachedMount> = (mounts.iter())
+        .map(|m| DetachedMount {
+            mnt: m.clone(),
+            pid: None,
+        })
+        .collect();
     let mut zero = rank("a", 0)
         .stdout(std::process::Stdio::null())
         .spawn()
@@ -300,18 +305,5 @@ fn a_rank_of_another_job_at_the_rendezvous_is_turned_away_and_the_job_goes_on() 
     for m in &mounts {
         let out = shufflefs().arg("unmount").arg(m).output().unwrap();
         check("shufflefs unmount", &out);
-    }
-}
-
-/// Force-unmounts what is still mounted when a test ends, passed or not.
-struct Unmounted(Vec<std::path::PathBuf>);
-
-impl Drop for Unmounted {
-    fn drop(&mut self) {
-        for m in &self.0 {
-            if is_mounted(m) {
-                force_unmount(m);
-            }
-        }
     }
 }
